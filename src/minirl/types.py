@@ -1,0 +1,112 @@
+"""Shared data types and the glossary of dimensions.
+
+Dimensions used in names throughout minirl:
+    P  number of prompts in a global step (``prompts_per_step``)
+    G  samples per prompt (``samples_per_prompt``), the group size of the baseline
+    B  number of sequences in a (mini-)batch; B = P * G for a global batch
+    S  sequence positions fed to the model (prompt + completion, right-padded)
+    T  target positions, S - 1: position t predicts token ``input_ids[:, t + 1]``
+    L  number of MoE layers, in model order
+    K  experts per token (top-k)
+
+Log-probability names say where a number came from:
+    ``logp_rollout``  log mu_old(y_t): the rollout engine, at sampling time (distribution actually sampled)
+    ``logp_old``      log pi_old(y_t): the trainer at theta_old, no gradient
+    ``logp``          log pi_theta(y_t): the trainer, with gradient
+
+Masks are positive: ``True`` means "this token is trained on / counted".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """How the rollout engine samples. ``logp_rollout`` is of the tempered, top-p-truncated law."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Prompt:
+    """One task instance: what the model sees, and what the verifier needs."""
+
+    text: str
+    answer: str
+    uid: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One sampled response, as returned by a ``RolloutEngine``.
+
+    ``routes`` (only when the engine was asked to record routing, for R3): integer tensor
+    [S_i, L, K] aligned with the positions the trainer feeds (prompt tokens then completion
+    tokens). The final sampled token is never fed through the model while sampling, so its row
+    is -1 (natural routing on replay).
+    """
+
+    prompt_index: int  # index into the list of prompts passed to ``generate``
+    sample_index: int  # 0..G-1 within its group
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logp_rollout: torch.Tensor  # float32 [len(completion_ids)]
+    finish_reason: FinishReason
+    text: str = ""  # decoded completion (without special tokens)
+    routes: torch.Tensor | None = None  # int16 [len(prompt_ids) + len(completion_ids), L, K]
+
+
+@dataclass
+class Batch:
+    """A (mini-)batch laid out for the trainer; built by ``minirl.batching.collate``.
+
+    input_ids       long [B, S]  prompt + completion, right-padded with the pad id
+    attention_mask  bool [B, S]
+    mask            bool [B, T]  True where the target ``input_ids[:, t+1]`` is a completion token
+    logp_rollout    float [B, T] mu_old of each target token (0 where mask is False)
+    advantages      float [B]
+    group_ids       long [B]     which prompt each row belongs to
+    routes          int [B, S, L, K] or None  routing to replay (-1 = natural)
+    logp_old        float [B, T] or None, filled by the old-log-prob pass
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor
+    logp_rollout: torch.Tensor
+    advantages: torch.Tensor
+    group_ids: torch.Tensor
+    routes: torch.Tensor | None = None
+    logp_old: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: torch.Tensor | slice) -> "Batch":
+        """Rows ``index`` of every tensor field (a mini-batch or micro-batch view)."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        return Batch(
+            input_ids=self.input_ids[index],
+            attention_mask=self.attention_mask[index],
+            mask=self.mask[index],
+            logp_rollout=self.logp_rollout[index],
+            advantages=self.advantages[index],
+            group_ids=self.group_ids[index],
+            routes=pick(self.routes),
+            logp_old=pick(self.logp_old),
+        )
