@@ -1,0 +1,80 @@
+"""Laying completions out for the trainer, and splitting a global batch into updates.
+
+Each row is ``prompt_ids + completion_ids``, right-padded (so position ids are plain
+``arange`` and match the engine's unpadded positions). Target position t predicts token
+``input_ids[:, t + 1]``; ``mask[:, t]`` is True where that target is a completion token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.types import Batch, Completion
+
+
+def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_id: int) -> Batch:
+    """Build a ``Batch`` from completions (in order) and their per-response advantages [B]."""
+    if len(completions) != advantages.numel():
+        raise ValueError(f"{len(completions)} completions but {advantages.numel()} advantages")
+    lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
+    rows, width = len(completions), max(lengths)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.bool)
+    mask = torch.zeros((rows, width - 1), dtype=torch.bool)
+    logp_rollout = torch.zeros((rows, width - 1), dtype=torch.float32)
+    has_routes = completions[0].routes is not None
+    routes = None
+    if has_routes:
+        _, layers, top_k = completions[0].routes.shape
+        routes = torch.full((rows, width, layers, top_k), -1, dtype=completions[0].routes.dtype)
+    for row, (c, length) in enumerate(zip(completions, lengths)):
+        n_prompt, n_completion = len(c.prompt_ids), len(c.completion_ids)
+        input_ids[row, :length] = torch.tensor(c.prompt_ids + c.completion_ids, dtype=torch.long)
+        attention_mask[row, :length] = True
+        # targets n_prompt .. length-1 sit at target positions n_prompt-1 .. length-2
+        mask[row, n_prompt - 1 : length - 1] = True
+        logp_rollout[row, n_prompt - 1 : length - 1] = c.logp_rollout.float()
+        if has_routes:
+            if c.routes is None or c.routes.shape[0] != length:
+                raise ValueError(f"completion {row}: routes missing or not aligned to its {length} positions")
+            routes[row, :length] = c.routes
+    group_ids = torch.tensor([c.prompt_index for c in completions], dtype=torch.long)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        mask=mask,
+        logp_rollout=logp_rollout,
+        advantages=advantages.float().reshape(-1),
+        group_ids=group_ids,
+        routes=routes,
+    )
+
+
+def trim(batch: Batch) -> Batch:
+    """Drop trailing all-padding columns (a micro-batch is only as wide as its longest row)."""
+    width = int(batch.attention_mask.sum(dim=1).max())
+    if width == batch.input_ids.shape[1]:
+        return batch
+    return Batch(
+        input_ids=batch.input_ids[:, :width],
+        attention_mask=batch.attention_mask[:, :width],
+        mask=batch.mask[:, : width - 1],
+        logp_rollout=batch.logp_rollout[:, : width - 1],
+        advantages=batch.advantages,
+        group_ids=batch.group_ids,
+        routes=None if batch.routes is None else batch.routes[:, :width],
+        logp_old=None if batch.logp_old is None else batch.logp_old[:, : width - 1],
+    )
+
+
+def split(batch: Batch, parts: int) -> list[Batch]:
+    """``parts`` contiguous, equal slices (mini-batches keep prompt groups together when G divides)."""
+    if batch.size % parts:
+        raise ValueError(f"cannot split {batch.size} sequences into {parts} equal parts")
+    size = batch.size // parts
+    return [batch.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
+
+
+def chunks(batch: Batch, max_sequences: int) -> list[Batch]:
+    """Micro-batches of at most ``max_sequences`` rows, each trimmed of padding."""
+    return [trim(batch.select(slice(i, i + max_sequences))) for i in range(0, batch.size, max_sequences)]

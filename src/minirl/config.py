@@ -1,0 +1,272 @@
+"""The typed configuration: one schema, loaded from YAML/TOML plus dotted ``key=value`` overrides.
+
+A config error is the user's mistake, so it becomes one line naming the key and what is allowed
+(``ConfigError``); the CLI prints it and exits with code 2. Every run writes the resolved config
+(``config.yaml`` in the run directory), so a run can be repeated from its directory alone.
+
+Batch knobs carry their unit in the name: one *global step* samples
+``prompts_per_step * samples_per_prompt`` responses, splits them into ``minibatches_per_step``
+(N) gradient updates, and each update accumulates gradients over micro-batches of
+``micro_batch_sequences`` sequences. N = 1 is the paper's on-policy setting; N = 2, 4, 8 its
+off-policy ones.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake; ``str()`` is one line naming the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = "minirl"
+    """Run name; the run directory is ``output_dir/name``."""
+    output_dir: str = "runs"
+    seed: int = 0
+    threads: int = Field(0, ge=0)
+    """torch intra-op threads (0 = leave torch's default)."""
+
+
+class ModelConfig(Section):
+    preset: str = "qwen3-moe-2m"
+    """A built-in preset (see ``minirl.models.presets``), used when ``path`` is empty."""
+    path: str | None = None
+    """A local Hugging Face model directory (``from_pretrained``, no network)."""
+    trust_remote_code: bool = False
+
+
+class TaskConfig(Section):
+    kind: Literal["reverse", "add", "sort", "jsonl"] = "reverse"
+    difficulty: int = Field(6, ge=1)
+    """Synthetic tasks: input length (letters to reverse/sort, digits to add)."""
+    num_train_prompts: int = Field(2000, ge=1)
+    num_eval_prompts: int = Field(64, ge=1)
+    seed: int = 1234
+    """Seed of the synthetic data (separate from ``run.seed``)."""
+    path: str | None = None
+    """JSONL task: training file with ``prompt`` and ``answer`` fields."""
+    eval_path: str | None = None
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    reward: Literal["exact", "math_verify"] = "exact"
+    reward_function: str | None = None
+    """A user reward ``package.module:function`` called as ``fn(prompt, completion, answer) -> float``."""
+
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self) -> "TaskConfig":
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)")
+        return self
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = Field(8, ge=1)
+    samples_per_prompt: int = Field(8, ge=2)
+    """Group size G of the group-mean baseline (>= 2, or the baseline is the sample itself)."""
+    max_new_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3"] = "fp32"
+    """The engine's own weight precision: the controlled training–inference mismatch."""
+    fp8_scale: Literal["per_tensor", "per_expert"] = "per_tensor"
+
+
+class OptimConfig(Section):
+    steps: int = Field(100, ge=0)
+    """Global steps (each = 1 rollout + N gradient updates + 1 weight sync)."""
+    minibatches_per_step: int = Field(1, ge=1)
+    """N: gradient updates per global step (1 = on-policy)."""
+    micro_batch_sequences: int = Field(64, ge=1)
+    """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    lr: float = Field(1e-4, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up, in gradient updates."""
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    adam_eps: float = Field(1e-8, gt=0)
+    grad_clip_norm: float = Field(1.0, gt=0)
+
+
+class MiniRLConfig(Section):
+    """MiniRL (paper Eq. 7) and its ablations, as values."""
+
+    name: Literal["minirl"] = "minirl"
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.27, ge=0)
+    clip: bool = True
+    """PPO-style token mask on pi_theta/pi_old (off = 'w/o clipping' arms)."""
+    is_correction: bool = True
+    """Training–inference IS weight pi_theta/mu_old (off = 'w/o IS correction' arm)."""
+    tis_cap: float = Field(5.0, gt=0)
+    tis_placement: Literal["full", "train_infer"] = "full"
+    aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
+    """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
+    normalizer: float | None = Field(None, gt=0)
+    """Constant divisor for seq_sum (default: responses per mini-batch)."""
+    adv_std_normalize: bool = False
+
+
+class MoEConfig(Section):
+    routing_replay: Literal["none", "R2", "R3"] = "none"
+    """none | R2 (replay the trainer's own routes at theta_old) | R3 (replay the engine's routes)."""
+
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _one_mode(cls, value: Any) -> Any:
+        text = str(value).upper().replace(" ", "")
+        if isinstance(value, (list, tuple)) or ("R2" in text and "R3" in text):
+            raise ValueError("R2 and R3 cannot be combined: R2 replays the trainer's own routes, R3 the engine's; pick one")
+        return value
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(25, ge=0)
+    """Held-out evaluation every k global steps (0 = only before and after training)."""
+    num_prompts: int = Field(64, ge=1)
+    samples_per_prompt: int = Field(4, ge=1)
+    """mean@n: accuracy averaged over n samples per prompt (the paper's mean@32)."""
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Defaults to rollout.max_new_tokens."""
+
+
+class LogConfig(Section):
+    console: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "minirl"
+
+
+class ColdStartConfig(Section):
+    """Supervised fine-tuning on teacher traces (``minirl sft``, or before RL in ``minirl train``)."""
+
+    enabled: bool = False
+    """In ``minirl train``: run SFT first and start RL from its checkpoint."""
+    style: str = "stepwise"
+    """Teacher style of the worked solutions (see the task's ``styles``)."""
+    examples: int = Field(2000, ge=1)
+    steps: int = Field(300, ge=1)
+    batch_sequences: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    output: str | None = None
+    """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    optim: OptimConfig = OptimConfig()
+    algo: MiniRLConfig = MiniRLConfig()
+    moe: MoEConfig = MoEConfig()
+    eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
+    cold_start: ColdStartConfig = ColdStartConfig()
+
+    @property
+    def global_batch_sequences(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.samples_per_prompt
+
+    @property
+    def minibatch_sequences(self) -> int:
+        return self.global_batch_sequences // self.optim.minibatches_per_step
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+    @model_validator(mode="after")
+    def _batch_sizes(self) -> "Config":
+        total, n = self.global_batch_sequences, self.optim.minibatches_per_step
+        if total % n:
+            raise ValueError(
+                f"optim.minibatches_per_step: must divide the global batch "
+                f"prompts_per_step x samples_per_prompt = {total} (got {n})"
+            )
+        return self
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    where = f"{source}: " if source else ""
+    if first["type"] == "value_error" and re.match(r"^[a-z_]+\.[a-z_.]+: ", msg):
+        return where + msg  # a cross-field check that already names its key
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] != "missing" and "got" not in msg:
+        msg += f" (got {first['input']!r})"
+    return f"{where}{key}: {msg}" if key else f"{where}{msg}"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f"{path}:{line + 1}" if line is not None else str(path)
+        raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'} ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one dotted ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r}: expected key=value, e.g. optim.lr=1e-4")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r}: empty key segment")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part} is not a section")
+        node = child
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (YAML or TOML; None = all defaults) and apply ``key=value`` overrides."""
+    data = _read_file(Path(path)) if path else {}
+    for override in overrides:
+        apply_override(data, override)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, str(path) if path else "")) from None
+
+
+def dump_config(cfg: Config, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,191 @@
+"""The outer loop of MiniRL (paper §4, synchronous RL), as one readable function: ``train``.
+
+One global step:
+    1. rollout: the engine (mu_old) samples ``samples_per_prompt`` responses for each of
+       ``prompts_per_step`` prompts and reports ``logp_rollout`` (and, for R3, its routes);
+    2. rewards from the task's verifier; group-mean baseline advantages;
+    3. the trainer recomputes ``logp_old`` (pi_old) over the whole global batch without gradient
+       (R2 records the trainer's routes here; R3 replays the engine's routes here);
+    4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3);
+    5. the new weights are pushed to the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minirl.algo import group_advantages, mismatch_metrics
+from minirl.batching import collate, split
+from minirl.config import Config, dump_config
+from minirl.metrics import MetricsLogger
+from minirl.objective import make_objective
+from minirl.rollout.base import RolloutEngine
+from minirl.runtime import (
+    DataOrder,
+    build_engine,
+    build_model,
+    build_replay,
+    build_task,
+    build_trainer,
+    seed_everything,
+    set_threads,
+)
+from minirl.tasks.base import Task
+from minirl.types import Completion, Prompt, SamplingParams
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    eval_before: float
+    eval_after: float
+    steps: int
+    seconds: float
+
+
+def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
+    """Run MiniRL as configured; returns held-out accuracy before and after RL."""
+    started = time.perf_counter()
+    set_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed)
+    run_dir = cfg.run_dir
+    dump_config(cfg, run_dir / "config.yaml")
+
+    model, tokenizer = build_model(cfg, path=start_from)
+    task = build_task(cfg)
+    replay = build_replay(cfg, model)
+    engine = build_engine(cfg, model, tokenizer)
+    trainer = build_trainer(cfg, model, replay)
+    prompts = task.train_prompts()
+    order = DataOrder(len(prompts), seed=cfg.run.seed)
+    mode = cfg.moe.routing_replay
+    logger = MetricsLogger(
+        run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
+        wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
+    )
+
+    eval_before = evaluate(engine, task, cfg, step=0)
+    logger.log(0, eval_before)
+    eval_metrics = eval_before
+    for step in range(1, cfg.optim.steps + 1):
+        t0 = time.perf_counter()
+        # 1. rollout with mu_old
+        step_prompts = [prompts[i] for i in order.next(cfg.rollout.prompts_per_step)]
+        completions = engine.generate(
+            step_prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step), record_routes=(mode == "R3")
+        )
+        t1 = time.perf_counter()
+        # 2. rewards and group-baseline advantages
+        rewards_PG = score_completions(task, step_prompts, completions).view(len(step_prompts), -1)
+        advantages_PG = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize)
+        batch = collate(completions, advantages_PG.reshape(-1), pad_token_id=tokenizer.pad_token_id)
+        # 3. pi_old over the whole global batch (R3 replays the engine's routes, R2 records)
+        old = trainer.score(batch, replay_routes=(mode == "R3"), record_routes=(mode == "R2"))
+        batch.logp_old = old.logp
+        if mode == "R2":
+            batch.routes = old.routes
+        t2 = time.perf_counter()
+        # 4. N gradient updates on mini-batches, routes replayed under R2/R3
+        updates = [
+            trainer.update(minibatch, make_objective(cfg.algo, minibatch), replay_routes=(mode != "none"))
+            for minibatch in split(batch, cfg.optim.minibatches_per_step)
+        ]
+        t3 = time.perf_counter()
+        # 5. weight sync to the rollout engine
+        engine.load_weights(trainer.state_dict())
+        t4 = time.perf_counter()
+
+        metrics = rollout_metrics(completions, rewards_PG)
+        metrics["train/entropy"] = masked_mean(old.entropy, batch.mask)
+        metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
+        metrics.update(update_metrics(updates))
+        metrics.update({
+            "time/rollout_s": t1 - t0, "time/old_logprobs_s": t2 - t1, "time/update_s": t3 - t2,
+            "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
+            "perf/rollout_tokens_per_s": sum(len(c.completion_ids) for c in completions) / max(t1 - t0, 1e-9),
+            "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t3 - t2, 1e-9),
+        })
+        if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
+            eval_metrics = evaluate(engine, task, cfg, step=step)
+            metrics.update(eval_metrics)
+        logger.log(step, metrics)
+    logger.close()
+    from minirl.models.io import save_checkpoint
+
+    save_checkpoint(trainer.model, tokenizer, run_dir / "checkpoint")
+    return RunSummary(
+        run_dir=run_dir,
+        eval_before=eval_before["eval/accuracy"],
+        eval_after=eval_metrics["eval/accuracy"],
+        steps=cfg.optim.steps,
+        seconds=time.perf_counter() - started,
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def rollout_sampling(cfg: Config, step: int) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=cfg.run.seed * 100_003 + step)
+
+
+def score_completions(task: Task, prompts: list[Prompt], completions: list[Completion]) -> torch.Tensor:
+    rewards = torch.tensor([task.reward(prompts[c.prompt_index], c.text) for c in completions], dtype=torch.float32)
+    if not torch.isfinite(rewards).all():
+        raise FloatingPointError("the reward function returned a non-finite reward")
+    return rewards
+
+
+def evaluate(engine: RolloutEngine, task: Task, cfg: Config, *, step: int) -> dict[str, float]:
+    """Held-out mean@n accuracy: reward averaged over n samples for each evaluation prompt."""
+    e = cfg.eval
+    prompts = task.eval_prompts()[: e.num_prompts]
+    sampling = SamplingParams(
+        max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
+        seed=cfg.run.seed * 7919 + 1_000_000 + step,
+    )
+    completions = engine.generate(prompts, e.samples_per_prompt, sampling)
+    rewards = score_completions(task, prompts, completions)
+    lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
+    return {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean()),
+            "eval/response_length": float(lengths.mean())}
+
+
+def masked_mean(values: torch.Tensor | None, mask: torch.Tensor) -> float:
+    if values is None:
+        return float("nan")
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor) -> dict[str, float]:
+    lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
+    truncated = sum(c.finish_reason == "length" for c in completions)
+    solved = (rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()
+    return {
+        "train/reward_mean": float(rewards_PG.mean()),
+        "train/accuracy": float((rewards_PG >= 1.0).float().mean()),
+        "train/response_length": float(lengths.mean()),
+        "train/response_length_max": float(lengths.max()),
+        "train/truncated_frac": truncated / len(completions),
+        "train/solved_groups_frac": float(solved),
+    }
+
+
+def update_metrics(updates: list[dict[str, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in updates[0]:
+        values = [u[key] for u in updates]
+        if key == "lr":
+            out["optim/lr"] = values[-1]
+        elif key == "grad_norm":
+            out["optim/grad_norm"] = sum(values) / len(values)
+            out["optim/grad_norm_max"] = max(values)
+        else:
+            out[f"policy/{key}"] = sum(values) / len(values)
+    return out

@@ -1,0 +1,121 @@
+"""Building the pieces of a run from a config: model, tokenizer, task, engine, trainer, replay."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from minirl.config import Config, ConfigError
+from minirl.rollout.base import RolloutEngine
+from minirl.tasks.base import Task
+from minirl.trainer import Trainer
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_threads(threads: int) -> None:
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, Any]:
+    """The trainer's fp32 model and its tokenizer (a preset, or a local HF directory)."""
+    from minirl.models.io import load_model_and_tokenizer
+
+    source = path or cfg.model.path or cfg.model.preset
+    return load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
+
+
+def build_task(cfg: Config) -> Task:
+    from minirl.tasks import build_task as make
+    from minirl.tasks.rewards import CustomRewardTask, load_reward_function
+
+    t = cfg.task
+    if t.kind == "jsonl":
+        task = make("jsonl", path=t.path, eval_path=t.eval_path, eval_fraction=t.eval_fraction, reward=t.reward, seed=t.seed)
+    else:
+        task = make(t.kind, difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
+    if t.reward_function:
+        task = CustomRewardTask(task, load_reward_function(t.reward_function))
+    return task
+
+
+def build_replay(cfg: Config, model: torch.nn.Module) -> Any | None:
+    """A ``RoutingReplay`` when the run replays routes (and for routing diagnostics on MoE models)."""
+    from minirl.models.io import is_moe
+
+    if not is_moe(model):
+        if cfg.moe.routing_replay != "none":
+            name = cfg.model.path or cfg.model.preset
+            raise ConfigError(f"moe.routing_replay: {cfg.moe.routing_replay} needs an MoE model; '{name}' is dense (set moe.routing_replay=none)")
+        return None
+    from minirl.moe import RoutingReplay, UnsupportedModelError
+
+    try:
+        return RoutingReplay(model)
+    except UnsupportedModelError as exc:
+        if cfg.moe.routing_replay != "none":
+            raise ConfigError(f"moe.routing_replay: {exc}") from None
+        return None
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> RolloutEngine:
+    from minirl.rollout.native import NativeEngine
+
+    return NativeEngine(
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        precision=cfg.rollout.precision,
+        fp8_scale=cfg.rollout.fp8_scale,
+        tokenizer=tokenizer,
+    )
+
+
+def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None) -> Trainer:
+    o = cfg.optim
+    return Trainer(
+        model,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        grad_clip_norm=o.grad_clip_norm,
+        warmup_updates=o.warmup_steps,
+        micro_batch_sequences=o.micro_batch_sequences,
+        replay=replay,
+    )
+
+
+@dataclass
+class DataOrder:
+    """Which training prompts each global step uses: a seeded permutation, epoch after epoch."""
+
+    num_prompts: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _permutation(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.num_prompts, generator=generator).tolist()
+
+    def next(self, count: int) -> list[int]:
+        chosen: list[int] = []
+        order = self._permutation()
+        while len(chosen) < count:
+            if self.position >= self.num_prompts:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._permutation()
+            take = min(count - len(chosen), self.num_prompts - self.position)
+            chosen += order[self.position : self.position + take]
+            self.position += take
+        return chosen

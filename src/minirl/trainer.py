@@ -1,0 +1,149 @@
+"""The trainer: owns the model and the optimizer; knows nothing about which objective runs.
+
+Two entry points, both over a ``Batch`` laid out by ``minirl.batching``:
+
+* ``score``: a no-gradient pass returning per-target log-probs (``logp_old`` at theta_old), the
+  full-vocabulary entropy at the rollout prefixes, and optionally the routes the trainer chose
+  (R2 records them here). Given routes, it replays them (R3 replays the engine's routes here).
+* ``update``: one gradient update on a mini-batch: micro-batches of ``micro_batch_sequences``
+  rows, gradient accumulation, gradient-norm clipping, AdamW and the learning-rate schedule.
+  The caller passes ``objective(logp, micro_batch) -> (loss, metrics)``; the trainer only
+  differentiates what it is given.
+
+Routing replay is an explicit object (``minirl.moe.RoutingReplay``), used only when the batch
+carries routes and the caller asks for them to be replayed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minirl.algo import token_entropy, token_logprobs
+from minirl.batching import chunks
+from minirl.types import Batch
+
+Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class ScoreResult:
+    logp: torch.Tensor  # [B, T] float32
+    entropy: torch.Tensor | None  # [B, T] float32
+    routes: torch.Tensor | None  # [B, S, L, K] int16 (recorded), -1 at padding
+
+
+def warmup_schedule(warmup_updates: int) -> Callable[[int], float]:
+    """Linear warm-up to the base learning rate over ``warmup_updates``, then constant."""
+
+    def factor(update: int) -> float:
+        return 1.0 if warmup_updates <= 0 else min(1.0, (update + 1) / warmup_updates)
+
+    return factor
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip_norm: float = 1.0,
+        warmup_updates: int = 0,
+        micro_batch_sequences: int = 64,
+        replay: Any | None = None,
+    ) -> None:
+        self.model = model
+        self.replay = replay
+        self.grad_clip_norm = grad_clip_norm
+        self.micro_batch_sequences = micro_batch_sequences
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(warmup_updates))
+        self.updates_done = 0
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _logits(self, micro: Batch, replay_routes: bool) -> torch.Tensor:
+        context = nullcontext()
+        if replay_routes:
+            if self.replay is None or micro.routes is None:
+                raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
+            context = self.replay.replay(micro.routes.long())
+        with context:
+            out = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask.long(), use_cache=False)
+        return out.logits
+
+    @torch.no_grad()
+    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
+        """log pi(y_t) for every target position of ``batch`` without gradient (``logp_old``)."""
+        self.model.eval()
+        width = batch.input_ids.shape[1]
+        logp = torch.zeros(batch.mask.shape, dtype=torch.float32)
+        ent = torch.zeros(batch.mask.shape, dtype=torch.float32) if entropy else None
+        routes = None
+        for start, micro in self._micro_batches(batch):
+            rows = slice(start, start + micro.size)
+            cols = micro.input_ids.shape[1]
+            if record_routes:
+                if self.replay is None:
+                    raise ValueError("recording routes needs an MoE model with a RoutingReplay")
+                with self.replay.record() as rec:
+                    logits = self._logits(micro, replay_routes=False)
+                if routes is None:
+                    routes = torch.full((batch.size, width, *rec.routes.shape[2:]), -1, dtype=torch.int16)
+                recorded = rec.routes.to(torch.int16)
+                recorded[~micro.attention_mask] = -1
+                routes[rows, :cols] = recorded
+            else:
+                logits = self._logits(micro, replay_routes=replay_routes)
+            logits = logits[:, :-1].float()
+            logp[rows, : cols - 1] = token_logprobs(logits, micro.input_ids[:, 1:])
+            if ent is not None:
+                ent[rows, : cols - 1] = token_entropy(logits)
+        return ScoreResult(logp=logp * batch.mask, entropy=None if ent is None else ent * batch.mask, routes=routes)
+
+    def _micro_batches(self, batch: Batch) -> list[tuple[int, Batch]]:
+        size = self.micro_batch_sequences
+        return list(zip(range(0, batch.size, size), chunks(batch, size)))
+
+    # ------------------------------------------------------------------ the update
+
+    def update(self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False) -> dict[str, float]:
+        """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        loss_sum = 0.0
+        for _, micro in self._micro_batches(minibatch):
+            logits = self._logits(micro, replay_routes=replay_routes)
+            logp = token_logprobs(logits[:, :-1].float(), micro.input_ids[:, 1:])
+            loss, metrics = objective(logp, micro)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            weight = micro.size / minibatch.size
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
+        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}) at update {self.updates_done}")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.updates_done += 1
+        totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
+        return totals
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model weights, for the rollout engine's ``load_weights``."""
+        return self.model.state_dict()

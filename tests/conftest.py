@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny models built from configs (no downloads), two threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+def make_tiny_moe(seed: int = 0, vocab: int = 48, layers: int = 2):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64,
+        max_position_embeddings=128, norm_topk_prob=True, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+    )
+    cfg._experts_implementation = "grouped_mm"
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(cfg).float()
+
+
+@pytest.fixture
+def tiny_moe():
+    return make_tiny_moe()

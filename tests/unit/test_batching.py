@@ -1,0 +1,46 @@
+"""Layout of completions for the trainer: targets, masks and routes line up."""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.batching import chunks, collate, split, trim
+from minirl.types import Completion
+
+
+def _completion(i, prompt, completion, routes=False):
+    r = None
+    if routes:
+        n = len(prompt) + len(completion)
+        r = torch.arange(n * 2 * 2, dtype=torch.int16).view(n, 2, 2) % 4
+        r[-1] = -1
+    return Completion(i, 0, prompt, completion, torch.tensor([-0.1 * (k + 1) for k in range(len(completion))]), "eos", routes=r)
+
+
+def test_collate_aligns_targets_with_completion_tokens():
+    batch = collate([_completion(0, [5, 6], [7, 8, 9]), _completion(1, [5], [4])], torch.tensor([1.0, -1.0]), pad_token_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 4, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[True] * 5, [True, True, False, False, False]]
+    # target t predicts input_ids[t+1]: completion tokens 7,8,9 are targets 1,2,3
+    assert batch.mask.tolist() == [[False, True, True, True], [True, False, False, False]]
+    assert torch.allclose(batch.logp_rollout[0], torch.tensor([0.0, -0.1, -0.2, -0.3]))
+    assert torch.allclose(batch.logp_rollout[1], torch.tensor([-0.1, 0.0, 0.0, 0.0]))
+    assert batch.group_ids.tolist() == [0, 1]
+
+
+def test_routes_are_padded_with_minus_one_and_trimmed():
+    batch = collate([_completion(0, [5, 6], [7, 8], routes=True), _completion(1, [5], [4], routes=True)], torch.zeros(2), 0)
+    assert batch.routes.shape == (2, 4, 2, 2)
+    assert (batch.routes[1, 2:] == -1).all() and (batch.routes[0, 3] == -1).all()
+    small = trim(batch.select(slice(1, 2)))
+    assert small.input_ids.shape == (1, 2) and small.routes.shape == (1, 2, 2, 2) and small.mask.shape == (1, 1)
+
+
+def test_split_and_chunks_cover_every_row_once():
+    comps = [_completion(i, [1], [2] * (i + 1)) for i in range(6)]
+    batch = collate(comps, torch.arange(6.0), 0)
+    parts = split(batch, 3)
+    assert [p.advantages.tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
+    micro = chunks(batch, 4)
+    assert [m.size for m in micro] == [4, 2]
+    assert micro[0].input_ids.shape[1] == 5 and micro[1].input_ids.shape[1] == 7

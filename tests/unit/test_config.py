@@ -1,0 +1,98 @@
+"""Config loading: every shipped config parses; user mistakes become one line with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minirl.cli import main
+from minirl.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(p for d in ("configs", "experiments") for p in (ROOT / d).rglob("*") if p.suffix in (".yaml", ".yml", ".toml"))
+
+
+def test_there_are_shipped_configs():
+    assert any(p.parent.name == "configs" for p in SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_parses_and_pins_the_algorithm(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+    text = path.read_text()
+    # presets pin every algorithm knob explicitly rather than relying on defaults
+    if path.parent.name == "configs":
+        for key in ("eps_low", "eps_high", "clip", "is_correction", "tis_cap", "tis_placement", "aggregation",
+                    "prompts_per_step", "samples_per_prompt", "minibatches_per_step", "micro_batch_sequences",
+                    "routing_replay", "precision", "lr"):
+            assert f"{key}:" in text, f"{path.name} does not pin {key}"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt: must be greater than or equal to 2"),
+        ("algo.eps_low=-0.1", "algo.eps_low: must be greater than or equal to 0"),
+        ("algo.eps_high=-1", "algo.eps_high: must be greater than or equal to 0"),
+        ("optim.minibatches_per_step=3", "optim.minibatches_per_step: must divide the global batch"),
+        ("moe.routing_replay=R2+R3", "moe.routing_replay: R2 and R3 cannot be combined"),
+        ("moe.routing_replay=R4", "moe.routing_replay: must be 'none', 'R2' or 'R3'"),
+        ("rollout.tempreature=0.5", "rollout.tempreature: unknown key"),
+        ("optim.lr=fast", "optim.lr: must be a valid number"),
+        ("rollout.top_p=1.5", "rollout.top_p: must be less than or equal to 1"),
+        ("task.kind=jsonl", "task.path: required when task.kind is 'jsonl'"),
+        ("rollout.precision=int3", "rollout.precision: must be"),
+        ("nonsense", "expected key=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_overrides_apply_with_yaml_types(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 0.001\nrollout:\n  prompts_per_step: 4\n")
+    cfg = load_config(path, ["optim.lr=3e-4", "algo.clip=false", "moe.routing_replay=R2", "run.name=x"])
+    assert cfg.optim.lr == 3e-4 and cfg.algo.clip is False and cfg.moe.routing_replay == "R2"
+    assert cfg.rollout.prompts_per_step == 4 and cfg.run.name == "x"
+
+
+def test_toml_configs_load(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlr = 0.002\nminibatches_per_step = 4\n")
+    assert load_config(path).optim.minibatches_per_step == 4
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: [1,\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("optim:\n  learning_rate: 1\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml: optim.learning_rate: unknown key"):
+        load_config(typo)
+
+
+def test_cli_prints_one_line_and_exits_2(capsys):
+    assert main(["train", str(ROOT / "configs" / "demo.yaml"), "rollout.samples_per_prompt=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "rollout.samples_per_prompt" in err
+
+
+def test_cli_subprocess_has_no_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "minirl.cli", "train", str(ROOT / "configs" / "demo.yaml"), "optim.minibatches_per_step=7"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "optim.minibatches_per_step" in proc.stderr
