@@ -1,0 +1,146 @@
+"""Private helpers shared by the loss functions: argument checks, masking, metric reduction.
+
+Nothing here is public API. Every helper is pure and avoids host syncs except where noted
+(``raise_on_nan`` and ``to_floats`` each sync once).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
+TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
+
+
+def check_eps(eps_low: float, eps_high: float) -> None:
+    """Raise ``ValueError`` unless both clipping half-widths are finite and non-negative."""
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_tis_cap(tis_cap: float) -> None:
+    """Raise ``ValueError`` unless ``tis_cap`` is > 0 (``math.inf`` allowed: no truncation)."""
+    if not isinstance(tis_cap, (int, float)) or math.isnan(tis_cap) or tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0 (math.inf disables truncation), got {tis_cap!r}")
+
+
+def check_normalizer(normalizer: float | None) -> None:
+    """Raise ``ValueError`` unless ``normalizer`` is ``None`` or a finite number > 0."""
+    if normalizer is None:
+        return
+    if (
+        isinstance(normalizer, bool)
+        or not isinstance(normalizer, (int, float))
+        or not math.isfinite(normalizer)
+        or normalizer <= 0
+    ):
+        raise ValueError(f"normalizer must be None or a finite number > 0, got {normalizer!r}")
+
+
+def check_token_inputs(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> None:
+    """Shape and dtype checks common to every policy loss; ``ValueError`` naming the argument."""
+    for name, t in (("logp", logp), ("logp_old", logp_old), ("logp_rollout", logp_rollout)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D tensor [B, T], got {_describe(t)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if logp_old.shape != logp.shape:
+        raise ValueError(f"logp_old shape {tuple(logp_old.shape)} != logp shape {tuple(logp.shape)}")
+    if logp_rollout.shape != logp.shape:
+        raise ValueError(
+            f"logp_rollout shape {tuple(logp_rollout.shape)} != logp shape {tuple(logp.shape)}"
+        )
+    if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
+        raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}, got {_describe(mask)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = trained on), got dtype {mask.dtype}")
+    if not isinstance(advantages, torch.Tensor) or advantages.shape != logp.shape[:1]:
+        raise ValueError(
+            f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(advantages)}"
+        )
+    if not advantages.is_floating_point():
+        raise ValueError(f"advantages must be a floating-point tensor, got dtype {advantages.dtype}")
+    if logp.shape[0] == 0:
+        raise ValueError("logp has B = 0 rows: an empty batch has no loss")
+
+
+def check_group_ids(group_ids: torch.Tensor, batch_size: int) -> None:
+    """``group_ids`` must be an integer tensor of shape [B]."""
+    if not isinstance(group_ids, torch.Tensor) or group_ids.shape != (batch_size,):
+        raise ValueError(f"group_ids must have shape [B] = ({batch_size},), got {_describe(group_ids)}")
+    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+
+
+def raise_on_nan(mask: torch.Tensor, advantages: torch.Tensor, **token_tensors: torch.Tensor) -> None:
+    """Raise ``FloatingPointError`` if a NaN reaches the math.
+
+    Checked: every entry of ``advantages`` and, for each [B, T] tensor, the positions where
+    ``mask`` is True (padded positions never enter the math: they are replaced by 0 first, so a
+    NaN there, e.g. from a fully masked attention row, is harmless). One host sync on the happy
+    path.
+    """
+    flags = [torch.isnan(advantages).any()]
+    flags += [(torch.isnan(t) & mask).any() for t in token_tensors.values()]
+    if not bool(torch.stack(flags).any()):
+        return
+    if bool(flags[0]):
+        raise FloatingPointError(f"advantages contain NaN ({int(torch.isnan(advantages).sum())} of {advantages.numel()})")
+    for (name, t), flag in zip(token_tensors.items(), flags[1:]):
+        if bool(flag):
+            n = int((torch.isnan(t) & mask).sum())
+            raise FloatingPointError(f"{name} contains NaN at {n} trained (mask=True) token(s)")
+
+
+def compute_dtype(logp: torch.Tensor) -> torch.dtype:
+    """float32 at least: bf16/fp16 log-probs are upcast before exp() and sums; float64 stays."""
+    return torch.promote_types(logp.dtype, torch.float32)
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` cast to ``dtype`` with 0 wherever ``mask`` is False.
+
+    Done with ``torch.where`` *before* any exp()/product so that garbage (inf, NaN) at padded
+    positions can neither leak into the forward value nor produce NaN gradients (0 * inf).
+    Gradient flows to ``x`` only at mask=True positions.
+    """
+    return torch.where(mask, x.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
+
+
+def masked_mean(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``sel`` (bool, same shape); 0 for an empty selection, never NaN."""
+    x = torch.where(sel, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.sum() / sel.sum().clamp(min=1).to(x.dtype)
+
+
+def masked_max(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """Max of ``x`` over ``sel``; 0 for an empty selection."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    neg_inf = torch.full((), -math.inf, dtype=x.dtype, device=x.device)
+    m = torch.where(sel, x, neg_inf).max()
+    return torch.where(sel.any(), m, torch.zeros_like(m))
+
+
+def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Detach and convert every 0-dim tensor to a python float with a single host sync."""
+    names = list(metrics)
+    if not names:
+        return {}
+    values = torch.stack([metrics[k].detach().to(torch.float64) for k in names]).tolist()
+    return dict(zip(names, values))
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
+    return type(t).__name__

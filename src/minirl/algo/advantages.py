@@ -1,0 +1,48 @@
+"""Group-baseline advantages: one scalar per response, from the rewards of its prompt's group.
+
+MiniRL ([P] = arXiv:2512.01374, §4.1, the advantage defined with Eq. (7)) writes
+
+    A(x, y) = R(x, y) - E_{y' ~ mu_old(.|x)} [ R(x, y') ]
+
+and calls it "group normalization (Shao et al., 2024)". How this differs from what it is usually
+confused with: the written formula **only subtracts the mean**; GRPO (and CISPO, [P] Appendix A)
+also divide by the group std. [P] never states whether MiniRL divides, so the default here is
+mean-only and ``std_normalize=True`` gives the Appendix A form. The baseline is the plain group
+mean including the sample itself (not leave-one-out); the std is the unbiased (G - 1) one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+STD_EPS: float = 1e-6
+
+
+def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False) -> torch.Tensor:
+    """Advantages [P, G] from rewards [P, G] (row = one prompt's group of G responses).
+
+    std_normalize=False: A = R - mean_G(R)                          ([P] §4.1, with Eq. (7))
+    std_normalize=True:  A = (R - mean_G(R)) / (std_G(R) + 1e-6)    ([P] Appendix A, GRPO/CISPO;
+                         std is unbiased, i.e. divides by G - 1)
+
+    Integer/bool rewards are converted to float32; float dtypes are kept.
+
+    Raises:
+        ValueError: ``rewards_PG`` not 2-D, or G < 2 with ``std_normalize=True``.
+        FloatingPointError: ``rewards_PG`` contains NaN.
+    """
+    if not isinstance(rewards_PG, torch.Tensor) or rewards_PG.ndim != 2:
+        shape = tuple(rewards_PG.shape) if isinstance(rewards_PG, torch.Tensor) else type(rewards_PG).__name__
+        raise ValueError(f"rewards_PG must be a 2-D tensor [P, G], got {shape}")
+    rewards = rewards_PG if rewards_PG.is_floating_point() else rewards_PG.to(torch.float32)
+    if bool(torch.isnan(rewards).any()):
+        raise FloatingPointError("rewards_PG contains NaN")
+    if rewards.shape[1] == 0:
+        raise ValueError("rewards_PG has G = 0 samples per prompt")
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not std_normalize:
+        return centred
+    if rewards.shape[1] < 2:
+        raise ValueError("std_normalize=True needs G >= 2 samples per prompt (unbiased std)")
+    std = rewards.std(dim=1, keepdim=True, correction=1)
+    return centred / (std + STD_EPS)

@@ -1,0 +1,171 @@
+"""The MiniRL policy loss, Eq. (7) of Zheng et al., "Stabilizing Reinforcement Learning with LLMs:
+Formulation and Practices" (arXiv:2512.01374, [P] below).
+
+    J_MiniRL(theta) = E_{x, y ~ mu_old} [ sum_t  M_t * sg[ pi_theta(y_t) / mu_old(y_t) ] * A(x, y) * log pi_theta(y_t) ]   (7)
+
+    r_t = pi_theta(y_t) / pi_old(y_t)              (proximal ratio, decides the clip mask only)
+    M_t = 0 if A > 0 and r_t > 1 + eps_high,  0 if A < 0 and r_t < 1 - eps_low,  1 otherwise
+
+How this differs from what it is usually confused with:
+
+* It is **not PPO/GRPO**. There is no ``min(r A, clip(r) A)``; the ratio never carries gradient.
+  The importance weight is a detached scalar and gradient flows only through ``log pi_theta``.
+  Clipping *masks* a token's gradient (M_t = 0); it never clamps the ratio's value. Its gradient
+  equals the gradient of decoupled PPO, (pi_old / mu_old) * grad min(r A, clip(r) A).
+* The importance weight is pi_theta / **mu_old** (the rollout engine's probabilities,
+  ``logp_rollout``), so it corrects the training–inference discrepancy as well as staleness,
+  Eq. (5). GRPO and CISPO as written (Appendix A) use pi_old in its place.
+* The clip mask uses r = pi_theta / **pi_old** (the trainer at theta_old, ``logp_old``), not
+  mu_old: clipping limits policy staleness only.
+* Tokens are **summed** within a response; the default aggregation divides by the number of
+  responses (a constant), **not** by |y| (GRPO) nor by the group's token count (CISPO). [P] §4.3
+  shows that 1/|y| breaks the first-order approximation. ``aggregation="seq_mean"`` is the paper's
+  "length-norm" ablation; ``"token_mean"`` (DAPO-style) is not in [P].
+* TIS (Yao et al. 2025, threshold 5, [P] §4.2) truncates the weight from above only. Where the
+  truncation goes is not stated in [P]: ``tis_placement="full"`` (literal reading, default)
+  truncates the whole weight pi_theta/mu_old; ``"train_infer"`` truncates only pi_old/mu_old and
+  multiplies by the untruncated pi_theta/pi_old. They agree on-policy (pi_theta = pi_old).
+
+Metrics returned (python floats; token statistics are over mask=True tokens; an empty selection
+gives 0.0, never NaN):
+
+    loss               the returned loss value
+    clip_frac          fraction of trained tokens with M_t = 0
+    clip_frac_pos      same, among trained tokens of responses with A > 0
+    clip_frac_neg      same, among trained tokens of responses with A < 0
+    is_truncated_frac  fraction of trained tokens where the TIS cap bit (the truncated quantity > tis_cap)
+    is_weight_mean     mean of the final detached weight w over trained tokens (M_t = 0 tokens included)
+    is_weight_max      max of w over trained tokens
+    ratio_old_mean     mean of r = pi_theta / pi_old over trained tokens
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.algo._common import (
+    AGGREGATIONS,
+    TIS_PLACEMENTS,
+    check_eps,
+    check_normalizer,
+    check_tis_cap,
+    check_token_inputs,
+    compute_dtype,
+    masked,
+    masked_max,
+    masked_mean,
+    raise_on_nan,
+    to_floats,
+)
+
+
+def minirl_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    clip: bool = True,
+    is_correction: bool = True,
+    tis_cap: float = 5.0,
+    tis_placement: str = "full",
+    aggregation: str = "seq_sum",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """MiniRL loss, the negative of Eq. (7) of [P] (arXiv:2512.01374), with TIS ([P] §4.2).
+
+    loss = -(1/N) * sum_{i,t} mask_{i,t} * M_{i,t} * w_{i,t} * A_i * logp_{i,t}
+
+    with r = exp(logp - logp_old) (detached), M the clip mask of Eq. (7) (strict inequalities:
+    r exactly 1 + eps_high is *not* clipped; ``clip=False`` sets M = 1, the "no clipping" runs
+    of [P] §4.4), and the detached weight
+
+        tis_placement="full":        w = min(exp(logp - logp_rollout), tis_cap)
+        tis_placement="train_infer": w = min(exp(logp_old - logp_rollout), tis_cap) * exp(logp - logp_old)
+
+    ``is_correction=False`` replaces ``logp_rollout`` by ``logp_old`` in w (drops the
+    training–inference factor: the "w/o train-infer-IS" ablation of [P] §4.3; on-policy w = 1).
+
+    Aggregation (how the token terms become one number):
+        "seq_sum"    sum over all tokens / N, N = ``normalizer`` or B (no 1/|y|; Eq. (7) default)
+        "seq_mean"   sum_i (sum_t ...) / |y_i|, divided by N = ``normalizer`` or B ([P] §4.3 length-norm ablation)
+        "token_mean" sum over all tokens / N, N = ``normalizer`` or the number of mask=True tokens
+    ``normalizer`` lets a caller accumulating micro-batches pass the mini-batch constant.
+
+    Args:
+        logp: float [B, T], log pi_theta of the sampled tokens; the only input that gets gradient.
+        logp_old: float [B, T], log pi_old (trainer at theta_old); treated as constant.
+        logp_rollout: float [B, T], log mu_old (rollout engine); treated as constant.
+        advantages: float [B], one advantage per response; treated as constant.
+        mask: bool [B, T], True = token is trained on.
+
+    Returns:
+        ``(loss, metrics)``: a 0-dim loss differentiable w.r.t. ``logp``, and the metrics listed
+        in the module docstring as python floats.
+
+    Raises:
+        ValueError: bad argument (names it).
+        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
+    """
+    check_eps(eps_low, eps_high)
+    check_tis_cap(tis_cap)
+    if tis_placement not in TIS_PLACEMENTS:
+        raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_normalizer(normalizer)
+    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
+    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+
+    dtype = compute_dtype(logp)
+    logp_m = masked(logp, mask, dtype)  # carries gradient, 0 at padding
+    lp = logp_m.detach()
+    lp_old = masked(logp_old.detach(), mask, dtype)
+    lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old
+    adv = advantages.detach().to(dtype)[:, None]  # [B, 1]
+
+    ratio_old = torch.exp(lp - lp_old)  # r, detached
+    pos = mask & (adv > 0)
+    neg = mask & (adv < 0)
+    if clip:
+        clipped = (pos & (ratio_old > 1 + eps_high)) | (neg & (ratio_old < 1 - eps_low))
+    else:
+        clipped = torch.zeros_like(mask)
+    keep = mask & ~clipped
+
+    if tis_placement == "full":
+        raw = torch.exp(lp - lp_mu)
+        weight = raw.clamp(max=tis_cap)
+    else:  # "train_infer"
+        raw = torch.exp(lp_old - lp_mu)
+        weight = raw.clamp(max=tis_cap) * ratio_old
+    truncated = mask & (raw > tis_cap)
+
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    per_token = torch.where(keep, weight * adv * logp_m, zero)  # [B, T]
+    batch = logp.shape[0]
+    if aggregation == "seq_sum":
+        loss = -per_token.sum() / (batch if normalizer is None else normalizer)
+    elif aggregation == "seq_mean":
+        lengths = mask.sum(dim=1).clamp(min=1).to(dtype)
+        loss = -(per_token.sum(dim=1) / lengths).sum() / (batch if normalizer is None else normalizer)
+    else:  # "token_mean"
+        denom = mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer
+        loss = -per_token.sum() / denom
+
+    metrics = to_floats(
+        {
+            "loss": loss,
+            "clip_frac": masked_mean(clipped.to(dtype), mask),
+            "clip_frac_pos": masked_mean(clipped.to(dtype), pos),
+            "clip_frac_neg": masked_mean(clipped.to(dtype), neg),
+            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
+            "is_weight_mean": masked_mean(weight, mask),
+            "is_weight_max": masked_max(weight, mask),
+            "ratio_old_mean": masked_mean(ratio_old, mask),
+        }
+    )
+    return loss, metrics
