@@ -1,0 +1,226 @@
+"""Prompts from a JSONL file, with an exact-match or math-equivalence verifier.
+
+File format: one JSON object per line, ``{"prompt": str, "answer": str | number}``; any other
+fields are kept in ``Prompt.meta``. A numeric answer (JSON int or float, not a boolean) becomes
+its Python ``str()`` (``7`` -> ``"7"``, ``0.5`` -> ``"0.5"``, ``2.50`` -> ``"2.5"``): give a
+string when the exact spelling matters. Blank lines are ignored (they hold no row); every other
+problem stops the load with ``TaskDataError``, whose message names the file and line, e.g.
+``data/train.jsonl:7: field "answer" is missing``. Nothing is skipped silently.
+
+Answer extraction from a completion (``extract_answer``), first rule that applies:
+    1. the contents of the last ``\\boxed{...}`` (braces balanced);
+    2. the text after the last ``####``;
+    3. the text after the last ``answer:`` / ``ans:`` / ``final answer:`` (any case);
+    4. the last non-empty line.
+The result is whitespace-stripped. ``reward="exact"`` compares it with the stripped reference
+answer; ``reward="math_verify"`` asks ``math_verify`` whether both are mathematically equal
+("1/2", "0.5" and "\\frac{1}{2}" all match). Its signal-based timeouts only work in the main
+thread, so off the main thread they are turned off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from minirl.types import Prompt
+
+RewardKind = Literal["exact", "math_verify"]
+REWARD_KINDS: tuple[str, ...] = ("exact", "math_verify")
+MATH_VERIFY_TIMEOUT_S = 5
+
+_MARKER_PATTERN = re.compile(r"(?:final answer|answer|ans)\s*:", re.IGNORECASE)
+
+
+class TaskDataError(Exception):
+    """A bad data file or row; ``str()`` is one line naming the file (and line)."""
+
+
+# --- answer extraction ----------------------------------------------------------------------------
+
+
+def last_boxed(text: str) -> str | None:
+    """Contents of the last ``\\boxed{...}`` with balanced braces; ``None`` if there is none."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth = 0
+        for position in range(start + len("\\boxed"), len(text)):
+            if text[position] == "{":
+                depth += 1
+            elif text[position] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start + len("\\boxed{") : position]
+        start = text.rfind("\\boxed{", 0, start)  # unclosed: try an earlier one
+    return None
+
+
+def extract_answer(completion: str) -> str:
+    """The final answer in a free-form completion (rules in the module docstring)."""
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in completion:
+        return completion.rsplit("####", 1)[1].strip()
+    markers = list(_MARKER_PATTERN.finditer(completion))
+    if markers:
+        return completion[markers[-1].end() :].strip()
+    lines = [line.strip() for line in completion.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# --- verifiers ------------------------------------------------------------------------------------
+
+
+def exact_match(predicted: str, answer: str) -> bool:
+    return predicted.strip() == answer.strip()
+
+
+def math_equivalent(predicted: str, answer: str) -> bool:
+    """Mathematical equality by ``math_verify``; exact match when the reference does not parse."""
+    from math_verify import parse, verify
+
+    # signal.alarm (math_verify's timeout) raises off the main thread: no timeout there.
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+    def parse_math(text: str) -> list:
+        text = text.strip()
+        if not text:
+            return []
+        # Bare LaTeX ("\frac{1}{2}", "x+1") only parses inside math delimiters.
+        return parse(text if "$" in text else f"${text}$", parsing_timeout=timeout)
+
+    gold = parse_math(answer)
+    if not gold:
+        return exact_match(predicted, answer)
+    target = parse_math(predicted)
+    if not target:
+        return False
+    return bool(verify(gold, target, timeout_seconds=timeout))
+
+
+# --- the task -------------------------------------------------------------------------------------
+
+
+class JsonlTask:
+    """A ``Task`` over JSONL rows; eval is ``eval_path`` or a seeded ``eval_fraction`` of rows."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        eval_path: str | Path | None = None,
+        eval_fraction: float = 0.1,
+        reward: RewardKind = "exact",
+        seed: int = 0,
+        name: str | None = None,
+    ) -> None:
+        if reward not in REWARD_KINDS:
+            raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        self.path = Path(path)
+        self.name = name or self.path.stem
+        self.reward_kind = reward
+        rows = read_jsonl_prompts(self.path)
+        if eval_path is not None:
+            self._train, self._eval = rows, read_jsonl_prompts(Path(eval_path))
+        else:
+            self._train, self._eval = _split(rows, eval_fraction, seed, self.path)
+
+    def train_prompts(self) -> list[Prompt]:
+        return list(self._train)
+
+    def eval_prompts(self) -> list[Prompt]:
+        return list(self._eval)
+
+    def extract_answer(self, completion: str) -> str:
+        return extract_answer(completion)
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        predicted = extract_answer(completion)
+        if self.reward_kind == "exact":
+            return 1.0 if exact_match(predicted, prompt.answer) else 0.0
+        return 1.0 if math_equivalent(predicted, prompt.answer) else 0.0
+
+
+def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> tuple[list[Prompt], list[Prompt]]:
+    num_eval = round(eval_fraction * len(rows))
+    if eval_fraction > 0 and num_eval == 0 and len(rows) >= 2:
+        num_eval = 1
+    if len(rows) - num_eval < 1:
+        raise TaskDataError(f"{path}: {len(rows)} row(s) leave no training rows after eval_fraction {eval_fraction}")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    eval_rows = sorted(order[:num_eval])
+    train_rows = sorted(order[num_eval:])
+    return [rows[index] for index in train_rows], [rows[index] for index in eval_rows]
+
+
+def read_jsonl_prompts(path: Path) -> list[Prompt]:
+    """Every row of ``path`` as a ``Prompt``; ``TaskDataError`` naming file and line otherwise."""
+    if not path.exists():
+        raise TaskDataError(f"{path}: no such file")
+    if not path.is_file():
+        raise TaskDataError(f"{path}: not a file")
+    prompts = []
+    for line_number, raw_line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        where = f"{path}:{line_number}"
+        try:
+            line = raw_line.decode("utf-8-sig" if line_number == 1 else "utf-8")  # tolerate a BOM
+        except UnicodeDecodeError as error:
+            raise TaskDataError(f"{where}: not valid UTF-8 (byte {error.start} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TaskDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        prompts.append(_row_to_prompt(row, where))
+    if not prompts:
+        raise TaskDataError(f"{path}: no rows (expected one JSON object per line)")
+    return prompts
+
+
+def _row_to_prompt(row: Any, where: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise TaskDataError(
+            f'{where}: expected a JSON object with "prompt" and "answer", got {_json_type(row)}'
+        )
+    for field in ("prompt", "answer"):
+        if field not in row:
+            raise TaskDataError(f'{where}: field "{field}" is missing')
+    prompt, answer = row["prompt"], row["answer"]
+    if not isinstance(prompt, str):
+        raise TaskDataError(f'{where}: field "prompt" must be a string, got {_json_type(prompt)}')
+    if not prompt.strip():
+        raise TaskDataError(f'{where}: field "prompt" is empty')
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise TaskDataError(f'{where}: field "answer" must be a string or a number, got {_json_type(answer)}')
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise TaskDataError(f'{where}: field "answer" must be finite, got {answer}')
+    answer_text = answer if isinstance(answer, str) else str(answer)
+    if not answer_text.strip():
+        raise TaskDataError(f'{where}: field "answer" is empty')
+    extra = {key: value for key, value in row.items() if key not in ("prompt", "answer")}
+    return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra})
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,142 @@
+"""User reward functions: ``"package.module:function"`` -> ``fn(prompt, completion, answer) -> float``.
+
+A reward function is a plain callable taking the prompt text, the completion text and the
+reference answer (all ``str``) and returning a finite number (``bool`` counts as 0/1). The spec
+is ``module:attribute`` where ``module`` is an importable dotted name or a path to a ``.py``
+file, and ``attribute`` may be dotted (``module:Class.method``).
+
+``CustomRewardTask`` wraps any ``Task`` and scores with such a function; a function that raises,
+or returns ``None``, NaN, an infinity or a non-number, stops the run with a one-line
+``RewardFunctionError`` naming the function (a broken verifier must not become reward 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import numbers
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from minirl.tasks.base import Task
+from minirl.types import Prompt
+
+RewardFunction = Callable[[str, str, str], float]
+
+
+class RewardSpecError(Exception):
+    """A reward-function spec that cannot be resolved; one line naming the spec."""
+
+
+class RewardFunctionError(Exception):
+    """A user reward function raised or returned something that is not a finite number."""
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """Import and return the callable named by ``spec`` (``"package.module:function"``)."""
+    module_name, colon, attribute_path = spec.partition(":")
+    if not colon or not module_name or not attribute_path:
+        raise RewardSpecError(f"reward function {spec!r}: expected 'package.module:function'")
+    module = _import_module(spec, module_name)
+    target: Any = module
+    for part in attribute_path.split("."):
+        if not hasattr(target, part):
+            raise RewardSpecError(f"reward function {spec!r}: {module_name!r} has no attribute {attribute_path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise RewardSpecError(f"reward function {spec!r}: {attribute_path!r} is a {type(target).__name__}, not callable")
+    return target
+
+
+def _import_module(spec: str, module_name: str) -> Any:
+    try:
+        if module_name.endswith(".py"):
+            return _import_file(spec, Path(module_name))
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:
+            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} not found") from None
+        raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}") from error
+    except RewardSpecError:
+        raise
+    except Exception as error:  # a user module that fails to import: name it, then the error
+        raise RewardSpecError(
+            f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}"
+        ) from error
+
+
+def _import_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise RewardSpecError(f"reward function {spec!r}: file {str(path)!r} not found")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    unique_name = f"minirl_user_reward_{path.stem}_{digest}"
+    module_spec = importlib.util.spec_from_file_location(unique_name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[unique_name] = module  # so pickling and dataclasses inside it work
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[unique_name]
+        raise
+    return module
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def function_name(fn: Callable) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module}:{qualname}" if module else qualname
+
+
+def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answer: str) -> float:
+    """``fn(prompt, completion, answer)`` as a finite float, or ``RewardFunctionError``."""
+    try:
+        value = fn(prompt, completion, answer)
+    except Exception as error:
+        raise RewardFunctionError(
+            f"reward function {function_name(fn)} raised {type(error).__name__}: {_one_line(error)}"
+        ) from error
+    if not isinstance(value, numbers.Real):
+        raise RewardFunctionError(
+            f"reward function {function_name(fn)} returned {type(value).__name__} {value!r:.60}, expected a number"
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise RewardFunctionError(f"reward function {function_name(fn)} returned {reward}, expected a finite number")
+    return reward
+
+
+class CustomRewardTask:
+    """``base_task``'s prompts, scored by a user function ``fn(prompt, completion, answer)``.
+
+    Other attributes (``styles``, ``teacher_solution``, ``extract_answer`` ...) are the base
+    task's, so a wrapped ``TeacherTask`` is still one.
+    """
+
+    def __init__(self, base_task: Task, fn: RewardFunction | str, name: str | None = None) -> None:
+        self.base_task = base_task
+        self.fn: RewardFunction = load_reward_function(fn) if isinstance(fn, str) else fn
+        if not callable(self.fn):
+            raise RewardSpecError(f"reward function {fn!r} is not callable")
+        self.name = name or base_task.name
+
+    def train_prompts(self) -> list[Prompt]:
+        return self.base_task.train_prompts()
+
+    def eval_prompts(self) -> list[Prompt]:
+        return self.base_task.eval_prompts()
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return call_reward_function(self.fn, prompt.text, completion, prompt.answer)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute == "base_task":  # not yet set (e.g. during unpickling): no recursion
+            raise AttributeError(attribute)
+        return getattr(self.base_task, attribute)
