@@ -1,0 +1,370 @@
+"""Routing Replay (R2/R3) for Hugging Face transformers MoE models.
+
+Usage::
+
+    replay = RoutingReplay(model)          # attaches the hooks once
+    with replay.record() as rec:           # exactly ONE forward call of `model`
+        model(input_ids)
+    rec.routes                             # int16 [B, T, L, K], on the model's device
+    with replay.replay(routes):            # exactly ONE forward call of `model`
+        loss = f(model(input_ids))
+        loss.backward()                    # inside the block if gradient checkpointing is on
+
+Contract
+--------
+* One block covers exactly one forward call of the model passed to ``RoutingReplay``. A rollout
+  engine that decodes with a KV cache opens one ``record()`` per model call: one for the prefill
+  ([B, T_prompt, L, K]) and one per decode step ([B, 1, L, K]), then concatenates along T. A second
+  forward call inside a block raises ``ValueError`` at once; so does a forward that does not go
+  through the model (``model.model(...)``) because the batch layout is taken from that call.
+* Routes are laid out [B, T, L, K]: B and T are those of the ``input_ids`` (or ``inputs_embeds``)
+  of the forward call, L counts the MoE layers in model order and K is the top-k. Routers see the
+  hidden states as B*T flattened rows; row b*T + t is token (b, t).
+* On replay, a position whose K entries are all -1 is routed naturally; any other position must
+  hold K valid expert ids and is forced to them. Only the selection is forced: gate weights are
+  recomputed from the live router logits with the family's own scoring (see ``families.py``), so
+  the router keeps receiving gradients. Replaying a fresh recording is bitwise identical to not
+  replaying, logits and gradients alike.
+* When a ``replay`` block exits normally, every MoE layer must have consumed its routes exactly
+  once; otherwise ``ValueError`` names the first offending layer. A ``record`` block likewise
+  requires every layer to have routed exactly once.
+* Gradient checkpointing: routers run again during ``backward``. Inside the block the recomputation
+  replays the same routes (and is not counted as a consumption); a recomputation that happens after
+  a replay block has closed raises ``RuntimeError`` instead of silently routing naturally.
+* Outside a block each hook checks one attribute and returns: no cost, no change of behaviour.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from .families import RouterSpec, lookup, supported_families
+
+ROUTE_DTYPE = torch.int16
+
+
+class UnsupportedModelError(TypeError):
+    """The model has no MoE router that routing replay knows how to drive."""
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+@dataclass
+class Recording:
+    """Handle yielded by ``RoutingReplay.record()``; ``routes`` is filled when the block exits."""
+
+    routes: torch.Tensor | None = None  # int16 [B, T, L, K]
+
+
+@dataclass
+class _Site:
+    layer: int
+    name: str
+    module: nn.Module
+    spec: RouterSpec
+
+
+@dataclass
+class _Block:
+    mode: str  # "record" or "replay"
+    shape: tuple[int, int] | None = None  # (B, T) of the forward call
+    counts: list[int] = field(default_factory=list)
+    recorded: list[torch.Tensor | None] = field(default_factory=list)
+    routes: torch.Tensor | None = None  # long [B, T, L, K] on the router device (replay)
+    all_natural: list[bool] = field(default_factory=list)  # per layer: every row is -1
+    any_natural: list[bool] = field(default_factory=list)  # per layer: some row is -1
+    forced: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)  # for recompute
+
+
+class RoutingReplay:
+    """Record and replay the top-k expert selection of every MoE router of ``model``."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        sites: list[_Site] = []
+        unsupported: list[str] = []
+        for name, module in model.named_modules():
+            found = lookup(module)
+            if found is None:
+                continue
+            cls, spec = found
+            if isinstance(spec, RouterSpec):
+                sites.append(_Site(len(sites), name, module, spec))
+            else:
+                unsupported.append(f"{name or '<root>'} ({cls}): {spec}")
+        families = ", ".join(supported_families())
+        if unsupported:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has MoE routers routing replay cannot drive: {unsupported[0]}"
+                f"{f' (and {len(unsupported) - 1} more)' if len(unsupported) > 1 else ''}. "
+                f"Supported families: {families}."
+            )
+        if not sites:
+            raise UnsupportedModelError(
+                f"no supported MoE router found in {type(model).__name__} "
+                f"(model_type={getattr(getattr(model, 'config', None), 'model_type', None)!r}); "
+                f"dense models have nothing to replay. Supported families: {families}."
+            )
+        top_ks = {s.spec.top_k(s.module) for s in sites}
+        num_experts = {s.spec.num_experts(s.module) for s in sites}
+        if len(top_ks) != 1 or len(num_experts) != 1:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: MoE layers differ in top_k {sorted(top_ks)} or num_experts "
+                f"{sorted(num_experts)}; routes need one [L, K] layout."
+            )
+        self._sites = sites
+        self.num_layers: int = len(sites)
+        self.top_k: int = top_ks.pop()
+        self.num_experts: int = num_experts.pop()
+        if self.num_experts > torch.iinfo(ROUTE_DTYPE).max:
+            raise UnsupportedModelError(f"{self.num_experts} experts do not fit the int16 route format")
+        config = getattr(model, "config", None)
+        self.family: str = getattr(config, "model_type", None) or sites[0].spec.family
+        self.layer_names: list[str] = [s.name for s in sites]
+
+        self._block: _Block | None = None
+        self._replayed_graph_pending = False  # a replay forward whose graph may still recompute
+        self._handles = [model.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True)]
+        for site in sites:
+            self._handles.append(
+                site.module.register_forward_hook(self._make_router_hook(site), with_kwargs=True)
+            )
+
+    # ---------------------------------------------------------------------------------------------
+    # public API
+
+    @contextmanager
+    def record(self) -> Iterator[Recording]:
+        """Record the routing of exactly one forward call; ``rec.routes`` is set on exit."""
+        rec = Recording()
+        block = self._open("record")
+        try:
+            yield rec
+        except BaseException:
+            self._block = None
+            raise
+        self._block = None
+        rec.routes = self._collect(block)
+
+    @contextmanager
+    def replay(self, routes: torch.Tensor) -> Iterator[None]:
+        """Force the routing of exactly one forward call to ``routes`` [B, T, L, K] (-1 = natural)."""
+        long_routes, all_nat, any_nat = self._validate(routes)
+        block = self._open("replay")
+        block.routes = long_routes
+        block.all_natural = all_nat
+        block.any_natural = any_nat
+        block.forced = [None] * self.num_layers
+        try:
+            yield
+        except BaseException:
+            self._block = None
+            raise
+        self._block = None
+        if block.shape is None:
+            raise ValueError(
+                "routing replay: MoE layer 0 consumed its routes 0 times (expected exactly once): "
+                "the model was not called inside the replay() block"
+            )
+        for layer, count in enumerate(block.counts):
+            if count != 1:
+                raise ValueError(
+                    f"routing replay: MoE layer {layer} ({self.layer_names[layer]}) consumed its routes "
+                    f"{count} times (expected exactly once per replay() block)"
+                )
+
+    def remove(self) -> None:
+        """Detach every hook (the object is unusable afterwards)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # ---------------------------------------------------------------------------------------------
+    # internals
+
+    def _open(self, mode: str) -> _Block:
+        if self._block is not None:
+            raise RuntimeError(f"a {self._block.mode}() block is already open; blocks do not nest")
+        if not self._handles:
+            raise RuntimeError("RoutingReplay.remove() was called; create a new RoutingReplay")
+        block = _Block(mode=mode, counts=[0] * self.num_layers, recorded=[None] * self.num_layers)
+        self._replayed_graph_pending = mode == "replay"
+        self._block = block
+        return block
+
+    def _validate(self, routes: torch.Tensor) -> tuple[torch.Tensor, list[bool], list[bool]]:
+        if not isinstance(routes, torch.Tensor):
+            raise ValueError(f"routes must be a torch.Tensor, got {type(routes).__name__}")
+        if routes.dtype.is_floating_point or routes.dtype.is_complex or routes.dtype == torch.bool:
+            raise ValueError(f"routes must be an integer tensor, got dtype {routes.dtype}")
+        L, K = self.num_layers, self.top_k
+        if routes.dim() != 4 or routes.shape[2] != L or routes.shape[3] != K:
+            raise ValueError(
+                f"routes must have shape [B, T, L={L}, K={K}] for this model, got {tuple(routes.shape)}"
+            )
+        if routes.numel():
+            lo, hi = int(routes.min()), int(routes.max())
+            if lo < -1 or hi >= self.num_experts:
+                raise ValueError(
+                    f"route indices must lie in [-1, {self.num_experts}) (num_experts={self.num_experts}), "
+                    f"got values in [{lo}, {hi}]"
+                )
+        neg = routes == -1
+        natural = neg.all(dim=-1)  # [B, T, L]
+        partial = neg.any(dim=-1) & ~natural
+        if bool(partial.any()):
+            b, t, layer = (int(v) for v in partial.nonzero()[0])
+            raise ValueError(
+                f"routes row (b={b}, t={t}, layer={layer}) mixes -1 with expert ids "
+                f"{routes[b, t, layer].tolist()}: a row must be all -1 (natural routing) or all valid"
+            )
+        flat = natural.reshape(-1, L)
+        all_nat = flat.all(dim=0).tolist() if flat.shape[0] else [True] * L
+        any_nat = flat.any(dim=0).tolist() if flat.shape[0] else [True] * L
+        device = self._device()
+        return routes.to(device=device, dtype=torch.long), all_nat, any_nat
+
+    def _device(self) -> torch.device:
+        for site in self._sites:
+            for tensor in site.module.parameters():
+                return tensor.device
+        return torch.device("cpu")
+
+    def _collect(self, block: _Block) -> torch.Tensor:
+        if block.shape is None:
+            raise ValueError(
+                "routing record: MoE layer 0 routed 0 times (expected exactly once): "
+                "the model was not called inside the record() block"
+            )
+        for layer, count in enumerate(block.counts):
+            if count != 1:
+                raise ValueError(
+                    f"routing record: MoE layer {layer} ({self.layer_names[layer]}) routed {count} times "
+                    f"(expected exactly once per record() block)"
+                )
+        B, T = block.shape
+        stacked = torch.stack(block.recorded, dim=1)  # [N, L, K]
+        return stacked.reshape(B, T, self.num_layers, self.top_k)
+
+    def _model_pre_hook(self, module, args, kwargs):
+        block = self._block
+        if block is None:
+            if not _in_backward():
+                self._replayed_graph_pending = False
+            return None
+        if _in_backward():
+            return None
+        if block.shape is not None:
+            raise ValueError(
+                f"a {block.mode}() block covers exactly one forward call of the model; "
+                f"open one block per call (e.g. one per prefill / decode step)"
+            )
+        x = kwargs.get("input_ids")
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+        if x is None and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+        if x is None or x.dim() < 2:
+            raise ValueError(
+                "routing replay needs the batch layout: call the model with input_ids [B, T] "
+                "(or inputs_embeds [B, T, H])"
+            )
+        B, T = int(x.shape[0]), int(x.shape[1])
+        if block.mode == "replay":
+            rb, rt = block.routes.shape[:2]
+            if (rb, rt) != (B, T):
+                raise ValueError(
+                    f"routes have batch/seq shape [B={rb}, T={rt}] but the forward call has [B={B}, T={T}]"
+                )
+        block.shape = (B, T)
+        return None
+
+    def _make_router_hook(self, site: _Site):
+        layer = site.layer
+        spec = site.spec
+
+        def hook(module, args, kwargs, output):
+            block = self._block
+            if block is None:
+                if self._replayed_graph_pending and _in_backward():
+                    raise RuntimeError(
+                        f"MoE layer {layer} is being recomputed during backward (gradient checkpointing) "
+                        "after its replay() block closed; call backward() inside the replay() block"
+                    )
+                return None
+            return self._on_router(block, site, layer, spec, args, kwargs, output)
+
+        return hook
+
+    def _on_router(self, block: _Block, site: _Site, layer: int, spec: RouterSpec, args, kwargs, output):
+        recompute = _in_backward()
+        if block.shape is None and not recompute:
+            raise ValueError(
+                f"MoE layer {layer} ran inside a {block.mode}() block but the forward did not go through "
+                f"the model given to RoutingReplay ({type(self.model).__name__}); call that model"
+            )
+        natural_idx = output[spec.index_pos]
+        if block.mode == "record":
+            if recompute:
+                return None
+            if block.counts[layer]:
+                raise ValueError(
+                    f"routing record: MoE layer {layer} routed twice in one record() block; "
+                    "a record() block covers exactly one forward call"
+                )
+            self._check_rows(block, layer, natural_idx)
+            block.counts[layer] += 1
+            block.recorded[layer] = natural_idx.detach().to(ROUTE_DTYPE)
+            return None
+
+        # replay
+        if recompute:
+            saved = block.forced[layer]
+            if saved is None:
+                return None
+            forced, _ = saved
+        else:
+            block.counts[layer] += 1
+            if block.counts[layer] > 1:
+                raise ValueError(
+                    f"routing replay: MoE layer {layer} ({self.layer_names[layer]}) asked for its routes "
+                    "twice in one replay() block (expected exactly once)"
+                )
+            self._check_rows(block, layer, natural_idx)
+            if block.all_natural[layer]:
+                return None
+            forced = block.routes[:, :, layer, :].reshape(-1, self.top_k)
+            if forced.device != natural_idx.device:
+                forced = forced.to(natural_idx.device)
+            if block.any_natural[layer]:
+                keep = (forced == -1).all(dim=-1, keepdim=True)
+                forced = torch.where(keep, natural_idx, forced)
+            block.forced[layer] = (forced, natural_idx)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        natural_w = output[spec.weights_pos]
+        weights = spec.score(site.module, hidden, output, forced)
+        if weights.shape != natural_w.shape or weights.dtype != natural_w.dtype:
+            raise RuntimeError(
+                f"routing replay ({spec.family}): recomputed gate weights {tuple(weights.shape)} {weights.dtype} "
+                f"do not match the router's {tuple(natural_w.shape)} {natural_w.dtype}; the router code "
+                "changed, update minirl.moe.families"
+            )
+        new = list(output)
+        new[spec.weights_pos] = weights
+        new[spec.index_pos] = forced
+        return type(output)(new) if isinstance(output, tuple) else new
+
+    def _check_rows(self, block: _Block, layer: int, natural_idx: torch.Tensor) -> None:
+        B, T = block.shape
+        if natural_idx.dim() != 2 or natural_idx.shape[0] != B * T or natural_idx.shape[1] != self.top_k:
+            raise ValueError(
+                f"MoE layer {layer} routed {tuple(natural_idx.shape)} rows but the forward call has "
+                f"B*T = {B}*{T} = {B * T} tokens with top_k={self.top_k}"
+            )
