@@ -109,8 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """Our own progress line is the only one: silence transformers' bars and info logs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_libraries()
     try:
         return args.func(args)
     except _user_errors() as exc:

@@ -1,0 +1,75 @@
+"""End to end: the CLI on a tiny model (SFT cold start, MiniRL steps, eval, checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = [
+    "model.preset=qwen3-moe-tiny", "task.kind=reverse", "task.difficulty=3", "task.num_train_prompts=64",
+    "task.num_eval_prompts=8", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
+    "optim.steps=3", "optim.micro_batch_sequences=4", "eval.num_prompts=4", "eval.samples_per_prompt=2",
+    "eval.every_steps=2", "cold_start.steps=5", "cold_start.examples=32", "cold_start.batch_sequences=8",
+    "run.threads=2",
+]
+
+
+def _minirl(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minirl.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("replay, minibatches", [("none", 1), ("R2", 2), ("R3", 2)])
+def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatches):
+    proc = _minirl(
+        "train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=e2e", "cold_start.enabled=true",
+        f"moe.routing_replay={replay}", f"optim.minibatches_per_step={minibatches}", "rollout.precision=bf16",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out accuracy before RL" in proc.stderr and "run dir" in proc.stderr
+    run = tmp_path / "e2e"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in ("train/reward_mean", "train/entropy", "mismatch/kl_k1", "mismatch/kl_k3", "policy/clip_frac",
+                "policy/is_weight_mean", "optim/grad_norm", "optim/lr", "time/rollout_s", "time/update_s",
+                "perf/rollout_tokens_per_s"):
+        assert key in rows[1], key
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[3]
+    assert rows[1]["mismatch/abs_dlogp_mean"] > 0  # bf16 engine vs fp32 trainer
+    assert (run / "config.yaml").is_file()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run / "checkpoint")
+    tokenizer = AutoTokenizer.from_pretrained(run / "checkpoint")
+    assert model.config.model_type == "qwen3_moe" and tokenizer.eos_token_id is not None
+
+
+def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
+    sft = _minirl("sft", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=s", "--output", str(tmp_path / "ckpt"))
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "config.json").is_file()
+    train = _minirl("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=t",
+                    f"model.path={tmp_path / 'ckpt'}", "cold_start.enabled=false", "optim.steps=1")
+    assert train.returncode == 0, train.stderr[-3000:]
+    ev = _minirl("eval", str(tmp_path / "t" / "checkpoint"), *TINY)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert 0.0 <= json.loads(ev.stdout.strip().splitlines()[-1])["eval/accuracy"] <= 1.0
+
+
+def test_dense_model_with_replay_is_a_config_error(tmp_path):
+    proc = _minirl("train", "configs/demo.yaml", *TINY, "model.preset=qwen3-dense-2m", "moe.routing_replay=R2",
+                   f"run.output_dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "moe.routing_replay" in proc.stderr and "dense" in proc.stderr
+
+
+def test_help_of_every_command():
+    for command in ("train", "sft", "eval"):
+        proc = _minirl(command, "--help", timeout=60)
+        assert proc.returncode == 0 and "key=value" in proc.stdout
