@@ -34,7 +34,7 @@ INDEXER = dict(index_n_heads=2, index_head_dim=16, index_topk=4)
 
 # family (model_type) -> config overrides; every router family in minirl.moe.families is here.
 FAMILIES: dict[str, dict] = {
-    "qwen3_moe": dict(num_experts=8, head_dim=8),
+    "qwen3_moe": dict(num_experts=8, head_dim=8, norm_topk_prob=True),  # as Qwen3-30B-A3B
     "qwen2_moe": dict(num_experts=8, shared_expert_intermediate_size=16),
     "olmoe": dict(num_experts=8),
     "mixtral": dict(num_local_experts=8),
@@ -234,6 +234,20 @@ def test_replaying_a_fresh_recording_is_bitwise_identical(model_type):
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_replay_is_bitwise_identical_in_bf16(model_type):
+    """bf16 exposes the dtype casts each family's router does; replay must do the same ones."""
+    model = tiny_model(model_type).to(torch.bfloat16)
+    replay = RoutingReplay(model)
+    x = ids()
+    with replay.record() as rec:
+        ref_logits, ref_grads = forward_backward(model, x)
+    with replay.replay(rec.routes):
+        logits, grads = forward_backward(model, x)
+    assert torch.equal(logits, ref_logits)
+    assert all(torch.equal(grads[n], ref_grads[n]) for n in ref_grads)
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_forced_routes_change_output_and_train_the_router(model_type):
     model, replay = family(model_type)
     x = ids()
@@ -336,6 +350,9 @@ def test_validation_errors():
             model(x[:, :5])
     with pytest.raises(ValueError, match=r"\[B=1, T=6\].*\[B=2, T=6\]"):
         with replay.replay(routes[:1]):
+            model(x)
+    with pytest.raises(ValueError, match=r"\[B=3, T=4\].*\[B=2, T=6\]"):  # same B*T, other layout
+        with replay.replay(routes.reshape(3, 4, L, K)):
             model(x)
     # nothing is left armed after the errors
     with replay.replay(routes):
