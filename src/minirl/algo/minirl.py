@@ -41,6 +41,8 @@ gives 0.0, never NaN):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from minirl.algo._common import (
@@ -169,3 +171,20 @@ def minirl_loss(
         }
     )
     return loss, metrics
+
+
+def minirl_policy_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    **knobs: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``minirl_loss`` (Eq. (7) of [P]) behind the uniform ``POLICY_LOSSES`` signature.
+
+    ``group_ids`` is ignored: MiniRL's normaliser is a constant, not a per-group token count.
+    ``knobs`` are the keyword arguments of ``minirl_loss``.
+    """
+    return minirl_loss(logp, logp_old, logp_rollout, advantages, mask, **knobs)

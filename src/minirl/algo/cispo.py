@@ -1,0 +1,129 @@
+"""CISPO as written in Appendix A of [P] (Zheng et al., arXiv:2512.01374), for comparison only.
+
+    J_CISPO(theta) = E[ (1 / sum_{i=1}^G |y_i|) sum_i sum_t sg[ clip(r_{i,t}, 1 - eps_low, 1 + eps_high) ] A_i log pi_theta(y_{i,t}) ]
+    r_{i,t} = pi_theta(y_{i,t}) / pi_old(y_{i,t})
+
+How this differs from MiniRL (Eq. (7)) and from what it is usually confused with:
+
+* Like MiniRL it is REINFORCE with a **detached** weight on log pi_theta, but the weight is the
+  **clamped** staleness ratio pi_theta/pi_old (no mu_old: the training–inference discrepancy is
+  ignored as written, [P] App. A difference 1), and **no token is ever masked**: clipping clamps
+  the weight's value instead of dropping the token's gradient (difference 3; [P] argues this
+  destabilises training). PPO/GRPO clipping, by contrast, zeroes the gradient.
+* Normalisation is **per group**: divide by the group's total token count sum_{i in g} |y_i|
+  (difference 2). The Appendix formula is for one prompt; with several groups in a batch this
+  averages the per-group objectives: loss = -(1/N) sum_g (1/T_g) sum_{i in g} sum_t (...),
+  N = number of distinct ``group_ids`` (or ``normalizer``). So the group token counts are
+  right, every response of a group must be in the same call (micro-batches must not split
+  groups).
+* ``is_correction=True`` (not part of CISPO as written) multiplies each token by the detached,
+  truncated factor min(pi_old / mu_old, tis_cap).
+* Default clip range 0.2 / 0.27 (the values [P] uses for MiniRL); the CISPO paper (MiniMax-M1)
+  tunes only the upper bound and effectively leaves the lower one open: pass a large eps_low
+  for that.
+
+Metrics (python floats; token statistics over mask=True tokens, 0.0 on empty selections):
+    loss; clip_frac / clip_frac_pos / clip_frac_neg: tokens whose weight was clamped (r outside
+    [1 - eps_low, 1 + eps_high]; the gradient is kept, unlike the other objectives), overall and
+    among A > 0 / A < 0 tokens; is_truncated_frac, is_weight_mean, is_weight_max (of the
+    training–inference factor; exactly 1 when ``is_correction=False``); ratio_old_mean (mean r).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.algo._common import (
+    check_eps,
+    check_group_ids,
+    check_normalizer,
+    check_tis_cap,
+    check_token_inputs,
+    compute_dtype,
+    masked,
+    masked_max,
+    masked_mean,
+    raise_on_nan,
+    to_floats,
+)
+
+
+def cispo_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    is_correction: bool = False,
+    tis_cap: float = 5.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO loss, the negative of J_CISPO in [P] (arXiv:2512.01374) Appendix A, averaged over groups.
+
+    loss = -(1/N) sum_g (1/T_g) sum_{i in g} sum_t sg[clip(r, 1 - eps_low, 1 + eps_high) * c] * A_i * logp_{i,t}
+
+    r = exp(logp - logp_old) (detached); c = min(exp(logp_old - logp_rollout), tis_cap) when
+    ``is_correction`` else 1; T_g = trained tokens of group g (a group with none contributes 0);
+    N = ``normalizer`` or the number of distinct ``group_ids``.
+    d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
+
+    Args:
+        group_ids: integer [B], rows with equal ids are responses to the same prompt.
+
+    Raises:
+        ValueError: bad argument (names it).
+        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
+    """
+    check_eps(eps_low, eps_high)
+    check_tis_cap(tis_cap)
+    check_normalizer(normalizer)
+    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
+    check_group_ids(group_ids, logp.shape[0])
+    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+
+    dtype = compute_dtype(logp)
+    logp_m = masked(logp, mask, dtype)
+    lp = logp_m.detach()
+    lp_old = masked(logp_old.detach(), mask, dtype)
+    adv = advantages.detach().to(dtype)[:, None]
+
+    ratio = torch.exp(lp - lp_old)  # detached
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high)
+    if is_correction:
+        raw = torch.exp(lp_old - masked(logp_rollout.detach(), mask, dtype))
+        factor = raw.clamp(max=tis_cap)
+        truncated = mask & (raw > tis_cap)
+    else:
+        factor = torch.ones_like(lp)
+        truncated = torch.zeros_like(mask)
+
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    per_token = torch.where(mask, weight * factor * adv * logp_m, zero)
+    _, group_index = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(group_index.max()) + 1  # one host sync; B >= 1 is checked above
+    group_tokens = torch.zeros(num_groups, dtype=dtype, device=logp.device)
+    group_tokens.index_add_(0, group_index, mask.sum(dim=1).to(dtype))
+    row_denom = group_tokens.clamp(min=1)[group_index]  # T_{g(i)} per row
+    denom = float(num_groups) if normalizer is None else normalizer
+    loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
+
+    pos = mask & (adv > 0)
+    neg = mask & (adv < 0)
+    clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
+    metrics = to_floats(
+        {
+            "loss": loss,
+            "clip_frac": masked_mean(clamped.to(dtype), mask),
+            "clip_frac_pos": masked_mean(clamped.to(dtype), pos),
+            "clip_frac_neg": masked_mean(clamped.to(dtype), neg),
+            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
+            "is_weight_mean": masked_mean(factor, mask),
+            "is_weight_max": masked_max(factor, mask),
+            "ratio_old_mean": masked_mean(ratio, mask),
+        }
+    )
+    return loss, metrics

@@ -1,0 +1,119 @@
+"""GRPO as written in Appendix A of [P] (Zheng et al., arXiv:2512.01374), for comparison only.
+
+    J_GRPO(theta) = E[ (1/G) sum_i (1/|y_i|) sum_t min( r_{i,t} A_i, clip(r_{i,t}, 1 - eps_low, 1 + eps_high) A_i ) ]
+    r_{i,t} = pi_theta(y_{i,t}) / pi_old(y_{i,t})          (carries gradient)
+
+How this differs from MiniRL (Eq. (7)) and from what it is usually confused with:
+
+* The ratio r **carries gradient** (PPO surrogate); the token gradient is r * A * grad log pi_theta
+  while unclipped and 0 once clipped. MiniRL instead multiplies a detached weight by log pi_theta.
+* The ratio is to **pi_old** (trainer), not mu_old (rollout engine): as written, GRPO ignores the
+  training–inference discrepancy ([P] App. A, difference 1). ``is_correction=True`` (not part of
+  GRPO as written) multiplies each token by the detached, truncated factor
+  min(pi_old / mu_old, tis_cap), the correction of Yao et al. (2025).
+* **1/|y_i| length normalisation** per response, then the mean over responses ([P] App. A,
+  difference 2). With several prompts in a batch the mean runs over all B responses, which equals
+  the mean of per-group means when groups have equal size G. No KL-to-reference term (the
+  original GRPO has one; [P] App. A omits it).
+* Advantages come from the caller; Appendix A's GRPO divides by the group std
+  (``group_advantages(..., std_normalize=True)``).
+* Default clip range eps_low = 0.2, eps_high = 0.27, the values [P] uses for MiniRL and the GSPO
+  paper (arXiv:2507.18071 §5.1) uses for its GRPO baseline; the original GRPO used 0.2 both sides.
+
+Metrics (python floats; token statistics over mask=True tokens, 0.0 on empty selections):
+    loss, clip_frac / clip_frac_pos / clip_frac_neg (tokens whose clipped branch is active, i.e.
+    zero gradient: A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low), is_truncated_frac,
+    is_weight_mean, is_weight_max (of the training–inference factor; exactly 1 when
+    ``is_correction=False``), ratio_old_mean (mean r).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.algo._common import (
+    check_eps,
+    check_normalizer,
+    check_tis_cap,
+    check_token_inputs,
+    compute_dtype,
+    masked,
+    masked_max,
+    masked_mean,
+    raise_on_nan,
+    to_floats,
+)
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    is_correction: bool = False,
+    tis_cap: float = 5.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO loss, the negative of J_GRPO in [P] (arXiv:2512.01374) Appendix A.
+
+    loss = -(1/N) sum_i (1/|y_i|) sum_t c_{i,t} * min(r A_i, clip(r, 1 - eps_low, 1 + eps_high) A_i)
+
+    r = exp(logp - logp_old) with gradient; c = min(exp(logp_old - logp_rollout), tis_cap)
+    detached when ``is_correction`` else 1; |y_i| = trained tokens of row i (a row with none
+    contributes 0); N = ``normalizer`` or B. d loss / d logp_{i,t} = -c r A_i / (|y_i| N) on
+    unclipped tokens, 0 on clipped ones. ``group_ids`` is accepted for the uniform signature and
+    ignored.
+
+    Raises:
+        ValueError: bad argument (names it).
+        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
+    """
+    check_eps(eps_low, eps_high)
+    check_tis_cap(tis_cap)
+    check_normalizer(normalizer)
+    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
+    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+
+    dtype = compute_dtype(logp)
+    logp_m = masked(logp, mask, dtype)
+    lp_old = masked(logp_old.detach(), mask, dtype)
+    adv = advantages.detach().to(dtype)[:, None]
+
+    ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    if is_correction:
+        raw = torch.exp(lp_old - masked(logp_rollout.detach(), mask, dtype))
+        factor = raw.clamp(max=tis_cap)
+        truncated = mask & (raw > tis_cap)
+    else:
+        factor = torch.ones_like(lp_old)
+        truncated = torch.zeros_like(mask)
+
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    per_token = torch.where(mask, factor * surrogate, zero)
+    lengths = mask.sum(dim=1).clamp(min=1).to(dtype)
+    denom = logp.shape[0] if normalizer is None else normalizer
+    loss = -(per_token.sum(dim=1) / lengths).sum() / denom
+
+    r = ratio.detach()
+    pos = mask & (adv > 0)
+    neg = mask & (adv < 0)
+    clipped = (pos & (r > 1 + eps_high)) | (neg & (r < 1 - eps_low))
+    metrics = to_floats(
+        {
+            "loss": loss,
+            "clip_frac": masked_mean(clipped.to(dtype), mask),
+            "clip_frac_pos": masked_mean(clipped.to(dtype), pos),
+            "clip_frac_neg": masked_mean(clipped.to(dtype), neg),
+            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
+            "is_weight_mean": masked_mean(factor, mask),
+            "is_weight_max": masked_max(factor, mask),
+            "ratio_old_mean": masked_mean(r, mask),
+        }
+    )
+    return loss, metrics
