@@ -302,6 +302,29 @@ def test_hooks_are_inert_outside_blocks():
     assert torch.equal(a, b) and all(torch.equal(ga[n], gb[n]) for n in ga)
 
 
+def test_remove_and_deepcopy():
+    import copy
+
+    model = tiny_model("qwen3_moe")
+    replay = RoutingReplay(model)
+    twin = copy.deepcopy(model)  # carries the hooks; they must ignore it
+    twin_replay = RoutingReplay(twin)
+    x = ids()
+    with replay.record() as rec:
+        model(x)
+    with twin_replay.record() as twin_rec:
+        twin(x)
+    assert torch.equal(rec.routes, twin_rec.routes)
+    with replay.replay(rolled(rec.routes, 8)):
+        twin(x)  # not the replayed model: untouched
+        model(x)
+    replay.remove()
+    assert not model.model.layers[0].mlp.gate._forward_hooks
+    with pytest.raises(RuntimeError, match="remove"):
+        with replay.record():
+            pass
+
+
 @pytest.mark.parametrize("model_type", FAST)
 def test_record_under_no_grad_and_inference_mode(model_type):
     model, replay = family(model_type)

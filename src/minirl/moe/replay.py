@@ -32,6 +32,8 @@ Contract
   replays the same routes (and is not counted as a consumption); a recomputation that happens after
   a replay block has closed raises ``RuntimeError`` instead of silently routing naturally.
 * Outside a block each hook checks one attribute and returns: no cost, no change of behaviour.
+  ``remove()`` detaches the hooks. A ``copy.deepcopy`` of the model carries the hooks along but they
+  ignore the copy; build a separate ``RoutingReplay`` for the copy.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class _Block:
     routes: torch.Tensor | None = None  # long [B, T, L, K] on the router device (replay)
     all_natural: list[bool] = field(default_factory=list)  # per layer: every row is -1
     any_natural: list[bool] = field(default_factory=list)  # per layer: some row is -1
-    forced: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)  # for recompute
+    forced: list[torch.Tensor | None] = field(default_factory=list)  # per layer, for recomputation
 
 
 class RoutingReplay:
@@ -131,7 +133,9 @@ class RoutingReplay:
 
         self._block: _Block | None = None
         self._replayed_graph_pending = False  # a replay forward whose graph may still recompute
-        self._handles = [model.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True)]
+        # hooks are closures, not bound methods, so that a deepcopy of the model shares (and ignores)
+        # them instead of deep-copying this object
+        self._handles = [model.register_forward_pre_hook(self._make_model_hook(), with_kwargs=True)]
         for site in sites:
             self._handles.append(
                 site.module.register_forward_hook(self._make_router_hook(site), with_kwargs=True)
@@ -253,7 +257,15 @@ class RoutingReplay:
         stacked = torch.stack(block.recorded, dim=1)  # [N, L, K]
         return stacked.reshape(B, T, self.num_layers, self.top_k)
 
-    def _model_pre_hook(self, module, args, kwargs):
+    def _make_model_hook(self):
+        def hook(module, args, kwargs):
+            if module is not self.model:  # a deepcopy of the model carries this hook: ignore it
+                return None
+            return self._on_model_forward(args, kwargs)
+
+        return hook
+
+    def _on_model_forward(self, args, kwargs):
         block = self._block
         if block is None:
             if not _in_backward():
@@ -291,6 +303,8 @@ class RoutingReplay:
         spec = site.spec
 
         def hook(module, args, kwargs, output):
+            if module is not site.module:  # a deepcopy of the model carries this hook: ignore it
+                return None
             block = self._block
             if block is None:
                 if self._replayed_graph_pending and _in_backward():
@@ -326,10 +340,9 @@ class RoutingReplay:
 
         # replay
         if recompute:
-            saved = block.forced[layer]
-            if saved is None:
+            forced = block.forced[layer]
+            if forced is None:
                 return None
-            forced, _ = saved
         else:
             block.counts[layer] += 1
             if block.counts[layer] > 1:
@@ -346,7 +359,7 @@ class RoutingReplay:
             if block.any_natural[layer]:
                 keep = (forced == -1).all(dim=-1, keepdim=True)
                 forced = torch.where(keep, natural_idx, forced)
-            block.forced[layer] = (forced, natural_idx)
+            block.forced[layer] = forced
         hidden = args[0] if args else kwargs["hidden_states"]
         natural_w = output[spec.weights_pos]
         weights = spec.score(site.module, hidden, output, forced)
