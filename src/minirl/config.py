@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -99,7 +99,18 @@ class OptimConfig(Section):
     grad_clip_norm: float = Field(1.0, gt=0)
 
 
-class MiniRLConfig(Section):
+class LossConfig(Section):
+    """Fields shared by every objective; each variant adds only its own knobs."""
+
+    adv_std_normalize: bool = False
+    """Divide the group-centred reward by the group's std (+1e-6), as GRPO does."""
+
+    def loss_knobs(self) -> dict[str, Any]:
+        """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name and advantage knobs)."""
+        return self.model_dump(exclude={"name", "adv_std_normalize"})
+
+
+class MiniRLConfig(LossConfig):
     """MiniRL (paper Eq. 7) and its ablations, as values."""
 
     name: Literal["minirl"] = "minirl"
@@ -115,7 +126,42 @@ class MiniRLConfig(Section):
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
     normalizer: float | None = Field(None, gt=0)
     """Constant divisor for seq_sum (default: responses per mini-batch)."""
-    adv_std_normalize: bool = False
+
+
+class GRPOConfig(LossConfig):
+    """GRPO as written in the paper's Appendix A (1/|y| per response, PPO min/clip on pi/pi_old)."""
+
+    name: Literal["grpo"]
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.27, ge=0)
+    is_correction: bool = False
+    """Multiply by the truncated training–inference factor min(pi_old/mu_old, tis_cap)."""
+    tis_cap: float = Field(5.0, gt=0)
+    adv_std_normalize: bool = True
+
+
+class CISPOConfig(LossConfig):
+    """CISPO (paper Appendix A): detached clipped ratio x log pi, per-group token normalisation, no mask."""
+
+    name: Literal["cispo"]
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.27, ge=0)
+    is_correction: bool = False
+    tis_cap: float = Field(5.0, gt=0)
+    adv_std_normalize: bool = True
+
+
+class GSPOConfig(LossConfig):
+    """GSPO (arXiv 2507.18071): length-normalised sequence ratio, sequence-level clipping."""
+
+    name: Literal["gspo"]
+    eps_low: float = Field(3e-4, ge=0, lt=1)
+    eps_high: float = Field(4e-4, ge=0)
+    adv_std_normalize: bool = True
+
+
+OBJECTIVES = ("minirl", "grpo", "cispo", "gspo")
+AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig, Field(discriminator="name")]
 
 
 class MoEConfig(Section):
@@ -172,7 +218,7 @@ class Config(Section):
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
     optim: OptimConfig = OptimConfig()
-    algo: MiniRLConfig = MiniRLConfig()
+    algo: AlgoConfig = MiniRLConfig()
     moe: MoEConfig = MoEConfig()
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
@@ -190,6 +236,13 @@ class Config(Section):
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_objective(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("algo"), dict) and "name" not in data["algo"]:
+            data["algo"] = {"name": "minirl", **data["algo"]}
+        return data
+
     @model_validator(mode="after")
     def _batch_sizes(self) -> "Config":
         total, n = self.global_batch_sequences, self.optim.minibatches_per_step
@@ -197,6 +250,12 @@ class Config(Section):
             raise ValueError(
                 f"optim.minibatches_per_step: must divide the global batch "
                 f"prompts_per_step x samples_per_prompt = {total} (got {n})"
+            )
+        group = self.rollout.samples_per_prompt
+        if self.algo.name == "cispo" and (self.minibatch_sequences % group or self.optim.micro_batch_sequences % group):
+            raise ValueError(
+                "optim.micro_batch_sequences: CISPO normalises by each group's token count, so mini- and "
+                f"micro-batches must hold whole groups (multiples of samples_per_prompt = {group})"
             )
         return self
 
@@ -206,7 +265,16 @@ class Config(Section):
 
 def _format_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"])
+    loc = list(first["loc"])
+    if loc[:1] == ["algo"] and len(loc) > 1 and loc[1] in OBJECTIVES:
+        variant = loc.pop(1)  # the union tag: report algo.clip, not algo.gspo.clip
+        if first["type"] == "extra_forbidden":
+            where = f"{source}: " if source else ""
+            return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}"
+    if first["type"] == "union_tag_invalid":
+        loc.append("name")
+        first = {**first, "msg": f"must be one of {', '.join(map(repr, OBJECTIVES))}", "input": first["input"].get("name")}
+    key = ".".join(str(p) for p in loc)
     msg = first["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
     where = f"{source}: " if source else ""
     if first["type"] == "value_error" and re.match(r"^[a-z_]+\.[a-z_.]+: ", msg):

@@ -1,9 +1,9 @@
 """From the ``algo`` config to the callable the trainer differentiates.
 
 The trainer calls ``objective(logp, micro_batch)`` once per micro-batch and sums the gradients,
-so each micro-batch's loss is scaled to its share of the mini-batch: the accumulated gradient
-equals the gradient of the loss over the whole mini-batch (the normaliser of ``seq_sum`` is the
-number of responses in the *mini-batch*, not in the micro-batch).
+so every loss is given the denominator of the whole *mini-batch* (responses, tokens or groups):
+the accumulated gradient equals the gradient of the loss over the mini-batch, whatever the
+micro-batch size.
 """
 
 from __future__ import annotations
@@ -12,43 +12,34 @@ from collections.abc import Callable
 
 import torch
 
-from minirl.algo import minirl_loss
-from minirl.config import MiniRLConfig
+from minirl.algo import POLICY_LOSSES
+from minirl.config import LossConfig
 from minirl.types import Batch
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
 
 
-def make_objective(algo: MiniRLConfig, minibatch: Batch) -> Objective:
-    """The MiniRL loss (paper Eq. 7, with the configured ablations) for micro-batches of ``minibatch``."""
-    minibatch_sequences = minibatch.size
-    minibatch_tokens = max(int(minibatch.mask.sum()), 1)
+def minibatch_normalizer(algo: LossConfig, minibatch: Batch) -> float:
+    """The loss's denominator over the whole mini-batch, so micro-batch losses add up to it."""
+    if algo.name == "cispo":
+        return float(torch.unique(minibatch.group_ids).numel())  # mean over groups
+    if algo.name == "minirl" and algo.aggregation == "token_mean":
+        return float(max(int(minibatch.mask.sum()), 1))
+    if algo.name == "minirl" and algo.aggregation == "seq_sum" and algo.normalizer is not None:
+        return float(algo.normalizer)  # a user's constant
+    return float(minibatch.size)  # responses per mini-batch
+
+
+def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
+    """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
+    loss_fn = POLICY_LOSSES[algo.name]
+    knobs = algo.loss_knobs()
+    knobs["normalizer"] = minibatch_normalizer(algo, minibatch)
 
     def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
-        normalizer = None
-        if algo.aggregation == "seq_sum":
-            normalizer = algo.normalizer if algo.normalizer is not None else float(minibatch_sequences)
-        loss, metrics = minirl_loss(
-            logp,
-            micro.logp_old,
-            micro.logp_rollout,
-            micro.advantages,
-            micro.mask,
-            eps_low=algo.eps_low,
-            eps_high=algo.eps_high,
-            clip=algo.clip,
-            is_correction=algo.is_correction,
-            tis_cap=algo.tis_cap,
-            tis_placement=algo.tis_placement,
-            aggregation=algo.aggregation,
-            normalizer=normalizer,
-        )
-        if algo.aggregation == "seq_mean":
-            loss = loss * (micro.size / minibatch_sequences)
-        elif algo.aggregation == "token_mean":
-            loss = loss * (int(micro.mask.sum()) / minibatch_tokens)
+        loss, metrics = loss_fn(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids, **knobs)
         return loss, {key: float(value) for key, value in metrics.items() if key != "loss"}
 
     return objective

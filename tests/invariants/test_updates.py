@@ -7,7 +7,7 @@ import copy
 import torch
 
 from minirl.batching import collate, split
-from minirl.config import MiniRLConfig
+from minirl.config import CISPOConfig, GRPOConfig, GSPOConfig, MiniRLConfig
 from minirl.objective import make_objective
 from minirl.trainer import Trainer
 from minirl.types import Completion
@@ -31,13 +31,23 @@ def _with_old(trainer: Trainer, batch):
     return batch
 
 
+VARIANTS = {
+    "minirl-seq_sum": (MiniRLConfig(aggregation="seq_sum"), 3),
+    "minirl-seq_mean": (MiniRLConfig(aggregation="seq_mean"), 3),
+    "minirl-token_mean": (MiniRLConfig(aggregation="token_mean"), 3),
+    "minirl-constant": (MiniRLConfig(normalizer=7.0), 3),
+    "grpo": (GRPOConfig(name="grpo", is_correction=True), 3),
+    "cispo": (CISPOConfig(name="cispo"), 2),  # micro-batches hold whole groups (G = 2)
+    "gspo": (GSPOConfig(name="gspo", eps_low=0.2, eps_high=0.2), 3),
+}
+
+
 def test_micro_batch_accumulation_equals_one_big_batch():
-    for aggregation in ("seq_sum", "seq_mean", "token_mean"):
-        algo = MiniRLConfig(aggregation=aggregation)
+    for aggregation, (algo, micro) in VARIANTS.items():
         model_a = make_tiny_moe()
         model_b = copy.deepcopy(model_a)
         trainer_a = Trainer(model_a, lr=1e-2, micro_batch_sequences=8)
-        trainer_b = Trainer(model_b, lr=1e-2, micro_batch_sequences=3)
+        trainer_b = Trainer(model_b, lr=1e-2, micro_batch_sequences=micro)
         batch = _with_old(trainer_a, _batch(8))
         out_a = trainer_a.update(batch, make_objective(algo, batch))
         out_b = trainer_b.update(batch, make_objective(algo, batch))

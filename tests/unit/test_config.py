@@ -96,3 +96,25 @@ def test_cli_subprocess_has_no_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "optim.minibatches_per_step" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["algo.name=ppo"], "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo' (got 'ppo')"),
+        (["algo.name=gspo", "algo.clip=false"], "algo.clip: not a knob of algo.name=gspo"),
+        (["algo.name=cispo", "optim.micro_batch_sequences=5"], "optim.micro_batch_sequences: CISPO"),
+    ],
+)
+def test_objective_variants_show_only_their_knobs(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert expected in str(err.value)
+
+
+def test_objective_defaults():
+    assert load_config(None, ["algo.eps_high=0.3"]).algo.name == "minirl"
+    grpo = load_config(None, ["algo.name=grpo"]).algo
+    assert grpo.adv_std_normalize and not grpo.is_correction
+    gspo = load_config(None, ["algo.name=gspo"]).algo
+    assert (gspo.eps_low, gspo.eps_high) == (3e-4, 4e-4)
