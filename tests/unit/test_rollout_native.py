@@ -174,6 +174,10 @@ def test_eos_stops_a_sequence_and_is_kept():
         torch.testing.assert_close(completion.logp_rollout, trainer_logp(bias_model, completion), rtol=0, atol=1e-5)
     lengths = {len(c.completion_ids) for c in completions}
     assert len(lengths) > 2  # rows really left the batch at different steps
+    # EOS drawn as the very last allowed token still ends the completion with reason "eos"
+    certain = NativeEngine(_with_eos_bias(moe_model(), bias=30.0), eos_token_id=EOS, pad_token_id=PAD)
+    for completion in certain.generate_ids(PROMPTS, 2, SamplingParams(max_new_tokens=1, seed=0)):
+        assert completion.completion_ids == [EOS] and completion.finish_reason == "eos"
 
 
 def _with_eos_bias(model: Qwen3MoeForCausalLM, bias: float) -> Qwen3MoeForCausalLM:

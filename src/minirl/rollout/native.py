@@ -28,6 +28,7 @@ import copy
 import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -170,7 +171,7 @@ class NativeEngine:
         validate_sampling(sampling.temperature, sampling.top_p)
         if samples_per_prompt < 1 or sampling.max_new_tokens < 1:
             raise ValueError("samples_per_prompt and sampling.max_new_tokens must be >= 1")
-        result = self._decode(
+        out = self._decode(
             prompt_ids,
             samples_per_prompt,
             sampling,
@@ -178,7 +179,7 @@ class NativeEngine:
             forced=None,
             record_routes=record_routes,
         )
-        return self._completions(prompt_ids, samples_per_prompt, result)
+        return self._completions(prompt_ids, samples_per_prompt, out)
 
     def score_ids(
         self, prompt_ids: list[list[int]], completion_ids: list[list[int]], sampling: SamplingParams
@@ -198,10 +199,10 @@ class NativeEngine:
             forced[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         forced_lengths = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
         params = SamplingParams(max_new_tokens=max_new, temperature=sampling.temperature, top_p=sampling.top_p)
-        result = self._decode(
+        out = self._decode(
             prompt_ids, 1, params, generator=None, forced=(forced.to(self.device), forced_lengths.to(self.device))
         )
-        return [result["logp"][row, : len(ids)].cpu() for row, ids in enumerate(completion_ids)]
+        return [out.logp[row, : len(ids)].cpu() for row, ids in enumerate(completion_ids)]
 
     # ---------------------------------------------------------------- the loop
 
@@ -214,109 +215,76 @@ class NativeEngine:
         generator: torch.Generator | None,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
         record_routes: bool = False,
-    ) -> dict[str, torch.Tensor]:
-        """Prefill + decode. Returns padded per-row tensors (rows = prompts x samples, grouped).
+    ) -> _Outputs:
+        """Prefill, then one decode step per new token; rows = prompts x samples, grouped.
 
-        ``tokens`` long [B, N], ``logp`` float32 [B, N], ``num_tokens`` long [B], ``eos`` bool [B],
-        ``routes`` int16 [B, P + N, L, K] or absent (P = longest prompt, left-padded).
+        ``forced = (tokens long [B, N], lengths long [B])`` feeds given tokens instead of drawing
+        (``score_ids``); a forced row stops at its length, never at EOS.
         """
+        max_new = sampling.max_new_tokens
+        running, logits, prefill_routes = self._prefill(prompt_ids, samples_per_prompt, max_new, record_routes)
+        out = _Outputs.allocate(running.rows.numel(), max_new, self.pad_token_id, self.device)
+        width = running.prompt_width
+        if prefill_routes is not None:
+            out.start_routes(prefill_routes, max_new)
+        for step in range(max_new):
+            step_forced = None if forced is None else forced[0][running.rows, step]
+            tokens, logp = sample_next(logits[:, -1], sampling.temperature, sampling.top_p, generator, step_forced)
+            out.tokens[running.rows, step] = tokens
+            out.logp[running.rows, step] = logp
+            if step == max_new - 1:
+                break
+            if forced is None:
+                finished = torch.isin(tokens, self.eos_ids)
+            else:
+                finished = forced[1][running.rows] <= step + 1
+            if finished.any():  # finished rows leave the batch (and their caches are dropped)
+                out.num_tokens[running.rows[finished]] = step + 1
+                keep = (~finished).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                running.select(keep)
+                tokens = tokens[keep]
+            mask = None if running.attention_mask is None else running.attention_mask[:, : width + step + 1]
+            positions = (running.prompt_lengths + step)[:, None]
+            logits, step_routes = self._forward(tokens[:, None], mask, positions, running.cache, record_routes)
+            if out.routes is not None:  # completion token `step` sits at padded position width + step
+                out.routes[running.rows, width + step] = step_routes[:, 0]
+        return out
+
+    def _prefill(
+        self, prompt_ids: list[list[int]], group: int, max_new: int, record_routes: bool
+    ) -> tuple[_Running, torch.Tensor, torch.Tensor | None]:
+        """Run the left-padded prompts once each; expand cache, logits and routes to G rows each."""
         if any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("every prompt needs at least one token")
-        device, group = self.device, samples_per_prompt
-        max_new = sampling.max_new_tokens
         prompt_mask, input_ids = self._left_pad(prompt_ids)
-        num_prompts, prompt_width = input_ids.shape
-        num_rows = num_prompts * group
-        prompt_lengths = prompt_mask.sum(dim=1)
+        num_prompts, width = input_ids.shape
         position_ids = (prompt_mask.cumsum(dim=1) - 1).clamp_(min=0)
         # Mask over [prompt | completion] columns, sliced as they fill. Without padding there is
         # nothing to mask: pass None (causal attention, and the faster unmasked SDPA path).
         attention_mask = None
         if not bool(prompt_mask.all()):
-            attention_mask = torch.cat(
-                [prompt_mask, torch.ones(num_prompts, max_new, dtype=torch.bool, device=device)], dim=1
-            )
-
+            completion_mask = torch.ones(num_prompts, max_new, dtype=torch.bool, device=self.device)
+            attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         cache = self._new_cache()
-        logits, prefill_routes = self._forward(
-            input_ids,
-            None if attention_mask is None else attention_mask[:, :prompt_width],
-            position_ids,
-            cache,
-            record_routes,
-            logits_to_keep=1,
+        prefill_mask = None if attention_mask is None else attention_mask[:, :width]
+        logits, routes = self._forward(input_ids, prefill_mask, position_ids, cache, record_routes, logits_to_keep=1)
+        running = _Running(
+            rows=torch.arange(num_prompts * group, device=self.device),
+            prompt_lengths=prompt_mask.sum(dim=1),
+            prompt_width=width,
+            attention_mask=attention_mask,
+            cache=cache,
         )
-        # Prefill once per distinct prompt, then give each of its G samples a copy of the cache.
-        if group > 1:
+        if group > 1:  # each of the G samples of a prompt starts from a copy of its cache
             cache.batch_repeat_interleave(group)
             logits = logits.repeat_interleave(group, dim=0)
-            prompt_lengths = prompt_lengths.repeat_interleave(group, dim=0)
+            routes = None if routes is None else routes.repeat_interleave(group, dim=0)
+            running.prompt_lengths = running.prompt_lengths.repeat_interleave(group, dim=0)
             if attention_mask is not None:
-                attention_mask = attention_mask.repeat_interleave(group, dim=0)
-
-        tokens_out = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long, device=device)
-        logp_out = torch.zeros(num_rows, max_new, dtype=torch.float32, device=device)
-        num_tokens = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
-        eos_out = torch.zeros(num_rows, dtype=torch.bool, device=device)
-        routes_out = None
-        if record_routes:
-            num_layers, top_k = prefill_routes.shape[-2:]
-            routes_out = torch.full(
-                (num_rows, prompt_width + max_new, num_layers, top_k), -1, dtype=torch.int16, device=device
-            )
-            routes_out[:, :prompt_width] = prefill_routes.repeat_interleave(group, dim=0)
-        if forced is not None:
-            forced_tokens, row_limits = forced
-        else:
-            forced_tokens, row_limits = None, None
-
-        rows = torch.arange(num_rows, device=device)  # original row of each batch row still running
-        all_rows = True  # rows is still arange(num_rows): plain slices instead of index_put
-        for step in range(max_new):
-            step_forced = None if forced_tokens is None else forced_tokens[rows, step]
-            tokens, logp = sample_next(logits[:, -1], sampling.temperature, sampling.top_p, generator, step_forced)
-            if all_rows:
-                tokens_out[:, step] = tokens
-                logp_out[:, step] = logp
-            else:
-                tokens_out[rows, step] = tokens
-                logp_out[rows, step] = logp
-            if step == max_new - 1:
-                break
-            if row_limits is None:
-                finished = torch.isin(tokens, self.eos_ids)
-            else:
-                finished = row_limits[rows] <= step + 1
-            if finished.any():
-                done_rows = rows[finished]
-                num_tokens[done_rows] = step + 1
-                if row_limits is None:
-                    eos_out[done_rows] = True
-                keep = (~finished).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
-                rows, tokens, all_rows = rows[keep], tokens[keep], False
-                prompt_lengths = prompt_lengths[keep]
-                if attention_mask is not None:
-                    attention_mask = attention_mask[keep]
-                cache.batch_select_indices(keep)
-            logits, step_routes = self._forward(
-                tokens[:, None],
-                None if attention_mask is None else attention_mask[:, : prompt_width + step + 1],
-                (prompt_lengths + step)[:, None],
-                cache,
-                record_routes,
-            )
-            if routes_out is not None:
-                routes_out[rows, prompt_width + step] = step_routes[:, 0]
-        if row_limits is None:
-            # rows that ran to the limit may still have sampled EOS as their very last token
-            last = tokens_out.gather(1, (num_tokens - 1)[:, None]).squeeze(1)
-            eos_out |= torch.isin(last, self.eos_ids)
-        result = {"tokens": tokens_out, "logp": logp_out, "num_tokens": num_tokens, "eos": eos_out}
-        if routes_out is not None:
-            result["routes"] = routes_out
-        return result
+                running.attention_mask = attention_mask.repeat_interleave(group, dim=0)
+        return running, logits, routes
 
     def _forward(
         self,
@@ -368,14 +336,11 @@ class NativeEngine:
 
     # ---------------------------------------------------------------- output
 
-    def _completions(
-        self, prompt_ids: list[list[int]], group: int, result: dict[str, torch.Tensor]
-    ) -> list[Completion]:
-        tokens = result["tokens"].cpu()
-        logp = result["logp"].cpu()
-        num_tokens = result["num_tokens"].tolist()
-        eos = result["eos"].tolist()
-        routes = result["routes"].cpu() if "routes" in result else None
+    def _completions(self, prompt_ids: list[list[int]], group: int, out: _Outputs) -> list[Completion]:
+        tokens, logp, num_tokens = out.tokens.cpu(), out.logp.cpu(), out.num_tokens.tolist()
+        # a row stopped by EOS ends with it (a row at the limit may also have drawn EOS last)
+        ended_by_eos = torch.isin(out.tokens.gather(1, (out.num_tokens - 1)[:, None]).squeeze(1), self.eos_ids)
+        routes = None if out.routes is None else out.routes.cpu()
         prompt_width = max(len(ids) for ids in prompt_ids)
         completions = []
         for row, length in enumerate(num_tokens):
@@ -383,9 +348,8 @@ class NativeEngine:
             prompt = list(prompt_ids[prompt_index])
             completion_ids = tokens[row, :length].tolist()
             row_routes = None
-            if routes is not None:
+            if routes is not None:  # the last sampled token was never fed: its row stayed -1
                 row_routes = routes[row, prompt_width - len(prompt) : prompt_width + length].clone()
-                row_routes[-1] = -1  # the last sampled token was never fed through the model
             completions.append(
                 Completion(
                     prompt_index=prompt_index,
@@ -393,7 +357,7 @@ class NativeEngine:
                     prompt_ids=prompt,
                     completion_ids=completion_ids,
                     logp_rollout=logp[row, :length].clone(),
-                    finish_reason="eos" if eos[row] else "length",
+                    finish_reason="eos" if bool(ended_by_eos[row]) else "length",
                     text=self._decode_text(completion_ids),
                     routes=row_routes,
                 )
@@ -434,3 +398,48 @@ _HOOK_DICTS = (
     "_backward_hooks",
     "_backward_pre_hooks",
 )
+
+
+@dataclass
+class _Running:
+    """The decode batch: which original rows still run, and what their next forward needs."""
+
+    rows: torch.Tensor  # long [b]: original row (prompt-major) of each batch row
+    prompt_lengths: torch.Tensor  # long [b]: unpadded prompt length; next position = length + step
+    prompt_width: int  # P: the left-padded prompt width
+    attention_mask: torch.Tensor | None  # bool [b, P + N] over prompt and completion columns
+    cache: Any  # transformers Cache holding the b rows
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only batch rows ``keep`` (long [b'])."""
+        self.rows = self.rows[keep]
+        self.prompt_lengths = self.prompt_lengths[keep]
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask[keep]
+        self.cache.batch_select_indices(keep)
+
+
+@dataclass
+class _Outputs:
+    """Per original row: tokens, log-probs, how many tokens it kept, and (R3) its routes."""
+
+    tokens: torch.Tensor  # long [B, N], pad after the end
+    logp: torch.Tensor  # float32 [B, N]
+    num_tokens: torch.Tensor  # long [B]
+    routes: torch.Tensor | None = None  # int16 [B, P + N, L, K], -1 where nothing was fed
+
+    @classmethod
+    def allocate(cls, num_rows: int, max_new: int, pad_token_id: int, device: torch.device) -> _Outputs:
+        return cls(
+            tokens=torch.full((num_rows, max_new), pad_token_id, dtype=torch.long, device=device),
+            logp=torch.zeros(num_rows, max_new, dtype=torch.float32, device=device),
+            num_tokens=torch.full((num_rows,), max_new, dtype=torch.long, device=device),
+        )
+
+    def start_routes(self, prefill_routes: torch.Tensor, max_new: int) -> None:
+        """Allocate the routes buffer and fill the prompt columns with the prefill's routes."""
+        num_rows, width, num_layers, top_k = prefill_routes.shape
+        self.routes = torch.full(
+            (num_rows, width + max_new, num_layers, top_k), -1, dtype=torch.int16, device=prefill_routes.device
+        )
+        self.routes[:, :width] = prefill_routes
