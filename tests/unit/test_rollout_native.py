@@ -128,13 +128,21 @@ def test_lower_precision_engines_differ_measurably():
         assert gaps["fp8_e4m3", scale] > 2 * gaps["bf16", "per_tensor"]  # measured ratio ~7x
 
 
-def test_engine_holds_its_own_low_precision_copy():
-    model = moe_model()
-    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="bf16")
+@pytest.mark.parametrize(
+    "precision,compute_dtype,dtype",
+    [("bf16", None, torch.bfloat16), ("fp16", None, torch.float16), ("fp8_e4m3", "bf16", torch.bfloat16)],
+)
+def test_engine_holds_its_own_low_precision_copy(precision, compute_dtype, dtype):
+    model = moe_model(std=0.1)
+    hook = model.model.layers[0].mlp.gate.register_forward_hook(lambda *_: pytest.fail("trainer hook ran"))
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision=precision, compute_dtype=compute_dtype)
     assert engine.model is not model
-    assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())
-    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert {p.dtype for p in engine.model.parameters()} == {dtype}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert isinstance(engine, RolloutEngine)
+    completions = engine.generate_ids(PROMPTS, 2, SamplingParams(max_new_tokens=8, seed=0))  # no trainer hooks
+    hook.remove()
+    assert 1e-4 < mean_abs_gap(model, completions) < 1.0
 
 
 def test_seeded_sampling():
@@ -243,20 +251,23 @@ def test_sampling_params_are_validated():
 
 
 def test_text_prompts_use_the_tokenizer():
-    class CharTokenizer:  # ids 2.. for letters; 0 pad, 1 eos (special)
-        def encode(self, text: str) -> list[int]:
-            return [2 + ord(ch) - ord("a") for ch in text]
+    from minirl.models.tokenizer import build_char_tokenizer
 
-        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-            return "".join(chr(ord("a") + i - 2) if i >= 2 else ("" if skip_special_tokens else "<s>") for i in ids)
-
-    engine = NativeEngine(dense_model(), eos_token_id=EOS, pad_token_id=PAD, tokenizer=CharTokenizer())
+    tokenizer = build_char_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, intermediate_size=64, max_position_embeddings=128,
+    )  # fmt: skip
+    model = Qwen3ForCausalLM._from_config(config, dtype=torch.float32).eval()
+    engine = NativeEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                          tokenizer=tokenizer)  # fmt: skip
     completions = engine.generate([Prompt("abc", answer=""), Prompt("hello", answer="")], 2, SamplingParams(6))
-    assert completions[0].prompt_ids == [2, 3, 4] and completions[2].prompt_ids == [9, 6, 13, 13, 16]
+    assert completions[0].prompt_ids == tokenizer.encode("abc", add_special_tokens=False)
+    assert completions[2].prompt_ids == tokenizer.encode("hello", add_special_tokens=False)
     for completion in completions:
-        assert completion.text == CharTokenizer().decode(completion.completion_ids, skip_special_tokens=True)
+        assert completion.text == tokenizer.decode(completion.completion_ids, skip_special_tokens=True)
     with pytest.raises(ValueError, match="tokenizer"):
-        NativeEngine(dense_model(), eos_token_id=EOS, pad_token_id=PAD).generate([Prompt("a", "")], 1, SamplingParams())
+        NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD).generate([Prompt("a", "")], 1, SamplingParams())
 
 
 # ------------------------------------------------------------------ routes (R3)

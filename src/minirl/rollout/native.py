@@ -154,7 +154,8 @@ class NativeEngine:
         """``RolloutEngine.generate``: tokenise each ``Prompt.text`` and call ``generate_ids``."""
         if self.tokenizer is None:
             raise ValueError("NativeEngine.generate needs a tokenizer; pass token ids to generate_ids instead")
-        prompt_ids = [list(self.tokenizer.encode(prompt.text)) for prompt in prompts]
+        # no special tokens: a prompt's ids are its text, as in SFT (minirl.sft)
+        prompt_ids = [list(self.tokenizer.encode(prompt.text, add_special_tokens=False)) for prompt in prompts]
         return self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes)
 
     def generate_ids(
