@@ -25,6 +25,7 @@ import torch
 from minirl.algo.advantages import group_advantages
 from minirl.algo.cispo import cispo_loss
 from minirl.algo.diagnostics import mismatch_metrics, token_entropy
+from minirl.algo.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
 from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_logprobs
@@ -43,12 +44,16 @@ __all__ = [
     "POLICY_LOSSES",
     "PolicyLoss",
     "cispo_loss",
+    "cosine",
+    "first_order_residual",
     "group_advantages",
     "grpo_loss",
     "gspo_loss",
+    "importance_weight_stats",
     "minirl_loss",
     "minirl_policy_loss",
     "mismatch_metrics",
+    "sequence_is_loss",
     "token_entropy",
     "token_logprobs",
 ]
