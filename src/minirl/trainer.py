@@ -125,6 +125,23 @@ class Trainer:
         """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        totals, loss_sum = self._accumulate(minibatch, objective, replay_routes)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
+        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}) at update {self.updates_done}")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.updates_done += 1
+        totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
+        return totals
+
+    def _accumulate(self, minibatch: Batch, objective: Objective, replay_routes: bool) -> tuple[dict[str, float], float]:
+        """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
+
+        Returns the metrics (averaged over micro-batches, weighted by rows) and the summed loss.
+        """
         totals: dict[str, float] = {}
         loss_sum = 0.0
         for _, micro in self._micro_batches(minibatch):
@@ -136,16 +153,34 @@ class Trainer:
             weight = micro.size / minibatch.size
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + weight * float(value)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
-        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
+        return totals, loss_sum
+
+    def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False) -> torch.Tensor:
+        """The flat gradient of ``objective`` over ``batch``, summed over micro-batches; no step.
+
+        Same forward/backward path as ``update`` (train mode, micro-batches, routing replay), but
+        no clipping, no optimizer step, no schedule step: the weights, the optimizer state,
+        ``updates_done``, the train/eval mode and the global RNG state are as before the call,
+        and every ``.grad`` is left ``None`` (zeroed). Returns a detached float32 vector, the
+        concatenation of ``p.grad.flatten()`` over the trainable parameters in
+        ``model.parameters()`` order (zeros for a parameter the objective does not reach).
+        For diagnostics (``minirl.diagnostics``): it holds one extra copy of the parameters.
+        """
+        was_training = self.model.training
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
+                self._accumulate(batch, objective, replay_routes)
+            flat = torch.cat(
+                [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1) for p in params]
+            )
+        finally:
             self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}) at update {self.updates_done}")
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.updates_done += 1
-        totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
-        return totals
+            self.model.train(was_training)
+        return flat
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights``."""
