@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from minirl.cli import main
 from minirl.config import Config, ConfigError, load_config
@@ -20,16 +21,16 @@ def test_there_are_shipped_configs():
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_shipped_config_parses_and_pins_the_algorithm(path):
+def test_every_shipped_config_parses_and_pins_every_algorithm_knob(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)
-    text = path.read_text()
-    # presets pin every algorithm knob explicitly rather than relying on defaults
+    raw = yaml.safe_load(path.read_text()) if path.suffix != ".toml" else {}
     if path.parent.name == "configs":
-        for key in ("eps_low", "eps_high", "clip", "is_correction", "tis_cap", "tis_placement", "aggregation",
-                    "prompts_per_step", "samples_per_prompt", "minibatches_per_step", "micro_batch_sequences",
-                    "routing_replay", "precision", "lr"):
-            assert f"{key}:" in text, f"{path.name} does not pin {key}"
+        # presets pin every knob of the sections that define the algorithm, never relying on defaults
+        for section in ("rollout", "optim", "algo", "moe"):
+            model = getattr(cfg, section)
+            missing = set(type(model).model_fields) - set(raw.get(section, {}))
+            assert not missing, f"{path.name} does not pin {section}.{sorted(missing)}"
 
 
 @pytest.mark.parametrize(
