@@ -53,8 +53,8 @@ class NativeEngine:
     """Batched sampling with a KV cache over a Hugging Face causal LM, in a chosen precision.
 
     Args:
-        model: the trainer's model (a ``transformers`` causal LM). The engine builds its own copy
-            (same class and config, weights copied in); the trainer's module is never touched.
+        model: the trainer's model (a ``transformers`` causal LM). The engine keeps its own deep
+            copy (without hooks or gradients); the trainer's module is never touched again.
         eos_token_id: id (or ids) that end a completion.
         pad_token_id: id used for left padding (never attended to).
         precision: ``"fp32" | "bf16" | "fp16" | "fp8_e4m3"``, see ``minirl.rollout.precision``.
@@ -76,6 +76,8 @@ class NativeEngine:
         tokenizer: Any = None,
         device: str | torch.device = "cpu",
     ) -> None:
+        if eos_token_id is None or pad_token_id is None:
+            raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         if not eos_ids:
             raise ValueError("eos_token_id must name at least one token id")
@@ -91,10 +93,11 @@ class NativeEngine:
         self._fp8_names = set(fp8_parameter_names(self.model)) if precision == "fp8_e4m3" else set()
         apply_precision(self.model, precision, fp8_scale=fp8_scale, compute_dtype=compute_dtype)
         self._params = list(self.model.named_parameters())
-        self._persistent_buffers = [
-            (name, buffer) for name, buffer in self.model.named_buffers() if name in self.model.state_dict()
-        ]
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        state_names = set(self.model.state_dict())
+        self._persistent_buffers = [(name, b) for name, b in self.model.named_buffers() if name in state_names]
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache` (old name deprecated)
+        forward_parameters = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
         self._generators: OrderedDict[int, torch.Generator] = OrderedDict()
         self._replay: Any = None  # minirl.moe.RoutingReplay over self.model, built on first use
 
