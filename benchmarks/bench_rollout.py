@@ -6,7 +6,7 @@ Model: a ~1.8 M-parameter Qwen3-MoE-like model built from a config (hidden 128, 
 ``fixed``   32 prompts of 16 tokens x 64 new tokens, every row forced to the full length (HF
             ``min_new_tokens=64``; the engine gets an EOS id outside the vocabulary): raw decode
             speed, the same work for both.
-``rl``      8 prompts of 8..20 tokens x 8 samples each, sampled until EOS (an lm_head bias
+``rl``      8 prompts of 8..22 tokens x 8 samples each, sampled until EOS (an lm_head bias
             makes EOS ~5 % a step, so lengths are roughly geometric, mean ~20) or 64 tokens: the
             shape of one MiniRL rollout. HF gets the 64 rows left-padded and stops when every row
             is done; the engine prefills each prompt once and drops finished rows. Throughput
@@ -115,10 +115,10 @@ def main() -> None:
     global clock
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     generator = torch.Generator().manual_seed(0)
-    workloads = {
-        "fixed": ([torch.randint(2, VOCAB, (16,), generator=generator).tolist() for _ in range(32)], 1, 0.0),
-        "rl": ([torch.randint(2, VOCAB, (8 + 2 * i,), generator=generator).tolist() for i in range(7)] + [[5] * 20], 8, 2.3),
-    }  # fmt: skip
+    fixed_prompts = [torch.randint(2, VOCAB, (16,), generator=generator).tolist() for _ in range(32)]
+    rl_prompts = [torch.randint(2, VOCAB, (8 + 2 * i,), generator=generator).tolist() for i in range(8)]
+    # (prompts, samples per prompt, EOS logit bias)
+    workloads = {"fixed": (fixed_prompts, 1, 0.0), "rl": (rl_prompts, 8, 2.3)}
     results = []
     for workload, (prompts, group, eos_bias) in workloads.items():
         fixed = workload == "fixed"
@@ -141,8 +141,8 @@ def main() -> None:
     print(f"Qwen3-MoE-like {params:.2f} M params, {args.threads} thread(s), {args.repeats} alternating runs each, "
           f"{args.clock} clock")  # fmt: skip
     print("fixed: 32 prompts x 64 new tokens (forced);  rl: 8 prompts x 8 samples, EOS ~5 %/step, cap 64")
-    header = f"{'workload':<8} {'dtype':<5} {'HF generate tok/s':>18} {'NativeEngine tok/s':>19} {'speed-up':>9} {'(best)':>7}"
-    print(header)
+    print(f"{'workload':<8} {'dtype':<5} {'HF generate tok/s':>18} {'NativeEngine tok/s':>19} "
+          f"{'speed-up':>9} {'(best)':>7}")  # fmt: skip
     for workload, precision, hf_rates, engine_rates in results:
         hf, engine = statistics.median(hf_rates), statistics.median(engine_rates)
         best = max(engine_rates) / max(hf_rates)
