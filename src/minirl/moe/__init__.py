@@ -2,11 +2,12 @@
 
 from .families import supported_families
 from .metrics import route_bytes_per_1k_tokens, routing_agreement
-from .replay import ROUTE_DTYPE, Recording, RoutingReplay, UnsupportedModelError
+from .replay import ROUTE_DTYPE, Recording, Replayed, RoutingReplay, UnsupportedModelError
 
 __all__ = [
     "ROUTE_DTYPE",
     "Recording",
+    "Replayed",
     "RoutingReplay",
     "UnsupportedModelError",
     "route_bytes_per_1k_tokens",

@@ -9,6 +9,9 @@ Usage::
     with replay.replay(routes):            # exactly ONE forward call of `model`
         loss = f(model(input_ids))
         loss.backward()                    # inside the block if gradient checkpointing is on
+    with replay.replay(routes, capture_natural=True) as rep:
+        model(input_ids)
+    rep.natural_routes                     # int16 [B, T, L, K]: what each router picked itself
 
 Contract
 --------
@@ -28,6 +31,11 @@ Contract
 * When a ``replay`` block exits normally, every MoE layer must have consumed its routes exactly
   once; otherwise ``ValueError`` names the first offending layer. A ``record`` block likewise
   requires every layer to have routed exactly once.
+* ``capture_natural=True`` also keeps, per MoE layer, the top-k the router computed by itself
+  before being overridden (it computes it anyway: the cost is one int16 copy per layer). Layer
+  l's natural choice is taken on the hidden states the *replayed* routing of layers < l produced,
+  i.e. it answers "given this input, would this router have picked the replayed experts?".
+  Without it (the default) the replay path is exactly the one above: nothing is kept.
 * Gradient checkpointing: routers run again during ``backward``. Inside the block the recomputation
   replays the same routes (and is not counted as a consumption); a recomputation that happens after
   a replay block has closed raises ``RuntimeError`` instead of silently routing naturally.
@@ -66,6 +74,14 @@ class Recording:
 
 
 @dataclass
+class Replayed:
+    """Handle yielded by ``RoutingReplay.replay()``; ``natural_routes`` is filled when the block
+    exits, and only with ``capture_natural=True``."""
+
+    natural_routes: torch.Tensor | None = None  # int16 [B, T, L, K]: each router's own top-k
+
+
+@dataclass
 class _Site:
     layer: int
     name: str
@@ -83,6 +99,7 @@ class _Block:
     all_natural: list[bool] = field(default_factory=list)  # per layer: every row is -1
     any_natural: list[bool] = field(default_factory=list)  # per layer: some row is -1
     forced: list[torch.Tensor | None] = field(default_factory=list)  # per layer, for recomputation
+    capture_natural: bool = False  # replay: keep each router's own top-k in ``recorded``
 
 
 class RoutingReplay:
@@ -131,6 +148,7 @@ class RoutingReplay:
         self.family: str = getattr(config, "model_type", None) or sites[0].spec.family
         self.layer_names: list[str] = [s.name for s in sites]
 
+        self.replayed_rows: list[int] = [0] * self.num_layers  # see ``validate``
         self._block: _Block | None = None
         self._replayed_graph_pending = False  # a replay forward whose graph may still recompute
         # hooks are closures, not bound methods, so that a deepcopy of the model shares (and ignores)
@@ -158,16 +176,22 @@ class RoutingReplay:
         rec.routes = self._collect(block)
 
     @contextmanager
-    def replay(self, routes: torch.Tensor) -> Iterator[None]:
-        """Force the routing of exactly one forward call to ``routes`` [B, T, L, K] (-1 = natural)."""
-        long_routes, all_nat, any_nat = self._validate(routes)
+    def replay(self, routes: torch.Tensor, *, capture_natural: bool = False) -> Iterator[Replayed]:
+        """Force the routing of exactly one forward call to ``routes`` [B, T, L, K] (-1 = natural).
+
+        With ``capture_natural``, ``handle.natural_routes`` [B, T, L, K] (int16) holds on exit the
+        top-k each router would have picked itself at every position (see the module docstring).
+        """
+        long_routes, all_nat, any_nat, forced = self._validate(routes)
         block = self._open("replay")
         block.routes = long_routes
         block.all_natural = all_nat
         block.any_natural = any_nat
         block.forced = [None] * self.num_layers
+        block.capture_natural = capture_natural
+        handle = Replayed()
         try:
-            yield
+            yield handle
         except BaseException:
             self._block = None
             raise
@@ -183,6 +207,21 @@ class RoutingReplay:
                     f"routing replay: MoE layer {layer} ({self.layer_names[layer]}) consumed its routes "
                     f"{count} times (expected exactly once per replay() block)"
                 )
+        for layer, count in enumerate(forced):
+            self.replayed_rows[layer] += count
+        if capture_natural:
+            handle.natural_routes = self._stack(block)
+
+    def validate(self, routes: torch.Tensor) -> list[int]:
+        """Check ``routes`` [B, T, L, K] against this model as ``replay()`` does (shape, layer count,
+        expert range, all-or-none -1 rows; ``ValueError`` naming the MoE layer otherwise) and return
+        how many rows per layer are forced (not -1).
+
+        ``replayed_rows[l]`` counts the forced rows of layer l that closed ``replay()`` blocks have
+        consumed since construction; comparing its increase with ``validate(routes)`` checks that
+        every recorded route of a batch was replayed, whatever the micro-batching.
+        """
+        return self._validate(routes)[3]
 
     def remove(self) -> None:
         """Detach every hook (the object is unusable afterwards)."""
@@ -203,22 +242,37 @@ class RoutingReplay:
         self._block = block
         return block
 
-    def _validate(self, routes: torch.Tensor) -> tuple[torch.Tensor, list[bool], list[bool]]:
+    def _validate(self, routes: torch.Tensor) -> tuple[torch.Tensor, list[bool], list[bool], list[int]]:
         if not isinstance(routes, torch.Tensor):
             raise ValueError(f"routes must be a torch.Tensor, got {type(routes).__name__}")
         if routes.dtype.is_floating_point or routes.dtype.is_complex or routes.dtype == torch.bool:
             raise ValueError(f"routes must be an integer tensor, got dtype {routes.dtype}")
         L, K = self.num_layers, self.top_k
-        if routes.dim() != 4 or routes.shape[2] != L or routes.shape[3] != K:
+        shape = f"routes must have shape [B, T, L={L}, K={K}] for this model, got {tuple(routes.shape)}"
+        if routes.dim() != 4:
+            raise ValueError(shape)
+        if routes.shape[2] < L:
+            layer = int(routes.shape[2])
             raise ValueError(
-                f"routes must have shape [B, T, L={L}, K={K}] for this model, got {tuple(routes.shape)}"
+                f"{shape}: MoE layer {layer} ({self.layer_names[layer]}) has no routes (the routes cover "
+                f"{layer} MoE layers, the model has {L}); were they recorded on another model?"
             )
+        if routes.shape[2] > L:
+            raise ValueError(
+                f"{shape}: route layer {L} has no MoE layer to consume it (the model's last MoE layer is "
+                f"{L - 1}, {self.layer_names[-1]}); were they recorded on another model?"
+            )
+        if routes.shape[3] != K:
+            raise ValueError(f"{shape}: the model routes each token to top_k={K} experts, the routes hold {routes.shape[3]}")
         if routes.numel():
             lo, hi = int(routes.min()), int(routes.max())
             if lo < -1 or hi >= self.num_experts:
+                bad = ((routes < -1) | (routes >= self.num_experts)).nonzero()[0]
+                b, t, layer = (int(v) for v in bad[:3])
                 raise ValueError(
                     f"route indices must lie in [-1, {self.num_experts}) (num_experts={self.num_experts}), "
-                    f"got values in [{lo}, {hi}]"
+                    f"got values in [{lo}, {hi}]; first bad row (b={b}, t={t}) of MoE layer {layer} "
+                    f"({self.layer_names[layer]}): {routes[b, t, layer].tolist()}"
                 )
         neg = routes == -1
         natural = neg.all(dim=-1)  # [B, T, L]
@@ -230,10 +284,12 @@ class RoutingReplay:
                 f"{routes[b, t, layer].tolist()}: a row must be all -1 (natural routing) or all valid"
             )
         flat = natural.reshape(-1, L)
-        all_nat = flat.all(dim=0).tolist() if flat.shape[0] else [True] * L
-        any_nat = flat.any(dim=0).tolist() if flat.shape[0] else [True] * L
+        rows = flat.shape[0]
+        forced = (rows - flat.sum(dim=0)).tolist() if rows else [0] * L  # forced rows per layer
+        all_nat = [n == 0 for n in forced]
+        any_nat = [n < rows for n in forced] if rows else [True] * L
         device = self._device()
-        return routes.to(device=device, dtype=torch.long), all_nat, any_nat
+        return routes.to(device=device, dtype=torch.long), all_nat, any_nat, forced
 
     def _device(self) -> torch.device:
         for site in self._sites:
@@ -253,6 +309,9 @@ class RoutingReplay:
                     f"routing record: MoE layer {layer} ({self.layer_names[layer]}) routed {count} times "
                     f"(expected exactly once per record() block)"
                 )
+        return self._stack(block)
+
+    def _stack(self, block: _Block) -> torch.Tensor:
         B, T = block.shape
         stacked = torch.stack(block.recorded, dim=1)  # [N, L, K]
         return stacked.reshape(B, T, self.num_layers, self.top_k)
@@ -351,6 +410,8 @@ class RoutingReplay:
                     "twice in one replay() block (expected exactly once)"
                 )
             self._check_rows(block, layer, natural_idx)
+            if block.capture_natural:
+                block.recorded[layer] = natural_idx.detach().to(ROUTE_DTYPE)
             if block.all_natural[layer]:
                 return None
             forced = block.routes[:, :, layer, :].reshape(-1, self.top_k)
