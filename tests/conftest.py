@@ -1,11 +1,13 @@
-"""Shared fixtures: tiny models built from configs (no downloads), two threads."""
+"""Shared fixtures: tiny models built from configs (no downloads), one thread."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine a second
+# thread makes every small op wait for a descheduled worker: one thread per test process.
+torch.set_num_threads(1)
 
 
 def make_tiny_moe(seed: int = 0, vocab: int = 48, layers: int = 2):

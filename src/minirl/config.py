@@ -167,6 +167,9 @@ AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig, Fie
 class MoEConfig(Section):
     routing_replay: Literal["none", "R2", "R3"] = "none"
     """none | R2 (replay the trainer's own routes at theta_old) | R3 (replay the engine's routes)."""
+    routing_metrics: bool = True
+    """Log ``routing/*`` every step (MoE models): engine vs trainer routing, and R2's per-update
+    drift. Makes the engine record its routes every step whatever ``routing_replay`` is."""
 
     @field_validator("routing_replay", mode="before")
     @classmethod

@@ -1,12 +1,15 @@
-"""The outer loop of MiniRL (paper §4, synchronous RL), as one readable function: ``train``.
+"""The outer loop of MiniRL (paper §4, synchronous RL): ``train`` = ``setup``, then ``global_step``.
 
 One global step:
     1. rollout: the engine (mu_old) samples ``samples_per_prompt`` responses for each of
-       ``prompts_per_step`` prompts and reports ``logp_rollout`` (and, for R3, its routes);
+       ``prompts_per_step`` prompts and reports ``logp_rollout`` (and its routes, for R3 and for
+       the ``routing/*`` metrics of MoE models);
     2. rewards from the task's verifier; group-mean baseline advantages;
     3. the trainer recomputes ``logp_old`` (pi_old) over the whole global batch without gradient
-       (R2 records the trainer's routes here; R3 replays the engine's routes here);
-    4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3);
+       (R2 records the trainer's routes here; R3 replays the engine's routes here, so
+       ``mismatch/*`` measures the mismatch with the routing actually used);
+    4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
+       every recorded route must be consumed exactly once per phase, else ``RuntimeError``);
     5. the new weights are pushed to the engine.
 """
 
@@ -36,6 +39,7 @@ from minirl.runtime import (
     set_threads,
 )
 from minirl.tasks.base import Task
+from minirl.trainer import Trainer
 from minirl.types import Completion, Prompt, SamplingParams
 
 
@@ -48,76 +52,58 @@ class RunSummary:
     seconds: float
 
 
-def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
-    """Run MiniRL as configured; returns held-out accuracy before and after RL."""
-    started = time.perf_counter()
+@dataclass
+class Run:
+    """The pieces of a run, built once by ``setup``; ``global_step`` advances them."""
+
+    cfg: Config
+    model: torch.nn.Module
+    tokenizer: Any
+    task: Task
+    replay: Any | None  # minirl.moe.RoutingReplay (MoE models), else None
+    engine: RolloutEngine
+    trainer: Trainer
+    prompts: list[Prompt]
+    order: DataOrder
+
+
+def setup(cfg: Config, *, start_from: str | None = None) -> Run:
+    """Seed, build the model, task, routing replay, engine and trainer of a run."""
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
-    run_dir = cfg.run_dir
-    dump_config(cfg, run_dir / "config.yaml")
-
     model, tokenizer = build_model(cfg, path=start_from)
     task = build_task(cfg)
     replay = build_replay(cfg, model)
     engine = build_engine(cfg, model, tokenizer)
     trainer = build_trainer(cfg, model, replay)
     prompts = task.train_prompts()
-    order = DataOrder(len(prompts), seed=cfg.run.seed)
-    mode = cfg.moe.routing_replay
+    return Run(cfg, model, tokenizer, task, replay, engine, trainer, prompts, DataOrder(len(prompts), seed=cfg.run.seed))
+
+
+def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
+    """Run MiniRL as configured; returns held-out accuracy before and after RL."""
+    started = time.perf_counter()
+    run = setup(cfg, start_from=start_from)
+    run_dir = cfg.run_dir
+    dump_config(cfg, run_dir / "config.yaml")
     logger = MetricsLogger(
         run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
     )
 
-    eval_before = evaluate(engine, task, cfg, step=0)
+    eval_before = evaluate(run.engine, run.task, cfg, step=0)
     logger.log(0, eval_before)
     eval_metrics = eval_before
     for step in range(1, cfg.optim.steps + 1):
-        t0 = time.perf_counter()
-        # 1. rollout with mu_old
-        step_prompts = [prompts[i] for i in order.next(cfg.rollout.prompts_per_step)]
-        completions = engine.generate(
-            step_prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step), record_routes=(mode == "R3")
-        )
-        t1 = time.perf_counter()
-        # 2. rewards and group-baseline advantages
-        rewards_PG = score_completions(task, step_prompts, completions).view(len(step_prompts), -1)
-        advantages_PG = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize)
-        batch = collate(completions, advantages_PG.reshape(-1), pad_token_id=tokenizer.pad_token_id)
-        # 3. pi_old over the whole global batch (R3 replays the engine's routes, R2 records)
-        old = trainer.score(batch, replay_routes=(mode == "R3"), record_routes=(mode == "R2"))
-        batch.logp_old = old.logp
-        if mode == "R2":
-            batch.routes = old.routes
-        t2 = time.perf_counter()
-        # 4. N gradient updates on mini-batches, routes replayed under R2/R3
-        updates = [
-            trainer.update(minibatch, make_objective(cfg.algo, minibatch), replay_routes=(mode != "none"))
-            for minibatch in split(batch, cfg.optim.minibatches_per_step)
-        ]
-        t3 = time.perf_counter()
-        # 5. weight sync to the rollout engine
-        engine.load_weights(trainer.state_dict())
-        t4 = time.perf_counter()
-
-        metrics = rollout_metrics(completions, rewards_PG)
-        metrics["train/entropy"] = masked_mean(old.entropy, batch.mask)
-        metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
-        metrics.update(update_metrics(updates))
-        metrics.update({
-            "time/rollout_s": t1 - t0, "time/old_logprobs_s": t2 - t1, "time/update_s": t3 - t2,
-            "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
-            "perf/rollout_tokens_per_s": sum(len(c.completion_ids) for c in completions) / max(t1 - t0, 1e-9),
-            "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t3 - t2, 1e-9),
-        })
+        metrics = global_step(run, step)
         if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
-            eval_metrics = evaluate(engine, task, cfg, step=step)
+            eval_metrics = evaluate(run.engine, run.task, cfg, step=step)
             metrics.update(eval_metrics)
         logger.log(step, metrics)
     logger.close()
     from minirl.models.io import save_checkpoint
 
-    save_checkpoint(trainer.model, tokenizer, run_dir / "checkpoint")
+    save_checkpoint(run.trainer.model, run.tokenizer, run_dir / "checkpoint")
     return RunSummary(
         run_dir=run_dir,
         eval_before=eval_before["eval/accuracy"],
@@ -125,6 +111,69 @@ def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
         steps=cfg.optim.steps,
         seconds=time.perf_counter() - started,
     )
+
+
+def global_step(run: Run, step: int) -> dict[str, float]:
+    """One global step (rollout, rewards, pi_old, N updates, weight sync); returns its metrics."""
+    cfg, engine, trainer, replay = run.cfg, run.engine, run.trainer, run.replay
+    mode = cfg.moe.routing_replay
+    routing_metrics = replay is not None and cfg.moe.routing_metrics  # MoE models only
+    t0 = time.perf_counter()
+    # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for the metrics)
+    step_prompts = [run.prompts[i] for i in run.order.next(cfg.rollout.prompts_per_step)]
+    completions = engine.generate(
+        step_prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step),
+        record_routes=(mode == "R3" or routing_metrics),
+    )
+    t1 = time.perf_counter()
+    # 2. rewards and group-baseline advantages
+    rewards_PG = score_completions(run.task, step_prompts, completions).view(len(step_prompts), -1)
+    advantages_PG = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize)
+    batch = collate(completions, advantages_PG.reshape(-1), pad_token_id=run.tokenizer.pad_token_id)
+    engine_routes = batch.routes
+    # shape, layer count and expert range against the model (ValueError naming the MoE layer);
+    # the number of forced (token, layer) rows per MoE layer, each to be replayed exactly once
+    expected = None if engine_routes is None or replay is None else replay.validate(engine_routes)
+    if mode != "R3":
+        batch.routes = None
+    # 3. pi_old over the whole global batch (R3 replays the engine's routes, R2 records)
+    before = None if replay is None else list(replay.replayed_rows)
+    old = trainer.score(batch, replay_routes=(mode == "R3"), record_routes=(mode == "R2" or routing_metrics))
+    batch.logp_old = old.logp  # under R3, with the engine's routing: mismatch/* compares like with like
+    if mode == "R3":
+        check_all_replayed(replay, before, expected, "old-log-prob pass")
+    if mode == "R2":
+        batch.routes = old.routes
+        expected = replay.validate(batch.routes)
+    t2 = time.perf_counter()
+    # 4. N gradient updates on mini-batches, routes replayed under R2/R3
+    before = None if replay is None else list(replay.replayed_rows)
+    updates = [
+        trainer.update(minibatch, make_objective(cfg.algo, minibatch), replay_routes=(mode != "none"),
+                       natural_drift=(mode == "R2" and routing_metrics))
+        for minibatch in split(batch, cfg.optim.minibatches_per_step)
+    ]
+    if mode != "none":
+        check_all_replayed(replay, before, expected, "updates")
+    t3 = time.perf_counter()
+    # 5. weight sync to the rollout engine
+    engine.load_weights(trainer.state_dict())
+    t4 = time.perf_counter()
+
+    metrics = rollout_metrics(completions, rewards_PG)
+    metrics["train/entropy"] = masked_mean(old.entropy, batch.mask)
+    metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
+    drift = [u.pop("routing_natural_diff_frac") for u in updates if "routing_natural_diff_frac" in u]
+    metrics.update(update_metrics(updates))
+    if routing_metrics:
+        metrics.update(routing_step_metrics(engine_routes, old.routes, batch.attention_mask, drift))
+    metrics.update({
+        "time/rollout_s": t1 - t0, "time/old_logprobs_s": t2 - t1, "time/update_s": t3 - t2,
+        "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
+        "perf/rollout_tokens_per_s": sum(len(c.completion_ids) for c in completions) / max(t1 - t0, 1e-9),
+        "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t3 - t2, 1e-9),
+    })
+    return metrics
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -189,3 +238,33 @@ def update_metrics(updates: list[dict[str, float]]) -> dict[str, Any]:
         else:
             out[f"policy/{key}"] = sum(values) / len(values)
     return out
+
+
+def routing_step_metrics(
+    engine_routes: torch.Tensor | None, trainer_routes: torch.Tensor | None, fed: torch.Tensor, drift: list[float]
+) -> dict[str, float]:
+    """``routing/*``: engine vs trainer top-k sets over the fed positions, and R2's per-update drift."""
+    from minirl.moe import routing_agreement
+
+    out: dict[str, float] = {}
+    if engine_routes is not None and trainer_routes is not None:
+        agreement = routing_agreement(engine_routes, trainer_routes, fed)
+        for key, value in agreement.items():
+            if key.startswith("route_diff_"):
+                out["routing/train_infer_diff_" + key[len("route_diff_"):]] = value
+    for i, value in enumerate(drift):
+        out[f"routing/r2_drift_mb{i}"] = value
+    if drift:
+        out["routing/r2_drift_last"] = drift[-1]
+    return out
+
+
+def check_all_replayed(replay: Any, before: list[int], expected: list[int], phase: str) -> None:
+    """Every forced route row of the global batch was replayed exactly once in ``phase``."""
+    for layer, (start, want) in enumerate(zip(before, expected)):
+        got = replay.replayed_rows[layer] - start
+        if got != want:
+            raise RuntimeError(
+                f"routing replay ({phase}): MoE layer {layer} ({replay.layer_names[layer]}) replayed {got} of the "
+                f"{want} recorded (token, layer) routes of the global batch; each must be consumed exactly once"
+            )

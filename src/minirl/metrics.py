@@ -23,7 +23,16 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy (``eval/response_length``)
-``routing/*``                  routing replay diagnostics (MoE models)
+``routing/train_infer_*``      MoE models (``moe.routing_metrics``), over fed positions: ``diff_frac``
+                               fraction of (token, MoE layer) top-k *sets* the engine chose
+                               differently from the trainer's natural routing at theta_old (under
+                               R3: each router's own choice, captured while the engine's routes
+                               are replayed); ``diff_frac_layer{i}`` the same per MoE layer;
+                               ``diff_any_layer_frac`` fraction of tokens with any layer differing
+``routing/r2_drift_*``         R2 only: ``mb{i}`` fraction of (fed token, layer) sets where the
+                               router's natural choice in update i differs from the replayed
+                               theta_old routes (0 at i = 0, where theta = theta_old); ``last``:
+                               the same for update N-1
 =============================  ===============================================================
 """
 
@@ -50,7 +59,7 @@ CONSOLE_KEYS = (
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None  # JSON has no NaN/inf: a non-finite metric is written as null
     return value
 
 

@@ -26,6 +26,7 @@ import torch
 
 from minirl.algo import token_entropy, token_logprobs
 from minirl.batching import chunks
+from minirl.moe.metrics import routing_agreement
 from minirl.types import Batch
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -35,7 +36,7 @@ Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]
 class ScoreResult:
     logp: torch.Tensor  # [B, T] float32
     entropy: torch.Tensor | None  # [B, T] float32
-    routes: torch.Tensor | None  # [B, S, L, K] int16 (recorded), -1 at padding
+    routes: torch.Tensor | None  # [B, S, L, K] int16: the trainer's own (natural) routes, -1 at padding
 
 
 def warmup_schedule(warmup_updates: int) -> Callable[[int], float]:
@@ -73,22 +74,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _logits(self, micro: Batch, replay_routes: bool) -> torch.Tensor:
+    def _logits(self, micro: Batch, replay_routes: bool, natural: list | None = None) -> torch.Tensor:
+        """Logits of ``micro``; with ``natural`` (a list, replay only) the routers' own top-k
+        [B, S, L, K] captured under replay is appended to it."""
         context = nullcontext()
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
-            context = self.replay.replay(micro.routes.long())
-        with context:
+            context = self.replay.replay(micro.routes.long(), capture_natural=natural is not None)
+        with context as replayed:
             # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
             # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
             # the attention path). Padding positions' outputs are garbage and are masked out.
             out = self.model(input_ids=micro.input_ids, use_cache=False)
+        if natural is not None:
+            natural.append(replayed.natural_routes)
         return out.logits
 
     @torch.no_grad()
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
-        """log pi(y_t) for every target position of ``batch`` without gradient (``logp_old``)."""
+        """log pi(y_t) for every target position of ``batch`` without gradient (``logp_old``).
+
+        ``record_routes``: also return the routes the trainer's routers pick by themselves
+        (``ScoreResult.routes``): recorded, or, together with ``replay_routes``, captured per layer
+        while the batch's routes are replayed (``RoutingReplay.replay(capture_natural=True)``).
+        """
         self.model.eval()
         width = batch.input_ids.shape[1]
         logp = torch.zeros(batch.mask.shape, dtype=torch.float32)
@@ -100,11 +110,16 @@ class Trainer:
             if record_routes:
                 if self.replay is None:
                     raise ValueError("recording routes needs an MoE model with a RoutingReplay")
-                with self.replay.record() as rec:
-                    logits = self._logits(micro, replay_routes=False)
+                if replay_routes:
+                    natural: list = []
+                    logits = self._logits(micro, replay_routes=True, natural=natural)
+                    recorded = natural[0].to(torch.int16)
+                else:
+                    with self.replay.record() as rec:
+                        logits = self._logits(micro, replay_routes=False)
+                    recorded = rec.routes.to(torch.int16)
                 if routes is None:
-                    routes = torch.full((batch.size, width, *rec.routes.shape[2:]), -1, dtype=torch.int16)
-                recorded = rec.routes.to(torch.int16)
+                    routes = torch.full((batch.size, width, *recorded.shape[2:]), -1, dtype=torch.int16)
                 recorded[~micro.attention_mask] = -1
                 routes[rows, :cols] = recorded
             else:
@@ -121,11 +136,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ the update
 
-    def update(self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False) -> dict[str, float]:
-        """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches)."""
+    def update(
+        self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False, natural_drift: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches).
+
+        ``natural_drift`` (with ``replay_routes``): also return ``routing_natural_diff_frac``, the
+        fraction of fed (token, layer) pairs whose replayed top-k set differs from the one the
+        router would have picked itself in this forward (-1 rows not counted).
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals, loss_sum = self._accumulate(minibatch, objective, replay_routes)
+        totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
         if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
             self.optimizer.zero_grad(set_to_none=True)
@@ -137,15 +159,23 @@ class Trainer:
         totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
         return totals
 
-    def _accumulate(self, minibatch: Batch, objective: Objective, replay_routes: bool) -> tuple[dict[str, float], float]:
+    def _accumulate(
+        self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False
+    ) -> tuple[dict[str, float], float]:
         """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
 
         Returns the metrics (averaged over micro-batches, weighted by rows) and the summed loss.
         """
         totals: dict[str, float] = {}
         loss_sum = 0.0
+        natural: list | None = [] if natural_drift and replay_routes else None
+        differing = counted = 0.0
         for _, micro in self._micro_batches(minibatch):
-            logits = self._logits(micro, replay_routes=replay_routes)
+            logits = self._logits(micro, replay_routes=replay_routes, natural=natural)
+            if natural is not None:
+                agreement = routing_agreement(micro.routes, natural.pop(), micro.attention_mask)
+                counted += agreement["route_counted_pairs"]
+                differing += agreement["route_diff_frac"] * agreement["route_counted_pairs"]
             logp = token_logprobs(logits[:, :-1].float(), micro.input_ids[:, 1:])
             loss, metrics = objective(logp, micro)
             loss.backward()
@@ -153,6 +183,8 @@ class Trainer:
             weight = micro.size / minibatch.size
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + weight * float(value)
+        if natural is not None:
+            totals["routing_natural_diff_frac"] = round(differing) / counted if counted else 0.0
         return totals, loss_sum
 
     def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False) -> torch.Tensor:

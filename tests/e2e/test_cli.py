@@ -16,7 +16,7 @@ TINY = [
     "task.num_eval_prompts=8", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
     "optim.steps=3", "optim.micro_batch_sequences=4", "eval.num_prompts=4", "eval.samples_per_prompt=2",
     "eval.every_steps=2", "cold_start.steps=5", "cold_start.examples=32", "cold_start.batch_sequences=8",
-    "run.threads=2",
+    "run.threads=1",
 ]
 
 
