@@ -62,6 +62,19 @@ class TaskConfig(Section):
     reward: Literal["exact", "math_verify"] = "exact"
     reward_function: str | None = None
     """A user reward ``package.module:function`` called as ``fn(prompt, completion, answer) -> float``."""
+    reward_timeout_s: float | None = Field(10.0, gt=0)
+    """Seconds one call of ``reward_function`` may take (it runs in a worker process that is killed
+    past it); null = no timeout, called in the trainer's process. Built-in verifiers never time out."""
+    reward_on_error: Literal["fail", "fallback"] = "fail"
+    """A reward function that raises, returns a non-finite/non-number or times out: stop the run
+    (fail) or give the sample ``reward_fallback`` and count it in ``reward/*`` (fallback)."""
+    reward_fallback: float = Field(0.0, allow_inf_nan=False)
+    reward_workers: int = Field(1, ge=1)
+    """Worker processes running ``reward_function`` in parallel (with a timeout)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """JSONL: a malformed or too long row stops the load (error) or is skipped and counted (skip)."""
+    max_prompt_chars: int | None = Field(None, ge=1)
+    """JSONL: a row whose prompt is longer than this many characters is a bad row."""
 
     @model_validator(mode="after")
     def _jsonl_needs_path(self) -> "TaskConfig":

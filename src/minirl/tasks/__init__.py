@@ -2,51 +2,117 @@
 
     build_task("reverse", difficulty=8, num_train=2000, num_eval=200, seed=0)
     build_task("add", difficulty=3)          # also "sort"
-    build_task("jsonl", path="train.jsonl", eval_path=None, eval_fraction=0.1, reward="exact")
+    build_task("jsonl", path="train.jsonl", eval_path=None, eval_fraction=0.1, reward="exact",
+               on_bad_row="skip", max_prompt_chars=4000)
     build_task("reverse", reward_function="my_pkg.rewards:score")   # any kind, user verifier
+    build_task_from_config(cfg.task)         # the same from the ``task`` config section
+
+Rewards are computed by ``RewardRunner`` (``minirl.tasks.reward_runner``): user functions in a
+worker process with a timeout, and a fallback reward on errors when the config asks for one.
+
+The names below are imported on first use (PEP 562), so ``import minirl.tasks.rewards`` does not
+import torch: the reward worker process starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+from typing import TYPE_CHECKING, Any, Callable
 
-from minirl.tasks.base import Task, TeacherTask
-from minirl.tasks.jsonl import JsonlTask, TaskDataError
-from minirl.tasks.rewards import (
-    CustomRewardTask,
-    RewardFunctionError,
-    RewardSpecError,
-    load_reward_function,
-)
-from minirl.tasks.synthetic import ANSWER_MARKER, AddTask, ReverseTask, SortTask, SyntheticTask
+if TYPE_CHECKING:
+    from minirl.tasks.base import Task, TeacherTask
+    from minirl.tasks.jsonl import JsonlTask, TaskDataError
+    from minirl.tasks.reward_runner import RewardRunner
+    from minirl.tasks.rewards import CustomRewardTask, RewardFunctionError, RewardSpecError, load_reward_function
+    from minirl.tasks.synthetic import ANSWER_MARKER, AddTask, ReverseTask, SortTask, SyntheticTask
 
-TASKS: dict[str, Callable[..., Task]] = {
-    "reverse": ReverseTask,
-    "add": AddTask,
-    "sort": SortTask,
-    "jsonl": JsonlTask,
+_LAZY: dict[str, str] = {
+    "Task": "minirl.tasks.base",
+    "TeacherTask": "minirl.tasks.base",
+    "JsonlTask": "minirl.tasks.jsonl",
+    "TaskDataError": "minirl.tasks.jsonl",
+    "RewardRunner": "minirl.tasks.reward_runner",
+    "CustomRewardTask": "minirl.tasks.rewards",
+    "RewardFunctionError": "minirl.tasks.rewards",
+    "RewardSpecError": "minirl.tasks.rewards",
+    "load_reward_function": "minirl.tasks.rewards",
+    "ANSWER_MARKER": "minirl.tasks.synthetic",
+    "AddTask": "minirl.tasks.synthetic",
+    "ReverseTask": "minirl.tasks.synthetic",
+    "SortTask": "minirl.tasks.synthetic",
+    "SyntheticTask": "minirl.tasks.synthetic",
 }
+
+TASK_KINDS: tuple[str, ...] = ("reverse", "add", "sort", "jsonl")
+
+
+def _tasks() -> dict[str, Callable[..., Any]]:
+    from minirl.tasks.jsonl import JsonlTask
+    from minirl.tasks.synthetic import AddTask, ReverseTask, SortTask
+
+    return {"reverse": ReverseTask, "add": AddTask, "sort": SortTask, "jsonl": JsonlTask}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TASKS":
+        value: Any = _tasks()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def build_task(kind: str, reward_function: str | Callable | None = None, **kwargs: Any) -> Task:
     """The task ``kind`` built with ``kwargs``; ``reward_function`` (a ``"module:function"`` spec
     or a callable ``fn(prompt, completion, answer)``) replaces its verifier when given."""
-    if kind not in TASKS:
-        raise ValueError(f"unknown task kind {kind!r}; known kinds: {', '.join(TASKS)}")
-    task = TASKS[kind](**kwargs)
+    from minirl.tasks.rewards import CustomRewardTask
+
+    tasks = _tasks()
+    if kind not in tasks:
+        raise ValueError(f"unknown task kind {kind!r}; known kinds: {', '.join(tasks)}")
+    task = tasks[kind](**kwargs)
     if reward_function is not None:
         task = CustomRewardTask(task, reward_function)
     return task
 
 
+def build_task_from_config(
+    task_cfg: Any, *, max_prompt_tokens: int | None = None, count_tokens: Callable[[str], int] | None = None
+) -> Task:
+    """The task described by the ``task`` config section (``minirl.config.TaskConfig``).
+
+    ``max_prompt_tokens`` (with ``count_tokens(text) -> int``, e.g. the tokenizer's length of
+    the encoded prompt) makes longer JSONL prompts bad rows, like ``task.max_prompt_chars``.
+    """
+    t = task_cfg
+    if t.kind == "jsonl":
+        kwargs: dict[str, Any] = dict(
+            path=t.path, eval_path=t.eval_path, eval_fraction=t.eval_fraction, reward=t.reward, seed=t.seed,
+            on_bad_row=t.on_bad_row, max_prompt_chars=t.max_prompt_chars,
+            max_prompt_tokens=max_prompt_tokens, count_tokens=count_tokens,
+        )
+    else:
+        kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
+    return build_task(t.kind, reward_function=t.reward_function, **kwargs)
+
+
+def data_metrics(task: Any) -> dict[str, float]:
+    """Data-quality counters of ``task`` to log once (``data/skipped_rows``: JSONL rows skipped)."""
+    return {"data/skipped_rows": float(getattr(task, "skipped_rows", 0) or 0)}
+
+
 __all__ = [
     "ANSWER_MARKER",
     "TASKS",
+    "TASK_KINDS",
     "AddTask",
     "CustomRewardTask",
     "JsonlTask",
     "ReverseTask",
     "RewardFunctionError",
+    "RewardRunner",
     "RewardSpecError",
     "SortTask",
     "SyntheticTask",
@@ -54,5 +120,7 @@ __all__ = [
     "TaskDataError",
     "TeacherTask",
     "build_task",
+    "build_task_from_config",
+    "data_metrics",
     "load_reward_function",
 ]

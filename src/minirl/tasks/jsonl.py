@@ -3,9 +3,13 @@
 File format: one JSON object per line, ``{"prompt": str, "answer": str | number}``; any other
 fields are kept in ``Prompt.meta``. A numeric answer (JSON int or float, not a boolean) becomes
 its Python ``str()`` (``7`` -> ``"7"``, ``0.5`` -> ``"0.5"``, ``2.50`` -> ``"2.5"``): give a
-string when the exact spelling matters. Blank lines are ignored (they hold no row); every other
-problem stops the load with ``TaskDataError``, whose message names the file and line, e.g.
-``data/train.jsonl:7: field "answer" is missing``. Nothing is skipped silently.
+string when the exact spelling matters. Blank lines are ignored (they hold no row). A bad row (not
+UTF-8, not JSON, not an object, a field missing, empty or of the wrong type, a prompt longer than
+``max_prompt_chars`` characters or ``max_prompt_tokens`` tokens) stops the load with
+``TaskDataError``, whose message names the file and line, e.g.
+``data/train.jsonl:7: field "answer" is missing``; with ``on_bad_row="skip"`` it is skipped and
+counted instead (``JsonlTask.skipped_rows``, the messages in ``skipped_reasons``), never silently.
+A missing, unreadable or directory path, or a file left with no rows, is always an error.
 
 Answer extraction from a completion (``extract_answer``), first rule that applies:
     1. the contents of the last ``\\boxed{...}`` (braces balanced);
@@ -26,12 +30,14 @@ import random
 import re
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from minirl.types import Prompt
 
 RewardKind = Literal["exact", "math_verify"]
 REWARD_KINDS: tuple[str, ...] = ("exact", "math_verify")
+OnBadRow = Literal["error", "skip"]
+ON_BAD_ROW: tuple[str, ...] = ("error", "skip")
 MATH_VERIFY_TIMEOUT_S = 5
 
 _MARKER_PATTERN = re.compile(r"(?:final answer|answer|ans)\s*:", re.IGNORECASE)
@@ -118,6 +124,10 @@ class JsonlTask:
         reward: RewardKind = "exact",
         seed: int = 0,
         name: str | None = None,
+        on_bad_row: OnBadRow = "error",
+        max_prompt_chars: int | None = None,
+        max_prompt_tokens: int | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         if reward not in REWARD_KINDS:
             raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
@@ -126,11 +136,22 @@ class JsonlTask:
         self.path = Path(path)
         self.name = name or self.path.stem
         self.reward_kind = reward
-        rows = read_jsonl_prompts(self.path)
+        self.skipped_reasons: list[str] = []
+        """One ``file:line: reason`` message per skipped row (``on_bad_row="skip"``)."""
+        read = dict(
+            on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
+            count_tokens=count_tokens, skipped=self.skipped_reasons,
+        )
+        rows = read_jsonl_prompts(self.path, **read)
         if eval_path is not None:
-            self._train, self._eval = rows, read_jsonl_prompts(Path(eval_path))
+            self._train, self._eval = rows, read_jsonl_prompts(Path(eval_path), **read)
         else:
             self._train, self._eval = _split(rows, eval_fraction, seed, self.path)
+
+    @property
+    def skipped_rows(self) -> int:
+        """Rows skipped as bad (train and eval files); log it as ``data/skipped_rows``."""
+        return len(self.skipped_reasons)
 
     def train_prompts(self) -> list[Prompt]:
         return list(self._train)
@@ -161,29 +182,80 @@ def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> t
     return [rows[index] for index in train_rows], [rows[index] for index in eval_rows]
 
 
-def read_jsonl_prompts(path: Path) -> list[Prompt]:
-    """Every row of ``path`` as a ``Prompt``; ``TaskDataError`` naming file and line otherwise."""
+def read_jsonl_prompts(
+    path: Path,
+    *,
+    on_bad_row: OnBadRow = "error",
+    max_prompt_chars: int | None = None,
+    max_prompt_tokens: int | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+    skipped: list[str] | None = None,
+) -> list[Prompt]:
+    """Every row of ``path`` as a ``Prompt``; ``TaskDataError`` naming file and line otherwise.
+
+    With ``on_bad_row="skip"`` a bad row's message is appended to ``skipped`` instead. A prompt
+    longer than ``max_prompt_chars`` characters, or ``max_prompt_tokens`` tokens as counted by
+    ``count_tokens(text)``, makes a bad row.
+    """
+    if on_bad_row not in ON_BAD_ROW:
+        raise ValueError(f"on_bad_row must be one of {', '.join(map(repr, ON_BAD_ROW))}, got {on_bad_row!r}")
+    if max_prompt_tokens is not None and count_tokens is None:
+        raise ValueError("max_prompt_tokens needs count_tokens (a function text -> number of tokens)")
     if not path.exists():
         raise TaskDataError(f"{path}: no such file")
+    if path.is_dir():
+        raise TaskDataError(f"{path}: not a file but a directory (expected a JSONL file)")
     if not path.is_file():
-        raise TaskDataError(f"{path}: not a file")
-    prompts = []
-    for line_number, raw_line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        raise TaskDataError(f"{path}: not a file (expected a JSONL file)")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise TaskDataError(f"{path}: cannot read ({error.strerror or type(error).__name__})") from None
+    prompts: list[Prompt] = []
+    bad: list[str] = []
+    for line_number, raw_line in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{line_number}"
         try:
             line = raw_line.decode("utf-8-sig" if line_number == 1 else "utf-8")  # tolerate a BOM
+            if not line.strip():
+                continue
+            prompt = _row_to_prompt(_parse_json(line, where), where)
+            _check_length(prompt.text, where, max_prompt_chars, max_prompt_tokens, count_tokens)
         except UnicodeDecodeError as error:
-            raise TaskDataError(f"{where}: not valid UTF-8 (byte {error.start} of the line)") from None
-        if not line.strip():
+            problem = TaskDataError(f"{where}: not valid UTF-8 (byte {error.start} of the line)")
+        except TaskDataError as error:
+            problem = error
+        else:
+            prompts.append(prompt)
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise TaskDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-        prompts.append(_row_to_prompt(row, where))
+        if on_bad_row == "error":
+            raise problem from None
+        bad.append(str(problem))
+    if skipped is not None:
+        skipped.extend(bad)
     if not prompts:
+        if bad:
+            raise TaskDataError(f"{path}: no usable rows ({len(bad)} bad row(s) skipped; the first: {bad[0]})")
         raise TaskDataError(f"{path}: no rows (expected one JSON object per line)")
     return prompts
+
+
+def _parse_json(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise TaskDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+
+
+def _check_length(
+    text: str, where: str, max_chars: int | None, max_tokens: int | None, count_tokens: Callable[[str], int] | None
+) -> None:
+    if max_chars is not None and len(text) > max_chars:
+        raise TaskDataError(f"{where}: prompt is {len(text)} characters, longer than task.max_prompt_chars={max_chars}")
+    if max_tokens is not None and count_tokens is not None:
+        tokens = count_tokens(text)
+        if tokens > max_tokens:
+            raise TaskDataError(f"{where}: prompt is {tokens} tokens, longer than the {max_tokens} the model's context leaves")
 
 
 def _row_to_prompt(row: Any, where: str) -> Prompt:

@@ -7,7 +7,13 @@ file, and ``attribute`` may be dotted (``module:Class.method``).
 
 ``CustomRewardTask`` wraps any ``Task`` and scores with such a function; a function that raises,
 or returns ``None``, NaN, an infinity or a non-number, stops the run with a one-line
-``RewardFunctionError`` naming the function (a broken verifier must not become reward 0).
+``RewardFunctionError`` naming the function (a broken verifier must not become reward 0) unless
+the run asked for a fallback reward (``minirl.tasks.reward_runner.RewardRunner``, which also runs
+user functions in a worker process with a timeout).
+
+A module is imported only from the spec it is named by (and once per process: a ``.py`` file
+named twice is executed once). This module imports nothing heavy (no torch), so the reward
+worker process starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import math
 import numbers
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from minirl.tasks.base import Task
-from minirl.types import Prompt
+if TYPE_CHECKING:
+    from minirl.tasks.base import Task
+    from minirl.types import Prompt
 
 RewardFunction = Callable[[str, str, str], float]
+
+_FILE_MODULES: dict[str, str] = {}
+"""Module name given to a reward file imported by path -> the file's absolute path."""
 
 
 class RewardSpecError(Exception):
@@ -57,7 +67,7 @@ def _import_module(spec: str, module_name: str) -> Any:
             return _import_file(spec, Path(module_name))
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if error.name == module_name:
+        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} not found") from None
         raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}") from error
     except RewardSpecError:
@@ -73,6 +83,9 @@ def _import_file(spec: str, path: Path) -> Any:
         raise RewardSpecError(f"reward function {spec!r}: file {str(path)!r} not found")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     unique_name = f"minirl_user_reward_{path.stem}_{digest}"
+    if unique_name in sys.modules:  # imported once per process, like any module
+        return sys.modules[unique_name]
+    _FILE_MODULES[unique_name] = str(path.resolve())
     module_spec = importlib.util.spec_from_file_location(unique_name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
@@ -90,9 +103,40 @@ def _one_line(error: BaseException) -> str:
 
 
 def function_name(fn: Callable) -> str:
+    """``module:qualname`` of ``fn`` (a reward file imported by path is named by its path)."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    module = _FILE_MODULES.get(module, module) if module else module
     return f"{module}:{qualname}" if module else qualname
+
+
+def reward_spec(fn: Callable) -> str | None:
+    """A ``module:qualname`` spec that imports ``fn`` again (in a worker process), or ``None``
+    when there is none (a lambda, a closure, a function defined in ``__main__``, an instance)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname or module not in sys.modules:
+        return None
+    target: Any = sys.modules[module]
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if not (target is fn or (target is not None and target == fn)):
+        return None
+    return f"{_FILE_MODULES.get(module, module)}:{qualname}"
+
+
+def raised_message(name: str, error: BaseException) -> str:
+    return f"reward function {name} raised {type(error).__name__}: {_one_line(error)}"
+
+
+def check_reward_value(value: Any, name: str) -> float:
+    """``value`` as a finite float, or ``RewardFunctionError`` saying what ``name`` returned."""
+    if not isinstance(value, numbers.Real):
+        raise RewardFunctionError(f"reward function {name} returned {type(value).__name__} {value!r:.60}, expected a number")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise RewardFunctionError(f"reward function {name} returned {reward}, expected a finite number")
+    return reward
 
 
 def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answer: str) -> float:
@@ -100,17 +144,8 @@ def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answe
     try:
         value = fn(prompt, completion, answer)
     except Exception as error:
-        raise RewardFunctionError(
-            f"reward function {function_name(fn)} raised {type(error).__name__}: {_one_line(error)}"
-        ) from error
-    if not isinstance(value, numbers.Real):
-        raise RewardFunctionError(
-            f"reward function {function_name(fn)} returned {type(value).__name__} {value!r:.60}, expected a number"
-        )
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise RewardFunctionError(f"reward function {function_name(fn)} returned {reward}, expected a finite number")
-    return reward
+        raise RewardFunctionError(raised_message(function_name(fn), error)) from error
+    return check_reward_value(value, function_name(fn))
 
 
 class CustomRewardTask:
@@ -125,6 +160,8 @@ class CustomRewardTask:
         self.fn: RewardFunction = load_reward_function(fn) if isinstance(fn, str) else fn
         if not callable(self.fn):
             raise RewardSpecError(f"reward function {fn!r} is not callable")
+        self.spec: str | None = fn if isinstance(fn, str) else reward_spec(self.fn)
+        """How a worker process imports the function again (``None``: it cannot)."""
         self.name = name or base_task.name
 
     def train_prompts(self) -> list[Prompt]:
@@ -137,6 +174,6 @@ class CustomRewardTask:
         return call_reward_function(self.fn, prompt.text, completion, prompt.answer)
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute == "base_task":  # not yet set (e.g. during unpickling): no recursion
+        if attribute in ("base_task", "spec", "fn"):  # not yet set (e.g. during unpickling): no recursion
             raise AttributeError(attribute)
         return getattr(self.base_task, attribute)

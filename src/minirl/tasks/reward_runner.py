@@ -1,0 +1,346 @@
+"""Scoring completions with a task's reward: a timeout per call, and a fallback reward on errors.
+
+    runner = RewardRunner(task, timeout_s=10.0, on_error="fallback", fallback_reward=0.0)
+    rewards, stats = runner.score(prompts, [(c.prompt_index, c.text) for c in completions])
+    # rewards: float32 [n]; stats: reward/errors, reward/timeouts, reward/fallback_frac
+    runner.close()
+
+Where a reward is computed:
+
+* **A user reward function** (``task.reward_function``, i.e. a ``CustomRewardTask``) with a
+  ``timeout_s`` runs in worker processes (``workers`` of them, started with the runner so their
+  imports overlap the first rollout). Each is a fresh ``python`` interpreter started with
+  ``subprocess`` (like multiprocessing's "spawn": no CUDA context and no threads or locks
+  inherited from the trainer, and unlike it no re-import of the trainer's ``__main__``), in its
+  own session, which imports the function again **from its spec** (``module:function`` or
+  ``path/to/file.py:function``). A call that has not returned after ``timeout_s`` seconds (a
+  pure-Python infinite loop included) gets its worker's whole process group killed; a fresh
+  worker takes over the remaining samples. A worker that dies (segfault, ``os._exit``) is
+  replaced the same way. This works from any thread: nothing relies on signals.
+* **A user reward function without a timeout** (``timeout_s=None``) and **the built-in
+  verifiers** (synthetic exact match, JSONL exact/math_verify) run in this process, with no
+  overhead: they are ours, pure and fast (math_verify has its own timeouts in the main thread).
+
+What counts as a problem: the function raises, or returns ``None``, NaN, an infinity or a
+non-number (``bool`` counts as 0/1), or (in a worker) does not return within ``timeout_s``.
+With ``on_error="fail"`` the first problem raises ``RewardFunctionError``, one line naming the
+function (``module:qualname``) and the problem; with ``on_error="fallback"`` the sample gets
+``fallback_reward`` and is counted in the stats (``last_problems`` keeps up to three messages).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+from minirl.tasks._reward_worker import BOOT
+from minirl.tasks.rewards import (
+    CustomRewardTask,
+    RewardFunctionError,
+    RewardSpecError,
+    check_reward_value,
+    function_name,
+    raised_message,
+    reward_spec,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from minirl.types import Prompt
+
+OnError = Literal["fail", "fallback"]
+ON_ERROR: tuple[str, ...] = ("fail", "fallback")
+STARTUP_TIMEOUT_S = 120.0
+"""How long a worker may take to start and import the reward module (not part of ``timeout_s``)."""
+
+_SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the ``minirl`` package
+
+
+class _Worker:
+    """One reward worker process and its two pipe ends."""
+
+    def __init__(self, setup: dict[str, Any]) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT.format(src=_SRC), str(to_child_r), str(from_child_w), str(os.getpid())],
+                pass_fds=(to_child_r, from_child_w), start_new_session=True, stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            os.close(to_child_w)
+            os.close(from_child_r)
+            raise
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self.outbox = Connection(to_child_w, readable=False)
+        self.inbox = Connection(from_child_r, writable=False)
+        self.started_at = time.monotonic()
+        self.ready = False
+        self.in_flight: deque[int] = deque()  # sample indices sent and not yet answered, in order
+        self.item_started_at = 0.0
+        try:
+            self.outbox.send(setup)
+        except OSError:
+            pass  # died at once: seen as EOF on the inbox
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started (its process group); close the pipes."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.outbox.close()
+        self.inbox.close()
+
+
+class _Pool(list):
+    """The runner's workers; ``closed`` once shut down (no replacement is started after that)."""
+
+    closed = False
+
+
+def _kill_all(workers: _Pool, closed: bool = True) -> None:
+    workers.closed = closed
+    while workers:
+        workers.pop().kill()
+
+
+class RewardRunner:
+    """Scores ``(prompt_index, completion_text)`` pairs with ``task``'s reward (module docstring).
+
+    ``workers`` worker processes serve a user function when ``timeout_s`` is set; call
+    ``close()`` (or use ``with``) to stop them; they are also stopped when the runner is
+    garbage-collected and at interpreter exit. ``score`` may be called from any thread (one call
+    at a time; concurrent calls wait for each other).
+    """
+
+    def __init__(
+        self,
+        task: Any,
+        *,
+        timeout_s: float | None = 10.0,
+        on_error: OnError = "fail",
+        fallback_reward: float = 0.0,
+        workers: int = 1,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
+        if not math.isfinite(fallback_reward):
+            raise ValueError(f"fallback_reward must be finite, got {fallback_reward}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.task = task
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self.fallback_reward = float(fallback_reward)
+        self.num_workers = workers
+        self.startup_timeout_s = startup_timeout_s
+        self.fn = task.fn if isinstance(task, CustomRewardTask) else None
+        self.name = function_name(self.fn if self.fn is not None else task.reward)
+        self.in_worker = self.fn is not None and timeout_s is not None
+        """True when the reward runs in worker processes (a user function with a timeout)."""
+        self.last_problems: list[str] = []
+        """Up to three distinct problem messages of the last ``score`` call (fallback mode)."""
+        self._lock = threading.Lock()
+        self._workers = _Pool()
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        if self.in_worker:
+            self._setup = self._worker_setup(task)
+            self._start_workers()
+
+    @classmethod
+    def from_config(cls, task: Any, task_cfg: Any) -> "RewardRunner":
+        """The runner the ``task`` config section asks for (``reward_timeout_s``, ``reward_on_error``,
+        ``reward_fallback``, ``reward_workers``)."""
+        return cls(
+            task, timeout_s=task_cfg.reward_timeout_s, on_error=task_cfg.reward_on_error,
+            fallback_reward=task_cfg.reward_fallback, workers=getattr(task_cfg, "reward_workers", 1),
+        )
+
+    # ------------------------------------------------------------------------------------ scoring
+
+    def score(
+        self, prompts: Sequence[Prompt], completions: Sequence[tuple[int, str]] | Sequence[Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rewards (float32 [n], in the order given) of ``completions``: ``(prompt_index, text)``
+        pairs, or objects with ``.prompt_index`` and ``.text`` (``Completion``); and the stats
+        ``reward/errors``, ``reward/timeouts`` (counts) and ``reward/fallback_frac``."""
+        import torch  # here, so that importing this module stays light
+
+        pairs = [item if isinstance(item, tuple) else (item.prompt_index, item.text) for item in completions]
+        with self._lock:
+            if self.in_worker:
+                samples = [(prompts[index].text, text, prompts[index].answer) for index, text in pairs]
+                results = self._score_in_workers(samples)
+            else:
+                results = [self._score_here(prompts[index], text) for index, text in pairs]
+        rewards = [value if kind == "ok" else self.fallback_reward for kind, value in results]
+        errors = sum(kind == "error" for kind, _ in results)
+        timeouts = sum(kind == "timeout" for kind, _ in results)
+        problems = [value for kind, value in results if kind != "ok"]
+        self.last_problems = list(dict.fromkeys(problems))[:3]
+        stats = {
+            "reward/errors": float(errors),
+            "reward/timeouts": float(timeouts),
+            "reward/fallback_frac": (errors + timeouts) / len(results) if results else 0.0,
+        }
+        return torch.tensor(rewards, dtype=torch.float32), stats
+
+    def _problem(self, kind: str, message: str) -> tuple[str, Any]:
+        if self.on_error == "fail":
+            raise RewardFunctionError(message)
+        return kind, message
+
+    def _score_here(self, prompt: Prompt, text: str) -> tuple[str, Any]:
+        try:
+            value = self.fn(prompt.text, text, prompt.answer) if self.fn is not None else self.task.reward(prompt, text)
+        except Exception as error:
+            if self.on_error == "fail":
+                raise RewardFunctionError(raised_message(self.name, error)) from error
+            return "error", raised_message(self.name, error)
+        try:
+            return "ok", check_reward_value(value, self.name)
+        except RewardFunctionError as error:
+            return self._problem("error", str(error))
+
+    # ------------------------------------------------------------------------------------ workers
+
+    def _worker_setup(self, task: Any) -> dict[str, Any]:
+        spec = getattr(task, "spec", None) or reward_spec(self.fn)
+        pickled = None
+        if spec is None:
+            try:
+                if getattr(self.fn, "__module__", None) == "__main__":
+                    raise TypeError("defined in __main__")
+                pickled = pickle.dumps(self.fn)
+            except Exception:
+                raise RewardSpecError(
+                    f"reward function {self.name}: cannot be imported by a worker process (a lambda, closure or "
+                    "function in __main__); define it in a module and name it 'module:function', or set "
+                    "task.reward_timeout_s=null to run it in the trainer without a timeout"
+                ) from None
+        return {"sys_path": list(sys.path), "spec": spec, "pickled": pickled}
+
+    def _start_workers(self) -> None:
+        if self._workers.closed:
+            raise RewardFunctionError(f"reward function {self.name}: the reward runner is shut down")
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self._setup))
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        if worker in self._workers:  # (not after a shutdown from another thread)
+            self._workers.remove(worker)
+        self._start_workers()
+
+    def _score_in_workers(self, samples: list[tuple[str, str, str]]) -> list[tuple[str, Any]]:
+        results: list[tuple[str, Any] | None] = [None] * len(samples)
+        self._missing = len(samples)  # results still None
+        pending = deque(range(len(samples)))
+        chunk = max(1, math.ceil(len(samples) / (4 * self.num_workers)))
+        timeout = float(self.timeout_s or 0)
+        try:
+            while self._missing:
+                self._start_workers()
+                if not pending and not any(w.in_flight for w in self._workers):
+                    raise RuntimeError("RewardRunner: samples lost track of (a bug in minirl)")
+                for worker in list(self._workers):
+                    if worker.ready and not worker.in_flight and pending:
+                        take = [pending.popleft() for _ in range(min(chunk, len(pending)))]
+                        worker.in_flight.extend(take)
+                        worker.item_started_at = time.monotonic()
+                        try:
+                            worker.outbox.send([samples[i] for i in take])
+                        except OSError:
+                            pass  # it died: EOF on its inbox below puts the samples back
+                deadlines = [
+                    w.item_started_at + timeout if w.ready else w.started_at + self.startup_timeout_s
+                    for w in self._workers
+                    if w.in_flight or not w.ready
+                ]
+                next_deadline = min(deadlines, default=time.monotonic() + 0.1)
+                ready = wait([w.inbox for w in self._workers], max(0.0, next_deadline - time.monotonic()))
+                for worker in [w for w in self._workers if w.inbox in ready]:
+                    try:
+                        message = worker.inbox.recv()
+                    except (EOFError, OSError):
+                        self._worker_died(worker, results, pending)
+                        continue
+                    if not worker.ready:
+                        if message[0] != "ready":
+                            raise RewardSpecError(f"reward function {self.name}: the worker process cannot load it: {message[1]}")
+                        worker.ready = True
+                        continue
+                    index = worker.in_flight.popleft()
+                    worker.item_started_at = time.monotonic()
+                    self._put(results, index, message if message[0] == "ok" else self._problem("error", message[1]))
+                now = time.monotonic()
+                for worker in list(self._workers):
+                    if not worker.ready and now > worker.started_at + self.startup_timeout_s:
+                        raise RewardFunctionError(
+                            f"reward function {self.name}: its worker process did not start within {self.startup_timeout_s:g} s"
+                        )
+                    if worker.ready and worker.in_flight and now > worker.item_started_at + timeout:
+                        index = worker.in_flight.popleft()
+                        pending.extendleft(reversed(worker.in_flight))
+                        worker.in_flight.clear()
+                        self._replace(worker)
+                        self._put(results, index, self._problem(
+                            "timeout",
+                            f"reward function {self.name} did not return within {timeout:g} s "
+                            "(task.reward_timeout_s); its worker process was killed",
+                        ))
+        finally:
+            for worker in list(self._workers):
+                if worker.in_flight:  # interrupted by an error: its late answers must not leak into the next call
+                    self._replace(worker)
+        return results  # type: ignore[return-value]
+
+    def _worker_died(self, worker: _Worker, results: list, pending: deque) -> None:
+        worker.proc.wait()
+        code = worker.proc.returncode
+        if not worker.ready:
+            raise RewardFunctionError(f"reward function {self.name}: its worker process exited while starting (exit code {code})")
+        index = worker.in_flight.popleft() if worker.in_flight else None
+        pending.extendleft(reversed(worker.in_flight))
+        worker.in_flight.clear()
+        self._replace(worker)
+        if index is not None:
+            self._put(results, index, self._problem(
+                "error", f"reward function {self.name} killed its worker process (exit code {code})"
+            ))
+
+    def _put(self, results: list, index: int, result: tuple[str, Any]) -> None:
+        results[index] = result
+        self._missing -= 1
+
+    # ------------------------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the worker processes (a later ``score`` starts new ones)."""
+        with self._lock:
+            _kill_all(self._workers, closed=False)
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,79 @@
+"""Reward functions for the robustness tests: one per way a user's verifier goes wrong.
+
+Named by spec (``tests.robustness.bad_rewards:<name>``) so the reward worker imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def good(prompt: str, completion: str, answer: str) -> float:
+    return 1.0 if completion.strip() == answer else 0.0
+
+
+def raises(prompt: str, completion: str, answer: str) -> float:
+    raise ValueError("no answer found")
+
+
+def returns_nan(prompt: str, completion: str, answer: str) -> float:
+    return float("nan")
+
+
+def returns_inf(prompt: str, completion: str, answer: str) -> float:
+    return float("-inf")
+
+
+def returns_none(prompt: str, completion: str, answer: str) -> None:
+    return None
+
+
+def returns_str(prompt: str, completion: str, answer: str) -> str:
+    return "1.0"
+
+
+def hangs(prompt: str, completion: str, answer: str) -> float:
+    while True:  # a pure-Python infinite loop: no signal or GIL release will stop it
+        pass
+
+
+def hangs_on_loop(prompt: str, completion: str, answer: str) -> float:
+    """Hangs only when the completion is 'loop'; scores the others like ``good``."""
+    if completion == "loop":
+        while True:
+            pass
+    return good(prompt, completion, answer)
+
+
+def sleeps(prompt: str, completion: str, answer: str) -> float:
+    time.sleep(60)
+    return 1.0
+
+
+def exits(prompt: str, completion: str, answer: str) -> float:
+    raise SystemExit(3)
+
+
+def crashes_on_crash(prompt: str, completion: str, answer: str) -> float:
+    """Kills its own process (as a segfault would) when the completion is 'crash'."""
+    if completion == "crash":
+        os._exit(7)
+    return good(prompt, completion, answer)
+
+
+def flaky(prompt: str, completion: str, answer: str) -> float:
+    """Raises on the completion 'boom', NaN on 'nan', else scores like ``good``."""
+    if completion == "boom":
+        raise RuntimeError("boom")
+    if completion == "nan":
+        return float("nan")
+    return good(prompt, completion, answer)
+
+
+def worker_pid(prompt: str, completion: str, answer: str) -> float:
+    """The process that ran the call (to check where rewards are computed)."""
+    return float(os.getpid())
+
+
+NOT_CALLABLE = 42
