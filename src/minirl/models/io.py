@@ -3,11 +3,22 @@
 A checkpoint is a plain Hugging Face directory (``config.json``, ``model.safetensors``, the
 tokenizer files) that ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer
 .from_pretrained`` load as they are. Nothing is ever fetched from a hub (``local_files_only``).
+
+Before anything is loaded, a directory is checked, and refused with a one-line ``ModelLoadError``
+saying why: no ``config.json`` (or not valid JSON), no weights, weights only as pickle files
+(``pytorch_model.bin``: unpickling can run code, so minirl loads safetensors only,
+``use_safetensors=True``), a truncated or corrupt safetensors file or a missing shard, no
+tokenizer files, or custom model code (``auto_map``) while ``trust_remote_code`` is off (the
+default; only ``model.trust_remote_code: true`` turns it on). ``check_compatible`` refuses a
+checkpoint of another model (architecture, vocabulary, sizes), naming the keys that differ.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -23,6 +34,16 @@ from minirl.models.presets import EXPERTS_IMPLEMENTATION, PRESETS, build_model
 from minirl.models.tokenizer import build_char_tokenizer, ensure_pad_token
 
 _EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+SAFETENSORS_WEIGHTS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+COMPATIBILITY_KEYS = (
+    "model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", *_EXPERT_COUNT_FIELDS,
+    "num_experts_per_tok", "tie_word_embeddings",
+)
+"""Config keys that must match for a checkpoint's weights to fit a model."""
 
 
 class ModelLoadError(Exception):
@@ -67,8 +88,7 @@ def _load_directory(
         raise ModelLoadError(
             f"model {str(path)!r} is neither a preset ({', '.join(PRESETS)}) nor an existing directory"
         )
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ModelLoadError(f"model directory {str(path)!r} has no config.json (not a Hugging Face model directory)")
+    check_model_directory(path, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
         model = _from_pretrained(path, config, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -86,7 +106,7 @@ def _from_pretrained(
     path: Path, config: PretrainedConfig, *, dtype: torch.dtype, trust_remote_code: bool
 ) -> PreTrainedModel:
     """``from_pretrained``, asking for ``grouped_mm`` experts where the architecture supports it."""
-    kwargs = dict(local_files_only=True, dtype=dtype, trust_remote_code=trust_remote_code)
+    kwargs = dict(local_files_only=True, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
     if is_moe(config):
         try:
             return AutoModelForCausalLM.from_pretrained(path, experts_implementation=EXPERTS_IMPLEMENTATION, **kwargs)
@@ -95,6 +115,98 @@ def _from_pretrained(
                 raise
             # An MoE architecture without the switchable experts interface: use its own code.
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """``path/config.json`` as a dict; ``ModelLoadError`` when missing or not a JSON object."""
+    where = str(path)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {where!r} has no config.json (not a Hugging Face model directory)")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        detail = error.strerror if isinstance(error, OSError) else str(error).splitlines()[0]
+        raise ModelLoadError(f"model directory {where!r}: config.json is not readable JSON ({detail})") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"model directory {where!r}: config.json is not a JSON object")
+    return config
+
+
+def check_model_directory(path: str | Path, *, trust_remote_code: bool = False) -> None:
+    """Refuse, with one line saying why, a directory that is not a complete, safe checkpoint."""
+    path = Path(path)
+    where = str(path)
+    config = read_config_json(path)
+    if config.get("auto_map") and not trust_remote_code:
+        raise ModelLoadError(
+            f"model directory {where!r} needs its own Python code (auto_map in config.json); minirl does not run "
+            "it unless model.trust_remote_code=true (only for code you trust)"
+        )
+    if (path / SAFETENSORS_INDEX).is_file():
+        for shard in _index_shards(path):
+            _check_safetensors(path, shard)
+    elif (path / SAFETENSORS_WEIGHTS).is_file():
+        _check_safetensors(path, SAFETENSORS_WEIGHTS)
+    else:
+        pickles = [name for name in PICKLE_WEIGHTS if (path / name).is_file()]
+        if pickles:
+            raise ModelLoadError(
+                f"model directory {where!r} has weights only as a pickle file ({pickles[0]}), which can run code "
+                "when loaded; minirl loads safetensors only: convert it with save_pretrained(dir, safe_serialization=True)"
+            )
+        raise ModelLoadError(f"model directory {where!r} has no weights ({SAFETENSORS_WEIGHTS} or {SAFETENSORS_INDEX})")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model directory {where!r} has no tokenizer ({', '.join(TOKENIZER_FILES)})")
+
+
+def _index_shards(path: Path) -> list[str]:
+    where = str(path)
+    try:
+        index = json.loads((path / SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+        shards = sorted(set(index["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ModelLoadError(f"model directory {where!r}: {SAFETENSORS_INDEX} is not a valid index (no weight_map)") from None
+    for shard in shards:
+        if not isinstance(shard, str) or Path(shard).name != shard:
+            raise ModelLoadError(f"model directory {where!r}: {SAFETENSORS_INDEX} names a shard outside the directory ({shard!r})")
+        if not (path / shard).is_file():
+            raise ModelLoadError(f"model directory {where!r}: shard {shard} listed in {SAFETENSORS_INDEX} is missing")
+    return shards
+
+
+def _check_safetensors(path: Path, name: str) -> None:
+    """The header of a safetensors file parses and its tensors fit in the file (not truncated)."""
+    where, file = str(path), path / name
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        header_size = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+        if header_size is None or header_size > size - 8:
+            raise ModelLoadError(f"model directory {where!r}: {name} is truncated or not a safetensors file ({size} bytes)")
+        try:
+            header = json.loads(handle.read(header_size))
+            ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise ModelLoadError(f"model directory {where!r}: {name} is corrupt (its header is not valid safetensors JSON)") from None
+    needed = 8 + header_size + max(ends, default=0)
+    if needed > size:
+        raise ModelLoadError(f"model directory {where!r}: {name} is truncated ({size} bytes, its header needs {needed})")
+
+
+def check_compatible(checkpoint_dir: str | Path, expected_config: PretrainedConfig | dict[str, Any] | Any) -> None:
+    """Refuse a checkpoint whose config differs from ``expected_config`` (a config, its dict, or a
+    model) in a key that decides the weights' shapes (``COMPATIBILITY_KEYS``); the one-line
+    ``ModelLoadError`` names every differing key with both values."""
+    found = read_config_json(Path(checkpoint_dir))
+    expected = getattr(expected_config, "config", expected_config)
+    expected = expected.to_dict() if hasattr(expected, "to_dict") else dict(expected)
+    differences = [
+        f"{key} {found[key]!r} (expected {expected[key]!r})"
+        for key in COMPATIBILITY_KEYS
+        if found.get(key) is not None and expected.get(key) is not None and found[key] != expected[key]
+    ]
+    if differences:
+        raise ModelLoadError(f"checkpoint {str(checkpoint_dir)!r} is from another model: {', '.join(differences)}")
 
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
