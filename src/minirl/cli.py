@@ -71,12 +71,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from minirl.loop import evaluate
-    from minirl.runtime import build_engine, build_model, build_task, set_threads
+    from minirl.runtime import build_engine, build_model, build_rewards, build_task, set_threads
 
     cfg = _config(args)
     set_threads(cfg.run.threads)
     model, tokenizer = build_model(cfg, path=args.checkpoint)
-    result = evaluate(build_engine(cfg, model, tokenizer), build_task(cfg), cfg, step=0)
+    task = build_task(cfg, model, tokenizer)
+    with build_rewards(cfg, task) as rewards:
+        result = evaluate(build_engine(cfg, model, tokenizer), rewards, task, cfg, step=0)
     print(json.dumps({"checkpoint": args.checkpoint, **result}))
     return 0
 

@@ -205,6 +205,15 @@ class EvalConfig(Section):
     """Defaults to rollout.max_new_tokens."""
 
 
+class DiagnosticsConfig(Section):
+    """The paper's first-order approximation, measured (``minirl.diagnostics``)."""
+
+    every_steps: int = Field(0, ge=0)
+    """Every k global steps, before the first and the last mini-batch update: gradient cosine
+    between the surrogate and the sequence-level objective (Eq. 2), first-order residuals, IS
+    effective sample sizes and chi^2 (0 = off; costs two extra forward/backward passes)."""
+
+
 class LogConfig(Section):
     console: bool = True
     tensorboard: bool = False
@@ -237,6 +246,7 @@ class Config(Section):
     algo: AlgoConfig = MiniRLConfig()
     moe: MoEConfig = MoEConfig()
     eval: EvalConfig = EvalConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
     cold_start: ColdStartConfig = ColdStartConfig()
 

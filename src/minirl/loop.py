@@ -25,6 +25,7 @@ import torch
 from minirl.algo import group_advantages, mismatch_metrics
 from minirl.batching import collate, split
 from minirl.config import Config, dump_config
+from minirl.diagnostics import gradient_fidelity
 from minirl.metrics import MetricsLogger
 from minirl.objective import make_objective
 from minirl.rollout.base import RolloutEngine
@@ -33,14 +34,16 @@ from minirl.runtime import (
     build_engine,
     build_model,
     build_replay,
+    build_rewards,
     build_task,
     build_trainer,
     seed_everything,
     set_threads,
 )
+from minirl.tasks import data_metrics
 from minirl.tasks.base import Task
 from minirl.trainer import Trainer
-from minirl.types import Completion, Prompt, SamplingParams
+from minirl.types import Batch, Completion, Prompt, SamplingParams
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Run:
     model: torch.nn.Module
     tokenizer: Any
     task: Task
+    rewards: Any  # minirl.tasks.reward_runner.RewardRunner
     replay: Any | None  # minirl.moe.RoutingReplay (MoE models), else None
     engine: RolloutEngine
     trainer: Trainer
@@ -72,12 +76,12 @@ def setup(cfg: Config, *, start_from: str | None = None) -> Run:
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
-    task = build_task(cfg)
+    task = build_task(cfg, model, tokenizer)
     replay = build_replay(cfg, model)
     engine = build_engine(cfg, model, tokenizer)
     trainer = build_trainer(cfg, model, replay)
     prompts = task.train_prompts()
-    return Run(cfg, model, tokenizer, task, replay, engine, trainer, prompts, DataOrder(len(prompts), seed=cfg.run.seed))
+    return Run(cfg, model, tokenizer, task, build_rewards(cfg, task), replay, engine, trainer, prompts, DataOrder(len(prompts), seed=cfg.run.seed))
 
 
 def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
@@ -91,16 +95,19 @@ def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
     )
 
-    eval_before = evaluate(run.engine, run.task, cfg, step=0)
-    logger.log(0, eval_before)
-    eval_metrics = eval_before
-    for step in range(1, cfg.optim.steps + 1):
-        metrics = global_step(run, step)
-        if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
-            eval_metrics = evaluate(run.engine, run.task, cfg, step=step)
-            metrics.update(eval_metrics)
-        logger.log(step, metrics)
-    logger.close()
+    try:
+        eval_before = evaluate(run.engine, run.rewards, run.task, cfg, step=0)
+        logger.log(0, {**eval_before, **data_metrics(run.task)})
+        eval_metrics = eval_before
+        for step in range(1, cfg.optim.steps + 1):
+            metrics = global_step(run, step)
+            if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
+                eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
+                metrics.update(eval_metrics)
+            logger.log(step, metrics)
+    finally:
+        logger.close()
+        run.rewards.close()
     from minirl.models.io import save_checkpoint
 
     save_checkpoint(run.trainer.model, run.tokenizer, run_dir / "checkpoint")
@@ -127,7 +134,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     )
     t1 = time.perf_counter()
     # 2. rewards and group-baseline advantages
-    rewards_PG = score_completions(run.task, step_prompts, completions).view(len(step_prompts), -1)
+    rewards, reward_stats = score_completions(run.rewards, step_prompts, completions)
+    rewards_PG = rewards.view(len(step_prompts), -1)
     advantages_PG = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize)
     batch = collate(completions, advantages_PG.reshape(-1), pad_token_id=run.tokenizer.pad_token_id)
     engine_routes = batch.routes
@@ -148,11 +156,18 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     t2 = time.perf_counter()
     # 4. N gradient updates on mini-batches, routes replayed under R2/R3
     before = None if replay is None else list(replay.replayed_rows)
-    updates = [
-        trainer.update(minibatch, make_objective(cfg.algo, minibatch), replay_routes=(mode != "none"),
-                       natural_drift=(mode == "R2" and routing_metrics))
-        for minibatch in split(batch, cfg.optim.minibatches_per_step)
-    ]
+    minibatches = split(batch, cfg.optim.minibatches_per_step)
+    diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
+    updates, diagnostics = [], {}
+    for index, minibatch in enumerate(minibatches):
+        objective = make_objective(cfg.algo, minibatch)
+        if diagnose and index in (0, len(minibatches) - 1):  # first-order approximation, fresh vs stalest
+            pre = None if replay is None else list(replay.replayed_rows)
+            diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, mode, index, len(minibatches)))
+            if pre is not None:  # the diagnostics' own replayed forwards are not the updates' consumption
+                before = [b + now - p for b, p, now in zip(before, pre, replay.replayed_rows)]
+        updates.append(trainer.update(minibatch, objective, replay_routes=(mode != "none"),
+                                      natural_drift=(mode == "R2" and routing_metrics)))
     if mode != "none":
         check_all_replayed(replay, before, expected, "updates")
     t3 = time.perf_counter()
@@ -161,12 +176,14 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     t4 = time.perf_counter()
 
     metrics = rollout_metrics(completions, rewards_PG)
+    metrics.update(reward_stats)
     metrics["train/entropy"] = masked_mean(old.entropy, batch.mask)
     metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
     drift = [u.pop("routing_natural_diff_frac") for u in updates if "routing_natural_diff_frac" in u]
     metrics.update(update_metrics(updates))
     if routing_metrics:
         metrics.update(routing_step_metrics(engine_routes, old.routes, batch.attention_mask, drift))
+    metrics.update(diagnostics)
     metrics.update({
         "time/rollout_s": t1 - t0, "time/old_logprobs_s": t2 - t1, "time/update_s": t3 - t2,
         "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
@@ -179,19 +196,29 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 # ----------------------------------------------------------------------------- helpers
 
 
+def approximation_diagnostics(trainer: Trainer, minibatch: Batch, objective: Any, mode: str, index: int, count: int) -> dict[str, float]:
+    """``minirl.diagnostics`` before update ``index`` of ``count``: tagged ``first`` and/or ``last``."""
+    tags = (["first"] if index == 0 else []) + (["last"] if index == count - 1 else [])
+    metrics = gradient_fidelity(trainer, minibatch, objective, replay_routes=(mode != "none"), tag=tags[0], approximation=True)
+    for tag in tags[1:]:  # N = 1: the first mini-batch is also the last
+        metrics.update({key.replace(f"/{tags[0]}_", f"/{tag}_"): value for key, value in metrics.items()})
+    return metrics
+
+
 def rollout_sampling(cfg: Config, step: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=cfg.run.seed * 100_003 + step)
 
 
-def score_completions(task: Task, prompts: list[Prompt], completions: list[Completion]) -> torch.Tensor:
-    rewards = torch.tensor([task.reward(prompts[c.prompt_index], c.text) for c in completions], dtype=torch.float32)
-    if not torch.isfinite(rewards).all():
-        raise FloatingPointError("the reward function returned a non-finite reward")
-    return rewards
+def score_completions(rewards: Any, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rewards [n] from the task's verifier (a ``RewardRunner``), and its error/timeout counts."""
+    values, stats = rewards.score(prompts, completions)
+    if not torch.isfinite(values).all():
+        raise FloatingPointError("a reward is not finite after the reward runner's checks")
+    return values, stats
 
 
-def evaluate(engine: RolloutEngine, task: Task, cfg: Config, *, step: int) -> dict[str, float]:
+def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, step: int) -> dict[str, float]:
     """Held-out mean@n accuracy: reward averaged over n samples for each evaluation prompt."""
     e = cfg.eval
     prompts = task.eval_prompts()[: e.num_prompts]
@@ -200,7 +227,7 @@ def evaluate(engine: RolloutEngine, task: Task, cfg: Config, *, step: int) -> di
         seed=cfg.run.seed * 7919 + 1_000_000 + step,
     )
     completions = engine.generate(prompts, e.samples_per_prompt, sampling)
-    rewards = score_completions(task, prompts, completions)
+    rewards, _ = score_completions(rewards, prompts, completions)
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     return {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean()),
             "eval/response_length": float(lengths.mean())}

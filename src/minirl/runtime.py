@@ -34,18 +34,25 @@ def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, 
     return load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
 
 
-def build_task(cfg: Config) -> Task:
-    from minirl.tasks import build_task as make
-    from minirl.tasks.rewards import CustomRewardTask, load_reward_function
+def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> Task:
+    """The configured task; with a model and tokenizer, prompts too long for its context are bad rows."""
+    from minirl.tasks import build_task_from_config
 
-    t = cfg.task
-    if t.kind == "jsonl":
-        task = make("jsonl", path=t.path, eval_path=t.eval_path, eval_fraction=t.eval_fraction, reward=t.reward, seed=t.seed)
-    else:
-        task = make(t.kind, difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
-    if t.reward_function:
-        task = CustomRewardTask(task, load_reward_function(t.reward_function))
-    return task
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context and tokenizer is not None:
+        return build_task_from_config(
+            cfg.task,
+            max_prompt_tokens=context - cfg.rollout.max_new_tokens,
+            count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+        )
+    return build_task_from_config(cfg.task)
+
+
+def build_rewards(cfg: Config, task: Task) -> Any:
+    """The task's verifier behind a ``RewardRunner`` (timeouts and fallback for user functions)."""
+    from minirl.tasks.reward_runner import RewardRunner
+
+    return RewardRunner.from_config(task, cfg.task)
 
 
 def build_replay(cfg: Config, model: torch.nn.Module) -> Any | None:

@@ -61,7 +61,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     seed_everything(cfg.run.seed)
     output = Path(output or c.output or cfg.run_dir / "sft")
     model, tokenizer = build_model(cfg)
-    task = build_task(cfg)
+    task = build_task(cfg, model, tokenizer)
     examples = teacher_examples(task, tokenizer, c.style, c.examples, seed=cfg.run.seed)
     sft_cfg = cfg.model_copy(deep=True)
     sft_cfg.optim.lr, sft_cfg.optim.warmup_steps, sft_cfg.optim.weight_decay = c.lr, c.warmup_steps, 0.0

@@ -29,6 +29,7 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
     proc = _minirl(
         "train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=e2e", "cold_start.enabled=true",
         f"moe.routing_replay={replay}", f"optim.minibatches_per_step={minibatches}", "rollout.precision=bf16",
+        "diagnostics.every_steps=2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy before RL" in proc.stderr and "run dir" in proc.stderr
@@ -41,6 +42,10 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
         assert key in rows[1], key
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[3]
     assert rows[1]["mismatch/abs_dlogp_mean"] > 0  # bf16 engine vs fp32 trainer
+    for key in ("fidelity/first_grad_cosine", "fidelity/last_grad_cosine", "residual/first_total_mean",
+                "residual/last_staleness_mean", "is/first_ess_seq", "is/last_chi2_token"):
+        assert key in rows[2] and key not in rows[1], key
+    assert rows[2]["residual/first_staleness_mean"] == 0.0  # theta == theta_old before the first update
     assert (run / "config.yaml").is_file()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -28,8 +28,9 @@ TINY = [
 def dense_rewards(monkeypatch):
     """A random tiny model never solves the task: reward a token statistic so advantages are non-zero."""
 
-    def rewards(task, prompts, completions):
-        return torch.tensor([sum(i % 3 == 0 for i in c.completion_ids) / len(c.completion_ids) for c in completions])
+    def rewards(runner, prompts, completions):
+        values = torch.tensor([sum(i % 3 == 0 for i in c.completion_ids) / len(c.completion_ids) for c in completions])
+        return values, {}
 
     monkeypatch.setattr(loop, "score_completions", rewards)
 
