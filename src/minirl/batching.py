@@ -28,7 +28,7 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
         _, layers, top_k = completions[0].routes.shape
         routes = torch.full((rows, width, layers, top_k), -1, dtype=completions[0].routes.dtype)
     for row, (c, length) in enumerate(zip(completions, lengths)):
-        n_prompt, n_completion = len(c.prompt_ids), len(c.completion_ids)
+        n_prompt = len(c.prompt_ids)
         input_ids[row, :length] = torch.tensor(c.prompt_ids + c.completion_ids, dtype=torch.long)
         attention_mask[row, :length] = True
         # targets n_prompt .. length-1 sit at target positions n_prompt-1 .. length-2

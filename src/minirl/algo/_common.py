@@ -131,6 +131,32 @@ def masked_max(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return torch.where(sel.any(), m, torch.zeros_like(m))
 
 
+def token_loss_metrics(
+    loss: torch.Tensor,
+    clipped: torch.Tensor,
+    truncated: torch.Tensor,
+    weight: torch.Tensor,
+    ratio_old: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """The metrics every token-level objective reports (see ``minirl.algo.minirl``'s docstring)."""
+    dtype = weight.dtype
+    pos, neg = mask & (advantages_BT > 0), mask & (advantages_BT < 0)
+    return to_floats(
+        {
+            "loss": loss,
+            "clip_frac": masked_mean(clipped.to(dtype), mask),
+            "clip_frac_pos": masked_mean(clipped.to(dtype), pos),
+            "clip_frac_neg": masked_mean(clipped.to(dtype), neg),
+            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
+            "is_weight_mean": masked_mean(weight, mask),
+            "is_weight_max": masked_max(weight, mask),
+            "ratio_old_mean": masked_mean(ratio_old, mask),
+        }
+    )
+
+
 def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     """Detach and convert every 0-dim tensor to a python float with a single host sync."""
     names = list(metrics)

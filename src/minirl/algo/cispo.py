@@ -41,10 +41,8 @@ from minirl.algo._common import (
     check_token_inputs,
     compute_dtype,
     masked,
-    masked_max,
-    masked_mean,
     raise_on_nan,
-    to_floats,
+    token_loss_metrics,
 )
 
 
@@ -111,19 +109,6 @@ def cispo_loss(
     denom = float(num_groups) if normalizer is None else normalizer
     loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
 
-    pos = mask & (adv > 0)
-    neg = mask & (adv < 0)
     clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
-    metrics = to_floats(
-        {
-            "loss": loss,
-            "clip_frac": masked_mean(clamped.to(dtype), mask),
-            "clip_frac_pos": masked_mean(clamped.to(dtype), pos),
-            "clip_frac_neg": masked_mean(clamped.to(dtype), neg),
-            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
-            "is_weight_mean": masked_mean(factor, mask),
-            "is_weight_max": masked_max(factor, mask),
-            "ratio_old_mean": masked_mean(ratio, mask),
-        }
-    )
+    metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask)
     return loss, metrics

@@ -38,10 +38,8 @@ from minirl.algo._common import (
     check_token_inputs,
     compute_dtype,
     masked,
-    masked_max,
-    masked_mean,
     raise_on_nan,
-    to_floats,
+    token_loss_metrics,
 )
 
 
@@ -104,16 +102,5 @@ def grpo_loss(
     pos = mask & (adv > 0)
     neg = mask & (adv < 0)
     clipped = (pos & (r > 1 + eps_high)) | (neg & (r < 1 - eps_low))
-    metrics = to_floats(
-        {
-            "loss": loss,
-            "clip_frac": masked_mean(clipped.to(dtype), mask),
-            "clip_frac_pos": masked_mean(clipped.to(dtype), pos),
-            "clip_frac_neg": masked_mean(clipped.to(dtype), neg),
-            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
-            "is_weight_mean": masked_mean(factor, mask),
-            "is_weight_max": masked_max(factor, mask),
-            "ratio_old_mean": masked_mean(r, mask),
-        }
-    )
+    metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask)
     return loss, metrics

@@ -54,10 +54,8 @@ from minirl.algo._common import (
     check_token_inputs,
     compute_dtype,
     masked,
-    masked_max,
-    masked_mean,
     raise_on_nan,
-    to_floats,
+    token_loss_metrics,
 )
 
 
@@ -158,18 +156,7 @@ def minirl_loss(
         denom = mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer
         loss = -per_token.sum() / denom
 
-    metrics = to_floats(
-        {
-            "loss": loss,
-            "clip_frac": masked_mean(clipped.to(dtype), mask),
-            "clip_frac_pos": masked_mean(clipped.to(dtype), pos),
-            "clip_frac_neg": masked_mean(clipped.to(dtype), neg),
-            "is_truncated_frac": masked_mean(truncated.to(dtype), mask),
-            "is_weight_mean": masked_mean(weight, mask),
-            "is_weight_max": masked_max(weight, mask),
-            "ratio_old_mean": masked_mean(ratio_old, mask),
-        }
-    )
+    metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask)
     return loss, metrics
 
 
