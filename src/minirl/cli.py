@@ -18,6 +18,7 @@ from pathlib import Path
 from minirl.config import Config, ConfigError, load_config
 
 EXIT_USER_ERROR = 2
+EXIT_NUMERICAL_FAULT = 3
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -46,13 +47,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     from minirl.loop import train
     from minirl.sft import run_sft
 
+    from minirl.checkpoint import checkpoints_dir, find_latest
+    from minirl.loop import NumericalFaultStop
+
     cfg = _config(args)
     console = Console(stderr=True)
     start_from = args.start_from
-    if cfg.cold_start.enabled and not start_from:
+    resume_from = None
+    if args.resume or cfg.run.resume == "auto":
+        found = find_latest(cfg.run_dir)
+        if found is None:
+            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting fresh", file=sys.stderr)
+        else:
+            resume_from = found[0]
+    if cfg.cold_start.enabled and not start_from and resume_from is None:
         console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
         start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
-    summary = train(cfg, start_from=start_from)
+    try:
+        summary = train(cfg, start_from=start_from, resume_from=resume_from)
+    except NumericalFaultStop as exc:
+        print(f"minirl: stopped: {exc}", file=sys.stderr)
+        return EXIT_NUMERICAL_FAULT
     console.print(
         f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy "
         f"before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  run dir {summary.run_dir}"
@@ -97,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="RL training with MiniRL (optionally after an SFT cold start)")
     common(p)
     p.add_argument("--start-from", default=None, help="HF checkpoint directory to start from (overrides model.*)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest valid checkpoint in RUN_DIR/checkpoints (fresh start if none)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="cold start: supervised fine-tuning on teacher traces")

@@ -37,6 +37,9 @@ class RunConfig(Section):
     seed: int = 0
     threads: int = Field(0, ge=0)
     """torch intra-op threads (0 = leave torch's default)."""
+    resume: Literal["auto", "never"] = "never"
+    """``auto``: continue from the newest valid checkpoint in ``RUN_DIR/checkpoints`` if there is
+    one (``minirl train --resume`` does the same); ``never``: start fresh."""
 
 
 class ModelConfig(Section):
@@ -110,6 +113,9 @@ class OptimConfig(Section):
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     adam_eps: float = Field(1e-8, gt=0)
     grad_clip_norm: float = Field(1.0, gt=0)
+    max_consecutive_faults: int = Field(3, ge=1)
+    """A non-finite log-prob, loss or gradient skips that update; this many skipped updates in a
+    row stop the run (exit code 3), keeping the last good checkpoint."""
 
 
 class LossConfig(Section):
@@ -237,6 +243,13 @@ class ColdStartConfig(Section):
     """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""
 
 
+class CheckpointConfig(Section):
+    every_steps: int = Field(50, ge=0)
+    """Save a resumable checkpoint every this many global steps (0 = only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Complete checkpoints kept in ``RUN_DIR/checkpoints`` (older ones are deleted)."""
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -249,6 +262,7 @@ class Config(Section):
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     log: LogConfig = LogConfig()
     cold_start: ColdStartConfig = ColdStartConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @property
     def global_batch_sequences(self) -> int:

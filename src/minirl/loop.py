@@ -15,8 +15,9 @@ One global step:
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 
 from minirl.algo import group_advantages, mismatch_metrics
 from minirl.batching import collate, split
-from minirl.config import Config, dump_config
+from minirl.config import Config, ConfigError, dump_config
 from minirl.diagnostics import gradient_fidelity
 from minirl.metrics import MetricsLogger
 from minirl.objective import make_objective
@@ -55,6 +56,11 @@ class RunSummary:
     seconds: float
 
 
+class NumericalFaultStop(RuntimeError):
+    """``optim.max_consecutive_faults`` updates in a row were skipped (non-finite values); ``str()``
+    is one line naming the step and the last good checkpoint."""
+
+
 @dataclass
 class Run:
     """The pieces of a run, built once by ``setup``; ``global_step`` advances them."""
@@ -69,6 +75,7 @@ class Run:
     trainer: Trainer
     prompts: list[Prompt]
     order: DataOrder
+    faults: list[str] = field(default_factory=list)  # why updates of the last global step were skipped
 
 
 def setup(cfg: Config, *, start_from: str | None = None) -> Run:
@@ -84,27 +91,109 @@ def setup(cfg: Config, *, start_from: str | None = None) -> Run:
     return Run(cfg, model, tokenizer, task, build_rewards(cfg, task), replay, engine, trainer, prompts, DataOrder(len(prompts), seed=cfg.run.seed))
 
 
-def train(cfg: Config, *, start_from: str | None = None) -> RunSummary:
-    """Run MiniRL as configured; returns held-out accuracy before and after RL."""
+def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict, eval_metrics: dict) -> dict[str, Any]:
+    """Everything besides the weights that step ``step + 1`` depends on (``trainer_state.pt``)."""
+    from minirl import checkpoint
+
+    logger.sync()
+    return {
+        "step": step,
+        "trainer": run.trainer.checkpoint_state(),
+        "rng": checkpoint.capture_rng(),
+        "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
+        "data_order": {"epoch": run.order.epoch, "position": run.order.position},
+        "metrics_bytes": logger.size(),
+        "eval_before": dict(eval_before),
+        "eval_metrics": dict(eval_metrics),
+    }
+
+
+def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
+    """Load a checkpoint's weights and state into ``run``; returns the saved state."""
+    from minirl import checkpoint
+    from minirl.models.io import check_compatible, load_model_and_tokenizer
+
+    meta = checkpoint.read_meta(checkpoint_dir)
+    if meta is None:
+        raise ConfigError(f"cannot resume from {checkpoint_dir}: not a complete checkpoint")
+    checkpoint.check_config(checkpoint_dir, meta["config"], run.cfg)
+    check_compatible(checkpoint_dir / checkpoint.MODEL, run.model)
+    saved, _ = load_model_and_tokenizer(str(checkpoint_dir / checkpoint.MODEL), trust_remote_code=run.cfg.model.trust_remote_code)
+    run.model.load_state_dict(saved.state_dict())
+    del saved
+    state = checkpoint.load_state(checkpoint_dir)
+    run.trainer.load_checkpoint_state(state["trainer"])
+    run.engine.load_weights(run.trainer.state_dict())
+    if hasattr(run.engine, "set_rng_state"):
+        run.engine.set_rng_state(state["engine_rng"])
+    run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
+    checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
+    return state
+
+
+def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | None = None,
+          log: Any = None) -> RunSummary:
+    """Run MiniRL as configured; returns held-out accuracy before and after RL.
+
+    ``resume_from``: a checkpoint directory (``minirl.checkpoint.find_latest``) to continue from,
+    at its step + 1, with ``metrics.jsonl`` cut back to that step.
+    """
+    from minirl import checkpoint
+
     started = time.perf_counter()
     run = setup(cfg, start_from=start_from)
     run_dir = cfg.run_dir
-    dump_config(cfg, run_dir / "config.yaml")
-    logger = MetricsLogger(
-        run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
-        wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
-    )
-
+    checkpoint.prune(run_dir, cfg.checkpoint.keep_last)  # stale .tmp-* of killed runs
+    first = 1
+    state: dict[str, Any] | None = None
     try:
-        eval_before = evaluate(run.engine, run.rewards, run.task, cfg, step=0)
-        logger.log(0, {**eval_before, **data_metrics(run.task)})
-        eval_metrics = eval_before
-        for step in range(1, cfg.optim.steps + 1):
+        if resume_from is not None:
+            state = restore(run, Path(resume_from))
+            first = int(state["step"]) + 1
+            metrics_path = run_dir / "metrics.jsonl"
+            if metrics_path.exists():
+                os.truncate(metrics_path, int(state["metrics_bytes"]))
+        else:  # a fresh start: metrics and resumable checkpoints of an earlier run in this directory go
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            checkpoint.remove_all(run_dir)
+        dump_config(cfg, run_dir / "config.yaml")
+        logger = MetricsLogger(
+            run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
+            wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
+        )
+    except BaseException:
+        run.rewards.close()
+        raise
+
+    last_good: Path | None = Path(resume_from) if resume_from is not None else None
+    try:
+        if state is None:
+            eval_before = evaluate(run.engine, run.rewards, run.task, cfg, step=0)
+            logger.log(0, {**eval_before, **data_metrics(run.task)})
+            eval_metrics = eval_before
+        else:
+            eval_before, eval_metrics = state["eval_before"], state["eval_metrics"]
+            logger.print(f"resumed from {resume_from} at step {first}")
+            logger.advance(first - 1)
+        every = cfg.checkpoint.every_steps
+        for step in range(first, cfg.optim.steps + 1):
             metrics = global_step(run, step)
+            for reason in run.faults:
+                logger.print(f"step {step}: skipped an update: {reason}")
             if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
             logger.log(step, metrics)
+            if run.trainer.consecutive_faults >= cfg.optim.max_consecutive_faults:
+                where = f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
+                raise NumericalFaultStop(
+                    f"step {step}: {run.trainer.consecutive_faults} updates in a row skipped for non-finite log-probs, "
+                    f"loss or gradients (optim.max_consecutive_faults={cfg.optim.max_consecutive_faults}); stopped, {where}"
+                )
+            if step == cfg.optim.steps or (every and step % every == 0):
+                snapshot = capture_state(run, step, logger, eval_before, eval_metrics)
+                last_good = checkpoint.save(run_dir, step, model=run.trainer.model, tokenizer=run.tokenizer,
+                                            state=snapshot, cfg=cfg, keep_last=cfg.checkpoint.keep_last)
     finally:
         logger.close()
         run.rewards.close()
@@ -168,7 +257,10 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                 before = [b + now - p for b, p, now in zip(before, pre, replay.replayed_rows)]
         updates.append(trainer.update(minibatch, objective, replay_routes=(mode != "none"),
                                       natural_drift=(mode == "R2" and routing_metrics)))
-    if mode != "none":
+    skipped = [u for u in updates if u.get("skipped")]
+    run.faults = [str(u["reason"]) for u in skipped]
+    updates = [u for u in updates if not u.get("skipped")]
+    if mode != "none" and not skipped:  # a skipped update may stop before consuming its routes
         check_all_replayed(replay, before, expected, "updates")
     t3 = time.perf_counter()
     # 5. weight sync to the rollout engine
@@ -180,7 +272,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     metrics["train/entropy"] = masked_mean(old.entropy, batch.mask)
     metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
     drift = [u.pop("routing_natural_diff_frac") for u in updates if "routing_natural_diff_frac" in u]
-    metrics.update(update_metrics(updates))
+    if updates:
+        metrics.update(update_metrics(updates))
+    metrics["faults/skipped_updates"] = float(len(skipped))
     if routing_metrics:
         metrics.update(routing_step_metrics(engine_routes, old.routes, batch.attention_mask, drift))
     metrics.update(diagnostics)

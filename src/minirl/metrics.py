@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,23 @@ class MetricsLogger:
             ]
             self._progress.update(self._task, completed=step, description="  ".join(parts))
 
+    def size(self) -> int:
+        """Bytes of ``metrics.jsonl`` written so far (a checkpoint's metrics offset)."""
+        self._file.flush()
+        return self._file.tell()
+
+    def sync(self) -> None:
+        """Flush ``metrics.jsonl`` to disk (before a checkpoint records its size)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def advance(self, step: int) -> None:
+        """A resumed run: the progress bar starts at ``step``."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
     def print(self, *args: Any) -> None:
-        self.console.print(*args)
+        self.console.print(*args, soft_wrap=True, highlight=False)
 
     def close(self) -> None:
         if self._progress is not None:

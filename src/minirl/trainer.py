@@ -71,6 +71,8 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(warmup_updates))
         self.updates_done = 0
+        self.faults = 0  # skipped updates (non-finite log-probs, loss or gradients)
+        self.consecutive_faults = 0
 
     # ------------------------------------------------------------------ forward passes
 
@@ -147,17 +149,48 @@ class Trainer:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift)
+        try:
+            totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift)
+        except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
+            return self._skip(f"non-finite log-probs ({exc})")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
-        if not math.isfinite(grad_norm) or not math.isfinite(loss_sum):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}) at update {self.updates_done}")
+        if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
+            return self._skip(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})")
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.updates_done += 1
+        self.consecutive_faults = 0
         totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
         return totals
+
+    def _skip(self, reason: str) -> dict[str, float]:
+        """A numerical fault: no optimizer or schedule step, gradients zeroed, the fault counted.
+
+        Returns ``{"skipped": 1.0, "reason": ...}`` in place of the update's metrics."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.faults += 1
+        self.consecutive_faults += 1
+        return {"skipped": 1.0, "reason": reason}  # type: ignore[dict-item]
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Optimizer, schedule and counters (tensors and plain types: ``torch.load(weights_only=True)``)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updates_done": self.updates_done,
+            "faults": self.faults,
+            "consecutive_faults": self.consecutive_faults,
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates_done = int(state["updates_done"])
+        self.faults = int(state.get("faults", 0))
+        self.consecutive_faults = int(state.get("consecutive_faults", 0))
 
     def _accumulate(
         self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False

@@ -1,0 +1,196 @@
+"""Resumable checkpoints of a run: ``RUN_DIR/checkpoints/step_{N:06d}/``.
+
+Each holds the model as a Hugging Face directory (``model/``, ``save_checkpoint``), the trainer
+state and every random stream (``trainer_state.pt``: optimizer, schedule, update counters; torch
+CPU, numpy and Python ``random`` states; the engine's sampling streams; the data order; the step
+counter; the size of ``metrics.jsonl`` after that step) and ``meta.json``, written last, whose
+``complete: true`` marks a checkpoint usable.
+
+Writes are atomic: everything goes into ``step_N.tmp-<pid>/`` (files fsynced), which is renamed to
+its final name (and the parent directory fsynced), so a crash at any moment leaves the previous
+checkpoint intact. ``trainer_state.pt`` holds only tensors and plain types, so it is read with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from minirl.config import Config, ConfigError
+
+FORMAT_VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+META = "meta.json"
+STATE = "trainer_state.pt"
+MODEL = "model"
+
+# config keys that may differ between a run and its resumption (not part of the algorithm)
+RESUMABLE_DIFFERENCES = (
+    "run.name", "run.output_dir", "run.resume", "run.threads", "optim.steps", "optim.max_consecutive_faults",
+    "log.", "checkpoint.", "cold_start.",
+)
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+# ----------------------------------------------------------------------------- random states
+
+
+def capture_rng() -> dict[str, Any]:
+    """torch CPU, numpy and Python ``random`` states as tensors and plain types."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "internal": list(internal), "gauss_next": gauss_next},
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def config_for_checkpoint(cfg: Config) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def save(run_dir: Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], cfg: Config, keep_last: int) -> Path:
+    """Write checkpoint ``step`` atomically, then keep only the newest ``keep_last`` complete ones."""
+    from minirl.models.io import save_checkpoint
+
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"step_{step:06d}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_checkpoint(model, tokenizer, tmp / MODEL)
+    torch.save(state, tmp / STATE)
+    _fsync_tree(tmp)
+    meta = {"format": FORMAT_VERSION, "step": step, "config": config_for_checkpoint(cfg), "complete": True}
+    with (tmp / META).open("w", encoding="utf-8") as handle:  # the completeness marker: last
+        json.dump(meta, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # an unusable leftover with the same name (a complete one would have been resumed)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    prune(run_dir, keep_last)
+    return final
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    """``meta.json`` of a complete checkpoint, else None."""
+    try:
+        meta = json.loads((directory / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("complete") is not True or meta.get("format") != FORMAT_VERSION:
+        return None
+    if not (directory / STATE).is_file() or not (directory / MODEL / "config.json").is_file():
+        return None
+    return meta
+
+
+def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def find_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint of ``run_dir`` and its meta, or None."""
+    for _, path in reversed(_step_dirs(run_dir)):
+        meta = read_meta(path)
+        if meta is not None:
+            return path, meta
+    return None
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints, incomplete ones older than
+    the newest complete one, and stale ``.tmp-*`` directories of other processes."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        if ".tmp-" in path.name and not path.name.endswith(f".tmp-{os.getpid()}"):
+            shutil.rmtree(path, ignore_errors=True)
+    complete = [(step, path) for step, path in _step_dirs(run_dir) if read_meta(path) is not None]
+    keep = {path for _, path in complete[-keep_last:]}
+    newest = complete[-1][0] if complete else None
+    for step, path in _step_dirs(run_dir):
+        if path not in keep and (newest is None or step <= newest):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_all(run_dir: Path) -> None:
+    """Delete every checkpoint of ``run_dir`` (a fresh start of the run)."""
+    shutil.rmtree(checkpoints_dir(run_dir), ignore_errors=True)
+
+
+def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
+    """Refuse (``ConfigError``, one line) to resume under a config that differs in a key that matters."""
+    now = config_for_checkpoint(cfg)
+    differences: list[str] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b), key=str):
+                walk(a.get(key), b.get(key), f"{prefix}{key}.")
+            return
+        key = prefix[:-1]
+        if a != b and not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_DIFFERENCES):
+            differences.append(f"{key} (checkpoint {a!r}, now {b!r})")
+
+    walk(saved, now, "")
+    if differences:
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: the config differs in {', '.join(differences)}; "
+            "use the checkpoint's config or a new run.name"
+        )
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / STATE, map_location="cpu", weights_only=True)

@@ -1,0 +1,176 @@
+"""Numerical faults skip an update (counted, k in a row stop the run, exit code 3); checkpoints are
+complete, pruned and refuse a resume under a different algorithm config."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import minirl.loop as loop
+from minirl import checkpoint
+from minirl.cli import main
+from minirl.config import ConfigError, load_config
+from tests.resume.test_exact_resume import TINY
+
+STEPS = 3
+
+
+def _cfg(tmp_path, *more):
+    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
+    return load_config("configs/demo.yaml", [*overrides, f"optim.steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f", *more])
+
+
+def _rows(cfg):
+    return [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The ``Run`` built by ``train`` (to patch its model), via a wrapped ``setup``."""
+    box: dict = {"patch": None}
+    original = loop.setup
+
+    def setup(cfg, **kwargs):
+        run = original(cfg, **kwargs)
+        box["run"] = run
+        if box["patch"] is not None:
+            box["patch"](run)
+        return run
+
+    monkeypatch.setattr(loop, "setup", setup)
+    return box
+
+
+def _once(limit=1):
+    calls = {"n": 0}
+
+    def due():
+        calls["n"] += 1
+        return calls["n"] <= limit
+
+    return due
+
+
+def test_nan_logits_once_skip_one_update(tmp_path, captured):
+    cfg = _cfg(tmp_path)
+    forwards = {"n": 0}
+
+    def patch(run):
+        forward = run.model.forward
+
+        def nan_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            forwards["n"] += 1
+            if run.model.training and forwards.get("done") is None:  # the first update's first micro-batch
+                forwards["done"] = True
+                out.logits = torch.full_like(out.logits, float("nan"))
+            return out
+
+        run.model.forward = nan_forward
+
+    captured["patch"] = patch
+    loop.train(cfg)
+    rows = _rows(cfg)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
+    assert captured["run"].trainer.updates_done == STEPS - 1 and captured["run"].trainer.faults == 1
+
+
+def test_inf_loss_skips_and_is_logged(tmp_path, captured, monkeypatch, capsys):
+    cfg = _cfg(tmp_path, "optim.minibatches_per_step=2")
+    make = loop.make_objective
+    due = _once()
+
+    def make_objective(algo, minibatch):
+        objective = make(algo, minibatch)
+
+        def inf_objective(logp, micro):
+            loss, metrics = objective(logp, micro)
+            return (loss * math.inf if due() else loss), metrics
+
+        return inf_objective
+
+    monkeypatch.setattr(loop, "make_objective", make_objective)
+    loop.train(cfg)
+    rows = _rows(cfg)
+    assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
+    assert "optim/lr" in rows[1]  # the other update of step 1 ran
+    assert captured["run"].trainer.updates_done == 2 * STEPS - 1
+    assert "step 1: skipped an update" in capsys.readouterr().err
+
+
+def test_nan_gradient_skips(tmp_path, captured):
+    cfg = _cfg(tmp_path)
+    due = _once()
+
+    def patch(run):
+        param = next(p for p in run.model.parameters() if p.requires_grad)
+        param.register_hook(lambda g: g * float("nan") if due() else g)
+
+    captured["patch"] = patch
+    loop.train(cfg)
+    rows = _rows(cfg)
+    assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
+    assert all(torch.isfinite(p).all() for p in captured["run"].model.parameters())
+
+
+def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, monkeypatch, capsys):
+    make = loop.make_objective
+
+    def make_objective(algo, minibatch):
+        objective = make(algo, minibatch)
+        return lambda logp, micro: (objective(logp, micro)[0] * math.inf, objective(logp, micro)[1])
+
+    monkeypatch.setattr(loop, "make_objective", make_objective)
+    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
+    code = main(["train", "configs/demo.yaml", *overrides, "optim.steps=6", "optim.max_consecutive_faults=2",
+                 f"run.output_dir={tmp_path}", "run.name=k"])
+    err = capsys.readouterr().err
+    assert code == 3
+    stop = [line for line in err.splitlines() if line.startswith("minirl: stopped:")]
+    assert len(stop) == 1 and "step 2" in stop[0] and "step_000001" in stop[0], err
+    run = tmp_path / "k"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert sorted(os.listdir(run / "checkpoints")) == ["step_000001"]  # the last good one is kept
+    assert not (run / "checkpoint").exists()
+
+
+def test_checkpoint_contents_pruning_and_stale_tmp(tmp_path):
+    cfg = _cfg(tmp_path, "checkpoint.keep_last=2")
+    stale = cfg.run_dir / "checkpoints" / "step_000009.tmp-99999999"
+    stale.mkdir(parents=True)
+    loop.train(cfg)
+    root = cfg.run_dir / "checkpoints"
+    assert sorted(os.listdir(root)) == ["step_000002", "step_000003"]
+    path, meta = checkpoint.find_latest(cfg.run_dir)
+    assert path.name == "step_000003" and meta["step"] == 3 and meta["complete"] is True
+    state = torch.load(path / checkpoint.STATE, weights_only=True)
+    assert state["step"] == 3 and state["trainer"]["updates_done"] == 3
+    assert state["metrics_bytes"] == (cfg.run_dir / "metrics.jsonl").stat().st_size
+    assert set(state["rng"]) == {"torch", "numpy", "python"} and state["engine_rng"]
+    # a checkpoint without its completeness marker is not used
+    (path / checkpoint.META).unlink()
+    assert checkpoint.find_latest(cfg.run_dir)[0].name == "step_000002"
+
+
+def test_resume_refuses_a_different_algorithm_config_and_says_when_there_is_none(tmp_path, capsys):
+    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.steps=2", f"run.output_dir={tmp_path}", "run.name=c"]
+    assert main([*base, "--resume"]) == 0
+    assert "no valid checkpoint" in capsys.readouterr().err
+    assert main([*base, "optim.lr=0.5", "--resume"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minirl: error")]
+    assert len(lines) == 1 and "optim.lr" in lines[0] and "0.5" in lines[0]
+    assert main([*base, "optim.steps=3", "run.resume=auto"]) == 0  # more steps: allowed
+    rows = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+
+
+def test_config_error_type():
+    with pytest.raises(ConfigError):
+        checkpoint.check_config(checkpoint.Path("x"), {"optim": {"lr": 1.0}}, load_config(None))
