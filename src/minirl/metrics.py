@@ -19,6 +19,9 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``policy/loss``                loss, mean over the N updates
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
+``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or
+                               gradient (no optimizer step; ``optim.max_consecutive_faults`` in a
+                               row stop the run with exit code 3)
 ``time/{rollout,old_logprobs,update,sync,step}_s``  wall time per phase
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
