@@ -61,6 +61,17 @@ CONSOLE_KEYS = (
 )
 
 
+def _optional(module: str, name: str | None, key: str, extra: str) -> Any:
+    """Import an optional sink; a missing package is the user's config problem, said in one line."""
+    from minirl.config import ConfigError
+
+    try:
+        imported = __import__(module, fromlist=[name] if name else [])
+        return getattr(imported, name) if name else imported
+    except ImportError:
+        raise ConfigError(f"{key}: true needs the '{extra}' package (pip install 'minirl[{extra}]')") from None
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN/inf: a non-finite metric is written as null
@@ -102,12 +113,12 @@ class MetricsLogger:
             self._progress.start()
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            SummaryWriter = _optional("torch.utils.tensorboard", "SummaryWriter", "log.tensorboard", "tensorboard")
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self._wandb = None
         if wandb:
-            import wandb as wandb_module  # optional extra: pip install minirl[wandb]
+            wandb_module = _optional("wandb", None, "log.wandb", "wandb")
 
             self._wandb = wandb_module.init(project=wandb_project, dir=str(run_dir), config=config or {})
 

@@ -119,3 +119,20 @@ def test_objective_defaults():
     assert grpo.adv_std_normalize and not grpo.is_correction
     gspo = load_config(None, ["algo.name=gspo"]).algo
     assert (gspo.eps_low, gspo.eps_high) == (3e-4, 4e-4)
+
+
+def test_missing_optional_sink_is_a_config_error(tmp_path, monkeypatch):
+    import builtins
+
+    from minirl.metrics import MetricsLogger
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(ConfigError, match=r"log.wandb: true needs the 'wandb' package"):
+        MetricsLogger(tmp_path, total_steps=1, console=False, wandb=True)
