@@ -107,15 +107,30 @@ def test_nan_gradient_skips(tmp_path, captured):
     cfg = _cfg(tmp_path)
     due = _once()
 
+    skips = []
+
     def patch(run):
         param = next(p for p in run.model.parameters() if p.requires_grad)
         param.register_hook(lambda g: g * float("nan") if due() else g)
+        update = run.trainer.update
+
+        def checked_update(*args, **kwargs):
+            before = [p.detach().clone() for p in run.model.parameters()]
+            out = update(*args, **kwargs)
+            if out.get("skipped"):  # no optimizer step, gradients zeroed
+                skips.append(out)
+                assert all(p.grad is None for p in run.model.parameters())
+                assert all(torch.equal(a, p) for a, p in zip(before, run.model.parameters()))
+            return out
+
+        run.trainer.update = checked_update
 
     captured["patch"] = patch
     loop.train(cfg)
     rows = _rows(cfg)
     assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
     assert all(torch.isfinite(p).all() for p in captured["run"].model.parameters())
+    assert len(skips) == 1 and "gradient norm (nan)" in skips[0]["reason"]
 
 
 def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, monkeypatch, capsys):
