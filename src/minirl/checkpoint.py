@@ -33,10 +33,11 @@ META = "meta.json"
 STATE = "trainer_state.pt"
 MODEL = "model"
 
-# config keys that may differ between a run and its resumption (not part of the algorithm)
+# config keys that may differ between a run and its resumption: they do not change what the
+# training steps compute (evaluation and diagnostics use their own seeded streams)
 RESUMABLE_DIFFERENCES = (
     "run.name", "run.output_dir", "run.resume", "run.threads", "optim.steps", "optim.max_consecutive_faults",
-    "log.", "checkpoint.", "cold_start.",
+    "task.reward_timeout_s", "task.reward_workers", "log.", "checkpoint.", "cold_start.", "eval.", "diagnostics.",
 )
 
 

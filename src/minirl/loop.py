@@ -179,7 +179,7 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
         for step in range(first, cfg.optim.steps + 1):
             metrics = global_step(run, step)
             for reason in run.faults:
-                logger.print(f"step {step}: skipped an update: {reason}")
+                logger.print(f"step {step}: {reason}")
             if step == cfg.optim.steps or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
@@ -216,6 +216,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     routing_metrics = replay is not None and cfg.moe.routing_metrics  # MoE models only
     t0 = time.perf_counter()
     # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for the metrics)
+    run.faults = []
     step_prompts = [run.prompts[i] for i in run.order.next(cfg.rollout.prompts_per_step)]
     completions = engine.generate(
         step_prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step),
@@ -252,13 +253,16 @@ def global_step(run: Run, step: int) -> dict[str, float]:
         objective = make_objective(cfg.algo, minibatch)
         if diagnose and index in (0, len(minibatches) - 1):  # first-order approximation, fresh vs stalest
             pre = None if replay is None else list(replay.replayed_rows)
-            diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, mode, index, len(minibatches)))
+            try:
+                diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, mode, index, len(minibatches)))
+            except FloatingPointError as exc:  # a NaN log-prob: the update below is skipped and counted
+                run.faults.append(f"diagnostics not computed ({exc})")
             if pre is not None:  # the diagnostics' own replayed forwards are not the updates' consumption
                 before = [b + now - p for b, p, now in zip(before, pre, replay.replayed_rows)]
         updates.append(trainer.update(minibatch, objective, replay_routes=(mode != "none"),
                                       natural_drift=(mode == "R2" and routing_metrics)))
     skipped = [u for u in updates if u.get("skipped")]
-    run.faults = [str(u["reason"]) for u in skipped]
+    run.faults += [f"skipped an update: {u['reason']}" for u in skipped]
     updates = [u for u in updates if not u.get("skipped")]
     if mode != "none" and not skipped:  # a skipped update may stop before consuming its routes
         check_all_replayed(replay, before, expected, "updates")
