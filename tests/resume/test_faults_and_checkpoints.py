@@ -189,3 +189,27 @@ def test_resume_refuses_a_different_algorithm_config_and_says_when_there_is_none
 def test_config_error_type():
     with pytest.raises(ConfigError):
         checkpoint.check_config(checkpoint.Path("x"), {"optim": {"lr": 1.0}}, load_config(None))
+
+
+def test_nan_in_diagnostics_is_reported_and_the_update_skipped(tmp_path, captured, capsys):
+    cfg = _cfg(tmp_path, "diagnostics.every_steps=1", "optim.steps=2")
+    due = _once(limit=2)  # the diagnostics' gradient pass and the update of step 1
+
+    def patch(run):
+        forward = run.model.forward
+
+        def nan_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            if run.model.training and due():
+                out.logits = torch.full_like(out.logits, float("nan"))
+            return out
+
+        run.model.forward = nan_forward
+
+    captured["patch"] = patch
+    loop.train(cfg)
+    rows = _rows(cfg)
+    assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0]
+    assert not any(k.startswith("fidelity/") for k in rows[1]) and "fidelity/first_grad_cosine" in rows[2]
+    err = capsys.readouterr().err
+    assert "step 1: diagnostics not computed" in err and "step 1: skipped an update" in err
