@@ -56,6 +56,8 @@ import json, sys, time
 spec = json.loads(open(sys.argv[1]).read())
 import torch
 torch.set_num_threads(spec["threads"])
+from transformers.utils import logging as hf_logging
+hf_logging.disable_progress_bar()
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -108,7 +110,7 @@ def ensure_venv(log=print) -> Path:
     """``benchmarks/.venv-trl`` with torch, transformers and trl (created once, then reused)."""
     python = VENV / "bin" / "python"
     probe = [str(python), "-c", "import trl, torch, transformers"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run(probe, check=False, capture_output=True).returncode == 0:
         return python
     log(f"creating {VENV} (TRL for this benchmark only) ...")
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -149,7 +151,10 @@ def minirl_config(model_dir: Path, args, tmp: Path, overrides: list[str]):
     ])
 
 
-def run_minirl(cfg, forced: bool, warmup: int, steps: int) -> tuple[list[float], list[float]]:
+PHASES = ("rollout", "old_logprobs", "update", "sync")
+
+
+def run_minirl(cfg, forced: bool, warmup: int, steps: int, phases: dict[str, list[float]]) -> tuple[list[float], list[float]]:
     from minirl.loop import global_step, setup
 
     run = setup(cfg)
@@ -161,6 +166,8 @@ def run_minirl(cfg, forced: bool, warmup: int, steps: int) -> tuple[list[float],
         if step > warmup:
             times.append(metrics["time/step_s"])
             lengths.append(metrics["train/response_length"])
+            for phase in PHASES:
+                phases[phase].append(metrics[f"time/{phase}_s"])
     return times, lengths
 
 
@@ -177,7 +184,7 @@ def run_trl(python: Path, model_dir: Path, data: list[dict], forced: bool, args,
                HF_DATASETS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     env.pop("PYTHONPATH", None)
     proc = subprocess.run([str(python), str(tmp / "trl_side.py"), str(tmp / "spec.json")],
-                          capture_output=True, text=True, env=env, cwd=tmp)
+                          check=False, capture_output=True, text=True, env=env, cwd=tmp)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("TRL_RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
@@ -206,6 +213,9 @@ def main() -> None:
     if args.quick:
         args.sizes, args.modes, args.steps, args.warmup, args.repeats = args.sizes[:1], args.modes[:1], 3, 1, 1
     torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__), *sys.argv[1:]])
     python = ensure_venv()
     from minirl.tasks import build_task_from_config
@@ -224,25 +234,30 @@ def main() -> None:
                 count = args.prompts * (args.warmup + args.steps)
                 data = [{"prompt": p.text, "answer": p.answer} for p in task.train_prompts()[:count]]
                 trl_t, trl_len, mini_t, mini_len = [], [], [], []
+                phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
                 for round_ in range(args.repeats):
                     t, n = run_trl(python, model_dir, data, forced, args, tmp)
                     trl_t += t
                     trl_len += n
-                    t, n = run_minirl(cfg, forced, args.warmup, args.steps)
+                    t, n = run_minirl(cfg, forced, args.warmup, args.steps, phases)
                     mini_t += t
                     mini_len += n
                     print(f"[{size} {mode}] round {round_ + 1}: TRL {statistics.median(trl_t):.3f} s/step, "
                           f"minirl {statistics.median(mini_t):.3f} s/step", flush=True)
-                mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+                mean = lambda xs: statistics.fmean(xs) if xs else float("nan")
                 rows.append((size, mode, statistics.median(trl_t), statistics.median(mini_t), mean(trl_len),
-                             mean(mini_len), cfg.rollout.precision))
+                             mean(mini_len), cfg.rollout.precision,
+                             {phase: statistics.median(values) for phase, values in phases.items()}))
 
     print(f"\nRL optimizer step, {args.prompts} prompts x {args.samples} samples x up to {args.new_tokens} new tokens, "
           f"N=1, {args.threads} thread(s); median over {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up")
     print(f"{'model':<15} {'mode':<8} {'TRL s/step':>11} {'minirl s/step':>14} {'speed-up':>9} "
           f"{'TRL len':>8} {'minirl len':>11}  minirl engine")
-    for size, mode, trl, mini, trl_len, mini_len, precision in rows:
+    for size, mode, trl, mini, trl_len, mini_len, precision, _ in rows:
         print(f"{size:<15} {mode:<8} {trl:>11.3f} {mini:>14.3f} {trl / mini:>8.2f}x {trl_len:>8.1f} {mini_len:>11.1f}  {precision}")
+    print("\nminirl phases (median s): " + "; ".join(
+        f"{size} {mode}: " + ", ".join(f"{phase} {value:.3f}" for phase, value in phase_medians.items())
+        for size, mode, *_, phase_medians in rows))
     print(f"\ncommand: {command}")
 
 
