@@ -48,7 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from minirl.sft import run_sft
 
     from minirl.checkpoint import checkpoints_dir, find_latest
-    from minirl.loop import NumericalFaultStop
+    from minirl.loop import NumericalFaultStop, check_fresh_start
 
     cfg = _config(args)
     console = Console(stderr=True)
@@ -60,6 +60,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting fresh", file=sys.stderr)
         else:
             resume_from = found[0]
+    if resume_from is None:
+        check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     if cfg.cold_start.enabled and not start_from and resume_from is None:
         console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
         start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))

@@ -40,6 +40,9 @@ class RunConfig(Section):
     resume: Literal["auto", "never"] = "never"
     """``auto``: continue from the newest valid checkpoint in ``RUN_DIR/checkpoints`` if there is
     one (``minirl train --resume`` does the same); ``never``: start fresh."""
+    overwrite: bool = False
+    """A fresh start in a run directory that already holds a run (metrics, checkpoints) is refused
+    unless this is true, so a repeated command never silently deletes a run."""
 
 
 class ModelConfig(Section):

@@ -154,6 +154,7 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
             if metrics_path.exists():
                 os.truncate(metrics_path, int(state["metrics_bytes"]))
         else:  # a fresh start: metrics and resumable checkpoints of an earlier run in this directory go
+            check_fresh_start(cfg)
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             checkpoint.remove_all(run_dir)
         dump_config(cfg, run_dir / "config.yaml")
@@ -292,6 +293,19 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def check_fresh_start(cfg: Config) -> None:
+    """Refuse to start over in a directory holding an earlier run, unless ``run.overwrite``."""
+    from minirl import checkpoint
+
+    run_dir = cfg.run_dir
+    earlier = (run_dir / "metrics.jsonl").exists() or checkpoint.find_latest(run_dir) is not None
+    if earlier and not cfg.run.overwrite:
+        raise ConfigError(
+            f"run.name: {run_dir} already holds a run; continue it with --resume (run.resume=auto), "
+            "start over with run.overwrite=true, or choose another run.name"
+        )
 
 
 def approximation_diagnostics(trainer: Trainer, minibatch: Batch, objective: Any, mode: str, index: int, count: int) -> dict[str, float]:

@@ -213,3 +213,16 @@ def test_nan_in_diagnostics_is_reported_and_the_update_skipped(tmp_path, capture
     assert not any(k.startswith("fidelity/") for k in rows[1]) and "fidelity/first_grad_cosine" in rows[2]
     err = capsys.readouterr().err
     assert "step 1: diagnostics not computed" in err and "step 1: skipped an update" in err
+
+
+def test_a_fresh_start_never_silently_replaces_an_earlier_run(tmp_path):
+    from minirl.config import ConfigError, load_config
+    from minirl.loop import check_fresh_start
+
+    cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.name=r"])
+    check_fresh_start(cfg)  # an empty directory is fine
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(ConfigError, match=r"already holds a run; continue it with --resume"):
+        check_fresh_start(cfg)
+    check_fresh_start(load_config(None, [f"run.output_dir={tmp_path}", "run.name=r", "run.overwrite=true"]))
