@@ -58,7 +58,7 @@ def engine_vs_generate(cfg, repeats: int) -> None:
         timings["native engine"].append(time.perf_counter() - t)
         t = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids, do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            model.generate(input_ids, do_sample=True, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                            pad_token_id=tokenizer.pad_token_id)
         timings["HF generate"].append(time.perf_counter() - t)
     tokens = rows * new_tokens
@@ -76,7 +76,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
+    from minirl.cli import _quiet_libraries
+
+    _quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, [
             "cold_start.enabled=false", f"optim.steps={args.steps}", "eval.every_steps=0", "eval.num_prompts=1",
