@@ -38,19 +38,19 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    return load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)  # before any heavy import: a typo is reported at once
+    _quiet_libraries()
+    return cfg
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _config(args)  # first: a config mistake is reported before the heavy imports
     from rich.console import Console
 
-    from minirl.loop import train
+    from minirl.checkpoint import checkpoints_dir, find_latest
+    from minirl.loop import NumericalFaultStop, check_fresh_start, train
     from minirl.sft import run_sft
 
-    from minirl.checkpoint import checkpoints_dir, find_latest
-    from minirl.loop import NumericalFaultStop, check_fresh_start
-
-    cfg = _config(args)
     console = Console(stderr=True)
     start_from = args.start_from
     resume_from = None
@@ -78,9 +78,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    cfg = _config(args)
     from minirl.sft import run_sft
 
-    cfg = _config(args)
     path = run_sft(cfg, Path(args.output) if args.output else None)
     print(f"saved SFT checkpoint to {path}")
     return 0
@@ -146,10 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = [*args.overrides, *extra]
-    _quiet_libraries()
     try:
         return args.func(args)
-    except _user_errors() as exc:
+    except ConfigError as exc:
+        print(f"minirl: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
         print(f"minirl: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 
