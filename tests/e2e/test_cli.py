@@ -78,3 +78,13 @@ def test_help_of_every_command():
     for command in ("train", "sft", "eval"):
         proc = _minirl(command, "--help", timeout=60)
         assert proc.returncode == 0 and "key=value" in proc.stdout
+
+
+def test_dense_model_trains_without_routing_metrics(tmp_path):
+    proc = _minirl("train", "configs/demo.yaml", *TINY, "model.preset=qwen3-dense-2m", "optim.steps=2",
+                   f"run.output_dir={tmp_path}", "run.name=dense", "cold_start.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "dense" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[2]["mismatch/abs_dlogp_mean"] > 0  # the fp8 engine of the demo config
+    assert not any(key.startswith("routing/") for key in rows[2])
