@@ -1,4 +1,4 @@
-"""The ``minirl`` command line: ``train``, ``sft``, ``eval``.
+"""The ``minirl`` command line: ``train``, ``sft``, ``eval``; ``sweep``, ``plot``, ``report`` (``minirl.experiments``).
 
 Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.::
 
@@ -100,6 +100,57 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from minirl.experiments import sweep
+
+    if args.overrides:
+        raise ConfigError(f"sweep takes no key=value overrides (got {' '.join(args.overrides)}); edit the arm configs")
+    try:
+        seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise ConfigError(f"--seeds: a count (3) or a comma-separated list (0,1,2), got {args.seeds!r}") from None
+    exp_dir = Path(args.experiment_dir)
+    if not exp_dir.is_dir():
+        raise ConfigError(f"{exp_dir}: experiment directory not found")
+    patterns = [p for p in (args.arms or "").split(",") if p] or None
+    failed = sweep(exp_dir, seeds, runs_root=Path(args.runs_dir), quick=args.quick, jobs=args.jobs, patterns=patterns,
+                   log=lambda msg: print(msg, flush=True))
+    return 1 if failed else 0
+
+
+def _runs_dir(args: argparse.Namespace) -> Path:
+    if args.overrides:
+        raise ConfigError(f"{args.command} takes no key=value overrides (got {' '.join(args.overrides)})")
+    runs = Path(args.runs_dir)
+    if not runs.is_dir():
+        raise ConfigError(f"{runs}: runs directory not found")
+    return runs
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from minirl.experiments import plot
+
+    runs = _runs_dir(args)
+    written = plot(runs, Path(args.output) if args.output else None)
+    if not written:
+        raise ConfigError(f"{runs}: no run directories with metrics.jsonl")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from minirl.experiments import load_runs, report
+
+    runs = _runs_dir(args)
+    if not load_runs(runs):
+        raise ConfigError(f"{runs}: no run directories with metrics.jsonl")
+    path = report(runs, Path(args.output) if args.output else None)
+    print(path.read_text(encoding="utf-8"))
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minirl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +178,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="HF checkpoint directory (or a model preset name)")
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sweep", help="run every arm config x seed of an experiment directory (resumable)")
+    p.add_argument("experiment_dir", help="directory of arm configs, e.g. experiments/")
+    p.add_argument("--seeds", default="1", help="number of seeds (3 = 0,1,2) or a list (0,4)")
+    p.add_argument("--quick", action="store_true", help="~3 steps of the tiny model per run (CI smoke test)")
+    p.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="runs at a time (one thread each)")
+    p.add_argument("--arms", default=None, help="comma-separated globs of arm names, e.g. 'onpolicy/*,n2/minirl_r2'")
+    p.add_argument("--runs-dir", default="runs/sweeps", help="run directories go to RUNS_DIR/<arm>/seed<s>")
+    p.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("plot", help="the paper's four panels per setting, from run directories (PNG)")
+    p.add_argument("runs_dir", help="e.g. runs/sweeps")
+    p.add_argument("--output", default=None, help="folder for the PNGs (default: RUNS_DIR/plots)")
+    p.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("report", help="markdown table per setting: peak/final score, collapse, KL")
+    p.add_argument("runs_dir", help="e.g. runs/sweeps")
+    p.add_argument("--output", default=None, help="markdown file (default: RUNS_DIR/REPORT.md)")
+    p.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -1,0 +1,379 @@
+"""The paper's experiments in miniature: arm configs, a resumable sweep, plots and a report.
+
+Arms. ``experiments/base.yaml`` is the shared, fully pinned base. Each arm is ``ARMS[name] =
+(setting, overrides)``; ``python -m minirl.experiments generate`` writes ``experiments/<name>.yaml``
+as a *complete* config (the base with the arm's dotted overrides applied, validated by the normal
+schema, every key written out) under a header naming the base and the overrides, so every arm file
+is an ordinary config (``minirl train experiments/n2/minirl_r2.yaml``). ``load_arm(path)`` loads one;
+``generate(check=True)`` verifies the committed files are exactly what the generator writes.
+
+The mini-batch is the same in every arm (8 prompts x 8 samples = 64 responses per gradient update);
+off-policy arms raise the global batch: ``rollout.prompts_per_step = 8 N`` with
+``optim.minibatches_per_step = N`` (the paper's gbs = N x mbs).
+
+Sweep. ``minirl sweep EXPERIMENT_DIR --seeds S`` runs every arm x seed as a ``minirl train``
+subprocess (one thread each) in ``runs/sweeps/<arm>/seed<s>`` with ``run.resume=auto``: an
+interrupted sweep continues where it stopped, and a finished run (metrics and checkpoint at the
+last step) is skipped.
+
+Plot / report. ``minirl plot RUNS_DIR`` and ``minirl report RUNS_DIR`` read run directories only
+(``config.yaml`` and ``metrics.jsonl``); the setting of a run is the first path component of its arm
+(``onpolicy``, ``n2``, ``n4``, ``n8``, ``coldstart``). The x-axis is gradient steps (global step x N).
+*Steps to collapse*: the first gradient step after the peak from which the held-out score stays
+below 50 % of its peak until the end of the run (None if it never does).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minirl.config import Config, ConfigError, _read_file, apply_override, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = ROOT / "experiments"
+BASE = "base.yaml"
+MB_PROMPTS = 8  # prompts per gradient update (x samples_per_prompt = 64 responses), fixed in every arm
+
+
+def _offpolicy(n: int, *, clip: bool, replay: str) -> dict[str, Any]:
+    return {"rollout.prompts_per_step": MB_PROMPTS * n, "optim.minibatches_per_step": n,
+            "algo.clip": clip, "algo.is_correction": True, "algo.aggregation": "seq_sum", "moe.routing_replay": replay}
+
+
+def _onpolicy(*, aggregation: str = "seq_sum", is_correction: bool = True, replay: str = "none") -> dict[str, Any]:
+    return {"rollout.prompts_per_step": MB_PROMPTS, "optim.minibatches_per_step": 1, "algo.clip": True,
+            "algo.is_correction": is_correction, "algo.aggregation": aggregation, "moe.routing_replay": replay}
+
+
+#: arm name (= path under experiments/ without .yaml) -> (paper figure, legend, overrides)
+ARMS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "onpolicy/minirl": ("Fig. 1", "MiniRL", _onpolicy()),
+    "onpolicy/minirl_lennorm": ("Fig. 1", "MiniRL + length-norm", _onpolicy(aggregation="seq_mean")),
+    "onpolicy/minirl_no_is": ("Fig. 1", "MiniRL w/o train-infer-IS", _onpolicy(is_correction=False)),
+    "onpolicy/minirl_r3": ("Fig. 1", "MiniRL + R3", _onpolicy(replay="R3")),
+    "onpolicy/minirl_r3_lennorm": ("Fig. 1", "MiniRL + R3 + length-norm", _onpolicy(aggregation="seq_mean", replay="R3")),
+    "onpolicy/minirl_r3_no_is": ("Fig. 1", "MiniRL + R3 w/o train-infer-IS", _onpolicy(is_correction=False, replay="R3")),
+}
+for _n, _fig in ((2, "Fig. 2"), (4, "Fig. 3"), (8, "Fig. 4")):
+    if _n != 8:
+        ARMS[f"n{_n}/minirl_noclip"] = (_fig, "MiniRL (no clipping)", _offpolicy(_n, clip=False, replay="none"))
+    ARMS[f"n{_n}/minirl_r2_noclip"] = (_fig, "MiniRL + R2 (no clipping)", _offpolicy(_n, clip=False, replay="R2"))
+    ARMS[f"n{_n}/minirl_r2"] = (_fig, "MiniRL + R2", _offpolicy(_n, clip=True, replay="R2"))
+    ARMS[f"n{_n}/minirl_r3"] = (_fig, "MiniRL + R3", _offpolicy(_n, clip=True, replay="R3"))
+for _style in ("direct", "stepwise", "verbose"):
+    ARMS[f"coldstart/{_style}"] = ("Fig. 5", f"MiniRL + R2, N=2, cold start '{_style}'", {
+        "cold_start.enabled": True, "cold_start.style": _style, **_offpolicy(2, clip=True, replay="R2")})
+
+SETTINGS = {"onpolicy": "on-policy (N = 1)", "n2": "off-policy N = 2", "n4": "off-policy N = 4",
+            "n8": "off-policy N = 8", "coldstart": "cold start (MiniRL + R2, N = 2)"}
+
+#: ``--quick``: a few steps of the tiny model, so a whole grid finishes in minutes (CI).
+QUICK = [
+    "model.preset=qwen3-moe-tiny", "task.difficulty=3", "task.num_train_prompts=64", "task.num_eval_prompts=8",
+    "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12", "optim.steps=3", "optim.micro_batch_sequences=8",
+    "eval.num_prompts=4", "eval.samples_per_prompt=2", "eval.every_steps=2", "checkpoint.every_steps=2",
+    "cold_start.steps=5", "cold_start.examples=32", "cold_start.batch_sequences=8",
+]
+
+
+def _render(name: str, root: Path) -> str:
+    _, legend, overrides = ARMS[name]
+    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+    data = _read_file(root / BASE)
+    for pair in pairs:
+        apply_override(data, pair)
+    data.setdefault("run", {})["name"] = name.replace("/", "-")
+    cfg = Config.model_validate(data)
+    depth = "../" * name.count("/")
+    header = [f"# GENERATED by `python -m minirl.experiments generate`; do not edit (edit {BASE} or ARMS).",
+              f"# arm: {name} ({legend})", f"# base: {depth}{BASE}", "# overrides:"]
+    header += [f"#   {p}" for p in pairs] + [f"#   run.name={name.replace('/', '-')}"]
+    return "\n".join(header) + "\n" + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def generate(root: Path = EXPERIMENTS, *, check: bool = False) -> list[str]:
+    """Write (or with ``check``: compare) every arm file; returns the names that differ/were written."""
+    changed = []
+    for name in ARMS:
+        path = root / f"{name}.yaml"
+        text = _render(name, root)
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue
+        changed.append(name)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    return changed
+
+
+def load_arm(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """An arm file is a complete config: load it with the normal schema."""
+    return load_config(path, overrides)
+
+
+def find_arms(exp_dir: Path, patterns: list[str] | None = None) -> list[tuple[str, Path]]:
+    """(arm name, path) of every arm config under ``exp_dir`` (not the base), filtered by globs."""
+    arms = []
+    for path in sorted(exp_dir.rglob("*.yaml")):
+        if path.name == BASE and path.parent == exp_dir:
+            continue
+        name = path.relative_to(exp_dir).with_suffix("").as_posix()
+        if patterns and not any(fnmatch.fnmatch(name, p) for p in patterns):
+            continue
+        arms.append((name, path))
+    return arms
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
+
+
+def _last_step(run_dir: Path) -> int:
+    rows = _metric_rows(run_dir)
+    return int(rows[-1]["step"]) if rows else 0
+
+
+def is_finished(run_dir: Path, steps: int) -> bool:
+    from minirl.checkpoint import find_latest
+
+    found = find_latest(run_dir)
+    return found is not None and int(found[1]["step"]) >= steps and _last_step(run_dir) >= steps
+
+
+def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweeps"), quick: bool = False,
+          jobs: int = 1, patterns: list[str] | None = None, log=print) -> int:
+    """Run every arm x seed; returns the number of failed runs."""
+    arms = find_arms(exp_dir, patterns)
+    if not arms:
+        raise ConfigError(f"{exp_dir}: no arm configs{' match ' + ','.join(patterns) if patterns else ''}")
+    todo = []
+    for name, path in arms:
+        for seed in seeds:
+            run_dir = runs_root / name / f"seed{seed}"
+            overrides = [*(QUICK if quick else []), f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}",
+                         f"run.seed={seed}", "run.resume=auto", "run.threads=1", "log.console=false"]
+            if quick:  # keep the arm's N with fewer prompts: 2 prompts per mini-batch
+                n = load_arm(path).optim.minibatches_per_step
+                overrides.append(f"rollout.prompts_per_step={2 * n}")
+            cfg = load_arm(path, overrides)  # validates before anything runs
+            if is_finished(run_dir, cfg.optim.steps):
+                log(f"skip {name} seed{seed}: finished ({cfg.optim.steps} steps)")
+                continue
+            todo.append((name, seed, path, overrides, run_dir, cfg.optim.steps))
+    log(f"sweep: {len(todo)} run(s) to do, {jobs} at a time")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    running: list[tuple[subprocess.Popen, tuple, float, Any]] = []
+    done_times: list[float] = []
+    failed = 0
+    started = time.monotonic()
+    last_print = 0.0
+    queue = list(todo)
+    while queue or running:
+        while queue and len(running) < jobs:
+            item = queue.pop(0)
+            name, seed, path, overrides, run_dir, steps = item
+            run_dir.mkdir(parents=True, exist_ok=True)
+            out = open(run_dir / "sweep.log", "a", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+            proc = subprocess.Popen([sys.executable, "-m", "minirl.cli", "train", str(path), *overrides],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env)
+            log(f"start {name} seed{seed} ({steps} steps) -> {run_dir}")
+            running.append((proc, item, time.monotonic(), out))
+        time.sleep(0.5)
+        for entry in list(running):
+            proc, (name, seed, _, _, run_dir, steps), t0, out = entry
+            if proc.poll() is None:
+                continue
+            out.close()
+            running.remove(entry)
+            done_times.append(time.monotonic() - t0)
+            if proc.returncode == 0:
+                log(f"done  {name} seed{seed} in {done_times[-1]:.0f}s")
+            else:
+                failed += 1
+                log(f"FAIL  {name} seed{seed}: exit {proc.returncode}, see {run_dir / 'sweep.log'}")
+        now = time.monotonic()
+        if running and now - last_print >= 10:
+            last_print = now
+            per_run = statistics.mean(done_times) if done_times else None
+            for proc, (name, seed, _, _, run_dir, steps), t0, _ in running:
+                step = _last_step(run_dir)
+                eta = (now - t0) / step * (steps - step) if step else None
+                log(f"  {name} seed{seed}: step {step}/{steps}" + (f", ETA {eta:.0f}s" if eta is not None else ""))
+            if per_run is not None:
+                log(f"  sweep ETA ~{per_run * (len(queue) + len(running)) / jobs:.0f}s "
+                    f"({len(queue)} queued, elapsed {now - started:.0f}s)")
+    log(f"sweep: finished in {time.monotonic() - started:.0f}s, {failed} failed")
+    return failed
+
+
+# ----------------------------------------------------------------------------- plot / report
+
+
+def load_runs(runs_dir: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """setting -> arm -> [run], each run ``{"seed", "n", "rows"}`` from directories holding metrics."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for metrics in sorted(runs_dir.rglob("metrics.jsonl")):
+        run_dir = metrics.parent
+        rows = _metric_rows(run_dir)
+        if not rows:
+            continue
+        try:
+            raw = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+            n = int(raw["optim"]["minibatches_per_step"])
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+            n = 1
+        arm = run_dir.parent.relative_to(runs_dir).as_posix() if run_dir.parent != runs_dir else run_dir.name
+        setting = arm.split("/")[0] if "/" in arm else ("onpolicy" if n == 1 else f"n{n}")
+        out.setdefault(setting, {}).setdefault(arm, []).append({"seed": run_dir.name, "n": n, "rows": rows})
+    order = list(SETTINGS)
+    return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+
+
+def _series(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for row in run["rows"]:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            xs.append(int(row["step"]) * run["n"])
+            ys.append(float(value))
+    return xs, ys
+
+
+PANELS = (("eval/accuracy", "held-out score (mean@n)", False), ("mismatch/kl_k3", "training-inference KL (k3)", True),
+          ("train/reward_mean", "training reward", False), ("train/entropy", "entropy", False))
+
+
+def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = out_dir or runs_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for setting, arms in load_runs(runs_dir).items():
+        fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+        for key, title, log_y in PANELS:
+            ax = axes[[p[0] for p in PANELS].index(key)]
+            for arm, runs in sorted(arms.items()):
+                by_x: dict[int, list[float]] = {}
+                for run in runs:
+                    for x, y in zip(*_series(run, key)):
+                        by_x.setdefault(x, []).append(y)
+                if not by_x:
+                    continue
+                xs = sorted(by_x)
+                mean = [statistics.mean(by_x[x]) for x in xs]
+                std = [statistics.pstdev(by_x[x]) for x in xs]
+                line, = ax.plot(xs, mean, label=f"{arm.split('/')[-1]} ({len(runs)} seeds)")
+                lo = [m - s for m, s in zip(mean, std)]
+                if log_y:
+                    lo = [max(v, m * 0.1) if m > 0 else v for v, m in zip(lo, mean)]
+                ax.fill_between(xs, lo, [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
+            ax.set_title(title)
+            ax.set_xlabel("gradient steps")
+            if log_y and ax.lines and all(min(line.get_ydata()) > 0 for line in ax.lines):
+                ax.set_yscale("log")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(SETTINGS.get(setting, setting))
+        fig.tight_layout()
+        path = out_dir / f"{setting}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def steps_to_collapse(xs: list[int], ys: list[float]) -> int | None:
+    """First x after the peak from which y stays below half the peak until the end (None: never)."""
+    if not ys or max(ys) <= 0:
+        return None
+    peak_i = ys.index(max(ys))
+    half = max(ys) / 2
+    first = None
+    for i in range(len(ys) - 1, peak_i, -1):
+        if ys[i] < half:
+            first = i
+        else:
+            break
+    return xs[first] if first is not None else None
+
+
+def _pm(values: list[float], fmt: str = "{:.3f}") -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def report(runs_dir: Path, out: Path | None = None) -> Path:
+    legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
+              "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
+              "(per seed; None = never). Final KL = last `mismatch/kl_k3`.")
+    lines = [f"# Report: {runs_dir}", "", legend, ""]
+    for setting, arms in load_runs(runs_dir).items():
+        lines += [f"## {SETTINGS.get(setting, setting)}", "",
+                  "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | final KL (k3) |",
+                  "|---|---|---|---|---|---|---|"]
+        for arm, runs in sorted(arms.items()):
+            peaks, finals, collapses, kls, steps = [], [], [], [], []
+            for run in runs:
+                xs, ys = _series(run, "eval/accuracy")
+                if ys:
+                    peaks.append(max(ys))
+                    finals.append(ys[-1])
+                    collapses.append(steps_to_collapse(xs, ys))
+                _, ky = _series(run, "mismatch/kl_k3")
+                if ky:
+                    kls.append(ky[-1])
+                steps.append(int(run["rows"][-1]["step"]) * run["n"])
+            collapse = ", ".join("None" if c is None else str(c) for c in collapses) or "—"
+            lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "
+                         f"{_pm(kls, '{:.2e}')} |")
+        lines.append("")
+    out = out or runs_dir / "REPORT.md"
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m minirl.experiments")
+    parser.add_argument("action", choices=["generate", "check"])
+    parser.add_argument("--dir", default=str(EXPERIMENTS))
+    args = parser.parse_args(argv)
+    changed = generate(Path(args.dir), check=args.action == "check")
+    if args.action == "check":
+        print("up to date" if not changed else f"out of date: {', '.join(changed)}")
+        return 1 if changed else 0
+    print(f"wrote {len(changed)} arm file(s)" + (f": {', '.join(changed)}" if changed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The paper's experiments in miniature: generated arm configs, a resumable quick sweep, plot, report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minirl.experiments import (
+    ARMS,
+    EXPERIMENTS,
+    find_arms,
+    generate,
+    load_arm,
+    steps_to_collapse,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _minirl(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minirl.cli", *args], check=False, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_generate_reproduces_the_committed_arm_files():
+    assert generate(EXPERIMENTS, check=True) == []
+    assert {name for name, _ in find_arms(EXPERIMENTS)} == set(ARMS)
+
+
+def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
+    for name, path in find_arms(EXPERIMENTS):
+        cfg = load_arm(path)
+        n = cfg.optim.minibatches_per_step
+        assert cfg.minibatch_sequences == 64, name  # 8 prompts x 8 samples per gradient update, every arm
+        assert cfg.rollout.prompts_per_step == 8 * n, name
+        assert (cfg.rollout.precision, cfg.rollout.fp8_scale, cfg.eval.every_steps) == ("fp8_e4m3", "per_expert", 10)
+        assert name.split("/")[0] in ("onpolicy", "coldstart") or n == int(name.split("/")[0][1:]), name
+    assert load_arm(EXPERIMENTS / "onpolicy/minirl_r3_no_is.yaml").algo.is_correction is False
+    assert load_arm(EXPERIMENTS / "onpolicy/minirl_lennorm.yaml").algo.aggregation == "seq_mean"
+    assert load_arm(EXPERIMENTS / "n4/minirl_r2_noclip.yaml").algo.clip is False
+    assert load_arm(EXPERIMENTS / "coldstart/verbose.yaml").cold_start.style == "verbose"
+
+
+def test_steps_to_collapse():
+    assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.1]) == 20
+    assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.5]) is None
+    assert steps_to_collapse([0, 10], [0.0, 0.0]) is None
+
+
+def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
+    runs = tmp_path / "sweeps"
+    args = ("sweep", "experiments", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),
+            "--arms", "onpolicy/minirl,n2/minirl_r2_noclip")
+    proc = _minirl(*args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "start onpolicy/minirl seed0" in proc.stdout and "0 failed" in proc.stdout
+    for arm, n in (("onpolicy/minirl", 1), ("n2/minirl_r2_noclip", 2)):
+        rows = [json.loads(line) for line in (runs / arm / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    again = _minirl(*args)
+    assert again.returncode == 0 and "0 run(s) to do" in again.stdout, again.stdout
+    assert "skip onpolicy/minirl seed0: finished" in again.stdout
+
+    plot = _minirl("plot", str(runs))
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    assert (runs / "plots" / "onpolicy.png").stat().st_size > 1000 and (runs / "plots" / "n2.png").is_file()
+    report = _minirl("report", str(runs))
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (runs / "REPORT.md").read_text()
+    assert "## on-policy (N = 1)" in text and "| onpolicy/minirl | 1 | 3 |" in text and "| n2/minirl_r2_noclip | 1 | 6 |" in text
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("report", "no/such/dir"), "runs directory not found"),
+    (("sweep", "experiments", "--arms", "nothing*"), "no arm configs match"),
+    (("sweep", "experiments", "--seeds", "x"), "--seeds"),
+])
+def test_user_errors_are_one_line(args, expected):
+    proc = _minirl(*args)
+    assert proc.returncode == 2 and expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
