@@ -13,8 +13,8 @@ off-policy arms raise the global batch: ``rollout.prompts_per_step = 8 N`` with
 
 Sweep. ``minirl sweep EXPERIMENT_DIR --seeds S`` runs every arm x seed as a ``minirl train``
 subprocess (one thread each) in ``runs/sweeps/<arm>/seed<s>`` with ``run.resume=auto``: an
-interrupted sweep continues where it stopped, and a finished run (metrics and checkpoint at the
-last step) is skipped.
+interrupted sweep continues each run from its newest checkpoint (a run killed before its first
+checkpoint starts over), and a finished run (metrics and checkpoint at the last step) is skipped.
 
 Plot / report. ``minirl plot RUNS_DIR`` and ``minirl report RUNS_DIR`` read run directories only
 (``config.yaml`` and ``metrics.jsonl``); the setting of a run is the first path component of its arm
@@ -165,6 +165,8 @@ def is_finished(run_dir: Path, steps: int) -> bool:
 def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweeps"), quick: bool = False,
           jobs: int = 1, patterns: list[str] | None = None, log=print) -> int:
     """Run every arm x seed; returns the number of failed runs."""
+    from minirl.checkpoint import find_latest
+
     arms = find_arms(exp_dir, patterns)
     if not arms:
         raise ConfigError(f"{exp_dir}: no arm configs{' match ' + ','.join(patterns) if patterns else ''}")
@@ -181,6 +183,8 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
             if is_finished(run_dir, cfg.optim.steps):
                 log(f"skip {name} seed{seed}: finished ({cfg.optim.steps} steps)")
                 continue
+            if find_latest(run_dir) is None:  # nothing to resume (killed before its first checkpoint): start over
+                overrides.append("run.overwrite=true")
             todo.append((name, seed, path, overrides, run_dir, cfg.optim.steps))
     log(f"sweep: {len(todo)} run(s) to do, {jobs} at a time")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -54,6 +54,9 @@ def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
     runs = tmp_path / "sweeps"
     args = ("sweep", "experiments", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),
             "--arms", "onpolicy/minirl,n2/minirl_r2_noclip")
+    killed = runs / "onpolicy/minirl/seed0"  # a run killed before its first checkpoint: started over
+    killed.mkdir(parents=True)
+    (killed / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
     proc = _minirl(*args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "start onpolicy/minirl seed0" in proc.stdout and "0 failed" in proc.stdout
