@@ -267,6 +267,7 @@ def _series(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
 
 PANELS = (("eval/accuracy", "held-out score (mean@n)", False), ("mismatch/kl_k3", "training-inference KL (k3)", True),
           ("train/reward_mean", "training reward", False), ("train/entropy", "entropy", False))
+COLD_START_PANELS = (("eval/response_length", "held-out response length (tokens)", False),)  # Fig. 5
 
 
 def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
@@ -279,9 +280,9 @@ def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for setting, arms in load_runs(runs_dir).items():
-        fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
-        for key, title, log_y in PANELS:
-            ax = axes[[p[0] for p in PANELS].index(key)]
+        panels = PANELS + (COLD_START_PANELS if setting == "coldstart" else ())
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+        for ax, (key, title, log_y) in zip(axes, panels):
             for arm, runs in sorted(arms.items()):
                 by_x: dict[int, list[float]] = {}
                 for run in runs:
