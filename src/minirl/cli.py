@@ -113,8 +113,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not exp_dir.is_dir():
         raise ConfigError(f"{exp_dir}: experiment directory not found")
     patterns = [p for p in (args.arms or "").split(",") if p] or None
-    failed = sweep(exp_dir, seeds, runs_root=Path(args.runs_dir), quick=args.quick, jobs=args.jobs, patterns=patterns,
-                   log=lambda msg: print(msg, flush=True))
+    try:
+        failed = sweep(exp_dir, seeds, runs_root=Path(args.runs_dir), quick=args.quick, jobs=args.jobs,
+                       patterns=patterns, log=lambda msg: print(msg, flush=True))
+    except KeyboardInterrupt:
+        print("minirl: sweep interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 

@@ -190,10 +190,22 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     running: list[tuple[subprocess.Popen, tuple, float, Any]] = []
     done_times: list[float] = []
-    failed = 0
     started = time.monotonic()
-    last_print = 0.0
     queue = list(todo)
+    try:
+        failed = _drive(queue, running, jobs, env, done_times, started, log)
+    finally:  # interrupted: stop our own runs (each resumes from its last checkpoint next time)
+        for proc, *_ in running:
+            proc.terminate()
+        for proc, *_ in running:
+            proc.wait()
+    log(f"sweep: finished in {time.monotonic() - started:.0f}s, {failed} failed")
+    return failed
+
+
+def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, started: float, log) -> int:
+    failed = 0
+    last_print = 0.0
     while queue or running:
         while queue and len(running) < jobs:
             item = queue.pop(0)
@@ -228,7 +240,6 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
             if per_run is not None:
                 log(f"  sweep ETA ~{per_run * (len(queue) + len(running)) / jobs:.0f}s "
                     f"({len(queue)} queued, elapsed {now - started:.0f}s)")
-    log(f"sweep: finished in {time.monotonic() - started:.0f}s, {failed} failed")
     return failed
 
 
