@@ -155,6 +155,13 @@ def _last_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
+def find_latest_step(run_dir: Path) -> int:
+    from minirl.checkpoint import find_latest
+
+    found = find_latest(run_dir)
+    return int(found[1]["step"]) if found else 0
+
+
 def is_finished(run_dir: Path, steps: int) -> bool:
     from minirl.checkpoint import find_latest
 
@@ -215,10 +222,10 @@ def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, s
             proc = subprocess.Popen([sys.executable, "-m", "minirl.cli", "train", str(path), *overrides],
                                     stdout=out, stderr=subprocess.STDOUT, env=env)
             log(f"start {name} seed{seed} ({steps} steps) -> {run_dir}")
-            running.append((proc, item, time.monotonic(), out))
+            running.append((proc, item, time.monotonic(), out, find_latest_step(run_dir)))  # resumes from here
         time.sleep(0.5)
         for entry in list(running):
-            proc, (name, seed, _, _, run_dir, steps), t0, out = entry
+            proc, (name, seed, _, _, run_dir, steps), t0, out, _ = entry
             if proc.poll() is None:
                 continue
             out.close()
@@ -233,9 +240,9 @@ def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, s
         if running and now - last_print >= 10:
             last_print = now
             per_run = statistics.mean(done_times) if done_times else None
-            for proc, (name, seed, _, _, run_dir, steps), t0, _ in running:
+            for _, (name, seed, _, _, run_dir, steps), t0, _, step0 in running:
                 step = _last_step(run_dir)
-                eta = (now - t0) / step * (steps - step) if step else None
+                eta = (now - t0) / (step - step0) * (steps - step) if step > step0 else None
                 log(f"  {name} seed{seed}: step {step}/{steps}" + (f", ETA {eta:.0f}s" if eta is not None else ""))
             if per_run is not None:
                 log(f"  sweep ETA ~{per_run * (len(queue) + len(running)) / jobs:.0f}s "
