@@ -87,10 +87,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    cfg = _config(args)
     from minirl.loop import evaluate
     from minirl.runtime import build_engine, build_model, build_rewards, build_task, set_threads
 
-    cfg = _config(args)
     set_threads(cfg.run.threads)
     model, tokenizer = build_model(cfg, path=args.checkpoint)
     task = build_task(cfg, model, tokenizer)
