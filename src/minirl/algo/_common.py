@@ -131,6 +131,16 @@ def masked_max(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return torch.where(sel.any(), m, torch.zeros_like(m))
 
 
+def train_infer_factor(
+    lp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype, *, enabled: bool, tis_cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min(pi_old/mu_old, tis_cap), where the cap bit) — the detached IS factor of Eq. (5); (1, none) when off."""
+    if not enabled:
+        return torch.ones_like(lp_old), torch.zeros_like(mask)
+    raw = torch.exp(lp_old - masked(logp_rollout.detach(), mask, dtype))
+    return raw.clamp(max=tis_cap), mask & (raw > tis_cap)
+
+
 def token_loss_metrics(
     loss: torch.Tensor,
     clipped: torch.Tensor,

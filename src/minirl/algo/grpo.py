@@ -40,6 +40,7 @@ from minirl.algo._common import (
     masked,
     raise_on_nan,
     token_loss_metrics,
+    train_infer_factor,
 )
 
 
@@ -84,13 +85,7 @@ def grpo_loss(
 
     ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
-    if is_correction:
-        raw = torch.exp(lp_old - masked(logp_rollout.detach(), mask, dtype))
-        factor = raw.clamp(max=tis_cap)
-        truncated = mask & (raw > tis_cap)
-    else:
-        factor = torch.ones_like(lp_old)
-        truncated = torch.zeros_like(mask)
+    factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(mask, factor * surrogate, zero)

@@ -97,13 +97,14 @@ def qwen3_dense_2m(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None
     )
 
 
+# The routing-replay test families share one tiny shape: hidden 64, 2 layers, 4 heads / 2 kv heads.
+_TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
 def qwen3_moe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
     return Qwen3MoeConfig(
         **_common(vocab_size, pad_id, eos_id, bos_id),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_TINY_SHAPE,
         head_dim=16,
         num_experts=4,
         num_experts_per_tok=2,
@@ -117,10 +118,7 @@ def qwen3_moe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None
 def qwen2_moe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
     return Qwen2MoeConfig(
         **_common(vocab_size, pad_id, eos_id, bos_id),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_TINY_SHAPE,
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=64,
@@ -134,10 +132,7 @@ def qwen2_moe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None
 def olmoe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
     return OlmoeConfig(
         **_common(vocab_size, pad_id, eos_id, bos_id),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_TINY_SHAPE,
         num_experts=4,
         num_experts_per_tok=2,
         intermediate_size=64,  # per expert
@@ -149,10 +144,7 @@ def olmoe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = N
 def mixtral_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
     return MixtralConfig(
         **_common(vocab_size, pad_id, eos_id, bos_id),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_TINY_SHAPE,
         head_dim=16,
         num_local_experts=4,
         num_experts_per_tok=2,
