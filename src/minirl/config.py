@@ -96,9 +96,17 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3"] = "fp32"
-    """The engine's own weight precision: the controlled training–inference mismatch."""
+    precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"] = "fp32"
+    """The engine's own weight precision: the controlled training–inference mismatch, from none
+    (fp32) to fp4 (``minirl.rollout.precision``)."""
     fp8_scale: Literal["per_tensor", "per_expert"] = "per_tensor"
+    """fp8 weight scales: one per tensor, or one per expert slice of a 3-D expert tensor."""
+    fp4_block_size: int = Field(32, gt=0)
+    """fp4_e2m1: consecutive values along a weight's input dimension sharing one scale (MXFP4 /
+    NVFP4 blocks); must divide every quantised weight's input dimension (checked with the model)."""
+    kv_cache_precision: Literal["same", "fp8_e4m3", "fp8_e5m2"] = "same"
+    """The engine's KV cache: ``same`` = the compute dtype; fp8 = keys and values rounded to fp8
+    with one scale per token and KV head as they are written (``minirl.rollout.kv_cache``)."""
 
 
 class OptimConfig(Section):

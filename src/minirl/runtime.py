@@ -76,13 +76,21 @@ def build_replay(cfg: Config, model: torch.nn.Module) -> Any | None:
 
 def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> RolloutEngine:
     from minirl.rollout.native import NativeEngine
+    from minirl.rollout.precision import check_fp4_block_size
 
+    if cfg.rollout.precision == "fp4_e2m1":
+        try:
+            check_fp4_block_size(model, cfg.rollout.fp4_block_size)
+        except ValueError as exc:
+            raise ConfigError(f"rollout.fp4_block_size: {exc}") from None
     return NativeEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         precision=cfg.rollout.precision,
         fp8_scale=cfg.rollout.fp8_scale,
+        fp4_block_size=cfg.rollout.fp4_block_size,
+        kv_cache_precision=cfg.rollout.kv_cache_precision,
         tokenizer=tokenizer,
     )
 

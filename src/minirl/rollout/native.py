@@ -2,7 +2,8 @@
 
 It keeps its own copy of the policy's weights in a configurable precision (``precision.py``), so
 that on CPU the engine can differ from the fp32 trainer the way an FP8 or bf16 inference engine
-differs from its trainer on GPUs. It reports, for each sampled token, the log-probability under
+differs from its trainer on GPUs (``rollout.kv_cache_precision`` can add an fp8 KV cache,
+``kv_cache.py``). It reports, for each sampled token, the log-probability under
 the distribution it actually sampled from (``logp_rollout``, mu_old) and, on request, the top-k
 experts each MoE layer chose for each fed token (``routes``, for R3).
 
@@ -35,12 +36,16 @@ import torch
 from torch import nn
 
 from minirl.rollout.precision import (
+    DEFAULT_FP4_BLOCK_SIZE,
+    KV_CACHE_PRECISIONS,
+    WEIGHT_ONLY,
+    KVCachePrecision,
     Precision,
     ScaleMode,
     apply_precision,
     compute_dtype_of,
-    fake_quantize_fp8_e4m3,
-    fp8_parameter_names,
+    fake_quantize,
+    quantized_input_dims,
 )
 from minirl.rollout.sampling import sample_next, validate_sampling
 from minirl.types import Completion, Prompt, SamplingParams
@@ -57,9 +62,15 @@ class NativeEngine:
             copy (without hooks or gradients); the trainer's module is never touched again.
         eos_token_id: id (or ids) that end a completion.
         pad_token_id: id used for left padding (never attended to).
-        precision: ``"fp32" | "bf16" | "fp16" | "fp8_e4m3"``, see ``minirl.rollout.precision``.
+        precision: ``"fp32" | "bf16" | "fp16" | "fp8_e4m3" | "fp8_e5m2" | "fp4_e2m1"``, see
+            ``minirl.rollout.precision``.
         fp8_scale: ``"per_tensor" | "per_expert"`` (fp8 only).
-        compute_dtype: activation dtype for ``fp8_e4m3`` (``"fp32"`` default, or ``"bf16"``).
+        fp4_block_size: values per shared scale along a weight's input dimension (fp4 only);
+            must divide every quantised weight's input dimension (``ValueError`` otherwise).
+        kv_cache_precision: ``"same"`` (the compute dtype, today's cache exactly) or
+            ``"fp8_e4m3" | "fp8_e5m2"``: keys and values rounded to fp8 with one scale per token
+            and KV head when written (``minirl.rollout.kv_cache``).
+        compute_dtype: activation dtype for the weight-only formats (``"fp32"`` default, or ``"bf16"``).
         tokenizer: needed only by ``generate`` (text prompts) and for ``Completion.text``.
         device: where the engine's copy lives.
     """
@@ -72,6 +83,8 @@ class NativeEngine:
         pad_token_id: int,
         precision: Precision = "fp32",
         fp8_scale: ScaleMode = "per_tensor",
+        fp4_block_size: int = DEFAULT_FP4_BLOCK_SIZE,
+        kv_cache_precision: KVCachePrecision = "same",
         compute_dtype: str | None = None,
         tokenizer: Any = None,
         device: str | torch.device = "cpu",
@@ -81,8 +94,12 @@ class NativeEngine:
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         if not eos_ids:
             raise ValueError("eos_token_id must name at least one token id")
+        if kv_cache_precision not in KV_CACHE_PRECISIONS:
+            raise ValueError(f"unknown kv_cache_precision {kv_cache_precision!r}; expected one of {KV_CACHE_PRECISIONS}")
         self.precision = precision
         self.fp8_scale = fp8_scale
+        self.fp4_block_size = fp4_block_size
+        self.kv_cache_precision = kv_cache_precision
         self.compute_dtype = compute_dtype_of(precision, compute_dtype)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -90,8 +107,11 @@ class NativeEngine:
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=self.device)
 
         self.model = _own_copy(model).to(self.device).eval().requires_grad_(False)
-        self._fp8_names = set(fp8_parameter_names(self.model)) if precision == "fp8_e4m3" else set()
-        apply_precision(self.model, precision, fp8_scale=fp8_scale, compute_dtype=compute_dtype)
+        # quantised parameter -> its input dimension (the fp4 block axis); empty unless weight-only
+        self._quantized = quantized_input_dims(self.model) if precision in WEIGHT_ONLY else {}
+        apply_precision(
+            self.model, precision, fp8_scale=fp8_scale, compute_dtype=compute_dtype, fp4_block_size=fp4_block_size
+        )
         self._params = list(self.model.named_parameters())
         state_names = set(self.model.state_dict())
         self._persistent_buffers = [(name, b) for name, b in self.model.named_buffers() if name in state_names]
@@ -107,16 +127,23 @@ class NativeEngine:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy the trainer's weights in (in place, no re-instantiation), re-applying the precision.
 
-        fp8 parameters are fake-quantised from the incoming (full-precision) tensor, so weights
-        are rounded once per load, never twice.
+        fp8/fp4 parameters are fake-quantised from the incoming (full-precision) tensor, so
+        weights are rounded once per load, never twice.
         """
         missing = [name for name, _ in self._params if name not in state_dict]
         if missing:
             raise KeyError(f"load_weights: state dict lacks {len(missing)} parameter(s), e.g. {missing[:3]}")
         for name, param in self._params:
             source = state_dict[name]
-            if name in self._fp8_names:
-                source = fake_quantize_fp8_e4m3(source.to(param.device), self.fp8_scale, param.dtype)
+            if name in self._quantized:
+                source = fake_quantize(
+                    source.to(param.device),
+                    self.precision,
+                    fp8_scale=self.fp8_scale,
+                    fp4_block_size=self.fp4_block_size,
+                    input_dim=self._quantized[name],
+                    dtype=param.dtype,
+                )
             param.copy_(source)
         for name, buffer in self._persistent_buffers:
             if name in state_dict:
@@ -324,6 +351,10 @@ class NativeEngine:
         return self._replay
 
     def _new_cache(self) -> Any:
+        if self.kv_cache_precision != "same":
+            from minirl.rollout.kv_cache import FP8DynamicCache
+
+            return FP8DynamicCache(self.kv_cache_precision, config=self.model.config)
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
