@@ -38,6 +38,9 @@ MODEL = "model"
 RESUMABLE_DIFFERENCES = (
     "run.name", "run.output_dir", "run.resume", "run.threads", "optim.steps", "optim.max_consecutive_faults",
     "task.reward_timeout_s", "task.reward_workers", "log.", "checkpoint.", "cold_start.", "eval.", "diagnostics.",
+    # where the trainer runs changes float summation order only (not which samples are drawn)
+    "cluster.backend", "cluster.ray_address", "cluster.trainer_ranks", "cluster.device", "cluster.cpus_per_engine",
+    "cluster.gpus_per_engine", "cluster.cpus_per_trainer_rank", "cluster.gpus_per_trainer_rank",
 )
 
 
@@ -174,6 +177,10 @@ def remove_all(run_dir: Path) -> None:
 def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
     """Refuse (``ConfigError``, one line) to resume under a config that differs in a key that matters."""
     now = config_for_checkpoint(cfg)
+    if "cluster" not in saved:  # a checkpoint from before the cluster section ran with its defaults
+        from minirl.config import ClusterConfig
+
+        saved = {**saved, "cluster": ClusterConfig().model_dump(mode="json")}
     differences: list[str] = []
 
     def walk(a: Any, b: Any, prefix: str) -> None:

@@ -261,6 +261,46 @@ class CheckpointConfig(Section):
     """Complete checkpoints kept in ``RUN_DIR/checkpoints`` (older ones are deleted)."""
 
 
+class ClusterConfig(Section):
+    """Where the run computes (``docs/distributed.md``). The defaults are one process on this
+    machine: the trainer and one built-in rollout engine side by side, as before this section."""
+
+    backend: Literal["local", "ray"] = "local"
+    """local: this process is the controller and holds the engines (trainer ranks > 1 are spawned
+    processes); ray: the controller places the engines and the trainer ranks as Ray actors."""
+    ray_address: str | None = None
+    """backend=ray: the cluster to join (e.g. ``auto`` or ``ray://head:10001``); null starts a
+    local Ray instance."""
+    trainer_ranks: int = Field(1, ge=1)
+    """W: torch.distributed ranks of the trainer (FSDP2 ``fully_shard``; gloo on CPU, NCCL on GPU).
+    Each rank processes 1/W of every (mini-)batch; gradients are summed across ranks."""
+    rollout_engines: int = Field(1, ge=1)
+    """E: rollout engines; the prompts of a step are split across them in contiguous chunks."""
+    engine_backend: Literal["native", "vllm"] = "native"
+    """native: minirl's built-in engine (``rollout.precision`` applies); vllm: vLLM (GPU, the
+    ``minirl[vllm]`` extra)."""
+    sample_seeding: Literal["per_batch", "per_sample"] = "per_batch"
+    """native engine: per_batch draws each engine batch from one stream per step seed (the
+    single-process behaviour of earlier runs); per_sample gives every response its own stream keyed
+    by (step seed, prompt position in the step, sample index), so completions do not depend on how
+    prompts are split across ``rollout_engines``."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the trainer ranks and the native engines compute (cuda: one GPU per actor)."""
+    cpus_per_engine: float = Field(1.0, ge=0)
+    gpus_per_engine: float = Field(0.0, ge=0)
+    cpus_per_trainer_rank: float = Field(1.0, ge=0)
+    gpus_per_trainer_rank: float = Field(0.0, ge=0)
+    """backend=ray: resources each actor reserves (fractions allowed, as in ``ray.remote``)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterConfig":
+        if self.engine_backend == "vllm" and self.backend == "local" and self.rollout_engines > 1:
+            raise ValueError("cluster.rollout_engines: several vLLM engines need backend=ray (one GPU each)")
+        if self.backend == "ray" and self.device == "cuda" and (self.gpus_per_engine <= 0 or self.gpus_per_trainer_rank <= 0):
+            raise ValueError("cluster.device: cuda under backend=ray needs gpus_per_engine and gpus_per_trainer_rank > 0")
+        return self
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -274,6 +314,7 @@ class Config(Section):
     log: LogConfig = LogConfig()
     cold_start: ColdStartConfig = ColdStartConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @property
     def global_batch_sequences(self) -> int:
@@ -307,6 +348,23 @@ class Config(Section):
             raise ValueError(
                 "optim.micro_batch_sequences: CISPO normalises by each group's token count, so mini- and "
                 f"micro-batches must hold whole groups (multiples of samples_per_prompt = {group})"
+            )
+        ranks = self.cluster.trainer_ranks
+        if self.minibatch_sequences % ranks:
+            raise ValueError(
+                f"cluster.trainer_ranks: must divide the mini-batch of {self.minibatch_sequences} sequences "
+                f"(each rank trains on an equal share; got {ranks})"
+            )
+        if ranks > 1 and self.algo.name == "cispo" and (self.minibatch_sequences // ranks) % group:
+            raise ValueError(
+                f"cluster.trainer_ranks: CISPO needs whole groups on every rank: mini-batch {self.minibatch_sequences} / "
+                f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
+            )
+        distributed = ranks > 1 or self.cluster.backend == "ray"
+        if distributed and self.diagnostics.every_steps:
+            raise ValueError(
+                "diagnostics.every_steps: the first-order diagnostics run only with the single-process trainer "
+                "(cluster.backend=local, cluster.trainer_ranks=1); set 0"
             )
         return self
 

@@ -11,6 +11,11 @@ One global step:
     4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
        every recorded route must be consumed exactly once per phase, else ``RuntimeError``);
     5. the new weights are pushed to the engine.
+
+The same function drives every placement (``cluster`` config, ``minirl.distributed``): with the
+defaults the engine and the trainer are objects in this process; otherwise the engine is an
+``EngineGroup`` (E engines, in-process or Ray actors) and the trainer a ``TrainerGroup`` (W FSDP2
+ranks, spawned processes or Ray actors) with the same methods.
 """
 
 from __future__ import annotations
@@ -27,17 +32,16 @@ from minirl.algo import group_advantages, mismatch_metrics
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.diagnostics import gradient_fidelity
+from minirl.distributed import build_placement
 from minirl.metrics import MetricsLogger
 from minirl.objective import make_objective
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
     DataOrder,
-    build_engine,
     build_model,
     build_replay,
     build_rewards,
     build_task,
-    build_trainer,
     seed_everything,
     set_threads,
 )
@@ -71,24 +75,43 @@ class Run:
     task: Task
     rewards: Any  # minirl.tasks.reward_runner.RewardRunner
     replay: Any | None  # minirl.moe.RoutingReplay (MoE models), else None
-    engine: RolloutEngine
-    trainer: Trainer
+    engine: RolloutEngine  # or an EngineGroup (cluster.rollout_engines, Ray actors)
+    trainer: Trainer  # or a TrainerGroup (cluster.trainer_ranks, Ray actors)
     prompts: list[Prompt]
     order: DataOrder
     faults: list[str] = field(default_factory=list)  # why updates of the last global step were skipped
+    placement: Any = None  # minirl.distributed.Placement: the workers to stop at the end
+
+    def close(self) -> None:
+        """Stop the reward workers and any trainer ranks or engine actors."""
+        try:
+            self.rewards.close()
+        finally:
+            if self.placement is not None:
+                self.placement.close()
 
 
 def setup(cfg: Config, *, start_from: str | None = None) -> Run:
-    """Seed, build the model, task, routing replay, engine and trainer of a run."""
+    """Seed, build the model, task, routing replay, engine(s) and trainer of a run.
+
+    ``cluster`` decides where the engines and the trainer run (``minirl.distributed``); ``model``
+    is this process's copy: the trainer's own in the default single process, else a mirror that
+    every weight sync refreshes (checkpoints are written from it). ``Run.close()`` stops workers.
+    """
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
     task = build_task(cfg, model, tokenizer)
     replay = build_replay(cfg, model)
-    engine = build_engine(cfg, model, tokenizer)
-    trainer = build_trainer(cfg, model, replay)
-    prompts = task.train_prompts()
-    return Run(cfg, model, tokenizer, task, build_rewards(cfg, task), replay, engine, trainer, prompts, DataOrder(len(prompts), seed=cfg.run.seed))
+    placement = build_placement(cfg, model, tokenizer, replay, start_from=start_from)
+    try:
+        prompts = task.train_prompts()
+        rewards = build_rewards(cfg, task)
+    except BaseException:
+        placement.close()
+        raise
+    return Run(cfg, model, tokenizer, task, rewards, placement.replay, placement.engine, placement.trainer, prompts,
+               DataOrder(len(prompts), seed=cfg.run.seed), placement=placement)
 
 
 def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict, eval_metrics: dict) -> dict[str, Any]:
@@ -163,7 +186,7 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
             wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
         )
     except BaseException:
-        run.rewards.close()
+        run.close()
         raise
 
     last_good: Path | None = Path(resume_from) if resume_from is not None else None
@@ -197,7 +220,7 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
                                             state=snapshot, cfg=cfg, keep_last=cfg.checkpoint.keep_last)
     finally:
         logger.close()
-        run.rewards.close()
+        run.close()
     from minirl.models.io import save_checkpoint
 
     save_checkpoint(run.trainer.model, run.tokenizer, run_dir / "checkpoint")
@@ -400,8 +423,9 @@ def routing_step_metrics(
 
 def check_all_replayed(replay: Any, before: list[int], expected: list[int], phase: str) -> None:
     """Every forced route row of the global batch was replayed exactly once in ``phase``."""
+    replayed = list(replay.replayed_rows)  # one read (a trainer group sums its ranks' counters)
     for layer, (start, want) in enumerate(zip(before, expected)):
-        got = replay.replayed_rows[layer] - start
+        got = replayed[layer] - start
         if got != want:
             raise RuntimeError(
                 f"routing replay ({phase}): MoE layer {layer} ({replay.layer_names[layer]}) replayed {got} of the "

@@ -9,6 +9,7 @@ micro-batch size.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -30,16 +31,27 @@ def minibatch_normalizer(algo: LossConfig, minibatch: Batch) -> float:
     return float(minibatch.size)  # responses per mini-batch
 
 
-def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
-    """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
-    loss_fn = POLICY_LOSSES[algo.name]
-    knobs = algo.loss_knobs()
-    knobs["normalizer"] = minibatch_normalizer(algo, minibatch)
+@dataclass(frozen=True)
+class PolicyObjective:
+    """``POLICY_LOSSES[name]`` with its knobs bound: ``objective(logp, micro) -> (loss, metrics)``.
 
-    def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    A plain picklable object (not a closure), so a trainer rank in another process can run it.
+    """
+
+    name: str
+    knobs: dict
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
-        loss, metrics = loss_fn(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids, **knobs)
+        loss, metrics = POLICY_LOSSES[self.name](
+            logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids, **self.knobs
+        )
         return loss, {key: float(value) for key, value in metrics.items() if key != "loss"}
 
-    return objective
+
+def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
+    """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
+    knobs = algo.loss_knobs()
+    knobs["normalizer"] = minibatch_normalizer(algo, minibatch)
+    return PolicyObjective(algo.name, knobs)

@@ -74,7 +74,7 @@ def build_replay(cfg: Config, model: torch.nn.Module) -> Any | None:
         return None
 
 
-def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> RolloutEngine:
+def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device: str = "cpu") -> RolloutEngine:
     from minirl.rollout.native import NativeEngine
     from minirl.rollout.precision import check_fp4_block_size
 
@@ -92,6 +92,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> Rollout
         fp4_block_size=cfg.rollout.fp4_block_size,
         kv_cache_precision=cfg.rollout.kv_cache_precision,
         tokenizer=tokenizer,
+        device=device,
+        sample_seeding=cfg.cluster.sample_seeding,
     )
 
 

@@ -63,6 +63,7 @@ class Trainer:
         replay: Any | None = None,
     ) -> None:
         self.model = model
+        self.device = next(model.parameters()).device  # batches live on the CPU; micro-batches move here
         self.replay = replay
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
@@ -88,7 +89,7 @@ class Trainer:
             # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
             # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
             # the attention path). Padding positions' outputs are garbage and are masked out.
-            out = self.model(input_ids=micro.input_ids, use_cache=False)
+            out = self.model(input_ids=micro.input_ids.to(self.device), use_cache=False)
         if natural is not None:
             natural.append(replayed.natural_routes)
         return out.logits
@@ -115,11 +116,11 @@ class Trainer:
                 if replay_routes:
                     natural: list = []
                     logits = self._logits(micro, replay_routes=True, natural=natural)
-                    recorded = natural[0].to(torch.int16)
+                    recorded = natural[0].to(torch.int16).cpu()
                 else:
                     with self.replay.record() as rec:
                         logits = self._logits(micro, replay_routes=False)
-                    recorded = rec.routes.to(torch.int16)
+                    recorded = rec.routes.to(torch.int16).cpu()
                 if routes is None:
                     routes = torch.full((batch.size, width, *recorded.shape[2:]), -1, dtype=torch.int16)
                 recorded[~micro.attention_mask] = -1
@@ -127,9 +128,9 @@ class Trainer:
             else:
                 logits = self._logits(micro, replay_routes=replay_routes)
             logits = logits[:, :-1].float()
-            logp[rows, : cols - 1] = token_logprobs(logits, micro.input_ids[:, 1:])
+            logp[rows, : cols - 1] = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device)).cpu()
             if ent is not None:
-                ent[rows, : cols - 1] = token_entropy(logits)
+                ent[rows, : cols - 1] = token_entropy(logits).cpu()
         return ScoreResult(logp=logp * batch.mask, entropy=None if ent is None else ent * batch.mask, routes=routes)
 
     def _micro_batches(self, batch: Batch) -> list[tuple[int, Batch]]:
@@ -204,6 +205,7 @@ class Trainer:
         natural: list | None = [] if natural_drift and replay_routes else None
         differing = counted = 0.0
         for _, micro in self._micro_batches(minibatch):
+            micro = micro.to(self.device)
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)
             if natural is not None:
                 agreement = routing_agreement(micro.routes, natural.pop(), micro.attention_mask)

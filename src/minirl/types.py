@@ -94,6 +94,16 @@ class Batch:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """Every tensor field on ``device`` (the batch itself when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return Batch(**{name: move(getattr(self, name)) for name in self.__dataclass_fields__})
+
     def select(self, index: torch.Tensor | slice) -> "Batch":
         """Rows ``index`` of every tensor field (a mini-batch or micro-batch view)."""
 

@@ -21,11 +21,18 @@ a new seed each step (``minirl.loop`` does) gets samples that depend only on tha
 and a loop passing the same seed every step does not repeat its samples; an evaluation call
 with its own seed in between disturbs neither. The ``MAX_STREAMS`` most recently used streams
 are kept. ``get_rng_state``/``set_rng_state`` checkpoint them.
+
+With ``sample_seeding="per_sample"`` every response instead draws from its own stream, seeded by
+(``sampling.seed``, the prompt's position in the step, the sample index), where the position is
+``prompt_offset`` + the prompt's index in the call. A response then does not depend on which other
+prompts share its batch, so prompts split across several engines (``minirl.distributed``) sample
+exactly what one engine would; a repeated seed repeats its samples, and there is no state to save.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -73,6 +80,8 @@ class NativeEngine:
         compute_dtype: activation dtype for the weight-only formats (``"fp32"`` default, or ``"bf16"``).
         tokenizer: needed only by ``generate`` (text prompts) and for ``Completion.text``.
         device: where the engine's copy lives.
+        sample_seeding: ``"per_batch"`` (one stream per seed) or ``"per_sample"`` (one per response,
+            independent of the batch; see the module docstring).
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class NativeEngine:
         compute_dtype: str | None = None,
         tokenizer: Any = None,
         device: str | torch.device = "cpu",
+        sample_seeding: str = "per_batch",
     ) -> None:
         if eos_token_id is None or pad_token_id is None:
             raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
@@ -101,6 +111,9 @@ class NativeEngine:
         self.fp4_block_size = fp4_block_size
         self.kv_cache_precision = kv_cache_precision
         self.compute_dtype = compute_dtype_of(precision, compute_dtype)
+        if sample_seeding not in ("per_batch", "per_sample"):
+            raise ValueError(f"sample_seeding must be 'per_batch' or 'per_sample' (got {sample_seeding!r})")
+        self.sample_seeding = sample_seeding
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.pad_token_id = int(pad_token_id)
@@ -172,6 +185,17 @@ class NativeEngine:
                 self._generators.popitem(last=False)
         return self._generators[seed]
 
+    def _sample_generators(self, seed: int, first_prompt: int, num_prompts: int, group: int) -> list[torch.Generator]:
+        """One fresh stream per row (prompt-major), keyed by (seed, prompt position, sample index)."""
+        generators = []
+        for prompt in range(first_prompt, first_prompt + num_prompts):
+            for sample in range(group):
+                key = hashlib.blake2b(f"{seed}:{prompt}:{sample}".encode(), digest_size=8).digest()
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(int.from_bytes(key, "little") >> 1)
+                generators.append(generator)
+        return generators
+
     # ---------------------------------------------------------------- sampling
 
     def generate(
@@ -180,13 +204,14 @@ class NativeEngine:
         samples_per_prompt: int,
         sampling: SamplingParams,
         record_routes: bool = False,
+        prompt_offset: int = 0,
     ) -> list[Completion]:
         """``RolloutEngine.generate``: tokenise each ``Prompt.text`` and call ``generate_ids``."""
         if self.tokenizer is None:
             raise ValueError("NativeEngine.generate needs a tokenizer; pass token ids to generate_ids instead")
         # no special tokens: a prompt's ids are its text, as in SFT (minirl.sft)
         prompt_ids = [list(self.tokenizer.encode(prompt.text, add_special_tokens=False)) for prompt in prompts]
-        return self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes)
+        return self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset)
 
     def generate_ids(
         self,
@@ -194,10 +219,12 @@ class NativeEngine:
         samples_per_prompt: int,
         sampling: SamplingParams,
         record_routes: bool = False,
+        prompt_offset: int = 0,
     ) -> list[Completion]:
         """Sample ``samples_per_prompt`` completions of each prompt, grouped by prompt.
 
-        ``sampling.temperature`` must be > 0 (see ``sampling.validate_sampling``).
+        ``sampling.temperature`` must be > 0 (see ``sampling.validate_sampling``). ``prompt_offset``:
+        the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only).
         """
         validate_sampling(sampling.temperature, sampling.top_p)
         if samples_per_prompt < 1 or sampling.max_new_tokens < 1:
@@ -206,7 +233,10 @@ class NativeEngine:
             prompt_ids,
             samples_per_prompt,
             sampling,
-            generator=self._generator(int(sampling.seed)),
+            generator=(
+                self._generator(int(sampling.seed)) if self.sample_seeding == "per_batch"
+                else self._sample_generators(int(sampling.seed), prompt_offset, len(prompt_ids), samples_per_prompt)
+            ),
             forced=None,
             record_routes=record_routes,
         )
@@ -243,7 +273,7 @@ class NativeEngine:
         prompt_ids: list[list[int]],
         samples_per_prompt: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: torch.Generator | list[torch.Generator] | None,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
         record_routes: bool = False,
     ) -> _Outputs:
@@ -260,7 +290,10 @@ class NativeEngine:
             out.start_routes(prefill_routes, max_new)
         for step in range(max_new):
             step_forced = None if forced is None else forced[0][running.rows, step]
-            tokens, logp = sample_next(logits[:, -1], sampling.temperature, sampling.top_p, generator, step_forced)
+            step_generator = generator  # per_sample: the streams of the rows still running
+            if isinstance(generator, list):
+                step_generator = [generator[row] for row in running.rows.tolist()]
+            tokens, logp = sample_next(logits[:, -1], sampling.temperature, sampling.top_p, step_generator, step_forced)
             out.tokens[running.rows, step] = tokens
             out.logp[running.rows, step] = logp
             if step == max_new - 1:

@@ -35,14 +35,15 @@ def sample_next(
     logits: torch.Tensor,
     temperature: float,
     top_p: float,
-    generator: torch.Generator | None,
+    generator: torch.Generator | list[torch.Generator] | None,
     forced_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` [B, V]; return ``(tokens long [B], logp float32 [B])``.
 
     ``forced_tokens`` [B] skips the draw and returns the log-probabilities of those tokens under
     the same tempered, truncated law (used to score given completions through the engine's path).
-    A forced token outside the nucleus gets ``-inf``.
+    A forced token outside the nucleus gets ``-inf``. ``generator`` is one stream for the whole
+    batch, or a list of one stream per row (each row's draw then depends on its own stream only).
     """
     scaled = logits.float()
     if temperature != 1.0:
@@ -50,7 +51,11 @@ def sample_next(
     if top_p < 1.0:
         scaled = _mask_outside_nucleus(scaled, top_p)
     if forced_tokens is None:
-        noise = torch.empty_like(scaled).exponential_(generator=generator).log_()
+        if isinstance(generator, list):
+            noise = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(scaled, generator)])
+        else:
+            noise = torch.empty_like(scaled).exponential_(generator=generator)
+        noise = noise.log_()
         tokens = (scaled - noise).argmax(dim=-1)
     else:
         tokens = forced_tokens

@@ -1,0 +1,333 @@
+"""The controller's side of a distributed run: a trainer group and an engine group that look, to
+``minirl.loop``, exactly like the single-process ``Trainer`` and ``RolloutEngine``.
+
+* ``TrainerGroup`` splits every batch it is given into W equal, contiguous shards (routes travel
+  with their rows), sends shard r to rank r (``minirl.distributed.rank.TrainerRank``) and joins the
+  answers: log-probs, entropies and routes are concatenated back in row order; update metrics are
+  averaged over ranks (each rank's are already row-weighted over an equal share), the loss summed.
+  ``state_dict()`` gathers the full weights from the ranks and also loads them into ``model``, the
+  controller's mirror, which checkpoints and evaluation of the run read.
+* ``EngineGroup`` splits the prompts of a call into E contiguous chunks, one per engine, and
+  concatenates the completions in prompt order (``prompt_index`` renumbered to the whole call).
+  Each engine is told where its chunk starts, so per-sample seeding draws what one engine would.
+* ``GroupReplay`` is the controller's ``RoutingReplay`` (route validation against the model) whose
+  ``replayed_rows`` are the ranks' counters summed, so the loop's "every route replayed exactly
+  once" check covers the whole group.
+
+Where a worker runs is a *handle*: ``InProcess`` (an object in this process), ``Spawned`` (a
+``torch.multiprocessing`` spawn child, for W trainer ranks on one machine) or a Ray actor
+(``minirl.distributed.ray_backend``). A worker that raises, dies or is lost surfaces as one
+``WorkerError`` naming the worker and the call, and the rest of the group is stopped.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import traceback
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from minirl.batching import split
+from minirl.trainer import ScoreResult
+from minirl.types import Batch, Completion, Prompt, SamplingParams
+
+
+class WorkerError(RuntimeError):
+    """A trainer rank or a rollout engine failed; ``str()`` is one line naming it and the call."""
+
+
+# ----------------------------------------------------------------------------- handles
+
+
+class InProcess:
+    """A worker object living in this process (calls run when submitted)."""
+
+    def __init__(self, name: str, target: Any) -> None:
+        self.name, self.target = name, target
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.target, method)(*args, **kwargs)
+
+    def close(self) -> None:
+        if hasattr(self.target, "close"):
+            self.target.close()
+
+
+class Spawned:
+    """A worker object in a spawned child process, driven over a pipe (one call in flight).
+
+    The child answers its construction first: ``gather([(handle, "__init__")], ...)`` waits for it."""
+
+    def __init__(self, name: str, factory: Any, *args: Any) -> None:
+        import torch.multiprocessing as mp
+
+        context = mp.get_context("spawn")
+        self.name = name
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, factory, args), daemon=True, name=name)
+        self.process.start()
+        child.close()
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self.conn.send((method, args, kwargs))
+        except (BrokenPipeError, EOFError, OSError):
+            raise WorkerError(f"{self.name} is gone (exit code {self.process.exitcode}) before {method}") from None
+        return method
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+        self.conn.close()
+
+
+def _serve(conn: Any, factory: Any, args: tuple) -> None:
+    """The child's loop: build the worker (answering the constructor's ``"__init__"`` token), then
+    answer ``(method, args, kwargs)`` until ``None`` or until the controller goes away."""
+    try:
+        target = factory(*args)
+        conn.send(("ok", None))
+    except BaseException as exc:
+        conn.send(("error", f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc()))
+        return
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the controller went away
+            return
+        if request is None:
+            if hasattr(target, "close"):
+                target.close()
+            return
+        method, call_args, call_kwargs = request
+        try:
+            result = ("ok", getattr(target, method)(*call_args, **call_kwargs))
+        except BaseException as exc:  # reported to the controller, which stops the group
+            result = ("error", f"{type(exc).__name__}: {_one_line(exc)}", traceback.format_exc())
+        conn.send(result)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else repr(exc)
+
+
+def gather(calls: list[tuple[Any, Any]], what: str) -> list[Any]:
+    """Results of submitted calls ``[(handle, token)]`` in order; the first failure -> ``WorkerError``."""
+    if not calls:
+        return []
+    kind = type(calls[0][0])
+    if kind is InProcess:
+        return [token for _, token in calls]
+    if kind is Spawned:
+        return _gather_spawned(calls, what)
+    from minirl.distributed.ray_backend import gather_ray
+
+    return gather_ray(calls, what)
+
+
+def _gather_spawned(calls: list[tuple[Spawned, Any]], what: str) -> list[Any]:
+    """Wait on every pipe and every process sentinel, so a dead rank is seen at once (its peers
+    would otherwise wait for it inside a collective)."""
+    results: dict[int, Any] = {}
+    pending = dict(enumerate(calls))
+    while pending:
+        waitables = [h.conn for h, _ in pending.values()] + [h.process.sentinel for h, _ in pending.values()]
+        ready = set(multiprocessing.connection.wait(waitables))
+        for index, (handle, _) in list(pending.items()):
+            if handle.conn in ready:
+                try:
+                    status, *payload = handle.conn.recv()
+                except EOFError:
+                    status, payload = "dead", []
+                if status == "error":
+                    raise WorkerError(f"{handle.name} failed in {what}: {payload[0]}")
+                if status == "dead":
+                    handle.process.join(timeout=5)
+                    raise WorkerError(f"{handle.name} died (exit code {handle.process.exitcode}) during {what}")
+                results[index] = payload[0]
+                del pending[index]
+            elif handle.process.sentinel in ready:
+                handle.process.join(timeout=5)
+                raise WorkerError(f"{handle.name} died (exit code {handle.process.exitcode}) during {what}")
+    return [results[i] for i in range(len(calls))]
+
+
+# ----------------------------------------------------------------------------- the trainer group
+
+
+class TrainerGroup:
+    """W trainer ranks behind the ``Trainer`` interface (``score``, ``update``, ``state_dict``,
+    ``checkpoint_state``, ``load_checkpoint_state``, ``consecutive_faults``, ``model``)."""
+
+    def __init__(self, ranks: list[Any], model: torch.nn.Module) -> None:
+        self.ranks = ranks
+        self.model = model  # the controller's mirror of the weights (checkpoints, resume)
+        self.consecutive_faults = 0
+        self._closed = False
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def _all(self, method: str, per_rank: list[tuple] | None = None, **kwargs: Any) -> list[Any]:
+        args = per_rank or [()] * self.world
+        try:
+            return gather([(rank, rank.submit(method, *a, **kwargs)) for rank, a in zip(self.ranks, args)], method)
+        except WorkerError:
+            self.close()  # the other ranks may wait forever in a collective
+            raise
+
+    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
+        shards = split(batch, self.world)
+        parts = self._all("score", [(s,) for s in shards], replay_routes=replay_routes, record_routes=record_routes, entropy=entropy)
+
+        def cat(field: str) -> torch.Tensor | None:
+            values = [getattr(p, field) for p in parts]
+            return None if values[0] is None else torch.cat(values)
+
+        return ScoreResult(logp=cat("logp"), entropy=cat("entropy"), routes=cat("routes"))
+
+    def update(self, minibatch: Batch, objective: Any, *, replay_routes: bool = False, natural_drift: bool = False) -> dict[str, Any]:
+        shards = split(minibatch, self.world)
+        answers = self._all("update", [(s, objective) for s in shards], replay_routes=replay_routes, natural_drift=natural_drift)
+        self.consecutive_faults = answers[0]["consecutive_faults"]
+        per_rank = [a["metrics"] for a in answers]
+        if any(m.get("skipped") for m in per_rank):  # the global gradient norm decides: all skip together
+            reasons = [m["reason"] for m in per_rank if m.get("skipped")]
+            reason = next((r for r in reasons if r.startswith("non-finite log-probs")), reasons[0])
+            return {"skipped": 1.0, "reason": reason}
+        merged: dict[str, Any] = {}
+        for key in per_rank[0]:
+            values = [m[key] for m in per_rank]
+            if key == "loss":
+                merged[key] = sum(values)  # each rank's share of the mini-batch loss
+            elif key in ("grad_norm", "lr"):
+                merged[key] = values[0]  # global already
+            else:
+                merged[key] = sum(values) / len(values)  # equal shares: the row-weighted mean
+        return merged
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights (gathered from the shards), also loaded into the mirror ``model``."""
+        full = self._all("state_dict")[0]
+        self.model.load_state_dict(full)
+        return full
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return self._all("checkpoint_state")[0]
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """The checkpoint's trainer state, and the mirror's weights (a resume loads them there)."""
+        weights = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
+        self._all("load_checkpoint_state", [(state, weights)] * self.world)
+        self.consecutive_faults = int(state.get("consecutive_faults", 0))
+
+    def gradient(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError("the first-order diagnostics need the single-process trainer (cluster.trainer_ranks=1, backend=local)")
+
+    def replayed_rows(self) -> list[int]:
+        counts = self._all("replayed_rows")
+        return [sum(column) for column in zip(*counts)]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for rank in self.ranks:
+            try:
+                rank.close()
+            except Exception:  # closing after a failure: the worker may be gone already
+                pass
+
+
+class GroupReplay:
+    """The controller's ``RoutingReplay`` for validation, counting the ranks' replayed rows."""
+
+    def __init__(self, local: Any, group: TrainerGroup) -> None:
+        self._local, self._group = local, group
+
+    @property
+    def replayed_rows(self) -> list[int]:
+        return self._group.replayed_rows()
+
+    def __getattr__(self, name: str) -> Any:  # validate, num_layers, layer_names, top_k, ...
+        return getattr(self._local, name)
+
+
+# ----------------------------------------------------------------------------- the engine group
+
+
+class EngineGroup:
+    """E rollout engines behind the ``RolloutEngine`` interface; prompts split in contiguous chunks."""
+
+    def __init__(self, engines: list[Any]) -> None:
+        self.engines = engines
+        self._closed = False
+
+    def _all(self, method: str, per_engine: list[tuple], **kwargs: Any) -> list[Any]:
+        try:
+            return gather([(e, e.submit(method, *a, **kwargs)) for e, a in zip(self.engines, per_engine)], method)
+        except WorkerError:
+            self.close()
+            raise
+
+    def generate(
+        self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams, record_routes: bool = False,
+    ) -> list[Completion]:
+        bounds = chunk_bounds(len(prompts), len(self.engines))
+        busy = [(engine, start, stop) for engine, (start, stop) in zip(self.engines, bounds) if stop > start]
+        calls = [(e, e.submit("generate", prompts[a:b], samples_per_prompt, sampling, record_routes, prompt_offset=a)) for e, a, b in busy]
+        try:
+            parts = gather(calls, "generate")
+        except WorkerError:
+            self.close()
+            raise
+        completions: list[Completion] = []
+        for (_, start, _), part in zip(busy, parts):
+            completions += [replace(c, prompt_index=c.prompt_index + start) for c in part]
+        return completions
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        from minirl.distributed.ray_backend import shared
+
+        payload = shared(state_dict, self.engines)  # one copy in Ray's object store for all engines
+        self._all("load_weights", [(payload,)] * len(self.engines))
+
+    def get_rng_state(self) -> Any:
+        states = self._all("get_rng_state", [()] * len(self.engines))
+        return states[0] if len(states) == 1 else {"engines": states}
+
+    def set_rng_state(self, state: Any) -> None:
+        states = [state] if len(self.engines) == 1 else state["engines"]
+        self._all("set_rng_state", [(s,) for s in states])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for engine in self.engines:
+            try:
+                engine.close()
+            except Exception:
+                pass
+
+
+def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``[start, stop)`` ranges covering ``count`` items, sizes differing by <= 1."""
+    base, extra = divmod(count, parts)
+    bounds, start = [], 0
+    for part in range(parts):
+        stop = start + base + (1 if part < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

@@ -1,0 +1,224 @@
+"""One rank of the trainer group: the ordinary ``Trainer`` over an FSDP2-sharded model.
+
+Every rank builds the model exactly as the controller does (same source, same seed), attaches its
+own ``RoutingReplay`` hooks (before ``fully_shard``, so they stay on the routers), shards every
+decoder layer and then the root with ``torch.distributed.fsdp.fully_shard`` over a 1-D device mesh
+(gloo on CPU, NCCL on GPU), and wraps it in the same ``Trainer`` the single process uses.
+
+Each call works on this rank's share of the rows (the controller splits every batch into W equal,
+contiguous shards; routes travel with their rows). The objective's normaliser is the whole
+mini-batch's, so the per-rank losses add up to the single-process loss, and FSDP is told to *sum*
+the reduce-scattered gradients (divide factor 1) instead of averaging them: the summed gradient is
+the single-process gradient. Gradient-norm clipping sees DTensor gradients and returns the global
+norm (``clip_grad_norm_`` reduces across the mesh), so every rank clips, skips or steps alike.
+
+Weights and optimizer state leave a rank only as full, unsharded state dicts
+(``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``), in the single-process
+formats: model keys as ``model.state_dict()``, optimizer state keyed by parameter index as
+``torch.optim.Optimizer.state_dict()``, so checkpoints are the same whatever W.
+
+With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no process group exists.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from typing import Any
+
+import torch
+
+from minirl.config import Config
+from minirl.trainer import ScoreResult
+from minirl.types import Batch
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks FSDP shards one by one (``model.model.layers`` of HF causal LMs)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
+class TrainerRank:
+    """Rank ``rank`` of ``world``; ``start`` joins the process group and builds the trainer."""
+
+    def __init__(self, cfg: Config, rank: int, world: int, source: str | None = None) -> None:
+        self.cfg, self.rank, self.world, self.source = cfg, rank, world, source
+        self.trainer: Any = None
+        self.replay: Any = None
+
+    def rendezvous_address(self) -> str:
+        """``tcp://host:port`` on this rank's node, where rank 0 listens for the others."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        host = "127.0.0.1"
+        try:
+            import ray
+
+            if ray.is_initialized():
+                host = ray.util.get_node_ip_address()
+        except ImportError:
+            pass
+        return f"tcp://{host}:{port}"
+
+    def start(self, init_method: str | None) -> None:
+        from minirl.runtime import build_model, build_replay, build_trainer, seed_everything, set_threads
+
+        cfg = self.cfg
+        set_threads(cfg.run.threads or 1)
+        seed_everything(cfg.run.seed)
+        device = torch.device("cpu")
+        if cfg.cluster.device == "cuda":
+            local = 0 if _under_ray() else self.rank  # a Ray actor sees only its own GPU(s)
+            device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
+            torch.cuda.set_device(device)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=self.rank, world_size=self.world,
+            )
+        model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
+        model.to(device)
+        self.names = [name for name, param in model.named_parameters() if param.requires_grad]
+        self.replay = build_replay(cfg, model)  # hooks before fully_shard: they stay on the routers
+        if self.world > 1:
+            _shard(model, device, self.world)
+        self.trainer = build_trainer(cfg, model, self.replay)
+
+    # ------------------------------------------------------------------ the Trainer interface, on a shard
+
+    def score(self, shard: Batch, **kwargs: Any) -> ScoreResult:
+        return self.trainer.score(shard, **kwargs)
+
+    def update(self, shard: Batch, objective: Any, **kwargs: Any) -> dict[str, Any]:
+        faults: list[str] = []
+        if self.world > 1:  # every rank must run every backward (FSDP collectives), even on a NaN
+            objective = _KeepCollectives(objective, faults)
+        metrics = self.trainer.update(shard, objective, **kwargs)
+        if metrics.get("skipped") and faults:
+            metrics["reason"] = f"non-finite log-probs ({faults[0]})"
+        return {"metrics": metrics, "consecutive_faults": self.trainer.consecutive_faults}
+
+    def replayed_rows(self) -> list[int]:
+        return list(self.replay.replayed_rows) if self.replay is not None else []
+
+    # ------------------------------------------------------------------ full (unsharded) state
+
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full model state dict on the CPU (rank 0; other ranks return None)."""
+        model = self.trainer.model
+        if self.world == 1:
+            return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return full if self.rank == 0 else None
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """``Trainer.checkpoint_state`` in the single-process format (rank 0; others None)."""
+        trainer = self.trainer
+        if self.world == 1:
+            return _to_cpu(trainer.checkpoint_state())
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        by_name = get_optimizer_state_dict(
+            trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank != 0:
+            return None
+        index = {name: i for i, name in enumerate(self.names)}
+        optimizer = {
+            "state": {index[name]: value for name, value in by_name["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]],
+        }
+        return {
+            "optimizer": optimizer,
+            "scheduler": trainer.scheduler.state_dict(),
+            "updates_done": trainer.updates_done,
+            "faults": trainer.faults,
+            "consecutive_faults": trainer.consecutive_faults,
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+        """Full weights and a ``checkpoint_state`` (single-process format) into this rank's shards."""
+        trainer = self.trainer
+        if self.world == 1:
+            trainer.model.load_state_dict(weights)
+            trainer.load_checkpoint_state(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(trainer.model, weights, options=options)
+        saved = state["optimizer"]
+        by_name = {
+            "state": {self.names[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]} for group in saved["param_groups"]],
+        }
+        set_optimizer_state_dict(trainer.model, trainer.optimizer, by_name, options=options)
+        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.updates_done = int(state["updates_done"])
+        trainer.faults = int(state.get("faults", 0))
+        trainer.consecutive_faults = int(state.get("consecutive_faults", 0))
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _shard(model: torch.nn.Module, device: torch.device, world: int) -> None:
+    """FSDP2: each decoder layer, then the root (embeddings, norm, head); gradients summed."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # the objective already divides by the whole mini-batch: sum the ranks' gradients
+            # (plain SUM collectives: gloo has no pre-multiplied sum)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+class _KeepCollectives:
+    """An objective that turns the objective's ``FloatingPointError`` (a NaN log-prob at a trained
+    token) into a NaN loss, so this rank still runs its backward (the other ranks wait in FSDP's
+    reduce-scatter) and the NaN global gradient norm makes every rank skip the update together."""
+
+    def __init__(self, objective: Any, faults: list[str]) -> None:
+        self.objective, self.faults = objective, faults
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        try:
+            return self.objective(logp, micro)
+        except FloatingPointError as exc:
+            self.faults.append(str(exc))
+            return logp.sum() * math.nan, {}
+
+
+def _under_ray() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized()
+    except ImportError:
+        return False
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
