@@ -49,7 +49,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from minirl.checkpoint import checkpoints_dir, find_latest
     from minirl.loop import NumericalFaultStop, check_fresh_start, train
-    from minirl.sft import run_sft
+    from minirl.sft import cached_sft, run_sft
 
     console = Console(stderr=True)
     start_from = args.start_from
@@ -64,7 +64,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     if cfg.cold_start.enabled and not start_from and resume_from is None:
         console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
-        start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
+        if cfg.cold_start.cache_dir:
+            start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
+        else:
+            start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
     try:
         summary = train(cfg, start_from=start_from, resume_from=resume_from)
     except NumericalFaultStop as exc:

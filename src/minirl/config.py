@@ -252,6 +252,12 @@ class ColdStartConfig(Section):
     warmup_steps: int = Field(20, ge=0)
     output: str | None = None
     """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""
+    seed: int | None = None
+    """Seed of the SFT (data order and initial weights); ``null``: ``run.seed``. A fixed value gives every RL
+    seed the same cold-start checkpoint, so seeds vary only the RL sampling."""
+    cache_dir: str | None = None
+    """In ``minirl train``: reuse an SFT checkpoint from this directory when one was made from the same
+    model, task, cold-start knobs, optimizer and seed (key = hash of those); else make it there once."""
 
 
 class CheckpointConfig(Section):

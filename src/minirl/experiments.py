@@ -9,7 +9,9 @@ is an ordinary config (``minirl train experiments/n2/minirl_r2.yaml``). ``load_a
 
 The mini-batch is the same in every arm (8 prompts x 8 samples = 64 responses per gradient update);
 off-policy arms raise the global batch: ``rollout.prompts_per_step = 8 N`` with
-``optim.minibatches_per_step = N`` (the paper's gbs = N x mbs).
+``optim.minibatches_per_step = N`` (the paper's gbs = N x mbs). Step counts in the base (``optim.steps``,
+``eval.every_steps``, ``checkpoint.every_steps``) are gradient steps: an arm with N runs 1/N as many
+global steps, so every arm makes the same number of updates on the same number of samples.
 
 Sweep. ``minirl sweep EXPERIMENT_DIR --seeds S`` runs every arm x seed as a ``minirl train``
 subprocess (one thread each) in ``runs/sweeps/<arm>/seed<s>`` with ``run.resume=auto``: an
@@ -71,9 +73,12 @@ for _n, _fig in ((2, "Fig. 2"), (4, "Fig. 3"), (8, "Fig. 4")):
     ARMS[f"n{_n}/minirl_r2_noclip"] = (_fig, "MiniRL + R2 (no clipping)", _offpolicy(_n, clip=False, replay="R2"))
     ARMS[f"n{_n}/minirl_r2"] = (_fig, "MiniRL + R2", _offpolicy(_n, clip=True, replay="R2"))
     ARMS[f"n{_n}/minirl_r3"] = (_fig, "MiniRL + R3", _offpolicy(_n, clip=True, replay="R3"))
+#: room for the longest teacher style (verbose: ~77 characters at difficulty 12), the same for all three styles
+COLD_START_MAX_NEW_TOKENS = 96
 for _style in ("direct", "stepwise", "verbose"):
     ARMS[f"coldstart/{_style}"] = ("Fig. 5", f"MiniRL + R2, N=2, cold start '{_style}'", {
-        "cold_start.enabled": True, "cold_start.style": _style, **_offpolicy(2, clip=True, replay="R2")})
+        "cold_start.enabled": True, "cold_start.style": _style, **_offpolicy(2, clip=True, replay="R2"),
+        "rollout.max_new_tokens": COLD_START_MAX_NEW_TOKENS})
 
 SETTINGS = {"onpolicy": "on-policy (N = 1)", "n2": "off-policy N = 2", "n4": "off-policy N = 4",
             "n8": "off-policy N = 8", "coldstart": "cold start (MiniRL + R2, N = 2)"}
@@ -87,10 +92,30 @@ QUICK = [
 ]
 
 
+#: counted in gradient steps in base.yaml; an arm with N mini-batches per global step runs 1/N as many global
+#: steps (and evaluates/checkpoints every 1/N as many), so every arm gets the same gradient steps and samples
+PER_GRADIENT_STEP = ("optim.steps", "eval.every_steps", "checkpoint.every_steps")
+
+
+def _per_gradient_step(base: dict[str, Any], n: int) -> dict[str, int]:
+    """The base's gradient-step counts as global steps of an arm with N = ``n`` (they must divide)."""
+    out = {}
+    for key in PER_GRADIENT_STEP:
+        section, field = key.split(".")
+        value = int(base[section][field])
+        if value % n:
+            raise ConfigError(f"{BASE}: {key}={value} is counted in gradient steps and must be divisible by N={n}")
+        out[key] = value // n
+    return out
+
+
 def _render(name: str, root: Path) -> str:
     _, legend, overrides = ARMS[name]
-    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
     data = _read_file(root / BASE)
+    n = int(overrides.get("optim.minibatches_per_step", 1))
+    if n > 1:
+        overrides = {**overrides, **_per_gradient_step(data, n)}
+    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
     for pair in pairs:
         apply_override(data, pair)
     data.setdefault("run", {})["name"] = name.replace("/", "-")
@@ -132,7 +157,8 @@ def find_arms(exp_dir: Path, patterns: list[str] | None = None) -> list[tuple[st
         if patterns and not any(fnmatch.fnmatch(name, p) for p in patterns):
             continue
         arms.append((name, path))
-    return arms
+    order = list(ARMS)  # the paper's order (on-policy, N = 2, 4, 8, cold start); unknown arms after them
+    return sorted(arms, key=lambda arm: (order.index(arm[0]) if arm[0] in order else len(order), arm[0]))
 
 
 # ----------------------------------------------------------------------------- sweep
@@ -178,11 +204,12 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
     if not arms:
         raise ConfigError(f"{exp_dir}: no arm configs{' match ' + ','.join(patterns) if patterns else ''}")
     todo = []
-    for name, path in arms:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: a sweep stopped part-way has every arm at its first seeds
+        for name, path in arms:
             run_dir = runs_root / name / f"seed{seed}"
             overrides = [*(QUICK if quick else []), f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}",
-                         f"run.seed={seed}", "run.resume=auto", "run.threads=1", "log.console=false"]
+                         f"run.seed={seed}", "run.resume=auto", "run.threads=1", "log.console=false",
+                         f"cold_start.cache_dir={runs_root / '_sft_cache'}"]  # one SFT per distinct cold start
             if quick:  # keep the arm's N with fewer prompts: 2 prompts per mini-batch
                 n = load_arm(path).optim.minibatches_per_step
                 overrides.append(f"rollout.prompts_per_step={2 * n}")

@@ -8,7 +8,12 @@ cross-entropy on the completion (including EOS). The result is a standard HF che
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -57,16 +62,17 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     from minirl.models.io import save_checkpoint
 
     c = cfg.cold_start
+    seed = cfg.run.seed if c.seed is None else c.seed
     set_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
+    seed_everything(seed)
     output = Path(output or c.output or cfg.run_dir / "sft")
     model, tokenizer = build_model(cfg)
     task = build_task(cfg, model, tokenizer)
-    examples = teacher_examples(task, tokenizer, c.style, c.examples, seed=cfg.run.seed)
+    examples = teacher_examples(task, tokenizer, c.style, c.examples, seed=seed)
     sft_cfg = cfg.model_copy(deep=True)
     sft_cfg.optim.lr, sft_cfg.optim.warmup_steps, sft_cfg.optim.weight_decay = c.lr, c.warmup_steps, 0.0
     trainer = build_trainer(sft_cfg, model, replay=None)
-    rng = random.Random(cfg.run.seed + 1)
+    rng = random.Random(seed + 1)
     started, last_print = time.perf_counter(), 0.0
     for step in range(1, c.steps + 1):
         picked = [examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)]
@@ -79,3 +85,34 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     save_checkpoint(model, tokenizer, output)
     dump_config(cfg, output / "minirl_sft_config.yaml")
     return output
+
+
+def sft_cache_key(cfg: Config) -> str:
+    """Hash of everything ``run_sft`` depends on: model, task, cold-start knobs, optimizer, seed, threads."""
+    parts = {
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task.model_dump(mode="json"),
+        "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed"}),
+        "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
+                                                             "micro_batch_sequences", "max_consecutive_faults"}),
+        "seed": cfg.run.seed if cfg.cold_start.seed is None else cfg.cold_start.seed,
+        "threads": cfg.run.threads,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_sft(cfg: Config, cache_dir: Path, log=print) -> Path:
+    """``run_sft`` once per key under ``cache_dir`` (a file lock makes concurrent runs wait for the first)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = sft_cache_key(cfg)
+    path = cache_dir / key
+    with open(cache_dir / f"{key}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "minirl_sft_config.yaml").is_file():
+            log(f"cold start: reusing SFT checkpoint {path}")
+            return path
+        tmp = cache_dir / f".{key}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        run_sft(cfg, tmp, log=log)
+        os.replace(tmp, path)
+    return path

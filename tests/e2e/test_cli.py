@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,3 +89,36 @@ def test_dense_model_trains_without_routing_metrics(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[2]["mismatch/abs_dlogp_mean"] > 0  # the fp8 engine of the demo config
     assert not any(key.startswith("routing/") for key in rows[2])
+
+
+def test_cold_start_cache_reuses_one_sft_per_key(tmp_path):
+    from safetensors.torch import load_file
+
+    from minirl.config import load_config
+    from minirl.sft import sft_cache_key
+
+    cache = tmp_path / "sft_cache"
+    common = ("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "cold_start.enabled=true",
+              f"cold_start.cache_dir={cache}", "optim.steps=1", "rollout.precision=bf16")
+    first = _minirl(*common, "run.name=a")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "sft step" in first.stderr and "reusing" not in first.stderr
+    second = _minirl(*common, "run.name=b", "algo.clip=false", "moe.routing_replay=R2")  # RL knobs: same SFT
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "reusing SFT checkpoint" in second.stderr and "sft step" not in second.stderr
+    third = _minirl(*common, "run.name=c", "run.seed=1")  # another seed: another SFT
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "sft step" in third.stderr
+    fourth = _minirl(*common, "run.name=d", "run.seed=1", "cold_start.seed=0")  # pinned SFT seed: seed 0's SFT
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert "reusing SFT checkpoint" in fourth.stderr
+    keys = sorted(p.name for p in cache.iterdir() if p.is_dir())
+    assert len(keys) == 2 and not list(cache.glob(".*tmp*"))
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, "cold_start.enabled=true", f"cold_start.cache_dir={cache}"])
+    assert sft_cache_key(cfg) in keys
+    # the cached weights are what a plain cold start makes
+    plain = _minirl("sft", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=p",
+                    "--output", str(tmp_path / "plain"))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    cached, fresh = load_file(cache / sft_cache_key(cfg) / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert cached.keys() == fresh.keys() and all(torch.equal(cached[k], fresh[k]) for k in cached)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from minirl.config import ConfigError
 from minirl.experiments import (
     ARMS,
     EXPERIMENTS,
@@ -36,12 +37,23 @@ def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
         n = cfg.optim.minibatches_per_step
         assert cfg.minibatch_sequences == 64, name  # 8 prompts x 8 samples per gradient update, every arm
         assert cfg.rollout.prompts_per_step == 8 * n, name
-        assert (cfg.rollout.precision, cfg.rollout.fp8_scale, cfg.eval.every_steps) == ("fp8_e4m3", "per_expert", 10)
+        assert (cfg.rollout.precision, cfg.rollout.fp8_scale) == ("fp8_e4m3", "per_tensor")
+        # every arm makes the same gradient steps and evaluates at the same gradient steps
+        assert (cfg.optim.steps * n, cfg.eval.every_steps * n, cfg.checkpoint.every_steps * n) == (128, 16, 16), name
+        assert cfg.cold_start.seed == 0 and cfg.cold_start.enabled, name  # one cold start shared by the RL seeds
         assert name.split("/")[0] in ("onpolicy", "coldstart") or n == int(name.split("/")[0][1:]), name
     assert load_arm(EXPERIMENTS / "onpolicy/minirl_r3_no_is.yaml").algo.is_correction is False
     assert load_arm(EXPERIMENTS / "onpolicy/minirl_lennorm.yaml").algo.aggregation == "seq_mean"
     assert load_arm(EXPERIMENTS / "n4/minirl_r2_noclip.yaml").algo.clip is False
-    assert load_arm(EXPERIMENTS / "coldstart/verbose.yaml").cold_start.style == "verbose"
+    verbose = load_arm(EXPERIMENTS / "coldstart/verbose.yaml")
+    assert verbose.cold_start.style == "verbose" and verbose.rollout.max_new_tokens == 96
+    assert [name for name, _ in find_arms(EXPERIMENTS)][:2] == ["onpolicy/minirl", "onpolicy/minirl_lennorm"]
+
+
+def test_base_counts_in_gradient_steps_that_every_n_divides(tmp_path):
+    (tmp_path / "base.yaml").write_text((EXPERIMENTS / "base.yaml").read_text().replace("  steps: 128\n", "  steps: 130\n"))
+    with pytest.raises(ConfigError, match="optim.steps=130 is counted in gradient steps and must be divisible by N=4"):
+        generate(tmp_path)
 
 
 def test_steps_to_collapse():
