@@ -36,3 +36,39 @@ def test_two_fsdp_ranks_match_one_process_with_r3(tmp_path):
 def test_ranks_must_divide_the_minibatch():
     with pytest.raises(ConfigError, match="cluster.trainer_ranks: must divide the mini-batch of 4 sequences"):
         load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, "cluster.trainer_ranks=3"])
+
+
+def _train(tmp_path, *overrides, resume=None):
+    from minirl import checkpoint
+
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "run.name=r",
+                                                    "checkpoint.every_steps=1", "eval.every_steps=0", *overrides])
+    latest = checkpoint.find_latest(cfg.run_dir) if resume else None
+    loop.train(cfg, resume_from=latest[0] if latest else None)
+    return cfg.run_dir
+
+
+def test_sharded_checkpoints_resume_like_one_process(tmp_path):
+    """A W=2 run checkpoints the gathered model and the full optimizer state in the single-process
+    format (step 2), and a W=2 resume loads them back into the shards: step 3 ends where an
+    uninterrupted single-process run ends."""
+    import torch
+
+    from minirl import checkpoint
+
+    single = _train(tmp_path / "single", "optim.steps=3")
+    sharded = _train(tmp_path / "fsdp", "optim.steps=2", "cluster.trainer_ranks=2")
+    want = checkpoint.load_state(single / "checkpoints" / "step_000002")["trainer"]
+    got = checkpoint.load_state(sharded / "checkpoints" / "step_000002")["trainer"]
+    assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])  # parameter indices, as one process
+    for index, state in want["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(got["optimizer"]["state"][index][key], state[key], atol=1e-6)
+    assert got["updates_done"] == want["updates_done"] == 4
+    _train(tmp_path / "fsdp", "optim.steps=3", "cluster.trainer_ranks=2", resume=True)
+    from minirl.models.io import load_model_and_tokenizer
+
+    final_single, _ = load_model_and_tokenizer(str(single / "checkpoint"))
+    final_sharded, _ = load_model_and_tokenizer(str(sharded / "checkpoint"))
+    a, b = final_single.state_dict(), final_sharded.state_dict()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < TOL

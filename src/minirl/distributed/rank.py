@@ -121,7 +121,7 @@ class TrainerRank:
         """``Trainer.checkpoint_state`` in the single-process format (rank 0; others None)."""
         trainer = self.trainer
         if self.world == 1:
-            return _to_cpu(trainer.checkpoint_state())
+            return _owned(trainer.checkpoint_state())
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         by_name = get_optimizer_state_dict(
@@ -145,6 +145,9 @@ class TrainerRank:
     def load_checkpoint_state(self, state: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
         """Full weights and a ``checkpoint_state`` (single-process format) into this rank's shards."""
         trainer = self.trainer
+        # own copies: tensors that came over a pipe live in memory shared with the other ranks, and
+        # the optimizer would step that one "step" counter once per rank
+        state = _owned(state)
         if self.world == 1:
             trainer.model.load_state_dict(weights)
             trainer.load_checkpoint_state(state)
@@ -214,11 +217,12 @@ def _under_ray() -> bool:
         return False
 
 
-def _to_cpu(value: Any) -> Any:
+def _owned(value: Any) -> Any:
+    """``value`` with every tensor replaced by a private CPU copy."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return value.detach().cpu().clone()
     if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
+        return {k: _owned(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
+        return [_owned(v) for v in value]
     return value
