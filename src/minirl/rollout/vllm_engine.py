@@ -133,9 +133,10 @@ class VLLMEngine:
         context = getattr(model.config, "max_position_embeddings", None)
         with torch.device("meta"):  # only the class and config matter for the checkpoint layout
             skeleton = type(model)(model.config)
+        colocated = cfg.cluster.backend == "local" and cfg.cluster.device == "cuda"  # the trainer shares the GPU
         return cls(
             model_dir, skeleton, tokenizer, precision=r.precision, kv_cache_precision=r.kv_cache_precision,
-            max_model_len=context, seed=cfg.run.seed, record_routes=routes,
+            max_model_len=context, seed=cfg.run.seed, record_routes=routes, gpu_memory_utilization=0.35 if colocated else 0.85,
         )
 
     # ---------------------------------------------------------------- RolloutEngine
