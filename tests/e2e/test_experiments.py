@@ -50,6 +50,46 @@ def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
     assert [name for name, _ in find_arms(EXPERIMENTS)][:2] == ["onpolicy/minirl", "onpolicy/minirl_lennorm"]
 
 
+def test_stress_study_moves_one_axis_per_condition():
+    from minirl.experiments import STRESS_ARMS, STRESS_AXES, STRESS_CONDITIONS
+
+    stress = find_arms(EXPERIMENTS / "stress")
+    assert len(stress) == len(STRESS_CONDITIONS) * len(STRESS_ARMS) == 6 * 14
+    assert [name for name, _ in stress][:3] == ["base/onpolicy_minirl", "base/onpolicy_minirl_no_is", "base/n4_minirl"]
+    assert {lvl for levels in STRESS_AXES.values() for lvl in levels} == set(STRESS_CONDITIONS)
+    base = load_arm(EXPERIMENTS / "base.yaml")
+    for name, path in stress:
+        cfg = load_arm(path)
+        n = cfg.optim.minibatches_per_step
+        assert cfg.minibatch_sequences == 64 and cfg.optim.steps * n == 128 and cfg.diagnostics.every_steps * n == 16, name
+        cond, arm = name.split("/")
+        moved = {"lr3x": cfg.optim.lr == 9e-4, "lr2x": cfg.optim.lr == 6e-4, "fp4": cfg.rollout.precision == "fp4_e2m1",
+                 "e5m2": cfg.rollout.precision == "fp8_e5m2",
+                 "long": (cfg.cold_start.style, cfg.rollout.max_new_tokens) == ("stepwise", 72)}
+        assert [k for k, v in moved.items() if v] == ([] if cond == "base" else [cond]), name
+        assert cfg.algo.clip is not arm.endswith("_noclip") and cfg.algo.is_correction is not arm.endswith("_no_is"), name
+        assert cfg.moe.routing_replay == ("R2" if "_r2" in arm else "R3" if "_r3" in arm else "none"), name
+        assert (cfg.task.difficulty, cfg.cold_start.steps) == (base.task.difficulty, base.cold_start.steps)
+    assert not any(name.startswith("stress/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
+
+
+def test_quick_stress_sweep_plots_diagnostics_against_an_axis(tmp_path):
+    runs = tmp_path / "stress"
+    proc = _minirl("sweep", "experiments/stress", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),
+                   "--arms", "base/n4_minirl_r2,lr3x/n4_minirl_r2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (runs / "lr3x/n4_minirl_r2/seed0/metrics.jsonl").read_text().splitlines()]
+    assert any("fidelity/last_grad_cosine" in r for r in rows)
+    plot = _minirl("plot", str(runs))
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    assert (runs / "plots" / "stress_step_size.png").stat().st_size > 1000
+    assert not (runs / "plots" / "stress_mismatch.png").exists()  # one level only: nothing to plot against
+    report = _minirl("report", str(runs))
+    assert report.returncode == 0, report.stderr[-2000:]
+    line = next(x for x in (runs / "REPORT.md").read_text().splitlines() if x.startswith("| lr3x/n4_minirl_r2 |"))
+    assert line.count("|") == 10 and line.split("|")[-2].strip() != "—"  # the residual column is filled (no reward: no cosine)
+
+
 def test_base_counts_in_gradient_steps_that_every_n_divides(tmp_path):
     (tmp_path / "base.yaml").write_text((EXPERIMENTS / "base.yaml").read_text().replace("  steps: 128\n", "  steps: 130\n"))
     with pytest.raises(ConfigError, match="optim.steps=130 is counted in gradient steps and must be divisible by N=4"):
