@@ -232,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minirl: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as exc:
+        distributed = sys.modules.get("minirl.distributed.group")  # loaded only when a run built workers
+        if distributed is not None and isinstance(exc, distributed.WorkerError):
+            print(f"minirl: error: {exc}", file=sys.stderr)  # a trainer rank or engine failed: one line
+            return 1
         if not isinstance(exc, _user_errors()):
             raise
         print(f"minirl: error: {exc}", file=sys.stderr)
