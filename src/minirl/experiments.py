@@ -537,6 +537,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "
                          f"{_pm(kls, '{:.2e}')} | {_pm(cosines, '{:.4f}')} | {_pm(residuals, '{:.2e}')} |")
         lines.append("")
+    lines += claims_section(load_runs(runs_dir))
     out = out or runs_dir / "REPORT.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
@@ -559,3 +560,146 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ----------------------------------------------------------------------------- claims
+
+#: A difference counts when it exceeds this many standard errors (seed-to-seed noise); "comparable" means the
+#: difference is within the noise AND within COMPARABLE_ABS of held-out accuracy.
+NOISE_SE = 2.0
+COMPARABLE_ABS = 0.03
+
+
+def _run_stats(run: dict[str, Any]) -> dict[str, float | bool | None]:
+    xs, ys = _series(run, "eval/accuracy")
+    _, kl = _series(run, "mismatch/kl_k3")
+    _, ent = _series(run, "train/entropy")
+    return {"peak": max(ys) if ys else None, "final": ys[-1] if ys else None, "start": ys[0] if ys else None,
+            "collapsed": steps_to_collapse(xs, ys) is not None if ys else None,
+            "kl": statistics.mean(kl) if kl else None,
+            "entropy_change": (statistics.mean(ent[-5:]) - statistics.mean(ent[:5])) if len(ent) >= 10 else None}
+
+
+def _values(arms: dict[str, list[dict[str, Any]]], arm: str, key: str) -> list[float]:
+    return [v for v in (_run_stats(run)[key] for run in arms.get(arm, [])) if v is not None]
+
+
+def _diff(a: list[float], b: list[float]) -> tuple[float, float] | None:
+    """(mean(a) - mean(b), standard error of that difference); None without data."""
+    if not a or not b:
+        return None
+    var = lambda xs: statistics.variance(xs) if len(xs) > 1 else 0.0  # noqa: E731
+    return statistics.mean(a) - statistics.mean(b), math.sqrt(var(a) / len(a) + var(b) / len(b))
+
+
+def _greater(arms: dict, a: str, b: str, key: str = "final") -> tuple[str, str]:
+    """Verdict on "a > b" in ``key``: supports / contradicts (beyond NOISE_SE standard errors) / cannot tell."""
+    d = _diff(_values(arms, a, key), _values(arms, b, key))
+    if d is None:
+        return "not run", f"{a} or {b} has no runs"
+    diff, se = d
+    fmt = "{:+.2e}" if key == "kl" else "{:+.3f}"
+    numbers = f"{key} {a} − {b} = {fmt.format(diff)} (SE {fmt.format(se)[1:]}, seeds {len(arms[a])}/{len(arms[b])})"
+    if min(len(arms[a]), len(arms[b])) < 2:
+        return "cannot tell (1 seed)", numbers
+    if abs(diff) <= NOISE_SE * se:
+        return "cannot tell", numbers
+    return ("supports" if diff > 0 else "contradicts"), numbers
+
+
+def _comparable(arms: dict, a: str, b: str, key: str) -> tuple[str, str]:
+    d = _diff(_values(arms, a, key), _values(arms, b, key))
+    if d is None:
+        return "not run", f"{a} or {b} has no runs"
+    diff, se = d
+    numbers = f"{key} {a} − {b} = {diff:+.3f} (SE {se:.3f}, seeds {len(arms[a])}/{len(arms[b])})"
+    if min(len(arms[a]), len(arms[b])) < 2:
+        return "cannot tell (1 seed)", numbers
+    if abs(diff) <= COMPARABLE_ABS and abs(diff) <= max(NOISE_SE * se, COMPARABLE_ABS):
+        return "supports", numbers
+    return ("contradicts" if abs(diff) > NOISE_SE * se else "cannot tell"), numbers
+
+
+def _collapses(arms: dict, arm: str, reference: str) -> tuple[str, str]:
+    """Verdict on "arm collapses and reference does not" (collapse per seed as in the tables)."""
+    got, ref = _values(arms, arm, "collapsed"), _values(arms, reference, "collapsed")
+    if not got or not ref:
+        return "not run", f"{arm} or {reference} has no runs"
+    ent = _values(arms, arm, "entropy_change")
+    numbers = (f"{arm} collapsed in {sum(got)}/{len(got)} seeds, {reference} in {sum(ref)}/{len(ref)}"
+               + (f"; entropy change over the run {statistics.mean(ent):+.3f}" if ent else ""))
+    if min(len(got), len(ref)) < 2:
+        return "cannot tell (1 seed)", numbers
+    if sum(got) * 2 > len(got) and sum(ref) * 2 < len(ref):
+        return "supports", numbers
+    if sum(got) == 0:
+        return "contradicts", numbers
+    return "cannot tell", numbers
+
+
+def _flat(runs: dict[str, dict[str, list]]) -> dict[str, list]:
+    return {arm: rs for arms in runs.values() for arm, rs in arms.items()}
+
+
+#: (paper source, claim, [(check, arm a, arm b, key)]); check in greater / comparable / collapses
+CLAIMS: list[tuple[str, str, list[tuple[str, str, str, str]]]] = [
+    ("§6.5 (1), §6.1", "On-policy, MiniRL (PG + IS correction) is the most stable and best", [
+        ("greater", "onpolicy/minirl", arm, "final") for arm in (
+            "onpolicy/minirl_lennorm", "onpolicy/minirl_no_is", "onpolicy/minirl_r3", "onpolicy/minirl_r3_lennorm",
+            "onpolicy/minirl_r3_no_is")]),
+    ("§6.1", "Without the training–inference IS correction, training collapses rapidly (with an entropy drop)", [
+        ("collapses", "onpolicy/minirl_no_is", "onpolicy/minirl", ""),
+        ("collapses", "onpolicy/minirl_r3_no_is", "onpolicy/minirl_r3", "")]),
+    ("§6.1", "Length normalisation is suboptimal but stays stable", [
+        ("greater", "onpolicy/minirl", "onpolicy/minirl_lennorm", "final"),
+        ("comparable", "onpolicy/minirl_lennorm", "onpolicy/minirl_lennorm", "collapsed")]),
+    ("§2.6, §6.1", "On-policy, R3 lowers the training–inference KL but gives no gain", [
+        ("greater", "onpolicy/minirl", "onpolicy/minirl_r3", "kl"),
+        ("greater", "onpolicy/minirl", "onpolicy/minirl_r3", "final")]),
+    ("§6.5 (2), §2.6", "Off-policy, dropping clipping causes premature collapse (N = 2, 4, 8)", [
+        ("collapses", "n2/minirl_noclip", "n2/minirl_r2", ""), ("collapses", "n2/minirl_r2_noclip", "n2/minirl_r2", ""),
+        ("collapses", "n4/minirl_noclip", "n4/minirl_r3", ""), ("collapses", "n4/minirl_r2_noclip", "n4/minirl_r3", ""),
+        ("collapses", "n8/minirl_r2_noclip", "n8/minirl_r3", "")]),
+    ("§6.5 (2), §2.6", "Off-policy, routing replay helps when unclipped (R2 no-clip vs no replay no-clip)", [
+        ("greater", "n2/minirl_r2_noclip", "n2/minirl_noclip", "peak"),
+        ("greater", "n4/minirl_r2_noclip", "n4/minirl_noclip", "peak")]),
+    ("§2.6, §6.2", "At N = 2, R2 beats R3", [("greater", "n2/minirl_r2", "n2/minirl_r3", "peak")]),
+    ("§2.6, §6.2", "At N = 4 and 8, R3 beats R2 and R2 does not stay stable", [
+        ("greater", "n4/minirl_r3", "n4/minirl_r2", "peak"), ("greater", "n8/minirl_r3", "n8/minirl_r2", "peak"),
+        ("collapses", "n4/minirl_r2", "n4/minirl_r3", ""), ("collapses", "n8/minirl_r2", "n8/minirl_r3", "")]),
+    ("§6.2 summary", "Once stable, on- and off-policy runs reach similar peaks", [
+        ("comparable", "n2/minirl_r2", "onpolicy/minirl", "peak"), ("comparable", "n4/minirl_r3", "onpolicy/minirl", "peak"),
+        ("comparable", "n8/minirl_r3", "onpolicy/minirl", "peak")]),
+    ("§6.5 (3), §6.4", "Different cold starts reach comparable final performance", [
+        ("comparable", "coldstart/stepwise", "coldstart/direct", "final"),
+        ("comparable", "coldstart/verbose", "coldstart/direct", "final")]),
+]
+
+
+def claims_section(runs: dict[str, dict[str, list]]) -> list[str]:
+    """Markdown: each of the paper's claims, each check's verdict with the numbers that decide it."""
+    arms = _flat(runs)
+    if not any(arm in arms for _, _, checks in CLAIMS for _, a, b, _ in checks for arm in (a, b)):
+        return []
+    lines = ["## The paper's claims, checked", "",
+             f"Verdicts: *supports* / *contradicts* when the difference exceeds {NOISE_SE:g} standard errors of the "
+             f"seed-to-seed noise (and, for *comparable*, is within {COMPARABLE_ABS} held-out accuracy); else "
+             "*cannot tell*. Collapse checks need a majority of seeds collapsing and the reference arm not.", "",
+             "| source | claim | check | verdict | numbers |", "|---|---|---|---|---|"]
+    checks_fn = {"greater": _greater, "comparable": _comparable}
+    for source, claim, checks in CLAIMS:
+        for i, (kind, a, b, key) in enumerate(checks):
+            if kind == "collapses":
+                verdict, numbers = _collapses(arms, a, b)
+                what = f"{a} collapses, {b} does not"
+            elif kind == "comparable" and a == b:  # "stays stable": no seed collapses
+                got = _values(arms, a, "collapsed")
+                verdict = "not run" if not got else ("supports" if not any(got) else "contradicts")
+                numbers, what = (f"{a} collapsed in {sum(got)}/{len(got)} seeds" if got else f"{a} has no runs"), f"{a} stable"
+            else:
+                verdict, numbers = checks_fn[kind](arms, a, b, key)
+                what = f"{a} {'>' if kind == 'greater' else '≈'} {b} ({key})"
+                if key == "kl":  # lower KL is the claim: "a > b" in KL means b lowers it
+                    what = f"{b} has lower KL than {a}"
+            lines.append(f"| {source if i == 0 else ''} | {claim if i == 0 else ''} | {what} | **{verdict}** | {numbers} |")
+    return lines + [""]

@@ -136,3 +136,36 @@ def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
 def test_user_errors_are_one_line(args, expected):
     proc = _minirl(*args)
     assert proc.returncode == 2 and expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _fake_runs(curves: dict[str, list[list[float]]]) -> dict:
+    """setting -> arm -> runs with held-out curves (one list per seed), as load_runs returns them."""
+    out: dict = {}
+    for arm, seeds in curves.items():
+        runs = [{"seed": f"seed{i}", "n": 1, "rows": [{"step": 10 * j, "eval/accuracy": y} for j, y in enumerate(ys)]}
+                for i, ys in enumerate(seeds)]
+        out.setdefault(arm.split("/")[0], {})[arm] = runs
+    return out
+
+
+def test_claim_verdicts_weigh_differences_against_seed_noise():
+    from minirl.experiments import _collapses, _comparable, _flat, _greater
+
+    arms = _flat(_fake_runs({
+        "onpolicy/minirl": [[0.5, 0.9], [0.5, 0.91], [0.5, 0.89]],
+        "onpolicy/minirl_no_is": [[0.5, 0.8, 0.1], [0.5, 0.7, 0.2], [0.5, 0.9, 0.3]],  # collapses in every seed
+        "onpolicy/minirl_r3": [[0.5, 0.92], [0.5, 0.70], [0.5, 0.95]],  # noisy
+        "onpolicy/minirl_lennorm": [[0.5, 0.88]],  # one seed
+    }))
+    verdict, numbers = _greater(arms, "onpolicy/minirl", "onpolicy/minirl_no_is", "final")
+    # finals 0.90 vs 0.20: diff 0.70, SE = sqrt(0.0001/3 + 0.01/3) = 0.0580
+    assert verdict == "supports" and "+0.700 (SE 0.058, seeds 3/3)" in numbers
+    assert _greater(arms, "onpolicy/minirl_no_is", "onpolicy/minirl", "final")[0] == "contradicts"
+    assert _greater(arms, "onpolicy/minirl", "onpolicy/minirl_r3", "final")[0] == "cannot tell"  # +0.043, SE 0.079
+    assert _greater(arms, "onpolicy/minirl", "onpolicy/minirl_lennorm", "final")[0] == "cannot tell (1 seed)"
+    assert _greater(arms, "onpolicy/minirl", "n2/minirl_r2", "final")[0] == "not run"
+    assert _comparable(arms, "onpolicy/minirl", "onpolicy/minirl", "peak")[0] == "supports"
+    assert _comparable(arms, "onpolicy/minirl", "onpolicy/minirl_no_is", "final")[0] == "contradicts"
+    verdict, numbers = _collapses(arms, "onpolicy/minirl_no_is", "onpolicy/minirl")
+    assert verdict == "supports" and "collapsed in 3/3 seeds" in numbers and "in 0/3" in numbers
+    assert _collapses(arms, "onpolicy/minirl", "onpolicy/minirl_no_is")[0] == "contradicts"
