@@ -72,3 +72,49 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path):
     final_sharded, _ = load_model_and_tokenizer(str(sharded / "checkpoint"))
     a, b = final_single.state_dict(), final_sharded.state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < TOL
+
+
+def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):
+    import os
+    import signal
+    import time
+
+    from minirl.distributed import WorkerError
+
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
+    run = loop.setup(cfg)
+    try:
+        ranks = run.trainer.ranks
+        os.kill(ranks[1].process.pid, signal.SIGKILL)
+        started = time.perf_counter()
+        with pytest.raises(WorkerError, match=r"^trainer rank 1 died \(exit code -9\) (before|during) \w+$"):
+            loop.global_step(run, 1)  # rank 0 would wait for rank 1 in FSDP's all-gather forever
+        assert time.perf_counter() - started < 30
+        assert not ranks[0].process.is_alive()  # the group is stopped, not left hanging
+    finally:
+        run.close()
+
+
+def test_a_rank_failing_while_its_peer_waits_in_a_collective_is_one_clear_error(tmp_path):
+    import time
+
+    import torch
+
+    from minirl.distributed import WorkerError
+    from minirl.types import Batch
+
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
+    run = loop.setup(cfg)
+    try:
+        rows, width = 2, 6
+        shard = Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),
+                      mask=torch.ones(rows, width - 1, dtype=torch.bool), logp_rollout=torch.zeros(rows, width - 1),
+                      advantages=torch.zeros(rows), group_ids=torch.zeros(rows, dtype=torch.long))
+        started = time.perf_counter()
+        # rank 0 enters FSDP's all-gather and waits; rank 1 raises before it gets there
+        with pytest.raises(WorkerError, match=r"^trainer rank 1 failed in score: AttributeError: 'NoneType' object has no attribute"):
+            run.trainer._all("score", [(shard,), (None,)])
+        assert time.perf_counter() - started < 30
+        assert not run.trainer.ranks[0].process.is_alive()
+    finally:
+        run.close()

@@ -50,7 +50,7 @@ class InProcess:
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.target, method)(*args, **kwargs)
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         if hasattr(self.target, "close"):
             self.target.close()
 
@@ -74,11 +74,13 @@ class Spawned:
         try:
             self.conn.send((method, args, kwargs))
         except (BrokenPipeError, EOFError, OSError):
-            raise WorkerError(f"{self.name} is gone (exit code {self.process.exitcode}) before {method}") from None
+            self.process.join(timeout=5)
+            raise WorkerError(f"{self.name} died (exit code {self.process.exitcode}) before {method}") from None
         return method
 
-    def close(self) -> None:
-        if self.process.is_alive():
+    def close(self, graceful: bool = True) -> None:
+        """Ask the child to finish (``graceful``), else, or if it does not, terminate it."""
+        if graceful and self.process.is_alive():
             try:
                 self.conn.send(None)
             except OSError:
@@ -184,7 +186,7 @@ class TrainerGroup:
         try:
             return gather([(rank, rank.submit(method, *a, **kwargs)) for rank, a in zip(self.ranks, args)], method)
         except WorkerError:
-            self.close()  # the other ranks may wait forever in a collective
+            self.close(graceful=False)  # the other ranks may be waiting for the failed one in a collective
             raise
 
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
@@ -239,13 +241,13 @@ class TrainerGroup:
         counts = self._all("replayed_rows")
         return [sum(column) for column in zip(*counts)]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
         for rank in self.ranks:
             try:
-                rank.close()
+                rank.close(graceful)
             except Exception:  # closing after a failure: the worker may be gone already
                 pass
 
@@ -278,7 +280,7 @@ class EngineGroup:
         try:
             return gather([(e, e.submit(method, *a, **kwargs)) for e, a in zip(self.engines, per_engine)], method)
         except WorkerError:
-            self.close()
+            self.close(graceful=False)
             raise
 
     def generate(
@@ -290,7 +292,7 @@ class EngineGroup:
         try:
             parts = gather(calls, "generate")
         except WorkerError:
-            self.close()
+            self.close(graceful=False)
             raise
         completions: list[Completion] = []
         for (_, start, _), part in zip(busy, parts):
@@ -311,13 +313,13 @@ class EngineGroup:
         states = [state] if len(self.engines) == 1 else state["engines"]
         self._all("set_rng_state", [(s,) for s in states])
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
         for engine in self.engines:
             try:
-                engine.close()
+                engine.close(graceful)
             except Exception:
                 pass
 

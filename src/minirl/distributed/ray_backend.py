@@ -91,13 +91,13 @@ class RayHandle:
     def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.actor, method).remote(*args, **kwargs)
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         import ray
 
         try:
-            if hasattr(self.actor, "close"):
+            if graceful and hasattr(self.actor, "close"):
                 ray.get(self.actor.close.remote(), timeout=10)
-        except Exception:  # closing a failed group: the actor may be dead already
+        except Exception:  # the actor may be dead already
             pass
         ray.kill(self.actor)
 
