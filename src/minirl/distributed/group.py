@@ -149,7 +149,7 @@ def _gather_spawned(calls: list[tuple[Spawned, Any]], what: str) -> list[Any]:
             if handle.conn in ready:
                 try:
                     status, *payload = handle.conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # OSError: ConnectionResetError when the child was killed
                     status, payload = "dead", []
                 if status == "error":
                     raise WorkerError(f"{handle.name} failed in {what}: {payload[0]}")
