@@ -1,0 +1,205 @@
+"""The pure parts of the benchmark scripts: fits, thresholds, argument parsing (no timing asserted)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_scaling  # noqa: E402
+import peak_memory  # noqa: E402
+import time_to_quality  # noqa: E402
+
+# ----------------------------------------------------------------------------- bench_scaling
+
+
+def test_linear_fit_recovers_an_exact_line():
+    fit = bench_scaling.linear_fit([2, 4, 8, 16], [0.1 + 0.05 * x for x in (2, 4, 8, 16)])
+    assert fit.intercept == pytest.approx(0.1)
+    assert fit.slope == pytest.approx(0.05)
+    assert fit.max_deviation == pytest.approx(0.0, abs=1e-12)
+    assert bench_scaling.flagged_points(fit) == []
+    assert fit.predict(32) == pytest.approx(1.7)
+
+
+def test_linear_fit_deviation_is_relative_to_the_measured_value():
+    xs, ys = [1, 2, 3], [1.0, 2.0, 6.0]  # least squares: y = -2 + 2.5 x -> 0.5, 3.0, 5.5
+    fit = bench_scaling.linear_fit(xs, ys)
+    assert fit.slope == pytest.approx(2.5)
+    assert fit.intercept == pytest.approx(-2.0)
+    assert fit.deviations == pytest.approx([0.5, -0.5, 0.5 / 6])
+    assert fit.max_deviation == pytest.approx(0.5)
+    assert bench_scaling.flagged_points(fit, 0.15) == [0, 1]
+
+
+def test_quadratic_growth_is_flagged_and_linear_noise_is_not():
+    xs = [8, 16, 32, 64]
+    curved = bench_scaling.linear_fit(xs, [0.01 * x * x for x in xs])
+    assert bench_scaling.flagged_points(curved, 0.15)  # x^2 over 8..64 is far from a line
+    noisy = bench_scaling.linear_fit(xs, [(0.2 + 0.01 * x) * (1 + e) for x, e in zip(xs, (0.03, -0.02, 0.01, -0.01))])
+    assert bench_scaling.flagged_points(noisy, 0.15) == []
+
+
+def test_linear_fit_needs_two_distinct_x():
+    with pytest.raises(ValueError):
+        bench_scaling.linear_fit([4, 4], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        bench_scaling.linear_fit([1, 2], [1.0])
+
+
+def test_bending_phase_names_the_non_linear_phase():
+    xs = [2.0, 4.0, 8.0, 16.0]
+    phases = {"rollout": [0.1 * x for x in xs], "update": [0.5, 0.5, 0.5, 3.0], "sync": [0.01] * 4}
+    phase, residual = bench_scaling.bending_phase(xs, phases, 3)
+    assert phase == "update" and residual > 0
+
+
+def test_axis_summary_flags_with_the_phase():
+    points = [{"value": v, "step_s": s, "phases_s": {p: s / 4 for p in bench_scaling.PHASES}}
+              for v, s in ((2, 1.0), (4, 1.0), (8, 1.0), (16, 5.0))]
+    points[3]["phases_s"]["update"] = 4.0
+    summary = bench_scaling.axis_summary("G", points, 0.15)
+    assert not summary["linear"]
+    assert summary["flagged"] and summary["max_deviation"] > 0.15
+    assert {flag["phase"] for flag in summary["flagged"]} == {"update"}  # the jump is all in the update
+    assert summary["phase_slopes_s"]["update"] > summary["phase_slopes_s"]["rollout"]
+
+
+def test_bench_scaling_arguments():
+    args = bench_scaling.parse_args([])
+    assert args.axes == {"G": [2, 4, 8, 16], "P": [2, 4, 8, 16], "T": [8, 16, 32, 64]}
+    assert (args.steps, args.threads, args.tolerance) == (5, 1, 0.15)
+    args = bench_scaling.parse_args(["--G", "2,8", "--P", "", "--T", "", "--steps", "3", "rollout.precision=fp32"])
+    assert args.axes == {"G": [2, 8]} and args.steps == 3 and args.overrides == ["rollout.precision=fp32"]
+    with pytest.raises(SystemExit):
+        bench_scaling.parse_args(["--G", "4"])  # one value: no line
+    with pytest.raises(SystemExit):
+        bench_scaling.parse_args(["--G", "", "--P", "", "--T", ""])
+
+
+# ----------------------------------------------------------------------------- bench_rollout
+
+
+def test_bench_rollout_arguments_and_sweep_points():
+    import bench_rollout
+
+    args = bench_rollout.parse_args([])
+    assert not args.sweep and args.threads == 2 and args.repeats == 5  # the default mode is unchanged
+    args = bench_rollout.parse_args(["--sweep", "--batches", "1,8", "--lengths", "4", "--out", "x.json"])
+    assert args.batches == [1, 8] and args.lengths == [4] and args.length == 64 and args.batch == 32
+    assert bench_rollout.sweep_points([1, 8], 64, [4], 32) == [("batch", 1, 64), ("batch", 8, 64), ("length", 32, 4)]
+    with pytest.raises(SystemExit):
+        bench_rollout.parse_args(["--plot", "x.png"])  # --plot belongs to --sweep
+    with pytest.raises(SystemExit):
+        bench_rollout.parse_args(["--sweep", "--lengths", "600"])  # beyond the model's context
+
+
+# ----------------------------------------------------------------------------- time_to_quality
+
+
+def test_time_to_threshold_is_the_first_point_at_or_above():
+    curve = [{"step": 20, "seconds": 9.0, "accuracy": 0.95}, {"step": 0, "seconds": 0.0, "accuracy": 0.8},
+             {"step": 10, "seconds": 4.5, "accuracy": 0.9}, {"step": 30, "seconds": 13.0, "accuracy": 0.85}]
+    assert time_to_quality.time_to_threshold(curve, 0.9)["seconds"] == 4.5
+    assert time_to_quality.time_to_threshold(curve, 0.8)["step"] == 0
+    assert time_to_quality.time_to_threshold(curve, 0.96) is None
+    assert time_to_quality.time_to_threshold([], 0.5) is None
+    assert time_to_quality.describe(None) == "never"
+
+
+def test_minirl_curve_sums_step_times_up_to_each_evaluation():
+    rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 1, "time/step_s": 1.5}, {"step": 2, "time/step_s": 2.0,
+            "eval/accuracy": 0.6}, {"step": 3, "time/step_s": 1.0}, {"step": 4, "time/step_s": 0.5, "eval/accuracy": 0.7}]
+    assert time_to_quality.minirl_curve(rows) == [
+        {"step": 0, "seconds": 0.0, "accuracy": 0.5}, {"step": 2, "seconds": 3.5, "accuracy": 0.6},
+        {"step": 4, "seconds": 5.0, "accuracy": 0.7},
+    ]
+
+
+def test_trl_reward_is_the_synthetic_tasks_reward():
+    from minirl.config import TaskConfig
+    from minirl.tasks import build_task_from_config
+
+    namespace: dict = {}
+    exec(time_to_quality.TRL_REWARD, namespace)
+    trl_reward = namespace["exact_answer_reward"]
+    task = build_task_from_config(TaskConfig(kind="reverse", difficulty=4, num_train_prompts=8, num_eval_prompts=2))
+    prompt = task.train_prompts()[0]
+    completions = [f"#### {prompt.answer}", f"x #### {prompt.answer} ", f"#### {prompt.answer}x", prompt.answer,
+                   f"#### zz #### {prompt.answer}", f"#### {prompt.answer} #### ", ""]
+    expected = [task.reward(prompt, c) for c in completions]
+    assert trl_reward([prompt.text] * len(completions), completions, [prompt.answer] * len(completions)) == expected
+    assert expected[:3] == [1.0, 1.0, 0.0]
+
+
+def test_time_to_quality_arguments():
+    args = time_to_quality.parse_args([])
+    assert (args.steps, args.eval_every, args.threshold, args.threads) == (100, 10, 0.9, 1)
+    args = time_to_quality.parse_args(["--quick", "optim.lr=1e-3"])
+    assert (args.steps, args.eval_every) == (3, 1)
+    assert args.overrides[: len(time_to_quality.QUICK)] == time_to_quality.QUICK
+    assert args.overrides[-1] == "optim.lr=1e-3"  # the user's overrides win
+    with pytest.raises(SystemExit):
+        time_to_quality.parse_args(["--threshold", "1.5"])
+    with pytest.raises(SystemExit):
+        time_to_quality.parse_args(["--eval-every", "0"])
+
+
+def test_quick_overrides_make_a_valid_config():
+    from minirl.config import load_config
+
+    cfg = load_config(time_to_quality.parse_args(["--quick"]).config, time_to_quality.QUICK)
+    assert cfg.model.preset == "qwen3-moe-tiny" and cfg.global_batch_sequences == 4
+
+
+# ----------------------------------------------------------------------------- peak_memory
+
+
+def test_peak_memory_arguments():
+    args = peak_memory.parse_args([])
+    assert [name for name, _ in args.job_list] == ["demo", "20m"]
+    assert args.job_list[0][1] == ["train", "configs/demo.yaml"]  # exactly `make demo`
+    assert "model.preset=qwen3-moe-20m" in args.job_list[1][1]
+    args = peak_memory.parse_args(["--jobs", "--job", "mine=train configs/grpo.yaml optim.steps=5"])
+    assert args.job_list == [("mine", ["train", "configs/grpo.yaml", "optim.steps=5"])]
+    with pytest.raises(SystemExit):
+        peak_memory.parse_args(["--job", "no-equals-sign"])
+    with pytest.raises(SystemExit):
+        peak_memory.parse_args(["--jobs"])  # nothing to run
+
+
+def test_peak_memory_of_a_small_child(tmp_path):
+    command = [sys.executable, "-c", "x = bytearray(64 * 2**20); x[::4096] = b'1' * len(x[::4096])"]
+    result = peak_memory.run_job("alloc", command, 0.05, tmp_path / "alloc.log")
+    assert result.exit_code == 0
+    assert result.peak_rss_mib >= 64  # the kernel's high-water mark sees the 64 MiB buffer
+    assert result.processes >= 1
+    command = peak_memory.job_command(["train", "c.yaml"], tmp_path, "x")
+    assert command[1:] == ["-m", "minirl.cli", "train", "c.yaml", f"run.output_dir={tmp_path / 'x'}"]
+
+
+# ----------------------------------------------------------------------------- plots (files written, no pixels checked)
+
+
+def test_plots_are_written(tmp_path):
+    import bench_rollout
+
+    curves = {"minirl": [{"step": 0, "seconds": 0.0, "accuracy": 0.8}, {"step": 10, "seconds": 5.0, "accuracy": 0.92}],
+              "TRL": [{"step": 0, "seconds": 0.0, "accuracy": 0.8}, {"step": 10, "seconds": 7.0, "accuracy": 0.85}]}
+    reached = {side: time_to_quality.time_to_threshold(curve, 0.9) for side, curve in curves.items()}
+    time_to_quality.plot_curves(curves, 0.9, reached, "t", tmp_path / "ttq.png")
+
+    points = [{"value": v, "step_s": 0.1 * v, "phases_s": {p: 0.02 * v for p in bench_scaling.PHASES}} for v in (2, 4, 8)]
+    results = {"G": points}
+    bench_scaling.plot_axes(results, {"G": bench_scaling.axis_summary("G", points, 0.15)}, tmp_path / "scaling.png")
+
+    rows = [bench_rollout.sweep_row(axis, dtype, b, n, [100.0 * b], [120.0 * b])
+            for dtype, _ in bench_rollout.DTYPES for axis, b, n in bench_rollout.sweep_points([1, 4], 8, [4, 8], 2)]
+    assert rows[0]["ratio"] == pytest.approx(1.2)
+    bench_rollout.plot_sweep(rows, tmp_path / "sweep.png")
+    for name in ("ttq.png", "scaling.png", "sweep.png"):
+        assert (tmp_path / name).stat().st_size > 1000
