@@ -240,10 +240,10 @@ def find_latest_step(run_dir: Path) -> int:
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:
-    from minirl.checkpoint import find_latest
-
-    found = find_latest(run_dir)
-    return found is not None and int(found[1]["step"]) >= steps and _last_step(run_dir) >= steps
+    """The run logged its last step (whose row carries the final evaluation). Checkpoints are not
+    needed: a committed result (``config.yaml`` + ``metrics.jsonl``) counts as finished, so a sweep
+    pointed at ``results/`` continues only what is missing."""
+    return _last_step(run_dir) >= steps
 
 
 def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweeps"), quick: bool = False,

@@ -7,7 +7,9 @@ One global step:
     2. rewards from the task's verifier; group-mean baseline advantages;
     3. the trainer recomputes ``logp_old`` (pi_old) over the whole global batch without gradient
        (R2 records the trainer's routes here; R3 replays the engine's routes here, so
-       ``mismatch/*`` measures the mismatch with the routing actually used);
+       ``mismatch/*`` measures the mismatch with the routing actually used). With N = 1 (and no
+       R2, no diagnostics this step) theta_old is theta and the pass is skipped: pi_old is taken,
+       bitwise the same, from the single update's own forward (``objective.OnPolicy``);
     4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
        every recorded route must be consumed exactly once per phase, else ``RuntimeError``);
     5. the new weights are pushed to the engine.
@@ -34,7 +36,7 @@ from minirl.config import Config, ConfigError, dump_config
 from minirl.diagnostics import gradient_fidelity
 from minirl.distributed import build_placement
 from minirl.metrics import MetricsLogger
-from minirl.objective import make_objective
+from minirl.objective import OnPolicy, make_objective
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
     DataOrder,
@@ -258,23 +260,31 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     expected = None if engine_routes is None or replay is None else replay.validate(engine_routes)
     if mode != "R3":
         batch.routes = None
-    # 3. pi_old over the whole global batch (R3 replays the engine's routes, R2 records)
-    before = None if replay is None else list(replay.replayed_rows)
-    old = trainer.score(batch, replay_routes=(mode == "R3"), record_routes=(mode == "R2" or routing_metrics))
-    batch.logp_old = old.logp  # under R3, with the engine's routing: mismatch/* compares like with like
-    if mode == "R3":
-        check_all_replayed(replay, before, expected, "old-log-prob pass")
-    if mode == "R2":
-        batch.routes = old.routes
-        expected = replay.validate(batch.routes)
+    # 3. pi_old over the whole global batch (R3 replays the engine's routes, R2 records). With one
+    #    update per step (N = 1) theta_old is theta: pi_old comes from the update's own forward
+    #    (``OnPolicy``) and this pass is skipped, unless the diagnostics need pi_old first (R2 at
+    #    N = 1 records its routes here, so it keeps the pass).
+    diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
+    fused = fuses_old_pass(cfg, diagnose)
+    if not fused:
+        before = None if replay is None else list(replay.replayed_rows)
+        old = trainer.score(batch, replay_routes=(mode == "R3"), record_routes=(mode == "R2" or routing_metrics))
+        batch.logp_old = old.logp  # under R3, with the engine's routing: mismatch/* compares like with like
+        if mode == "R3":
+            check_all_replayed(replay, before, expected, "old-log-prob pass")
+        if mode == "R2":
+            batch.routes = old.routes
+            expected = replay.validate(batch.routes)
     t2 = time.perf_counter()
     # 4. N gradient updates on mini-batches, routes replayed under R2/R3
     before = None if replay is None else list(replay.replayed_rows)
     minibatches = split(batch, cfg.optim.minibatches_per_step)
-    diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
+    fused_scores = {"score": True, "record_routes": routing_metrics} if fused else {}
     updates, diagnostics = [], {}
     for index, minibatch in enumerate(minibatches):
         objective = make_objective(cfg.algo, minibatch)
+        if fused:
+            objective = OnPolicy(objective)
         if diagnose and index in (0, len(minibatches) - 1):  # first-order approximation, fresh vs stalest
             pre = None if replay is None else list(replay.replayed_rows)
             try:
@@ -284,12 +294,15 @@ def global_step(run: Run, step: int) -> dict[str, float]:
             if pre is not None:  # the diagnostics' own replayed forwards are not the updates' consumption
                 before = [b + now - p for b, p, now in zip(before, pre, replay.replayed_rows)]
         updates.append(trainer.update(minibatch, objective, replay_routes=(mode != "none"),
-                                      natural_drift=(mode == "R2" and routing_metrics)))
+                                      natural_drift=(mode == "R2" and routing_metrics), **fused_scores))
     skipped = [u for u in updates if u.get("skipped")]
     run.faults += [f"skipped an update: {u['reason']}" for u in skipped]
     updates = [u for u in updates if not u.get("skipped")]
     if mode != "none" and not skipped:  # a skipped update may stop before consuming its routes
         check_all_replayed(replay, before, expected, "updates")
+    if fused:  # pi_old as the update saw it; a skipped update left the weights alone: score them
+        old = updates[0].pop("scores") if updates else trainer.score(batch, replay_routes=(mode == "R3"), record_routes=routing_metrics)
+        batch.logp_old = old.logp
     t3 = time.perf_counter()
     # 5. weight sync to the rollout engine
     engine.load_weights(trainer.state_dict())
@@ -316,6 +329,11 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def fuses_old_pass(cfg: Config, diagnose: bool) -> bool:
+    """Whether this step takes pi_old from its single update's forward instead of its own pass."""
+    return cfg.optim.minibatches_per_step == 1 and not diagnose and cfg.moe.routing_replay != "R2"
 
 
 def check_fresh_start(cfg: Config) -> None:

@@ -22,7 +22,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or
                                gradient (no optimizer step; ``optim.max_consecutive_faults`` in a
                                row stop the run with exit code 3)
-``time/{rollout,old_logprobs,update,sync,step}_s``  wall time per phase
+``time/{rollout,old_logprobs,update,sync,step}_s``  wall time per phase (``old_logprobs`` ~0 at
+                               N = 1: pi_old comes from the update's forward)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy (``eval/response_length``)

@@ -78,20 +78,24 @@ class Trainer:
     # ------------------------------------------------------------------ forward passes
 
     def _logits(self, micro: Batch, replay_routes: bool, natural: list | None = None) -> torch.Tensor:
-        """Logits of ``micro``; with ``natural`` (a list, replay only) the routers' own top-k
-        [B, S, L, K] captured under replay is appended to it."""
+        """Logits of ``micro``; with ``natural`` (a list) the routers' own top-k [B, S, L, K] of this
+        forward is appended to it: captured under replay, else recorded."""
         context = nullcontext()
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
             context = self.replay.replay(micro.routes.long(), capture_natural=natural is not None)
-        with context as replayed:
+        elif natural is not None:
+            if self.replay is None:
+                raise ValueError("recording routes needs an MoE model with a RoutingReplay")
+            context = self.replay.record()
+        with context as handle:
             # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
             # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
             # the attention path). Padding positions' outputs are garbage and are masked out.
             out = self.model(input_ids=micro.input_ids.to(self.device), use_cache=False)
         if natural is not None:
-            natural.append(replayed.natural_routes)
+            natural.append(handle.natural_routes if replay_routes else handle.routes)
         return out.logits
 
     @torch.no_grad()
@@ -103,35 +107,13 @@ class Trainer:
         while the batch's routes are replayed (``RoutingReplay.replay(capture_natural=True)``).
         """
         self.model.eval()
-        width = batch.input_ids.shape[1]
-        logp = torch.zeros(batch.mask.shape, dtype=torch.float32)
-        ent = torch.zeros(batch.mask.shape, dtype=torch.float32) if entropy else None
-        routes = None
+        scores = _Scores(batch, entropy=entropy)
         for start, micro in self._micro_batches(batch):
-            rows = slice(start, start + micro.size)
-            cols = micro.input_ids.shape[1]
-            if record_routes:
-                if self.replay is None:
-                    raise ValueError("recording routes needs an MoE model with a RoutingReplay")
-                if replay_routes:
-                    natural: list = []
-                    logits = self._logits(micro, replay_routes=True, natural=natural)
-                    recorded = natural[0].to(torch.int16).cpu()
-                else:
-                    with self.replay.record() as rec:
-                        logits = self._logits(micro, replay_routes=False)
-                    recorded = rec.routes.to(torch.int16).cpu()
-                if routes is None:
-                    routes = torch.full((batch.size, width, *recorded.shape[2:]), -1, dtype=torch.int16)
-                recorded[~micro.attention_mask] = -1
-                routes[rows, :cols] = recorded
-            else:
-                logits = self._logits(micro, replay_routes=replay_routes)
-            logits = logits[:, :-1].float()
-            logp[rows, : cols - 1] = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device)).cpu()
-            if ent is not None:
-                ent[rows, : cols - 1] = token_entropy(logits).cpu()
-        return ScoreResult(logp=logp * batch.mask, entropy=None if ent is None else ent * batch.mask, routes=routes)
+            natural: list | None = [] if record_routes else None
+            logits = self._logits(micro, replay_routes=replay_routes, natural=natural)[:, :-1].float()
+            logp = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device))
+            scores.add(start, micro, logits, logp, natural[0] if natural else None)
+        return scores.result()
 
     def _micro_batches(self, batch: Batch) -> list[tuple[int, Batch]]:
         size = self.micro_batch_sequences
@@ -140,18 +122,24 @@ class Trainer:
     # ------------------------------------------------------------------ the update
 
     def update(
-        self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False, natural_drift: bool = False
-    ) -> dict[str, float]:
+        self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False, natural_drift: bool = False,
+        score: bool = False, record_routes: bool = False,
+    ) -> dict[str, Any]:
         """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches).
 
         ``natural_drift`` (with ``replay_routes``): also return ``routing_natural_diff_frac``, the
         fraction of fed (token, layer) pairs whose replayed top-k set differs from the one the
         router would have picked itself in this forward (-1 rows not counted).
+        ``score``: also return, under ``"scores"``, what ``score`` would return for ``minibatch``
+        at the weights before this step (``record_routes`` as there), taken from this update's own
+        forward: the old-log-prob pass of an on-policy step at no extra cost. Not on a skipped step.
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        scores = _Scores(minibatch, entropy=True) if score else None
         try:
-            totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift)
+            totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
+                                                scores=scores, record_routes=record_routes)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
@@ -163,6 +151,8 @@ class Trainer:
         self.updates_done += 1
         self.consecutive_faults = 0
         totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
+        if scores is not None:
+            totals["scores"] = scores.result()
         return totals
 
     def _skip(self, reason: str) -> dict[str, float]:
@@ -194,24 +184,31 @@ class Trainer:
         self.consecutive_faults = int(state.get("consecutive_faults", 0))
 
     def _accumulate(
-        self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False
+        self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False,
+        scores: _Scores | None = None, record_routes: bool = False,
     ) -> tuple[dict[str, float], float]:
         """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
 
-        Returns the metrics (averaged over micro-batches, weighted by rows) and the summed loss.
+        Returns the metrics (averaged over micro-batches, weighted by rows) and the summed loss;
+        fills ``scores`` (detached log-probs, entropies and, with ``record_routes``, routes) if given.
         """
         totals: dict[str, float] = {}
         loss_sum = 0.0
-        natural: list | None = [] if natural_drift and replay_routes else None
+        drift = natural_drift and replay_routes
+        natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = 0.0
-        for _, micro in self._micro_batches(minibatch):
+        for start, micro in self._micro_batches(minibatch):
             micro = micro.to(self.device)
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)
-            if natural is not None:
-                agreement = routing_agreement(micro.routes, natural.pop(), micro.attention_mask)
+            routes = natural.pop() if natural is not None else None
+            if drift:
+                agreement = routing_agreement(micro.routes, routes, micro.attention_mask)
                 counted += agreement["route_counted_pairs"]
                 differing += agreement["route_diff_frac"] * agreement["route_counted_pairs"]
-            logp = token_logprobs(logits[:, :-1].float(), micro.input_ids[:, 1:])
+            logits = logits[:, :-1].float()
+            logp = token_logprobs(logits, micro.input_ids[:, 1:])
+            if scores is not None:
+                scores.add(start, micro, logits, logp, routes if record_routes else None)
             loss, metrics = objective(logp, micro)
             loss.backward()
             loss_sum += float(loss.detach())
@@ -252,3 +249,32 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights``."""
         return self.model.state_dict()
+
+
+class _Scores:
+    """What ``Trainer.score`` returns for a batch, filled micro-batch by micro-batch (detached)."""
+
+    def __init__(self, batch: Batch, *, entropy: bool) -> None:
+        self.batch = batch
+        self.logp = torch.zeros(batch.mask.shape, dtype=torch.float32)
+        self.entropy = torch.zeros(batch.mask.shape, dtype=torch.float32) if entropy else None
+        self.routes: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def add(self, start: int, micro: Batch, logits: torch.Tensor, logp: torch.Tensor, routes: torch.Tensor | None) -> None:
+        """Rows ``start..`` from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp`` [b, T-1];
+        ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding)."""
+        rows, cols = slice(start, start + micro.size), micro.input_ids.shape[1]
+        self.logp[rows, : cols - 1] = logp.detach().cpu()
+        if self.entropy is not None:
+            self.entropy[rows, : cols - 1] = token_entropy(logits.detach()).cpu()
+        if routes is not None:
+            recorded = routes.to(torch.int16).cpu()
+            if self.routes is None:
+                self.routes = torch.full((self.batch.size, self.batch.input_ids.shape[1], *recorded.shape[2:]), -1, dtype=torch.int16)
+            recorded[~micro.attention_mask.cpu()] = -1
+            self.routes[rows, :cols] = recorded
+
+    def result(self) -> ScoreResult:
+        mask = self.batch.mask
+        return ScoreResult(logp=self.logp * mask, entropy=None if self.entropy is None else self.entropy * mask, routes=self.routes)

@@ -22,11 +22,12 @@ def _rewards(monkeypatch):
     monkeypatch.setattr(loop, "score_completions", dense_rewards)
 
 
-@pytest.mark.parametrize("replay", ["R3", "R2"])
-def test_two_fsdp_ranks_match_one_process(tmp_path, replay):
+@pytest.mark.parametrize("replay, n", [("R3", 2), ("R2", 2), ("R3", 1)])
+def test_two_fsdp_ranks_match_one_process(tmp_path, replay, n):
     """R3 replays the engine's routes on the ranks; R2 records routes on the ranks (old-log-prob
-    pass, each rank its shard), gathers them in row order and replays them in both updates."""
-    mode = [f"moe.routing_replay={replay}", "optim.minibatches_per_step=2"]
+    pass, each rank its shard), gathers them in row order and replays them in both updates.
+    N = 1: pi_old comes from the update's forward on each rank, gathered in row order."""
+    mode = [f"moe.routing_replay={replay}", f"optim.minibatches_per_step={n}"]
     single = run_steps(tmp_path / "single", *mode)
     sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2")
     loss_diff, weight_diff = max_differences(single, sharded)

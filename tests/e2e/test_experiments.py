@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,12 @@ def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
     again = _minirl(*args)
     assert again.returncode == 0 and "0 run(s) to do" in again.stdout, again.stdout
     assert "skip onpolicy/minirl seed0: finished" in again.stdout
+    committed = runs / "onpolicy/minirl/seed0"  # as committed to results/: config and metrics only
+    for path in committed.iterdir():
+        if path.name not in ("config.yaml", "metrics.jsonl"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    kept = _minirl("sweep", "experiments", "--quick", "--seeds", "1", "--runs-dir", str(runs), "--arms", "onpolicy/minirl")
+    assert kept.returncode == 0 and "0 run(s) to do" in kept.stdout, kept.stdout
 
     plot = _minirl("plot", str(runs))
     assert plot.returncode == 0, plot.stderr[-2000:]

@@ -167,6 +167,16 @@ def _gather_spawned(calls: list[tuple[Spawned, Any]], what: str) -> list[Any]:
 # ----------------------------------------------------------------------------- the trainer group
 
 
+def _joined(parts: list[ScoreResult]) -> ScoreResult:
+    """The ranks' ``ScoreResult`` of their contiguous shards, concatenated back in row order."""
+
+    def cat(field: str) -> torch.Tensor | None:
+        values = [getattr(p, field) for p in parts]
+        return None if values[0] is None else torch.cat(values)
+
+    return ScoreResult(logp=cat("logp"), entropy=cat("entropy"), routes=cat("routes"))
+
+
 class TrainerGroup:
     """W trainer ranks behind the ``Trainer`` interface (``score``, ``update``, ``state_dict``,
     ``checkpoint_state``, ``load_checkpoint_state``, ``consecutive_faults``, ``model``)."""
@@ -192,23 +202,21 @@ class TrainerGroup:
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
         shards = split(batch, self.world)
         parts = self._all("score", [(s,) for s in shards], replay_routes=replay_routes, record_routes=record_routes, entropy=entropy)
+        return _joined(parts)
 
-        def cat(field: str) -> torch.Tensor | None:
-            values = [getattr(p, field) for p in parts]
-            return None if values[0] is None else torch.cat(values)
-
-        return ScoreResult(logp=cat("logp"), entropy=cat("entropy"), routes=cat("routes"))
-
-    def update(self, minibatch: Batch, objective: Any, *, replay_routes: bool = False, natural_drift: bool = False) -> dict[str, Any]:
+    def update(self, minibatch: Batch, objective: Any, *, replay_routes: bool = False, natural_drift: bool = False,
+               score: bool = False, record_routes: bool = False) -> dict[str, Any]:
         shards = split(minibatch, self.world)
-        answers = self._all("update", [(s, objective) for s in shards], replay_routes=replay_routes, natural_drift=natural_drift)
+        answers = self._all("update", [(s, objective) for s in shards], replay_routes=replay_routes, natural_drift=natural_drift,
+                            score=score, record_routes=record_routes)
         self.consecutive_faults = answers[0]["consecutive_faults"]
         per_rank = [a["metrics"] for a in answers]
         if any(m.get("skipped") for m in per_rank):  # the global gradient norm decides: all skip together
             reasons = [m["reason"] for m in per_rank if m.get("skipped")]
             reason = next((r for r in reasons if r.startswith("non-finite log-probs")), reasons[0])
             return {"skipped": 1.0, "reason": reason}
-        merged: dict[str, Any] = {}
+        scores = [m.pop("scores") for m in per_rank] if score else None
+        merged: dict[str, Any] = {} if scores is None else {"scores": _joined(scores)}
         for key in per_rank[0]:
             values = [m[key] for m in per_rank]
             if key == "loss":
