@@ -21,7 +21,8 @@ an optimizer step over all measured steps (the first ``--warmup`` steps of each 
 TRL settings (closest to MiniRL's demo): ``loss_type="dr_grpo"``, ``beta=0`` (no reference
 model), ``scale_rewards="none"``, ``epsilon=0.2``, ``epsilon_high=0.27``, ``num_generations=G``,
 ``per_device_train_batch_size=P*G`` (so one generation round per optimizer step),
-``max_completion_length=T``, ``use_cpu=True``, ``report_to="none"``. TRL adds the router aux loss
+``max_completion_length=T``, ``use_cpu=True``, ``report_to="none"``, ``gradient_checkpointing=False``
+(TRL 1.16's default is True; figures before 2026-12-03 were measured against TRL with it on). TRL adds the router aux loss
 for MoE models (its default); minirl does not. minirl runs ``configs/demo.yaml`` (fp8 rollout
 engine, routing metrics on) with cold start and eval off; extra ``key=value`` overrides apply
 to the minirl side (e.g. ``rollout.precision=fp32`` for an fp32 engine like TRL's HF generate,
@@ -90,6 +91,7 @@ P, G, T = spec["prompts"], spec["samples"], spec["new_tokens"]
 config = GRPOConfig(
     output_dir=spec["output_dir"], use_cpu=True, use_vllm=False, bf16=False, fp16=False,
     report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, log_completions=False,
+    gradient_checkpointing=False,  # TRL 1.16 defaults to True: recomputing activations, which minirl does not do
     max_steps=spec["steps"], learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
     weight_decay=0.0, max_grad_norm=1.0, seed=spec["seed"], dataloader_num_workers=0,
     per_device_train_batch_size=P * G, gradient_accumulation_steps=1, num_generations=G,
@@ -161,13 +163,16 @@ def run_minirl(cfg, forced: bool, warmup: int, steps: int, phases: dict[str, lis
     if forced:  # an EOS id outside the vocabulary: every row runs to max_new_tokens
         run.engine.eos_ids = torch.tensor([10**9])
     times, lengths = [], []
-    for step in range(1, warmup + steps + 1):
-        metrics = global_step(run, step)
-        if step > warmup:
-            times.append(metrics["time/step_s"])
-            lengths.append(metrics["train/response_length"])
-            for phase in PHASES:
-                phases[phase].append(metrics[f"time/{phase}_s"])
+    try:
+        for step in range(1, warmup + steps + 1):
+            metrics = global_step(run, step)
+            if step > warmup:
+                times.append(metrics["time/step_s"])
+                lengths.append(metrics["train/response_length"])
+                for phase in PHASES:
+                    phases[phase].append(metrics[f"time/{phase}_s"])
+    finally:
+        run.close()
     return times, lengths
 
 
