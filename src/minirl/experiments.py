@@ -365,6 +365,28 @@ def _series(run: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
 
 PANELS = (("eval/accuracy", "held-out score (mean@n)", False), ("mismatch/kl_k3", "training-inference KL (k3)", True),
           ("train/reward_mean", "training reward", False), ("train/entropy", "entropy", False))
+#: per-step panels (not the held-out score, logged every few steps) are drawn as a trailing moving
+#: mean over this many logged steps: a single step's k3 KL moves over four orders of magnitude
+SMOOTH_STEPS = 8
+
+
+def moving_mean(ys: list[float], window: int) -> list[float]:
+    """Trailing mean of ``ys`` over ``window`` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y
+        if i >= window:
+            total -= ys[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def late_mean(ys: list[float], fraction: float = 0.25) -> float | None:
+    """Mean of the last ``fraction`` of ``ys`` (at least one value): a run's "final" level of a noisy series."""
+    if not ys:
+        return None
+    tail = ys[-max(1, round(len(ys) * fraction)):]
+    return statistics.mean(tail)
 COLD_START_PANELS = (("eval/response_length", "held-out response length (tokens)", False),)  # Fig. 5
 
 
@@ -384,7 +406,10 @@ def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
             for arm, runs in sorted(arms.items()):
                 by_x: dict[int, list[float]] = {}
                 for run in runs:
-                    for x, y in zip(*_series(run, key)):
+                    xs_run, ys_run = _series(run, key)
+                    if key != "eval/accuracy" and not key.startswith("eval/"):
+                        ys_run = moving_mean(ys_run, SMOOTH_STEPS)
+                    for x, y in zip(xs_run, ys_run):
                         by_x.setdefault(x, []).append(y)
                 if not by_x:
                     continue
@@ -396,7 +421,7 @@ def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
                 if log_y:
                     lo = [max(v, m * 0.1) if m > 0 else v for v, m in zip(lo, mean)]
                 ax.fill_between(xs, lo, [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
-            ax.set_title(title)
+            ax.set_title(title if key.startswith("eval/") else f"{title}, moving mean of {SMOOTH_STEPS} steps", fontsize=9)
             ax.set_xlabel("gradient steps")
             if log_y and ax.lines and all(min(line.get_ydata()) > 0 for line in ax.lines):
                 ax.set_yscale("log")
@@ -511,12 +536,12 @@ def _pm(values: list[float], fmt: str = "{:.3f}") -> str:
 def report(runs_dir: Path, out: Path | None = None) -> Path:
     legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
               "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
-              "(per seed; None = never). Final KL = last `mismatch/kl_k3`. Grad cosine and residual: run means of "
+              "(per seed; None = never). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
     lines = [f"# Report: {runs_dir}", "", legend, ""]
     for setting, arms in load_runs(runs_dir).items():
         lines += [f"## {SETTINGS.get(setting, setting)}", "",
-                  "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | final KL (k3) "
+                  "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | final KL (k3, last 25 %) "
                   "| grad cosine (last mb) | residual (last mb) |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for arm, runs in sorted(arms.items()):
@@ -529,7 +554,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
                     collapses.append(steps_to_collapse(xs, ys))
                 _, ky = _series(run, "mismatch/kl_k3")
                 if ky:
-                    kls.append(ky[-1])
+                    kls.append(late_mean(ky))
                 steps.append(int(run["rows"][-1]["step"]) * run["n"])
             collapse = ", ".join("None" if c is None else str(c) for c in collapses) or "—"
             cosines = [v for v in (_run_mean("fidelity/last_grad_cosine")(run["rows"]) for run in runs) if v is not None]

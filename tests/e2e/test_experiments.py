@@ -97,6 +97,15 @@ def test_base_counts_in_gradient_steps_that_every_n_divides(tmp_path):
         generate(tmp_path)
 
 
+def test_moving_and_late_means():
+    from minirl.experiments import late_mean, moving_mean
+
+    assert moving_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert moving_mean([2.0], 8) == [2.0]
+    assert late_mean([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == 7.5  # the last quarter: 7, 8
+    assert late_mean([4.0]) == 4.0 and late_mean([]) is None
+
+
 def test_steps_to_collapse():
     assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.1]) == 20
     assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.5]) is None
