@@ -651,7 +651,9 @@ def _collapses(arms: dict, arm: str, reference: str) -> tuple[str, str]:
     if not got or not ref:
         return "not run", f"{arm} or {reference} has no runs"
     ent = _values(arms, arm, "entropy_change")
-    numbers = (f"{arm} collapsed in {sum(got)}/{len(got)} seeds, {reference} in {sum(ref)}/{len(ref)}"
+    horizon = max(int(run["rows"][-1]["step"]) * run["n"] for run in arms[arm])
+    numbers = (f"{arm} collapsed in {sum(got)}/{len(got)} seeds, {reference} in {sum(ref)}/{len(ref)}, "
+               f"within {horizon} gradient steps"
                + (f"; entropy change over the run {statistics.mean(ent):+.3f}" if ent else ""))
     if min(len(got), len(ref)) < 2:
         return "cannot tell (1 seed)", numbers
