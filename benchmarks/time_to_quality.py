@@ -364,6 +364,7 @@ def main() -> None:
     print_curves(curves, args.threshold, reached)
     print(f"\nTRL settings: {json.dumps(trl['settings'])}\ncommand: {command}")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"command": command, "threshold": args.threshold, "steps": args.steps,
                                         "eval_every": args.eval_every, "threads": args.threads, "curves": curves,
                                         "reached": reached, "trl_settings": trl["settings"], "trl_logs": trl["logs"]},
@@ -371,6 +372,7 @@ def main() -> None:
         print(f"wrote {args.out}")
     if args.plot:
         title = f"time to held-out accuracy {args.threshold}, {args.steps} steps, {args.threads} thread(s)"
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot_curves(curves, args.threshold, reached, title, args.plot)
         print(f"wrote {args.plot}")
 
