@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
+from bench_rollout import int_list  # noqa: E402
 from compare_trl import PHASES, run_minirl  # noqa: E402  (timed global steps with forced lengths)
 
 # axis name -> the config key it sets
@@ -194,10 +195,6 @@ def plot_axes(results: dict[str, list[dict]], summaries: dict[str, dict], path: 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def int_list(text: str) -> list[int]:
-    return [int(item) for item in text.split(",") if item.strip()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -242,9 +242,6 @@ class TrainerGroup:
         self._all("load_checkpoint_state", [(state, weights)] * self.world)
         self.consecutive_faults = int(state.get("consecutive_faults", 0))
 
-    def gradient(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        raise NotImplementedError("the first-order diagnostics need the single-process trainer (cluster.trainer_ranks=1, backend=local)")
-
     def replayed_rows(self) -> list[int]:
         counts = self._all("replayed_rows")
         return [sum(column) for column in zip(*counts)]
