@@ -182,8 +182,11 @@ def test_resume_refuses_a_different_algorithm_config_and_says_when_there_is_none
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minirl: error")]
     assert len(lines) == 1 and "optim.lr" in lines[0] and "0.5" in lines[0]
     assert main([*base, "optim.steps=3", "run.resume=auto"]) == 0  # more steps: allowed
+    # a sweep starts a run over with run.overwrite=true and resumes it without: allowed
+    assert main([*base, "optim.steps=4", "run.resume=auto", "run.overwrite=true"]) == 0
+    assert main([*base, "optim.steps=5", "run.resume=auto", "run.overwrite=false"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
 
 
 def test_config_error_type():
