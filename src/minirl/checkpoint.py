@@ -181,6 +181,18 @@ def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
         from minirl.config import ClusterConfig
 
         saved = {**saved, "cluster": ClusterConfig().model_dump(mode="json")}
+    differences = config_differences(saved, now, ignore=RESUMABLE_DIFFERENCES, label="checkpoint")
+    if differences:
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: the config differs in {', '.join(differences)}; "
+            "use the checkpoint's config or a new run.name"
+        )
+
+
+def config_differences(saved: dict[str, Any], now: dict[str, Any], *, ignore: tuple[str, ...] = (),
+                       label: str = "saved") -> list[str]:
+    """``key (label old, now new)`` for each dotted key whose value differs; a key in ``ignore``, or under
+    an entry of it that ends with a dot, is left out."""
     differences: list[str] = []
 
     def walk(a: Any, b: Any, prefix: str) -> None:
@@ -189,15 +201,11 @@ def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
                 walk(a.get(key), b.get(key), f"{prefix}{key}.")
             return
         key = prefix[:-1]
-        if a != b and not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_DIFFERENCES):
-            differences.append(f"{key} (checkpoint {a!r}, now {b!r})")
+        if a != b and not any(key == k or (k.endswith(".") and key.startswith(k)) for k in ignore):
+            differences.append(f"{key} ({label} {a!r}, now {b!r})")
 
     walk(saved, now, "")
-    if differences:
-        raise ConfigError(
-            f"cannot resume from {checkpoint}: the config differs in {', '.join(differences)}; "
-            "use the checkpoint's config or a new run.name"
-        )
+    return differences
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:

@@ -247,6 +247,12 @@ class ColdStartConfig(Section):
     """Teacher style of the worked solutions (see the task's ``styles``)."""
     examples: int = Field(2000, ge=1)
     steps: int = Field(300, ge=1)
+    """SFT optimizer steps; with ``until_loss``, the most it may take."""
+    until_loss: float | None = Field(None, gt=0)
+    """Stop early once the token cross-entropy, averaged over the last ``loss_window_steps`` steps, is
+    below this (nats per token). Gives every teacher style the same fit, whatever its trace length
+    (``null``: always ``steps``)."""
+    loss_window_steps: int = Field(20, ge=1)
     batch_sequences: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)

@@ -74,17 +74,43 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     trainer = build_trainer(sft_cfg, model, replay=None)
     rng = random.Random(seed + 1)
     started, last_print = time.perf_counter(), 0.0
+    losses: list[float] = []
+    reached = False
     for step in range(1, c.steps + 1):
         picked = [examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)]
         batch = collate(picked, torch.zeros(len(picked)), pad_token_id=tokenizer.pad_token_id)
-        metrics = trainer.update(batch, cross_entropy_objective(batch))
+        losses.append(trainer.update(batch, cross_entropy_objective(batch))["loss"])
+        window = window_loss(losses, c.loss_window_steps)
+        reached = c.until_loss is not None and window is not None and window < c.until_loss
         now = time.perf_counter()
-        if now - last_print > 5 or step == c.steps:
-            log(f"sft step {step}/{c.steps}  loss {metrics['loss']:.4f}  ({now - started:.0f}s)")
+        if now - last_print > 5 or step == c.steps or reached:
+            shown = f"  (mean of last {c.loss_window_steps}: {window:.4f})" if window is not None else ""
+            log(f"sft step {step}/{c.steps}  loss {losses[-1]:.4f}{shown}  ({now - started:.0f}s)")
             last_print = now
+        if reached:
+            log(f"sft: loss below cold_start.until_loss={c.until_loss} after {step} steps")
+            break
+    else:
+        if c.until_loss is not None:
+            log(f"sft: warning: loss still above cold_start.until_loss={c.until_loss} after all {c.steps} steps")
     save_checkpoint(model, tokenizer, output)
     dump_config(cfg, output / "minirl_sft_config.yaml")
+    summary = {"style": c.style, "steps": len(losses), "final_loss": losses[-1],
+               "window_loss": window_loss(losses, c.loss_window_steps), "until_loss": c.until_loss,
+               "reached": reached if c.until_loss is not None else None,
+               "seconds": time.perf_counter() - started}
+    (output / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return output
+
+
+SUMMARY = "minirl_sft_summary.json"
+
+
+def window_loss(losses: list[float], window: int) -> float | None:
+    """Mean of the last ``window`` losses; ``None`` until there are that many."""
+    if len(losses) < window:
+        return None
+    return sum(losses[-window:]) / window
 
 
 def sft_cache_key(cfg: Config) -> str:
@@ -92,7 +118,8 @@ def sft_cache_key(cfg: Config) -> str:
     parts = {
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task.model_dump(mode="json"),
-        "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed"}),
+        "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
+            ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ())}),  # keys of earlier caches
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
                                                              "micro_batch_sequences", "max_consecutive_faults"}),
         "seed": cfg.run.seed if cfg.cold_start.seed is None else cfg.cold_start.seed,
@@ -109,7 +136,9 @@ def cached_sft(cfg: Config, cache_dir: Path, log=print) -> Path:
     with open(cache_dir / f"{key}.lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (path / "minirl_sft_config.yaml").is_file():
-            log(f"cold start: reusing SFT checkpoint {path}")
+            done = json.loads((path / SUMMARY).read_text()) if (path / SUMMARY).is_file() else {}
+            fit = f" ({done['steps']} steps, final loss {done['final_loss']:.4f})" if done else ""
+            log(f"cold start: reusing SFT checkpoint {path}{fit}")
             return path
         tmp = cache_dir / f".{key}.tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)

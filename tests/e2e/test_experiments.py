@@ -43,6 +43,9 @@ def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
         assert (cfg.optim.steps * n, cfg.eval.every_steps * n, cfg.checkpoint.every_steps * n) == (128, 16, 16), name
         assert cfg.cold_start.seed == 0 and cfg.cold_start.enabled, name  # one cold start shared by the RL seeds
         assert name.split("/")[0] in ("onpolicy", "coldstart") or n == int(name.split("/")[0][1:]), name
+        # the cold-start arms fit every teacher style to the same SFT loss; the others keep the base's 400 steps
+        fit = (2000, 0.02, 20) if name.startswith("coldstart/") else (400, None, 20)
+        assert (cfg.cold_start.steps, cfg.cold_start.until_loss, cfg.cold_start.loss_window_steps) == fit, name
     assert load_arm(EXPERIMENTS / "onpolicy/minirl_r3_no_is.yaml").algo.is_correction is False
     assert load_arm(EXPERIMENTS / "onpolicy/minirl_lennorm.yaml").algo.aggregation == "seq_mean"
     assert load_arm(EXPERIMENTS / "n4/minirl_r2_noclip.yaml").algo.clip is False
@@ -70,7 +73,8 @@ def test_stress_study_moves_one_axis_per_condition():
         assert [k for k, v in moved.items() if v] == ([] if cond == "base" else [cond]), name
         assert cfg.algo.clip is not arm.endswith("_noclip") and cfg.algo.is_correction is not arm.endswith("_no_is"), name
         assert cfg.moe.routing_replay == ("R2" if "_r2" in arm else "R3" if "_r3" in arm else "none"), name
-        assert (cfg.task.difficulty, cfg.cold_start.steps) == (base.task.difficulty, base.cold_start.steps)
+        fit = (2000, 0.02) if cond == "long" else (base.cold_start.steps, None)  # stepwise SFT to the same loss
+        assert (cfg.task.difficulty, cfg.cold_start.steps, cfg.cold_start.until_loss) == (base.task.difficulty, *fit)
     assert not any(name.startswith("stress/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
 
 
@@ -134,6 +138,13 @@ def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     kept = _minirl("sweep", "experiments", "--quick", "--seeds", "1", "--runs-dir", str(runs), "--arms", "onpolicy/minirl")
     assert kept.returncode == 0 and "0 run(s) to do" in kept.stdout, kept.stdout
+    assert "another config" not in kept.stdout
+    # a finished run whose arm has changed since is still skipped (never deleted), with a line saying so
+    saved = committed / "config.yaml"
+    saved.write_text(saved.read_text().replace("eps_high: 0.27", "eps_high: 0.3"))
+    stale = _minirl("sweep", "experiments", "--quick", "--seeds", "1", "--runs-dir", str(runs), "--arms", "onpolicy/minirl")
+    assert stale.returncode == 0 and "0 run(s) to do" in stale.stdout, stale.stdout
+    assert f"another config (algo.eps_high (run 0.3, now 0.27)): delete {committed} to run it again" in stale.stdout
 
     plot = _minirl("plot", str(runs))
     assert plot.returncode == 0, plot.stderr[-2000:]
