@@ -203,3 +203,19 @@ def test_plots_are_written(tmp_path):
     bench_rollout.plot_sweep(rows, tmp_path / "sweep.png")
     for name in ("ttq.png", "scaling.png", "sweep.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+# ----------------------------------------------------------------------------- profile_decode
+
+
+def test_decode_profile_counts_ops_and_matmuls_of_a_cached_step():
+    import profile_decode
+
+    from minirl.config import load_config
+    from minirl.runtime import build_model
+
+    model, _ = build_model(load_config(None, ["model.preset=qwen3-moe-tiny"]))
+    model.eval()
+    row = profile_decode.decode_step_profile(model, batch=2, prompt=4, steps=2)
+    assert row["batch"] == 2 and row["step_ms"] > 0 and row["ops_per_step"] > 50
+    assert 0 < row["matmul_ms"] < row["aten_ms"]

@@ -1,0 +1,77 @@
+"""How long one decode step of the demo model takes, and how much of it is matrix multiplies.
+
+Builds the demo config's model (``qwen3-moe-2m``, no cold start), prefills ``--prompt`` random tokens
+for each batch size in ``--batches``, then times single-token forwards with the KV cache (the work of
+one decode step of the rollout engine and of HF ``generate``) and profiles a few of them: the aten
+operator count per step, their self CPU time and the part of it in matmuls. A step whose matmuls are a
+small share of its time is bound by per-operator dispatch, not by arithmetic.
+
+    python benchmarks/profile_decode.py [--batches 1,64] [--prompt 16] [--steps 30] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
+from bench_rollout import int_list  # noqa: E402
+
+from minirl.config import load_config  # noqa: E402
+from minirl.runtime import build_model  # noqa: E402
+
+MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::_grouped_mm", "aten::baddbmm"}
+
+
+def decode_step_profile(model: torch.nn.Module, batch: int, prompt: int, steps: int) -> dict[str, float]:
+    """Mean wall time of ``steps`` decode steps after a prefill, and a profile of 10 more."""
+    ids = torch.randint(3, 60, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        token = ids[:, -1:]
+        for _ in range(5):  # warm-up
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+        started = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+        step_s = (time.perf_counter() - started) / steps
+        profiled = 10
+        with profile() as prof:
+            for _ in range(profiled):
+                model(input_ids=token, past_key_values=cache, use_cache=True)
+    events = prof.key_averages()
+    return {
+        "batch": batch,
+        "step_ms": step_s * 1e3,
+        "ops_per_step": sum(e.count for e in events) / profiled,
+        "aten_ms": sum(e.self_cpu_time_total for e in events) / profiled / 1e3,
+        "matmul_ms": sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / profiled / 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int_list, default=[1, 64])
+    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--config", default="configs/demo.yaml")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = build_model(load_config(args.config, ["cold_start.enabled=false"]))
+    model.eval()
+    print(f"one decode step (1 new token per row, KV cache of {args.prompt}+ tokens), {args.threads} thread(s)")
+    print(f"{'batch':>6} {'step ms':>8} {'aten ops':>9} {'op self ms':>11} {'matmul ms':>10} {'matmul share':>13}")
+    for batch in args.batches:
+        r = decode_step_profile(model, batch, args.prompt, args.steps)
+        print(f"{batch:>6} {r['step_ms']:>8.2f} {r['ops_per_step']:>9.0f} {r['aten_ms']:>11.2f} {r['matmul_ms']:>10.2f}"
+              f" {r['matmul_ms'] / r['aten_ms']:>12.0%}")
+
+
+if __name__ == "__main__":
+    main()
