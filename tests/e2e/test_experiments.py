@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -196,3 +197,23 @@ def test_claim_verdicts_weigh_differences_against_seed_noise():
     verdict, numbers = _collapses(arms, "onpolicy/minirl_no_is", "onpolicy/minirl")
     assert verdict == "supports" and "collapsed in 3/3 seeds" in numbers and "in 0/3" in numbers
     assert _collapses(arms, "onpolicy/minirl", "onpolicy/minirl_no_is")[0] == "contradicts"
+
+
+def test_stress_paired_effects_by_hand():
+    from minirl.experiments import _flat, paired_effect, stress_section
+
+    runs = _fake_runs({
+        "base/n4_minirl": [[0.5, 0.9]], "base/n4_minirl_noclip": [[0.5, 0.8]],
+        "base/n8_minirl": [[0.5, 0.7]], "base/n8_minirl_noclip": [[0.5, 0.7]],
+        "base/onpolicy_minirl": [[0.5, 0.9], [0.5, 0.8]], "base/onpolicy_minirl_no_is": [[0.5, 0.6]],
+    })
+    arms = _flat(runs)
+    pairs = [("base/n4_minirl", "base/n4_minirl_noclip"), ("base/n8_minirl", "base/n8_minirl_noclip"),
+             ("base/n4_minirl_r2", "base/n4_minirl_r2_noclip")]  # the last pair did not run: left out
+    mean, se, n = paired_effect(arms, pairs)
+    assert (round(mean, 12), round(se, 12), n) == (0.05, 0.05, 2)  # diffs 0.1 and 0.0
+    mean, se, n = paired_effect(arms, [("base/onpolicy_minirl", "base/onpolicy_minirl_no_is")])
+    assert round(mean, 12) == 0.25 and n == 1 and math.isnan(se)  # seed mean 0.85 - 0.6
+    table = "\n".join(stress_section(runs))
+    assert "| base | all | — | —/— | +0.050 ± 0.050 (n=2) | — | — | +0.250 (1 pair) | 0/7 |" in table
+    assert stress_section(_fake_runs({"n2/minirl_r2": [[0.5, 0.9]]})) == []
