@@ -586,6 +586,11 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
             residuals = [v for v in (_run_mean("residual/last_total_mean")(run["rows"]) for run in runs) if v is not None]
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "
                          f"{_pm(kls, '{:.2e}')} | {_pm(cosines, '{:.4f}')} | {_pm(residuals, '{:.2e}')} |")
+        dead = [arm for arm, runs in sorted(arms.items()) if runs and all(_run_stats(run)["peak"] == 0 for run in runs)]
+        if dead:
+            lines += ["", f"**No learning signal:** {', '.join(dead)} never scored above 0 on the held-out set, so every "
+                      "group's reward was (nearly) all zero and RL had nothing to learn from; check the cold start "
+                      "before reading these rows."]
         lines.append("")
     lines += claims_section(load_runs(runs_dir))
     lines += stress_section(load_runs(runs_dir))

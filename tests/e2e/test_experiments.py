@@ -217,3 +217,17 @@ def test_stress_paired_effects_by_hand():
     table = "\n".join(stress_section(runs))
     assert "| base | all | — | —/— | +0.050 ± 0.050 (n=2) | — | — | +0.250 (1 pair) | 0/7 |" in table
     assert stress_section(_fake_runs({"n2/minirl_r2": [[0.5, 0.9]]})) == []
+
+
+def test_report_flags_arms_without_learning_signal(tmp_path):
+    from minirl.experiments import report
+
+    for arm, ys in (("n2/minirl_r2", [0.0, 0.0]), ("n2/minirl_r3", [0.5, 0.8])):
+        run = tmp_path / arm / "seed0"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": 8 * i, "eval/accuracy": y}) + "\n"
+                                                    for i, y in enumerate(ys)))
+        shutil.copy(EXPERIMENTS / f"{arm}.yaml", run / "config.yaml")
+    text = report(tmp_path).read_text()
+    assert "**No learning signal:** n2/minirl_r2 never scored above 0" in text and "n2/minirl_r3 never" not in text
+
