@@ -630,7 +630,9 @@ def _run_stats(run: dict[str, Any]) -> dict[str, float | bool | None]:
     xs, ys = _series(run, "eval/accuracy")
     _, kl = _series(run, "mismatch/kl_k3")
     _, ent = _series(run, "train/entropy")
+    _, reward = _series(run, "train/reward_mean")
     return {"peak": max(ys) if ys else None, "final": ys[-1] if ys else None, "start": ys[0] if ys else None,
+            "late_reward": late_mean(reward), "late_entropy": late_mean(ent),
             "collapsed": steps_to_collapse(xs, ys) is not None if ys else None,
             "kl": statistics.mean(kl) if kl else None,
             "entropy_change": (statistics.mean(ent[-5:]) - statistics.mean(ent[:5])) if len(ent) >= 10 else None}
@@ -766,12 +768,13 @@ def claims_section(runs: dict[str, dict[str, list]]) -> list[str]:
 # ----------------------------------------------------------------------------- stress study, paired effects
 
 _REPLAYS = {"none": "", "R2": "_r2", "R3": "_r3"}
+STAT_KEYS = ("peak", "final", "kl", "late_reward", "late_entropy")  # per-run statistics of ``_run_stats``
 
 
 def _arm_value(arms: dict[str, list], arm: str, key: str) -> float | None:
     """Mean over an arm's seeds of one run statistic (``_run_stats`` key, or a metric's run mean)."""
     runs = arms.get(arm, [])
-    values = [(_run_stats(run)[key] if key in ("peak", "final", "kl") else _run_mean(key)(run["rows"])) for run in runs]
+    values = [(_run_stats(run)[key] if key in STAT_KEYS else _run_mean(key)(run["rows"])) for run in runs]
     values = [v for v in values if v is not None]
     return statistics.mean(values) if values else None
 
@@ -793,14 +796,14 @@ def paired_effect(arms: dict[str, list], pairs: list[tuple[str, str]], key: str 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
-def _effect_cell(effect: tuple[float, float, int] | None) -> str:
+def _effect_cell(effect: tuple[float, float, int] | None, fmt: str = "{:+.3f}") -> str:
     if effect is None:
         return "—"
     mean, se, n = effect
     if not math.isfinite(se):
-        return f"{mean:+.3f} (1 pair)"
+        return f"{fmt.format(mean)} (1 pair)"
     mark = " **beyond noise**" if abs(mean) > T95.get(n - 1, 2.0) * se else ""
-    return f"{mean:+.3f} ± {se:.3f} (n={n}){mark}"
+    return f"{fmt.format(mean)} ± {fmt.format(se)[1:]} (n={n}){mark}"
 
 
 def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
@@ -814,16 +817,21 @@ def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
              f"standard error across the pairs; **beyond noise** when a paired t-test rejects no effect at 95 % "
              "(|mean| > t(n − 1) SE: 3.18 SE for 4 pairs, 2.57 for 6). Clip: the 6 pairs "
              "(N = 4, 8) × (replay none, R2, R3). Replay: the 4 pairs (N = 4, 8) × (clip, no clip). IS: the on-policy "
-             "pair. Residual and cosine: means over the condition's arms (the unclipped arms' cosine separately, since "
+             "pair. The last two columns repeat the clip pairs on the training reward and the policy entropy averaged "
+             "over the last 25 % of steps (logged every step, so less noisy than the final evaluation). Residual and "
+             "cosine: means over the condition's arms (the unclipped arms' cosine separately, since "
              "the clipping mask itself moves the surrogate's gradient away from Eq. (2)).", "",
              "| condition | axis | residual (last mb) | grad cosine clip / no clip | clip − no clip | R2 − none | R3 − none "
-             "| IS − no IS (N = 1) | collapsed runs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| IS − no IS (N = 1) | collapsed runs | clip − no clip, training reward (last 25 %) "
+             "| clip − no clip, entropy (last 25 %) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     offpolicy = [(n, rep) for n in (4, 8) for rep in _REPLAYS.values()]
     for cond in conditions:
         arms = runs[cond]
         name = lambda arm: f"{cond}/{arm}"  # noqa: E731
-        clip = paired_effect(arms, [(name(f"n{n}_minirl{rep}"), name(f"n{n}_minirl{rep}_noclip")) for n, rep in offpolicy])
+        clip_pairs = [(name(f"n{n}_minirl{rep}"), name(f"n{n}_minirl{rep}_noclip")) for n, rep in offpolicy]
+        clip = paired_effect(arms, clip_pairs)
+        clip_reward, clip_entropy = (paired_effect(arms, clip_pairs, key) for key in ("late_reward", "late_entropy"))
         replay = {r: paired_effect(arms, [(name(f"n{n}_minirl{_REPLAYS[r]}{c}"), name(f"n{n}_minirl{c}"))
                                           for n in (4, 8) for c in ("", "_noclip")]) for r in ("R2", "R3")}
         is_effect = paired_effect(arms, [(name("onpolicy_minirl"), name("onpolicy_minirl_no_is"))])
@@ -835,5 +843,6 @@ def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
         residual = f"{statistics.mean(residuals):.2e}" if residuals else "—"
         lines.append(f"| {cond} | {STRESS_CONDITIONS[cond][0]} | {residual} | {fmt_cos} | {_effect_cell(clip)} | "
                      f"{_effect_cell(replay['R2'])} | {_effect_cell(replay['R3'])} | {_effect_cell(is_effect)} | "
-                     f"{sum(1 for c in collapsed if c)}/{len(collapsed)} |")
+                     f"{sum(1 for c in collapsed if c)}/{len(collapsed)} | {_effect_cell(clip_reward)} | "
+                     f"{_effect_cell(clip_entropy, '{:+.4f}')} |")
     return lines + [""]
