@@ -570,7 +570,8 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
               "(per seed; None = never). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
     lines = [f"# Report: {runs_dir}", "", legend, ""]
-    for setting, arms in load_runs(runs_dir).items():
+    loaded = load_runs(runs_dir)  # read every run's metrics once
+    for setting, arms in loaded.items():
         lines += [f"## {SETTINGS.get(setting, setting)}", "",
                   "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | final KL (k3, last 25 %) "
                   "| grad cosine (last mb) | residual (last mb) |",
@@ -598,8 +599,8 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
                       "group's reward was (nearly) all zero and RL had nothing to learn from; check the cold start "
                       "before reading these rows."]
         lines.append("")
-    lines += claims_section(load_runs(runs_dir))
-    lines += stress_section(load_runs(runs_dir))
+    lines += claims_section(loaded)
+    lines += stress_section(loaded)
     out = out or runs_dir / "REPORT.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
