@@ -1,10 +1,12 @@
 """How long one decode step of the demo model takes, and how much of it is matrix multiplies.
 
 Builds the demo config's model (``qwen3-moe-2m``, no cold start), prefills ``--prompt`` random tokens
-for each batch size in ``--batches``, then times single-token forwards with the KV cache (the work of
-one decode step of the rollout engine and of HF ``generate``) and profiles a few of them: the aten
-operator count per step, their self CPU time and the part of it in matmuls. A step whose matmuls are a
-small share of its time is bound by per-operator dispatch, not by arithmetic.
+for each batch size in ``--batches``, then times single-token forwards with the KV cache and profiles
+a few of them: the aten operator count per step, their self CPU time and the part of it in matmuls.
+A step whose matmuls are a small share of its time is bound by per-operator dispatch, not by
+arithmetic. Two paths, on the same cache contents: ``transformers`` (the model's own forward, what
+HF ``generate`` runs) and ``fast`` (``minirl.rollout.fast_decode``, what ``NativeEngine`` runs for
+Qwen3 / Qwen3-MoE; bitwise the same logits).
 
     python benchmarks/profile_decode.py [--batches 1,64] [--prompt 16] [--steps 30] [--threads 1]
 """
@@ -23,29 +25,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 from bench_rollout import int_list  # noqa: E402
 
 from minirl.config import load_config  # noqa: E402
+from minirl.rollout.fast_decode import FastDecoder, StaticKVCache  # noqa: E402
 from minirl.runtime import build_model  # noqa: E402
 
 MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::_grouped_mm", "aten::baddbmm"}
 
 
-def decode_step_profile(model: torch.nn.Module, batch: int, prompt: int, steps: int) -> dict[str, float]:
-    """Mean wall time of ``steps`` decode steps after a prefill, and a profile of 10 more."""
+def decode_step_profile(model: torch.nn.Module, batch: int, prompt: int, steps: int, path: str = "transformers") -> dict:
+    """Mean wall time of ``steps`` decode steps after a prefill, and a profile of 10 more, on ``path``."""
     ids = torch.randint(3, 60, (batch, prompt), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         cache = model(input_ids=ids, use_cache=True).past_key_values
         token = ids[:, -1:]
+        if path == "fast":
+            decoder = FastDecoder(model)
+            static = StaticKVCache.from_transformers(cache, prompt + 1)
+            positions = torch.full((batch,), prompt)
+
+            def step() -> None:  # rewrites the same column: every step attends to prompt + 1 keys
+                decoder.step(token[:, 0], positions, prompt, None, static)
+        else:
+            def step() -> None:  # the cache grows by one column a step, as in generate
+                model(input_ids=token, past_key_values=cache, use_cache=True)
         for _ in range(5):  # warm-up
-            model(input_ids=token, past_key_values=cache, use_cache=True)
+            step()
         started = time.perf_counter()
         for _ in range(steps):
-            model(input_ids=token, past_key_values=cache, use_cache=True)
+            step()
         step_s = (time.perf_counter() - started) / steps
         profiled = 10
         with profile() as prof:
             for _ in range(profiled):
-                model(input_ids=token, past_key_values=cache, use_cache=True)
+                step()
     events = prof.key_averages()
     return {
+        "path": path,
         "batch": batch,
         "step_ms": step_s * 1e3,
         "ops_per_step": sum(e.count for e in events) / profiled,
@@ -66,11 +80,13 @@ def main() -> None:
     model, _ = build_model(load_config(args.config, ["cold_start.enabled=false"]))
     model.eval()
     print(f"one decode step (1 new token per row, KV cache of {args.prompt}+ tokens), {args.threads} thread(s)")
-    print(f"{'batch':>6} {'step ms':>8} {'aten ops':>9} {'op self ms':>11} {'matmul ms':>10} {'matmul share':>13}")
+    print(f"{'path':<13} {'batch':>6} {'step ms':>8} {'aten ops':>9} {'op self ms':>11} {'matmul ms':>10} "
+          f"{'matmul share':>13}")
     for batch in args.batches:
-        r = decode_step_profile(model, batch, args.prompt, args.steps)
-        print(f"{batch:>6} {r['step_ms']:>8.2f} {r['ops_per_step']:>9.0f} {r['aten_ms']:>11.2f} {r['matmul_ms']:>10.2f}"
-              f" {r['matmul_ms'] / r['aten_ms']:>12.0%}")
+        for path in ("transformers", "fast"):
+            r = decode_step_profile(model, batch, args.prompt, args.steps, path)
+            print(f"{path:<13} {batch:>6} {r['step_ms']:>8.2f} {r['ops_per_step']:>9.0f} {r['aten_ms']:>11.2f} "
+                  f"{r['matmul_ms']:>10.2f} {r['matmul_ms'] / r['aten_ms']:>12.0%}")
 
 
 if __name__ == "__main__":

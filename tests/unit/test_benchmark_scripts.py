@@ -219,3 +219,6 @@ def test_decode_profile_counts_ops_and_matmuls_of_a_cached_step():
     row = profile_decode.decode_step_profile(model, batch=2, prompt=4, steps=2)
     assert row["batch"] == 2 and row["step_ms"] > 0 and row["ops_per_step"] > 50
     assert 0 < row["matmul_ms"] < row["aten_ms"]
+    fast = profile_decode.decode_step_profile(model, batch=2, prompt=4, steps=2, path="fast")
+    assert fast["path"] == "fast" and 0 < fast["matmul_ms"] < fast["aten_ms"]
+    assert 20 < fast["ops_per_step"] < row["ops_per_step"]

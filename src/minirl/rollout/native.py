@@ -10,7 +10,9 @@ experts each MoE layer chose for each fed token (``routes``, for R3).
 The loop, in one sentence per step:
     left-pad the prompts (prefill each distinct prompt once, then repeat its cache G times);
     positions are ``cumsum(mask) - 1`` so a padded row computes what the unpadded prompt would;
-    each decode step feeds the last sampled token of every still-running row, with the cache;
+    each decode step feeds the last sampled token of every still-running row, with the cache
+    (for Qwen3 and Qwen3-MoE through ``fast_decode``: a pre-allocated cache and far fewer
+    operators than the transformers forward, bitwise the same logits);
     rows that sampled EOS (or any of the EOS ids) leave the batch; the rest run to
     ``max_new_tokens`` (finish reason ``"length"``). The EOS token is part of the completion and
     has a log-prob; the last sampled token of every row is never fed, so its route row is -1.
@@ -54,6 +56,7 @@ from minirl.rollout.precision import (
     fake_quantize,
     quantized_input_dims,
 )
+from minirl.rollout.fast_decode import FastDecoder, StaticKVCache, unsupported_reason
 from minirl.rollout.sampling import sample_next, validate_sampling
 from minirl.types import Completion, Prompt, SamplingParams
 
@@ -82,6 +85,9 @@ class NativeEngine:
         device: where the engine's copy lives.
         sample_seeding: ``"per_batch"`` (one stream per seed) or ``"per_sample"`` (one per response,
             independent of the batch; see the module docstring).
+        decode_path: ``"auto"`` (decode steps through ``minirl.rollout.fast_decode`` where it supports
+            the model, bitwise the same logits with far fewer operators; the transformers forward
+            otherwise) or ``"transformers"`` (always the model's own forward).
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class NativeEngine:
         tokenizer: Any = None,
         device: str | torch.device = "cpu",
         sample_seeding: str = "per_batch",
+        decode_path: str = "auto",
     ) -> None:
         if eos_token_id is None or pad_token_id is None:
             raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
@@ -131,6 +138,13 @@ class NativeEngine:
         # transformers 5.24 renamed the forward's `past_key_values` to `cache` (old name deprecated)
         forward_parameters = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
+        if decode_path not in ("auto", "transformers"):
+            raise ValueError(f"decode_path must be 'auto' or 'transformers' (got {decode_path!r})")
+        self.decode_path = decode_path
+        self._fast: FastDecoder | None = None
+        if decode_path == "auto" and unsupported_reason(self.model) is None:
+            kv_format = None if kv_cache_precision == "same" else kv_cache_precision
+            self._fast = FastDecoder(self.model, kv_cache_format=kv_format)
         self._generators: OrderedDict[int, torch.Generator] = OrderedDict()
         self._replay: Any = None  # minirl.moe.RoutingReplay over self.model, built on first use
 
@@ -161,6 +175,8 @@ class NativeEngine:
         for name, buffer in self._persistent_buffers:
             if name in state_dict:
                 buffer.copy_(state_dict[name])
+        if self._fast is not None:
+            self._fast.refresh()
 
     # ---------------------------------------------------------------- randomness
 
@@ -286,6 +302,8 @@ class NativeEngine:
         running, logits, prefill_routes = self._prefill(prompt_ids, samples_per_prompt, max_new, record_routes)
         out = _Outputs.allocate(running.rows.numel(), max_new, self.pad_token_id, self.device)
         width = running.prompt_width
+        if self._fast is not None and max_new > 1:  # decode steps write their keys into [width + max_new] columns
+            running.cache = StaticKVCache.from_transformers(running.cache, width + max_new)
         if prefill_routes is not None:
             out.start_routes(prefill_routes, max_new)
         for step in range(max_new):
@@ -293,7 +311,7 @@ class NativeEngine:
             step_generator = generator  # per_sample: the streams of the rows still running
             if isinstance(generator, list):
                 step_generator = [generator[row] for row in running.rows.tolist()]
-            tokens, logp = sample_next(logits[:, -1], sampling.temperature, sampling.top_p, step_generator, step_forced)
+            tokens, logp = sample_next(logits, sampling.temperature, sampling.top_p, step_generator, step_forced)
             out.tokens[running.rows, step] = tokens
             out.logp[running.rows, step] = logp
             if step == max_new - 1:
@@ -310,10 +328,10 @@ class NativeEngine:
                 running.select(keep)
                 tokens = tokens[keep]
             mask = None if running.attention_mask is None else running.attention_mask[:, : width + step + 1]
-            positions = (running.prompt_lengths + step)[:, None]
-            logits, step_routes = self._forward(tokens[:, None], mask, positions, running.cache, record_routes)
+            positions = running.prompt_lengths + step
+            logits, step_routes = self._step(tokens, positions, width + step, mask, running.cache, record_routes)
             if out.routes is not None:  # completion token `step` sits at padded position width + step
-                out.routes[running.rows, width + step] = step_routes[:, 0]
+                out.routes[running.rows, width + step] = step_routes
         return out
 
     def _prefill(
@@ -334,6 +352,7 @@ class NativeEngine:
         cache = self._new_cache()
         prefill_mask = None if attention_mask is None else attention_mask[:, :width]
         logits, routes = self._forward(input_ids, prefill_mask, position_ids, cache, record_routes, logits_to_keep=1)
+        logits = logits[:, -1]
         running = _Running(
             rows=torch.arange(num_prompts * group, device=self.device),
             prompt_lengths=prompt_mask.sum(dim=1),
@@ -349,6 +368,21 @@ class NativeEngine:
             if attention_mask is not None:
                 running.attention_mask = attention_mask.repeat_interleave(group, dim=0)
         return running, logits, routes
+
+    def _step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        column: int,
+        mask: torch.Tensor | None,
+        cache: Any,
+        record_routes: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed one token per row (long [b]); returns (logits [b, V], routes int16 [b, L, K] or None)."""
+        if self._fast is not None:
+            return self._fast.step(tokens, positions, column, mask, cache, record_routes)
+        logits, routes = self._forward(tokens[:, None], mask, positions[:, None], cache, record_routes)
+        return logits[:, -1], None if routes is None else routes[:, 0]
 
     def _forward(
         self,

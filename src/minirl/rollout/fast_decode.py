@@ -1,0 +1,356 @@
+"""A lean decode step for Qwen3 and Qwen3-MoE, with a pre-allocated KV cache (``NativeEngine``).
+
+On CPU, one decode step of a small model through the transformers forward is bound by per-operator
+dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
+mask building, cache bookkeeping, views and hook plumbing (``benchmarks/profile_decode.py``). This
+module runs the same step with only the operators that compute something:
+
+- the keys and values live in one pre-allocated tensor per layer, ``[rows, kv heads, prompt width +
+  max new tokens, head dim]``; a decode step writes one column, the same for every row (prompts are
+  left-padded, so completion token ``step`` sits at column ``width + step`` in every row);
+- the rotary tables are computed once for every position, then gathered per row;
+- q, k and v come from one matmul over the concatenated projection weights.
+
+Everything else is the transformers forward op for op (the RMSNorm casts, ``rotate_half``, the
+routing softmax in fp32, the ``grouped_mm`` experts path with its sort and per-token sum, SDPA
+called the way ``sdpa_attention_forward`` calls it), so the logits and the routes are *bitwise*
+those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for the MoE and
+the dense family, with and without padding, in fp32, bf16 and fp8, with an fp8 KV cache. A model
+this module cannot reproduce exactly (another family, another attention or experts implementation,
+RoPE scaling, sliding windows, a module replaced by another class) keeps the transformers forward
+(``unsupported_reason``).
+
+The prefill stays on the transformers forward (one call per rollout); its cache is copied in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minirl.rollout.precision import fake_quantize_kv
+
+FAMILIES = ("qwen3", "qwen3_moe")
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``FastDecoder`` cannot reproduce ``model``'s forward bit for bit (None: it can)."""
+    config = model.config
+    if config.model_type not in FAMILIES:
+        return f"model type {config.model_type!r} (the fast path covers {', '.join(FAMILIES)})"
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (needs 'sdpa')"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE type {rope.get('rope_type')!r} (needs 'default')"
+    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", False)
+    if sliding or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return "sliding-window attention"
+    if config.hidden_act != "silu":
+        return f"activation {config.hidden_act!r} (needs 'silu')"
+    return _structure_reason(model)
+
+
+# The modules the fast path reimplements, by class name: any other class (a subclass, an adapter
+# such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
+_EXPECTED = {
+    "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm"),
+    "attention": ("Qwen3Attention", "Qwen3MoeAttention"),
+    "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"),
+    "router": ("Qwen3MoeTopKRouter",),
+    "experts": ("Qwen3MoeExperts",),
+}
+
+
+def _structure_reason(model: nn.Module) -> str | None:
+    """Why the modules of a Qwen3 / Qwen3-MoE model are not the stock ones (None: they are)."""
+
+    def unexpected(module: nn.Module, kind: str) -> str | None:
+        name = type(module).__name__
+        return None if name in _EXPECTED[kind] else f"a {name} where the fast path expects {' or '.join(_EXPECTED[kind])}"
+
+    def plain_linear(module: nn.Module, name: str) -> str | None:
+        return None if type(module) is nn.Linear else f"{name} is a {type(module).__name__}, not an nn.Linear"
+
+    eps = model.config.rms_norm_eps
+    checks = [unexpected(model, "model"), unexpected(model.model.norm, "norm"), plain_linear(model.lm_head, "lm_head")]
+    for index, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        checks += [unexpected(attn, "attention"), unexpected(mlp, "mlp")]
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm, model.model.norm)
+        checks += [unexpected(norm, "norm") for norm in norms]
+        if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
+            checks.append(f"layer {index} has a norm epsilon other than rms_norm_eps")
+        checks += [plain_linear(getattr(attn, name), f"layer {index} {name}") for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        experts = getattr(mlp, "experts", None)
+        if experts is None:
+            checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in ("gate_proj", "up_proj", "down_proj")]
+            continue
+        checks += [unexpected(mlp.gate, "router"), unexpected(experts, "experts")]
+        implementation = getattr(experts.config, "_experts_implementation", None)
+        if implementation != "grouped_mm":
+            checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
+        if getattr(experts, "_is_expert_parallel", False) or getattr(experts, "has_bias", False):
+            checks.append("expert parallelism or expert biases")
+        if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
+            checks.append("a transposed or interleaved expert weight layout")
+    return next((reason for reason in checks if reason is not None), None)
+    return None
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor  # [q + k + v out, hidden]: the three projections, concatenated
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    # MoE block (router + experts) or dense MLP, whichever the layer has
+    router: torch.Tensor | None = None
+    gate_up: torch.Tensor | None = None  # [E, 2 I, hidden]
+    down: torch.Tensor | None = None  # [E, hidden, I]
+    top_k: int = 0
+    norm_topk_prob: bool = False
+    dense: tuple[nn.Linear, nn.Linear, nn.Linear] | None = None  # gate, up, down of a dense MLP
+
+
+class StaticKVCache:
+    """Keys and values of every layer in pre-allocated tensors ``[rows, kv heads, length, head dim]``.
+
+    ``batch_select_indices`` (rows leaving the batch) has the name and meaning of the transformers
+    cache method, so ``NativeEngine`` treats both caches alike.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys, self.values = keys, values
+
+    @classmethod
+    def from_transformers(cls, cache, length: int) -> StaticKVCache:
+        """Copy a filled transformers cache (``layers[i].keys/values [B, H, W, D]``) into ``length`` columns."""
+        keys, values = [], []
+        for layer in cache.layers:
+            rows, heads, width, dim = layer.keys.shape
+            k = layer.keys.new_zeros(rows, heads, length, dim)
+            v = layer.values.new_zeros(rows, heads, length, dim)
+            k[:, :, :width] = layer.keys
+            v[:, :, :width] = layer.values
+            keys.append(k)
+            values.append(v)
+        return cls(keys, values)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.keys = [k[indices] for k in self.keys]
+        self.values = [v[indices] for v in self.values]
+
+
+class FastDecoder:
+    """One decode step (one new token per row) of a Qwen3 / Qwen3-MoE model, bitwise its forward.
+
+    Holds references to the model's parameters (so in-place weight loads are seen), except the
+    concatenated q/k/v weights: call ``refresh`` after the weights change.
+    """
+
+    def __init__(self, model: nn.Module, kv_cache_format: str | None = None) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"FastDecoder does not support this model: {reason}")
+        config = model.config
+        self.model = model
+        self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.eps = config.rms_norm_eps
+        self.num_layers = config.num_hidden_layers
+        self._rope_rows = 0
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Re-read the weights (the q/k/v concatenation is a copy)."""
+        base = self.model.model
+        self.embed = base.embed_tokens.weight
+        self.final_norm = base.norm.weight
+        self.lm_head, self.lm_head_bias = self.model.lm_head.weight, self.model.lm_head.bias
+        self.inv_freq = base.rotary_emb.inv_freq
+        self.layers = []
+        for layer in base.layers[: self.num_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            spec = _Layer(
+                input_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                qkv_bias=_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj),
+                o=attn.o_proj.weight,
+                o_bias=attn.o_proj.bias,
+                q_norm=attn.q_norm.weight,
+                k_norm=attn.k_norm.weight,
+            )
+            if hasattr(mlp, "experts"):
+                spec.router, spec.top_k, spec.norm_topk_prob = mlp.gate.weight, mlp.gate.top_k, mlp.gate.norm_topk_prob
+                spec.gate_up, spec.down = mlp.experts.gate_up_proj, mlp.experts.down_proj
+            else:
+                spec.dense = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            self.layers.append(spec)
+        self._rope_rows = 0  # rebuilt on demand
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [b, 1, 1, D] at ``positions`` (long [b]), as ``Qwen3RotaryEmbedding`` computes them."""
+        needed = int(positions.max()) + 1
+        if needed > self._rope_rows or self._cos.dtype != dtype:
+            rows = max(needed, 2 * self._rope_rows, 64)
+            freqs = torch.arange(rows, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            self._rope_rows = rows
+        return self._cos[positions][:, None, None], self._sin[positions][:, None, None]
+
+    @torch.inference_mode()
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        column: int,
+        key_mask: torch.Tensor | None,
+        cache: StaticKVCache,
+        record_routes: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ``tokens`` (long [b]) at ``positions`` (long [b]); write their keys at ``column``.
+
+        ``key_mask``: bool [b, column + 1], the columns each row attends to (None: all of them).
+        Returns (logits [b, V], routes int16 [b, L, K] or None).
+        """
+        rows = tokens.shape[0]
+        hidden = F.embedding(tokens, self.embed)  # [b, hidden]
+        cos, sin = self._rope(positions, hidden.dtype)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        routes = []
+        for index, layer in enumerate(self.layers):
+            residual = hidden
+            x = _rms_norm(hidden, layer.input_norm, self.eps)
+            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(
+                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+                dim=-1,
+            )
+            q = _rms_norm(q.view(rows, 1, self.num_heads, self.head_dim), layer.q_norm, self.eps).transpose(1, 2)
+            k = _rms_norm(k.view(rows, 1, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps).transpose(1, 2)
+            v = v.view(rows, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if self.kv_cache_format is not None:
+                k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
+            cache.keys[index][:, :, column] = k[:, :, 0]
+            cache.values[index][:, :, column] = v[:, :, 0]
+            keys = cache.keys[index][:, :, : column + 1]
+            values = cache.values[index][:, :, : column + 1]
+            attn = self._attention(q, keys, values, mask)  # [b, H * D]
+            hidden = residual + F.linear(attn, layer.o, layer.o_bias)
+            residual = hidden
+            x = _rms_norm(hidden, layer.post_norm, self.eps)
+            if layer.router is not None:
+                x, top_k_index = _moe(x, layer)
+                if record_routes:
+                    routes.append(top_k_index)
+            else:
+                gate, up, down = layer.dense
+                x = down(F.silu(gate(x)) * up(x))
+            hidden = residual + x
+        hidden = _rms_norm(hidden, self.final_norm, self.eps)
+        logits = F.linear(hidden, self.lm_head, self.lm_head_bias)
+        if not record_routes:
+            return logits, None
+        if not routes:
+            raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
+        return logits, torch.stack(routes, dim=1).to(torch.int16)  # MoE layers only, as RoutingReplay records
+
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """SDPA for one query per row, as ``transformers.integrations.sdpa_attention`` calls it."""
+        rows = q.shape[0]
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1 and mask is not None:  # pack_gqa: the G query heads of a KV head become its queries
+            out = F.scaled_dot_product_attention(
+                q.reshape(rows, self.num_kv_heads, groups, self.head_dim), keys, values, attn_mask=mask,
+                scale=self.scaling, is_causal=False,
+            )
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=False, enable_gqa=groups > 1
+            )
+        return out.reshape(rows, -1)
+
+
+def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
+    biases = [linear.bias for linear in linears]
+    if all(bias is None for bias in biases):
+        return None
+    return torch.cat([bias if bias is not None else linear.weight.new_zeros(linear.out_features)
+                      for bias, linear in zip(biases, linears)])
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``Qwen3RMSNorm.forward``."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _moe(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Qwen3MoeTopKRouter`` + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
+    router_logits = F.linear(x, layer.router)
+    probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+    weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
+    if layer.norm_topk_prob:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(router_logits.dtype)
+
+    num_tokens, top_k = top_k_index.shape
+    num_experts = layer.gate_up.shape[0]
+    expert_ids, perm = torch.sort(top_k_index.reshape(-1))
+    selected = x[perm // top_k].to(layer.gate_up.dtype)
+    sample_weights = weights.reshape(-1)[perm]
+    # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
+    # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
+    groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
+    gate_up = _grouped_matmul(selected, layer.gate_up, groups)
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = _grouped_matmul((F.silu(gate) * up).to(layer.down.dtype), layer.down, groups)
+    out = out * sample_weights.unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+    out = out[inverse].view(num_tokens, top_k, -1).sum(dim=1)
+    return out.to(x.dtype), top_k_index
+
+
+def _groups(counts: list[int]) -> list[tuple[int, int, int]]:
+    """(expert, first row, end row) of each expert with rows, for rows sorted by expert."""
+    groups, start = [], 0
+    for expert, count in enumerate(counts):
+        if count:
+            groups.append((expert, start, start + count))
+            start += count
+    return groups
+
+
+def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, groups: list[tuple[int, int, int]]) -> torch.Tensor:
+    """``F.grouped_mm(rows, weight.transpose(-2, -1), offs)`` for rows sorted by expert (weight [E, out, in])."""
+    out = rows.new_empty(rows.shape[0], weight.shape[1])
+    for expert, start, end in groups:
+        torch.mm(rows[start:end], weight[expert].t(), out=out[start:end])
+    return out
