@@ -95,10 +95,12 @@ STRESS_CONDITIONS: dict[str, tuple[str, str, dict[str, Any]]] = {  # most extrem
     "fp4": ("mismatch", "fp4-e2m1 engine (block 32)", {"rollout.precision": "fp4_e2m1"}),
     "long": ("response length", "stepwise solutions (~57 tokens, 3.3x)", {"cold_start.style": "stepwise", **COLD_START_FIT,
                                                                        "rollout.max_new_tokens": 72}),
+    "trace": ("response length", "trace solutions (~210 tokens, 12x)", {"cold_start.style": "trace", **COLD_START_FIT,
+                                                                     "rollout.max_new_tokens": 240}),
     "lr2x": ("step size", "lr 6e-4 (2x)", {"optim.lr": 6e-4}),
     "e5m2": ("mismatch", "fp8-e5m2 engine (per tensor)", {"rollout.precision": "fp8_e5m2"}),
 }
-STRESS_AXES = {"response length": ["base", "long"], "mismatch": ["base", "e5m2", "fp4"],
+STRESS_AXES = {"response length": ["base", "long", "trace"], "mismatch": ["base", "e5m2", "fp4"],
                "step size": ["base", "lr2x", "lr3x"]}
 STRESS_DIAGNOSTICS_EVERY = 16  # gradient steps, like the held-out eval
 #: arm -> (legend, overrides): MiniRL vs w/o IS on-policy; clip / no clip x replay none / R2 / R3 at N = 4, 8

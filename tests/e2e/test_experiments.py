@@ -60,7 +60,7 @@ def test_stress_study_moves_one_axis_per_condition():
     from minirl.experiments import STRESS_ARMS, STRESS_AXES, STRESS_CONDITIONS
 
     stress = find_arms(EXPERIMENTS / "stress")
-    assert len(stress) == len(STRESS_CONDITIONS) * len(STRESS_ARMS) == 6 * 14
+    assert len(stress) == len(STRESS_CONDITIONS) * len(STRESS_ARMS) == 7 * 14
     assert [name for name, _ in stress][:3] == ["base/onpolicy_minirl", "base/onpolicy_minirl_no_is", "base/n4_minirl"]
     assert {lvl for levels in STRESS_AXES.values() for lvl in levels} == set(STRESS_CONDITIONS)
     base = load_arm(EXPERIMENTS / "base.yaml")
@@ -71,11 +71,12 @@ def test_stress_study_moves_one_axis_per_condition():
         cond, arm = name.split("/")
         moved = {"lr3x": cfg.optim.lr == 9e-4, "lr2x": cfg.optim.lr == 6e-4, "fp4": cfg.rollout.precision == "fp4_e2m1",
                  "e5m2": cfg.rollout.precision == "fp8_e5m2",
-                 "long": (cfg.cold_start.style, cfg.rollout.max_new_tokens) == ("stepwise", 72)}
+                 "long": (cfg.cold_start.style, cfg.rollout.max_new_tokens) == ("stepwise", 72),
+                 "trace": (cfg.cold_start.style, cfg.rollout.max_new_tokens) == ("trace", 240)}
         assert [k for k, v in moved.items() if v] == ([] if cond == "base" else [cond]), name
         assert cfg.algo.clip is not arm.endswith("_noclip") and cfg.algo.is_correction is not arm.endswith("_no_is"), name
         assert cfg.moe.routing_replay == ("R2" if "_r2" in arm else "R3" if "_r3" in arm else "none"), name
-        fit = (2000, 0.02) if cond == "long" else (base.cold_start.steps, None)  # stepwise SFT to the same loss
+        fit = (2000, 0.02) if cond in ("long", "trace") else (base.cold_start.steps, None)  # SFT to the same loss
         assert (cfg.task.difficulty, cfg.cold_start.steps, cfg.cold_start.until_loss) == (base.task.difficulty, *fit)
     assert not any(name.startswith("stress/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
 

@@ -99,7 +99,7 @@ def test_every_teacher_style_is_rewarded_over_many_seeds(kind: str) -> None:
             task = build_task(kind, difficulty=difficulty, num_train=60, num_eval=20, seed=seed)
             for prompt in task.train_prompts() + task.eval_prompts():
                 solutions = [task.teacher_solution(prompt, style) for style in task.styles]
-                assert len(set(solutions)) == len(solutions)  # three distinct formats
+                assert len(set(solutions)) == len(solutions)  # distinct formats
                 for style, solution in zip(task.styles, solutions):
                     assert task.reward(prompt, solution) == 1.0, (style, prompt.text, solution)
                     assert solution.endswith(f"#### {prompt.answer}")
@@ -109,8 +109,8 @@ def test_every_teacher_style_is_rewarded_over_many_seeds(kind: str) -> None:
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_teacher_solutions_are_short_at_the_default_difficulty(kind: str) -> None:
     task = build_task(kind, num_train=200, num_eval=0, seed=0)
-    assert task.styles == ("direct", "stepwise", "verbose")
-    limits = {"direct": 20, "stepwise": 120, "verbose": 120}
+    assert task.styles == ("direct", "stepwise", "verbose", "trace")
+    limits = {"direct": 20, "stepwise": 120, "verbose": 120, "trace": 200}
     for style, limit in limits.items():
         longest = max(len(task.teacher_solution(prompt, style)) for prompt in task.train_prompts())
         assert longest <= limit, (style, longest)
@@ -122,23 +122,35 @@ def test_teacher_examples_by_hand() -> None:
     assert reverse.teacher_solution(prompt, "direct") == "#### eadbc"
     assert reverse.teacher_solution(prompt, "stepwise") == "5e 4a 3d 2b 1c\n#### eadbc"
     assert reverse.teacher_solution(prompt, "verbose") == "in cbdae\nsplit cbd|ae\nflip ea|dbc\n#### eadbc"
+    assert reverse.teacher_solution(prompt, "trace") == "cbda | e\ncbd | ea\ncb | ead\nc | eadb\n | eadbc\n#### eadbc"
 
     add = AddTask(num_train=1, num_eval=0)
     prompt = Prompt(text="add 482+397\n", answer="879")
     assert add.teacher_solution(prompt, "stepwise") == "2+7+0=9\n8+9+0=17\n4+3+1=8\n#### 879"
     assert add.teacher_solution(prompt, "verbose") == "in 482+397\n82+97+0=179\n04+03+1=8\n#### 879"
+    assert add.teacher_solution(prompt, "trace") == "2+7+0=9 9\n8+9+0=17 79\n4+3+1=8 879\n#### 879"
     prompt = Prompt(text="add 999+999\n", answer="1998")
     assert add.teacher_solution(prompt, "stepwise") == "9+9+0=18\n9+9+1=19\n9+9+1=19\n#### 1998"
+    assert add.teacher_solution(prompt, "trace") == "9+9+0=18 8\n9+9+1=19 98\n9+9+1=19 998\n#### 1998"
 
     sort = SortTask(num_train=1, num_eval=0)
     prompt = Prompt(text="sort 3141592\n", answer="1123459")
     assert sort.teacher_solution(prompt, "stepwise") == "1x2 2x1 3x1 4x1 5x1 9x1\n#### 1123459"
     assert sort.teacher_solution(prompt, "verbose") == "in 3141592\nlo 11234\nhi 59\n#### 1123459"
+    assert sort.teacher_solution(prompt, "trace") == (
+        "341592 | 1\n34592 | 11\n3459 | 112\n459 | 1123\n59 | 11234\n9 | 112345\n | 1123459\n#### 1123459")
+
+
+def test_trace_is_the_long_worked_solution() -> None:
+    """The stress study's length axis: at difficulty 12 a reverse trace runs to hundreds of tokens."""
+    task = ReverseTask(difficulty=12, num_train=50, num_eval=0)
+    lengths = {style: min(len(task.teacher_solution(p, style)) for p in task.train_prompts()) for style in task.styles}
+    assert lengths["trace"] >= 200 and lengths["trace"] > 3 * lengths["stepwise"] > 9 * lengths["direct"]
 
 
 def test_teacher_rejects_unknown_style_and_foreign_prompt() -> None:
     task = ReverseTask(num_train=1, num_eval=0)
-    with pytest.raises(ValueError, match="unknown teacher style 'socratic'.*direct, stepwise, verbose"):
+    with pytest.raises(ValueError, match="unknown teacher style 'socratic'.*direct, stepwise, verbose, trace"):
         task.teacher_solution(task.train_prompts()[0], "socratic")
     with pytest.raises(ValueError, match="not a reverse prompt"):
         task.teacher_solution(Prompt(text="add 1+2\n", answer="3"), "direct")

@@ -18,6 +18,11 @@ of reasoning before the same answer line). For reverse "cbdae":
     direct    "#### eadbc"
     stepwise  "5e 4a 3d 2b 1c\\n#### eadbc"                 letters last to first, with positions
     verbose   "in cbdae\\nsplit cbd|ae\\nflip ea|dbc\\n#### eadbc"   chunks of 3, flipped
+    trace     "cbda | e\\ncbd | ea\\ncb | ead\\nc | eadb\\n | eadbc\\n#### eadbc"
+                                                          one letter moved per line, the whole
+                                                          state rewritten: ~difficulty^2 tokens
+                                                          (~210 at difficulty 12), the long
+                                                          worked solution of the stress study
 
 Solutions grow linearly with ``difficulty``. Train and eval prompts are distinct inputs (asserted);
 the eval split depends only on (seed, difficulty, num_eval), so changing ``num_train`` leaves it
@@ -34,7 +39,7 @@ from typing import ClassVar
 from minirl.types import Prompt
 
 ANSWER_MARKER = "####"
-STYLES: tuple[str, ...] = ("direct", "stepwise", "verbose")
+STYLES: tuple[str, ...] = ("direct", "stepwise", "verbose", "trace")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _DIGITS = "0123456789"
 _ENUMERATE_BELOW = 200_000  # spaces smaller than this are enumerated rather than rejection-sampled
@@ -163,6 +168,9 @@ class SyntheticTask(ABC):
     @abstractmethod
     def _reason_verbose(self, item: str) -> str: ...
 
+    @abstractmethod
+    def _reason_trace(self, item: str) -> str: ...
+
 
 def _strings_over(alphabet: str, length: int) -> list[str]:
     items = [""]
@@ -207,6 +215,10 @@ class ReverseTask(SyntheticTask):
         chunks = [item[start : start + 3] for start in range(0, len(item), 3)]
         flipped = [chunk[::-1] for chunk in reversed(chunks)]
         return f"in {item}\nsplit {'|'.join(chunks)}\nflip {'|'.join(flipped)}"
+
+    def _reason_trace(self, item: str) -> str:
+        # Move the last letter of the rest to the end of the output, one line per letter.
+        return "\n".join(f"{item[:rest]} | {item[rest:][::-1]}" for rest in range(len(item) - 1, -1, -1))
 
 
 class AddTask(SyntheticTask):
@@ -271,6 +283,14 @@ class AddTask(SyntheticTask):
         # Restate, then two-digit chunks from the right: "482+397\n82+97+0=179\n04+03+1=8".
         return f"in {item}\n" + self._column_sums(item, width=2)
 
+    def _reason_trace(self, item: str) -> str:
+        # The digit-by-digit sums, each followed by the answer digits so far: "2+7+0=9 9\n8+9+0=17 79\n...".
+        lines, digits = [], ""
+        for line in self._column_sums(item, width=1).split("\n"):
+            digits = line.rsplit("=", 1)[1][-1] + digits
+            lines.append(f"{line} {digits}")
+        return "\n".join(lines)
+
 
 class SortTask(SyntheticTask):
     """Sort a string of ``difficulty`` random digits in ascending order."""
@@ -309,6 +329,16 @@ class SortTask(SyntheticTask):
         low = "".join(sorted(digit for digit in item if digit < "5"))
         high = "".join(sorted(digit for digit in item if digit >= "5"))
         return f"in {item}\nlo {low or '-'}\nhi {high or '-'}"
+
+    def _reason_trace(self, item: str) -> str:
+        # Selection sort: take the smallest digit left, one line per digit: "314159 | 1\n34159 | 11\n...".
+        rest, done, lines = item, "", []
+        while rest:
+            smallest = min(rest)
+            rest = rest.replace(smallest, "", 1)
+            done += smallest
+            lines.append(f"{rest} | {done}")
+        return "\n".join(lines)
 
 
 SYNTHETIC_TASKS: dict[str, type[SyntheticTask]] = {
