@@ -31,9 +31,11 @@ import fnmatch
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -312,6 +314,9 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
     done_times: list[float] = []
     started = time.monotonic()
     queue = list(todo)
+    # a scheduler's SIGTERM (or a session ending) must stop the runs too, not orphan them: raise, as Ctrl-C does
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
     try:
         failed = _drive(queue, running, jobs, env, done_times, started, log)
     finally:  # interrupted: stop our own runs (each resumes from its last checkpoint next time)
@@ -319,8 +324,14 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
             proc.terminate()
         for proc, *_ in running:
             proc.wait()
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     log(f"sweep: finished in {time.monotonic() - started:.0f}s, {failed} failed")
     return failed
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, started: float, log) -> int:

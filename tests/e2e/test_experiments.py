@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,35 @@ def test_quick_stress_sweep_plots_diagnostics_against_an_axis(tmp_path):
     assert report.returncode == 0, report.stderr[-2000:]
     line = next(x for x in (runs / "REPORT.md").read_text().splitlines() if x.startswith("| lr3x/n4_minirl_r2 |"))
     assert line.count("|") == 10 and line.split("|")[-2].strip() != "—"  # the residual column is filled (no reward: no cosine)
+
+
+def test_sigterm_stops_the_sweep_and_its_runs(tmp_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "minirl.cli", "sweep", "experiments", "--quick", "--seeds", "1",
+                             "--runs-dir", str(runs), "--arms", "onpolicy/minirl"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # wait until the run has started
+        if line.startswith("start "):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _processes_mentioning(str(runs)):
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(runs)), "the sweep's run outlived it"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # the process ended meanwhile
+            continue
+    return pids
 
 
 def test_base_counts_in_gradient_steps_that_every_n_divides(tmp_path):
