@@ -99,7 +99,6 @@ def _structure_reason(model: nn.Module) -> str | None:
         if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
             checks.append("a transposed or interleaved expert weight layout")
     return next((reason for reason in checks if reason is not None), None)
-    return None
 
 
 @dataclass
