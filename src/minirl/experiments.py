@@ -791,23 +791,36 @@ _REPLAYS = {"none": "", "R2": "_r2", "R3": "_r3"}
 STAT_KEYS = ("peak", "final", "kl", "late_reward", "late_entropy")  # per-run statistics of ``_run_stats``
 
 
+def _one_run_value(run: dict[str, Any], key: str) -> float | None:
+    """One run's statistic: a ``_run_stats`` key, or a metric's mean over the run."""
+    return _run_stats(run)[key] if key in STAT_KEYS else _run_mean(key)(run["rows"])
+
+
 def _arm_value(arms: dict[str, list], arm: str, key: str) -> float | None:
-    """Mean over an arm's seeds of one run statistic (``_run_stats`` key, or a metric's run mean)."""
-    runs = arms.get(arm, [])
-    values = [(_run_stats(run)[key] if key in STAT_KEYS else _run_mean(key)(run["rows"])) for run in runs]
-    values = [v for v in values if v is not None]
+    """Mean over an arm's seeds of one run statistic (``_one_run_value``)."""
+    values = [v for run in arms.get(arm, []) if (v := _one_run_value(run, key)) is not None]
     return statistics.mean(values) if values else None
 
 
 def paired_effect(arms: dict[str, list], pairs: list[tuple[str, str]], key: str = "final") -> tuple[float, float, int] | None:
     """Mean of (a − b) over the pairs of arms that both ran, its standard error, and the number of pairs.
 
-    The stress study runs one seed per arm; pairing arms that differ in one knob only (clip, replay or IS)
-    and averaging over the others gives the effect of that knob with its spread across the pairs."""
-    diffs = [va - vb for a, b in pairs
-             if (va := _arm_value(arms, a, key)) is not None and (vb := _arm_value(arms, b, key)) is not None]
-    if not diffs:
+    The stress study pairs arms that differ in one knob only (clip, replay or IS) and averages over the
+    others: each arm contributes its mean over seeds, each pair one difference. When only one pair ran
+    (the on-policy IS pair), its seeds are the units instead: seed s of a against seed s of b, over the
+    seeds both ran (with one such seed the standard error is NaN)."""
+    ran = [(a, b) for a, b in pairs if _arm_value(arms, a, key) is not None and _arm_value(arms, b, key) is not None]
+    if not ran:
         return None
+    if len(ran) == 1:
+        a, b = ran[0]
+        by_seed = [{run["seed"]: _one_run_value(run, key) for run in arms[arm]} for arm in (a, b)]
+        diffs = [va - vb for seed in sorted(set(by_seed[0]) & set(by_seed[1]))
+                 if (va := by_seed[0][seed]) is not None and (vb := by_seed[1][seed]) is not None]
+        if len(diffs) < 2:
+            diffs = [_arm_value(arms, a, key) - _arm_value(arms, b, key)]
+    else:
+        diffs = [_arm_value(arms, a, key) - _arm_value(arms, b, key) for a, b in ran]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
     return statistics.mean(diffs), se, len(diffs)
 
@@ -837,7 +850,8 @@ def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
              f"standard error across the pairs; **beyond noise** when a paired t-test rejects no effect at 95 % "
              "(|mean| > t(n − 1) SE: 3.18 SE for 4 pairs, 2.57 for 6). Clip: the 6 pairs "
              "(N = 4, 8) × (replay none, R2, R3). Replay: the 4 pairs (N = 4, 8) × (clip, no clip). IS: the on-policy "
-             "pair. The last two columns repeat the clip pairs on the training reward and the policy entropy averaged "
+             "pair, over its matched seeds when it ran more than one (seed s against seed s). Arms with several seeds "
+             "enter the pairs with their mean over seeds. The last two columns repeat the clip pairs on the training reward and the policy entropy averaged "
              "over the last 25 % of steps (logged every step, so less noisy than the final evaluation). Residual and "
              "cosine: means over the condition's arms (the unclipped arms' cosine separately, since "
              "the clipping mask itself moves the surrogate's gradient away from Eq. (2)).", "",

@@ -249,6 +249,11 @@ def test_stress_paired_effects_by_hand():
     assert round(mean, 12) == 0.25 and n == 1 and math.isnan(se)  # seed mean 0.85 - 0.6
     table = "\n".join(stress_section(runs))
     assert "| base | all | — | —/— | +0.050 ± 0.050 (n=2) | — | — | +0.250 (1 pair) | 0/7 |" in table
+    # one pair of arms with matched seeds: the seeds are the units (diffs 0.3, 0.1, 0.2)
+    seeded = _flat(_fake_runs({"lr3x/onpolicy_minirl": [[0.5, 0.9], [0.5, 0.8], [0.5, 0.7]],
+                               "lr3x/onpolicy_minirl_no_is": [[0.5, 0.6], [0.5, 0.7], [0.5, 0.5]]}))
+    mean, se, n = paired_effect(seeded, [("lr3x/onpolicy_minirl", "lr3x/onpolicy_minirl_no_is")])
+    assert (round(mean, 12), round(se, 12), n) == (0.2, round(0.1 / math.sqrt(3), 12), 3)
     assert stress_section(_fake_runs({"n2/minirl_r2": [[0.5, 0.9]]})) == []
 
 
