@@ -22,7 +22,7 @@ Plot / report. ``minirl plot RUNS_DIR`` and ``minirl report RUNS_DIR`` read run 
 (``config.yaml`` and ``metrics.jsonl``); the setting of a run is the first path component of its arm
 (``onpolicy``, ``n2``, ``n4``, ``n8``, ``coldstart``). The x-axis is gradient steps (global step x N).
 *Steps to collapse*: the first gradient step after the peak from which the held-out score stays
-below 50 % of its peak until the end of the run (None if it never does).
+below 50 % of its peak until the end of the run ("never" in the tables if it does not).
 """
 
 from __future__ import annotations
@@ -601,7 +601,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
                 if ky:
                     kls.append(late_mean(ky))
                 steps.append(int(run["rows"][-1]["step"]) * run["n"])
-            collapse = ", ".join("None" if c is None else str(c) for c in collapses) or "—"
+            collapse = ", ".join("never" if c is None else str(c) for c in collapses) or "—"
             cosines = [v for v in (_run_mean("fidelity/last_grad_cosine")(run["rows"]) for run in runs) if v is not None]
             residuals = [v for v in (_run_mean("residual/last_total_mean")(run["rows"]) for run in runs) if v is not None]
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "
