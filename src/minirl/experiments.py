@@ -580,7 +580,7 @@ def _pm(values: list[float], fmt: str = "{:.3f}") -> str:
 def report(runs_dir: Path, out: Path | None = None) -> Path:
     legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
               "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
-              "(per seed; "never" if it did not). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
+              "(per seed; 'never' if it did not). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
     lines = [f"# Report: {runs_dir}", "", legend, ""]
     loaded = load_runs(runs_dir)  # read every run's metrics once
