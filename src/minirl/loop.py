@@ -22,8 +22,11 @@ ranks, spawned processes or Ray actors) with the same methods.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +166,11 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
     ``resume_from``: a checkpoint directory (``minirl.checkpoint.find_latest``) to continue from,
     at its step + 1, with ``metrics.jsonl`` cut back to that step.
     """
+    with hold_run_dir(cfg.run_dir):  # one process per run directory: a second one would corrupt it
+        return _train(cfg, start_from=start_from, resume_from=resume_from, log=log)
+
+
+def _train(cfg: Config, *, start_from: str | None, resume_from: Path | None, log: Any) -> RunSummary:
     from minirl import checkpoint
 
     started = time.perf_counter()
@@ -334,6 +342,33 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 def fuses_old_pass(cfg: Config, diagnose: bool) -> bool:
     """Whether this step takes pi_old from its single update's forward instead of its own pass."""
     return cfg.optim.minibatches_per_step == 1 and not diagnose and cfg.moe.routing_replay != "R2"
+
+
+@contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``, released when the process ends).
+
+    Two processes training into one directory (two sweeps with overlapping arms, a resume started
+    while the run still goes) would interleave their metrics and overwrite each other's checkpoints;
+    the second one stops at once with one line naming the directory and the holder's pid instead.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise ConfigError(f"run.name: {run_dir} is in use by another minirl process (pid {holder}); "
+                              "wait for it to end or choose another run.name") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def check_fresh_start(cfg: Config) -> None:

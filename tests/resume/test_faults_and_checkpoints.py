@@ -229,3 +229,16 @@ def test_a_fresh_start_never_silently_replaces_an_earlier_run(tmp_path):
     with pytest.raises(ConfigError, match=r"already holds a run; continue it with --resume"):
         check_fresh_start(cfg)
     check_fresh_start(load_config(None, [f"run.output_dir={tmp_path}", "run.name=r", "run.overwrite=true"]))
+
+
+def test_a_run_directory_in_use_refuses_a_second_process(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    with loop.hold_run_dir(cfg.run_dir):  # this process holds it, as a running training would
+        code = main(["train", "configs/demo.yaml", *[o for o in TINY if not o.startswith("optim.steps=")],
+                     f"optim.steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f"])
+        assert code != 0
+        err = capsys.readouterr().err
+        assert f"is in use by another minirl process (pid {os.getpid()})" in err and "Traceback" not in err
+        assert not (cfg.run_dir / "metrics.jsonl").exists()
+    loop.train(cfg)  # released: the run goes
+    assert len(_rows(cfg)) == STEPS + 1
