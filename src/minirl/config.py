@@ -116,6 +116,12 @@ class OptimConfig(Section):
     """N: gradient updates per global step (1 = on-policy)."""
     micro_batch_sequences: int = Field(64, ge=1)
     """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    micro_batch_max_tokens: int | None = Field(None, ge=1)
+    """Dynamic micro-batches (verl's ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``, slime's
+    ``--max-tokens-per-gpu``): rows sorted by length and cut so that each forward/backward holds at
+    most this many padded tokens (and ``micro_batch_sequences`` rows); a longer row goes alone.
+    Skips the padding of one right-padded batch and bounds activation memory; the gradient is the
+    same sum (to float rounding). ``null``: fixed micro-batches of ``micro_batch_sequences`` rows."""
     lr: float = Field(1e-4, ge=0)
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up, in gradient updates."""
@@ -360,6 +366,11 @@ class Config(Section):
             raise ValueError(
                 "optim.micro_batch_sequences: CISPO normalises by each group's token count, so mini- and "
                 f"micro-batches must hold whole groups (multiples of samples_per_prompt = {group})"
+            )
+        if self.algo.name == "cispo" and self.optim.micro_batch_max_tokens is not None:
+            raise ValueError(
+                "optim.micro_batch_max_tokens: CISPO normalises by each group's token count, so micro-batches "
+                "must hold whole groups; dynamic micro-batches group rows by length (set it to null)"
             )
         ranks = self.cluster.trainer_ranks
         if self.minibatch_sequences % ranks:

@@ -123,14 +123,7 @@ def gradient_fidelity(
     if minibatch.logp_old is None:
         raise ValueError("gradient_fidelity needs minibatch.logp_old (run the old-log-prob pass first)")
     g_surrogate = trainer.gradient(minibatch, surrogate_objective, replay_routes=replay_routes)
-    seq_objective = sequence_objective(minibatch)
-    captured: list[torch.Tensor] = []
-
-    def capturing(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        captured.append(logp.detach())
-        return seq_objective(logp, micro)
-
-    g_seq = trainer.gradient(minibatch, capturing if approximation else seq_objective, replay_routes=replay_routes)
+    g_seq, logp = trainer.gradient(minibatch, sequence_objective(minibatch), replay_routes=replay_routes, with_logp=True)
     norm_surrogate = float(torch.linalg.vector_norm(g_surrogate.double()))
     norm_seq = float(torch.linalg.vector_norm(g_seq.double()))
     diff = float(torch.linalg.vector_norm(g_surrogate.double() - g_seq.double()))
@@ -142,20 +135,8 @@ def gradient_fidelity(
     }
     out = {_key(k, tag): v for k, v in out.items()}
     if approximation:
-        out.update(approximation_metrics(_assemble(captured, minibatch), minibatch, tag=tag))
+        out.update(approximation_metrics(logp, minibatch, tag=tag))
     return out
-
-
-def _assemble(parts: list[torch.Tensor], minibatch: Batch) -> torch.Tensor:
-    """Micro-batch log-probs (in order, each trimmed of padding columns) -> [B, T] of the mini-batch."""
-    logp = torch.zeros(minibatch.mask.shape, dtype=torch.float32)
-    row = 0
-    for part in parts:
-        logp[row : row + part.shape[0], : part.shape[1]] = part.float().cpu()
-        row += part.shape[0]
-    if row != minibatch.size:
-        raise RuntimeError(f"captured {row} rows of log-probs for a mini-batch of {minibatch.size}")
-    return logp
 
 
 def approximation_metrics(logp: torch.Tensor, batch: Batch, *, tag: str | None = None) -> dict[str, float]:

@@ -108,6 +108,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None) -> Tr
         grad_clip_norm=o.grad_clip_norm,
         warmup_updates=o.warmup_steps,
         micro_batch_sequences=o.micro_batch_sequences,
+        micro_batch_max_tokens=o.micro_batch_max_tokens,
         replay=replay,
     )
 

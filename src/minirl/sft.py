@@ -121,7 +121,8 @@ def sft_cache_key(cfg: Config) -> str:
         "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ())}),  # keys of earlier caches
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
-                                                             "micro_batch_sequences", "max_consecutive_faults"}),
+                                                             "micro_batch_sequences", "max_consecutive_faults", *(
+            ("micro_batch_max_tokens",) if cfg.optim.micro_batch_max_tokens is not None else ())}),  # keys of earlier caches
         "seed": cfg.run.seed if cfg.cold_start.seed is None else cfg.cold_start.seed,
         "threads": cfg.run.threads,
     }

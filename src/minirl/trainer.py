@@ -6,7 +6,8 @@ Two entry points, both over a ``Batch`` laid out by ``minirl.batching``:
   full-vocabulary entropy at the rollout prefixes, and optionally the routes the trainer chose
   (R2 records them here). Given routes, it replays them (R3 replays the engine's routes here).
 * ``update``: one gradient update on a mini-batch: micro-batches of ``micro_batch_sequences``
-  rows, gradient accumulation, gradient-norm clipping, AdamW and the learning-rate schedule.
+  rows (or, with ``micro_batch_max_tokens``, rows of similar length up to a token budget: the
+  padding of one right-padded batch is not computed), gradient accumulation, gradient-norm clipping, AdamW and the learning-rate schedule.
   The caller passes ``objective(logp, micro_batch) -> (loss, metrics)``; the trainer only
   differentiates what it is given.
 
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from minirl.algo import token_entropy, token_logprobs
-from minirl.batching import chunks
+from minirl.batching import chunks, token_budget_chunks
 from minirl.moe.metrics import routing_agreement
 from minirl.types import Batch
 
@@ -60,6 +61,7 @@ class Trainer:
         grad_clip_norm: float = 1.0,
         warmup_updates: int = 0,
         micro_batch_sequences: int = 64,
+        micro_batch_max_tokens: int | None = None,
         replay: Any | None = None,
     ) -> None:
         self.model = model
@@ -67,6 +69,7 @@ class Trainer:
         self.replay = replay
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
+        self.micro_batch_max_tokens = micro_batch_max_tokens
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
@@ -108,16 +111,22 @@ class Trainer:
         """
         self.model.eval()
         scores = _Scores(batch, entropy=entropy)
-        for start, micro in self._micro_batches(batch):
+        for rows, micro in self._micro_batches(batch):
             natural: list | None = [] if record_routes else None
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)[:, :-1].float()
             logp = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device))
-            scores.add(start, micro, logits, logp, natural[0] if natural else None)
+            scores.add(rows, micro, logits, logp, natural[0] if natural else None)
         return scores.result()
 
-    def _micro_batches(self, batch: Batch) -> list[tuple[int, Batch]]:
+    def _micro_batches(self, batch: Batch) -> list[tuple[slice | torch.Tensor, Batch]]:
+        """(the rows of ``batch`` it holds, micro-batch): contiguous slices of ``micro_batch_sequences``
+        rows, or, with ``micro_batch_max_tokens``, rows of similar length within that budget.
+        Every loss has the whole mini-batch's denominator (``minirl.objective``), so the summed
+        gradient does not depend on how the rows are grouped."""
         size = self.micro_batch_sequences
-        return list(zip(range(0, batch.size, size), chunks(batch, size)))
+        if self.micro_batch_max_tokens is not None:
+            return token_budget_chunks(batch, size, self.micro_batch_max_tokens)
+        return [(slice(start, start + size), micro) for start, micro in zip(range(0, batch.size, size), chunks(batch, size))]
 
     # ------------------------------------------------------------------ the update
 
@@ -138,7 +147,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True) if score else None
         try:
-            totals, loss_sum = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
+            totals, loss_sum, _ = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
                                                 scores=scores, record_routes=record_routes)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})")
@@ -185,19 +194,23 @@ class Trainer:
 
     def _accumulate(
         self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False,
-        scores: _Scores | None = None, record_routes: bool = False,
-    ) -> tuple[dict[str, float], float]:
+        scores: _Scores | None = None, record_routes: bool = False, metrics: bool = True,
+    ) -> tuple[dict[str, float], float, torch.Tensor]:
         """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
 
-        Returns the metrics (averaged over micro-batches, weighted by rows) and the summed loss;
-        fills ``scores`` (detached log-probs, entropies and, with ``record_routes``, routes) if given.
+        Returns the objective's metrics (``metrics=False``: none), the summed loss and the detached
+        float32 log-probs [B, T-1] of the mini-batch's rows in their own order (0 at padding); fills
+        ``scores`` (detached log-probs, entropies and, with ``record_routes``, routes) if given. The
+        metrics are the objective's over the whole mini-batch, from those log-probs: token means and
+        maxima do not depend on how the rows were grouped into micro-batches.
         """
         totals: dict[str, float] = {}
         loss_sum = 0.0
+        logp_all = torch.zeros(minibatch.mask.shape, dtype=torch.float32)
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = 0.0
-        for start, micro in self._micro_batches(minibatch):
+        for rows, micro in self._micro_batches(minibatch):
             micro = micro.to(self.device)
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)
             routes = natural.pop() if natural is not None else None
@@ -208,18 +221,20 @@ class Trainer:
             logits = logits[:, :-1].float()
             logp = token_logprobs(logits, micro.input_ids[:, 1:])
             if scores is not None:
-                scores.add(start, micro, logits, logp, routes if record_routes else None)
-            loss, metrics = objective(logp, micro)
+                scores.add(rows, micro, logits, logp, routes if record_routes else None)
+            loss, _ = objective(logp, micro)
             loss.backward()
             loss_sum += float(loss.detach())
-            weight = micro.size / minibatch.size
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + weight * float(value)
+            logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
+        if metrics:
+            with torch.no_grad():
+                totals.update({key: float(value) for key, value in objective(logp_all, minibatch)[1].items()})
         if natural is not None:
             totals["routing_natural_diff_frac"] = round(differing) / counted if counted else 0.0
-        return totals, loss_sum
+        return totals, loss_sum, logp_all
 
-    def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False) -> torch.Tensor:
+    def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False,
+                 with_logp: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The flat gradient of ``objective`` over ``batch``, summed over micro-batches; no step.
 
         Same forward/backward path as ``update`` (train mode, micro-batches, routing replay), but
@@ -229,6 +244,7 @@ class Trainer:
         concatenation of ``p.grad.flatten()`` over the trainable parameters in
         ``model.parameters()`` order (zeros for a parameter the objective does not reach).
         For diagnostics (``minirl.diagnostics``): it holds one extra copy of the parameters.
+        ``with_logp``: return ``(flat, logp)``, with the detached log-probs [B, T-1] of the forward.
         """
         was_training = self.model.training
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -237,14 +253,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
-                self._accumulate(batch, objective, replay_routes)
+                _, _, logp = self._accumulate(batch, objective, replay_routes, metrics=False)
             flat = torch.cat(
                 [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1) for p in params]
             )
         finally:
             self.optimizer.zero_grad(set_to_none=True)
             self.model.train(was_training)
-        return flat
+        return (flat, logp) if with_logp else flat
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights``."""
@@ -261,10 +277,11 @@ class _Scores:
         self.routes: torch.Tensor | None = None
 
     @torch.no_grad()
-    def add(self, start: int, micro: Batch, logits: torch.Tensor, logp: torch.Tensor, routes: torch.Tensor | None) -> None:
-        """Rows ``start..`` from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp`` [b, T-1];
-        ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding)."""
-        rows, cols = slice(start, start + micro.size), micro.input_ids.shape[1]
+    def add(self, rows: slice | torch.Tensor, micro: Batch, logits: torch.Tensor, logp: torch.Tensor,
+            routes: torch.Tensor | None) -> None:
+        """Rows ``rows`` of the batch from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp``
+        [b, T-1]; ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding)."""
+        cols = micro.input_ids.shape[1]
         self.logp[rows, : cols - 1] = logp.detach().cpu()
         if self.entropy is not None:
             self.entropy[rows, : cols - 1] = token_entropy(logits.detach()).cpu()

@@ -25,12 +25,15 @@ def _minirl(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minirl.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.parametrize("replay, minibatches", [("none", 1), ("R2", 2), ("R3", 2)])
-def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatches):
+@pytest.mark.parametrize("replay, minibatches, extra", [
+    ("none", 1, []), ("R2", 2, []),
+    ("R3", 2, ["optim.micro_batch_max_tokens=40"]),  # dynamic micro-batches (~2 rows of ~17 tokens each)
+])
+def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatches, extra):
     proc = _minirl(
         "train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=e2e", "cold_start.enabled=true",
         f"moe.routing_replay={replay}", f"optim.minibatches_per_step={minibatches}", "rollout.precision=bf16",
-        "diagnostics.every_steps=2",
+        "diagnostics.every_steps=2", *extra,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy before RL" in proc.stderr and "run dir" in proc.stderr

@@ -44,3 +44,34 @@ def test_split_and_chunks_cover_every_row_once():
     micro = chunks(batch, 4)
     assert [m.size for m in micro] == [4, 2]
     assert micro[0].input_ids.shape[1] == 5 and micro[1].input_ids.shape[1] == 7
+
+
+def test_token_budget_rows_hand_computed():
+    from minirl.batching import token_budget_rows
+
+    # lengths 5, 2, 9, 3, 9, 4 -> longest first: rows 2 (9), 4 (9), 0 (5), 5 (4), 3 (3), 1 (2)
+    lengths = [5, 2, 9, 3, 9, 4]
+    # budget 18: [2, 4] pads to 2 x 9 = 18; then 0, 5, 3 at width 5 (3 x 5 = 15), then 1 would make 4 x 5 = 20
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=18) == [[2, 4], [0, 3, 5], [1]]
+    # a row over the budget goes alone; the row cap cuts too
+    assert token_budget_rows(lengths, max_sequences=2, max_tokens=8) == [[2], [4], [0], [3, 5], [1]]
+    assert token_budget_rows([], max_sequences=4, max_tokens=10) == []
+
+
+def test_token_budget_chunks_cover_every_row_once_within_the_budget():
+    from minirl.batching import token_budget_chunks
+
+    g = torch.Generator().manual_seed(0)
+    comps = [_completion(i, [1] * int(torch.randint(1, 6, (1,), generator=g)), [2] * int(torch.randint(1, 12, (1,), generator=g)))
+             for i in range(20)]
+    batch = collate(comps, torch.arange(20.0), pad_token_id=0)
+    padded_fixed = batch.input_ids.numel()
+    seen, padded = [], 0
+    for rows, micro in token_budget_chunks(batch, max_sequences=6, max_tokens=40):
+        seen += rows.tolist()
+        assert micro.size <= 6 and (micro.input_ids.numel() <= 40 or micro.size == 1)
+        assert torch.equal(micro.input_ids, trim(batch.select(rows)).input_ids)
+        assert torch.equal(micro.advantages, batch.advantages[rows])
+        padded += micro.input_ids.numel()
+    assert sorted(seen) == list(range(20))
+    assert padded < padded_fixed  # the point: less padding than one right-padded batch
