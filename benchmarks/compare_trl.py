@@ -198,7 +198,7 @@ def run_trl(python: Path, model_dir: Path, data: list[dict], forced: bool, args,
     return result["step_s"][args.warmup:], result["lengths"][args.warmup:]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["qwen3-moe-2m", "qwen3-moe-20m"])
     parser.add_argument("--modes", nargs="+", choices=["forced", "natural"], default=["forced", "natural"])
@@ -214,9 +214,22 @@ def main() -> None:
                         help="SFT cold-start steps before saving the shared model (0: random init, which rarely stops)")
     parser.add_argument("--quick", action="store_true", help="first size, first mode, 3 steps, 1 warm-up, 1 round")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the minirl config")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # `--sizes a b key=value` : argparse gives the overrides to --sizes; they are overrides
+    args.overrides = [*(s for s in args.sizes if "=" in s), *args.overrides]
+    args.sizes = [s for s in args.sizes if "=" not in s]
+    from minirl.models import PRESETS
+
+    unknown = [s for s in args.sizes if s not in PRESETS]
+    if unknown or not args.sizes:
+        parser.error(f"--sizes: {', '.join(unknown) or 'none given'}; presets: {', '.join(PRESETS)}")
     if args.quick:
         args.sizes, args.modes, args.steps, args.warmup, args.repeats = args.sizes[:1], args.modes[:1], 3, 1, 1
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 

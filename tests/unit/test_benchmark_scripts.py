@@ -11,6 +11,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_scaling  # noqa: E402
+import compare_trl  # noqa: E402
 import peak_memory  # noqa: E402
 import time_to_quality  # noqa: E402
 
@@ -222,3 +223,22 @@ def test_decode_profile_counts_ops_and_matmuls_of_a_cached_step():
     fast = profile_decode.decode_step_profile(model, batch=2, prompt=4, steps=2, path="fast")
     assert fast["path"] == "fast" and 0 < fast["matmul_ms"] < fast["aten_ms"]
     assert 20 < fast["ops_per_step"] < row["ops_per_step"]
+
+
+# ----------------------------------------------------------------------------- compare_trl
+
+
+def test_compare_trl_overrides_after_sizes_are_overrides():
+    args = compare_trl.parse_args(["--sizes", "qwen3-moe-2m", "rollout.precision=fp32", "optim.micro_batch_max_tokens=512"])
+    assert args.sizes == ["qwen3-moe-2m"]
+    assert args.overrides == ["rollout.precision=fp32", "optim.micro_batch_max_tokens=512"]
+    args = compare_trl.parse_args(["moe.routing_metrics=false", "--modes", "natural"])
+    assert args.sizes == ["qwen3-moe-2m", "qwen3-moe-20m"] and args.overrides == ["moe.routing_metrics=false"]
+
+
+def test_compare_trl_unknown_size_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        compare_trl.parse_args(["--sizes", "qwen3-moe-7m"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sizes: qwen3-moe-7m; presets:" in err and "Traceback" not in err
