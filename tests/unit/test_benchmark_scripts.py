@@ -10,6 +10,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench_micro_batches  # noqa: E402
 import bench_scaling  # noqa: E402
 import compare_trl  # noqa: E402
 import peak_memory  # noqa: E402
@@ -242,3 +243,20 @@ def test_compare_trl_unknown_size_is_one_line(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--sizes: qwen3-moe-7m; presets:" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- bench_micro_batches
+
+
+@pytest.mark.parametrize("lengths", ["uniform", "full"])
+def test_bench_micro_batches_builds_the_demo_shaped_batch(lengths):
+    from minirl.config import load_config
+    from minirl.runtime import build_model, build_task
+
+    cfg = load_config(str(BENCHMARKS.parent / "configs" / "demo.yaml"), ["cold_start.enabled=false", "model.preset=qwen3-moe-tiny"])
+    model, tokenizer = build_model(cfg)
+    batch = bench_micro_batches.make_batch(cfg, tokenizer, build_task(cfg, model, tokenizer), lengths)
+    assert batch.size == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    responses = batch.mask.sum(dim=1)
+    assert int(responses.min()) >= 1 and int(responses.max()) <= cfg.rollout.max_new_tokens
+    assert (responses == cfg.rollout.max_new_tokens).all() == (lengths == "full")
