@@ -23,6 +23,9 @@ Plot / report. ``minirl plot RUNS_DIR`` and ``minirl report RUNS_DIR`` read run 
 (``onpolicy``, ``n2``, ``n4``, ``n8``, ``coldstart``). The x-axis is gradient steps (global step x N).
 *Steps to collapse*: the first gradient step after the peak from which the held-out score stays
 below 50 % of its peak until the end of the run ("never" in the tables if it does not).
+*Deepest drop*: the largest fall of the held-out score below its running peak (the best score so
+far), as a fraction of that peak, and where it happened; a drop of 50 % or more that the run then
+recovers from is a collapse the "stays there" definition does not count (a *recovered dip*).
 """
 
 from __future__ import annotations
@@ -577,26 +580,45 @@ def _pm(values: list[float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
+def deepest_drop(xs: list[int], ys: list[float]) -> tuple[float, int] | None:
+    """(largest (running peak - y) / running peak, the x where it happened); None without a positive score.
+
+    The running peak at x is the best y up to x; a run that never falls below it has (0.0, first x)."""
+    best, worst, where = 0.0, 0.0, None
+    for x, y in zip(xs, ys):
+        best = max(best, y)
+        if best > 0 and (where is None or (best - y) / best > worst):
+            worst, where = (best - y) / best, x
+    return (worst, where) if where is not None else None
+
+
+def _drop_cell(drop: tuple[float, int] | None) -> str:
+    return "—" if drop is None else f"{drop[0]:.0%} at {drop[1]}" if drop[0] > 0 else "0%"
+
+
 def report(runs_dir: Path, out: Path | None = None) -> Path:
     legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
               "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
-              "(per seed; 'never' if it did not). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
+              "(per seed; 'never' if it did not). Deepest drop: the largest fall below the running peak (best score so far), "
+              "as a fraction of it, and its step, per seed (a fall of 50 % or more the run recovers from is a collapse "
+              "the first definition does not count). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
     lines = [f"# Report: {runs_dir}", "", legend, ""]
     loaded = load_runs(runs_dir)  # read every run's metrics once
     for setting, arms in loaded.items():
         lines += [f"## {SETTINGS.get(setting, setting)}", "",
-                  "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | final KL (k3, last 25 %) "
-                  "| grad cosine (last mb) | residual (last mb) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| arm | seeds | gradient steps | peak held-out | final held-out | steps to collapse | deepest drop "
+                  "| final KL (k3, last 25 %) | grad cosine (last mb) | residual (last mb) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for arm, runs in sorted(arms.items()):
-            peaks, finals, collapses, kls, steps = [], [], [], [], []
+            peaks, finals, collapses, drops, kls, steps = [], [], [], [], [], []
             for run in runs:
                 xs, ys = _series(run, "eval/accuracy")
                 if ys:
                     peaks.append(max(ys))
                     finals.append(ys[-1])
                     collapses.append(steps_to_collapse(xs, ys))
+                    drops.append(_drop_cell(deepest_drop(xs, ys)))
                 _, ky = _series(run, "mismatch/kl_k3")
                 if ky:
                     kls.append(late_mean(ky))
@@ -605,6 +627,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
             cosines = [v for v in (_run_mean("fidelity/last_grad_cosine")(run["rows"]) for run in runs) if v is not None]
             residuals = [v for v in (_run_mean("residual/last_total_mean")(run["rows"]) for run in runs) if v is not None]
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "
+                         f"{', '.join(drops) or '—'} | "
                          f"{_pm(kls, '{:.2e}')} | {_pm(cosines, '{:.4f}')} | {_pm(residuals, '{:.2e}')} |")
         dead = [arm for arm, runs in sorted(arms.items()) if runs and all(_run_stats(run)["peak"] == 0 for run in runs)]
         if dead:
@@ -654,6 +677,7 @@ def _run_stats(run: dict[str, Any]) -> dict[str, float | bool | None]:
     return {"peak": max(ys) if ys else None, "final": ys[-1] if ys else None, "start": ys[0] if ys else None,
             "late_reward": late_mean(reward), "late_entropy": late_mean(ent),
             "collapsed": steps_to_collapse(xs, ys) is not None if ys else None,
+            "dipped": (drop := deepest_drop(xs, ys)) is not None and drop[0] >= 0.5,
             "kl": statistics.mean(kl) if kl else None,
             "entropy_change": (statistics.mean(ent[-5:]) - statistics.mean(ent[:5])) if len(ent) >= 10 else None}
 
@@ -854,7 +878,9 @@ def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
              "enter the pairs with their mean over seeds. The last two columns repeat the clip pairs on the training reward and the policy entropy averaged "
              "over the last 25 % of steps (logged every step, so less noisy than the final evaluation). Residual and "
              "cosine: means over the condition's arms (the unclipped arms' cosine separately, since "
-             "the clipping mask itself moves the surrogate's gradient away from Eq. (2)).", "",
+             "the clipping mask itself moves the surrogate's gradient away from Eq. (2)). Collapsed runs: as in the "
+             "tables (below half the peak until the end); 'recovered': runs that fell below half their running peak "
+             "and came back.", "",
              "| condition | axis | residual (last mb) | grad cosine clip / no clip | clip − no clip | R2 − none | R3 − none "
              "| IS − no IS (N = 1) | collapsed runs | clip − no clip, training reward (last 25 %) "
              "| clip − no clip, entropy (last 25 %) |",
@@ -872,11 +898,14 @@ def stress_section(runs: dict[str, dict[str, list]]) -> list[str]:
         residuals = [v for arm in arms if (v := _arm_value(arms, arm, "residual/last_total_mean")) is not None]
         cos = {kind: [v for arm in arms if arm.endswith("_noclip") == (kind == "noclip") and "onpolicy" not in arm
                       and (v := _arm_value(arms, arm, "fidelity/last_grad_cosine")) is not None] for kind in ("clip", "noclip")}
-        collapsed = [_run_stats(run)["collapsed"] for rs in arms.values() for run in rs]
+        stats = [_run_stats(run) for rs in arms.values() for run in rs]
+        collapsed = [st["collapsed"] for st in stats]
+        recovered = sum(1 for st in stats if st["dipped"] and not st["collapsed"])
         fmt_cos = "/".join(f"{statistics.mean(v):.3f}" if v else "—" for v in cos.values())
         residual = f"{statistics.mean(residuals):.2e}" if residuals else "—"
         lines.append(f"| {cond} | {STRESS_CONDITIONS[cond][0]} | {residual} | {fmt_cos} | {_effect_cell(clip)} | "
                      f"{_effect_cell(replay['R2'])} | {_effect_cell(replay['R3'])} | {_effect_cell(is_effect)} | "
-                     f"{sum(1 for c in collapsed if c)}/{len(collapsed)} | {_effect_cell(clip_reward)} | "
+                     f"{sum(1 for c in collapsed if c)}/{len(collapsed)}{f', {recovered} recovered' if recovered else ''} | "
+                     f"{_effect_cell(clip_reward)} | "
                      f"{_effect_cell(clip_entropy, '{:+.4f}')} |")
     return lines + [""]

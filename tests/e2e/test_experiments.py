@@ -17,6 +17,7 @@ from minirl.config import ConfigError
 from minirl.experiments import (
     ARMS,
     EXPERIMENTS,
+    deepest_drop,
     find_arms,
     generate,
     load_arm,
@@ -97,7 +98,7 @@ def test_quick_stress_sweep_plots_diagnostics_against_an_axis(tmp_path):
     report = _minirl("report", str(runs))
     assert report.returncode == 0, report.stderr[-2000:]
     line = next(x for x in (runs / "REPORT.md").read_text().splitlines() if x.startswith("| lr3x/n4_minirl_r2 |"))
-    assert line.count("|") == 10 and line.split("|")[-2].strip() != "—"  # the residual column is filled (no reward: no cosine)
+    assert line.count("|") == 11 and line.split("|")[-2].strip() != "—"  # the residual column is filled (no reward: no cosine)
 
 
 def test_sigterm_stops_the_sweep_and_its_runs(tmp_path):
@@ -148,6 +149,18 @@ def test_steps_to_collapse():
     assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.1]) == 20
     assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.5]) is None
     assert steps_to_collapse([0, 10], [0.0, 0.0]) is None
+
+
+def test_deepest_drop_is_measured_from_the_running_peak():
+    # running peaks 0.4, 0.4, 0.8, 0.8, 0.8: drops 0, 0.5 (0.2 at 10), 0, 0.75 (0.2 at 30), 0.25 (0.6 at 40)
+    drop, where = deepest_drop([0, 10, 20, 30, 40], [0.4, 0.2, 0.8, 0.2, 0.6])
+    assert where == 30 and abs(drop - 0.75) < 1e-12
+    assert deepest_drop([0, 10, 20], [0.1, 0.3, 0.9]) == (0.0, 0)  # never below its best so far
+    assert deepest_drop([0, 10], [0.0, 0.0]) is None
+    # the recovered collapse of trace/n8_minirl_noclip seed 1 (held-out 0.453 -> 0.047, then back to 0.578)
+    drop, where = deepest_drop([0, 16, 32, 48, 64], [0.453, 0.309, 0.047, 0.164, 0.578])
+    assert where == 32 and abs(drop - (0.453 - 0.047) / 0.453) < 1e-12
+    assert steps_to_collapse([0, 16, 32, 48, 64], [0.453, 0.309, 0.047, 0.164, 0.578]) is None
 
 
 def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
