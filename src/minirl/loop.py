@@ -23,6 +23,7 @@ ranks, spawned processes or Ray actors) with the same methods.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from minirl.runtime import (
     build_replay,
     build_rewards,
     build_task,
+    environment,
     seed_everything,
     set_threads,
 )
@@ -191,6 +193,9 @@ def _train(cfg: Config, *, start_from: str | None, resume_from: Path | None, log
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             checkpoint.remove_all(run_dir)
         dump_config(cfg, run_dir / "config.yaml")
+        with open(run_dir / "environment.jsonl", "a", encoding="utf-8") as env_file:  # one line per start or resume
+            env_file.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": first - 1,
+                                       **environment()}) + "\n")
         logger = MetricsLogger(
             run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
             wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),

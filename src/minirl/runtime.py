@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,40 @@ from minirl.config import Config, ConfigError
 from minirl.rollout.base import RolloutEngine
 from minirl.tasks.base import Task
 from minirl.trainer import Trainer
+
+
+def environment() -> dict[str, Any]:
+    """What decides a run's floats besides its config: library versions, the CPU or GPU, the source
+    commit. Written to ``RUN_DIR/environment.jsonl`` at each start or resume and to the SFT summary,
+    so results from two machines can be told apart (the same config can take another float path)."""
+    import platform
+    import subprocess
+    from importlib import metadata
+    from pathlib import Path
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "minirl": version("minirl"), "minirl_commit": commit, "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": version("transformers"), "numpy": np.__version__,
+        "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def seed_everything(seed: int) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from minirl.batching import collate
 from minirl.config import Config, ConfigError, dump_config
-from minirl.runtime import build_model, build_task, build_trainer, seed_everything, set_threads
+from minirl.runtime import build_model, build_task, build_trainer, environment, seed_everything, set_threads
 from minirl.tasks.base import Task
 from minirl.types import Batch, Completion
 
@@ -98,7 +98,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     summary = {"style": c.style, "steps": len(losses), "final_loss": losses[-1],
                "window_loss": window_loss(losses, c.loss_window_steps), "until_loss": c.until_loss,
                "reached": reached if c.until_loss is not None else None,
-               "seconds": time.perf_counter() - started}
+               "seconds": time.perf_counter() - started, "environment": environment()}
     (output / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return output
 

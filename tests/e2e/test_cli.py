@@ -51,6 +51,10 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
         assert key in rows[2] and key not in rows[1], key
     assert rows[2]["residual/first_staleness_mean"] == 0.0  # theta == theta_old before the first update
     assert (run / "config.yaml").is_file()
+    import torch
+
+    (env,) = [json.loads(line) for line in (run / "environment.jsonl").read_text().splitlines()]
+    assert env["from_step"] == 0 and env["torch"] == torch.__version__ and env["transformers"] and env["cpu"]
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

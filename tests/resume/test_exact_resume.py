@@ -103,6 +103,8 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     final = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resumed from" in final.stderr
+    starts = [json.loads(line) for line in (run / "environment.jsonl").read_text().splitlines()]
+    assert len(starts) >= 2 and starts[0]["from_step"] == 0 and starts[-1]["from_step"] > 0  # one line per (re)start
 
     want, got = _rows(tmp_path / "ref"), _rows(run)
     assert [r["step"] for r in got] == list(range(STEPS + 1)) == [r["step"] for r in want]
