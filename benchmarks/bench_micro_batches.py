@@ -44,12 +44,18 @@ def make_batch(cfg, tokenizer, task, lengths: str, seed: int = 0):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--budgets", nargs="+", default=["512", "1024", "2048"], help="token budgets to compare")
     parser.add_argument("--lengths", choices=["uniform", "full"], default="uniform")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     args = parser.parse_args()
+    # `--budgets 512 key=value`: argparse gives the overrides to --budgets
+    args.overrides = [*(b for b in args.budgets if "=" in b), *args.overrides]
+    try:
+        args.budgets = [int(b) for b in args.budgets if "=" not in b]
+    except ValueError:
+        parser.error(f"--budgets: whole numbers of tokens, got {' '.join(args.budgets)}")
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, ["cold_start.enabled=false", *args.overrides])
     model, tokenizer = build_model(cfg)
