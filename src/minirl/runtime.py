@@ -45,7 +45,9 @@ def environment() -> dict[str, Any]:
     return {
         "minirl": version("minirl"), "minirl_commit": commit, "python": platform.python_version(),
         "torch": torch.__version__, "transformers": version("transformers"), "numpy": np.__version__,
-        "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(), "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's SIMD kernels (AVX2, AVX512): their floats differ
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 

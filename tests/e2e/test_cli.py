@@ -54,7 +54,7 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
     import torch
 
     (env,) = [json.loads(line) for line in (run / "environment.jsonl").read_text().splitlines()]
-    assert env["from_step"] == 0 and env["torch"] == torch.__version__ and env["transformers"] and env["cpu"]
+    assert env["from_step"] == 0 and env["torch"] == torch.__version__ and env["transformers"] and env["cpu"] and env["cpu_capability"]
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
