@@ -15,6 +15,8 @@ log=.venv/setup.log
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }; }
 pip install --upgrade pip
 pip install "$TORCH_PIN"
-pip install -e ".[test,tensorboard]"
+# transformers pinned for the test environment (the package allows >=5.20,<6): 5.25.0 (2026-12-03)
+# breaks HF's own NemotronH hybrid cache (DummyLayer.get_seq_length), and results are compared across machines
+pip install -e ".[test,tensorboard]" "transformers==5.24.0"
 .venv/bin/python -c "import torch, transformers, minirl"
 echo "$want" > "$stamp"
