@@ -7,7 +7,8 @@ Two entry points, both over a ``Batch`` laid out by ``minirl.batching``:
   (R2 records them here). Given routes, it replays them (R3 replays the engine's routes here).
 * ``update``: one gradient update on a mini-batch: micro-batches of ``micro_batch_sequences``
   rows (or, with ``micro_batch_max_tokens``, rows of similar length up to a token budget: the
-  padding of one right-padded batch is not computed), gradient accumulation, gradient-norm clipping, AdamW and the learning-rate schedule.
+  padding of one right-padded batch is not computed), gradient accumulation, gradient-norm
+  clipping, AdamW and the learning-rate schedule.
   The caller passes ``objective(logp, micro_batch) -> (loss, metrics)``; the trainer only
   differentiates what it is given.
 
@@ -206,7 +207,8 @@ class Trainer:
         """
         totals: dict[str, float] = {}
         loss_sum = 0.0
-        logp_all = torch.zeros(minibatch.mask.shape, dtype=torch.float32)
+        # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs)
+        logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32)
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = 0.0
@@ -222,10 +224,11 @@ class Trainer:
             logp = token_logprobs(logits, micro.input_ids[:, 1:])
             if scores is not None:
                 scores.add(rows, micro, logits, logp, routes if record_routes else None)
+            else:
+                logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
             loss, _ = objective(logp, micro)
             loss.backward()
             loss_sum += float(loss.detach())
-            logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
         if metrics:
             with torch.no_grad():
                 totals.update({key: float(value) for key, value in objective(logp_all, minibatch)[1].items()})
