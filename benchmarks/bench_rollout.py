@@ -25,7 +25,10 @@ that is the figure a quiet machine would give, even while other jobs share the c
 threads on a busy machine, every small op waits for a descheduled OpenMP worker, and wall-clock
 figures become meaningless).
 
-    python benchmarks/bench_rollout.py [--threads 2] [--repeats 5] [--clock wall|cpu]
+``--half-gemm native`` makes the engine use torch's bf16 matmul kernels (bitwise the transformers
+forward) where ``auto`` would take fp32 GEMMs on the bf16 values (``minirl.rollout.fast_decode``).
+
+    python benchmarks/bench_rollout.py [--threads 2] [--repeats 5] [--clock wall|cpu] [--half-gemm auto|native|fp32]
     python benchmarks/bench_rollout.py --sweep [--batches 1,4,16,64,256] [--length 64]
         [--lengths 16,64,256] [--batch 32] [--out sweep.json] [--plot sweep.png] [--threads 1] [--repeats 5]
 """
@@ -41,6 +44,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from minirl.rollout.fast_decode import native_half_gemm
 from minirl.rollout.native import NativeEngine
 from minirl.types import SamplingParams
 
@@ -120,12 +124,13 @@ def engine_run(engine: NativeEngine, prompts: list[list[int]], group: int, seed:
     return elapsed, sum(len(c.completion_ids) for c in completions)
 
 
-def build_samplers(precision: str, dtype: torch.dtype, eos_bias: float, fixed: bool) -> tuple[Qwen3MoeForCausalLM, NativeEngine]:
+def build_samplers(precision: str, dtype: torch.dtype, eos_bias: float, fixed: bool,
+                   half_gemm: str = "auto") -> tuple[Qwen3MoeForCausalLM, NativeEngine]:
     """The HF model in ``dtype`` and an engine of ``precision`` over a second copy of the same weights."""
     hf_model = build_model(eos_bias).to(dtype)
     # fixed: EOS id VOCAB is never drawn, so every engine row runs the full length too
     engine = NativeEngine(build_model(eos_bias), eos_token_id=VOCAB if fixed else EOS,
-                          pad_token_id=PAD, precision=precision)  # fmt: skip
+                          pad_token_id=PAD, precision=precision, half_gemm=half_gemm)  # fmt: skip
     return hf_model, engine
 
 
@@ -143,6 +148,13 @@ def measure(hf_model: Qwen3MoeForCausalLM, engine: NativeEngine, prompts: list[l
     return hf_rates, engine_rates
 
 
+def resolved_half_gemm(half_gemm: str) -> str:
+    """What ``half_gemm="auto"`` becomes on this machine (``NativeEngine``)."""
+    if half_gemm != "auto":
+        return half_gemm
+    return "native (torch's bf16 kernels)" if native_half_gemm() else "fp32 GEMMs on the bf16 values (auto)"
+
+
 def random_prompts(count: int, length: int, generator: torch.Generator) -> list[list[int]]:
     return [torch.randint(2, VOCAB, (length,), generator=generator).tolist() for _ in range(count)]
 
@@ -158,14 +170,15 @@ def run_workloads(args: argparse.Namespace) -> None:
     for workload, (prompts, group, eos_bias) in workloads.items():
         fixed = workload == "fixed"
         for precision, dtype in DTYPES:
-            hf_model, engine = build_samplers(precision, dtype, eos_bias, fixed)
+            hf_model, engine = build_samplers(precision, dtype, eos_bias, fixed, args.half_gemm)
             hf_rates, engine_rates = measure(hf_model, engine, prompts, group, fixed, args.repeats)
             results.append((workload, precision, hf_rates, engine_rates))
 
     params = sum(p.numel() for p in build_model().parameters()) / 1e6
     print(f"Qwen3-MoE-like {params:.2f} M params, {args.threads} thread(s), {args.repeats} alternating runs each, "
           f"{args.clock} clock")  # fmt: skip
-    print("fixed: 32 prompts x 64 new tokens (forced);  rl: 8 prompts x 8 samples, EOS ~5 %/step, cap 64")
+    print("fixed: 32 prompts x 64 new tokens (forced);  rl: 8 prompts x 8 samples, EOS ~5 %/step, cap 64;  "
+          f"engine bf16 matmuls: {resolved_half_gemm(args.half_gemm)}")
     print(f"{'workload':<8} {'dtype':<5} {'HF generate tok/s':>18} {'NativeEngine tok/s':>19} "
           f"{'speed-up':>9} {'(best)':>7}")  # fmt: skip
     for workload, precision, hf_rates, engine_rates in results:
@@ -197,12 +210,12 @@ def run_sweep(args: argparse.Namespace) -> list[dict]:
     params = sum(p.numel() for p in build_model().parameters()) / 1e6
     print(f"Qwen3-MoE-like {params:.2f} M params, {args.threads} thread(s), {args.repeats} alternating runs each, "
           f"{args.clock} clock; fixed-length workload: {PROMPT_TOKENS}-token prompts, 1 sample each, every row "
-          f"forced to the full length")
+          f"forced to the full length; engine bf16 matmuls: {resolved_half_gemm(args.half_gemm)}")
     print(f"{'axis':<6} {'dtype':<5} {'batch':>5} {'new tok':>7} {'HF generate tok/s':>18} "
           f"{'NativeEngine tok/s':>19} {'engine/HF':>10} {'(best)':>7}", flush=True)
     rows = []
     for precision, dtype in DTYPES:
-        hf_model, engine = build_samplers(precision, dtype, eos_bias=0.0, fixed=True)
+        hf_model, engine = build_samplers(precision, dtype, eos_bias=0.0, fixed=True, half_gemm=args.half_gemm)
         generator = torch.Generator().manual_seed(0)
         prompts = random_prompts(max(args.batches + [args.batch]), PROMPT_TOKENS, generator)
         for axis, batch, new_tokens in points:
@@ -255,6 +268,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--half-gemm", choices=("auto", "native", "fp32"), default="auto",
+                        help="the engine's bf16 matmuls: torch's kernels (native), fp32 GEMMs on the bf16 values "
+                             "(fp32), or whichever this CPU runs faster (auto; NativeEngine's default)")
     sweep = parser.add_argument_group("--sweep: fixed-length tokens/s against batch size and response length")
     sweep.add_argument("--sweep", action="store_true", help="run the sweep instead of the two workloads")
     sweep.add_argument("--batches", type=int_list, default=[1, 4, 16, 64, 256], help="batch sizes (default 1,4,16,64,256)")
@@ -282,7 +298,7 @@ def main() -> None:
     rows = run_sweep(args)
     if args.out:
         args.out.write_text(json.dumps({"threads": args.threads, "repeats": args.repeats, "clock": args.clock,
-                                        "rows": rows}, indent=1))
+                                        "half_gemm": resolved_half_gemm(args.half_gemm), "rows": rows}, indent=1))
         print(f"wrote {args.out}")
     if args.plot:
         plot_sweep(rows, args.plot)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -91,6 +92,10 @@ def test_bench_rollout_arguments_and_sweep_points():
 
     args = bench_rollout.parse_args([])
     assert not args.sweep and args.threads == 2 and args.repeats == 5  # the default mode is unchanged
+    assert args.half_gemm == "auto" and bench_rollout.parse_args(["--half-gemm", "native"]).half_gemm == "native"
+    hf_model, engine = bench_rollout.build_samplers("bf16", torch.bfloat16, 0.0, True, half_gemm="native")
+    assert engine.half_gemm == "native" and not engine._fast.fp32_gemm and hf_model.dtype == torch.bfloat16
+    assert bench_rollout.resolved_half_gemm("fp32") == "fp32"
     args = bench_rollout.parse_args(["--sweep", "--batches", "1,8", "--lengths", "4", "--out", "x.json"])
     assert args.batches == [1, 8] and args.lengths == [4] and args.length == 64 and args.batch == 32
     assert bench_rollout.sweep_points([1, 8], 64, [4], 32) == [("batch", 1, 64), ("batch", 8, 64), ("length", 32, 4)]

@@ -22,6 +22,7 @@ def one_thread():
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
+    kwargs.setdefault("half_gemm", "native")  # torch's bf16 kernels: bitwise the transformers forward
     fast = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, **kwargs)
     slow = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, decode_path="transformers", **kwargs)
     assert fast._fast is not None and slow._fast is None
@@ -148,3 +149,106 @@ def test_other_models_keep_the_transformers_forward():
     assert NativeEngine(surgery, eos_token_id=EOS, pad_token_id=PAD)._fast is None
     with pytest.raises(ValueError, match="decode_path"):
         NativeEngine(moe_model(), eos_token_id=EOS, pad_token_id=PAD, decode_path="fast")
+
+
+# ---------------------------------------------------------------- half_gemm="fp32"
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable values of ``a``'s (half) dtype lie between a and b, elementwise (same sign)."""
+    as_int = {torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+    return (a.view(as_int).int() - b.view(as_int).int()).abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_gemm_is_a_half_gemm_with_fp32_accumulation(dtype):
+    # bf16 x bf16 (and fp16 x fp16) products are exact in fp32, so an fp32 GEMM on the half values,
+    # rounded once, is the half GEMM with fp32 accumulation: equal to the exact (fp64) product rounded
+    # to the half dtype except where fp32 rounding crosses a half rounding boundary, and at most one
+    # unit in the last place from torch's own half kernel (another summation order)
+    decoder = FastDecoder(moe_model().to(dtype), half_gemm="fp32")
+    assert decoder.fp32_gemm and decoder.layers[0].qkv.dtype == torch.float32
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=generator).to(dtype)
+    weight = torch.randn(96, 128, generator=generator).to(dtype)
+    bias = torch.randn(96, generator=generator).to(dtype)
+    out = decoder._linear(x, weight.float(), bias.float())
+    assert out.dtype == dtype
+    exact = (x.double() @ weight.double().T + bias.double()).to(dtype)
+    native = F.linear(x, weight, bias)
+    assert (_ulps_apart(out, exact) <= 1).all() and (out == exact).float().mean() > 0.99
+    assert (_ulps_apart(out, native) <= 1).all() and (out == native).float().mean() > 0.99
+    rows, counts = torch.randn(10, 128, generator=generator).to(dtype), [0, 4, 6]
+    experts = torch.randn(3, 96, 128, generator=generator).to(dtype)
+    grouped = decoder._grouped_matmul(rows, experts.float(), _groups(counts))
+    assert grouped.dtype == dtype
+    expected = torch.cat([rows[:4].double() @ experts[1].double().T, rows[4:].double() @ experts[2].double().T]).to(dtype)
+    assert (_ulps_apart(grouped, expected) <= 1).all()
+    # an fp32 model has nothing to emulate: the flag is off and the weights are the model's own
+    fp32 = FastDecoder(moe_model(), half_gemm="fp32")
+    assert not fp32.fp32_gemm and fp32.lm_head is fp32.model.lm_head.weight
+
+
+@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+def test_prefill_matches_the_transformers_forward(build):
+    # the fast prefill (used with half_gemm="fp32") on an fp32 model, so only the path is compared:
+    # causal + padding mask, positions, RoPE, cache columns, routes at the real tokens
+    model = build(std=0.3).eval()
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, decode_path="transformers")
+    mask, ids = engine._left_pad(PROMPTS)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    decoder = FastDecoder(model)
+    routed = build is moe_model
+    logits, cache, routes = decoder.prefill(ids, positions, mask, 5, record_routes=routed)
+    expected, expected_routes = engine._forward(ids, mask, positions, engine._new_cache(), routed, logits_to_keep=1)
+    hf_cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=hf_cache, use_cache=True)
+    torch.testing.assert_close(logits, expected[:, -1], rtol=0, atol=2e-5)
+    assert cache.keys[0].shape[2] == ids.shape[1] + 5 and not cache.keys[0][:, :, ids.shape[1]:].any()
+    real = mask[:, None, :, None]
+    for layer, hf in enumerate(hf_cache.layers):
+        torch.testing.assert_close(cache.keys[layer][:, :, : ids.shape[1]] * real, hf.keys * real, rtol=0, atol=2e-5)
+        torch.testing.assert_close(cache.values[layer][:, :, : ids.shape[1]] * real, hf.values * real, rtol=0, atol=2e-5)
+    assert torch.isfinite(cache.keys[-1]).all()  # a pad query that sees no real key: zeros, not NaN
+    if routed:
+        assert routes.shape == expected_routes.shape and routes.dtype == torch.int16
+        assert torch.equal(routes[mask], expected_routes[mask])
+    else:
+        assert routes is None
+
+
+@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+def test_bf16_engine_with_fp32_gemm_is_close_to_torch_bf16(build):
+    # the same bf16 model, torch's bf16 kernels vs fp32 GEMMs on the bf16 values: log-probs of the same
+    # completions differ by far less than bf16 differs from fp32 (the mismatch the engine simulates)
+    model = build(std=0.3)
+    fast = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="bf16", half_gemm="fp32")
+    native = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="bf16", half_gemm="native")
+    full = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="fp32")
+    assert fast._fast.fp32_gemm and not native._fast.fp32_gemm
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=1.0, seed=5)
+    sampled = fast.generate_ids(PROMPTS, 4, params, record_routes=build is moe_model)
+    assert len({len(c.completion_ids) for c in sampled}) > 1  # rows left the batch mid-rollout
+    assert all(torch.isfinite(c.logp_rollout).all() for c in sampled)
+    if build is moe_model:
+        # every token fed through the model has its experts (the last one sampled is never fed: -1)
+        assert all(int(c.routes[:-1].min()) >= 0 and bool((c.routes[-1] == -1).all()) for c in sampled)
+    prompts = [prompt for prompt in PROMPTS for _ in range(4)]
+    completions = [c.completion_ids for c in sampled]
+    a, b, c = (torch.cat(e.score_ids(prompts, completions, params)) for e in (fast, native, full))
+    assert (a - b).abs().mean() < 0.1 * (b - c).abs().mean()
+    assert (a - b).abs().max() < 0.1
+
+
+def test_half_gemm_auto_follows_the_cpu(monkeypatch):
+    import minirl.rollout.native as native_module
+
+    for has_native, expected in ((False, "fp32"), (True, "native")):
+        monkeypatch.setattr(native_module, "native_half_gemm", lambda device, has=has_native: has)
+        engine = NativeEngine(moe_model(), eos_token_id=EOS, pad_token_id=PAD, precision="bf16")
+        assert engine.half_gemm == expected and engine._fast.fp32_gemm is (expected == "fp32")
+    fp32 = NativeEngine(moe_model(), eos_token_id=EOS, pad_token_id=PAD)  # nothing to emulate in fp32
+    assert not fp32._fast.fp32_gemm
+    with pytest.raises(ValueError, match="half_gemm"):
+        NativeEngine(moe_model(), eos_token_id=EOS, pad_token_id=PAD, half_gemm="fast")

@@ -21,6 +21,20 @@ RoPE scaling, sliding windows, a module replaced by another class) keeps the tra
 (``unsupported_reason``).
 
 The prefill stays on the transformers forward (one call per rollout); its cache is copied in.
+
+bf16 / fp16 matrix products (``half_gemm``). torch's CPU kernels for a bf16 or fp16 matmul are ~10x
+slower than fp32 ones on CPUs without native bf16 instructions (AVX2, AVX-512 without BF16/AMX):
+``F.linear`` of a 64-row bf16 batch by a 128 x 256 weight took ~1.2 ms here, the fp32 one ~0.1 ms.
+With ``half_gemm="fp32"`` every matrix product of the decode step (q/k/v, o, router, experts,
+dense MLP, lm_head) multiplies the *same* bf16/fp16 values in an fp32 GEMM (fp32 copies of the
+weights, made once per ``refresh``) and rounds the result back once: each product of two bf16 (or
+fp16) numbers is exact in fp32 and both kernels accumulate in fp32, so the result is that of a
+half-precision GEMM with fp32 accumulation, as GPUs run them; only the summation order differs from
+torch's CPU kernel, which moves ~1 in 10^4 outputs by one unit in the last place
+(``tests/unit/test_fast_decode.py``). Everything between the matmuls (norms, RoPE, attention,
+activations, the residual stream) stays in the half dtype. ``"native"`` (the default of this class)
+keeps torch's kernels and the bitwise match with the transformers forward; ``NativeEngine`` picks
+``"fp32"`` on such CPUs (``half_gemm="auto"``).
 """
 
 from __future__ import annotations
@@ -34,6 +48,14 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe")
+HALF_GEMM = ("native", "fp32")
+
+
+def native_half_gemm(device: torch.device | str = "cpu") -> bool:
+    """Whether torch has fast bf16 matmul kernels here: any GPU, or a CPU with AVX512-BF16 or AMX."""
+    if torch.device(device).type != "cpu":
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -123,8 +145,9 @@ class _Layer:
 class StaticKVCache:
     """Keys and values of every layer in pre-allocated tensors ``[rows, kv heads, length, head dim]``.
 
-    ``batch_select_indices`` (rows leaving the batch) has the name and meaning of the transformers
-    cache method, so ``NativeEngine`` treats both caches alike.
+    ``batch_select_indices`` (rows leaving the batch) and ``batch_repeat_interleave`` (G samples per
+    prompt) have the names and meanings of the transformers cache methods, so ``NativeEngine`` treats
+    both caches alike.
     """
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -148,6 +171,10 @@ class StaticKVCache:
         self.keys = [k[indices] for k in self.keys]
         self.values = [v[indices] for v in self.values]
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.keys = [k.repeat_interleave(repeats, dim=0) for k in self.keys]
+        self.values = [v.repeat_interleave(repeats, dim=0) for v in self.values]
+
 
 class FastDecoder:
     """One decode step (one new token per row) of a Qwen3 / Qwen3-MoE model, bitwise its forward.
@@ -156,13 +183,17 @@ class FastDecoder:
     concatenated q/k/v weights: call ``refresh`` after the weights change.
     """
 
-    def __init__(self, model: nn.Module, kv_cache_format: str | None = None) -> None:
+    def __init__(self, model: nn.Module, kv_cache_format: str | None = None, half_gemm: str = "native") -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
+        if half_gemm not in HALF_GEMM:
+            raise ValueError(f"half_gemm must be one of {HALF_GEMM} (got {half_gemm!r})")
         config = model.config
         self.model = model
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
+        # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
+        self.fp32_gemm = half_gemm == "fp32" and model.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -176,9 +207,10 @@ class FastDecoder:
     def refresh(self) -> None:
         """Re-read the weights (the q/k/v concatenation is a copy)."""
         base = self.model.model
+        gemm = self._gemm_weight
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
-        self.lm_head, self.lm_head_bias = self.model.lm_head.weight, self.model.lm_head.bias
+        self.lm_head, self.lm_head_bias = gemm(self.model.lm_head.weight), gemm(self.model.lm_head.bias)
         self.inv_freq = base.rotary_emb.inv_freq
         self.layers = []
         for layer in base.layers[: self.num_layers]:
@@ -186,23 +218,33 @@ class FastDecoder:
             spec = _Layer(
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                qkv=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                qkv_bias=_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj),
-                o=attn.o_proj.weight,
-                o_bias=attn.o_proj.bias,
+                qkv=gemm(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                qkv_bias=gemm(_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj)),
+                o=gemm(attn.o_proj.weight),
+                o_bias=gemm(attn.o_proj.bias),
                 q_norm=attn.q_norm.weight,
                 k_norm=attn.k_norm.weight,
             )
             if hasattr(mlp, "experts"):
-                spec.router, spec.top_k, spec.norm_topk_prob = mlp.gate.weight, mlp.gate.top_k, mlp.gate.norm_topk_prob
-                spec.gate_up, spec.down = mlp.experts.gate_up_proj, mlp.experts.down_proj
+                spec.router, spec.top_k, spec.norm_topk_prob = gemm(mlp.gate.weight), mlp.gate.top_k, mlp.gate.norm_topk_prob
+                spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
             else:
-                spec.dense = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+                spec.dense = tuple((gemm(p.weight), gemm(p.bias)) for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
             self.layers.append(spec)
         self._rope_rows = 0  # rebuilt on demand
 
+    def _gemm_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:
+        """The weight as the decode step's matmuls take it: itself, or its exact fp32 copy (``half_gemm``)."""
+        return weight if weight is None or not self.fp32_gemm else weight.float()
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear`` in ``x``'s dtype; an fp32 GEMM on the same values, rounded once, with ``half_gemm="fp32"``."""
+        if not self.fp32_gemm:
+            return F.linear(x, weight, bias)
+        return F.linear(x.float(), weight, bias).to(x.dtype)
+
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [b, 1, 1, D] at ``positions`` (long [b]), as ``Qwen3RotaryEmbedding`` computes them."""
+        """cos, sin [b, 1, s, D] at ``positions`` (long [b, s]), as ``Qwen3RotaryEmbedding`` computes them."""
         needed = int(positions.max()) + 1
         if needed > self._rope_rows or self._cos.dtype != dtype:
             rows = max(needed, 2 * self._rope_rows, 64)
@@ -210,7 +252,7 @@ class FastDecoder:
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
             self._rope_rows = rows
-        return self._cos[positions][:, None, None], self._sin[positions][:, None, None]
+        return self._cos[positions][:, None], self._sin[positions][:, None]
 
     @torch.inference_mode()
     def step(
@@ -227,55 +269,100 @@ class FastDecoder:
         ``key_mask``: bool [b, column + 1], the columns each row attends to (None: all of them).
         Returns (logits [b, V], routes int16 [b, L, K] or None).
         """
-        rows = tokens.shape[0]
-        hidden = F.embedding(tokens, self.embed)  # [b, hidden]
-        cos, sin = self._rope(positions, hidden.dtype)
         mask = None if key_mask is None else key_mask[:, None, None, :]
+        logits, routes = self._forward(tokens[:, None], positions[:, None], column, mask, cache, record_routes)
+        return logits, None if routes is None else routes[:, 0]
+
+    @torch.inference_mode()
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        max_new_tokens: int,
+        record_routes: bool = False,
+    ) -> tuple[torch.Tensor, StaticKVCache, torch.Tensor | None]:
+        """Run left-padded prompts (long [b, w]) at ``positions`` [b, w] into a new cache of ``w + max_new_tokens`` columns.
+
+        ``key_mask``: bool [b, w], True at real (non-pad) tokens, or None (no padding). Attention is
+        causal over the real tokens (a pad query that sees none gets SDPA's zeros, not NaN). Only for ``half_gemm="fp32"``: the native path prefills with the transformers
+        forward, which this reproduces only up to the summation order.
+        Returns (logits of the last column [b, V], the cache, routes int16 [b, w, L, K] or None).
+        """
+        rows, width = tokens.shape
+        dtype = self.embed.dtype
+        shape = (rows, self.num_kv_heads, width + max_new_tokens, self.head_dim)
+        cache = StaticKVCache([self.embed.new_zeros(shape, dtype=dtype) for _ in self.layers],
+                              [self.embed.new_zeros(shape, dtype=dtype) for _ in self.layers])
+        column = torch.arange(width, device=tokens.device)
+        mask = column[None, :] <= column[:, None]  # [query, key]: causal
+        if key_mask is not None:
+            mask = mask & key_mask[:, None, :]
+        mask = mask.expand(rows, width, width)[:, None]
+        logits, routes = self._forward(tokens, positions, 0, mask, cache, record_routes)
+        return logits, cache, routes
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        column: int,
+        mask: torch.Tensor | None,
+        cache: StaticKVCache,
+        record_routes: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``s`` tokens per row (long [b, s]) written at columns ``column .. column + s``; logits of the last."""
+        rows, length = tokens.shape
+        end = column + length
+        hidden = F.embedding(tokens, self.embed)  # [b, s, hidden]
+        cos, sin = self._rope(positions, hidden.dtype)
         routes = []
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, self.eps)
-            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(
+            q, k, v = self._linear(x, layer.qkv, layer.qkv_bias).split(
                 [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
                 dim=-1,
             )
-            q = _rms_norm(q.view(rows, 1, self.num_heads, self.head_dim), layer.q_norm, self.eps).transpose(1, 2)
-            k = _rms_norm(k.view(rows, 1, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps).transpose(1, 2)
-            v = v.view(rows, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = _rms_norm(q.view(rows, length, self.num_heads, self.head_dim), layer.q_norm, self.eps).transpose(1, 2)
+            k = _rms_norm(k.view(rows, length, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps).transpose(1, 2)
+            v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if self.kv_cache_format is not None:
                 k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
-            cache.keys[index][:, :, column] = k[:, :, 0]
-            cache.values[index][:, :, column] = v[:, :, 0]
-            keys = cache.keys[index][:, :, : column + 1]
-            values = cache.values[index][:, :, : column + 1]
-            attn = self._attention(q, keys, values, mask)  # [b, H * D]
-            hidden = residual + F.linear(attn, layer.o, layer.o_bias)
+            cache.keys[index][:, :, column:end] = k
+            cache.values[index][:, :, column:end] = v
+            attn = self._attention(q, cache.keys[index][:, :, :end], cache.values[index][:, :, :end], mask)
+            hidden = residual + self._linear(attn, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
             residual = hidden
             x = _rms_norm(hidden, layer.post_norm, self.eps)
             if layer.router is not None:
-                x, top_k_index = _moe(x, layer)
+                x, top_k_index = self._moe(x.reshape(rows * length, -1), layer)
+                x = x.view(rows, length, -1)
                 if record_routes:
-                    routes.append(top_k_index)
+                    routes.append(top_k_index.view(rows, length, -1))
             else:
-                gate, up, down = layer.dense
-                x = down(F.silu(gate(x)) * up(x))
+                (gate, gate_bias), (up, up_bias), (down, down_bias) = layer.dense
+                x = self._linear(F.silu(self._linear(x, gate, gate_bias)) * self._linear(x, up, up_bias), down, down_bias)
             hidden = residual + x
-        hidden = _rms_norm(hidden, self.final_norm, self.eps)
-        logits = F.linear(hidden, self.lm_head, self.lm_head_bias)
+        hidden = _rms_norm(hidden[:, -1], self.final_norm, self.eps)
+        logits = self._linear(hidden, self.lm_head, self.lm_head_bias)
         if not record_routes:
             return logits, None
         if not routes:
             raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
-        return logits, torch.stack(routes, dim=1).to(torch.int16)  # MoE layers only, as RoutingReplay records
+        return logits, torch.stack(routes, dim=2).to(torch.int16)  # [b, s, L, K], MoE layers only, as RoutingReplay records
 
     def _attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """SDPA for one query per row, as ``transformers.integrations.sdpa_attention`` calls it."""
-        rows = q.shape[0]
+        """SDPA, as ``transformers.integrations.sdpa_attention`` calls it; q [b, H, s, D] -> [b, s, H * D]."""
+        rows, length = q.shape[0], q.shape[2]
         groups = self.num_heads // self.num_kv_heads
+        if length > 1:  # a prefill (half_gemm="fp32" only): GQA in the kernel
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=groups > 1)
+            return out.transpose(1, 2).reshape(rows, length, -1)
         if groups > 1 and mask is not None:  # pack_gqa: the G query heads of a KV head become its queries
             out = F.scaled_dot_product_attention(
                 q.reshape(rows, self.num_kv_heads, groups, self.head_dim), keys, values, attn_mask=mask,
@@ -285,7 +372,41 @@ class FastDecoder:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=False, enable_gqa=groups > 1
             )
-        return out.reshape(rows, -1)
+        return out.reshape(rows, 1, -1)
+
+    def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Qwen3MoeTopKRouter`` + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
+        router_logits = self._linear(x, layer.router)
+        probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+        weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
+        if layer.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(router_logits.dtype)
+
+        num_tokens, top_k = top_k_index.shape
+        num_experts = layer.gate_up.shape[0]
+        expert_ids, perm = torch.sort(top_k_index.reshape(-1))
+        # the experts' dtype, as transformers casts (the half dtype itself when their copies are fp32)
+        dtype = x.dtype if self.fp32_gemm else layer.gate_up.dtype
+        selected = x[perm // top_k].to(dtype)
+        sample_weights = weights.reshape(-1)[perm]
+        # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
+        # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
+        groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
+        gate_up = self._grouped_matmul(selected, layer.gate_up, groups)
+        gate, up = gate_up.chunk(2, dim=-1)
+        out = self._grouped_matmul((F.silu(gate) * up).to(dtype if self.fp32_gemm else layer.down.dtype), layer.down, groups)
+        out = out * sample_weights.unsqueeze(-1)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.size(0), device=perm.device)
+        out = out[inverse].view(num_tokens, top_k, -1).sum(dim=1)
+        return out.to(x.dtype), top_k_index
+
+    def _grouped_matmul(self, rows: torch.Tensor, weight: torch.Tensor, groups: list[tuple[int, int, int]]) -> torch.Tensor:
+        """``_grouped_matmul`` in ``rows``' dtype; fp32 GEMMs rounded once with ``half_gemm="fp32"``."""
+        if not self.fp32_gemm:
+            return _grouped_matmul(rows, weight, groups)
+        return _grouped_matmul(rows.float(), weight, groups).to(rows.dtype)
 
 
 def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
@@ -308,33 +429,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _moe(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Qwen3MoeTopKRouter`` + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
-    router_logits = F.linear(x, layer.router)
-    probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
-    weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
-    if layer.norm_topk_prob:
-        weights /= weights.sum(dim=-1, keepdim=True)
-    weights = weights.to(router_logits.dtype)
-
-    num_tokens, top_k = top_k_index.shape
-    num_experts = layer.gate_up.shape[0]
-    expert_ids, perm = torch.sort(top_k_index.reshape(-1))
-    selected = x[perm // top_k].to(layer.gate_up.dtype)
-    sample_weights = weights.reshape(-1)[perm]
-    # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
-    # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
-    groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
-    gate_up = _grouped_matmul(selected, layer.gate_up, groups)
-    gate, up = gate_up.chunk(2, dim=-1)
-    out = _grouped_matmul((F.silu(gate) * up).to(layer.down.dtype), layer.down, groups)
-    out = out * sample_weights.unsqueeze(-1)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.size(0), device=perm.device)
-    out = out[inverse].view(num_tokens, top_k, -1).sum(dim=1)
-    return out.to(x.dtype), top_k_index
 
 
 def _groups(counts: list[int]) -> list[tuple[int, int, int]]:
