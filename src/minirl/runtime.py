@@ -25,6 +25,8 @@ def environment() -> dict[str, Any]:
     from importlib import metadata
     from pathlib import Path
 
+    from minirl.rollout.fast_decode import native_half_gemm
+
     def version(name: str) -> str | None:
         try:
             return metadata.version(name)
@@ -47,6 +49,8 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__, "transformers": version("transformers"), "numpy": np.__version__,
         "platform": platform.platform(), "cpu": cpu,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's SIMD kernels (AVX2, AVX512): their floats differ
+        # a bf16/fp16 engine runs its matmuls as fp32 GEMMs where this is False (minirl.rollout.fast_decode)
+        "cpu_native_half_gemm": native_half_gemm("cpu"),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

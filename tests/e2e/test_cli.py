@@ -55,6 +55,7 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
 
     (env,) = [json.loads(line) for line in (run / "environment.jsonl").read_text().splitlines()]
     assert env["from_step"] == 0 and env["torch"] == torch.__version__ and env["transformers"] and env["cpu"] and env["cpu_capability"]
+    assert env["cpu_native_half_gemm"] is bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
