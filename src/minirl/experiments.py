@@ -366,15 +366,35 @@ def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, s
         now = time.monotonic()
         if running and now - last_print >= 10:
             last_print = now
-            per_run = statistics.mean(done_times) if done_times else None
+            etas, elapsed = [], []
             for _, (name, seed, _, _, run_dir, steps), t0, _, step0 in running:
                 step = _last_step(run_dir)
                 eta = (now - t0) / (step - step0) * (steps - step) if step > step0 else None
+                etas.append(eta)
+                elapsed.append(now - t0)
                 log(f"  {name} seed{seed}: step {step}/{steps}" + (f", ETA {eta:.0f}s" if eta is not None else ""))
-            if per_run is not None:
-                log(f"  sweep ETA ~{per_run * (len(queue) + len(running)) / jobs:.0f}s "
-                    f"({len(queue)} queued, elapsed {now - started:.0f}s)")
+            eta = sweep_eta(etas, elapsed, done_times, len(queue), jobs)
+            if eta is not None:
+                log(f"  sweep ETA ~{eta:.0f}s ({len(queue)} queued, elapsed {now - started:.0f}s)")
     return failed
+
+
+def sweep_eta(etas: list[float | None], elapsed: list[float], done_times: list[float], queued: int,
+              jobs: int) -> float | None:
+    """Seconds until a sweep ends: each running run's own ETA (``etas``; None before its first step),
+    then the ``queued`` runs, each taking the mean time of the finished runs (before any has finished:
+    the running runs' projected totals, elapsed + ETA), each started on the ``jobs`` slot that frees
+    first. None while nothing tells a run's length."""
+    totals = [t + e for t, e in zip(elapsed, etas) if e is not None]
+    per_run = statistics.mean(done_times) if done_times else statistics.mean(totals) if totals else None
+    if per_run is None:
+        return None
+    slots = [eta if eta is not None else max(per_run - t, 0.0) for eta, t in zip(etas, elapsed)]
+    slots += [0.0] * max(jobs - len(slots), 0)
+    for _ in range(queued):
+        slots.sort()
+        slots[0] += per_run
+    return max(slots)
 
 
 # ----------------------------------------------------------------------------- plot / report
