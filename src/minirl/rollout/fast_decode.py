@@ -290,10 +290,9 @@ class FastDecoder:
         Returns (logits of the last column [b, V], the cache, routes int16 [b, w, L, K] or None).
         """
         rows, width = tokens.shape
-        dtype = self.embed.dtype
-        shape = (rows, self.num_kv_heads, width + max_new_tokens, self.head_dim)
-        cache = StaticKVCache([self.embed.new_zeros(shape, dtype=dtype) for _ in self.layers],
-                              [self.embed.new_zeros(shape, dtype=dtype) for _ in self.layers])
+        shape = (rows, self.num_kv_heads, width + max_new_tokens, self.head_dim)  # the model's (half) dtype
+        cache = StaticKVCache([self.embed.new_zeros(shape) for _ in self.layers],
+                              [self.embed.new_zeros(shape) for _ in self.layers])
         column = torch.arange(width, device=tokens.device)
         mask = column[None, :] <= column[:, None]  # [query, key]: causal
         if key_mask is not None:
@@ -386,16 +385,16 @@ class FastDecoder:
         num_tokens, top_k = top_k_index.shape
         num_experts = layer.gate_up.shape[0]
         expert_ids, perm = torch.sort(top_k_index.reshape(-1))
-        # the experts' dtype, as transformers casts (the half dtype itself when their copies are fp32)
-        dtype = x.dtype if self.fp32_gemm else layer.gate_up.dtype
-        selected = x[perm // top_k].to(dtype)
+        # the experts' dtypes, as transformers casts (the half dtype itself when their copies are fp32)
+        up_dtype, down_dtype = (x.dtype, x.dtype) if self.fp32_gemm else (layer.gate_up.dtype, layer.down.dtype)
+        selected = x[perm // top_k].to(up_dtype)
         sample_weights = weights.reshape(-1)[perm]
         # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
         # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
         groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
         gate_up = self._grouped_matmul(selected, layer.gate_up, groups)
         gate, up = gate_up.chunk(2, dim=-1)
-        out = self._grouped_matmul((F.silu(gate) * up).to(dtype if self.fp32_gemm else layer.down.dtype), layer.down, groups)
+        out = self._grouped_matmul((F.silu(gate) * up).to(down_dtype), layer.down, groups)
         out = out * sample_weights.unsqueeze(-1)
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(perm.size(0), device=perm.device)
