@@ -103,15 +103,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: a count (``3`` = seeds 0, 1, 2) or a list of seeds (``1,2``; one seed alone: ``2,``)."""
+    text = text.strip()
+    try:
+        if text.isdigit():
+            seeds = list(range(int(text)))
+        else:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        hint = " (a count; for seed 0 alone write --seeds 0,)" if text == "0" else ""
+        raise ConfigError(f"--seeds: a count (3 = seeds 0,1,2) or a list of distinct seeds (1,2 or 2,), "
+                          f"got {text!r}{hint}")
+    return seeds
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from minirl.experiments import sweep
 
     if args.overrides:
         raise ConfigError(f"sweep takes no key=value overrides (got {' '.join(args.overrides)}); edit the arm configs")
-    try:
-        seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise ConfigError(f"--seeds: a count (3) or a comma-separated list (0,1,2), got {args.seeds!r}") from None
+    seeds = parse_seeds(args.seeds)
     exp_dir = Path(args.experiment_dir)
     if not exp_dir.is_dir():
         raise ConfigError(f"{exp_dir}: experiment directory not found")
@@ -188,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run every arm config x seed of an experiment directory (resumable)")
     p.add_argument("experiment_dir", help="directory of arm configs, e.g. experiments/")
-    p.add_argument("--seeds", default="1", help="number of seeds (3 = 0,1,2) or a list (0,4)")
+    p.add_argument("--seeds", default="1", help="number of seeds (3 = 0,1,2) or a list (0,4; one seed: 2,)")
     p.add_argument("--quick", action="store_true", help="~3 steps of the tiny model per run (CI smoke test)")
     p.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="runs at a time (one thread each)")
     p.add_argument("--arms", default=None, help="comma-separated globs of arm names, e.g. 'onpolicy/*,n2/minirl_r2'")

@@ -137,3 +137,17 @@ def test_missing_optional_sink_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(ConfigError, match=r"log.wandb: true needs the 'wandb' package"):
         MetricsLogger(tmp_path, total_steps=1, console=False, wandb=True)
+
+
+def test_sweep_seeds_count_or_list():
+    from minirl.cli import parse_seeds
+
+    assert parse_seeds("3") == [0, 1, 2]
+    assert parse_seeds("1,2") == [1, 2]
+    assert parse_seeds("0,") == [0]
+    assert parse_seeds(" 4 ") == [0, 1, 2, 3]
+    for bad in ("0", "", ",", "a", "1,1", "-1,2", "1.5"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+    with pytest.raises(ConfigError, match="seed 0 alone"):
+        parse_seeds("0")
