@@ -612,6 +612,75 @@ def deepest_drop(xs: list[int], ys: list[float]) -> tuple[float, int] | None:
     return (worst, where) if where is not None else None
 
 
+#: a fall's entropy is compared with its mean over this many gradient steps up to the peak it fell from
+FALL_ENTROPY_REF_STEPS = 16
+#: "entropy blow-up": some logged step of the fall has at least this multiple of that reference entropy;
+#: "entropy drop": the trailing mean over SMOOTH_STEPS gradient steps falls to at most this fraction of it
+BLOWUP_FACTOR, ENTROPY_DROP_FRACTION = 1.5, 1 / 1.5
+
+
+def fall_entropy(run: dict[str, Any], peak_step: int, drop_step: int) -> dict[str, Any] | None:
+    """How the training entropy moved during a fall from the held-out peak at gradient step ``peak_step`` to the
+    low at ``drop_step`` (entropy is logged once per global step, i.e. every N gradient steps).
+
+    ``ref``: mean entropy over the FALL_ENTROPY_REF_STEPS gradient steps up to the peak (the first ones when the
+    peak is the start); ``max``: the largest logged value in (peak, low]; ``min``: the smallest trailing mean over
+    SMOOTH_STEPS gradient steps there (one low step is noise); ``kind``: "blow-up" (max >= BLOWUP_FACTOR x ref),
+    "drop" (min <= ENTROPY_DROP_FRACTION x ref), both, or "neither". None without entropy logged in the fall."""
+    xs, ys = _series(run, "train/entropy")
+    if not xs:
+        return None
+    lo = max(peak_step, xs[0])  # the peak may be the start, before any training step
+    before = [y for x, y in zip(xs, ys) if lo - FALL_ENTROPY_REF_STEPS < x <= lo]
+    smooth = moving_mean(ys, max(1, SMOOTH_STEPS // run["n"]))
+    fall = [(y, m) for x, y, m in zip(xs, ys, smooth) if peak_step < x <= drop_step]
+    if not before or not fall:
+        return None
+    ref = statistics.mean(before)
+    top, low = max(y for y, _ in fall), min(m for _, m in fall)
+    kinds = [k for k, hit in (("blow-up", top >= BLOWUP_FACTOR * ref), ("drop", low <= ENTROPY_DROP_FRACTION * ref)) if hit]
+    return {"ref": ref, "max": top, "min": low, "kind": " and ".join(kinds) or "neither"}
+
+
+def falls_section(runs: dict[str, dict[str, list[dict[str, Any]]]], threshold: float = 0.5) -> list[str]:
+    """Markdown: every run whose held-out score fell at least ``threshold`` below its running peak, with whether
+    it stayed down, how its entropy moved (blow-up or drop) and its largest train-infer KL during the fall."""
+    rows = []
+    for setting, arms in runs.items():
+        for arm, arm_runs in sorted(arms.items()):
+            for run in arm_runs:
+                xs, ys = _series(run, "eval/accuracy")
+                drop = deepest_drop(xs, ys)
+                if drop is None or drop[0] < threshold:
+                    continue
+                peak_i = max(range(len(xs)), key=lambda i: (xs[i] <= drop[1], ys[i] if xs[i] <= drop[1] else -1))
+                peak_step = xs[peak_i]
+                stays = steps_to_collapse(xs, ys)
+                ent = fall_entropy(run, peak_step, drop[1])
+                kx, ky = _series(run, "mismatch/kl_k3")
+                kl_fall = [(y, x) for x, y in zip(kx, ky) if peak_step < x <= drop[1]]
+                kl = f"{max(kl_fall)[0]:.1e} at {max(kl_fall)[1]}" if kl_fall else "—"
+                entropy = ("—" if ent is None else
+                           f"{ent['ref']:.3f} → max {ent['max']:.3f} ({ent['max'] / ent['ref']:.1f}×) / min "
+                           f"{ent['min']:.3f} ({ent['min'] / ent['ref']:.2f}×): {ent['kind']}")
+                rows.append(f"| {arm} | {run['seed']} | {ys[0]:.3f} → {ys[peak_i]:.3f} at {peak_step} → {ys[-1]:.3f} "
+                            f"| {_drop_cell(drop)} | {'stayed (from ' + str(stays) + ')' if stays is not None else 'recovered'} "
+                            f"| {entropy} | {kl} |")
+    lines = [f"## Falls: runs whose held-out score fell {threshold:.0%} or more below its running peak", ""]
+    if not rows:
+        return lines + [f"No run fell {threshold:.0%} below its running peak.", ""]
+    return lines + [
+        "Per run: held-out score at the start → the running peak it fell from (gradient step) → the end; the "
+        "deepest drop; whether it stayed below half the overall peak to the end (the tables' collapse) or came back; "
+        f"the training entropy: its mean over the {FALL_ENTROPY_REF_STEPS} gradient steps up to that peak (the first ones "
+        f"when the peak is the start) → the largest logged value from the peak to the low / the smallest "
+        f"{SMOOTH_STEPS}-gradient-step mean there, called a blow-up at ≥ {BLOWUP_FACTOR:g}× and a drop at ≤ "
+        f"{ENTROPY_DROP_FRACTION:.2f}× the first; the largest train-infer KL (k3) from the peak to the low.", "",
+        "| arm | seed | held-out: start → peak → final | deepest drop | stayed down? | entropy around the fall "
+        "| largest KL (k3) in the fall |",
+        "|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def _drop_cell(drop: tuple[float, int] | None) -> str:
     return "—" if drop is None else f"{drop[0]:.0%} at {drop[1]}" if drop[0] > 0 else "0%"
 
@@ -657,6 +726,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
         lines.append("")
     lines += claims_section(loaded)
     lines += stress_section(loaded)
+    lines += falls_section(loaded)
     out = out or runs_dir / "REPORT.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out

@@ -282,3 +282,37 @@ def test_report_flags_arms_without_learning_signal(tmp_path):
     text = report(tmp_path).read_text()
     assert "**No learning signal:** n2/minirl_r2 never scored above 0" in text and "n2/minirl_r3 never" not in text
 
+
+
+def test_falls_table_classifies_the_entropy_of_each_fall_by_hand():
+    from minirl.experiments import fall_entropy, falls_section
+
+    # N = 2: a row per global step = every 2 gradient steps (entropy at gradient steps 2, 4, ..., 14; held-out
+    # at 0, 8, 16, 24). Held-out peaks at gradient step 8 (0.8), falls to 0.2 at 16, 0.1 at 24.
+    rows = [{"step": s, "train/entropy": e, "mismatch/kl_k3": k}
+            for s, e, k in [(1, 0.10, 1e-4), (2, 0.10, 1e-4), (3, 0.10, 1e-4), (4, 0.12, 2e-4),
+                            (5, 0.30, 5e-3), (6, 0.20, 1e-3), (7, 0.11, 9e-2)]]
+    rows += [{"step": s, "eval/accuracy": y} for s, y in [(0, 0.5), (4, 0.8), (8, 0.2), (12, 0.1)]]
+    run = {"seed": "seed0", "n": 2, "rows": sorted(rows, key=lambda r: r["step"])}
+    ent = fall_entropy(run, peak_step=8, drop_step=16)
+    # ref: entropy at gradient steps 2, 4, 6, 8 (within 16 up to the peak) = (0.1 + 0.1 + 0.1 + 0.12) / 4 = 0.105;
+    # the fall (8, 16] holds steps 10, 12, 14: values 0.30, 0.20, 0.11; trailing means over 8 // 2 = 4 rows:
+    # 0.155, 0.18, 0.1825 -> min 0.155; 0.30 >= 1.5 x 0.105: blow-up
+    assert ent["ref"] == pytest.approx(0.105) and ent["max"] == pytest.approx(0.30)
+    assert ent["min"] == pytest.approx(0.155) and ent["kind"] == "blow-up"
+    # entropy 0.05 from gradient step 10: trailing means 0.0925, 0.08, 0.0675; a drop at <= 0.105 / 1.5 = 0.07
+    sinking = {**run, "rows": [{**r, "train/entropy": 0.05} if r["step"] >= 5 and "train/entropy" in r else r
+                               for r in run["rows"]]}
+    low = fall_entropy(sinking, peak_step=8, drop_step=16)
+    assert low["min"] == pytest.approx(0.0675) and low["max"] == pytest.approx(0.05) and low["kind"] == "drop"
+    assert fall_entropy(sinking, peak_step=8, drop_step=14)["kind"] == "drop"  # the low's own step counts
+    assert fall_entropy(sinking, peak_step=8, drop_step=12)["kind"] == "neither"  # min 0.08 > 0.07
+    # a peak at gradient step 12: the reference is steps (-4, 12] = 2 ... 12, mean 0.92 / 6
+    assert fall_entropy(run, peak_step=12, drop_step=14)["ref"] == pytest.approx(0.92 / 6)
+    table = "\n".join(falls_section({"n2": {"n2/minirl_noclip": [run]}}))
+    # deepest drop (0.8 - 0.1) / 0.8 = 88 % at 24; below 0.4 from 16 to the end; the fall (8, 24] has the same
+    # entropy steps as above and the KL 5e-3, 1e-3, 9e-2 at 10, 12, 14
+    assert ("| n2/minirl_noclip | seed0 | 0.500 → 0.800 at 8 → 0.100 | 88% at 24 | stayed (from 16) | "
+            "0.105 → max 0.300 (2.9×) / min 0.155 (1.48×): blow-up | 9.0e-02 at 14 |") in table, table
+    calm = _fake_runs({"n2/minirl_r2": [[0.5, 0.9, 0.85]]})
+    assert "No run fell 50% below its running peak." in "\n".join(falls_section(calm))
