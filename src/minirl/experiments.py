@@ -642,6 +642,25 @@ def fall_entropy(run: dict[str, Any], peak_step: int, drop_step: int) -> dict[st
     return {"ref": ref, "max": top, "min": low, "kind": " and ".join(kinds) or "neither"}
 
 
+def run_fall(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The deepest fall of a run's held-out score below its running peak: ``drop`` (fraction, gradient step),
+    the peak it fell from (``peak_i`` into the evaluations, ``peak_step``), ``stays`` (the collapse step of
+    steps_to_collapse, None if it came back) and ``entropy`` (fall_entropy). None without a positive score."""
+    xs, ys = _series(run, "eval/accuracy")
+    drop = deepest_drop(xs, ys)
+    if drop is None:
+        return None
+    peak_i = max((i for i, x in enumerate(xs) if x <= drop[1]), key=ys.__getitem__)
+    return {"drop": drop, "peak_i": peak_i, "peak_step": xs[peak_i], "stays": steps_to_collapse(xs, ys),
+            "entropy": fall_entropy(run, xs[peak_i], drop[1]), "xs": xs, "ys": ys}
+
+
+def _entropy_word(entropy: dict[str, Any] | None) -> str:
+    if entropy is None:
+        return "entropy not logged"
+    return {"neither": f"entropy within ×{BLOWUP_FACTOR:g}"}.get(entropy["kind"], f"entropy {entropy['kind']}")
+
+
 def falls_section(runs: dict[str, dict[str, list[dict[str, Any]]]], threshold: float = 0.5) -> list[str]:
     """Markdown: every run whose held-out score fell at least ``threshold`` below its running peak, with whether
     it stayed down, how its entropy moved (blow-up or drop) and its largest train-infer KL during the fall."""
@@ -649,14 +668,11 @@ def falls_section(runs: dict[str, dict[str, list[dict[str, Any]]]], threshold: f
     for setting, arms in runs.items():
         for arm, arm_runs in sorted(arms.items()):
             for run in arm_runs:
-                xs, ys = _series(run, "eval/accuracy")
-                drop = deepest_drop(xs, ys)
-                if drop is None or drop[0] < threshold:
+                fall = run_fall(run)
+                if fall is None or fall["drop"][0] < threshold:
                     continue
-                peak_i = max(range(len(xs)), key=lambda i: (xs[i] <= drop[1], ys[i] if xs[i] <= drop[1] else -1))
-                peak_step = xs[peak_i]
-                stays = steps_to_collapse(xs, ys)
-                ent = fall_entropy(run, peak_step, drop[1])
+                drop, peak_i, peak_step, stays, ent = (fall[k] for k in ("drop", "peak_i", "peak_step", "stays", "entropy"))
+                ys = fall["ys"]
                 kx, ky = _series(run, "mismatch/kl_k3")
                 kl_fall = [(y, x) for x, y in zip(kx, ky) if peak_step < x <= drop[1]]
                 kl = f"{max(kl_fall)[0]:.1e} at {max(kl_fall)[1]}" if kl_fall else "—"
@@ -688,7 +704,8 @@ def _drop_cell(drop: tuple[float, int] | None) -> str:
 def report(runs_dir: Path, out: Path | None = None) -> Path:
     legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
               "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
-              "(per seed; 'never' if it did not). Deepest drop: the largest fall below the running peak (best score so far), "
+              "(per seed; 'never' if it did not), with how the training entropy moved in the fall: a blow-up or a drop "
+              f"(≥ {BLOWUP_FACTOR:g}× or ≤ 1/{BLOWUP_FACTOR:g} of its level at the peak; see 'Falls'). Deepest drop: the largest fall below the running peak (best score so far), "
               "as a fraction of it, and its step, per seed (a fall of 50 % or more the run recovers from is a collapse "
               "the first definition does not count). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
@@ -706,13 +723,15 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
                 if ys:
                     peaks.append(max(ys))
                     finals.append(ys[-1])
-                    collapses.append(steps_to_collapse(xs, ys))
+                    fall = run_fall(run)
+                    collapses.append("never" if fall is None or fall["stays"] is None else
+                                     f"{fall['stays']} ({_entropy_word(fall['entropy'])})")
                     drops.append(_drop_cell(deepest_drop(xs, ys)))
                 _, ky = _series(run, "mismatch/kl_k3")
                 if ky:
                     kls.append(late_mean(ky))
                 steps.append(int(run["rows"][-1]["step"]) * run["n"])
-            collapse = ", ".join("never" if c is None else str(c) for c in collapses) or "—"
+            collapse = ", ".join(c for c in collapses) or "—"
             cosines = [v for v in (_run_mean("fidelity/last_grad_cosine")(run["rows"]) for run in runs) if v is not None]
             residuals = [v for v in (_run_mean("residual/last_total_mean")(run["rows"]) for run in runs) if v is not None]
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "

@@ -284,8 +284,8 @@ def test_report_flags_arms_without_learning_signal(tmp_path):
 
 
 
-def test_falls_table_classifies_the_entropy_of_each_fall_by_hand():
-    from minirl.experiments import fall_entropy, falls_section
+def test_falls_table_classifies_the_entropy_of_each_fall_by_hand(tmp_path):
+    from minirl.experiments import fall_entropy, falls_section, report
 
     # N = 2: a row per global step = every 2 gradient steps (entropy at gradient steps 2, 4, ..., 14; held-out
     # at 0, 8, 16, 24). Held-out peaks at gradient step 8 (0.8), falls to 0.2 at 16, 0.1 at 24.
@@ -314,5 +314,11 @@ def test_falls_table_classifies_the_entropy_of_each_fall_by_hand():
     # entropy steps as above and the KL 5e-3, 1e-3, 9e-2 at 10, 12, 14
     assert ("| n2/minirl_noclip | seed0 | 0.500 → 0.800 at 8 → 0.100 | 88% at 24 | stayed (from 16) | "
             "0.105 → max 0.300 (2.9×) / min 0.155 (1.48×): blow-up | 9.0e-02 at 14 |") in table, table
+    # the report's collapse cell says the same
+    run_dir = tmp_path / "n2" / "minirl_noclip" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["rows"]))
+    shutil.copy(EXPERIMENTS / "n2/minirl_noclip.yaml", run_dir / "config.yaml")
+    assert "| 16 (entropy blow-up) |" in report(tmp_path).read_text()
     calm = _fake_runs({"n2/minirl_r2": [[0.5, 0.9, 0.85]]})
     assert "No run fell 50% below its running peak." in "\n".join(falls_section(calm))
