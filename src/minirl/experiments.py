@@ -677,7 +677,7 @@ def falls_section(runs: dict[str, dict[str, list[dict[str, Any]]]], threshold: f
                 kl_fall = [(y, x) for x, y in zip(kx, ky) if peak_step < x <= drop[1]]
                 kl = f"{max(kl_fall)[0]:.1e} at {max(kl_fall)[1]}" if kl_fall else "—"
                 entropy = ("—" if ent is None else
-                           f"{ent['ref']:.3f} → max {ent['max']:.3f} ({ent['max'] / ent['ref']:.1f}×) / min "
+                           f"{ent['ref']:.3f} → max {ent['max']:.3f} ({ent['max'] / ent['ref']:.2f}×) / min "
                            f"{ent['min']:.3f} ({ent['min'] / ent['ref']:.2f}×): {ent['kind']}")
                 rows.append(f"| {arm} | {run['seed']} | {ys[0]:.3f} → {ys[peak_i]:.3f} at {peak_step} → {ys[-1]:.3f} "
                             f"| {_drop_cell(drop)} | {'stayed (from ' + str(stays) + ')' if stays is not None else 'recovered'} "

@@ -313,7 +313,7 @@ def test_falls_table_classifies_the_entropy_of_each_fall_by_hand(tmp_path):
     # deepest drop (0.8 - 0.1) / 0.8 = 88 % at 24; below 0.4 from 16 to the end; the fall (8, 24] has the same
     # entropy steps as above and the KL 5e-3, 1e-3, 9e-2 at 10, 12, 14
     assert ("| n2/minirl_noclip | seed0 | 0.500 → 0.800 at 8 → 0.100 | 88% at 24 | stayed (from 16) | "
-            "0.105 → max 0.300 (2.9×) / min 0.155 (1.48×): blow-up | 9.0e-02 at 14 |") in table, table
+            "0.105 → max 0.300 (2.86×) / min 0.155 (1.48×): blow-up | 9.0e-02 at 14 |") in table, table
     # the report's collapse cell says the same
     run_dir = tmp_path / "n2" / "minirl_noclip" / "seed0"
     run_dir.mkdir(parents=True)
