@@ -652,7 +652,7 @@ def run_fall(run: dict[str, Any]) -> dict[str, Any] | None:
         return None
     peak_i = max((i for i, x in enumerate(xs) if x <= drop[1]), key=ys.__getitem__)
     return {"drop": drop, "peak_i": peak_i, "peak_step": xs[peak_i], "stays": steps_to_collapse(xs, ys),
-            "entropy": fall_entropy(run, xs[peak_i], drop[1]), "xs": xs, "ys": ys}
+            "entropy": fall_entropy(run, xs[peak_i], drop[1]), "ys": ys}
 
 
 def _entropy_word(entropy: dict[str, Any] | None) -> str:
@@ -705,7 +705,7 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
     legend = ("Held-out score = `eval/accuracy` (mean ± std over seeds). Steps are gradient steps (global step × N). "
               "Collapse: the held-out score falls below 50 % of its peak and stays there until the end "
               "(per seed; 'never' if it did not), with how the training entropy moved in the fall: a blow-up or a drop "
-              f"(≥ {BLOWUP_FACTOR:g}× or ≤ 1/{BLOWUP_FACTOR:g} of its level at the peak; see 'Falls'). Deepest drop: the largest fall below the running peak (best score so far), "
+              f"(≥ {BLOWUP_FACTOR:g}× or ≤ 1/{1 / ENTROPY_DROP_FRACTION:g} of its level at the peak; see 'Falls'). Deepest drop: the largest fall below the running peak (best score so far), "
               "as a fraction of it, and its step, per seed (a fall of 50 % or more the run recovers from is a collapse "
               "the first definition does not count). Final KL = mean `mismatch/kl_k3` over the last 25 % of the run's steps (one step's value is too noisy). Grad cosine and residual: run means of "
               "`fidelity/last_grad_cosine` and `residual/last_total_mean` (only where `diagnostics.every_steps` > 0).")
@@ -723,15 +723,15 @@ def report(runs_dir: Path, out: Path | None = None) -> Path:
                 if ys:
                     peaks.append(max(ys))
                     finals.append(ys[-1])
-                    fall = run_fall(run)
+                    fall = run_fall(run)  # None exactly when deepest_drop is
                     collapses.append("never" if fall is None or fall["stays"] is None else
                                      f"{fall['stays']} ({_entropy_word(fall['entropy'])})")
-                    drops.append(_drop_cell(deepest_drop(xs, ys)))
+                    drops.append(_drop_cell(fall["drop"] if fall else None))
                 _, ky = _series(run, "mismatch/kl_k3")
                 if ky:
                     kls.append(late_mean(ky))
                 steps.append(int(run["rows"][-1]["step"]) * run["n"])
-            collapse = ", ".join(c for c in collapses) or "—"
+            collapse = ", ".join(collapses) or "—"
             cosines = [v for v in (_run_mean("fidelity/last_grad_cosine")(run["rows"]) for run in runs) if v is not None]
             residuals = [v for v in (_run_mean("residual/last_total_mean")(run["rows"]) for run in runs) if v is not None]
             lines.append(f"| {arm} | {len(runs)} | {max(steps)} | {_pm(peaks)} | {_pm(finals)} | {collapse} | "

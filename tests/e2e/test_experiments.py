@@ -283,7 +283,6 @@ def test_report_flags_arms_without_learning_signal(tmp_path):
     assert "**No learning signal:** n2/minirl_r2 never scored above 0" in text and "n2/minirl_r3 never" not in text
 
 
-
 def test_falls_table_classifies_the_entropy_of_each_fall_by_hand(tmp_path):
     from minirl.experiments import fall_entropy, falls_section, report
 
