@@ -120,6 +120,14 @@ for _n in (4, 8):
             STRESS_ARMS[_arm] = (f"MiniRL{'' if _replay == 'none' else ' + ' + _replay}{'' if _clip else ' (no clipping)'}"
                                  f", N={_n}", _offpolicy(_n, clip=_clip, replay=_replay))
 STRESS = "stress"  # experiments/stress/<condition>/<arm>.yaml; `minirl sweep experiments/stress`
+#: The cold starts again over twice their horizon (512 gradient steps): at 256 they converge but 'verbose' still ends
+#: below 'direct' beyond the seed noise and the long styles' training reward is still rising. The same arm files but
+#: for ``optim.steps``, as their own sweep (`minirl sweep experiments/horizon`, ~70 min at --jobs 2) so that the main
+#: grid keeps to its 2 hours; experiments/horizon/coldstart/<style>.yaml, reported like the grid's cold-start setting.
+HORIZON = "horizon"
+HORIZON_GRADIENT_STEPS = 2 * COLD_START_GRADIENT_STEPS
+#: sub-studies under experiments/ that are swept on their own, not with the main grid
+OWN_SWEEPS = (STRESS, HORIZON)
 
 SETTINGS = {"onpolicy": "on-policy (N = 1)", "n2": "off-policy N = 2", "n4": "off-policy N = 4",
             "n8": "off-policy N = 8", "coldstart": "cold start (MiniRL + R2, N = 2)"}
@@ -189,6 +197,10 @@ def all_arms() -> dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]]:
         condition = {**cond_overrides, "diagnostics.every_steps": STRESS_DIAGNOSTICS_EVERY}
         for arm, (legend, overrides) in STRESS_ARMS.items():
             out[f"{STRESS}/{cond}/{arm}"] = (f"{legend}; {axis}: {label}", overrides, condition)
+    for name, (_, legend, overrides) in ARMS.items():
+        if name.startswith("coldstart/"):
+            out[f"{HORIZON}/{name}"] = (f"{legend}, {HORIZON_GRADIENT_STEPS} gradient steps",
+                                        {**overrides, "optim.steps": HORIZON_GRADIENT_STEPS}, None)
     return out
 
 
@@ -219,7 +231,7 @@ def find_arms(exp_dir: Path, patterns: list[str] | None = None) -> list[tuple[st
         if path.name == BASE and path.parent == exp_dir:
             continue
         name = path.relative_to(exp_dir).with_suffix("").as_posix()
-        if name.startswith(f"{STRESS}/"):  # the stress study is its own sweep: `minirl sweep experiments/stress`
+        if name.split("/")[0] in OWN_SWEEPS:  # e.g. the stress study is its own sweep: `minirl sweep experiments/stress`
             continue
         if patterns and not any(fnmatch.fnmatch(name, p) for p in patterns):
             continue

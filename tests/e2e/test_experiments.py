@@ -84,6 +84,20 @@ def test_stress_study_moves_one_axis_per_condition():
     assert not any(name.startswith("stress/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
 
 
+def test_horizon_study_is_the_cold_start_arms_over_twice_the_steps():
+    from minirl.experiments import HORIZON_GRADIENT_STEPS
+
+    horizon = find_arms(EXPERIMENTS / "horizon")
+    assert [name for name, _ in horizon] == ["coldstart/direct", "coldstart/stepwise", "coldstart/verbose"]
+    for name, path in horizon:
+        long, grid = load_arm(path).model_dump(), load_arm(EXPERIMENTS / f"{name}.yaml").model_dump()
+        n = grid["optim"]["minibatches_per_step"]
+        assert (long["optim"].pop("steps") * n, grid["optim"].pop("steps") * n) == (HORIZON_GRADIENT_STEPS, 256) == (512, 256)
+        assert long["run"].pop("name") == "horizon-" + grid["run"].pop("name")
+        assert long == grid, name  # every other knob, the SFT fit included, as in the grid's arm
+    assert not any(name.startswith("horizon/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
+
+
 def test_quick_stress_sweep_plots_diagnostics_against_an_axis(tmp_path):
     runs = tmp_path / "stress"
     proc = _minirl("sweep", "experiments/stress", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),
