@@ -259,6 +259,24 @@ def test_claim_verdicts_weigh_differences_against_seed_noise():
     assert _collapses(arms, "onpolicy/minirl", "onpolicy/minirl_no_is")[0] == "contradicts"
 
 
+def test_claims_of_a_partial_sweep_keep_the_checks_that_ran_and_name_the_rest():
+    from minirl.experiments import claims_section
+
+    lines = claims_section(_fake_runs({"onpolicy/minirl": [[0.5, 0.9]] * 3, "onpolicy/minirl_r3": [[0.5, 0.8]] * 3}))
+    rows = [line for line in lines if line.startswith("| §") or line.startswith("|  |")]
+    assert [row.split(" | ")[2] for row in rows] == [  # the checks whose two arms both ran, in the claims' order
+        "onpolicy/minirl > onpolicy/minirl_r3 (final)", "onpolicy/minirl_r3 has lower KL than onpolicy/minirl",
+        "onpolicy/minirl > onpolicy/minirl_r3 (final)"]
+    assert rows[0].startswith("| §6.5 (1), §6.1 | On-policy, MiniRL") and rows[1].startswith("| §2.6, §6.1 | On-policy, R3")
+    unchecked = lines[-2]
+    assert unchecked.startswith("Not checked, an arm has no runs here: onpolicy/minirl vs onpolicy/minirl_lennorm; ")
+    assert "Different cold starts reach comparable final performance (§6.5 (3), §6.4)." in unchecked  # a whole claim
+    assert "onpolicy/minirl vs onpolicy/minirl_r3;" not in unchecked and "onpolicy/minirl vs onpolicy/minirl_r3_no_is;" in unchecked
+    assert unchecked.count("(§") == 8  # the claims none of whose checks ran
+    lines = claims_section(_fake_runs({"coldstart/direct": [[0.5, 0.9]], "coldstart/stepwise": [[0.5, 0.9]]}))
+    assert lines[-2].count("(§") == 9 and lines[-2].endswith("; coldstart/verbose vs coldstart/direct.")  # 9 of 10 claims
+
+
 def test_stress_paired_effects_by_hand():
     from minirl.experiments import _flat, paired_effect, stress_section
 
