@@ -122,7 +122,7 @@ for _n in (4, 8):
 STRESS = "stress"  # experiments/stress/<condition>/<arm>.yaml; `minirl sweep experiments/stress`
 #: The cold starts again over twice their horizon (512 gradient steps): at 256 they converge but 'verbose' still ends
 #: below 'direct' beyond the seed noise and the long styles' training reward is still rising. The same arm files but
-#: for ``optim.steps``, as their own sweep (`minirl sweep experiments/horizon`, ~70 min at --jobs 2) so that the main
+#: for ``optim.steps``, as their own sweep (`minirl sweep experiments/horizon`, 54 min at --jobs 2) so that the main
 #: grid keeps to its 2 hours; experiments/horizon/coldstart/<style>.yaml, reported like the grid's cold-start setting.
 HORIZON = "horizon"
 HORIZON_GRADIENT_STEPS = 2 * COLD_START_GRADIENT_STEPS
