@@ -4,8 +4,11 @@
 setup:
 	@bash scripts/setup.sh
 
+# ATen's SIMD kernels (AVX2 vs AVX512) round differently, enough to change the cold start; the figures
+# in README/BENCHMARKS were made with AVX2, so the demo pins it (override: make demo ATEN_CPU_CAPABILITY=default).
+ATEN_CPU_CAPABILITY ?= avx2
 demo: setup
-	.venv/bin/minirl train configs/demo.yaml
+	ATEN_CPU_CAPABILITY=$(ATEN_CPU_CAPABILITY) .venv/bin/minirl train configs/demo.yaml
 
 test: setup
 	.venv/bin/python -m pytest
