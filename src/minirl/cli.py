@@ -121,7 +121,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from minirl.experiments import sweep
+    from minirl.experiments.sweep import sweep
 
     if args.overrides:
         raise ConfigError(f"sweep takes no key=value overrides (got {' '.join(args.overrides)}); edit the arm configs")
@@ -149,7 +149,7 @@ def _runs_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from minirl.experiments import plot
+    from minirl.experiments.plots import plot
 
     runs = _runs_dir(args)
     written = plot(runs, Path(args.output) if args.output else None)
@@ -161,7 +161,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from minirl.experiments import load_runs, report
+    from minirl.experiments.report import load_runs, report
 
     runs = _runs_dir(args)
     if not load_runs(runs):

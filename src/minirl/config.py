@@ -435,6 +435,12 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a YAML/TOML config file, before overrides and validation (``ConfigError`` on a
+    missing or unparsable file); for tools that build configs, like the experiment generator."""
+    return _read_file(Path(path))
+
+
 def apply_override(data: dict[str, Any], override: str) -> None:
     """Apply one dotted ``a.b.c=value`` override in place; the value is parsed as YAML."""
     if "=" not in override:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import signal
 import subprocess
@@ -14,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from minirl.config import ConfigError
-from minirl.experiments import (
-    ARMS,
-    EXPERIMENTS,
-    deepest_drop,
+from minirl.experiments.arms import (
     find_arms,
     generate,
+    global_steps,
     load_arm,
-    steps_to_collapse,
+    load_table,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = ROOT / "experiments"
+ARMS = [arm.name for arm in load_table(EXPERIMENTS / "arms.yaml").arms]
 
 
 def _minirl(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -32,8 +31,17 @@ def _minirl(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 
 def test_generate_reproduces_the_committed_arm_files():
+    # idempotent: the committed files are exactly what the generator writes from the tables and the base
     assert generate(EXPERIMENTS, check=True) == []
-    assert {name for name, _ in find_arms(EXPERIMENTS)} == set(ARMS)
+    assert [name for name, _ in find_arms(EXPERIMENTS)] == ARMS and len(ARMS) == 20
+
+
+def test_arm_files_state_the_horizon_explicitly_in_global_steps():
+    # no key is reinterpreted: the file says optim.global_steps = gradient steps / N, with the new key names
+    text = (EXPERIMENTS / "n4/minirl_r3.yaml").read_text()
+    assert "# horizon: 128 gradient steps = 32 global steps x N=4" in text
+    assert "\n  global_steps: 32\n" in text and "\n  warmup_updates: 10\n" in text and "\n  steps: 32\n" not in text
+    assert "\n  global_steps: 128\n" in (EXPERIMENTS / "base.yaml").read_text()  # the base is an ordinary config
 
 
 def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
@@ -45,7 +53,7 @@ def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
         assert (cfg.rollout.precision, cfg.rollout.fp8_scale) == ("fp8_e4m3", "per_tensor")
         # every arm makes the same gradient steps and evaluates at the same gradient steps
         steps = 256 if name.startswith("coldstart/") else 128  # the cold starts meet (or not) over a longer horizon
-        assert (cfg.optim.steps * n, cfg.eval.every_steps * n, cfg.checkpoint.every_steps * n) == (steps, 16, 16), name
+        assert (global_steps(cfg) * n, cfg.eval.every_steps * n, cfg.checkpoint.every_steps * n) == (steps, 16, 16), name
         assert cfg.cold_start.seed == 0 and cfg.cold_start.enabled, name  # one cold start shared by the RL seeds
         assert name.split("/")[0] in ("onpolicy", "coldstart") or n == int(name.split("/")[0][1:]), name
         # the cold-start arms fit every teacher style to the same SFT loss; the others keep the base's 400 steps
@@ -60,17 +68,16 @@ def test_every_arm_keeps_the_mini_batch_and_pins_its_knobs():
 
 
 def test_stress_study_moves_one_axis_per_condition():
-    from minirl.experiments import STRESS_ARMS, STRESS_AXES, STRESS_CONDITIONS
-
+    table = load_table(EXPERIMENTS / "stress/arms.yaml")
     stress = find_arms(EXPERIMENTS / "stress")
-    assert len(stress) == len(STRESS_CONDITIONS) * len(STRESS_ARMS) == 7 * 14
+    assert len(stress) == len(table.arms) == 7 * 14
     assert [name for name, _ in stress][:3] == ["base/onpolicy_minirl", "base/onpolicy_minirl_no_is", "base/n4_minirl"]
-    assert {lvl for levels in STRESS_AXES.values() for lvl in levels} == set(STRESS_CONDITIONS)
+    assert {lvl for levels in table.axes.values() for lvl in levels} == set(table.conditions)
     base = load_arm(EXPERIMENTS / "base.yaml")
     for name, path in stress:
         cfg = load_arm(path)
         n = cfg.optim.minibatches_per_step
-        assert cfg.minibatch_sequences == 64 and cfg.optim.steps * n == 128 and cfg.diagnostics.every_steps * n == 16, name
+        assert cfg.minibatch_sequences == 64 and global_steps(cfg) * n == 128 and cfg.diagnostics.every_steps * n == 16, name
         cond, arm = name.split("/")
         moved = {"lr3x": cfg.optim.lr == 9e-4, "lr2x": cfg.optim.lr == 6e-4, "fp4": cfg.rollout.precision == "fp4_e2m1",
                  "e5m2": cfg.rollout.precision == "fp8_e5m2",
@@ -85,14 +92,13 @@ def test_stress_study_moves_one_axis_per_condition():
 
 
 def test_horizon_study_is_the_cold_start_arms_over_twice_the_steps():
-    from minirl.experiments import HORIZON_GRADIENT_STEPS
-
     horizon = find_arms(EXPERIMENTS / "horizon")
     assert [name for name, _ in horizon] == ["coldstart/direct", "coldstart/stepwise", "coldstart/verbose"]
     for name, path in horizon:
         long, grid = load_arm(path).model_dump(), load_arm(EXPERIMENTS / f"{name}.yaml").model_dump()
         n = grid["optim"]["minibatches_per_step"]
-        assert (long["optim"].pop("steps") * n, grid["optim"].pop("steps") * n) == (HORIZON_GRADIENT_STEPS, 256) == (512, 256)
+        key = [k for k in long["optim"] if k in ("steps", "global_steps")][0]  # the schema's spelling
+        assert (long["optim"].pop(key) * n, grid["optim"].pop(key) * n) == (512, 256)
         assert long["run"].pop("name") == "horizon-" + grid["run"].pop("name")
         assert long == grid, name  # every other knob, the SFT fit included, as in the grid's arm
     assert not any(name.startswith("horizon/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
@@ -144,37 +150,11 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_base_counts_in_gradient_steps_that_every_n_divides(tmp_path):
-    (tmp_path / "base.yaml").write_text((EXPERIMENTS / "base.yaml").read_text().replace("  steps: 128\n", "  steps: 130\n"))
-    with pytest.raises(ConfigError, match="optim.steps=130 is counted in gradient steps and must be divisible by N=4"):
+def test_table_counts_in_gradient_steps_that_every_n_divides(tmp_path):
+    shutil.copy(EXPERIMENTS / "base.yaml", tmp_path / "base.yaml")
+    (tmp_path / "arms.yaml").write_text((EXPERIMENTS / "arms.yaml").read_text().replace("gradient_steps: 128\n", "gradient_steps: 130\n"))
+    with pytest.raises(ConfigError, match="n4/minirl_noclip: optim.global_steps = 130 gradient steps is not divisible by N=4"):
         generate(tmp_path)
-
-
-def test_moving_and_late_means():
-    from minirl.experiments import late_mean, moving_mean
-
-    assert moving_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
-    assert moving_mean([2.0], 8) == [2.0]
-    assert late_mean([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == 7.5  # the last quarter: 7, 8
-    assert late_mean([4.0]) == 4.0 and late_mean([]) is None
-
-
-def test_steps_to_collapse():
-    assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.1]) == 20
-    assert steps_to_collapse([0, 10, 20, 30], [0.2, 0.6, 0.2, 0.5]) is None
-    assert steps_to_collapse([0, 10], [0.0, 0.0]) is None
-
-
-def test_deepest_drop_is_measured_from_the_running_peak():
-    # running peaks 0.4, 0.4, 0.8, 0.8, 0.8: drops 0, 0.5 (0.2 at 10), 0, 0.75 (0.2 at 30), 0.25 (0.6 at 40)
-    drop, where = deepest_drop([0, 10, 20, 30, 40], [0.4, 0.2, 0.8, 0.2, 0.6])
-    assert where == 30 and abs(drop - 0.75) < 1e-12
-    assert deepest_drop([0, 10, 20], [0.1, 0.3, 0.9]) == (0.0, 0)  # never below its best so far
-    assert deepest_drop([0, 10], [0.0, 0.0]) is None
-    # the recovered collapse of trace/n8_minirl_noclip seed 1 (held-out 0.453 -> 0.047, then back to 0.578)
-    drop, where = deepest_drop([0, 16, 32, 48, 64], [0.453, 0.309, 0.047, 0.164, 0.578])
-    assert where == 32 and abs(drop - (0.453 - 0.047) / 0.453) < 1e-12
-    assert steps_to_collapse([0, 16, 32, 48, 64], [0.453, 0.309, 0.047, 0.164, 0.578]) is None
 
 
 def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
@@ -226,84 +206,8 @@ def test_user_errors_are_one_line(args, expected):
     assert proc.returncode == 2 and expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def _fake_runs(curves: dict[str, list[list[float]]]) -> dict:
-    """setting -> arm -> runs with held-out curves (one list per seed), as load_runs returns them."""
-    out: dict = {}
-    for arm, seeds in curves.items():
-        runs = [{"seed": f"seed{i}", "n": 1, "rows": [{"step": 10 * j, "eval/accuracy": y} for j, y in enumerate(ys)]}
-                for i, ys in enumerate(seeds)]
-        out.setdefault(arm.split("/")[0], {})[arm] = runs
-    return out
-
-
-def test_claim_verdicts_weigh_differences_against_seed_noise():
-    from minirl.experiments import _collapses, _comparable, _flat, _greater
-
-    arms = _flat(_fake_runs({
-        "onpolicy/minirl": [[0.5, 0.9], [0.5, 0.91], [0.5, 0.89]],
-        "onpolicy/minirl_no_is": [[0.5, 0.8, 0.1], [0.5, 0.7, 0.2], [0.5, 0.9, 0.3]],  # collapses in every seed
-        "onpolicy/minirl_r3": [[0.5, 0.92], [0.5, 0.70], [0.5, 0.95]],  # noisy
-        "onpolicy/minirl_lennorm": [[0.5, 0.88]],  # one seed
-    }))
-    verdict, numbers = _greater(arms, "onpolicy/minirl", "onpolicy/minirl_no_is", "final")
-    # finals 0.90 vs 0.20: diff 0.70, SE = sqrt(0.0001/3 + 0.01/3) = 0.0580
-    assert verdict == "supports" and "+0.700 (SE 0.058, seeds 3/3)" in numbers
-    assert _greater(arms, "onpolicy/minirl_no_is", "onpolicy/minirl", "final")[0] == "contradicts"
-    assert _greater(arms, "onpolicy/minirl", "onpolicy/minirl_r3", "final")[0] == "cannot tell"  # +0.043, SE 0.079
-    assert _greater(arms, "onpolicy/minirl", "onpolicy/minirl_lennorm", "final")[0] == "cannot tell (1 seed)"
-    assert _greater(arms, "onpolicy/minirl", "n2/minirl_r2", "final")[0] == "not run"
-    assert _comparable(arms, "onpolicy/minirl", "onpolicy/minirl", "peak")[0] == "supports"
-    assert _comparable(arms, "onpolicy/minirl", "onpolicy/minirl_no_is", "final")[0] == "contradicts"
-    verdict, numbers = _collapses(arms, "onpolicy/minirl_no_is", "onpolicy/minirl")
-    assert verdict == "supports" and "collapsed in 3/3 seeds" in numbers and "in 0/3" in numbers
-    assert _collapses(arms, "onpolicy/minirl", "onpolicy/minirl_no_is")[0] == "contradicts"
-
-
-def test_claims_of_a_partial_sweep_keep_the_checks_that_ran_and_name_the_rest():
-    from minirl.experiments import claims_section
-
-    lines = claims_section(_fake_runs({"onpolicy/minirl": [[0.5, 0.9]] * 3, "onpolicy/minirl_r3": [[0.5, 0.8]] * 3}))
-    rows = [line for line in lines if line.startswith("| §") or line.startswith("|  |")]
-    assert [row.split(" | ")[2] for row in rows] == [  # the checks whose two arms both ran, in the claims' order
-        "onpolicy/minirl > onpolicy/minirl_r3 (final)", "onpolicy/minirl_r3 has lower KL than onpolicy/minirl",
-        "onpolicy/minirl > onpolicy/minirl_r3 (final)"]
-    assert rows[0].startswith("| §6.5 (1), §6.1 | On-policy, MiniRL") and rows[1].startswith("| §2.6, §6.1 | On-policy, R3")
-    unchecked = lines[-2]
-    assert unchecked.startswith("Not checked, an arm has no runs here: onpolicy/minirl vs onpolicy/minirl_lennorm; ")
-    assert "Different cold starts reach comparable final performance (§6.5 (3), §6.4)." in unchecked  # a whole claim
-    assert "onpolicy/minirl vs onpolicy/minirl_r3;" not in unchecked and "onpolicy/minirl vs onpolicy/minirl_r3_no_is;" in unchecked
-    assert unchecked.count("(§") == 8  # the claims none of whose checks ran
-    lines = claims_section(_fake_runs({"coldstart/direct": [[0.5, 0.9]], "coldstart/stepwise": [[0.5, 0.9]]}))
-    assert lines[-2].count("(§") == 9 and lines[-2].endswith("; coldstart/verbose vs coldstart/direct.")  # 9 of 10 claims
-
-
-def test_stress_paired_effects_by_hand():
-    from minirl.experiments import _flat, paired_effect, stress_section
-
-    runs = _fake_runs({
-        "base/n4_minirl": [[0.5, 0.9]], "base/n4_minirl_noclip": [[0.5, 0.8]],
-        "base/n8_minirl": [[0.5, 0.7]], "base/n8_minirl_noclip": [[0.5, 0.7]],
-        "base/onpolicy_minirl": [[0.5, 0.9], [0.5, 0.8]], "base/onpolicy_minirl_no_is": [[0.5, 0.6]],
-    })
-    arms = _flat(runs)
-    pairs = [("base/n4_minirl", "base/n4_minirl_noclip"), ("base/n8_minirl", "base/n8_minirl_noclip"),
-             ("base/n4_minirl_r2", "base/n4_minirl_r2_noclip")]  # the last pair did not run: left out
-    mean, se, n = paired_effect(arms, pairs)
-    assert (round(mean, 12), round(se, 12), n) == (0.05, 0.05, 2)  # diffs 0.1 and 0.0
-    mean, se, n = paired_effect(arms, [("base/onpolicy_minirl", "base/onpolicy_minirl_no_is")])
-    assert round(mean, 12) == 0.25 and n == 1 and math.isnan(se)  # seed mean 0.85 - 0.6
-    table = "\n".join(stress_section(runs))
-    assert "| base | all | — | —/— | +0.050 ± 0.050 (n=2) | — | — | +0.250 (1 pair) | 0/7 |" in table
-    # one pair of arms with matched seeds: the seeds are the units (diffs 0.3, 0.1, 0.2)
-    seeded = _flat(_fake_runs({"lr3x/onpolicy_minirl": [[0.5, 0.9], [0.5, 0.8], [0.5, 0.7]],
-                               "lr3x/onpolicy_minirl_no_is": [[0.5, 0.6], [0.5, 0.7], [0.5, 0.5]]}))
-    mean, se, n = paired_effect(seeded, [("lr3x/onpolicy_minirl", "lr3x/onpolicy_minirl_no_is")])
-    assert (round(mean, 12), round(se, 12), n) == (0.2, round(0.1 / math.sqrt(3), 12), 3)
-    assert stress_section(_fake_runs({"n2/minirl_r2": [[0.5, 0.9]]})) == []
-
-
 def test_report_flags_arms_without_learning_signal(tmp_path):
-    from minirl.experiments import report
+    from minirl.experiments.report import report
 
     for arm, ys in (("n2/minirl_r2", [0.0, 0.0]), ("n2/minirl_r3", [0.5, 0.8])):
         run = tmp_path / arm / "seed0"
@@ -316,7 +220,8 @@ def test_report_flags_arms_without_learning_signal(tmp_path):
 
 
 def test_falls_table_classifies_the_entropy_of_each_fall_by_hand(tmp_path):
-    from minirl.experiments import fall_entropy, falls_section, report
+    from minirl.experiments.analysis import fall_entropy
+    from minirl.experiments.report import falls_section, report
 
     # N = 2: a row per global step = every 2 gradient steps (entropy at gradient steps 2, 4, ..., 14; held-out
     # at 0, 8, 16, 24). Held-out peaks at gradient step 8 (0.8), falls to 0.2 at 16, 0.1 at 24.
@@ -351,5 +256,30 @@ def test_falls_table_classifies_the_entropy_of_each_fall_by_hand(tmp_path):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["rows"]))
     shutil.copy(EXPERIMENTS / "n2/minirl_noclip.yaml", run_dir / "config.yaml")
     assert "| 16 (entropy blow-up) |" in report(tmp_path).read_text()
-    calm = _fake_runs({"n2/minirl_r2": [[0.5, 0.9, 0.85]]})
+    calm = {"n2": {"n2/minirl_r2": [{"seed": "seed0", "n": 1, "rows": [{"step": 10 * j, "eval/accuracy": y}
+                                                                        for j, y in enumerate([0.5, 0.9, 0.85])]}]}}
     assert "No run fell 50% below its running peak." in "\n".join(falls_section(calm))
+
+
+def test_plot_and_report_take_one_run_directory_and_old_key_names(tmp_path):
+    # a plain `minirl train` run (runs/s4), whose config.yaml predates the optim.global_steps rename
+    run = tmp_path / "runs" / "s4"
+    run.mkdir(parents=True)
+    saved = (EXPERIMENTS / "n2/minirl_r2.yaml").read_text()
+    (run / "config.yaml").write_text(saved.replace("  global_steps: 64\n", "  steps: 64\n")
+                                     .replace("  warmup_updates: 10\n", "  warmup_steps: 10\n"))
+    rows = [{"step": s, "eval/accuracy": y, "mismatch/kl_k3": 1e-4, "train/entropy": 0.1, "train/reward_mean": y}
+            for s, y in [(0, 0.5), (8, 0.8), (16, 0.2), (24, 0.1)]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot = _minirl("plot", str(run))
+    assert plot.returncode == 0, plot.stderr[-2000:]
+    assert {p.name for p in (run / "plots").iterdir()} == {"n2.png", "n2_seeds.png", "n2_falls.png"}
+    report = _minirl("report", str(run))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "| s4 | 1 | 48 | 0.800 | 0.100 |" in (run / "REPORT.md").read_text()
+    # the finished run's old key names are mapped when it is read back (no error; nothing stale)
+    from minirl.experiments.arms import read_run_config
+    from minirl.experiments.sweep import stale_keys
+
+    assert read_run_config(run / "config.yaml").optim.minibatches_per_step == 2
+    assert stale_keys(run, load_arm(EXPERIMENTS / "n2/minirl_r2.yaml")) == []

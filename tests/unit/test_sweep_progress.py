@@ -1,8 +1,8 @@
-"""The sweep's remaining-time estimate (``minirl.experiments.sweep_eta``), by hand-computed cases."""
+"""The sweep's remaining-time estimate (``minirl.experiments.sweep.sweep_eta``), by hand-computed cases."""
 
 from __future__ import annotations
 
-from minirl.experiments import sweep_eta
+from minirl.experiments.sweep import sweep_eta
 
 
 def test_running_runs_alone_end_with_the_slowest():

@@ -1,0 +1,47 @@
+"""``python -m minirl.experiments``: generate or check the arm files; contrast two arms' metric."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from minirl.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minirl.experiments.analysis import level_contrast
+    from minirl.experiments.arms import generate
+    from minirl.experiments.runs import flat, load_runs
+
+    parser = argparse.ArgumentParser(prog="python -m minirl.experiments", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    for name, text in (("generate", "write every arm file of every arm table under DIR"),
+                       ("check", "exit 1 if an arm file under DIR differs from what the generator writes")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("dir", nargs="?", default="experiments", help="experiment directory (default: experiments)")
+    p = sub.add_parser("contrast", help="two arms' per-seed level of a metric: means, paired and Welch tests")
+    p.add_argument("runs_dir")
+    p.add_argument("arm_a")
+    p.add_argument("arm_b")
+    p.add_argument("--key", default="mismatch/kl_k3")
+    p.add_argument("--last", type=float, default=None, help="only the last fraction of logged steps, e.g. 0.25")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "contrast":
+            arms = flat(load_runs(Path(args.runs_dir)))
+            print("\n".join(level_contrast(arms, args.arm_a, args.arm_b, args.key, args.last)))
+            return 0
+        changed = generate(Path(args.dir), check=args.action == "check")
+    except ConfigError as exc:
+        print(f"minirl: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "check":
+        print("up to date" if not changed else f"out of date: {', '.join(changed)}")
+        return 1 if changed else 0
+    print(f"wrote {len(changed)} arm file(s)" + (f": {', '.join(changed)}" if changed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
