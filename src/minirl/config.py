@@ -259,6 +259,12 @@ class ColdStartConfig(Section):
     below this (nats per token). Gives every teacher style the same fit, whatever its trace length
     (``null``: always ``steps``)."""
     loss_window_steps: int = Field(20, ge=1)
+    until_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop early once the held-out accuracy (mean@n over ``eval.num_prompts`` x ``eval.samples_per_prompt``
+    with the rollout engine, as RL evaluates) reaches this, checked every ``accuracy_every_steps`` SFT steps;
+    ``steps`` is the cap. Gives short and long teacher styles the same starting accuracy (``null``: off;
+    not together with ``until_loss``)."""
+    accuracy_every_steps: int = Field(25, ge=1)
     batch_sequences: int = Field(32, ge=1)
     lr: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)

@@ -8,6 +8,7 @@ cross-entropy on the completion (including EOS). The result is a standard HF che
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -22,7 +23,15 @@ import torch
 
 from minirl.batching import collate
 from minirl.config import Config, ConfigError, dump_config
-from minirl.runtime import build_model, build_task, build_trainer, environment, seed_everything, set_threads
+from minirl.runtime import (
+    build_model,
+    build_task,
+    build_trainer,
+    environment,
+    seed_everything,
+    set_threads,
+)
+from minirl.sft_target import accuracy_target
 from minirl.tasks.base import Task
 from minirl.types import Batch, Completion
 
@@ -76,6 +85,8 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     started, last_print = time.perf_counter(), 0.0
     losses: list[float] = []
     reached = False
+    stack = contextlib.ExitStack()
+    target = accuracy_target(cfg, model, tokenizer, task, stack)  # cold_start.until_accuracy: None when off
     for step in range(1, c.steps + 1):
         picked = [examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)]
         batch = collate(picked, torch.zeros(len(picked)), pad_token_id=tokenizer.pad_token_id)
@@ -90,15 +101,23 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
         if reached:
             log(f"sft: loss below cold_start.until_loss={c.until_loss} after {step} steps")
             break
+        if target is not None and target.reached(step):
+            log(f"sft: held-out accuracy {target.history[-1][1]:.3f} >= cold_start.until_accuracy={c.until_accuracy} "
+                f"after {step} steps")
+            break
     else:
-        if c.until_loss is not None:
-            log(f"sft: warning: loss still above cold_start.until_loss={c.until_loss} after all {c.steps} steps")
+        if c.until_loss is not None or target is not None:
+            what = f"loss still above cold_start.until_loss={c.until_loss}" if target is None else (
+                f"held-out accuracy still below cold_start.until_accuracy={c.until_accuracy}")
+            log(f"sft: warning: {what} after all {c.steps} steps")
+    stack.close()
     save_checkpoint(model, tokenizer, output)
     dump_config(cfg, output / "minirl_sft_config.yaml")
     summary = {"style": c.style, "steps": len(losses), "final_loss": losses[-1],
                "window_loss": window_loss(losses, c.loss_window_steps), "until_loss": c.until_loss,
                "reached": reached if c.until_loss is not None else None,
-               "seconds": time.perf_counter() - started, "environment": environment()}
+               "seconds": time.perf_counter() - started, "environment": environment(),
+               **(target.summary() if target is not None else {})}
     (output / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return output
 
@@ -119,7 +138,10 @@ def sft_cache_key(cfg: Config) -> str:
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task.model_dump(mode="json"),
         "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
-            ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ())}),  # keys of earlier caches
+            ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
+            ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ())}),  # keys of earlier caches
+        **({"evaluation": {"eval": cfg.eval.model_dump(mode="json"), "rollout": cfg.rollout.model_dump(mode="json")}}
+           if cfg.cold_start.until_accuracy is not None else {}),  # the stopping rule evaluates like RL
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
                                                              "micro_batch_sequences", "max_consecutive_faults", *(
             ("micro_batch_max_tokens",) if cfg.optim.micro_batch_max_tokens is not None else ())}),  # keys of earlier caches
