@@ -91,9 +91,9 @@ def comparable(arms: dict[str, list[Run]], a: str, b: str, key: str) -> Check:
         return Check(Verdict.CANNOT_TELL, "Welch t", seeds, f"{key} {a} − {b} = {diff:+.3f} (seeds {seeds[0]}/{seeds[1]})")
     numbers = f"{key} {a} − {b} = {test.describe('{:+.3f}')} (seeds {seeds[0]}/{seeds[1]})"
     if abs(test.diff) <= COMPARABLE_ABS and test.p >= ALPHA:
-        return Check(Verdict.SUPPORTS, f"|diff| ≤ {COMPARABLE_ABS} and Welch t", seeds, numbers)
+        return Check(Verdict.SUPPORTS, f"abs. diff. ≤ {COMPARABLE_ABS} and Welch t", seeds, numbers)
     if abs(test.diff) > COMPARABLE_ABS and test.p < ALPHA:
-        return Check(Verdict.CONTRADICTS, f"|diff| > {COMPARABLE_ABS} and Welch t", seeds, numbers)
+        return Check(Verdict.CONTRADICTS, f"abs. diff. > {COMPARABLE_ABS} and Welch t", seeds, numbers)
     return Check(Verdict.CANNOT_TELL, "Welch t", seeds, numbers)
 
 
