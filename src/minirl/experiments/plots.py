@@ -113,10 +113,10 @@ def _seeds_figure(plt: Any, setting: str, arms: dict[str, list[Run]], found: lis
             if j == 0:
                 ax.set_ylabel(arm.split("/")[-1], fontsize=7, rotation=0, ha="right", va="center")
             ax.tick_params(labelsize=6)
-    fig.suptitle(f"{setting}: held-out score (black) and training reward (grey, {SMOOTH_STEPS}-step mean) per arm "
+    fig.suptitle(f"{setting}: held-out score (black) and training reward (grey, {SMOOTH_STEPS}-step mean)\nper arm "
                  "and seed; red: a fall of ≥ 50 % below the running peak", fontsize=9)
     fig.supxlabel("gradient steps", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
@@ -148,10 +148,10 @@ def _falls_figure(plt: Any, setting: str, found: list[tuple[str, Run, dict[str, 
             if j == 0:
                 ax.set_ylabel(f"{arm.split('/')[-1]}\n{run['seed']}\n{onset['order']}", fontsize=7, rotation=0,
                               ha="right", va="center")
-    fig.suptitle(f"{setting}: each fall's timeline (shaded: peak → low; red dashed: KL rise; blue dotted: entropy move)",
-                 fontsize=9)
+    fig.suptitle(f"{setting}: each fall's timeline (shaded: peak → low; red dashed: KL rise; blue dotted: entropy move;\n"
+                 "the clip fraction is 0 by construction in unclipped arms)", fontsize=9)
     fig.supxlabel("gradient steps", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
