@@ -283,3 +283,31 @@ def test_plot_and_report_take_one_run_directory_and_old_key_names(tmp_path):
 
     assert read_run_config(run / "config.yaml").optim.minibatches_per_step == 2
     assert stale_keys(run, load_arm(EXPERIMENTS / "n2/minirl_r2.yaml")) == []
+
+
+def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
+    from minirl.experiments.studies import STUDIES
+
+    for study, n_arms in (("study1_replay", 6), ("study2_is", 2)):
+        arms = find_arms(EXPERIMENTS / "studies" / study)
+        assert [name for name, _ in arms] == [a.name for a in load_table(EXPERIMENTS / "studies" / study / "arms.yaml").arms]
+        assert len(arms) == n_arms and {p.a for p in STUDIES[study]} | {p.b for p in STUDIES[study]} == {n for n, _ in arms}
+        for name, path in arms:  # the registered design: 256 gradient steps, 256 held-out prompts, accuracy-matched start
+            cfg = load_arm(path)
+            n = cfg.optim.minibatches_per_step
+            assert global_steps(cfg) * n == 256 and cfg.eval.num_prompts == cfg.task.num_eval_prompts == 256, name
+            assert (cfg.cold_start.style, cfg.cold_start.until_accuracy, cfg.cold_start.until_loss) == ("trace", 0.8, None)
+            assert cfg.rollout.max_new_tokens == 240 and cfg.algo.clip and cfg.minibatch_sequences == 64, name
+    assert not any(name.startswith("studies/") for name, _ in find_arms(EXPERIMENTS))  # not in the default sweep
+    runs = tmp_path / "study1"
+    proc = _minirl("sweep", "experiments/studies/study1_replay", "--quick", "--seeds", "2", "--jobs", "2",
+                   "--runs-dir", str(runs), "--arms", "n2_r2,n2_r3", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = _minirl("sweep", "experiments/studies/study1_replay", "--quick", "--seeds", "2", "--runs-dir", str(runs),
+                    "--arms", "n2_r2,n2_r3")
+    assert "0 run(s) to do" in again.stdout  # resumable: finished runs are skipped
+    verdicts = subprocess.run([sys.executable, "-m", "minirl.experiments", "verdicts", str(runs), "study1_replay"],
+                              capture_output=True, text=True, cwd=ROOT, check=False)
+    assert verdicts.returncode == 0, verdicts.stderr
+    assert "| **primary** N = 2: R2 beats R3 | n2_r2 − n2_r3 (final) | **" in verdicts.stdout
+    assert verdicts.stdout.count("**not run**") == 5  # only the N = 2 R2/R3 pair ran

@@ -208,3 +208,59 @@ def test_renamed_keys_are_written_new_and_read_in_either_spelling():
     spelled = schema_key("optim.global_steps").split(".")[1]
     assert to_schema(old)["optim"][spelled] == to_schema(new)["optim"][spelled] == 64
     assert schema_key("optim.steps") == schema_key("optim.global_steps") and schema_key("eval.every_steps") == "eval.every_steps"
+
+
+def _study_runs(finals: dict[str, list[list[float]]]) -> dict:
+    """arm -> runs (seed i) whose held-out curves are the given lists (evaluations 16 gradient steps apart)."""
+    return {arm: [{"seed": f"seed{i}", "n": 1, "rows": [{"step": 16 * j, "eval/accuracy": y, "train/entropy": 0.1 + y / 10}
+                                                          for j, y in enumerate(ys)]} for i, ys in enumerate(curves)]
+            for arm, curves in finals.items()}
+
+
+def test_study_verdicts_pair_seeds_and_holm_adjust_on_synthetic_runs():
+    from minirl.experiments.studies import STUDIES, run_statistic, study_section, study_verdicts
+
+    # study 2: IS ends at 0.8 / 0.7 / 0.9 (last two evaluations), no IS at 0.5 / 0.45 / 0.6 after falling from 0.7
+    arms = _study_runs({"onpolicy_is": [[0.5, 0.8, 0.8], [0.5, 0.7, 0.7], [0.5, 0.9, 0.9]],
+                        "onpolicy_no_is": [[0.5, 0.7, 0.3], [0.5, 0.6, 0.3], [0.5, 0.7, 0.5]]})
+    assert run_statistic(arms["onpolicy_no_is"][0], "final") == pytest.approx(0.5)  # (0.7 + 0.3) / 2
+    assert run_statistic(arms["onpolicy_no_is"][0], "deepest_drop") == pytest.approx(0.4 / 0.7)
+    got = study_verdicts(arms, STUDIES["study2_is"])
+    (plan, test, check) = got[0]
+    # final diffs per seed: 0.8 - 0.5, 0.7 - 0.45, 0.9 - 0.6 = 0.3, 0.25, 0.3: mean 0.28333, SD 0.028868, SE 0.016667
+    assert test.diff == pytest.approx(0.85 / 3) and test.se == pytest.approx(0.05 / math.sqrt(3) / math.sqrt(3))
+    assert test.df == 2 and test.paired
+    ps = [t.p for _, t, _ in got]
+    adjusted = holm(ps)
+    assert f"Holm p = {adjusted[0]:.3f}" in check.numbers and check.seeds == (3, 3)
+    assert check.verdict is (Verdict.SUPPORTS if adjusted[0] < 0.05 else Verdict.CANNOT_TELL)
+    assert check.verdict is Verdict.SUPPORTS  # t = 17.0 on 2 df: p = 0.0034, x3 = 0.010
+    # an arm that did not run: not run, and the others are adjusted among themselves only
+    partial = study_verdicts({"n2_r2": arms["onpolicy_is"], "n2_r3": arms["onpolicy_no_is"]}, STUDIES["study1_replay"])
+    assert [c.verdict for _, _, c in partial][1:] == [Verdict.NOT_RUN] * 5
+    assert partial[0][2].verdict is Verdict.SUPPORTS and "Holm over 1" in partial[0][2].test
+    # reversed arms: the sign flips the verdict
+    flipped = study_verdicts({"n8_r3": arms["onpolicy_no_is"], "n8_r2": arms["onpolicy_is"]}, STUDIES["study1_replay"])
+    assert flipped[1][2].verdict is Verdict.CONTRADICTS
+    table = "\n".join(study_section(arms, "study2_is"))
+    assert "| **primary** IS correction ends higher | onpolicy_is − onpolicy_no_is (final) | **supports** |" in table
+    assert "mean KL of onpolicy_no_is ≥ 0.01): not measured, no runs." in table  # the synthetic runs log no KL
+    for i, run in enumerate(arms["onpolicy_no_is"]):  # whole-run means 1e-2, 2e-2, 0 -> 1e-2: met
+        run["rows"] += [{"step": 1, "mismatch/kl_k3": 1e-2 * i}, {"step": 2, "mismatch/kl_k3": 1e-2 * i}]
+    assert "= 1.00e-02 over 3 runs, met (≥ 0.01)." in "\n".join(study_section(arms, "study2_is"))
+    arms["onpolicy_no_is"][2]["rows"][-1]["mismatch/kl_k3"] = 0.0  # 1e-2 -> (0 + 1e-2 + 1e-2) / 3
+    assert "NOT met" in "\n".join(study_section(arms, "study2_is"))
+
+
+def test_holm_can_turn_a_nominal_difference_into_cannot_tell():
+    from minirl.experiments.studies import Planned, study_verdicts
+
+    # diffs 0.1, 0.2, 0.15 -> t = 0.15 / (0.05 / sqrt 3) = 5.196 on 2 df: p = 0.0351 alone (< 0.05) ...
+    arms = _study_runs({"a": [[0.5, 0.6, 0.6], [0.5, 0.7, 0.7], [0.5, 0.65, 0.65]],
+                        "b": [[0.5, 0.5, 0.5]] * 3})
+    one = study_verdicts(arms, [Planned("x", "a", "b", "final", True)])
+    assert one[0][1].p == pytest.approx(1 - 5.196152 / math.sqrt(5.196152**2 + 2), abs=1e-5)
+    assert one[0][2].verdict is Verdict.SUPPORTS
+    # ... but with a second comparison whose p is larger, Holm doubles the smallest: 0.070 -> cannot tell
+    two = study_verdicts(arms, [Planned("x", "a", "b", "final", True), Planned("y", "b", "a", "deepest_drop", False)])
+    assert two[0][2].verdict is Verdict.CANNOT_TELL

@@ -1,4 +1,4 @@
-"""``python -m minirl.experiments``: generate or check the arm files; contrast two arms' metric."""
+"""``python -m minirl.experiments``: generate or check the arm files; contrast two arms' metric; a study's verdicts."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     from minirl.experiments.analysis import level_contrast
     from minirl.experiments.arms import generate
     from minirl.experiments.runs import flat, load_runs
+    from minirl.experiments.studies import STUDIES, study_section
 
     parser = argparse.ArgumentParser(prog="python -m minirl.experiments", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -26,8 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arm_b")
     p.add_argument("--key", default="mismatch/kl_k3")
     p.add_argument("--last", type=float, default=None, help="only the last fraction of logged steps, e.g. 0.25")
+    p = sub.add_parser("verdicts", help="a pre-registered study's comparisons and verdicts from its runs")
+    p.add_argument("runs_dir")
+    p.add_argument("study", choices=sorted(STUDIES))
     args = parser.parse_args(argv)
     try:
+        if args.action == "verdicts":
+            print("\n".join(study_section(flat(load_runs(Path(args.runs_dir))), args.study)))
+            return 0
         if args.action == "contrast":
             arms = flat(load_runs(Path(args.runs_dir)))
             print("\n".join(level_contrast(arms, args.arm_a, args.arm_b, args.key, args.last)))
