@@ -64,7 +64,7 @@ def main() -> None:
     settings: list[int | None] = [None, *args.budgets]
     trainers = {b: Trainer(model, lr=0.0, micro_batch_sequences=cfg.optim.micro_batch_sequences, micro_batch_max_tokens=b)
                 for b in settings}
-    batch.logp_old = trainers[None].score(batch, entropy=False).logp
+    batch = batch.with_logp_old(trainers[None].score(batch, entropy=False).logp)
     objective = make_objective(MiniRLConfig(), batch)
     times: dict[int | None, dict[str, list[float]]] = {b: {"update": [], "score": []} for b in settings}
     for round_ in range(args.rounds + 1):  # round 0 warms up

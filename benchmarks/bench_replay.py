@@ -113,7 +113,7 @@ def components(run: Run, repeats: int) -> None:
     G = cfg.rollout.samples_per_prompt
     completions = engine.generate(prompts, G, sampling, record_routes=True)
     batch = collate(completions, torch.zeros(len(completions)), pad_token_id=run.tokenizer.pad_token_id)
-    batch.logp_old = trainer.score(batch, entropy=False).logp
+    batch = batch.with_logp_old(trainer.score(batch, entropy=False).logp)
     minibatch = split(batch, cfg.optim.minibatches_per_step)[0]
     objective = make_objective(cfg.algo, minibatch)
     rollout = _alternate({

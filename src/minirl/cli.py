@@ -69,7 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
     try:
-        summary = train(cfg, start_from=start_from, resume_from=resume_from)
+        summary = train(cfg, start_from=start_from, resume_from=resume_from,
+                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from)
     except NumericalFaultStop as exc:
         print(f"minirl: stopped: {exc}", file=sys.stderr)
         return EXIT_NUMERICAL_FAULT
@@ -186,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="RL training with MiniRL (optionally after an SFT cold start)")
     common(p)
     p.add_argument("--start-from", default=None, help="HF checkpoint directory to start from (overrides model.*)")
+    p.add_argument("--dump-rollouts", default=None, metavar="DIR",
+                   help="also write each step's rollouts (tokens, logp_rollout, routes) and rewards to DIR/step_NNNNNN.pt")
+    p.add_argument("--rollouts-from", default=None, metavar="DIR",
+                   help="train on the rollouts and rewards of a --dump-rollouts DIR instead of sampling (evaluation still samples)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest valid checkpoint in RUN_DIR/checkpoints (fresh start if none)")
     p.set_defaults(func=cmd_train)

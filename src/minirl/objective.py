@@ -8,16 +8,14 @@ micro-batch size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from minirl.algo import POLICY_LOSSES
 from minirl.config import LossConfig
+from minirl.trainer import Objective
 from minirl.types import Batch
-
-Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
 
 
 def minibatch_normalizer(algo: LossConfig, minibatch: Batch) -> float:
@@ -55,17 +53,3 @@ def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
     knobs = algo.loss_knobs()
     knobs["normalizer"] = minibatch_normalizer(algo, minibatch)
     return PolicyObjective(algo.name, knobs)
-
-
-@dataclass(frozen=True)
-class OnPolicy:
-    """An objective whose pi_old is the update's own forward, detached: with one update per global
-    step (N = 1) theta_old *is* theta, so ``logp_old = logp.detach()`` is the old-log-prob pass, and
-    the loop skips that pass (TRL's GRPOTrainer does the same when it takes one step per generation).
-    The ratio pi_theta/pi_old is exactly 1, the clipping mask keeps every token, and the IS weight
-    pi_old/mu_old uses the same numbers the separate pass would give (the same forward)."""
-
-    objective: Objective
-
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.objective(logp, replace(micro, logp_old=logp.detach() * micro.mask))

@@ -90,7 +90,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     for step in range(1, c.steps + 1):
         picked = [examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)]
         batch = collate(picked, torch.zeros(len(picked)), pad_token_id=tokenizer.pad_token_id)
-        losses.append(trainer.update(batch, cross_entropy_objective(batch))["loss"])
+        losses.append(trainer.update(batch, cross_entropy_objective(batch)).loss)
         window = window_loss(losses, c.loss_window_steps)
         reached = c.until_loss is not None and window is not None and window < c.until_loss
         now = time.perf_counter()

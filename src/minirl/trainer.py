@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +39,34 @@ class ScoreResult:
     logp: torch.Tensor  # [B, T] float32
     entropy: torch.Tensor | None  # [B, T] float32
     routes: torch.Tensor | None  # [B, S, L, K] int16: the trainer's own (natural) routes, -1 at padding
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one ``Trainer.update`` did. ``fault`` set: the update was skipped (no optimizer step, the
+    reason in one line); loss, norm, lr and metrics are then empty."""
+
+    loss: float = 0.0  # the mini-batch loss (summed over micro-batches)
+    grad_norm: float = 0.0  # before clipping
+    lr: float = 0.0  # the learning rate this step used
+    metrics: dict[str, float] = field(default_factory=dict)  # the objective's, over the whole mini-batch
+    natural_diff_frac: float | None = None  # ``natural_drift``: replayed vs the router's own top-k sets
+    scores: ScoreResult | None = None  # ``score``/``old_pass``: pi_old from this update's forward
+    fault: str | None = None
+
+
+@dataclass(frozen=True)
+class OnPolicy:
+    """An objective whose pi_old is the update's own forward, detached: with one update per global
+    step (N = 1) theta_old *is* theta, so ``logp_old = logp.detach()`` is the old-log-prob pass, and
+    the step skips that pass (TRL's GRPOTrainer does the same when it takes one step per generation).
+    The ratio pi_theta/pi_old is exactly 1, the clipping mask keeps every token, and the IS weight
+    pi_old/mu_old uses the same numbers the separate pass would give (the same forward)."""
+
+    objective: Objective
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask))
 
 
 def warmup_schedule(warmup_updates: int) -> Callable[[int], float]:
@@ -133,17 +161,23 @@ class Trainer:
 
     def update(
         self, minibatch: Batch, objective: Objective, *, replay_routes: bool = False, natural_drift: bool = False,
-        score: bool = False, record_routes: bool = False,
-    ) -> dict[str, Any]:
+        score: bool = False, record_routes: bool = False, old_pass: bool = False,
+    ) -> UpdateResult:
         """One optimizer step on ``minibatch`` (gradient accumulation over micro-batches).
 
-        ``natural_drift`` (with ``replay_routes``): also return ``routing_natural_diff_frac``, the
+        ``natural_drift`` (with ``replay_routes``): also return ``natural_diff_frac``, the
         fraction of fed (token, layer) pairs whose replayed top-k set differs from the one the
         router would have picked itself in this forward (-1 rows not counted).
-        ``score``: also return, under ``"scores"``, what ``score`` would return for ``minibatch``
+        ``score``: also return (``UpdateResult.scores``) what ``score`` would return for ``minibatch``
         at the weights before this step (``record_routes`` as there), taken from this update's own
-        forward: the old-log-prob pass of an on-policy step at no extra cost. Not on a skipped step.
+        forward. Not on a skipped step.
+        ``old_pass``: this update is also the step's old-log-prob pass (one update per global step,
+        N = 1: theta_old *is* theta). The objective sees ``logp_old = logp.detach()`` (``OnPolicy``)
+        and ``scores`` is always returned: from this forward, or, when the update is skipped, from
+        a ``score`` pass over the unchanged weights (replaying the batch's routes if it has any).
         """
+        if old_pass:
+            objective, score = OnPolicy(objective), True
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True) if score else None
@@ -151,28 +185,28 @@ class Trainer:
             totals, loss_sum, _ = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
                                                 scores=scores, record_routes=record_routes)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
-            return self._skip(f"non-finite log-probs ({exc})")
+            return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
-            return self._skip(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})")
+            reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
+            return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.updates_done += 1
         self.consecutive_faults = 0
-        totals.update(loss=loss_sum, grad_norm=grad_norm, lr=lr)
-        if scores is not None:
-            totals["scores"] = scores.result()
-        return totals
+        drift = totals.pop("routing_natural_diff_frac", None)
+        return UpdateResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, metrics=totals, natural_diff_frac=drift,
+                            scores=None if scores is None else scores.result())
 
-    def _skip(self, reason: str) -> dict[str, float]:
+    def _skip(self, reason: str, minibatch: Batch, old_pass: bool, replay_routes: bool, record_routes: bool) -> UpdateResult:
         """A numerical fault: no optimizer or schedule step, gradients zeroed, the fault counted.
-
-        Returns ``{"skipped": 1.0, "reason": ...}`` in place of the update's metrics."""
+        As the old-log-prob pass, the unchanged weights are scored instead."""
         self.optimizer.zero_grad(set_to_none=True)
         self.faults += 1
         self.consecutive_faults += 1
-        return {"skipped": 1.0, "reason": reason}  # type: ignore[dict-item]
+        scores = self.score(minibatch, replay_routes=replay_routes, record_routes=record_routes) if old_pass else None
+        return UpdateResult(fault=reason, scores=scores)
 
     # ------------------------------------------------------------------ checkpoint state
 

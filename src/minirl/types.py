@@ -19,7 +19,7 @@ Masks are positive: ``True`` means "this token is trained on / counted".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -67,9 +67,10 @@ class Completion:
     routes: torch.Tensor | None = None  # int16 [len(prompt_ids) + len(completion_ids), L, K]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
-    """A (mini-)batch laid out for the trainer; built by ``minirl.batching.collate``.
+    """A (mini-)batch laid out for the trainer; built by ``minirl.batching.collate``. Immutable:
+    a step's later stages get a new batch (``with_logp_old``, ``with_routes``), never an edit.
 
     input_ids       long [B, S]  prompt + completion, right-padded with the pad id
     attention_mask  bool [B, S]
@@ -93,6 +94,14 @@ class Batch:
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def with_logp_old(self, logp_old: torch.Tensor) -> "Batch":
+        """This batch with pi_old's log-probs [B, T] (the old-log-prob pass's result)."""
+        return replace(self, logp_old=logp_old)
+
+    def with_routes(self, routes: torch.Tensor | None) -> "Batch":
+        """This batch with the routes [B, S, L, K] its forwards replay (None: natural routing)."""
+        return replace(self, routes=routes)
 
     def to(self, device: torch.device | str) -> "Batch":
         """Every tensor field on ``device`` (the batch itself when already there)."""

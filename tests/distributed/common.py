@@ -23,16 +23,24 @@ TINY = [
 ]
 
 
-def dense_rewards(runner, prompts, completions):
-    """A random tiny model never solves the task: reward a token statistic so advantages are non-zero."""
-    values = torch.tensor([sum(i % 3 == 0 for i in c.completion_ids) / len(c.completion_ids) for c in completions])
-    return values, {}
+class DenseRewards:
+    """A reward source (``minirl.sources``): a random tiny model never solves the task, so reward a
+    token statistic and the advantages are non-zero."""
+
+    def score(self, prompts, completions):
+        values = torch.tensor([sum(i % 3 == 0 for i in c.completion_ids) / len(c.completion_ids) for c in completions])
+        return values, {}
+
+    def close(self) -> None:
+        pass
 
 
-def run_steps(tmp_path: Path, *overrides: str, steps: int = STEPS) -> tuple[list[dict], dict[str, torch.Tensor]]:
+def run_steps(tmp_path: Path, *overrides: str, steps: int = STEPS,
+              fuse_old_pass: bool = True) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """``steps`` global steps; returns each step's metrics and the final weights (a copy)."""
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, f"run.output_dir={tmp_path}", *overrides])
-    run = loop.setup(cfg)
+    run = loop.setup(cfg, rewards=DenseRewards())
+    run.fuse_old_pass = fuse_old_pass
     try:
         metrics = [loop.global_step(run, step) for step in range(1, steps + 1)]
         weights = {name: tensor.detach().clone() for name, tensor in run.trainer.state_dict().items()}

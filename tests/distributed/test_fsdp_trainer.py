@@ -12,14 +12,10 @@ import pytest
 import minirl.loop as loop
 from minirl.config import ConfigError, load_config
 
-from .common import ROOT, TINY, TOL, dense_rewards, max_differences, run_steps
+from .common import ROOT, TINY, TOL, DenseRewards, max_differences, run_steps
 
 MODE = ["moe.routing_replay=R3", "optim.minibatches_per_step=2"]
 
-
-@pytest.fixture(autouse=True)
-def _rewards(monkeypatch):
-    monkeypatch.setattr(loop, "score_completions", dense_rewards)
 
 
 @pytest.mark.parametrize("replay, n", [("R3", 2), ("R2", 2), ("R3", 1)])
@@ -49,7 +45,7 @@ def _train(tmp_path, *overrides, resume=None):
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "run.name=r",
                                                     "checkpoint.every_steps=1", "eval.every_steps=0", *overrides])
     latest = checkpoint.find_latest(cfg.run_dir) if resume else None
-    loop.train(cfg, resume_from=latest[0] if latest else None)
+    loop.train(cfg, rewards=DenseRewards(), resume_from=latest[0] if latest else None)
     return cfg.run_dir
 
 
@@ -87,7 +83,7 @@ def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):
     from minirl.distributed import WorkerError
 
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
-    run = loop.setup(cfg)
+    run = loop.setup(cfg, rewards=DenseRewards())
     try:
         ranks = run.trainer.ranks
         os.kill(ranks[1].process.pid, signal.SIGKILL)
@@ -109,7 +105,7 @@ def test_a_rank_failing_while_its_peer_waits_in_a_collective_is_one_clear_error(
     from minirl.types import Batch
 
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
-    run = loop.setup(cfg)
+    run = loop.setup(cfg, rewards=DenseRewards())
     try:
         rows, width = 2, 6
         shard = Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),

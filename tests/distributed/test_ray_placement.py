@@ -11,7 +11,7 @@ import pytest
 import minirl.loop as loop
 from minirl.config import ConfigError, load_config
 
-from .common import ROOT, TINY, TOL, dense_rewards, max_differences, run_steps
+from .common import ROOT, TINY, TOL, DenseRewards, max_differences, run_steps
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'minirl[ray]')")
 
@@ -26,10 +26,6 @@ def ray_instance():
     yield
     ray.shutdown()
 
-
-@pytest.fixture(autouse=True)
-def _rewards(monkeypatch):
-    monkeypatch.setattr(loop, "score_completions", dense_rewards)  # computed by the controller
 
 
 @pytest.mark.parametrize("mode", ["R3"])
@@ -50,7 +46,7 @@ def test_a_dead_engine_actor_is_one_clear_error(tmp_path):
     from minirl.distributed import WorkerError
 
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, f"run.output_dir={tmp_path}", *RAY, "cluster.trainer_ranks=1"])
-    run = loop.setup(cfg)
+    run = loop.setup(cfg, rewards=DenseRewards())
     try:
         ray.kill(run.engine.engines[1].actor)
         with pytest.raises(WorkerError, match=r"^rollout engine 1 died during generate") as err:

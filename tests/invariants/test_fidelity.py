@@ -54,7 +54,7 @@ def rollout_batch(model: torch.nn.Module, trainer: Trainer, precision: str) -> B
     assert sum(len(c.completion_ids) for c in completions) / len(completions) >= 10
     advantages = torch.randn(len(completions), generator=torch.Generator().manual_seed(0))
     batch = collate(completions, advantages, pad_token_id=PAD)
-    batch.logp_old = trainer.score(batch, entropy=False).logp
+    batch = batch.with_logp_old(trainer.score(batch, entropy=False).logp)
     return batch
 
 

@@ -10,15 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import minirl.loop as loop
-from tests.distributed.common import dense_rewards, run_steps
+from tests.distributed.common import run_steps
 
 TIMING = ("time/", "perf/")
-
-
-@pytest.fixture(autouse=True)
-def _rewards(monkeypatch):
-    monkeypatch.setattr(loop, "score_completions", dense_rewards)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -27,11 +21,10 @@ def _rewards(monkeypatch):
     ("moe.routing_replay=R3", "rollout.precision=fp8_e4m3", "algo={name: grpo, is_correction: true}"),
     ("moe.routing_replay=none", "rollout.precision=fp8_e4m3", "algo.tis_cap=1.1", "algo.aggregation=token_mean", "optim.micro_batch_sequences=8"),
 ])
-def test_fused_old_pass_is_bitwise_the_separate_pass(tmp_path, monkeypatch, overrides):
+def test_fused_old_pass_is_bitwise_the_separate_pass(tmp_path, overrides):
     settings = ("optim.minibatches_per_step=1", "moe.routing_metrics=true", *overrides)
     fused = run_steps(tmp_path / "fused", *settings)
-    monkeypatch.setattr(loop, "fuses_old_pass", lambda cfg, diagnose: False)
-    separate = run_steps(tmp_path / "separate", *settings)
+    separate = run_steps(tmp_path / "separate", *settings, fuse_old_pass=False)
     for a, b in zip(fused[0], separate[0]):
         assert a["time/old_logprobs_s"] < b["time/old_logprobs_s"]  # the pass did not run
         kept = {k: v for k, v in b.items() if not k.startswith(TIMING)}

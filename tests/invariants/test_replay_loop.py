@@ -14,6 +14,8 @@ import torch
 
 import minirl.loop as loop
 from minirl.config import load_config
+from minirl.trainer import UpdateResult
+from tests.distributed.common import DenseRewards
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
@@ -24,20 +26,23 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def dense_rewards(monkeypatch):
-    """A random tiny model never solves the task: reward a token statistic so advantages are non-zero."""
-
-    def rewards(runner, prompts, completions):
-        values = torch.tensor([sum(i % 3 == 0 for i in c.completion_ids) / len(c.completion_ids) for c in completions])
-        return values, {}
-
-    monkeypatch.setattr(loop, "score_completions", rewards)
-
-
 def _run(tmp_path, *overrides: str) -> loop.Run:
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, f"run.output_dir={tmp_path}", *overrides])
-    return loop.setup(cfg)
+    return loop.setup(cfg, rewards=DenseRewards())
+
+
+class _LosesLastMinibatch:
+    """A trainer (the ``Run.trainer`` seam) that silently drops the last update of every step."""
+
+    def __init__(self, trainer, updates_per_step: int) -> None:
+        self.trainer, self.every, self.calls = trainer, updates_per_step, 0
+
+    def update(self, minibatch, objective, **kwargs):
+        self.calls += 1
+        return UpdateResult() if self.calls % self.every == 0 else self.trainer.update(minibatch, objective, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.trainer, name)
 
 
 def _steps(run: loop.Run, steps: int) -> list[dict]:
@@ -125,9 +130,8 @@ def test_engine_routes_that_do_not_fit_the_model_name_the_layer(tmp_path, monkey
 
 
 @pytest.mark.parametrize("mode", ["R2", "R3"])
-def test_a_lost_minibatch_leaves_routes_unconsumed_and_fails_the_step(tmp_path, monkeypatch, mode):
+def test_a_lost_minibatch_leaves_routes_unconsumed_and_fails_the_step(tmp_path, mode):
     run = _run(tmp_path, f"moe.routing_replay={mode}", "optim.minibatches_per_step=2")
-    split = loop.split
-    monkeypatch.setattr(loop, "split", lambda batch, parts: split(batch, parts)[:-1])
+    run.trainer = _LosesLastMinibatch(run.trainer, 2)
     with pytest.raises(RuntimeError, match=r"\(updates\): MoE layer 0 \(model\.layers\.0\.mlp\.gate\) replayed \d+ of the \d+"):
         loop.global_step(run, 1)

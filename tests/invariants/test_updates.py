@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
@@ -27,9 +28,9 @@ def _batch(rows: int, seed: int = 0):
 
 
 def _with_old(trainer: Trainer, batch):
-    batch.logp_old = trainer.score(batch, entropy=False).logp
-    batch.logp_rollout = batch.logp_old + 0.05 * torch.randn(batch.logp_old.shape, generator=torch.Generator().manual_seed(3)) * batch.mask
-    return batch
+    batch = batch.with_logp_old(trainer.score(batch, entropy=False).logp)
+    noise = 0.05 * torch.randn(batch.logp_old.shape, generator=torch.Generator().manual_seed(3)) * batch.mask
+    return replace(batch, logp_rollout=batch.logp_old + noise)
 
 
 VARIANTS = {
@@ -52,8 +53,8 @@ def test_micro_batch_accumulation_equals_one_big_batch():
         batch = _with_old(trainer_a, _batch(8))
         out_a = trainer_a.update(batch, make_objective(algo, batch))
         out_b = trainer_b.update(batch, make_objective(algo, batch))
-        assert abs(out_a["loss"] - out_b["loss"]) < 1e-6, aggregation
-        assert abs(out_a["grad_norm"] - out_b["grad_norm"]) < 1e-5, aggregation
+        assert abs(out_a.loss - out_b.loss) < 1e-6, aggregation
+        assert abs(out_a.grad_norm - out_b.grad_norm) < 1e-5, aggregation
         # the accumulated gradients agree (Adam would amplify float noise in near-zero gradients)
         for (name, p), q in zip(model_a.named_parameters(), model_b.parameters()):
             assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), (aggregation, name)
@@ -77,13 +78,13 @@ def test_token_budget_micro_batches_give_the_same_update_and_scores_in_row_order
         assert torch.equal(trainer_a.score(batch, record_routes=True).routes, trainer_b.score(batch, record_routes=True).routes)
         out_a = trainer_a.update(batch, make_objective(algo, batch), score=True)
         out_b = trainer_b.update(batch, make_objective(algo, batch), score=True)
-        assert abs(out_a["loss"] - out_b["loss"]) < 1e-6, aggregation
-        assert abs(out_a["grad_norm"] - out_b["grad_norm"]) < 1e-5, aggregation
-        metrics = [key for key in out_a if key not in ("scores", "loss", "grad_norm", "lr")]
-        assert metrics and metrics == [key for key in out_b if key not in ("scores", "loss", "grad_norm", "lr")]
+        assert abs(out_a.loss - out_b.loss) < 1e-6, aggregation
+        assert abs(out_a.grad_norm - out_b.grad_norm) < 1e-5, aggregation
+        metrics = list(out_a.metrics)
+        assert metrics and metrics == list(out_b.metrics)
         for key in metrics:  # token means and maxima over the mini-batch, however the rows were grouped
-            assert abs(out_a[key] - out_b[key]) < 1e-6, (aggregation, key)
-        assert torch.allclose(out_a["scores"].logp, out_b["scores"].logp, atol=1e-6), aggregation
+            assert abs(out_a.metrics[key] - out_b.metrics[key]) < 1e-6, (aggregation, key)
+        assert torch.allclose(out_a.scores.logp, out_b.scores.logp, atol=1e-6), aggregation
         for (name, p), q in zip(model_a.named_parameters(), model_b.parameters()):
             assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), (aggregation, name)
 
@@ -99,9 +100,9 @@ def test_n_minibatches_of_identical_data_equal_one_step_of_the_concatenation_at_
     one = trainer.update(concatenated, make_objective(algo, concatenated))
     halves = [trainer.update(mb, make_objective(algo, mb)) for mb in split(concatenated, 2)]
     for update in halves:
-        assert abs(update["loss"] - one["loss"]) < 1e-6
-        assert abs(update["grad_norm"] - one["grad_norm"]) < 1e-5
-        assert abs(update["clip_frac"] - one["clip_frac"]) < 1e-9
+        assert abs(update.loss - one.loss) < 1e-6
+        assert abs(update.grad_norm - one.grad_norm) < 1e-5
+        assert abs(update.metrics["clip_frac"] - one.metrics["clip_frac"]) < 1e-9
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -110,8 +111,8 @@ def test_on_policy_first_update_has_unit_weights_and_no_clipping():
     model = make_tiny_moe()
     trainer = Trainer(model, lr=1e-3, micro_batch_sequences=8)
     batch = _batch(6)
-    batch.logp_old = trainer.score(batch, entropy=False).logp
-    batch.logp_rollout = batch.logp_old.clone()
+    batch = batch.with_logp_old(trainer.score(batch, entropy=False).logp)
+    batch = replace(batch, logp_rollout=batch.logp_old.clone())
     out = trainer.update(batch, make_objective(algo, batch))
-    assert out["clip_frac"] == 0.0
-    assert abs(out["is_weight_mean"] - 1.0) < 1e-5 and abs(out["is_weight_max"] - 1.0) < 1e-5
+    assert out.metrics["clip_frac"] == 0.0
+    assert abs(out.metrics["is_weight_mean"] - 1.0) < 1e-5 and abs(out.metrics["is_weight_max"] - 1.0) < 1e-5

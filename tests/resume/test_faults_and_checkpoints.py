@@ -29,19 +29,18 @@ def _rows(cfg):
 
 
 @pytest.fixture
-def captured(monkeypatch):
-    """The ``Run`` built by ``train`` (to patch its model), via a wrapped ``setup``."""
+def captured():
+    """``captured["train"](cfg)``: ``loop.train`` of a ``Run`` built here (``captured["run"]``) and
+    changed by ``captured["patch"](run)`` first (the ``train(run=...)`` seam)."""
     box: dict = {"patch": None}
-    original = loop.setup
 
-    def setup(cfg, **kwargs):
-        run = original(cfg, **kwargs)
-        box["run"] = run
+    def train(cfg):
+        run = box["run"] = loop.setup(cfg)
         if box["patch"] is not None:
             box["patch"](run)
-        return run
+        return loop.train(cfg, run=run)
 
-    monkeypatch.setattr(loop, "setup", setup)
+    box["train"] = train
     return box
 
 
@@ -73,20 +72,19 @@ def test_nan_logits_once_skip_one_update(tmp_path, captured):
         run.model.forward = nan_forward
 
     captured["patch"] = patch
-    loop.train(cfg)
+    captured["train"](cfg)
     rows = _rows(cfg)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
     assert captured["run"].trainer.updates_done == STEPS - 1 and captured["run"].trainer.faults == 1
 
 
-def test_inf_loss_skips_and_is_logged(tmp_path, captured, monkeypatch, capsys):
+def test_inf_loss_skips_and_is_logged(tmp_path, captured, capsys):
     cfg = _cfg(tmp_path, "optim.minibatches_per_step=2")
-    make = loop.make_objective
     due = _once()
 
     def make_objective(algo, minibatch):
-        objective = make(algo, minibatch)
+        objective = loop.make_objective(algo, minibatch)
 
         def inf_objective(logp, micro):
             loss, metrics = objective(logp, micro)
@@ -94,8 +92,8 @@ def test_inf_loss_skips_and_is_logged(tmp_path, captured, monkeypatch, capsys):
 
         return inf_objective
 
-    monkeypatch.setattr(loop, "make_objective", make_objective)
-    loop.train(cfg)
+    captured["patch"] = lambda run: setattr(run, "make_objective", make_objective)
+    captured["train"](cfg)
     rows = _rows(cfg)
     assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
     assert "optim/lr" in rows[1]  # the other update of step 1 ran
@@ -117,7 +115,7 @@ def test_nan_gradient_skips(tmp_path, captured):
         def checked_update(*args, **kwargs):
             before = [p.detach().clone() for p in run.model.parameters()]
             out = update(*args, **kwargs)
-            if out.get("skipped"):  # no optimizer step, gradients zeroed
+            if out.fault is not None:  # no optimizer step, gradients zeroed
                 skips.append(out)
                 assert all(p.grad is None for p in run.model.parameters())
                 assert all(torch.equal(a, p) for a, p in zip(before, run.model.parameters()))
@@ -126,24 +124,28 @@ def test_nan_gradient_skips(tmp_path, captured):
         run.trainer.update = checked_update
 
     captured["patch"] = patch
-    loop.train(cfg)
+    captured["train"](cfg)
     rows = _rows(cfg)
     assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0, 0.0]
     assert all(torch.isfinite(p).all() for p in captured["run"].model.parameters())
-    assert len(skips) == 1 and "gradient norm (nan)" in skips[0]["reason"]
+    assert len(skips) == 1 and "gradient norm (nan)" in skips[0].fault
 
 
-def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, monkeypatch, capsys):
-    make = loop.make_objective
-
-    def make_objective(algo, minibatch):
-        objective = make(algo, minibatch)
-        return lambda logp, micro: (objective(logp, micro)[0] * math.inf, objective(logp, micro)[1])
-
-    monkeypatch.setattr(loop, "make_objective", make_objective)
+def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, capsys):
+    """Rollouts whose engine log-probs are NaN (a dump, edited, served by ``--rollouts-from``): every
+    update is skipped, and the second skip in a row stops the run."""
     overrides = [o for o in TINY if not o.startswith("optim.steps=")]
+    dump = tmp_path / "dump"
+    assert main(["train", "configs/demo.yaml", *overrides, "optim.steps=3", f"run.output_dir={tmp_path}",
+                 "run.name=d", "--dump-rollouts", str(dump)]) == 0
+    for path in dump.glob("step_*.pt"):
+        state = torch.load(path, weights_only=True)
+        for completion in state["completions"]:
+            completion["logp_rollout"] = torch.full_like(completion["logp_rollout"], math.nan)
+        torch.save(state, path)
+    capsys.readouterr()
     code = main(["train", "configs/demo.yaml", *overrides, "optim.steps=6", "optim.max_consecutive_faults=2",
-                 f"run.output_dir={tmp_path}", "run.name=k"])
+                 f"run.output_dir={tmp_path}", "run.name=k", "--rollouts-from", str(dump)])
     err = capsys.readouterr().err
     assert code == 3
     stop = [line for line in err.splitlines() if line.startswith("minirl: stopped:")]
@@ -210,7 +212,7 @@ def test_nan_in_diagnostics_is_reported_and_the_update_skipped(tmp_path, capture
         run.model.forward = nan_forward
 
     captured["patch"] = patch
-    loop.train(cfg)
+    captured["train"](cfg)
     rows = _rows(cfg)
     assert [r.get("faults/skipped_updates") for r in rows[1:]] == [1.0, 0.0]
     assert not any(k.startswith("fidelity/") for k in rows[1]) and "fidelity/first_grad_cosine" in rows[2]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from minirl.batching import split
-from minirl.trainer import ScoreResult
+from minirl.trainer import ScoreResult, UpdateResult
 from minirl.types import Batch, Completion, Prompt, SamplingParams
 
 
@@ -205,27 +205,23 @@ class TrainerGroup:
         return _joined(parts)
 
     def update(self, minibatch: Batch, objective: Any, *, replay_routes: bool = False, natural_drift: bool = False,
-               score: bool = False, record_routes: bool = False) -> dict[str, Any]:
+               score: bool = False, record_routes: bool = False, old_pass: bool = False) -> UpdateResult:
         shards = split(minibatch, self.world)
         answers = self._all("update", [(s, objective) for s in shards], replay_routes=replay_routes, natural_drift=natural_drift,
-                            score=score, record_routes=record_routes)
+                            score=score, record_routes=record_routes, old_pass=old_pass)
         self.consecutive_faults = answers[0]["consecutive_faults"]
-        per_rank = [a["metrics"] for a in answers]
-        if any(m.get("skipped") for m in per_rank):  # the global gradient norm decides: all skip together
-            reasons = [m["reason"] for m in per_rank if m.get("skipped")]
-            reason = next((r for r in reasons if r.startswith("non-finite log-probs")), reasons[0])
-            return {"skipped": 1.0, "reason": reason}
-        scores = [m.pop("scores") for m in per_rank] if score else None
-        merged: dict[str, Any] = {} if scores is None else {"scores": _joined(scores)}
-        for key in per_rank[0]:
-            values = [m[key] for m in per_rank]
-            if key == "loss":
-                merged[key] = sum(values)  # each rank's share of the mini-batch loss
-            elif key in ("grad_norm", "lr"):
-                merged[key] = values[0]  # global already
-            else:
-                merged[key] = sum(values) / len(values)  # equal shares: the row-weighted mean
-        return merged
+        per_rank: list[UpdateResult] = [a["result"] for a in answers]
+        parts = [r.scores for r in per_rank]
+        scores = _joined(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
+        faults = [r.fault for r in per_rank if r.fault is not None]
+        if faults:  # the global gradient norm decides: all skip together
+            return UpdateResult(fault=next((f for f in faults if f.startswith("non-finite log-probs")), faults[0]), scores=scores)
+        first = per_rank[0]
+        metrics = {key: sum(r.metrics[key] for r in per_rank) / len(per_rank) for key in first.metrics}  # equal shares
+        drift = None if first.natural_diff_frac is None else sum(r.natural_diff_frac or 0.0 for r in per_rank) / len(per_rank)
+        return UpdateResult(loss=sum(r.loss for r in per_rank),  # each rank's share of the mini-batch loss
+                            grad_norm=first.grad_norm, lr=first.lr, metrics=metrics,  # norm and lr: global already
+                            natural_diff_frac=drift, scores=scores)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights (gathered from the shards), also loaded into the mirror ``model``."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import socket
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -97,10 +98,10 @@ class TrainerRank:
         faults: list[str] = []
         if self.world > 1:  # every rank must run every backward (FSDP collectives), even on a NaN
             objective = _KeepCollectives(objective, faults)
-        metrics = self.trainer.update(shard, objective, **kwargs)
-        if metrics.get("skipped") and faults:
-            metrics["reason"] = f"non-finite log-probs ({faults[0]})"
-        return {"metrics": metrics, "consecutive_faults": self.trainer.consecutive_faults}
+        result = self.trainer.update(shard, objective, **kwargs)
+        if result.fault is not None and faults:
+            result = replace(result, fault=f"non-finite log-probs ({faults[0]})")
+        return {"result": result, "consecutive_faults": self.trainer.consecutive_faults}
 
     def replayed_rows(self) -> list[int]:
         return list(self.replay.replayed_rows) if self.replay is not None else []

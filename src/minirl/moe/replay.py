@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -442,3 +442,126 @@ class RoutingReplay:
                 f"MoE layer {layer} routed {tuple(natural_idx.shape)} rows but the forward call has "
                 f"B*T = {B}*{T} = {B * T} tokens with top_k={self.top_k}"
             )
+
+
+# ------------------------------------------------------------------------------------------------
+# the route plan of one global step
+
+
+class RoutePlan:
+    """Where one global step's routes come from, which passes consume them, and the check that each
+    recorded route is consumed exactly once per pass (``RuntimeError`` naming the MoE layer).
+
+    ========  =======================================  ===================  ====================
+    mode      routes                                   pi_old pass          every update
+    ========  =======================================  ===================  ====================
+    none      none replayed                            natural              natural
+    R2        the trainer's, recorded at theta_old     records them         replays them
+    R3        the engine's, recorded while sampling    replays them         replays them
+    ========  =======================================  ===================  ====================
+
+    With ``metrics`` (``moe.routing_metrics``) the engine records its routes whatever the mode and
+    the pi_old pass records the trainer's, for ``routing/*``. ``replay`` is a ``RoutingReplay`` (or
+    a ``TrainerGroup``'s ``GroupReplay``, whose ``replayed_rows`` sum the ranks' counters); None for
+    a dense model (mode ``none``). A new plan is made for every global step::
+
+        plan = RoutePlan(replay, mode, metrics=True)
+        batch = plan.start(collate(engine.generate(..., record_routes=plan.engine_records)))
+        with plan.old_pass() as routing:
+            old = trainer.score(batch, **routing.kwargs)
+        batch = plan.scored(batch.with_logp_old(old.logp), old)   # R2: the recorded routes
+        with plan.updates() as routing:
+            for minibatch in split(batch, n):
+                trainer.update(minibatch, objective, **routing.kwargs)
+    """
+
+    def __init__(self, replay: Any, mode: str, *, metrics: bool) -> None:
+        if mode != "none" and replay is None:
+            raise ValueError(f"routing replay {mode} needs an MoE model with a RoutingReplay")
+        self.replay, self.mode = replay, mode
+        self.metrics = metrics and replay is not None
+        self.engine_routes: torch.Tensor | None = None  # as sampled (for routing/* whatever the mode)
+        self._expected: list[int] | None = None  # forced rows per layer of the routes the batch carries
+
+    @property
+    def engine_records(self) -> bool:
+        """Whether the engine must record its routes while sampling."""
+        return self.mode == "R3" or self.metrics
+
+    @property
+    def old_pass_optional(self) -> bool:
+        """Whether the pi_old pass may be fused into a single update's forward (not under R2: it
+        records the routes there, before any update)."""
+        return self.mode != "R2"
+
+    def start(self, batch: Any) -> Any:
+        """The collated batch (with the engine's routes if it recorded them) -> the batch the trainer
+        sees: the engine's routes kept under R3 only. Validates them against the model."""
+        self.engine_routes = batch.routes
+        if batch.routes is not None and self.replay is not None:
+            self._expected = self.replay.validate(batch.routes)  # ValueError naming the MoE layer
+        return batch if self.mode == "R3" else batch.with_routes(None)
+
+    def old_pass(self) -> "_Pass":
+        """The pi_old pass (``Trainer.score``): replays under R3, records under R2 (and for metrics)."""
+        kwargs = {"replay_routes": self.mode == "R3", "record_routes": self.mode == "R2" or self.metrics}
+        return _Pass(self, "old-log-prob pass", kwargs, check=self.mode == "R3")
+
+    def scored(self, batch: Any, old: Any) -> Any:
+        """After the pi_old pass (``old``, a ``ScoreResult``): under R2 the batch carries the routes it
+        recorded, which every update must then replay."""
+        if self.mode != "R2":
+            return batch
+        self._expected = self.replay.validate(old.routes)
+        return batch.with_routes(old.routes)
+
+    def updates(self, *, old_pass: bool = False) -> "_Pass":
+        """The N gradient updates (``Trainer.update``): replay under R2 and R3; R2 also measures its
+        routes' drift. ``old_pass``: the single update is also the pi_old pass (``Trainer.update``)."""
+        kwargs = {"replay_routes": self.mode != "none", "natural_drift": self.mode == "R2" and self.metrics,
+                  "record_routes": self.metrics, "old_pass": old_pass}
+        return _Pass(self, "updates", kwargs, check=self.mode != "none")
+
+    def _counts(self) -> list[int]:
+        return [] if self.replay is None else list(self.replay.replayed_rows)  # one read (a group sums ranks)
+
+    def _check(self, start: list[int], phase: str) -> None:
+        replayed = self._counts()
+        for layer, (first, want) in enumerate(zip(start, self._expected or [])):
+            got = replayed[layer] - first
+            if got != want:
+                raise RuntimeError(
+                    f"routing replay ({phase}): MoE layer {layer} ({self.replay.layer_names[layer]}) replayed {got} "
+                    f"of the {want} recorded (token, layer) routes of the global batch; each must be consumed exactly once"
+                )
+
+
+class _Pass:
+    """A context over one pass of a ``RoutePlan``: ``kwargs`` for the trainer call; on a normal exit,
+    every route of the batch was replayed exactly once, unless ``waive`` was called."""
+
+    def __init__(self, plan: RoutePlan, phase: str, kwargs: dict[str, bool], *, check: bool) -> None:
+        self.plan, self.phase, self.kwargs, self.check = plan, phase, kwargs, check
+        self._start: list[int] = []
+
+    def __enter__(self) -> "_Pass":
+        self._start = self.plan._counts()
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None and self.check:
+            self.plan._check(self._start, self.phase)
+
+    def waive(self, reason: bool) -> None:
+        """No check if ``reason`` (a skipped update may stop before consuming its routes)."""
+        self.check = self.check and not reason
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Replayed forwards inside (the diagnostics') are not this pass's consumption."""
+        before = self.plan._counts()
+        try:
+            yield
+        finally:
+            after = self.plan._counts()
+            self._start = [s + a - b for s, b, a in zip(self._start, before, after)]

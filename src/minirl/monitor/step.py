@@ -1,0 +1,108 @@
+"""The metrics of one global step, assembled from what the step produced (``StepRecord``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minirl.algo import mismatch_metrics
+from minirl.trainer import ScoreResult, UpdateResult
+from minirl.types import Batch, Completion
+
+
+@dataclass
+class StepRecord:
+    """What a global step hands to the monitor: its rollouts, its batch (with ``logp_old``), the
+    pi_old pass's scores, the updates' results and the step's timings (seconds)."""
+
+    completions: list[Completion]
+    rewards_PG: torch.Tensor  # [P, G]
+    reward_stats: dict[str, float]
+    batch: Batch
+    old: ScoreResult
+    updates: list[UpdateResult]
+    engine_routes: torch.Tensor | None  # [B, S, L, K] as sampled, when the engine recorded them
+    routing: bool  # moe.routing_metrics on an MoE model
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)  # rollout, old_logprobs, update, sync
+
+
+def step_metrics(record: StepRecord) -> dict[str, float]:
+    """Every per-step metric (``train/*``, ``mismatch/*``, ``policy/*``, ``optim/*``, ``faults/*``,
+    ``routing/*``, the diagnostics, ``time/*``, ``perf/*``), as python floats."""
+    batch, done = record.batch, [u for u in record.updates if u.fault is None]
+    metrics = rollout_metrics(record.completions, record.rewards_PG)
+    metrics.update(record.reward_stats)
+    metrics["train/entropy"] = masked_mean(record.old.entropy, batch.mask)
+    assert batch.logp_old is not None
+    metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
+    if done:
+        metrics.update(update_metrics(done))
+    metrics["faults/skipped_updates"] = float(len(record.updates) - len(done))
+    if record.routing:
+        drift = [u.natural_diff_frac for u in done if u.natural_diff_frac is not None]
+        metrics.update(routing_step_metrics(record.engine_routes, record.old.routes, batch.attention_mask, drift))
+    metrics.update(record.diagnostics)
+    t = record.times
+    metrics.update({
+        "time/rollout_s": t["rollout"], "time/old_logprobs_s": t["old_logprobs"], "time/update_s": t["update"],
+        "time/sync_s": t["sync"], "time/step_s": sum(t.values()),
+        "perf/rollout_tokens_per_s": sum(len(c.completion_ids) for c in record.completions) / max(t["rollout"], 1e-9),
+        "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t["old_logprobs"] + t["update"], 1e-9),
+    })
+    return metrics
+
+
+def masked_mean(values: torch.Tensor | None, mask: torch.Tensor) -> float:
+    """Mean of ``values`` over ``mask`` as a python float (NaN when there are no values)."""
+    if values is None:
+        return float("nan")
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor) -> dict[str, float]:
+    lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
+    truncated = sum(c.finish_reason == "length" for c in completions)
+    solved = (rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()
+    return {
+        "train/reward_mean": float(rewards_PG.mean()),
+        "train/accuracy": float((rewards_PG >= 1.0).float().mean()),
+        "train/response_length": float(lengths.mean()),
+        "train/response_length_max": float(lengths.max()),
+        "train/truncated_frac": truncated / len(completions),
+        "train/solved_groups_frac": float(solved),
+    }
+
+
+def update_metrics(updates: list[UpdateResult]) -> dict[str, Any]:
+    """``optim/*`` and ``policy/*`` over the step's (not skipped) updates: means, the last lr, the max norm."""
+    n = len(updates)
+    out: dict[str, Any] = {}
+    for key in updates[0].metrics:
+        out[f"policy/{key}"] = sum(u.metrics[key] for u in updates) / n
+    out["policy/loss"] = sum(u.loss for u in updates) / n
+    out["optim/grad_norm"] = sum(u.grad_norm for u in updates) / n
+    out["optim/grad_norm_max"] = max(u.grad_norm for u in updates)
+    out["optim/lr"] = updates[-1].lr
+    return out
+
+
+def routing_step_metrics(
+    engine_routes: torch.Tensor | None, trainer_routes: torch.Tensor | None, fed: torch.Tensor, drift: list[float]
+) -> dict[str, float]:
+    """``routing/*``: engine vs trainer top-k sets over the fed positions, and R2's per-update drift."""
+    from minirl.moe import routing_agreement
+
+    out: dict[str, float] = {}
+    if engine_routes is not None and trainer_routes is not None:
+        agreement = routing_agreement(engine_routes, trainer_routes, fed)
+        for key, value in agreement.items():
+            if key.startswith("route_diff_"):
+                out["routing/train_infer_diff_" + key[len("route_diff_"):]] = value
+    for i, value in enumerate(drift):
+        out[f"routing/r2_drift_mb{i}"] = value
+    if drift:
+        out["routing/r2_drift_last"] = drift[-1]
+    return out

@@ -1,0 +1,127 @@
+"""Where a global step's rollouts and rewards come from: the seams of ``minirl.loop``.
+
+* ``EngineRollouts``: the rollout engine samples them (the default).
+* ``RolloutDump``: any source, with each step's rollouts and rewards also written to
+  ``DIR/step_000001.pt`` (``minirl train --dump-rollouts DIR``).
+* ``RolloutReplay``: a dump's rollouts and rewards served again, step by step, with no sampling
+  and no verifier (``minirl train --rollouts-from DIR``): an invariant test or a bug report runs
+  the trainer on fixed data, and a run from its own dump reproduces its training metrics.
+
+A rollout source has ``rollouts(step, prompts, n, sampling, record_routes) -> list[Completion]``;
+a reward source ``score(prompts, completions) -> (rewards [n], stats)`` and ``close()`` (the
+task's ``RewardRunner`` is one). ``minirl.loop.train(cfg, rollouts=..., rewards=...)`` takes both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from minirl.config import ConfigError
+from minirl.types import Completion, Prompt, SamplingParams
+
+
+class RolloutSource(Protocol):
+    def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
+                 record_routes: bool) -> list[Completion]: ...
+
+
+class RewardSource(Protocol):
+    def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineRollouts:
+    """The rollout engine (or ``EngineGroup``) samples each step's rollouts."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
+                 record_routes: bool) -> list[Completion]:
+        return self.engine.generate(prompts, n, sampling, record_routes=record_routes)
+
+
+def step_file(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step_{step:06d}.pt"
+
+
+class RolloutDump:
+    """``source``'s rollouts and ``rewards``' scores, also written to ``directory`` step by step."""
+
+    def __init__(self, source: RolloutSource, rewards: RewardSource, directory: str | Path) -> None:
+        self.source, self.rewards, self.directory = source, rewards, Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._step = 0
+        self._prompts: list[Prompt] = []
+        self._completions: list[Completion] = []
+
+    def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
+                 record_routes: bool) -> list[Completion]:
+        self._step, self._prompts = step, prompts
+        self._completions = self.source.rollouts(step, prompts, n, sampling, record_routes=record_routes)
+        return self._completions
+
+    def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
+        values, stats = self.rewards.score(prompts, completions)
+        if completions is self._completions:  # a training step's rollouts (evaluation is not dumped)
+            torch.save({
+                "step": self._step,
+                "prompts": [p.text for p in prompts],
+                "completions": [_completion_state(c) for c in completions],
+                "rewards": values.detach().cpu(),
+                "reward_stats": dict(stats),
+            }, step_file(self.directory, self._step))
+        return values, stats
+
+    def close(self) -> None:
+        self.rewards.close()
+
+
+class RolloutReplay:
+    """A ``RolloutDump`` directory served again: rollouts and rewards of training steps, no sampling.
+
+    Evaluation still samples from the engine and scores with ``rewards`` (the task's verifier)."""
+
+    def __init__(self, directory: str | Path, rewards: RewardSource) -> None:
+        self.directory, self.rewards = Path(directory), rewards
+        if not self.directory.is_dir():
+            raise ConfigError(f"--rollouts-from: {self.directory} is not a directory of dumped rollouts")
+        self._served: dict[int, dict[str, Any]] = {}  # id(completions list) -> its step's dump
+
+    def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
+                 record_routes: bool) -> list[Completion]:
+        path = step_file(self.directory, step)
+        if not path.is_file():
+            raise ConfigError(f"--rollouts-from: {path} not found (the dump has no step {step})")
+        dump = torch.load(path, weights_only=True)
+        if dump["prompts"] != [p.text for p in prompts]:
+            raise ConfigError(f"--rollouts-from: {path} holds other prompts than this run's step {step} "
+                              "(a different task, data or run.seed?)")
+        completions = [Completion(**state) for state in dump["completions"]]
+        if len(completions) != len(prompts) * n:
+            raise ConfigError(f"--rollouts-from: {path} holds {len(completions)} rollouts, this run needs "
+                              f"{len(prompts)} x {n} (rollout.samples_per_prompt differs?)")
+        if record_routes and any(c.routes is None for c in completions):
+            raise ConfigError(f"--rollouts-from: {path} has no routes; dump with the routing replay/metrics settings of this run")
+        self._served = {id(completions): dump}
+        return completions
+
+    def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
+        dump = self._served.get(id(completions))
+        if dump is None:  # evaluation: the task's verifier
+            return self.rewards.score(prompts, completions)
+        return dump["rewards"].clone(), dict(dump["reward_stats"])
+
+    def close(self) -> None:
+        self.rewards.close()
+
+
+def _completion_state(c: Completion) -> dict[str, Any]:
+    return {"prompt_index": c.prompt_index, "sample_index": c.sample_index, "prompt_ids": list(c.prompt_ids),
+            "completion_ids": list(c.completion_ids), "logp_rollout": c.logp_rollout.detach().cpu(),
+            "finish_reason": c.finish_reason, "text": c.text,
+            "routes": None if c.routes is None else c.routes.detach().cpu()}
