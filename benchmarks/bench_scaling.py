@@ -100,7 +100,7 @@ def scaling_config(config: str, key: str, value: int, steps: int, threads: int, 
     return load_config(config, [
         "cold_start.enabled=false", "eval.every_steps=0", "eval.num_prompts=1", "eval.samples_per_prompt=1",
         "log.console=false", "checkpoint.every_steps=0", f"run.output_dir={tmp}", "run.name=scaling",
-        f"run.threads={threads}", f"optim.steps={steps}", *overrides, f"{key}={value}",
+        f"run.threads={threads}", f"optim.global_steps={steps}", *overrides, f"{key}={value}",
     ])
 
 

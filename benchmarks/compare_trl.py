@@ -146,10 +146,10 @@ def minirl_config(model_dir: Path, args, tmp: Path, overrides: list[str]):
     return load_config(str(CONFIG), [
         "cold_start.enabled=false", f"model.path={model_dir}", "eval.every_steps=0", "eval.num_prompts=1",
         "eval.samples_per_prompt=1", "log.console=false", f"run.output_dir={tmp}", "run.name=compare",
-        f"run.threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_steps=0",
+        f"run.threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_updates=0",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
         f"rollout.max_new_tokens={args.new_tokens}", f"optim.micro_batch_sequences={args.prompts * args.samples}",
-        f"optim.steps={args.warmup + args.steps}", *overrides,
+        f"optim.global_steps={args.warmup + args.steps}", *overrides,
     ])
 
 

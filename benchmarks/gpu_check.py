@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ROOT / "configs/demo.yaml", [
             f"model.preset={preset}", "task.difficulty=6", "task.num_train_prompts=512", "task.num_eval_prompts=8",
             *batch, "rollout.max_new_tokens=16", f"rollout.precision={args.precision or 'bf16'}",
-            "optim.minibatches_per_step=2", "optim.lr=1e-4", "optim.warmup_steps=0", f"optim.steps={steps}",
+            "optim.minibatches_per_step=2", "optim.lr=1e-4", "optim.warmup_updates=0", f"optim.global_steps={steps}",
             "moe.routing_replay=R3", "moe.routing_metrics=true", "cold_start.enabled=false", "log.console=false",
             f"cluster.device={args.device}", f"cluster.engine_backend={engine}", "cluster.sample_seeding=per_sample",
             f"run.output_dir={run_dir}", "run.threads=0" if gpu else "run.threads=1",

@@ -17,12 +17,12 @@ Default jobs (``--jobs demo 20m``):
           100 MiniRL steps, evaluation every 25 steps, checkpoints), except that the run directory is
           under a temporary ``run.output_dir`` (``--output-dir``) instead of ``runs/``.
 ``20m``   the same config with ``model.preset=qwen3-moe-20m`` (~20 M parameters), shortened:
-          ``cold_start.steps=50 cold_start.warmup_steps=5 optim.steps=20`` (so evaluation runs at
+          ``cold_start.steps=50 cold_start.warmup_steps=5 optim.global_steps=20`` (so evaluation runs at
           steps 0 and 20 and one checkpoint is written at step 20); same batch (8 prompts x 8
           samples x up to 24 new tokens), evaluation (128 prompts x 4 samples) and fp8 engine.
 
 ``--job NAME='ARGS'`` adds a job (``ARGS``: what follows ``minirl``, e.g.
-``--job grpo='train configs/grpo.yaml optim.steps=5'``). Memory hardly depends on CPU load, so a
+``--job grpo='train configs/grpo.yaml optim.global_steps=5'``). Memory hardly depends on CPU load, so a
 busy machine changes the wall times only.
 
     python benchmarks/peak_memory.py [--jobs demo 20m] [--job NAME='ARGS' ...] [--interval 0.5]
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ["train", "configs/demo.yaml"]
 DEFAULT_JOBS = {
     "demo": DEMO,
-    "20m": [*DEMO, "model.preset=qwen3-moe-20m", "cold_start.steps=50", "cold_start.warmup_steps=5", "optim.steps=20"],
+    "20m": [*DEMO, "model.preset=qwen3-moe-20m", "cold_start.steps=50", "cold_start.warmup_steps=5", "optim.global_steps=20"],
 }
 
 

@@ -48,9 +48,9 @@ def main() -> None:
 
     _quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(args.config, [*TINY, f"optim.steps={args.steps}", f"run.output_dir={tmp}", "run.name=soak", *args.overrides])
+        cfg = load_config(args.config, [*TINY, f"optim.global_steps={args.steps}", f"run.output_dir={tmp}", "run.name=soak", *args.overrides])
         run = setup(cfg)
-        logger = MetricsLogger(cfg.run_dir, total_steps=cfg.optim.steps, console=False)
+        logger = MetricsLogger(cfg.run_dir, total_steps=cfg.optim.global_steps, console=False)
         samples = {"start": rss_mib()}
         print(f"step {0:5d}  rss {samples['start']:8.1f} MiB  (start)", flush=True)
         eval_metrics = {}

@@ -6,7 +6,7 @@ Both sides start from ONE SFT checkpoint and are judged by ONE evaluation:
    qwen3-moe-2m, 400 SFT steps on ``direct`` teacher traces of reverse-12-letters, exactly the
    demo's cold start), saved as a Hugging Face directory (``WORK/sft``; ``--sft-dir`` reuses one).
 2. **minirl.** ``minirl.loop.train`` of the same config from that checkpoint (``start_from``, as
-   ``minirl train --start-from``), cold start off, ``optim.steps=--steps``,
+   ``minirl train --start-from``), cold start off, ``optim.global_steps=--steps``,
    ``eval.every_steps=--eval-every``. Its ``metrics.jsonl`` gives the curve: the x of step s is the
    sum of ``time/step_s`` over steps 1..s (rollout, rewards, log-prob pass, update, weight sync;
    evaluation, checkpoint writing and the one-off setup are not counted), the y is ``eval/accuracy``.
@@ -65,7 +65,7 @@ SYNTHETIC_KINDS = ("reverse", "add", "sort")
 QUICK = [
     "model.preset=qwen3-moe-tiny", "task.difficulty=3", "task.num_train_prompts=64", "task.num_eval_prompts=8",
     "eval.num_prompts=8", "eval.samples_per_prompt=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
-    "rollout.max_new_tokens=8", "optim.micro_batch_sequences=4", "optim.warmup_steps=0", "cold_start.steps=10",
+    "rollout.max_new_tokens=8", "optim.micro_batch_sequences=4", "optim.warmup_updates=0", "cold_start.steps=10",
     "cold_start.examples=64", "cold_start.warmup_steps=2", "cold_start.batch_sequences=8",
 ]
 
@@ -197,7 +197,7 @@ def build_sft(args: argparse.Namespace, work: Path) -> Path:
 def rl_cfg(args: argparse.Namespace, work: Path, name: str):
     """The RL config both sides share (minirl runs it; TRL takes P, G, T, lr, seed and the data from it)."""
     return load_cfg(args, work, name, [
-        "cold_start.enabled=false", f"optim.steps={args.steps}", f"eval.every_steps={args.eval_every}",
+        "cold_start.enabled=false", f"optim.global_steps={args.steps}", f"eval.every_steps={args.eval_every}",
         "checkpoint.every_steps=0",
     ])
 

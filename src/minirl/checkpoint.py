@@ -36,7 +36,7 @@ MODEL = "model"
 # config keys that may differ between a run and its resumption: they do not change what the
 # training steps compute (evaluation and diagnostics use their own seeded streams)
 RESUMABLE_DIFFERENCES = (
-    "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.threads", "optim.steps", "optim.max_consecutive_faults",
+    "run.name", "run.output_dir", "run.resume", "run.overwrite", "run.threads", "optim.global_steps", "optim.max_consecutive_faults",
     "task.reward_timeout_s", "task.reward_workers", "log.", "checkpoint.", "cold_start.", "eval.", "diagnostics.",
     # where the trainer runs changes float summation order only (not which samples are drawn)
     "cluster.backend", "cluster.ray_address", "cluster.trainer_ranks", "cluster.device", "cluster.cpus_per_engine",

@@ -110,7 +110,7 @@ class RolloutConfig(Section):
 
 
 class OptimConfig(Section):
-    steps: int = Field(100, ge=0)
+    global_steps: int = Field(100, ge=0)
     """Global steps (each = 1 rollout + N gradient updates + 1 weight sync)."""
     minibatches_per_step: int = Field(1, ge=1)
     """N: gradient updates per global step (1 = on-policy)."""
@@ -123,8 +123,8 @@ class OptimConfig(Section):
     Skips the padding of one right-padded batch and bounds activation memory; the gradient is the
     same sum (to float rounding). ``null``: fixed micro-batches of ``micro_batch_sequences`` rows."""
     lr: float = Field(1e-4, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    """Linear learning-rate warm-up, in gradient updates."""
+    warmup_updates: int = Field(0, ge=0)
+    """Linear learning-rate warm-up, in gradient updates (N per global step)."""
     weight_decay: float = Field(0.0, ge=0)
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.999, ge=0, lt=1)
@@ -133,6 +133,18 @@ class OptimConfig(Section):
     max_consecutive_faults: int = Field(3, ge=1)
     """A non-finite log-prob, loss or gradient skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        for old, new in RENAMED_OPTIM.items():
+            if isinstance(data, dict) and old in data:
+                raise ValueError(f"optim.{old}: renamed to optim.{new} (units in the name: {RENAMED_OPTIM_UNITS[new]})")
+        return data
+
+
+RENAMED_OPTIM = {"steps": "global_steps", "warmup_steps": "warmup_updates"}
+RENAMED_OPTIM_UNITS = {"global_steps": "rollout + N updates + weight sync each", "warmup_updates": "gradient updates"}
 
 
 class LossConfig(Section):

@@ -217,7 +217,7 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         env_file.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                    "from_step": 0 if state is None else int(state["step"]), **environment()}) + "\n")
     logger = MetricsLogger(
-        run_dir, total_steps=cfg.optim.steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
+        run_dir, total_steps=cfg.optim.global_steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
     )
     return state, logger
@@ -241,7 +241,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
             eval_before, eval_metrics = state["eval_before"], state["eval_metrics"]
             logger.print(f"resumed from {resume_from} at step {int(state['step']) + 1}")
             logger.advance(int(state["step"]))
-        last, every = cfg.optim.steps, cfg.checkpoint.every_steps
+        last, every = cfg.optim.global_steps, cfg.checkpoint.every_steps
         for step in range(1 if state is None else int(state["step"]) + 1, last + 1):
             metrics = global_step(run, step)
             for reason in run.faults:
@@ -262,7 +262,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
 
     save_checkpoint(run.trainer.model, run.tokenizer, cfg.run_dir / "checkpoint")
     return RunSummary(run_dir=cfg.run_dir, eval_before=eval_before["eval/accuracy"], eval_after=eval_metrics["eval/accuracy"],
-                      steps=cfg.optim.steps, seconds=time.perf_counter() - started)
+                      steps=cfg.optim.global_steps, seconds=time.perf_counter() - started)
 
 
 def check_faults(run: Run, step: int, last_good: Path | None) -> None:

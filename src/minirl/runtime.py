@@ -147,7 +147,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None) -> Tr
         betas=(o.adam_beta1, o.adam_beta2),
         eps=o.adam_eps,
         grad_clip_norm=o.grad_clip_norm,
-        warmup_updates=o.warmup_steps,
+        warmup_updates=o.warmup_updates,
         micro_batch_sequences=o.micro_batch_sequences,
         micro_batch_max_tokens=o.micro_batch_max_tokens,
         replay=replay,

@@ -17,7 +17,7 @@ STEPS = 3
 TINY = [
     "model.preset=qwen3-moe-tiny", "task.kind=reverse", "task.difficulty=3", "task.num_train_prompts=32",
     "task.num_eval_prompts=4", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8",
-    "optim.micro_batch_sequences=3", "optim.warmup_steps=0", "optim.lr=1e-3", "cold_start.enabled=false",
+    "optim.micro_batch_sequences=3", "optim.warmup_updates=0", "optim.lr=1e-3", "cold_start.enabled=false",
     "log.console=false", "run.threads=1", "rollout.precision=fp32",
     "cluster.sample_seeding=per_sample",
 ]

@@ -57,8 +57,8 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path):
 
     from minirl import checkpoint
 
-    single = _train(tmp_path / "single", "optim.steps=3")
-    sharded = _train(tmp_path / "fsdp", "optim.steps=2", "cluster.trainer_ranks=2")
+    single = _train(tmp_path / "single", "optim.global_steps=3")
+    sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2")
     want = checkpoint.load_state(single / "checkpoints" / "step_000002")["trainer"]
     got = checkpoint.load_state(sharded / "checkpoints" / "step_000002")["trainer"]
     assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])  # parameter indices, as one process
@@ -66,7 +66,7 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path):
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(got["optimizer"]["state"][index][key], state[key], atol=1e-6)
     assert got["updates_done"] == want["updates_done"] == 4
-    _train(tmp_path / "fsdp", "optim.steps=3", "cluster.trainer_ranks=2", resume=True)
+    _train(tmp_path / "fsdp", "optim.global_steps=3", "cluster.trainer_ranks=2", resume=True)
     from minirl.models.io import load_model_and_tokenizer
 
     final_single, _ = load_model_and_tokenizer(str(single / "checkpoint"))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "model.preset=qwen3-moe-tiny", "task.kind=reverse", "task.difficulty=3", "task.num_train_prompts=64",
     "task.num_eval_prompts=8", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
-    "optim.steps=3", "optim.micro_batch_sequences=4", "eval.num_prompts=4", "eval.samples_per_prompt=2",
+    "optim.global_steps=3", "optim.micro_batch_sequences=4", "eval.num_prompts=4", "eval.samples_per_prompt=2",
     "eval.every_steps=2", "cold_start.steps=5", "cold_start.examples=32", "cold_start.batch_sequences=8",
     "run.threads=1",
 ]
@@ -69,7 +69,7 @@ def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
     assert sft.returncode == 0, sft.stderr[-3000:]
     assert (tmp_path / "ckpt" / "config.json").is_file()
     train = _minirl("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=t",
-                    f"model.path={tmp_path / 'ckpt'}", "cold_start.enabled=false", "optim.steps=1")
+                    f"model.path={tmp_path / 'ckpt'}", "cold_start.enabled=false", "optim.global_steps=1")
     assert train.returncode == 0, train.stderr[-3000:]
     ev = _minirl("eval", str(tmp_path / "t" / "checkpoint"), *TINY)
     assert ev.returncode == 0, ev.stderr[-3000:]
@@ -90,7 +90,7 @@ def test_help_of_every_command():
 
 
 def test_dense_model_trains_without_routing_metrics(tmp_path):
-    proc = _minirl("train", "configs/demo.yaml", *TINY, "model.preset=qwen3-dense-2m", "optim.steps=2",
+    proc = _minirl("train", "configs/demo.yaml", *TINY, "model.preset=qwen3-dense-2m", "optim.global_steps=2",
                    f"run.output_dir={tmp_path}", "run.name=dense", "cold_start.enabled=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "dense" / "metrics.jsonl").read_text().splitlines()]
@@ -107,7 +107,7 @@ def test_cold_start_cache_reuses_one_sft_per_key(tmp_path):
 
     cache = tmp_path / "sft_cache"
     common = ("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "cold_start.enabled=true",
-              f"cold_start.cache_dir={cache}", "optim.steps=1", "rollout.precision=bf16")
+              f"cold_start.cache_dir={cache}", "optim.global_steps=1", "rollout.precision=bf16")
     first = _minirl(*common, "run.name=a")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "sft step" in first.stderr and "reusing" not in first.stderr

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "model.preset=qwen3-moe-tiny", "task.kind=reverse", "task.difficulty=3", "task.num_train_prompts=16",
     "task.num_eval_prompts=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8",
-    "optim.steps=2", "optim.minibatches_per_step=2", "optim.micro_batch_sequences=4", "eval.num_prompts=1",
+    "optim.global_steps=2", "optim.minibatches_per_step=2", "optim.micro_batch_sequences=4", "eval.num_prompts=1",
     "eval.samples_per_prompt=1", "eval.every_steps=0", "cold_start.enabled=false", "rollout.precision=bf16",
     "run.threads=1", "log.console=false",
 ]

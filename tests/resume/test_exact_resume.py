@@ -23,7 +23,7 @@ STEPS = 8
 TINY = [
     "model.preset=qwen3-moe-tiny", "task.kind=reverse", "task.difficulty=3", "task.num_train_prompts=64",
     "task.num_eval_prompts=8", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
-    f"optim.steps={STEPS}", "optim.micro_batch_sequences=4", "optim.lr=1e-2", "eval.num_prompts=4",
+    f"optim.global_steps={STEPS}", "optim.micro_batch_sequences=4", "optim.lr=1e-2", "eval.num_prompts=4",
     "eval.samples_per_prompt=2", "eval.every_steps=3", "cold_start.enabled=false", "run.threads=1", "log.console=false",
     "checkpoint.every_steps=1", "checkpoint.keep_last=2", "rollout.precision=bf16",
     # a dense reward: all-zero rewards (a random model never reverses exactly) would leave the weights unchanged
@@ -137,7 +137,7 @@ def test_kill_matrix(tmp_path, mode):
 
 def test_weights_change_during_the_run(tmp_path):
     """Guard against a vacuous comparison: the reward is dense, so training moves the weights."""
-    proc = subprocess.run(_command(tmp_path, "w", MODES["none"], "optim.steps=2"), cwd=ROOT, env=_env(),
+    proc = subprocess.run(_command(tmp_path, "w", MODES["none"], "optim.global_steps=2"), cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = load_file(tmp_path / "w" / "checkpoints" / "step_000001" / "model" / "model.safetensors")

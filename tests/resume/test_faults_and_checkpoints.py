@@ -20,8 +20,8 @@ STEPS = 3
 
 
 def _cfg(tmp_path, *more):
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    return load_config("configs/demo.yaml", [*overrides, f"optim.steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f", *more])
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    return load_config("configs/demo.yaml", [*overrides, f"optim.global_steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f", *more])
 
 
 def _rows(cfg):
@@ -134,9 +134,9 @@ def test_nan_gradient_skips(tmp_path, captured):
 def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, capsys):
     """Rollouts whose engine log-probs are NaN (a dump, edited, served by ``--rollouts-from``): every
     update is skipped, and the second skip in a row stops the run."""
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
     dump = tmp_path / "dump"
-    assert main(["train", "configs/demo.yaml", *overrides, "optim.steps=3", f"run.output_dir={tmp_path}",
+    assert main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=3", f"run.output_dir={tmp_path}",
                  "run.name=d", "--dump-rollouts", str(dump)]) == 0
     for path in dump.glob("step_*.pt"):
         state = torch.load(path, weights_only=True)
@@ -144,7 +144,7 @@ def test_k_faults_in_a_row_stop_with_exit_code_3(tmp_path, capsys):
             completion["logp_rollout"] = torch.full_like(completion["logp_rollout"], math.nan)
         torch.save(state, path)
     capsys.readouterr()
-    code = main(["train", "configs/demo.yaml", *overrides, "optim.steps=6", "optim.max_consecutive_faults=2",
+    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=6", "optim.max_consecutive_faults=2",
                  f"run.output_dir={tmp_path}", "run.name=k", "--rollouts-from", str(dump)])
     err = capsys.readouterr().err
     assert code == 3
@@ -176,17 +176,17 @@ def test_checkpoint_contents_pruning_and_stale_tmp(tmp_path):
 
 
 def test_resume_refuses_a_different_algorithm_config_and_says_when_there_is_none(tmp_path, capsys):
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    base = ["train", "configs/demo.yaml", *overrides, "optim.steps=2", f"run.output_dir={tmp_path}", "run.name=c"]
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", f"run.output_dir={tmp_path}", "run.name=c"]
     assert main([*base, "--resume"]) == 0
     assert "no valid checkpoint" in capsys.readouterr().err
     assert main([*base, "optim.lr=0.5", "--resume"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minirl: error")]
     assert len(lines) == 1 and "optim.lr" in lines[0] and "0.5" in lines[0]
-    assert main([*base, "optim.steps=3", "run.resume=auto"]) == 0  # more steps: allowed
+    assert main([*base, "optim.global_steps=3", "run.resume=auto"]) == 0  # more steps: allowed
     # a sweep starts a run over with run.overwrite=true and resumes it without: allowed
-    assert main([*base, "optim.steps=4", "run.resume=auto", "run.overwrite=true"]) == 0
-    assert main([*base, "optim.steps=5", "run.resume=auto", "run.overwrite=false"]) == 0
+    assert main([*base, "optim.global_steps=4", "run.resume=auto", "run.overwrite=true"]) == 0
+    assert main([*base, "optim.global_steps=5", "run.resume=auto", "run.overwrite=false"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
 
@@ -197,7 +197,7 @@ def test_config_error_type():
 
 
 def test_nan_in_diagnostics_is_reported_and_the_update_skipped(tmp_path, captured, capsys):
-    cfg = _cfg(tmp_path, "diagnostics.every_steps=1", "optim.steps=2")
+    cfg = _cfg(tmp_path, "diagnostics.every_steps=1", "optim.global_steps=2")
     due = _once(limit=2)  # the diagnostics' gradient pass and the update of step 1
 
     def patch(run):
@@ -236,8 +236,8 @@ def test_a_fresh_start_never_silently_replaces_an_earlier_run(tmp_path):
 def test_a_run_directory_in_use_refuses_a_second_process(tmp_path, capsys):
     cfg = _cfg(tmp_path)
     with loop.hold_run_dir(cfg.run_dir):  # this process holds it, as a running training would
-        code = main(["train", "configs/demo.yaml", *[o for o in TINY if not o.startswith("optim.steps=")],
-                     f"optim.steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f"])
+        code = main(["train", "configs/demo.yaml", *[o for o in TINY if not o.startswith("optim.global_steps=")],
+                     f"optim.global_steps={STEPS}", f"run.output_dir={tmp_path}", "run.name=f"])
         assert code != 0
         err = capsys.readouterr().err
         assert f"is in use by another minirl process (pid {os.getpid()})" in err and "Traceback" not in err

@@ -41,7 +41,7 @@ CONFIG_FILES = [
     ("typo_key.yaml", "optim.lrr: unknown key"),
     ("typo_section.yaml", "optimm: unknown key"),
     ("zero_temperature.yaml", "rollout.temperature: must be greater than 0 (got 0)"),
-    ("steps_not_int.yaml", "optim.steps: must be a valid integer, unable to parse string as an integer (got 'ten')"),
+    ("steps_not_int.yaml", "optim.global_steps: must be a valid integer, unable to parse string as an integer (got 'ten')"),
     ("jsonl_without_path.yaml", "task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)"),
     ("unknown_objective.yaml", "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo' (got 'ppo')"),
     ("knob_of_other_objective.yaml", "algo.tis_cap: not a knob of algo.name=gspo"),

@@ -171,8 +171,8 @@ def test_peak_memory_arguments():
     assert [name for name, _ in args.job_list] == ["demo", "20m"]
     assert args.job_list[0][1] == ["train", "configs/demo.yaml"]  # exactly `make demo`
     assert "model.preset=qwen3-moe-20m" in args.job_list[1][1]
-    args = peak_memory.parse_args(["--jobs", "--job", "mine=train configs/grpo.yaml optim.steps=5"])
-    assert args.job_list == [("mine", ["train", "configs/grpo.yaml", "optim.steps=5"])]
+    args = peak_memory.parse_args(["--jobs", "--job", "mine=train configs/grpo.yaml optim.global_steps=5"])
+    assert args.job_list == [("mine", ["train", "configs/grpo.yaml", "optim.global_steps=5"])]
     with pytest.raises(SystemExit):
         peak_memory.parse_args(["--job", "no-equals-sign"])
     with pytest.raises(SystemExit):

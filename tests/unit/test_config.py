@@ -154,3 +154,15 @@ def test_sweep_seeds_count_or_list():
             parse_seeds(bad)
     with pytest.raises(ConfigError, match="seed 0 alone"):
         parse_seeds("0")
+
+
+@pytest.mark.parametrize("old, new", [("steps", "global_steps"), ("warmup_steps", "warmup_updates")])
+def test_a_renamed_optim_key_is_one_line_naming_the_new_one(tmp_path, old, new):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"optim.{old}=3"])
+    assert str(err.value).startswith(f"optim.{old}: renamed to optim.{new} (") and "\n" not in str(err.value)
+    path = tmp_path / "old.yaml"
+    path.write_text(f"optim:\n  {old}: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: optim\.{old}: renamed to optim\.{new} "):
+        load_config(path)
+    assert getattr(load_config(None, [f"optim.{new}=3"]).optim, new) == 3
