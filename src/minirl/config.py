@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -153,9 +153,18 @@ class LossConfig(Section):
     adv_std_normalize: bool = False
     """Divide the group-centred reward by the group's std (+1e-6), as GRPO does."""
 
+    whole_groups: ClassVar[bool] = False
+    """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
+    groups (checked with the batch sizes)."""
+
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name and advantage knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize"})
+
+    def minibatch_normalizer(self, minibatch: Any) -> float:
+        """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its
+        micro-batches add up to the mini-batch loss: by default the number of responses."""
+        return float(minibatch.size)
 
 
 class MiniRLConfig(LossConfig):
@@ -174,6 +183,14 @@ class MiniRLConfig(LossConfig):
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
     normalizer: float | None = Field(None, gt=0)
     """Constant divisor for seq_sum (default: responses per mini-batch)."""
+
+    def minibatch_normalizer(self, minibatch: Any) -> float:
+        """token_mean: the mini-batch's trained tokens; seq_sum: ``normalizer`` if set; else responses."""
+        if self.aggregation == "token_mean":
+            return float(max(int(minibatch.mask.sum()), 1))
+        if self.aggregation == "seq_sum" and self.normalizer is not None:
+            return float(self.normalizer)  # a user's constant
+        return float(minibatch.size)
 
 
 class GRPOConfig(LossConfig):
@@ -197,6 +214,13 @@ class CISPOConfig(LossConfig):
     is_correction: bool = False
     tis_cap: float = Field(5.0, gt=0)
     adv_std_normalize: bool = True
+    whole_groups: ClassVar[bool] = True
+
+    def minibatch_normalizer(self, minibatch: Any) -> float:
+        """The mean over groups: the mini-batch's number of distinct groups."""
+        import torch
+
+        return float(torch.unique(minibatch.group_ids).numel())
 
 
 class GSPOConfig(LossConfig):
@@ -379,15 +403,15 @@ class Config(Section):
                 f"optim.minibatches_per_step: must divide the global batch "
                 f"prompts_per_step x samples_per_prompt = {total} (got {n})"
             )
-        group = self.rollout.samples_per_prompt
-        if self.algo.name == "cispo" and (self.minibatch_sequences % group or self.optim.micro_batch_sequences % group):
+        group, loss, whole_groups = self.rollout.samples_per_prompt, self.algo.name.upper(), self.algo.whole_groups
+        if whole_groups and (self.minibatch_sequences % group or self.optim.micro_batch_sequences % group):
             raise ValueError(
-                "optim.micro_batch_sequences: CISPO normalises by each group's token count, so mini- and "
+                f"optim.micro_batch_sequences: {loss} normalises by each group's token count, so mini- and "
                 f"micro-batches must hold whole groups (multiples of samples_per_prompt = {group})"
             )
-        if self.algo.name == "cispo" and self.optim.micro_batch_max_tokens is not None:
+        if whole_groups and self.optim.micro_batch_max_tokens is not None:
             raise ValueError(
-                "optim.micro_batch_max_tokens: CISPO normalises by each group's token count, so micro-batches "
+                f"optim.micro_batch_max_tokens: {loss} normalises by each group's token count, so micro-batches "
                 "must hold whole groups; dynamic micro-batches group rows by length (set it to null)"
             )
         ranks = self.cluster.trainer_ranks
@@ -396,9 +420,9 @@ class Config(Section):
                 f"cluster.trainer_ranks: must divide the mini-batch of {self.minibatch_sequences} sequences "
                 f"(each rank trains on an equal share; got {ranks})"
             )
-        if ranks > 1 and self.algo.name == "cispo" and (self.minibatch_sequences // ranks) % group:
+        if ranks > 1 and whole_groups and (self.minibatch_sequences // ranks) % group:
             raise ValueError(
-                f"cluster.trainer_ranks: CISPO needs whole groups on every rank: mini-batch {self.minibatch_sequences} / "
+                f"cluster.trainer_ranks: {loss} needs whole groups on every rank: mini-batch {self.minibatch_sequences} / "
                 f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
             )
         distributed = ranks > 1 or self.cluster.backend == "ray"

@@ -18,17 +18,6 @@ from minirl.trainer import Objective
 from minirl.types import Batch
 
 
-def minibatch_normalizer(algo: LossConfig, minibatch: Batch) -> float:
-    """The loss's denominator over the whole mini-batch, so micro-batch losses add up to it."""
-    if algo.name == "cispo":
-        return float(torch.unique(minibatch.group_ids).numel())  # mean over groups
-    if algo.name == "minirl" and algo.aggregation == "token_mean":
-        return float(max(int(minibatch.mask.sum()), 1))
-    if algo.name == "minirl" and algo.aggregation == "seq_sum" and algo.normalizer is not None:
-        return float(algo.normalizer)  # a user's constant
-    return float(minibatch.size)  # responses per mini-batch
-
-
 @dataclass(frozen=True)
 class PolicyObjective:
     """``POLICY_LOSSES[name]`` with its knobs bound: ``objective(logp, micro) -> (loss, metrics)``.
@@ -51,5 +40,5 @@ class PolicyObjective:
 def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
     """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
     knobs = algo.loss_knobs()
-    knobs["normalizer"] = minibatch_normalizer(algo, minibatch)
+    knobs["normalizer"] = algo.minibatch_normalizer(minibatch)  # each variant owns its denominator
     return PolicyObjective(algo.name, knobs)
