@@ -524,3 +524,68 @@ def test_subclassed_router_is_supported():
     gate.__class__ = type("MyGate", (type(gate),), {})
     replay = RoutingReplay(model)
     assert replay.num_layers == 2
+
+
+class GateSpy:
+    """Per MoE layer: the router's input hidden states and (replayed) output tuple, and the weights
+    and indices its experts module was then called with."""
+
+    def __init__(self, model, replay: RoutingReplay):
+        self.router: dict[int, tuple] = {}
+        self.experts: dict[int, tuple] = {}
+        self.handles = []
+        for layer, name in enumerate(replay.layer_names):
+            router = model.get_submodule(name)
+            parent = model.get_submodule(name.rpartition(".")[0])
+            # registered after the replay's own hook: sees the output the MoE block receives
+            self.handles.append(router.register_forward_hook(self._router(layer), with_kwargs=True))
+            self.handles.append(parent.experts.register_forward_pre_hook(self._experts(layer), with_kwargs=True))
+
+    def _router(self, layer):
+        def hook(module, args, kwargs, output):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.router[layer] = (module, hidden.detach(), tuple(o.detach() if torch.is_tensor(o) else o for o in output))
+
+        return hook
+
+    def _experts(self, layer):
+        def hook(module, args, kwargs):
+            idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            weights = args[2] if len(args) > 2 else kwargs["top_k_weights"]
+            self.experts[layer] = (idx.detach().clone(), weights.detach().clone())
+
+        return hook
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_forced_gate_weights_are_the_family_scorer_on_the_live_router_logits(model_type):
+    """Under forced routes the experts get, at the forced experts, the weights the family's own
+    scoring gives from this forward's router output (so the router keeps its gradient), not the
+    weights the router computed for its own choice."""
+    from minirl.moe.families import lookup
+
+    model, replay = family(model_type)
+    x = ids()
+    with replay.record() as rec:
+        model(x)
+    forced = rolled(rec.routes, replay.num_experts)
+    with GateSpy(model, replay) as spy, torch.no_grad(), replay.replay(forced):
+        model(x)
+    for layer in range(replay.num_layers):
+        router, hidden, out = spy.router[layer]
+        spec = lookup(router)[1]
+        idx, weights = spy.experts[layer]
+        want_idx = forced[:, :, layer, :].reshape(-1, replay.top_k).long()
+        assert torch.equal(idx.long(), want_idx), (model_type, layer)
+        expected = spec.score(router, hidden, out, want_idx)
+        assert torch.equal(weights, expected.to(weights.dtype)), (model_type, layer)
+        with torch.no_grad():  # the router's own weights for its own choice differ: the check can fail
+            natural_idx = rec.routes[:, :, layer, :].reshape(-1, replay.top_k).long()
+            assert not torch.equal(weights, spec.score(router, hidden, out, natural_idx).to(weights.dtype))
