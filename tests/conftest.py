@@ -26,3 +26,13 @@ def make_tiny_moe(seed: int = 0, vocab: int = 48, layers: int = 2):
 @pytest.fixture
 def tiny_moe():
     return make_tiny_moe()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one intra-op thread, and a busy shared 2-core machine does not
+    stall them at every op (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -28,13 +28,7 @@ PROMPTS = [[3, 4, 5, 6, 7], [10, 11, 12], [20, 21, 22, 23], [30, 31]]
 G = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def big_moe(scale: float = 5.0) -> torch.nn.Module:

@@ -13,12 +13,7 @@ from minirl.types import SamplingParams
 from tests.unit.test_rollout_native import EOS, PAD, PROMPTS, VOCAB, dense_model, moe_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:

@@ -184,13 +184,7 @@ def rolled(routes: torch.Tensor, num_experts: int, shift: int = 1) -> torch.Tens
     return torch.remainder(routes.long() + shift, num_experts).to(routes.dtype)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one intra-op thread is faster and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,13 +14,7 @@ VOCAB, PAD, EOS = 64, 0, 1
 PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # unequal lengths: left padding
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy 2-core box stall at every op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def moe_model(std: float = 0.02, seed: int = 0) -> Qwen3MoeForCausalLM:

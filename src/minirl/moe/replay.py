@@ -426,7 +426,7 @@ class RoutingReplay:
         weights = spec.score(site.module, hidden, output, forced)
         if weights.shape != natural_w.shape or weights.dtype != natural_w.dtype:
             raise RuntimeError(
-                f"routing replay ({spec.family}): recomputed gate weights {tuple(weights.shape)} {weights.dtype} "
+                f"routing replay ({spec.family}, gate weights = {spec.scoring}): recomputed gate weights {tuple(weights.shape)} {weights.dtype} "
                 f"do not match the router's {tuple(natural_w.shape)} {natural_w.dtype}; the router code "
                 "changed, update minirl.moe.families"
             )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minirl.monitor.step import StepRecord, masked_mean, rollout_metrics, routing_step_metrics, step_metrics, update_metrics
+from minirl.monitor.step import StepRecord, mean_over, rollout_metrics, routing_step_metrics, step_metrics, update_metrics
 from minirl.types import Batch
 
 
@@ -29,5 +29,5 @@ def approximation_diagnostics(trainer: Any, minibatch: Batch, objective: Any, in
     return metrics
 
 
-__all__ = ["StepRecord", "approximation_diagnostics", "masked_mean", "rollout_metrics", "routing_step_metrics",
+__all__ = ["StepRecord", "approximation_diagnostics", "mean_over", "rollout_metrics", "routing_step_metrics",
            "step_metrics", "update_metrics"]

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from minirl.algo import mismatch_metrics
+from minirl.algo._common import masked_mean
 from minirl.trainer import ScoreResult, UpdateResult
 from minirl.types import Batch, Completion
 
@@ -35,7 +36,7 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     batch, done = record.batch, [u for u in record.updates if u.fault is None]
     metrics = rollout_metrics(record.completions, record.rewards_PG)
     metrics.update(record.reward_stats)
-    metrics["train/entropy"] = masked_mean(record.old.entropy, batch.mask)
+    metrics["train/entropy"] = mean_over(record.old.entropy, batch.mask)
     assert batch.logp_old is not None
     metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
     if done:
@@ -55,11 +56,9 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     return metrics
 
 
-def masked_mean(values: torch.Tensor | None, mask: torch.Tensor) -> float:
-    """Mean of ``values`` over ``mask`` as a python float (NaN when there are no values)."""
-    if values is None:
-        return float("nan")
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
+def mean_over(values: torch.Tensor | None, mask: torch.Tensor) -> float:
+    """``algo``'s masked mean of ``values`` over ``mask``, as a python float (NaN without values)."""
+    return float("nan") if values is None else float(masked_mean(values, mask))
 
 
 def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor) -> dict[str, float]:
