@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minirl.algo import POLICY_LOSSES
+from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.config import LossConfig
 from minirl.trainer import Objective
 from minirl.types import Batch
@@ -28,13 +28,12 @@ class PolicyObjective:
     name: str
     knobs: dict
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
-        loss, metrics = POLICY_LOSSES[self.name](
-            logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids, **self.knobs
-        )
-        return loss, {key: float(value) for key, value in metrics.items() if key != "loss"}
+        inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids)
+        loss, metrics = POLICY_LOSSES[self.name](inputs, **self.knobs)
+        return loss, {key: value for key, value in metrics.items() if key != "loss"}  # tensors: the trainer syncs once
 
 
 def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:

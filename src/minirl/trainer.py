@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
-from minirl.algo import token_entropy, token_logprobs
+from minirl.algo import to_floats, token_entropy, token_logprobs
 from minirl.batching import chunks, token_budget_chunks
 from minirl.moe.metrics import routing_agreement
 from minirl.types import Batch
 
-Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
+Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
+"""``objective(logp, micro_batch) -> (loss, metrics)``: metrics as 0-dim tensors (or floats); the
+trainer converts them, the loss and the gradient norm to python floats with one host sync."""
 
 
 @dataclass
@@ -182,11 +184,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True) if score else None
         try:
-            totals, loss_sum, _ = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
-                                                scores=scores, record_routes=record_routes)
+            totals, loss_total, _ = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
+                                                  scores=scores, record_routes=record_routes)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        drift = totals.pop("routing_natural_diff_frac", None)
+        values = to_floats({"loss": loss_total, "grad_norm": norm, **_as_tensors(totals, loss_total)})  # the one sync
+        loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
             reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
@@ -195,8 +200,7 @@ class Trainer:
         self.scheduler.step()
         self.updates_done += 1
         self.consecutive_faults = 0
-        drift = totals.pop("routing_natural_diff_frac", None)
-        return UpdateResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, metrics=totals, natural_diff_frac=drift,
+        return UpdateResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, metrics=values, natural_diff_frac=drift,
                             scores=None if scores is None else scores.result())
 
     def _skip(self, reason: str, minibatch: Batch, old_pass: bool, replay_routes: bool, record_routes: bool) -> UpdateResult:
@@ -230,17 +234,18 @@ class Trainer:
     def _accumulate(
         self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False,
         scores: _Scores | None = None, record_routes: bool = False, metrics: bool = True,
-    ) -> tuple[dict[str, float], float, torch.Tensor]:
+    ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
         """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
 
-        Returns the objective's metrics (``metrics=False``: none), the summed loss and the detached
+        Returns the objective's metrics (tensors; ``metrics=False``: none), the summed loss (a float64
+        0-dim tensor, summed in micro-batch order: no host sync) and the detached
         float32 log-probs [B, T-1] of the mini-batch's rows in their own order (0 at padding); fills
         ``scores`` (detached log-probs, entropies and, with ``record_routes``, routes) if given. The
         metrics are the objective's over the whole mini-batch, from those log-probs: token means and
         maxima do not depend on how the rows were grouped into micro-batches.
         """
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
+        totals: dict[str, Any] = {}
+        loss_sum = torch.zeros((), dtype=torch.float64)
         # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs)
         logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32)
         drift = natural_drift and replay_routes
@@ -262,10 +267,12 @@ class Trainer:
                 logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
             loss, _ = objective(logp, micro)
             loss.backward()
-            loss_sum += float(loss.detach())
+            loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
         if metrics:
+            # The objective's metrics over the whole mini-batch, from the detached log-probs: the same
+            # numbers whatever the micro-batching (a micro-batch sum would round differently).
             with torch.no_grad():
-                totals.update({key: float(value) for key, value in objective(logp_all, minibatch)[1].items()})
+                totals.update(objective(logp_all, minibatch)[1])
         if natural is not None:
             totals["routing_natural_diff_frac"] = round(differing) / counted if counted else 0.0
         return totals, loss_sum, logp_all
@@ -302,6 +309,12 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights``."""
         return self.model.state_dict()
+
+
+def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Metrics as 0-dim tensors on ``like``'s device (an objective may return python floats)."""
+    return {k: v if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64, device=like.device)
+            for k, v in metrics.items()}
 
 
 class _Scores:

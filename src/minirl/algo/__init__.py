@@ -5,9 +5,15 @@ arXiv:2507.18071. No config objects, no logging, no I/O. Every log-prob argument
 names of ``minirl.types``: ``logp_rollout`` (mu_old, rollout engine), ``logp_old`` (pi_old,
 trainer at theta_old), ``logp`` (pi_theta, with gradient).
 
-``POLICY_LOSSES`` maps a loss name to a function with one uniform signature::
+``POLICY_LOSSES`` maps a loss name to a function of one validated input object (``LossInputs``,
+checked once when it is built) and the loss's knobs; it returns the loss and its metrics as
+detached 0-dim tensors (``to_floats`` converts them all with one host sync)::
 
-    loss, metrics = POLICY_LOSSES[name](logp, logp_old, logp_rollout, advantages, mask, group_ids, **knobs)
+    inputs = LossInputs(logp, logp_old, logp_rollout, advantages, mask, group_ids)
+    loss, metrics = POLICY_LOSSES[name](inputs, **knobs)
+
+The same losses with plain tensor arguments, for use outside minirl: ``minirl_loss``,
+``grpo_loss``, ``cispo_loss``, ``gspo_loss``.
 
 Knobs per name (keyword-only; an unknown knob is a ``TypeError``):
     "minirl"  eps_low, eps_high, clip, is_correction, tis_cap, tis_placement, aggregation, normalizer
@@ -22,25 +28,27 @@ from collections.abc import Callable
 
 import torch
 
+from minirl.algo._common import LossInputs, to_floats
 from minirl.algo.advantages import group_advantages
-from minirl.algo.cispo import cispo_loss
+from minirl.algo.cispo import cispo_loss, cispo_policy_loss
 from minirl.algo.diagnostics import mismatch_metrics, token_entropy
 from minirl.algo.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
-from minirl.algo.grpo import grpo_loss
-from minirl.algo.gspo import gspo_loss
+from minirl.algo.grpo import grpo_loss, grpo_policy_loss
+from minirl.algo.gspo import gspo_loss, gspo_policy_loss
 from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss, minirl_policy_loss
 
-PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "minirl": minirl_policy_loss,
-    "grpo": grpo_loss,
-    "cispo": cispo_loss,
-    "gspo": gspo_loss,
+    "grpo": grpo_policy_loss,
+    "cispo": cispo_policy_loss,
+    "gspo": gspo_policy_loss,
 }
 
 __all__ = [
+    "LossInputs",
     "POLICY_LOSSES",
     "PolicyLoss",
     "cispo_loss",
@@ -54,6 +62,7 @@ __all__ = [
     "minirl_policy_loss",
     "mismatch_metrics",
     "sequence_is_loss",
+    "to_floats",
     "token_entropy",
     "token_logprobs",
 ]

@@ -1,14 +1,62 @@
-"""Private helpers shared by the loss functions: argument checks, masking, metric reduction.
+"""What the loss functions share: ``LossInputs`` (their one validated input), the knob checks,
+masking and metric reduction.
 
-Nothing here is public API. Every helper is pure and avoids host syncs except where noted
-(``raise_on_nan`` and ``to_floats`` each sync once).
+Every helper is pure and avoids host syncs except where noted (``raise_on_nan`` and ``to_floats``
+each sync once). Losses return their metrics as detached 0-dim tensors; whoever reports them
+converts them with ``to_floats`` (one sync for all of them).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """The tensors a policy loss reads, named by where they came from (``minirl.types``) and
+    checked once, on construction (``ValueError`` naming the argument):
+
+        logp          float [B, T]  log pi_theta of the sampled tokens; the only input with gradient
+        logp_old      float [B, T]  log pi_old (trainer at theta_old); treated as constant
+        logp_rollout  float [B, T]  log mu_old (rollout engine); treated as constant
+        advantages    float [B]     one advantage per response; treated as constant
+        mask          bool  [B, T]  True = the token is trained on
+        group_ids     int   [B] or None  which prompt each row answers (CISPO normalises per group)
+    """
+
+    logp: torch.Tensor
+    logp_old: torch.Tensor
+    logp_rollout: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    group_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_token_inputs(self.logp, self.logp_old, self.logp_rollout, self.advantages, self.mask)
+        if self.group_ids is not None:
+            check_group_ids(self.group_ids, self.logp.shape[0])
+
+    def raise_on_nan(self) -> None:
+        """``FloatingPointError`` if a NaN reaches the math (one host sync; see ``raise_on_nan``)."""
+        raise_on_nan(self.mask, self.advantages, logp=self.logp, logp_old=self.logp_old, logp_rollout=self.logp_rollout)
+
+
+def check_knobs(*, eps_low: float | None = None, eps_high: float | None = None, tis_cap: float | None = None,
+                normalizer: float | None = None, tis_placement: str | None = None, aggregation: str | None = None) -> None:
+    """The knob checks every loss starts with, written once (``ValueError`` naming the knob);
+    a knob left at None is one the loss does not have."""
+    if eps_low is not None or eps_high is not None:
+        check_eps(eps_low, eps_high)  # type: ignore[arg-type]
+    if tis_cap is not None:
+        check_tis_cap(tis_cap)
+    check_normalizer(normalizer)
+    if tis_placement is not None and tis_placement not in TIS_PLACEMENTS:
+        raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
+    if aggregation is not None and aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
 
 AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
 TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
@@ -149,11 +197,12 @@ def token_loss_metrics(
     ratio_old: torch.Tensor,
     advantages_BT: torch.Tensor,
     mask: torch.Tensor,
-) -> dict[str, float]:
-    """The metrics every token-level objective reports (see ``minirl.algo.minirl``'s docstring)."""
+) -> dict[str, torch.Tensor]:
+    """The metrics every token-level objective reports (see ``minirl.algo.minirl``'s docstring),
+    as detached 0-dim tensors."""
     dtype = weight.dtype
     pos, neg = mask & (advantages_BT > 0), mask & (advantages_BT < 0)
-    return to_floats(
+    return detached(
         {
             "loss": loss,
             "clip_frac": masked_mean(clipped.to(dtype), mask),
@@ -165,6 +214,11 @@ def token_loss_metrics(
             "ratio_old_mean": masked_mean(ratio_old, mask),
         }
     )
+
+
+def detached(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every metric detached from the graph (no host sync)."""
+    return {name: value.detach() for name, value in metrics.items()}
 
 
 def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -34,14 +34,11 @@ from __future__ import annotations
 import torch
 
 from minirl.algo._common import (
-    check_eps,
+    LossInputs,
     check_group_ids,
-    check_normalizer,
-    check_tis_cap,
-    check_token_inputs,
+    check_knobs,
     compute_dtype,
     masked,
-    raise_on_nan,
     token_loss_metrics,
     train_infer_factor,
 )
@@ -60,7 +57,7 @@ def cispo_loss(
     is_correction: bool = False,
     tis_cap: float = 5.0,
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO loss, the negative of J_CISPO in [P] (arXiv:2512.01374) Appendix A, averaged over groups.
 
     loss = -(1/N) sum_g (1/T_g) sum_{i in g} sum_t sg[clip(r, 1 - eps_low, 1 + eps_high) * c] * A_i * logp_{i,t}
@@ -77,12 +74,25 @@ def cispo_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    check_eps(eps_low, eps_high)
-    check_tis_cap(tis_cap)
-    check_normalizer(normalizer)
-    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
-    check_group_ids(group_ids, logp.shape[0])
-    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+    return cispo_policy_loss(LossInputs(logp, logp_old, logp_rollout, advantages, mask, group_ids), eps_low=eps_low,
+                             eps_high=eps_high, is_correction=is_correction, tis_cap=tis_cap, normalizer=normalizer)
+
+
+def cispo_policy_loss(
+    x: LossInputs,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    is_correction: bool = False,
+    tis_cap: float = 5.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``cispo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["cispo"]``)."""
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
+    if x.group_ids is None:
+        check_group_ids(x.group_ids, x.logp.shape[0])  # type: ignore[arg-type]  # ValueError: CISPO needs the groups
+    x.raise_on_nan()
+    logp, logp_old, logp_rollout, advantages, mask, group_ids = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask, x.group_ids
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)

@@ -32,13 +32,10 @@ from __future__ import annotations
 import torch
 
 from minirl.algo._common import (
-    check_eps,
-    check_normalizer,
-    check_tis_cap,
-    check_token_inputs,
+    LossInputs,
+    check_knobs,
     compute_dtype,
     masked,
-    raise_on_nan,
     token_loss_metrics,
     train_infer_factor,
 )
@@ -57,7 +54,7 @@ def grpo_loss(
     is_correction: bool = False,
     tis_cap: float = 5.0,
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss, the negative of J_GRPO in [P] (arXiv:2512.01374) Appendix A.
 
     loss = -(1/N) sum_i (1/|y_i|) sum_t c_{i,t} * min(r A_i, clip(r, 1 - eps_low, 1 + eps_high) A_i)
@@ -72,11 +69,24 @@ def grpo_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    check_eps(eps_low, eps_high)
-    check_tis_cap(tis_cap)
-    check_normalizer(normalizer)
-    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
-    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+    x = LossInputs(logp, logp_old, logp_rollout, advantages, mask)
+    return grpo_policy_loss(x, eps_low=eps_low, eps_high=eps_high, is_correction=is_correction, tis_cap=tis_cap,
+                            normalizer=normalizer)
+
+
+def grpo_policy_loss(
+    x: LossInputs,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    is_correction: bool = False,
+    tis_cap: float = 5.0,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``grpo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["grpo"]``)."""
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
+    x.raise_on_nan()
+    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)

@@ -33,14 +33,12 @@ from __future__ import annotations
 import torch
 
 from minirl.algo._common import (
-    check_eps,
-    check_normalizer,
-    check_token_inputs,
+    LossInputs,
+    check_knobs,
     compute_dtype,
+    detached,
     masked,
     masked_mean,
-    raise_on_nan,
-    to_floats,
 )
 
 GSPO_EPS_LOW: float = 3e-4
@@ -58,7 +56,7 @@ def gspo_loss(
     eps_low: float = GSPO_EPS_LOW,
     eps_high: float = GSPO_EPS_HIGH,
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO loss, the negative of GSPO Eq. (5) with the sequence ratio of GSPO Eq. (7) (arXiv:2507.18071).
 
     loss = -(1/N) sum_{i: |y_i| > 0} min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
@@ -73,10 +71,21 @@ def gspo_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    check_eps(eps_low, eps_high)
-    check_normalizer(normalizer)
-    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
-    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+    x = LossInputs(logp, logp_old, logp_rollout, advantages, mask)
+    return gspo_policy_loss(x, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
+
+
+def gspo_policy_loss(
+    x: LossInputs,
+    *,
+    eps_low: float = GSPO_EPS_LOW,
+    eps_high: float = GSPO_EPS_HIGH,
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``gspo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["gspo"]``)."""
+    check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
+    x.raise_on_nan()
+    logp, logp_old, advantages, mask = x.logp, x.logp_old, x.advantages, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)
@@ -97,7 +106,7 @@ def gspo_loss(
     seq_neg = has_tokens & (adv < 0)
     seq_clipped = (seq_pos & (s > 1 + eps_high)) | (seq_neg & (s < 1 - eps_low))
     tok_clipped = (mask & seq_clipped[:, None]).to(dtype)
-    metrics = to_floats(
+    metrics = detached(
         {
             "loss": loss,
             "clip_frac": masked_mean(tok_clipped, mask),

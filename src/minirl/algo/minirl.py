@@ -26,7 +26,7 @@ How this differs from what it is usually confused with:
   truncates the whole weight pi_theta/mu_old; ``"train_infer"`` truncates only pi_old/mu_old and
   multiplies by the untruncated pi_theta/pi_old. They agree on-policy (pi_theta = pi_old).
 
-Metrics returned (python floats; token statistics are over mask=True tokens; an empty selection
+Metrics returned (detached 0-dim tensors; token statistics are over mask=True tokens; an empty selection
 gives 0.0, never NaN):
 
     loss               the returned loss value
@@ -41,22 +41,9 @@ gives 0.0, never NaN):
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from minirl.algo._common import (
-    AGGREGATIONS,
-    TIS_PLACEMENTS,
-    check_eps,
-    check_normalizer,
-    check_tis_cap,
-    check_token_inputs,
-    compute_dtype,
-    masked,
-    raise_on_nan,
-    token_loss_metrics,
-)
+from minirl.algo._common import LossInputs, check_knobs, compute_dtype, masked, token_loss_metrics
 
 
 def minirl_loss(
@@ -74,7 +61,7 @@ def minirl_loss(
     tis_placement: str = "full",
     aggregation: str = "seq_sum",
     normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """MiniRL loss, the negative of Eq. (7) of [P] (arXiv:2512.01374), with TIS ([P] §4.2).
 
     loss = -(1/N) * sum_{i,t} mask_{i,t} * M_{i,t} * w_{i,t} * A_i * logp_{i,t}
@@ -104,21 +91,35 @@ def minirl_loss(
 
     Returns:
         ``(loss, metrics)``: a 0-dim loss differentiable w.r.t. ``logp``, and the metrics listed
-        in the module docstring as python floats.
+        in the module docstring as detached 0-dim tensors.
 
     Raises:
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    check_eps(eps_low, eps_high)
-    check_tis_cap(tis_cap)
-    if tis_placement not in TIS_PLACEMENTS:
-        raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    check_normalizer(normalizer)
-    check_token_inputs(logp, logp_old, logp_rollout, advantages, mask)
-    raise_on_nan(mask, advantages, logp=logp, logp_old=logp_old, logp_rollout=logp_rollout)
+    return minirl_policy_loss(LossInputs(logp, logp_old, logp_rollout, advantages, mask), eps_low=eps_low,
+                              eps_high=eps_high, clip=clip, is_correction=is_correction, tis_cap=tis_cap,
+                              tis_placement=tis_placement, aggregation=aggregation, normalizer=normalizer)
+
+
+def minirl_policy_loss(
+    x: LossInputs,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.27,
+    clip: bool = True,
+    is_correction: bool = True,
+    tis_cap: float = 5.0,
+    tis_placement: str = "full",
+    aggregation: str = "seq_sum",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``minirl_loss`` (Eq. (7) of [P]) on validated ``LossInputs`` (``POLICY_LOSSES["minirl"]``).
+    ``x.group_ids`` is not read: MiniRL's normaliser is a constant, not a per-group token count."""
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer,
+                tis_placement=tis_placement, aggregation=aggregation)
+    x.raise_on_nan()
+    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)  # carries gradient, 0 at padding
@@ -159,19 +160,3 @@ def minirl_loss(
     metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask)
     return loss, metrics
 
-
-def minirl_policy_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor | None = None,
-    **knobs: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``minirl_loss`` (Eq. (7) of [P]) behind the uniform ``POLICY_LOSSES`` signature.
-
-    ``group_ids`` is ignored: MiniRL's normaliser is a constant, not a per-group token count.
-    ``knobs`` are the keyword arguments of ``minirl_loss``.
-    """
-    return minirl_loss(logp, logp_old, logp_rollout, advantages, mask, **knobs)
