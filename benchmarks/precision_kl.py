@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from minirl.algo import mismatch_metrics
+from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
 from minirl.config import load_config
 from minirl.rollout.native import NativeEngine

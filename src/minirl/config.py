@@ -265,7 +265,7 @@ class EvalConfig(Section):
 
 
 class DiagnosticsConfig(Section):
-    """The paper's first-order approximation, measured (``minirl.diagnostics``)."""
+    """The paper's first-order approximation, measured (``minirl.monitor.diagnostics``)."""
 
     every_steps: int = Field(0, ge=0)
     """Every k global steps, before the first and the last mini-batch update: gradient cosine

@@ -28,7 +28,7 @@ import torch
 
 from minirl.algo import to_floats, token_entropy, token_logprobs
 from minirl.batching import chunks, token_budget_chunks
-from minirl.moe.metrics import routing_agreement
+from minirl.monitor.routing import routing_agreement
 from minirl.types import Batch
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
@@ -287,7 +287,7 @@ class Trainer:
         and every ``.grad`` is left ``None`` (zeroed). Returns a detached float32 vector, the
         concatenation of ``p.grad.flatten()`` over the trainable parameters in
         ``model.parameters()`` order (zeros for a parameter the objective does not reach).
-        For diagnostics (``minirl.diagnostics``): it holds one extra copy of the parameters.
+        For diagnostics (``minirl.monitor.diagnostics``): it holds one extra copy of the parameters.
         ``with_logp``: return ``(flat, logp)``, with the detached log-probs [B, T-1] of the forward.
         """
         was_training = self.model.training

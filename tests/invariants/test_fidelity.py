@@ -16,7 +16,7 @@ import torch
 
 from minirl.batching import collate, split
 from minirl.config import MiniRLConfig
-from minirl.diagnostics import approximation_metrics, gradient_fidelity
+from minirl.monitor import approximation_metrics, gradient_fidelity
 from minirl.objective import make_objective
 from minirl.rollout.native import NativeEngine
 from minirl.trainer import Trainer

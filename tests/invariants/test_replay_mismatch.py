@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from minirl.algo import mismatch_metrics
+from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
-from minirl.moe import RoutingReplay, routing_agreement
+from minirl.moe import RoutingReplay
+from minirl.monitor import routing_agreement
 from minirl.rollout.native import NativeEngine
 from minirl.trainer import Trainer
 from minirl.types import SamplingParams

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from tests.conftest import make_tiny_moe
-from minirl.algo import mismatch_metrics
+from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
 from minirl.rollout.kv_cache import FP8DynamicCache

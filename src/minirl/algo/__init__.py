@@ -31,11 +31,9 @@ import torch
 from minirl.algo._common import LossInputs, to_floats
 from minirl.algo.advantages import group_advantages
 from minirl.algo.cispo import cispo_loss, cispo_policy_loss
-from minirl.algo.diagnostics import mismatch_metrics, token_entropy
-from minirl.algo.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
 from minirl.algo.grpo import grpo_loss, grpo_policy_loss
 from minirl.algo.gspo import gspo_loss, gspo_policy_loss
-from minirl.algo.logprobs import token_logprobs
+from minirl.algo.logprobs import token_entropy, token_logprobs
 from minirl.algo.minirl import minirl_loss, minirl_policy_loss
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -52,16 +50,11 @@ __all__ = [
     "POLICY_LOSSES",
     "PolicyLoss",
     "cispo_loss",
-    "cosine",
-    "first_order_residual",
     "group_advantages",
     "grpo_loss",
     "gspo_loss",
-    "importance_weight_stats",
     "minirl_loss",
     "minirl_policy_loss",
-    "mismatch_metrics",
-    "sequence_is_loss",
     "to_floats",
     "token_entropy",
     "token_logprobs",

@@ -444,6 +444,12 @@ class RoutingReplay:
             )
 
 
+def route_bytes_per_1k_tokens(num_layers: int, top_k: int, dtype: torch.dtype = torch.int16) -> int:
+    """Bytes needed to store the routes of 1,000 tokens: 1000 * L * K * itemsize(dtype)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 1000 * int(num_layers) * int(top_k) * itemsize
+
+
 # ------------------------------------------------------------------------------------------------
 # the route plan of one global step
 

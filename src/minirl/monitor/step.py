@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minirl.algo import mismatch_metrics
 from minirl.algo._common import masked_mean
-from minirl.trainer import ScoreResult, UpdateResult
+from minirl.monitor.mismatch import mismatch_metrics
+from minirl.monitor.routing import routing_agreement
 from minirl.types import Batch, Completion
+
+if TYPE_CHECKING:  # the trainer imports minirl.monitor.routing: no import cycle at run time
+    from minirl.trainer import ScoreResult, UpdateResult
 
 
 @dataclass
@@ -92,8 +95,6 @@ def routing_step_metrics(
     engine_routes: torch.Tensor | None, trainer_routes: torch.Tensor | None, fed: torch.Tensor, drift: list[float]
 ) -> dict[str, float]:
     """``routing/*``: engine vs trainer top-k sets over the fed positions, and R2's per-update drift."""
-    from minirl.moe import routing_agreement
-
     out: dict[str, float] = {}
     if engine_routes is not None and trainer_routes is not None:
         agreement = routing_agreement(engine_routes, trainer_routes, fed)

@@ -1,4 +1,4 @@
-"""minirl.algo.fidelity: hand-computed residuals, ESS / chi^2, the Eq. (2) loss's gradient, cosine."""
+"""minirl.monitor.fidelity: hand-computed residuals, ESS / chi^2, the Eq. (2) loss's gradient, cosine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from minirl.algo import cosine, first_order_residual, importance_weight_stats, minirl_loss, sequence_is_loss
+from minirl.algo import minirl_loss
+from minirl.monitor import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
 
 F64 = torch.float64
 

@@ -8,7 +8,7 @@ objective, Eq. (1)-(2). With 1 + delta_t = pi_theta(y_t) / mu_old(y_t),
 so grad J_token = grad J_seq only while the dropped second-order terms are small, i.e. while
 pi_theta stays close to mu_old. By Eq. (5) the token ratio factors into the training–inference
 discrepancy pi_old / mu_old and the policy staleness pi_theta / pi_old. The functions here
-measure those quantities on a batch; ``minirl.diagnostics`` runs them during training.
+measure those quantities on a batch; ``minirl.monitor.diagnostics`` runs them during training.
 
 * ``first_order_residual``: per response, |prod_t (1 + delta_t) - (1 + sum_t delta_t)|, the
   size of what [P] §2.3 drops, in total and split by the two factors of Eq. (5).
@@ -21,7 +21,7 @@ measure those quantities on a batch; ``minirl.diagnostics`` runs them during tra
 
 Conventions: tensors in, python floats out (``sequence_is_loss`` returns a differentiable loss
 too); statistics are over mask=True tokens, and a response (row) with no mask=True token is
-skipped; an empty selection gives 0.0, never NaN (as in ``minirl.algo.diagnostics``). NaN inputs
+skipped; an empty selection gives 0.0, never NaN (as in ``minirl.monitor.mismatch``). NaN inputs
 at mask=True tokens are not raised on by the metrics: they propagate into the numbers, where they
 are visible. Metric arithmetic runs in float64 on detached inputs.
 """

@@ -59,12 +59,15 @@ The diagnostics, and how to read them:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from minirl.algo.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
-from minirl.trainer import Objective, Trainer
+from minirl.monitor.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
 from minirl.types import Batch
+
+if TYPE_CHECKING:  # the trainer imports minirl.monitor.routing: no import cycle at run time
+    from minirl.trainer import Objective, Trainer
 
 
 def _key(name: str, tag: str | None) -> str:
@@ -151,7 +154,7 @@ def approximation_metrics(logp: torch.Tensor, batch: Batch, *, tag: str | None =
 
     Returns:
         ``residual/{total,train_infer,staleness}_{mean,p50,p90,max}`` and
-        ``is/{ess_token,ess_seq,chi2_token,chi2_seq}``; see ``minirl.algo.fidelity``.
+        ``is/{ess_token,ess_seq,chi2_token,chi2_seq}``; see ``minirl.monitor.fidelity``.
     """
     if batch.logp_old is None:
         raise ValueError("approximation_metrics needs batch.logp_old (run the old-log-prob pass first)")

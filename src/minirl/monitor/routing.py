@@ -1,4 +1,4 @@
-"""Routing-agreement metrics and the memory cost of stored routes."""
+"""Routing agreement (``routing/*``): two route tensors compared as top-k sets per (token, layer)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,3 @@ def routing_agreement(routes_a: torch.Tensor, routes_b: torch.Tensor, valid_mask
         out[f"route_diff_frac_layer{i}"] = frac(diff[:, :, i], counted[:, :, i])
     out["route_diff_any_layer_frac"] = frac(diff.any(dim=-1), counted.any(dim=-1))
     return out
-
-
-def route_bytes_per_1k_tokens(num_layers: int, top_k: int, dtype: torch.dtype = torch.int16) -> int:
-    """Bytes needed to store the routes of 1,000 tokens: 1000 * L * K * itemsize(dtype)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 1000 * int(num_layers) * int(top_k) * itemsize

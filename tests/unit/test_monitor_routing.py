@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minirl.moe import route_bytes_per_1k_tokens, routing_agreement
+from minirl.moe import route_bytes_per_1k_tokens
+from minirl.monitor import routing_agreement
 
 
 def test_order_within_top_k_does_not_matter():
