@@ -138,7 +138,9 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device:
     )
 
 
-def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None) -> Trainer:
+def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True) -> Trainer:
+    """The trainer of ``cfg.optim``; ``deterministic``: dropout and router jitter off (RL; see
+    ``minirl.trainer.disable_stochastic_layers``)."""
     o = cfg.optim
     return Trainer(
         model,
@@ -151,6 +153,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None) -> Tr
         micro_batch_sequences=o.micro_batch_sequences,
         micro_batch_max_tokens=o.micro_batch_max_tokens,
         replay=replay,
+        deterministic=deterministic,
     )
 
 

@@ -71,6 +71,36 @@ class OnPolicy:
         return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask))
 
 
+STOCHASTIC_ATTRS: tuple[str, ...] = (
+    "attention_dropout", "hidden_dropout", "activation_dropout", "dropout", "jitter_noise", "router_jitter_noise",
+    "resid_pdrop", "embd_pdrop", "attn_pdrop",
+)
+
+
+def disable_stochastic_layers(model: torch.nn.Module) -> int:
+    """Turn off dropout and router jitter in ``model`` (returns how many settings were changed).
+
+    The decision for RL (``Trainer(deterministic=True)``, the default): the old-log-prob pass
+    scores in ``eval()`` mode and the updates run in ``train()`` mode (gradient checkpointing needs
+    it), so a model with dropout or Mixtral's ``router_jitter_noise`` would compute a different,
+    random function in each pass: r = pi_theta / pi_old != 1 at theta = theta_old, and R2 would
+    record routes the updates never take. With every dropout probability and jitter at 0 both
+    modes compute the same function and r = 1 exactly (TRL's ``disable_dropout`` does the same for
+    its RL trainers). Only module attributes change; the model's config (saved with checkpoints)
+    is left as the user wrote it.
+    """
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p, changed = 0.0, changed + 1
+        for attr in STOCHASTIC_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, float) and value > 0:
+                setattr(module, attr, 0.0)
+                changed += 1
+    return changed
+
+
 def warmup_schedule(warmup_updates: int) -> Callable[[int], float]:
     """Linear warm-up to the base learning rate over ``warmup_updates``, then constant."""
 
@@ -94,7 +124,10 @@ class Trainer:
         micro_batch_sequences: int = 64,
         micro_batch_max_tokens: int | None = None,
         replay: Any | None = None,
+        deterministic: bool = True,
     ) -> None:
+        if deterministic:
+            disable_stochastic_layers(model)
         self.model = model
         self.device = next(model.parameters()).device  # batches live on the CPU; micro-batches move here
         self.replay = replay
