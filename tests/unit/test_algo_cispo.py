@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo import cispo_loss
+from minirl.algo import LossInputs, cispo_loss
 
 F64 = torch.float64
 L = math.log
@@ -43,7 +43,7 @@ def _fixture() -> dict[str, torch.Tensor]:
 
 def _run(**knobs: object) -> tuple[float, torch.Tensor, dict[str, float]]:
     x = _fixture()
-    loss, m = cispo_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"], **knobs)
+    loss, m = cispo_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"]), **knobs)
     loss.backward()
     return loss.item(), x["logp"].grad, m
 
@@ -93,14 +93,14 @@ def test_cispo_normalizer_and_group_relabelling() -> None:
     loss, _, _ = _run(normalizer=4.0)
     assert loss == pytest.approx(-(g7 / 5 + g3) / 4, abs=1e-9)
     x = _fixture()
-    relabelled, _ = cispo_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], torch.tensor([0, 0, 1]))
+    relabelled, _ = cispo_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], torch.tensor([0, 0, 1])))
     assert relabelled.item() == pytest.approx(-(g7 / 5 + g3) / 2, abs=1e-9)
 
 
 def test_cispo_one_group_is_a_token_mean() -> None:
     # all rows in one group: T = 6, one group
     x = _fixture()
-    loss, _ = cispo_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], torch.zeros(3, dtype=torch.long))
+    loss, _ = cispo_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], torch.zeros(3, dtype=torch.long)))
     total = 2 * (1 * L(0.5) + 1.27 * L(0.8) + 1.2 * L(0.54)) - (0.8 * L(0.3) + 0.9 * L(0.45)) + 0.5 * 1.1 * L(0.66)
     assert loss.item() == pytest.approx(-total / 6, abs=1e-9)
 
@@ -109,6 +109,6 @@ def test_cispo_group_ids_are_validated() -> None:
     x = _fixture()
     args = (x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"])
     with pytest.raises(ValueError, match="group_ids"):
-        cispo_loss(*args, torch.zeros(2, dtype=torch.long))
+        cispo_loss(LossInputs(*args, torch.zeros(2, dtype=torch.long)))
     with pytest.raises(ValueError, match="group_ids"):
-        cispo_loss(*args, torch.zeros(3))
+        cispo_loss(LossInputs(*args, torch.zeros(3)))

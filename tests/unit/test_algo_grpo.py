@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo import grpo_loss
+from minirl.algo import LossInputs, grpo_loss
 
 F64 = torch.float64
 
@@ -43,7 +43,7 @@ def _fixture() -> dict[str, torch.Tensor]:
 
 def _run(**knobs: object) -> tuple[float, torch.Tensor, dict[str, float]]:
     x = _fixture()
-    loss, m = grpo_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"], **knobs)
+    loss, m = grpo_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"]), **knobs)
     loss.backward()
     return loss.item(), x["logp"].grad, m
 
@@ -96,7 +96,7 @@ def test_grpo_normalizer() -> None:
 def _single(ratio_log: float, adv: float, eps_low: float, eps_high: float) -> tuple[float, float]:
     logp = torch.tensor([[ratio_log]], dtype=F64, requires_grad=True)
     z = torch.zeros(1, 1, dtype=F64)
-    loss, m = grpo_loss(logp, z, z, torch.tensor([adv], dtype=F64), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long), eps_low=eps_low, eps_high=eps_high)
+    loss, m = grpo_loss(LossInputs(logp, z, z, torch.tensor([adv], dtype=F64), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)), eps_low=eps_low, eps_high=eps_high)
     loss.backward()
     # the clip metric must agree with the gradient: clipped <=> zero gradient (when A != 0)
     assert m["clip_frac"] == (1.0 if logp.grad.item() == 0.0 else 0.0)
@@ -129,4 +129,4 @@ def test_grpo_bad_knobs() -> None:
     args = (x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"])
     for knobs, name in (({"eps_low": -1.0}, "eps_low"), ({"tis_cap": 0.0}, "tis_cap"), ({"normalizer": -2.0}, "normalizer")):
         with pytest.raises(ValueError, match=name):
-            grpo_loss(*args, **knobs)
+            grpo_loss(LossInputs(*args), **knobs)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo import gspo_loss
+from minirl.algo import LossInputs, gspo_loss
 
 F64 = torch.float64
 
@@ -21,7 +21,7 @@ def _call(deltas: list[list[float]], adv: list[float], mask: list[list[bool]], *
     logp_old = torch.full((len(deltas), len(deltas[0])), math.log(0.5), dtype=F64)
     logp = (logp_old + torch.tensor(deltas, dtype=F64)).requires_grad_(True)
     loss, m = gspo_loss(
-        logp, logp_old, logp_old.clone(), torch.tensor(adv, dtype=F64), torch.tensor(mask), torch.zeros(len(adv), dtype=torch.long), **knobs
+        LossInputs(logp, logp_old, logp_old.clone(), torch.tensor(adv, dtype=F64), torch.tensor(mask), torch.zeros(len(adv), dtype=torch.long)), **knobs
     )
     loss.backward()
     return loss.item(), logp.grad, m
@@ -80,8 +80,8 @@ def test_gspo_ignores_logp_rollout() -> None:
     logp_old = torch.full((1, 2), math.log(0.5), dtype=F64)
     logp = logp_old + 0.01
     args = (torch.tensor([1.0], dtype=F64), torch.ones(1, 2, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
-    a, _ = gspo_loss(logp, logp_old, logp_old, *args)
-    b, _ = gspo_loss(logp, logp_old, logp_old - 3.0, *args)
+    a, _ = gspo_loss(LossInputs(logp, logp_old, logp_old, *args))
+    b, _ = gspo_loss(LossInputs(logp, logp_old, logp_old - 3.0, *args))
     assert a.item() == b.item()
 
 

@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo import minirl_loss, to_floats
+from minirl.algo import LossInputs, minirl_loss, to_floats
 
 F64 = torch.float64
 L = math.log
@@ -43,7 +43,7 @@ def _fixture(requires_grad: bool = True) -> dict[str, torch.Tensor]:
 
 def _run(**knobs: object) -> tuple[float, torch.Tensor, dict[str, float]]:
     x = _fixture()
-    loss, metrics = minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], **knobs)
+    loss, metrics = minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]), **knobs)
     loss.backward()
     return loss.item(), x["logp"].grad, metrics
 
@@ -178,7 +178,7 @@ def test_metrics_default() -> None:
 
 def test_empty_mask_gives_zero_loss_and_zero_metrics() -> None:
     x = _fixture()
-    loss, m = minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], torch.zeros(2, 3, dtype=torch.bool))
+    loss, m = minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], torch.zeros(2, 3, dtype=torch.bool)))
     loss.backward()
     assert loss.item() == 0.0
     assert all(v == 0.0 for v in m.values()), m
@@ -188,7 +188,7 @@ def test_empty_mask_gives_zero_loss_and_zero_metrics() -> None:
 def test_zero_advantage_rows_count_in_neither_sign() -> None:
     x = _fixture()
     adv = torch.tensor([2.0, 0.0], dtype=F64)
-    _, m = minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], adv, x["mask"])
+    _, m = minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], adv, x["mask"]))
     assert m["clip_frac_neg"] == 0.0  # no A < 0 token: empty selection -> 0.0
     assert m["clip_frac"] == pytest.approx(1 / 5, abs=1e-12)
 
@@ -204,7 +204,7 @@ def _boundary(eps_low: float, eps_high: float) -> dict[str, float]:
     logp = torch.tensor([[math.log(2.0)], [-math.log(2.0)]], dtype=F64)
     assert torch.exp(logp - logp_old).tolist() == [[2.0], [0.5]]  # precondition: exact ratios
     _, m = minirl_loss(
-        logp, logp_old, logp_old, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 1, dtype=torch.bool),
+        LossInputs(logp, logp_old, logp_old, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 1, dtype=torch.bool)),
         eps_low=eps_low, eps_high=eps_high, tis_cap=math.inf,
     )
     return m
@@ -222,7 +222,7 @@ def test_ratio_just_past_the_boundary_is_clipped() -> None:
 
 def test_zero_eps_with_unit_ratio_is_not_clipped() -> None:
     z = torch.zeros(2, 2, dtype=F64)
-    _, m = minirl_loss(z, z, z, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 2, dtype=torch.bool), eps_low=0.0, eps_high=0.0)
+    _, m = minirl_loss(LossInputs(z, z, z, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 2, dtype=torch.bool)), eps_low=0.0, eps_high=0.0)
     assert m["clip_frac"] == 0.0
 
 
@@ -230,7 +230,7 @@ def test_clip_ignores_the_wrong_sign() -> None:
     # A > 0 with a small ratio and A < 0 with a large ratio are never clipped
     logp = torch.tensor([[-math.log(2.0)], [math.log(2.0)]], dtype=F64)
     z = torch.zeros(2, 1, dtype=F64)
-    _, m = minirl_loss(logp, z, z, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 1, dtype=torch.bool))
+    _, m = minirl_loss(LossInputs(logp, z, z, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 1, dtype=torch.bool)))
     assert m["clip_frac"] == 0.0
 
 
@@ -245,7 +245,7 @@ def test_gradient_flows_only_through_logp(tis_placement: str) -> None:
     logp_old = x["logp_old"].clone().requires_grad_(True)
     logp_rollout = x["logp_rollout"].clone().requires_grad_(True)
     adv = x["advantages"].clone().requires_grad_(True)
-    loss, _ = minirl_loss(x["logp"], logp_old, logp_rollout, adv, x["mask"], tis_placement=tis_placement)
+    loss, _ = minirl_loss(LossInputs(x["logp"], logp_old, logp_rollout, adv, x["mask"]), tis_placement=tis_placement)
     loss.backward()
     assert x["logp"].grad is not None
     assert logp_old.grad is None and logp_rollout.grad is None and adv.grad is None
@@ -253,7 +253,7 @@ def test_gradient_flows_only_through_logp(tis_placement: str) -> None:
 
 def test_padding_garbage_neither_leaks_nor_poisons_gradients() -> None:
     x = _fixture()
-    base_loss, base_m = minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"])
+    base_loss, base_m = minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]))
     logp = x["logp"].detach().clone()
     logp[1, 2] = -math.inf
     logp.requires_grad_(True)
@@ -261,7 +261,7 @@ def test_padding_garbage_neither_leaks_nor_poisons_gradients() -> None:
     logp_old[1, 2] = math.nan
     logp_rollout = x["logp_rollout"].clone()
     logp_rollout[1, 2] = math.inf
-    loss, m = minirl_loss(logp, logp_old, logp_rollout, x["advantages"], x["mask"])
+    loss, m = minirl_loss(LossInputs(logp, logp_old, logp_rollout, x["advantages"], x["mask"]))
     loss.backward()
     assert loss.item() == pytest.approx(base_loss.item(), abs=1e-12)
     assert to_floats(m) == pytest.approx(to_floats(base_m), abs=1e-12)
@@ -276,7 +276,7 @@ def test_on_policy_weight_is_one_and_nothing_clips(tis_placement: str, is_correc
     mask = torch.rand(3, 4, generator=g) > 0.3
     adv = torch.tensor([1.5, -0.5, 0.25], dtype=F64)
     logp = lp.clone().requires_grad_(True)
-    loss, m = minirl_loss(logp, lp, lp, adv, mask, tis_placement=tis_placement, is_correction=is_correction)
+    loss, m = minirl_loss(LossInputs(logp, lp, lp, adv, mask), tis_placement=tis_placement, is_correction=is_correction)
     loss.backward()
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-12) and m["is_weight_max"] == pytest.approx(1.0, abs=1e-12)
     assert m["clip_frac"] == 0.0 and m["is_truncated_frac"] == 0.0
@@ -290,7 +290,7 @@ def test_on_policy_weight_is_one_and_nothing_clips(tis_placement: str, is_correc
 def test_bfloat16_logp_is_upcast() -> None:
     x = _fixture(requires_grad=False)
     logp = x["logp"].to(torch.bfloat16).requires_grad_(True)
-    loss, _ = minirl_loss(logp, x["logp_old"].float(), x["logp_rollout"].float(), x["advantages"].float(), x["mask"])
+    loss, _ = minirl_loss(LossInputs(logp, x["logp_old"].float(), x["logp_rollout"].float(), x["advantages"].float(), x["mask"]))
     loss.backward()
     assert loss.dtype == torch.float32 and logp.grad.dtype == torch.bfloat16
 
@@ -306,13 +306,13 @@ def test_nan_at_a_trained_token_raises(name: str) -> None:
     x[name] = x[name].clone()
     x[name][0, 1] = math.nan
     with pytest.raises(FloatingPointError, match=name):
-        minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"])
+        minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]))
 
 
 def test_nan_advantage_raises() -> None:
     x = _fixture()
     with pytest.raises(FloatingPointError, match="advantages"):
-        minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], torch.tensor([math.nan, 1.0], dtype=F64), x["mask"])
+        minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], torch.tensor([math.nan, 1.0], dtype=F64), x["mask"]))
 
 
 @pytest.mark.parametrize(
@@ -330,7 +330,7 @@ def test_nan_advantage_raises() -> None:
 def test_bad_knobs_raise_value_error_naming_the_argument(knobs: dict[str, object], name: str) -> None:
     x = _fixture()
     with pytest.raises(ValueError, match=name):
-        minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], **knobs)
+        minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]), **knobs)
 
 
 @pytest.mark.parametrize(
@@ -348,7 +348,7 @@ def test_shape_mismatch_raises_value_error_naming_the_argument(field: str, bad: 
     x = _fixture(requires_grad=False)
     x[field] = bad
     with pytest.raises(ValueError, match=field):
-        minirl_loss(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"])
+        minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]))
 
 
 def test_weight_exactly_at_the_cap_is_not_counted_truncated() -> None:
@@ -356,7 +356,7 @@ def test_weight_exactly_at_the_cap_is_not_counted_truncated() -> None:
     logp = torch.full((1, 2), math.log(2.0), dtype=F64)
     z = torch.zeros(1, 2, dtype=F64)
     assert torch.exp(logp).tolist() == [[2.0, 2.0]]
-    _, m = minirl_loss(logp, logp, z, torch.ones(1, dtype=F64), torch.ones(1, 2, dtype=torch.bool), tis_cap=2.0)
+    _, m = minirl_loss(LossInputs(logp, logp, z, torch.ones(1, dtype=F64), torch.ones(1, 2, dtype=torch.bool)), tis_cap=2.0)
     assert m["is_truncated_frac"] == 0.0 and m["is_weight_max"] == 2.0
-    _, m = minirl_loss(logp, logp, z, torch.ones(1, dtype=F64), torch.ones(1, 2, dtype=torch.bool), tis_cap=1.999)
+    _, m = minirl_loss(LossInputs(logp, logp, z, torch.ones(1, dtype=F64), torch.ones(1, 2, dtype=torch.bool)), tis_cap=1.999)
     assert m["is_truncated_frac"] == 1.0

@@ -41,7 +41,7 @@ def test_registry_names() -> None:
 def test_minirl_adapter_ignores_group_ids_and_forwards_knobs() -> None:
     x = _random_batch()
     a, ma = POLICY_LOSSES["minirl"](LossInputs(*_args(x)), aggregation="token_mean", tis_placement="train_infer")
-    b, mb = minirl_loss(*_args(x)[:5], aggregation="token_mean", tis_placement="train_infer")
+    b, mb = minirl_loss(LossInputs(*_args(x)[:5]), aggregation="token_mean", tis_placement="train_infer")
     c, _ = POLICY_LOSSES["minirl"](LossInputs(*_args(x)[:5], torch.tensor([9, 8, 7, 6])), aggregation="token_mean",
                                    tis_placement="train_infer")
     assert a.item() == b.item() == c.item() and ma == mb

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo import minirl_loss
+from minirl.algo import LossInputs, minirl_loss
 from minirl.monitor import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
 
 F64 = torch.float64
@@ -159,14 +159,14 @@ def test_sequence_is_loss_equals_the_token_surrogate_where_the_approximation_is_
     logp = (-torch.rand(4, 6, generator=g, dtype=F64)).requires_grad_()
     # on-policy (pi = pi_old = mu): Eq. (2) and MiniRL Eq. (7) have the same gradient
     seq, _ = sequence_is_loss(logp, logp.detach(), adv, mask)
-    tok, _ = minirl_loss(logp, logp.detach(), logp.detach(), adv, mask)
+    tok, _ = minirl_loss(LossInputs(logp, logp.detach(), logp.detach(), adv, mask))
     torch.testing.assert_close(torch.autograd.grad(seq, logp)[0], torch.autograd.grad(tok, logp)[0], rtol=0, atol=1e-15)
     # one-token responses, off-policy: prod (1 + delta) = 1 + delta, so again the same gradient
     one = torch.zeros(4, 6, dtype=torch.bool)
     one[:, 2] = True
     logp_rollout = logp.detach() + 0.3 * torch.randn(4, 6, generator=g, dtype=F64)
     seq, _ = sequence_is_loss(logp, logp_rollout, adv, one)
-    tok, _ = minirl_loss(logp, logp.detach(), logp_rollout, adv, one, clip=False, tis_cap=math.inf)
+    tok, _ = minirl_loss(LossInputs(logp, logp.detach(), logp_rollout, adv, one), clip=False, tis_cap=math.inf)
     torch.testing.assert_close(torch.autograd.grad(seq, logp)[0], torch.autograd.grad(tok, logp)[0], rtol=1e-12, atol=1e-15)
 
 

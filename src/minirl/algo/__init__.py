@@ -12,8 +12,7 @@ detached 0-dim tensors (``to_floats`` converts them all with one host sync)::
     inputs = LossInputs(logp, logp_old, logp_rollout, advantages, mask, group_ids)
     loss, metrics = POLICY_LOSSES[name](inputs, **knobs)
 
-The same losses with plain tensor arguments, for use outside minirl: ``minirl_loss``,
-``grpo_loss``, ``cispo_loss``, ``gspo_loss``.
+Outside minirl, call a loss the same way (``minirl_loss(LossInputs(...), eps_high=0.27)``).
 
 Knobs per name (keyword-only; an unknown knob is a ``TypeError``):
     "minirl"  eps_low, eps_high, clip, is_correction, tis_cap, tis_placement, aggregation, normalizer
@@ -30,20 +29,15 @@ import torch
 
 from minirl.algo._common import LossInputs, to_floats
 from minirl.algo.advantages import group_advantages
-from minirl.algo.cispo import cispo_loss, cispo_policy_loss
-from minirl.algo.grpo import grpo_loss, grpo_policy_loss
-from minirl.algo.gspo import gspo_loss, gspo_policy_loss
+from minirl.algo.cispo import cispo_loss
+from minirl.algo.grpo import grpo_loss
+from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_entropy, token_logprobs
-from minirl.algo.minirl import minirl_loss, minirl_policy_loss
+from minirl.algo.minirl import minirl_loss
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "minirl": minirl_policy_loss,
-    "grpo": grpo_policy_loss,
-    "cispo": cispo_policy_loss,
-    "gspo": gspo_policy_loss,
-}
+POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss}
 
 __all__ = [
     "LossInputs",
@@ -54,7 +48,6 @@ __all__ = [
     "grpo_loss",
     "gspo_loss",
     "minirl_loss",
-    "minirl_policy_loss",
     "to_floats",
     "token_entropy",
     "token_logprobs",

@@ -45,12 +45,7 @@ from minirl.algo._common import (
 
 
 def cispo_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor,
+    x: LossInputs,
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.27,
@@ -67,32 +62,16 @@ def cispo_loss(
     N = ``normalizer`` or the number of distinct ``group_ids``.
     d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
 
-    Args:
-        group_ids: integer [B], rows with equal ids are responses to the same prompt.
-
     Raises:
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    return cispo_policy_loss(LossInputs(logp, logp_old, logp_rollout, advantages, mask, group_ids), eps_low=eps_low,
-                             eps_high=eps_high, is_correction=is_correction, tis_cap=tis_cap, normalizer=normalizer)
-
-
-def cispo_policy_loss(
-    x: LossInputs,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.27,
-    is_correction: bool = False,
-    tis_cap: float = 5.0,
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``cispo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["cispo"]``)."""
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
     if x.group_ids is None:
         check_group_ids(x.group_ids, x.logp.shape[0])  # type: ignore[arg-type]  # ValueError: CISPO needs the groups
     x.raise_on_nan()
-    logp, logp_old, logp_rollout, advantages, mask, group_ids = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask, x.group_ids
+    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
+    group_ids = x.group_ids
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)

@@ -42,12 +42,7 @@ from minirl.algo._common import (
 
 
 def grpo_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor | None = None,
+    x: LossInputs,
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.27,
@@ -69,21 +64,6 @@ def grpo_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    x = LossInputs(logp, logp_old, logp_rollout, advantages, mask)
-    return grpo_policy_loss(x, eps_low=eps_low, eps_high=eps_high, is_correction=is_correction, tis_cap=tis_cap,
-                            normalizer=normalizer)
-
-
-def grpo_policy_loss(
-    x: LossInputs,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.27,
-    is_correction: bool = False,
-    tis_cap: float = 5.0,
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``grpo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["grpo"]``)."""
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
     x.raise_on_nan()
     logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask

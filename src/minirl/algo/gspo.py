@@ -46,12 +46,7 @@ GSPO_EPS_HIGH: float = 4e-4
 
 
 def gspo_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor | None = None,
+    x: LossInputs,
     *,
     eps_low: float = GSPO_EPS_LOW,
     eps_high: float = GSPO_EPS_HIGH,
@@ -71,18 +66,6 @@ def gspo_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    x = LossInputs(logp, logp_old, logp_rollout, advantages, mask)
-    return gspo_policy_loss(x, eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
-
-
-def gspo_policy_loss(
-    x: LossInputs,
-    *,
-    eps_low: float = GSPO_EPS_LOW,
-    eps_high: float = GSPO_EPS_HIGH,
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``gspo_loss`` on validated ``LossInputs`` (``POLICY_LOSSES["gspo"]``)."""
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
     x.raise_on_nan()
     logp, logp_old, advantages, mask = x.logp, x.logp_old, x.advantages, x.mask

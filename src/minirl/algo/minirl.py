@@ -47,11 +47,7 @@ from minirl.algo._common import LossInputs, check_knobs, compute_dtype, masked, 
 
 
 def minirl_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
+    x: LossInputs,
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.27,
@@ -82,13 +78,6 @@ def minirl_loss(
         "token_mean" sum over all tokens / N, N = ``normalizer`` or the number of mask=True tokens
     ``normalizer`` lets a caller accumulating micro-batches pass the mini-batch constant.
 
-    Args:
-        logp: float [B, T], log pi_theta of the sampled tokens; the only input that gets gradient.
-        logp_old: float [B, T], log pi_old (trainer at theta_old); treated as constant.
-        logp_rollout: float [B, T], log mu_old (rollout engine); treated as constant.
-        advantages: float [B], one advantage per response; treated as constant.
-        mask: bool [B, T], True = token is trained on.
-
     Returns:
         ``(loss, metrics)``: a 0-dim loss differentiable w.r.t. ``logp``, and the metrics listed
         in the module docstring as detached 0-dim tensors.
@@ -97,25 +86,6 @@ def minirl_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
-    return minirl_policy_loss(LossInputs(logp, logp_old, logp_rollout, advantages, mask), eps_low=eps_low,
-                              eps_high=eps_high, clip=clip, is_correction=is_correction, tis_cap=tis_cap,
-                              tis_placement=tis_placement, aggregation=aggregation, normalizer=normalizer)
-
-
-def minirl_policy_loss(
-    x: LossInputs,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.27,
-    clip: bool = True,
-    is_correction: bool = True,
-    tis_cap: float = 5.0,
-    tis_placement: str = "full",
-    aggregation: str = "seq_sum",
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``minirl_loss`` (Eq. (7) of [P]) on validated ``LossInputs`` (``POLICY_LOSSES["minirl"]``).
-    ``x.group_ids`` is not read: MiniRL's normaliser is a constant, not a per-group token count."""
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer,
                 tis_placement=tis_placement, aggregation=aggregation)
     x.raise_on_nan()
