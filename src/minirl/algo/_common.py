@@ -1,8 +1,8 @@
 """What the loss functions share: ``LossInputs`` (their one validated input), the knob checks,
 masking and metric reduction.
 
-Every helper is pure and avoids host syncs except where noted (``raise_on_nan`` and ``to_floats``
-each sync once). Losses return their metrics as detached 0-dim tensors; whoever reports them
+Every helper is pure and avoids host syncs except where noted (``LossInputs.raise_on_nan`` and
+``to_floats`` each sync once). Losses return their metrics as detached 0-dim tensors; whoever reports them
 converts them with ``to_floats`` (one sync for all of them).
 """
 
@@ -12,6 +12,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+
+AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
+TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
 
 
 @dataclass(frozen=True)
@@ -35,118 +39,69 @@ class LossInputs:
     group_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        check_token_inputs(self.logp, self.logp_old, self.logp_rollout, self.advantages, self.mask)
+        logp, adv, mask = self.logp, self.advantages, self.mask
+        for name in ("logp", "logp_old", "logp_rollout"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.ndim != 2:
+                raise ValueError(f"{name} must be a 2-D tensor [B, T], got {_describe(t)}")
+            if not t.is_floating_point():
+                raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+            if t.shape != logp.shape:
+                raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
+        if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
+            raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}, got {_describe(mask)}")
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor (True = trained on), got dtype {mask.dtype}")
+        if not isinstance(adv, torch.Tensor) or adv.shape != logp.shape[:1]:
+            raise ValueError(f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(adv)}")
+        if not adv.is_floating_point():
+            raise ValueError(f"advantages must be a floating-point tensor, got dtype {adv.dtype}")
+        if logp.shape[0] == 0:
+            raise ValueError("logp has B = 0 rows: an empty batch has no loss")
         if self.group_ids is not None:
-            check_group_ids(self.group_ids, self.logp.shape[0])
+            self.require_groups()
+
+    def require_groups(self) -> torch.Tensor:
+        """``group_ids``, which must be an integer tensor of shape [B] (``ValueError`` otherwise)."""
+        g, rows = self.group_ids, self.logp.shape[0]
+        if not isinstance(g, torch.Tensor) or g.shape != (rows,):
+            raise ValueError(f"group_ids must have shape [B] = ({rows},), got {_describe(g)}")
+        if g.is_floating_point() or g.dtype == torch.bool:
+            raise ValueError(f"group_ids must be an integer tensor, got dtype {g.dtype}")
+        return g
 
     def raise_on_nan(self) -> None:
-        """``FloatingPointError`` if a NaN reaches the math (one host sync; see ``raise_on_nan``)."""
-        raise_on_nan(self.mask, self.advantages, logp=self.logp, logp_old=self.logp_old, logp_rollout=self.logp_rollout)
+        """``FloatingPointError`` if a NaN reaches the math: in ``advantages``, or in a log-prob at a
+        trained token (padding never enters the math: it is replaced by 0 first, so a NaN there, e.g.
+        from a fully masked attention row, is harmless). One host sync on the happy path."""
+        tokens = {"logp": self.logp, "logp_old": self.logp_old, "logp_rollout": self.logp_rollout}
+        flags = [torch.isnan(self.advantages).any()] + [(torch.isnan(t) & self.mask).any() for t in tokens.values()]
+        if not bool(torch.stack(flags).any()):
+            return
+        if bool(flags[0]):
+            nan = int(torch.isnan(self.advantages).sum())
+            raise FloatingPointError(f"advantages contain NaN ({nan} of {self.advantages.numel()})")
+        for (name, t), flag in zip(tokens.items(), flags[1:]):
+            if bool(flag):
+                raise FloatingPointError(f"{name} contains NaN at {int((torch.isnan(t) & self.mask).sum())} trained (mask=True) token(s)")
 
 
 def check_knobs(*, eps_low: float | None = None, eps_high: float | None = None, tis_cap: float | None = None,
                 normalizer: float | None = None, tis_placement: str | None = None, aggregation: str | None = None) -> None:
-    """The knob checks every loss starts with, written once (``ValueError`` naming the knob);
-    a knob left at None is one the loss does not have."""
-    if eps_low is not None or eps_high is not None:
-        check_eps(eps_low, eps_high)  # type: ignore[arg-type]
-    if tis_cap is not None:
-        check_tis_cap(tis_cap)
-    check_normalizer(normalizer)
+    """The knob checks every loss starts with, written once (``ValueError`` naming the knob); a
+    knob left at None is one the loss does not have (``normalizer=None``: the loss's default)."""
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if tis_cap is not None and (not isinstance(tis_cap, (int, float)) or math.isnan(tis_cap) or tis_cap <= 0):
+        raise ValueError(f"tis_cap must be > 0 (math.inf disables truncation), got {tis_cap!r}")
+    if normalizer is not None and (isinstance(normalizer, bool) or not isinstance(normalizer, (int, float))
+                                   or not math.isfinite(normalizer) or normalizer <= 0):
+        raise ValueError(f"normalizer must be None or a finite number > 0, got {normalizer!r}")
     if tis_placement is not None and tis_placement not in TIS_PLACEMENTS:
         raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
     if aggregation is not None and aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-
-AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
-TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
-
-
-def check_eps(eps_low: float, eps_high: float) -> None:
-    """Raise ``ValueError`` unless both clipping half-widths are finite and non-negative."""
-    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def check_tis_cap(tis_cap: float) -> None:
-    """Raise ``ValueError`` unless ``tis_cap`` is > 0 (``math.inf`` allowed: no truncation)."""
-    if not isinstance(tis_cap, (int, float)) or math.isnan(tis_cap) or tis_cap <= 0:
-        raise ValueError(f"tis_cap must be > 0 (math.inf disables truncation), got {tis_cap!r}")
-
-
-def check_normalizer(normalizer: float | None) -> None:
-    """Raise ``ValueError`` unless ``normalizer`` is ``None`` or a finite number > 0."""
-    if normalizer is None:
-        return
-    if (
-        isinstance(normalizer, bool)
-        or not isinstance(normalizer, (int, float))
-        or not math.isfinite(normalizer)
-        or normalizer <= 0
-    ):
-        raise ValueError(f"normalizer must be None or a finite number > 0, got {normalizer!r}")
-
-
-def check_token_inputs(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    logp_rollout: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-) -> None:
-    """Shape and dtype checks common to every policy loss; ``ValueError`` naming the argument."""
-    for name, t in (("logp", logp), ("logp_old", logp_old), ("logp_rollout", logp_rollout)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 2:
-            raise ValueError(f"{name} must be a 2-D tensor [B, T], got {_describe(t)}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if logp_old.shape != logp.shape:
-        raise ValueError(f"logp_old shape {tuple(logp_old.shape)} != logp shape {tuple(logp.shape)}")
-    if logp_rollout.shape != logp.shape:
-        raise ValueError(
-            f"logp_rollout shape {tuple(logp_rollout.shape)} != logp shape {tuple(logp.shape)}"
-        )
-    if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
-        raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}, got {_describe(mask)}")
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a bool tensor (True = trained on), got dtype {mask.dtype}")
-    if not isinstance(advantages, torch.Tensor) or advantages.shape != logp.shape[:1]:
-        raise ValueError(
-            f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(advantages)}"
-        )
-    if not advantages.is_floating_point():
-        raise ValueError(f"advantages must be a floating-point tensor, got dtype {advantages.dtype}")
-    if logp.shape[0] == 0:
-        raise ValueError("logp has B = 0 rows: an empty batch has no loss")
-
-
-def check_group_ids(group_ids: torch.Tensor, batch_size: int) -> None:
-    """``group_ids`` must be an integer tensor of shape [B]."""
-    if not isinstance(group_ids, torch.Tensor) or group_ids.shape != (batch_size,):
-        raise ValueError(f"group_ids must have shape [B] = ({batch_size},), got {_describe(group_ids)}")
-    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-
-
-def raise_on_nan(mask: torch.Tensor, advantages: torch.Tensor, **token_tensors: torch.Tensor) -> None:
-    """Raise ``FloatingPointError`` if a NaN reaches the math.
-
-    Checked: every entry of ``advantages`` and, for each [B, T] tensor, the positions where
-    ``mask`` is True (padded positions never enter the math: they are replaced by 0 first, so a
-    NaN there, e.g. from a fully masked attention row, is harmless). One host sync on the happy
-    path.
-    """
-    flags = [torch.isnan(advantages).any()]
-    flags += [(torch.isnan(t) & mask).any() for t in token_tensors.values()]
-    if not bool(torch.stack(flags).any()):
-        return
-    if bool(flags[0]):
-        raise FloatingPointError(f"advantages contain NaN ({int(torch.isnan(advantages).sum())} of {advantages.numel()})")
-    for (name, t), flag in zip(token_tensors.items(), flags[1:]):
-        if bool(flag):
-            n = int((torch.isnan(t) & mask).sum())
-            raise FloatingPointError(f"{name} contains NaN at {n} trained (mask=True) token(s)")
 
 
 def compute_dtype(logp: torch.Tensor) -> torch.dtype:

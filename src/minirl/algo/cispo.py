@@ -35,7 +35,6 @@ import torch
 
 from minirl.algo._common import (
     LossInputs,
-    check_group_ids,
     check_knobs,
     compute_dtype,
     masked,
@@ -67,11 +66,9 @@ def cispo_loss(
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
-    if x.group_ids is None:
-        check_group_ids(x.group_ids, x.logp.shape[0])  # type: ignore[arg-type]  # ValueError: CISPO needs the groups
+    group_ids = x.require_groups()  # CISPO normalises per group: ValueError without them
     x.raise_on_nan()
     logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
-    group_ids = x.group_ids
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)

@@ -86,6 +86,7 @@ def minirl_loss(
         ValueError: bad argument (names it).
         FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
+    # Over 60 lines with its docstring, which states Eq. (7) and every knob; the math is ~35 lines.
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer,
                 tis_placement=tis_placement, aggregation=aggregation)
     x.raise_on_nan()

@@ -33,11 +33,10 @@ import math
 import torch
 
 from minirl.algo._common import (
-    check_normalizer,
-    check_token_inputs,
+    LossInputs,
+    check_knobs,
     compute_dtype,
     masked,
-    raise_on_nan,
     to_floats,
 )
 
@@ -229,9 +228,8 @@ def sequence_is_loss(
     Raises:
         ValueError: bad argument. FloatingPointError: NaN in advantages or at a trained token.
     """
-    check_normalizer(normalizer)
-    check_token_inputs(logp, logp, logp_rollout, advantages, mask)
-    raise_on_nan(mask, advantages, logp=logp, logp_rollout=logp_rollout)
+    check_knobs(normalizer=normalizer)
+    LossInputs(logp, logp, logp_rollout, advantages, mask).raise_on_nan()
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)  # gradient flows here only, 0 at padding
     log_w = _log_ratio(logp, logp_rollout, mask).sum(dim=1)  # float64, detached
