@@ -22,7 +22,7 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
   tunes only the upper bound and effectively leaves the lower one open: pass a large eps_low
   for that.
 
-Metrics (python floats; token statistics over mask=True tokens, 0.0 on empty selections):
+Metrics (detached 0-dim tensors; token statistics over mask=True tokens, 0.0 on empty selections):
     loss; clip_frac / clip_frac_pos / clip_frac_neg: tokens whose weight was clamped (r outside
     [1 - eps_low, 1 + eps_high]; the gradient is kept, unlike the other objectives), overall and
     among A > 0 / A < 0 tokens; is_truncated_frac, is_weight_mean, is_weight_max (of the

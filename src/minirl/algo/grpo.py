@@ -20,7 +20,7 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
 * Default clip range eps_low = 0.2, eps_high = 0.27, the values [P] uses for MiniRL and the GSPO
   paper (arXiv:2507.18071 §5.1) uses for its GRPO baseline; the original GRPO used 0.2 both sides.
 
-Metrics (python floats; token statistics over mask=True tokens, 0.0 on empty selections):
+Metrics (detached 0-dim tensors; token statistics over mask=True tokens, 0.0 on empty selections):
     loss, clip_frac / clip_frac_pos / clip_frac_neg (tokens whose clipped branch is active, i.e.
     zero gradient: A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low), is_truncated_frac,
     is_weight_mean, is_weight_max (of the training–inference factor; exactly 1 when

@@ -20,7 +20,7 @@ How this differs from GRPO and MiniRL:
   Rows with no trained token contribute 0. Advantages come from the caller (GSPO Eq. (6) uses
   the std-normalised group advantage).
 
-Metrics (python floats; 0.0 on empty selections):
+Metrics (detached 0-dim tensors; 0.0 on empty selections):
     loss; clip_frac / clip_frac_pos / clip_frac_neg: fraction of trained tokens lying in clipped
     responses (token-weighted, as the "fraction of clipped tokens" of GSPO §5.2), overall and
     among A > 0 / A < 0 tokens; seq_clip_frac: fraction of responses (with >= 1 trained token)
