@@ -95,36 +95,42 @@ def test_low_precision_engine_is_seen_by_the_routing_metrics(tmp_path):
     assert 0.0 < m["routing/train_infer_diff_frac"] <= m["routing/train_infer_diff_any_layer_frac"] < 1.0
 
 
-def test_routing_metrics_off_records_nothing_it_does_not_need(tmp_path, monkeypatch):
-    asked = []
+class _Rollouts:
+    """A rollout source (the ``Run.rollouts`` seam) wrapping the run's own: notes what the step asked
+    for and lets a test change the rollouts."""
+
+    def __init__(self, source, change=None) -> None:
+        self.source, self.change, self.asked = source, change, []
+
+    def rollouts(self, step, prompts, n, sampling, *, record_routes):
+        self.asked.append(record_routes)
+        completions = self.source.rollouts(step, prompts, n, sampling, record_routes=record_routes)
+        for c in completions if self.change else ():
+            c.routes = self.change(c.routes)
+        return completions
+
+
+def test_routing_metrics_off_records_nothing_it_does_not_need(tmp_path):
     run = _run(tmp_path, "moe.routing_replay=R2", "moe.routing_metrics=false", "optim.minibatches_per_step=2")
-    generate = run.engine.generate
-    monkeypatch.setattr(run.engine, "generate", lambda *a, **k: asked.append(k["record_routes"]) or generate(*a, **k))
+    run.rollouts = source = _Rollouts(run.rollouts)
+    asked = source.asked
     m = _steps(run, 1)[0]
     assert asked == [False] and not any(key.startswith("routing/") for key in m)
     assert sum(run.replay.replayed_rows) > 0  # R2 still replays
 
 
-def _corrupt_engine(run: loop.Run, monkeypatch, corrupt) -> None:
-    generate = run.engine.generate
-
-    def wrapped(*args, **kwargs):
-        completions = generate(*args, **kwargs)
-        for c in completions:
-            c.routes = corrupt(c.routes)
-        return completions
-
-    monkeypatch.setattr(run.engine, "generate", wrapped)
+def _corrupt_engine(run: loop.Run, corrupt) -> None:
+    run.rollouts = _Rollouts(run.rollouts, corrupt)
 
 
 @pytest.mark.parametrize("mode", ["R3", "none"])
-def test_engine_routes_that_do_not_fit_the_model_name_the_layer(tmp_path, monkeypatch, mode):
+def test_engine_routes_that_do_not_fit_the_model_name_the_layer(tmp_path, mode):
     run = _run(tmp_path, f"moe.routing_replay={mode}")
-    _corrupt_engine(run, monkeypatch, lambda r: r[:, :1])
+    _corrupt_engine(run, lambda r: r[:, :1])
     with pytest.raises(ValueError, match=r"MoE layer 1 \(model\.layers\.1\.mlp\.gate\) has no routes"):
         loop.global_step(run, 1)
     run = _run(tmp_path, f"moe.routing_replay={mode}")
-    _corrupt_engine(run, monkeypatch, lambda r: torch.where(r >= 0, r + 3, r))
+    _corrupt_engine(run, lambda r: torch.where(r >= 0, r + 3, r))
     with pytest.raises(ValueError, match=r"must lie in \[-1, 4\).*of MoE layer \d \(model\.layers\.\d\.mlp\.gate\)"):
         loop.global_step(run, 1)
 
