@@ -222,6 +222,7 @@ class Trainer:
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, global already
         drift = totals.pop("routing_natural_diff_frac", None)
         values = to_floats({"loss": loss_total, "grad_norm": norm, **_as_tensors(totals, loss_total)})  # the one sync
         loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
