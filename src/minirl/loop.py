@@ -55,7 +55,13 @@ from minirl.runtime import (
     seed_everything,
     set_threads,
 )
-from minirl.sources import EngineRollouts, RewardSource, RolloutDump, RolloutReplay, RolloutSource
+from minirl.sources import (
+    EngineRollouts,
+    RewardSource,
+    RolloutDump,
+    RolloutReplay,
+    RolloutSource,
+)
 from minirl.tasks import data_metrics
 from minirl.tasks.base import Task
 from minirl.trainer import Objective, Trainer

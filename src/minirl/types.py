@@ -95,15 +95,15 @@ class Batch:
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def with_logp_old(self, logp_old: torch.Tensor) -> "Batch":
+    def with_logp_old(self, logp_old: torch.Tensor) -> Batch:
         """This batch with pi_old's log-probs [B, T] (the old-log-prob pass's result)."""
         return replace(self, logp_old=logp_old)
 
-    def with_routes(self, routes: torch.Tensor | None) -> "Batch":
+    def with_routes(self, routes: torch.Tensor | None) -> Batch:
         """This batch with the routes [B, S, L, K] its forwards replay (None: natural routing)."""
         return replace(self, routes=routes)
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         """Every tensor field on ``device`` (the batch itself when already there)."""
         if self.input_ids.device == torch.device(device):
             return self
@@ -113,7 +113,7 @@ class Batch:
 
         return Batch(**{name: move(getattr(self, name)) for name in self.__dataclass_fields__})
 
-    def select(self, index: torch.Tensor | slice) -> "Batch":
+    def select(self, index: torch.Tensor | slice) -> Batch:
         """Rows ``index`` of every tensor field (a mini-batch or micro-batch view)."""
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:

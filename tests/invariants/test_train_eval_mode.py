@@ -17,8 +17,8 @@ from tests.unit.test_moe_replay import tiny_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 STOCHASTIC = {
-    "qwen3_moe": dict(attention_dropout=0.5),
-    "mixtral": dict(attention_dropout=0.5, router_jitter_noise=0.5),
+    "qwen3_moe": {"attention_dropout": 0.5},
+    "mixtral": {"attention_dropout": 0.5, "router_jitter_noise": 0.5},
 }
 
 

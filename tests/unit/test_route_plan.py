@@ -13,9 +13,8 @@ from minirl.moe import RoutePlan
 class FakeReplay:
     """Counts like ``RoutingReplay``: ``validate`` says how many rows per layer are forced."""
 
-    layer_names = ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
-
     def __init__(self) -> None:
+        self.layer_names = ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
         self.replayed_rows = [0, 0]
 
     def validate(self, routes: torch.Tensor) -> list[int]:
@@ -63,23 +62,21 @@ def test_every_route_consumed_exactly_once_per_pass():
         replay.replayed_rows = [6, 6]
         with updates.uncounted():  # the diagnostics' replayed forwards
             replay.replayed_rows = [12, 12]
-    with pytest.raises(RuntimeError, match=r"\(updates\): MoE layer 1 \(model\.layers\.1\.mlp\.gate\) replayed 5 of the 6"):
-        with plan.updates():
-            replay.replayed_rows = [18, 17]
+    error = r"\(updates\): MoE layer 1 \(model\.layers\.1\.mlp\.gate\) replayed 5 of the 6"
+    with pytest.raises(RuntimeError, match=error), plan.updates():
+        replay.replayed_rows = [18, 17]
     with plan.updates() as updates:  # a skipped update may stop early: no check
         updates.waive(True)
-    with pytest.raises(RuntimeError, match=r"replayed 12 of the 6"):  # twice is as wrong as never
-        with plan.updates():
-            replay.replayed_rows = [30, 29]
+    with pytest.raises(RuntimeError, match=r"replayed 12 of the 6"), plan.updates():  # twice is as wrong as never
+        replay.replayed_rows = [30, 29]
 
 
 def test_r3_checks_the_old_pass_and_r2_does_not():
     replay = FakeReplay()
     plan = RoutePlan(replay, "R3", metrics=False)
     plan.start(FakeBatch(ROUTES))
-    with pytest.raises(RuntimeError, match=r"\(old-log-prob pass\): MoE layer 0"):
-        with plan.old_pass():
-            pass
+    with pytest.raises(RuntimeError, match=r"\(old-log-prob pass\): MoE layer 0"), plan.old_pass():
+        pass
     plan = RoutePlan(replay, "R2", metrics=False)
     with plan.old_pass():  # R2 records there: nothing to consume
         pass

@@ -40,8 +40,8 @@ PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss}
 
 __all__ = [
-    "LossInputs",
     "POLICY_LOSSES",
+    "LossInputs",
     "PolicyLoss",
     "cispo_loss",
     "group_advantages",

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
 TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
 

@@ -43,7 +43,13 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import LossInputs, check_knobs, compute_dtype, masked, token_loss_metrics
+from minirl.algo._common import (
+    LossInputs,
+    check_knobs,
+    compute_dtype,
+    masked,
+    token_loss_metrics,
+)
 
 
 def minirl_loss(

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Self
 
 import torch
 import torch.nn as nn
@@ -508,7 +508,7 @@ class RoutePlan:
             self._expected = self.replay.validate(batch.routes)  # ValueError naming the MoE layer
         return batch if self.mode == "R3" else batch.with_routes(None)
 
-    def old_pass(self) -> "_Pass":
+    def old_pass(self) -> _Pass:
         """The pi_old pass (``Trainer.score``): replays under R3, records under R2 (and for metrics)."""
         kwargs = {"replay_routes": self.mode == "R3", "record_routes": self.mode == "R2" or self.metrics}
         return _Pass(self, "old-log-prob pass", kwargs, check=self.mode == "R3")
@@ -521,7 +521,7 @@ class RoutePlan:
         self._expected = self.replay.validate(old.routes)
         return batch.with_routes(old.routes)
 
-    def updates(self, *, old_pass: bool = False) -> "_Pass":
+    def updates(self, *, old_pass: bool = False) -> _Pass:
         """The N gradient updates (``Trainer.update``): replay under R2 and R3; R2 also measures its
         routes' drift. ``old_pass``: the single update is also the pi_old pass (``Trainer.update``)."""
         kwargs = {"replay_routes": self.mode != "none", "natural_drift": self.mode == "R2" and self.metrics,
@@ -550,11 +550,11 @@ class _Pass:
         self.plan, self.phase, self.kwargs, self.check = plan, phase, kwargs, check
         self._start: list[int] = []
 
-    def __enter__(self) -> "_Pass":
+    def __enter__(self) -> Self:
         self._start = self.plan._counts()
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None and self.check:
             self.plan._check(self._start, self.phase)
 

@@ -15,10 +15,22 @@ from __future__ import annotations
 from typing import Any
 
 from minirl.monitor.diagnostics import approximation_metrics, gradient_fidelity
-from minirl.monitor.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
+from minirl.monitor.fidelity import (
+    cosine,
+    first_order_residual,
+    importance_weight_stats,
+    sequence_is_loss,
+)
 from minirl.monitor.mismatch import mismatch_metrics
 from minirl.monitor.routing import routing_agreement
-from minirl.monitor.step import StepRecord, mean_over, rollout_metrics, routing_step_metrics, step_metrics, update_metrics
+from minirl.monitor.step import (
+    StepRecord,
+    mean_over,
+    rollout_metrics,
+    routing_step_metrics,
+    step_metrics,
+    update_metrics,
+)
 from minirl.types import Batch
 
 

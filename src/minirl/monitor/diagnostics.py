@@ -63,7 +63,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minirl.monitor.fidelity import cosine, first_order_residual, importance_weight_stats, sequence_is_loss
+from minirl.monitor.fidelity import (
+    cosine,
+    first_order_residual,
+    importance_weight_stats,
+    sequence_is_loss,
+)
 from minirl.types import Batch
 
 if TYPE_CHECKING:  # the trainer imports minirl.monitor.routing: no import cycle at run time

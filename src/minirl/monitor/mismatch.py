@@ -27,6 +27,7 @@ import torch
 
 from minirl.algo._common import masked_max, masked_mean, to_floats
 
+
 def mismatch_metrics(
     logp_rollout: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
