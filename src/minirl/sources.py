@@ -90,7 +90,7 @@ class RolloutReplay:
         self.directory, self.rewards = Path(directory), rewards
         if not self.directory.is_dir():
             raise ConfigError(f"--rollouts-from: {self.directory} is not a directory of dumped rollouts")
-        self._served: dict[int, dict[str, Any]] = {}  # id(completions list) -> its step's dump
+        self._served: tuple[list[Completion], dict[str, Any]] | None = None  # the last step's rollouts, its dump
 
     def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
                  record_routes: bool) -> list[Completion]:
@@ -107,13 +107,13 @@ class RolloutReplay:
                               f"{len(prompts)} x {n} (rollout.samples_per_prompt differs?)")
         if record_routes and any(c.routes is None for c in completions):
             raise ConfigError(f"--rollouts-from: {path} has no routes; dump with the routing replay/metrics settings of this run")
-        self._served = {id(completions): dump}
+        self._served = (completions, dump)  # held, so an evaluation's list is never mistaken for it
         return completions
 
     def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
-        dump = self._served.get(id(completions))
-        if dump is None:  # evaluation: the task's verifier
+        if self._served is None or completions is not self._served[0]:  # evaluation: the task's verifier
             return self.rewards.score(prompts, completions)
+        dump = self._served[1]
         return dump["rewards"].clone(), dict(dump["reward_stats"])
 
     def close(self) -> None:
