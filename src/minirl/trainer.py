@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from minirl.algo import to_floats, token_entropy, token_logprobs
+from minirl.algo import to_floats, token_logprobs
 from minirl.batching import chunks, token_budget_chunks
+from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
 from minirl.types import Batch
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from minirl.algo import token_entropy, token_logprobs
-from minirl.monitor import mismatch_metrics
+from minirl.algo import token_logprobs
+from minirl.monitor import mismatch_metrics, token_entropy
 
 F64 = torch.float64
 LN2 = math.log(2.0)

@@ -32,7 +32,7 @@ from minirl.algo.advantages import group_advantages
 from minirl.algo.cispo import cispo_loss
 from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
-from minirl.algo.logprobs import token_entropy, token_logprobs
+from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -49,6 +49,5 @@ __all__ = [
     "gspo_loss",
     "minirl_loss",
     "to_floats",
-    "token_entropy",
     "token_logprobs",
 ]

@@ -4,7 +4,6 @@ log pi(y_t) = logits[y_t] - logsumexp(logits): the gather of the target logit an
 per row. This is the quantity every loss in ``minirl.algo`` calls ``logp`` / ``logp_old``. Unlike
 the common ``log_softmax(logits).gather(...)``, it never builds a full [B, T, V] log-softmax
 tensor in the forward pass (the backward of logsumexp still needs softmax, one [B, T, V] buffer).
-``token_entropy`` is the full-vocabulary entropy of the same distributions ([P] §5.4 plots it).
 """
 
 from __future__ import annotations
@@ -36,36 +35,3 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     x = logits if logits.dtype == dtype else logits.to(dtype)
     target_logit = x.gather(dim=-1, index=targets.unsqueeze(-1)).squeeze(-1)
     return target_logit - torch.logsumexp(x, dim=-1)
-
-
-DEFAULT_ENTROPY_CHUNK: int = 256
-
-
-@torch.no_grad()
-def token_entropy(logits: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK) -> torch.Tensor:
-    """Full-vocabulary entropy H_t = -sum_w p(w) log p(w) per position ([P] §5.4, entropy plot).
-
-    Args:
-        logits: [B, T, V] (any float dtype; computed in float32 or wider).
-        chunk_size: rows of the flattened [B*T, V] processed at once. Peak extra memory is about
-            two [chunk_size, V] float32 buffers, never a [B, T, V] copy.
-
-    Returns:
-        float [B, T] (float32, or float64 for float64 logits), no gradient (runs under no_grad).
-        Vocabulary entries with logit -inf contribute 0.
-    """
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
-        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {getattr(logits, 'shape', type(logits))}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    b, t, v = logits.shape
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    flat = logits.reshape(b * t, v)
-    out = torch.empty(b * t, dtype=dtype, device=logits.device)
-    for start in range(0, b * t, chunk_size):
-        logq = torch.log_softmax(flat[start : start + chunk_size].to(dtype), dim=-1)
-        p = logq.exp()
-        logq.clamp_(min=torch.finfo(dtype).min)  # -inf -> finite so that 0 * log 0 = 0, not NaN
-        out[start : start + chunk_size] = -(p.mul_(logq)).sum(dim=-1)
-        del logq, p
-    return out.reshape(b, t)

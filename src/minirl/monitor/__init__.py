@@ -21,7 +21,7 @@ from minirl.monitor.fidelity import (
     importance_weight_stats,
     sequence_is_loss,
 )
-from minirl.monitor.mismatch import mismatch_metrics
+from minirl.monitor.mismatch import mismatch_metrics, token_entropy
 from minirl.monitor.routing import routing_agreement
 from minirl.monitor.step import (
     StepRecord,
@@ -52,5 +52,5 @@ def approximation_diagnostics(trainer: Any, minibatch: Batch, objective: Any, in
 __all__ = [
     "StepRecord", "approximation_diagnostics", "approximation_metrics", "cosine", "first_order_residual",
     "gradient_fidelity", "importance_weight_stats", "mean_over", "mismatch_metrics", "rollout_metrics",
-    "routing_agreement", "routing_step_metrics", "sequence_is_loss", "step_metrics", "update_metrics",
+    "routing_agreement", "routing_step_metrics", "sequence_is_loss", "step_metrics", "token_entropy", "update_metrics",
 ]

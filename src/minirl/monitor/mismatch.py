@@ -1,4 +1,4 @@
-"""Per-step monitoring: the training–inference mismatch (``mismatch/*``).
+"""Per-step monitoring: the training–inference mismatch (``mismatch/*``) and the entropy.
 
 These are monitoring quantities, not loss terms: [P] (arXiv:2512.01374) has no KL penalty and no
 entropy bonus in Eq. (7); §5.4 only *plots* the training–inference KL and the entropy.
@@ -10,8 +10,8 @@ How they differ from what they are usually confused with:
   reference model and not the policy-update KL(pi_old || pi_theta). Per token it can be negative;
   only its expectation is >= 0. ``kl_k3`` is Schulman's k3 estimator of the same KL(mu || pi),
   exp(d) - 1 - d with d = log pi_old - log mu_old: unbiased and >= 0 per token.
-* The per-step ``train/entropy`` is ``minirl.algo.token_entropy``: the **full-vocabulary**
-  entropy -sum_w pi(w) log pi(w) at each rollout prefix, not the sampled-token estimate.
+* ``token_entropy`` (the per-step ``train/entropy``) is the **full-vocabulary** entropy
+  -sum_w pi(w) log pi(w) at each rollout prefix, not the sampled-token estimate -log pi(y_t).
 
 Metric names (python floats, token means over mask=True; an empty mask gives 0.0):
     kl_k1           mean(logp_rollout - logp_old)
@@ -60,3 +60,36 @@ def mismatch_metrics(
             "abs_dlogp_max": masked_max(d.abs(), mask),
         }
     )
+
+
+DEFAULT_ENTROPY_CHUNK: int = 256
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK) -> torch.Tensor:
+    """Full-vocabulary entropy H_t = -sum_w p(w) log p(w) per position ([P] §5.4, entropy plot).
+
+    Args:
+        logits: [B, T, V] (any float dtype; computed in float32 or wider).
+        chunk_size: rows of the flattened [B*T, V] processed at once. Peak extra memory is about
+            two [chunk_size, V] float32 buffers, never a [B, T, V] copy.
+
+    Returns:
+        float [B, T] (float32, or float64 for float64 logits), no gradient (runs under no_grad).
+        Vocabulary entries with logit -inf contribute 0.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
+        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {getattr(logits, 'shape', type(logits))}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    b, t, v = logits.shape
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    flat = logits.reshape(b * t, v)
+    out = torch.empty(b * t, dtype=dtype, device=logits.device)
+    for start in range(0, b * t, chunk_size):
+        logq = torch.log_softmax(flat[start : start + chunk_size].to(dtype), dim=-1)
+        p = logq.exp()
+        logq.clamp_(min=torch.finfo(dtype).min)  # -inf -> finite so that 0 * log 0 = 0, not NaN
+        out[start : start + chunk_size] = -(p.mul_(logq)).sum(dim=-1)
+        del logq, p
+    return out.reshape(b, t)
