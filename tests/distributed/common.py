@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,12 +36,15 @@ class DenseRewards:
         pass
 
 
-def run_steps(tmp_path: Path, *overrides: str, steps: int = STEPS,
-              fuse_old_pass: bool = True) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    """``steps`` global steps; returns each step's metrics and the final weights (a copy)."""
+def run_steps(tmp_path: Path, *overrides: str, steps: int = STEPS, fuse_old_pass: bool = True,
+              on_setup: Callable[[loop.Run], None] | None = None) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """``steps`` global steps; returns each step's metrics and the final weights (a copy).
+    ``on_setup(run)`` may change the ``Run`` first (its seams)."""
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, f"run.output_dir={tmp_path}", *overrides])
     run = loop.setup(cfg, rewards=DenseRewards())
     run.fuse_old_pass = fuse_old_pass
+    if on_setup is not None:
+        on_setup(run)
     try:
         metrics = [loop.global_step(run, step) for step in range(1, steps + 1)]
         weights = {name: tensor.detach().clone() for name, tensor in run.trainer.state_dict().items()}
