@@ -53,6 +53,15 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
 
 
+class RewardFunctionConfig(Section):
+    """One entry of ``task.reward_functions`` (``minirl.tasks.reward_functions``)."""
+
+    function: str = Field(description="'module:function' (a module in the working directory or installed, or path/to/file.py:function)")
+    weight: float = Field(1.0, allow_inf_nan=False, description="the reward is the weighted sum over the functions")
+    batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts' or 'completions'")
+    name: str | None = Field(None, description="metric name reward/<name>/mean (default: the function's __name__)")
+
+
 class TaskConfig(Section):
     kind: Literal["reverse", "add", "sort", "jsonl"] = "reverse"
     difficulty: int = Field(6, ge=1)
@@ -68,6 +77,9 @@ class TaskConfig(Section):
     reward: Literal["exact", "math_verify"] = "exact"
     reward_function: str | None = None
     """A user reward ``package.module:function`` called as ``fn(prompt, completion, answer) -> float``."""
+    reward_functions: list[RewardFunctionConfig] = []
+    """Several weighted user rewards, per-sample or batched (TRL's signature), sync or async; every
+    extra data column reaches them as a keyword (``minirl.tasks.reward_functions``)."""
     reward_timeout_s: float | None = Field(10.0, gt=0)
     """Seconds one call of ``reward_function`` may take (it runs in a worker process that is killed
     past it); null = no timeout, called in the trainer's process. Built-in verifiers never time out."""
@@ -86,6 +98,8 @@ class TaskConfig(Section):
     def _jsonl_needs_path(self) -> "TaskConfig":
         if self.kind == "jsonl" and not self.path:
             raise ValueError("task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)")
+        if self.reward_function and self.reward_functions:
+            raise ValueError("task.reward_functions: give either task.reward_function (one) or task.reward_functions (a list)")
         return self
 
 

@@ -39,12 +39,19 @@ class SamplingParams:
 
 @dataclass
 class Prompt:
-    """One task instance: what the model sees, and what the verifier needs."""
+    """One task instance: what the model sees, and what the verifier needs.
+
+    ``messages``: a conversational prompt (``[{"role": "user", "content": ...}, ...]``), rendered
+    with the tokenizer's chat template (``minirl.tasks.chat.encode_prompt``); ``text`` is then its
+    plain-text form (the contents, one per line). ``meta``: the data row's other columns (and
+    ``source``, where it came from), passed to reward functions as keywords.
+    """
 
     text: str
     answer: str
     uid: str = ""
     meta: dict = field(default_factory=dict)
+    messages: list[dict] | None = None
 
 
 @dataclass

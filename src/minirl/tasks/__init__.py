@@ -64,16 +64,28 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def build_task(kind: str, reward_function: str | Callable | None = None, **kwargs: Any) -> Task:
+def build_task(
+    kind: str, reward_function: str | Callable | None = None, reward_functions: list | None = None, **kwargs: Any
+) -> Task:
     """The task ``kind`` built with ``kwargs``; ``reward_function`` (a ``"module:function"`` spec
-    or a callable ``fn(prompt, completion, answer)``) replaces its verifier when given."""
+    or a callable ``fn(prompt, completion, answer)``) or ``reward_functions`` (a list of
+    ``RewardFn``, or of dicts ``{"function", "weight", "batched", "name"}``) replace its verifier."""
+    from minirl.tasks.reward_functions import make_reward_fn
     from minirl.tasks.rewards import CustomRewardTask
 
     tasks = _tasks()
     if kind not in tasks:
         raise ValueError(f"unknown task kind {kind!r}; known kinds: {', '.join(tasks)}")
     task = tasks[kind](**kwargs)
-    if reward_function is not None:
+    if reward_functions:
+        entries = []
+        for entry in reward_functions:
+            if isinstance(entry, dict):
+                fields = dict(entry)
+                entry = make_reward_fn(fields.pop("function"), **fields)
+            entries.append(entry)
+        task = CustomRewardTask(task, entries)
+    elif reward_function is not None:
         task = CustomRewardTask(task, reward_function)
     return task
 
@@ -95,7 +107,8 @@ def build_task_from_config(
         )
     else:
         kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
-    return build_task(t.kind, reward_function=t.reward_function, **kwargs)
+    functions = [entry.model_dump() for entry in t.reward_functions]
+    return build_task(t.kind, reward_function=t.reward_function, reward_functions=functions, **kwargs)
 
 
 def data_metrics(task: Any) -> dict[str, float]:

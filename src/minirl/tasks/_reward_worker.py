@@ -5,12 +5,15 @@ CUDA context, no threads or locks inherited from the trainer, no re-import of th
 ``__main__``). It runs in its own session, so killing its process group also stops processes a
 reward function started. Messages are ``multiprocessing.connection`` frames on two pipes:
 
-    parent -> worker   {"sys_path": [...], "spec": "module:function" | None, "pickled": bytes | None}
-    worker -> parent   ("ready", name) | ("failed", one-line message)
-    parent -> worker   [(prompt, completion, answer), ...]    a chunk; None = exit
-    worker -> parent   ("ok", reward) | ("error", one-line message)   one per sample, in order
+    parent -> worker   {"sys_path": [...], "functions": [{"spec": "module:function" | None,
+                        "pickled": bytes | None, "batched": bool, "name": str}, ...]}
+    worker -> parent   ("ready", names) | ("failed", one-line message)
+    parent -> worker   [(function index, Sample or [Sample, ...]), ...]   a chunk of items; None = exit
+    worker -> parent   ("ok", reward or [rewards]) | ("error", one-line message)   one per item, in order
 
-Only the standard library and ``minirl.tasks.rewards`` (which imports no torch) are imported here.
+An item is one sample for a per-sample function, a list of samples for a batched one (one call).
+Only the standard library and ``minirl.tasks.rewards`` / ``reward_functions`` (which import no
+torch) are imported here.
 """
 
 from __future__ import annotations
@@ -38,19 +41,20 @@ def _exit_when_orphaned(parent_pid: int) -> None:
             os._exit(3)
 
 
-def _score(fn: Any, name: str, sample: tuple[str, str, str]) -> tuple[str, Any]:
-    from minirl.tasks.rewards import RewardFunctionError, check_reward_value, raised_message
+def _score(entry: Any, payload: Any) -> tuple[str, Any]:
+    from minirl.tasks.rewards import RewardFunctionError
 
     try:
-        value = fn(*sample)
+        values = entry.score(payload if entry.batched else [payload])
     except KeyboardInterrupt:
         raise
-    except BaseException as error:  # SystemExit from a user function is an error, not an exit
-        return "error", raised_message(name, error)
-    try:
-        return "ok", check_reward_value(value, name)
     except RewardFunctionError as error:
         return "error", str(error)
+    except BaseException as error:  # SystemExit from a user function is an error, not an exit
+        from minirl.tasks.rewards import raised_message
+
+        return "error", raised_message(entry.full_name, error)
+    return "ok", values if entry.batched else values[0]
 
 
 def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
@@ -62,15 +66,19 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     except EOFError:
         return
     sys.path[:] = setup["sys_path"]
-    from minirl.tasks.rewards import function_name, load_reward_function
+    from minirl.tasks.reward_functions import RewardFn
+    from minirl.tasks.rewards import load_reward_function
 
     try:
-        fn = load_reward_function(setup["spec"]) if setup["spec"] else pickle.loads(setup["pickled"])
+        functions = [
+            RewardFn(load_reward_function(f["spec"]) if f["spec"] else pickle.loads(f["pickled"]),
+                     batched=f["batched"], name=f["name"], spec=f["spec"])
+            for f in setup["functions"]
+        ]
     except BaseException as error:  # noqa: BLE001 - reported to the trainer, which raises it
         outbox.send(("failed", " ".join(str(error).split()) or type(error).__name__))
         return
-    name = function_name(fn)
-    outbox.send(("ready", name))
+    outbox.send(("ready", [entry.full_name for entry in functions]))
     while True:
         try:
             chunk = inbox.recv()
@@ -78,5 +86,5 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             return
         if chunk is None:
             return
-        for sample in chunk:
-            outbox.send(_score(fn, name, sample))
+        for index, payload in chunk:
+            outbox.send(_score(functions[index], payload))

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from minirl.tasks._reward_worker import BOOT
+from minirl.tasks.reward_functions import RewardFn, Sample, sample_of
 from minirl.tasks.rewards import (
     CustomRewardTask,
     RewardFunctionError,
@@ -52,7 +53,6 @@ from minirl.tasks.rewards import (
     check_reward_value,
     function_name,
     raised_message,
-    reward_spec,
 )
 
 if TYPE_CHECKING:
@@ -153,9 +153,10 @@ class RewardRunner:
         self.fallback_reward = float(fallback_reward)
         self.num_workers = workers
         self.startup_timeout_s = startup_timeout_s
-        self.fn = task.fn if isinstance(task, CustomRewardTask) else None
-        self.name = function_name(self.fn if self.fn is not None else task.reward)
-        self.in_worker = self.fn is not None and timeout_s is not None
+        self.functions: list[RewardFn] = list(task.functions) if isinstance(task, CustomRewardTask) else []
+        self.fn = self.functions[0].fn if self.functions else None
+        self.name = self.functions[0].full_name if self.functions else function_name(task.reward)
+        self.in_worker = bool(self.functions) and timeout_s is not None
         """True when the reward runs in worker processes (a user function with a timeout)."""
         self.last_problems: list[str] = []
         """Up to three distinct problem messages of the last ``score`` call (fallback mode)."""
@@ -186,23 +187,58 @@ class RewardRunner:
         import torch  # here, so that importing this module stays light
 
         pairs = [item if isinstance(item, tuple) else (item.prompt_index, item.text) for item in completions]
+        ids = [[] if isinstance(item, tuple) else list(item.completion_ids) for item in completions]
         with self._lock:
-            if self.in_worker:
-                samples = [(prompts[index].text, text, prompts[index].answer) for index, text in pairs]
-                results = self._score_in_workers(samples)
+            if self.functions:
+                samples = [sample_of(prompts[index], text, ids[n]) for n, (index, text) in enumerate(pairs)]
+                per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
+                results = [[column[n] for column in per_function] for n in range(len(samples))]
             else:
-                results = [self._score_here(prompts[index], text) for index, text in pairs]
-        rewards = [value if kind == "ok" else self.fallback_reward for kind, value in results]
-        errors = sum(kind == "error" for kind, _ in results)
-        timeouts = sum(kind == "timeout" for kind, _ in results)
-        problems = [value for kind, value in results if kind != "ok"]
+                results = [[self._score_here(prompts[index], text)] for index, text in pairs]
+        weights = [f.weight for f in self.functions] or [1.0]
+        values = [[value if kind == "ok" else self.fallback_reward for kind, value in row] for row in results]
+        rewards = [sum(w * v for w, v in zip(weights, row)) for row in values]
+        flat = [result for row in results for result in row]
+        errors = sum(kind == "error" for kind, _ in flat)
+        timeouts = sum(kind == "timeout" for kind, _ in flat)
+        problems = [value for kind, value in flat if kind != "ok"]
         self.last_problems = list(dict.fromkeys(problems))[:3]
         stats = {
             "reward/errors": float(errors),
             "reward/timeouts": float(timeouts),
-            "reward/fallback_frac": (errors + timeouts) / len(results) if results else 0.0,
+            "reward/fallback_frac": (errors + timeouts) / len(flat) if flat else 0.0,
         }
+        for k, entry in enumerate(self.functions):  # TRL's rewards/<name>/mean, one per function
+            stats[f"reward/{entry.name}/mean"] = sum(row[k] for row in values) / len(values) if values else 0.0
         return torch.tensor(rewards, dtype=torch.float32), stats
+
+    def _score_function(self, k: int, samples: list[Sample]) -> list[tuple[str, Any]]:
+        """``(kind, value)`` per sample of function ``k``: in the workers, or here without a timeout."""
+        entry = self.functions[k]
+        if not entry.batched:
+            items: list[Any] = list(samples)
+        else:  # one call per worker, on a contiguous share of the samples
+            share = max(1, math.ceil(len(samples) / self.num_workers))
+            items = [samples[i : i + share] for i in range(0, len(samples), share)]
+        if self.in_worker:
+            answers = self._score_in_workers([(k, item) for item in items], entry.full_name)
+        else:
+            answers = [self._call_here(entry, item) for item in items]
+        if not entry.batched:
+            return answers
+        out: list[tuple[str, Any]] = []
+        for item, (kind, value) in zip(items, answers):
+            out += [(kind, v) for v in value] if kind == "ok" else [(kind, value)] * len(item)
+        return out
+
+    def _call_here(self, entry: RewardFn, item: Any) -> tuple[str, Any]:
+        try:
+            values = entry.score(item if entry.batched else [item])
+        except RewardFunctionError as error:
+            if self.on_error == "fail":
+                raise
+            return "error", str(error)
+        return "ok", values if entry.batched else values[0]
 
     def _problem(self, kind: str, message: str) -> tuple[str, Any]:
         if self.on_error == "fail":
@@ -210,8 +246,9 @@ class RewardRunner:
         return kind, message
 
     def _score_here(self, prompt: Prompt, text: str) -> tuple[str, Any]:
+        """The built-in verifier (``task.reward``), in this process."""
         try:
-            value = self.fn(prompt.text, text, prompt.answer) if self.fn is not None else self.task.reward(prompt, text)
+            value = self.task.reward(prompt, text)
         except Exception as error:
             if self.on_error == "fail":
                 raise RewardFunctionError(raised_message(self.name, error)) from error
@@ -224,20 +261,22 @@ class RewardRunner:
     # ------------------------------------------------------------------------------------ workers
 
     def _worker_setup(self, task: Any) -> dict[str, Any]:
-        spec = getattr(task, "spec", None) or reward_spec(self.fn)
-        pickled = None
-        if spec is None:
-            try:
-                if getattr(self.fn, "__module__", None) == "__main__":
-                    raise TypeError("defined in __main__")
-                pickled = pickle.dumps(self.fn)
-            except Exception:
-                raise RewardSpecError(
-                    f"reward function {self.name}: cannot be imported by a worker process (a lambda, closure or "
-                    "function in __main__); define it in a module and name it 'module:function', or set "
-                    "task.reward_timeout_s=null to run it in the trainer without a timeout"
-                ) from None
-        return {"sys_path": list(sys.path), "spec": spec, "pickled": pickled}
+        functions = []
+        for entry in self.functions:
+            pickled = None
+            if entry.spec is None:
+                try:
+                    if getattr(entry.fn, "__module__", None) == "__main__":
+                        raise TypeError("defined in __main__")
+                    pickled = pickle.dumps(entry.fn)
+                except Exception:
+                    raise RewardSpecError(
+                        f"reward function {entry.full_name}: cannot be imported by a worker process (a lambda, closure or "
+                        "function in __main__); define it in a module and name it 'module:function', or set "
+                        "task.reward_timeout_s=null to run it in the trainer without a timeout"
+                    ) from None
+            functions.append({"spec": entry.spec, "pickled": pickled, "batched": entry.batched, "name": entry.name})
+        return {"sys_path": list(sys.path), "functions": functions}
 
     def _start_workers(self) -> None:
         if self._workers.closed:
@@ -251,7 +290,8 @@ class RewardRunner:
             self._workers.remove(worker)
         self._start_workers()
 
-    def _score_in_workers(self, samples: list[tuple[str, str, str]]) -> list[tuple[str, Any]]:
+    def _score_in_workers(self, samples: list[tuple[int, Any]], name: str) -> list[tuple[str, Any]]:
+        """``(kind, value)`` per item ``(function index, sample or list of samples)``, from the workers."""
         results: list[tuple[str, Any] | None] = [None] * len(samples)
         self._missing = len(samples)  # results still None
         pending = deque(range(len(samples)))
@@ -282,11 +322,11 @@ class RewardRunner:
                     try:
                         message = worker.inbox.recv()
                     except (EOFError, OSError):
-                        self._worker_died(worker, results, pending)
+                        self._worker_died(worker, results, pending, name)
                         continue
                     if not worker.ready:
                         if message[0] != "ready":
-                            raise RewardSpecError(f"reward function {self.name}: the worker process cannot load it: {message[1]}")
+                            raise RewardSpecError(f"reward function {name}: the worker process cannot load it: {message[1]}")
                         worker.ready = True
                         continue
                     index = worker.in_flight.popleft()
@@ -305,7 +345,7 @@ class RewardRunner:
                         self._replace(worker)
                         self._put(results, index, self._problem(
                             "timeout",
-                            f"reward function {self.name} did not return within {timeout:g} s "
+                            f"reward function {name} did not return within {timeout:g} s "
                             "(task.reward_timeout_s); its worker process was killed",
                         ))
         finally:
@@ -314,7 +354,7 @@ class RewardRunner:
                     self._replace(worker)
         return results  # type: ignore[return-value]
 
-    def _worker_died(self, worker: _Worker, results: list, pending: deque) -> None:
+    def _worker_died(self, worker: _Worker, results: list, pending: deque, name: str) -> None:
         worker.proc.wait()
         code = worker.proc.returncode
         if not worker.ready:
@@ -325,7 +365,7 @@ class RewardRunner:
         self._replace(worker)
         if index is not None:
             self._put(results, index, self._problem(
-                "error", f"reward function {self.name} killed its worker process (exit code {code})"
+                "error", f"reward function {name} killed its worker process (exit code {code})"
             ))
 
     def _put(self, results: list, index: int, result: tuple[str, Any]) -> None:

@@ -2,8 +2,10 @@
 
 A reward function is a plain callable taking the prompt text, the completion text and the
 reference answer (all ``str``) and returning a finite number (``bool`` counts as 0/1). The spec
-is ``module:attribute`` where ``module`` is an importable dotted name or a path to a ``.py``
-file, and ``attribute`` may be dotted (``module:Class.method``).
+is ``module:attribute`` where ``module`` is an importable dotted name (a module in the working
+directory included, as with ``python -m``) or a path to a ``.py`` file, and ``attribute`` may be
+dotted (``module:Class.method``). Several weighted functions, batched (TRL's signature), async,
+with the data's extra columns as keywords: ``minirl.tasks.reward_functions``.
 
 ``CustomRewardTask`` wraps any ``Task`` and scores with such a function; a function that raises,
 or returns ``None``, NaN, an infinity or a non-number, stops the run with a one-line
@@ -23,6 +25,7 @@ import importlib
 import importlib.util
 import math
 import numbers
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -65,10 +68,15 @@ def _import_module(spec: str, module_name: str) -> Any:
     try:
         if module_name.endswith(".py"):
             return _import_file(spec, Path(module_name))
+        _add_working_directory(module_name)
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
-            raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} not found") from None
+            raise RewardSpecError(
+                f"reward function {spec!r}: module {module_name!r} not found (looked in the working directory "
+                f"{os.getcwd()} and on sys.path; a file path also works: 'path/to/{module_name.split('.')[0]}.py:"
+                f"{spec.partition(':')[2]}')"
+            ) from None
         raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}") from error
     except RewardSpecError:
         raise
@@ -76,6 +84,17 @@ def _import_module(spec: str, module_name: str) -> Any:
         raise RewardSpecError(
             f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}"
         ) from error
+
+
+def _add_working_directory(module_name: str) -> None:
+    """Make ``module_name`` importable from the working directory, as ``python -m`` would (the
+    ``minirl`` console script's ``sys.path[0]`` is its own bin directory, not the working one)."""
+    top = module_name.split(".")[0]
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:
+        return
+    if (Path(cwd) / f"{top}.py").is_file() or (Path(cwd) / top).is_dir():
+        sys.path.append(cwd)  # after the installed packages: a local file never shadows a library
 
 
 def _import_file(spec: str, path: Path) -> Any:
@@ -149,19 +168,25 @@ def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answe
 
 
 class CustomRewardTask:
-    """``base_task``'s prompts, scored by a user function ``fn(prompt, completion, answer)``.
+    """``base_task``'s prompts, scored by user functions (``minirl.tasks.reward_functions``).
 
-    Other attributes (``styles``, ``teacher_solution``, ``extract_answer`` ...) are the base
-    task's, so a wrapped ``TeacherTask`` is still one.
+    ``fn`` is one ``fn(prompt, completion, answer)`` (a callable or a ``module:function`` spec)
+    or a list of ``RewardFn`` (weighted; per-sample or batched). Other attributes (``styles``,
+    ``teacher_solution``, ``extract_answer`` ...) are the base task's, so a wrapped
+    ``TeacherTask`` is still one.
     """
 
-    def __init__(self, base_task: Task, fn: RewardFunction | str, name: str | None = None) -> None:
+    def __init__(self, base_task: Task, fn: RewardFunction | str | list, name: str | None = None) -> None:
+        from minirl.tasks.reward_functions import make_reward_fn, unique_names
+
         self.base_task = base_task
-        self.fn: RewardFunction = load_reward_function(fn) if isinstance(fn, str) else fn
-        if not callable(self.fn):
-            raise RewardSpecError(f"reward function {fn!r} is not callable")
-        self.spec: str | None = fn if isinstance(fn, str) else reward_spec(self.fn)
-        """How a worker process imports the function again (``None``: it cannot)."""
+        self.functions = list(fn) if isinstance(fn, list) else [make_reward_fn(fn, batched=False)]
+        if not self.functions:
+            raise RewardSpecError("task.reward_functions: the list is empty")
+        unique_names(self.functions)
+        self.fn: RewardFunction = self.functions[0].fn
+        self.spec: str | None = self.functions[0].spec
+        """How a worker process imports the (first) function again (``None``: it cannot)."""
         self.name = name or base_task.name
 
     def train_prompts(self) -> list[Prompt]:
@@ -171,9 +196,12 @@ class CustomRewardTask:
         return self.base_task.eval_prompts()
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        return call_reward_function(self.fn, prompt.text, completion, prompt.answer)
+        from minirl.tasks.reward_functions import sample_of
+
+        sample = sample_of(prompt, completion)
+        return sum(entry.weight * entry.score([sample])[0] for entry in self.functions)
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute in ("base_task", "spec", "fn"):  # not yet set (e.g. during unpickling): no recursion
+        if attribute in ("base_task", "spec", "fn", "functions"):  # not yet set (e.g. during unpickling): no recursion
             raise AttributeError(attribute)
         return getattr(self.base_task, attribute)

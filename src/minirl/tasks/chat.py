@@ -1,0 +1,125 @@
+"""How a prompt becomes token ids, once for the engine, the trainer and SFT; and when to stop.
+
+``encode_prompt(tokenizer, prompt)`` is the one function that tokenises a prompt: the rollout
+engines call it, so the trainer scores exactly those ids (``Completion.prompt_ids``), and SFT
+calls it for its prompts too.
+
+* A **conversational** prompt (``Prompt.messages``, TRL's ``[{"role": "user", "content": ...}]``)
+  is rendered with the tokenizer's chat template, ``apply_chat_template(messages,
+  add_generation_prompt=True)``, and the rendered text is encoded **without** the tokenizer's
+  special tokens: the template writes BOS itself when the model wants one (this is what
+  ``apply_chat_template(..., tokenize=True)`` does, so there is never a double BOS).
+* A **plain-text** prompt is encoded as the tokenizer says (``add_special_tokens=True``: a
+  tokenizer that prepends BOS prepends it; minirl's character tokenizer adds nothing). If the
+  text itself already starts with the BOS token, the added one is dropped (no double BOS).
+
+``task.chat_template`` in the config: ``auto`` (chat rows use the tokenizer's template; a
+tokenizer without one is a one-line error), ``plain`` (chat rows are flattened to their
+contents, one message per line, and encoded as plain text) or a path to a Jinja template file,
+which becomes the tokenizer's ``chat_template`` (and is saved with every checkpoint).
+
+``stop_token_ids(tokenizer, model)``: generation ends at any of the tokenizer's EOS and the
+model's ``generation_config.eos_token_id`` (an int or a list, as instruct models ship it).
+``cut_at_stop_strings``: optional stop strings, applied to the decoded completion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from minirl.types import Completion, Prompt
+
+CHAT_MODES = ("auto", "plain")
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer cannot render a conversational prompt; one line naming the fix."""
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """The token ids of ``prompt`` as the model sees it (module docstring)."""
+    if prompt.messages is not None:
+        return encode_text(tokenizer, render_chat(tokenizer, prompt.messages), add_special_tokens=False)
+    return encode_text(tokenizer, prompt.text, add_special_tokens=True)
+
+
+def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    """``messages`` through the tokenizer's chat template, as text."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError(
+            "a conversational prompt needs a chat template: the tokenizer has none; set task.chat_template to a "
+            "Jinja template file, or task.chat_template=plain to feed the messages as plain text"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """``text`` encoded; a BOS the tokenizer adds in front of a text that starts with BOS is dropped."""
+    ids = list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if add_special_tokens and bos and bos_id is not None and text.startswith(bos) and ids[:2] == [bos_id, bos_id]:
+        ids = ids[1:]
+    return ids
+
+
+def flatten_messages(messages: Sequence[dict]) -> str:
+    """A conversation as plain text: the message contents, one per line."""
+    return "\n".join(str(message.get("content", "")) for message in messages)
+
+
+def apply_chat_setting(tokenizer: Any, setting: str) -> None:
+    """``task.chat_template``: a template file becomes the tokenizer's ``chat_template``."""
+    if setting in CHAT_MODES:
+        return
+    path = Path(setting)
+    if not path.is_file():
+        raise ChatTemplateError(f"task.chat_template: {setting!r} is not 'auto', 'plain' or a template file")
+    tokenizer.chat_template = path.read_text(encoding="utf-8")
+
+
+def prepare_prompts(prompts: list[Prompt], setting: str) -> list[Prompt]:
+    """``task.chat_template=plain``: conversational prompts become their plain text."""
+    if setting != "plain":
+        return prompts
+    for prompt in prompts:
+        prompt.messages = None
+    return prompts
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """The tokenizer's EOS id and the model's ``generation_config.eos_token_id`` (int or list), once each."""
+    ids: list[int] = []
+    sources = [getattr(tokenizer, "eos_token_id", None),
+               getattr(getattr(model, "generation_config", None), "eos_token_id", None)]
+    for source in sources:
+        for value in source if isinstance(source, (list, tuple)) else [source]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+    if not ids:
+        raise ChatTemplateError("the tokenizer has no eos token and the model's generation_config names none")
+    return ids
+
+
+def cut_at_stop_strings(completion: Completion, tokenizer: Any, stops: Sequence[str]) -> Completion:
+    """``completion`` ended at the first token whose decoded prefix contains a stop string.
+
+    The kept tokens are a prefix of what was sampled, so their ``logp_rollout`` stay exact; the
+    tokens after the stop are dropped (finish reason ``eos``, as for a stop token).
+    """
+    if not stops or not any(stop in completion.text for stop in stops):
+        return completion
+    ids = completion.completion_ids
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:end], skip_special_tokens=True)
+        if any(stop in text for stop in stops):
+            break
+    completion.completion_ids = list(ids[:end])
+    completion.logp_rollout = completion.logp_rollout[:end]
+    completion.text = tokenizer.decode(completion.completion_ids, skip_special_tokens=True)
+    completion.finish_reason = "eos"
+    if completion.routes is not None:
+        completion.routes = completion.routes[: len(completion.prompt_ids) + end].clone()
+        completion.routes[-1] = -1  # the last token is never fed while sampling (types.Completion)
+    return completion

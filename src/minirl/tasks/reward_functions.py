@@ -1,0 +1,215 @@
+"""Several weighted reward functions, called the TRL way or one sample at a time.
+
+    task:
+      reward_functions:
+        - {function: "my_rewards:correct", weight: 1.0}              # per-sample
+        - {function: "my_rewards:format_reward", weight: 0.2}        # batched (TRL), found by its signature
+        - {function: "my_rewards:judge", weight: 0.5, batched: true, name: judge}
+
+The reward of a sample is ``sum_i weight_i * r_i`` (TRL's ``reward_weights``); each function's
+own mean is logged as ``reward/<name>/mean`` (``name``: the entry's ``name``, else the function's
+``__name__``; a repeated name gets ``_2``, ``_3``...).
+
+**Per-sample** functions are called as ``fn(prompt, completion, answer, **columns)``: the first
+three positionally (``prompt`` is the row's prompt as written, a string or a list of chat
+messages; ``completion`` the generated completion; ``answer`` the reference, a string), then
+every other column of the data row by its own name, plus ``completion_ids`` (the generated token
+ids). **Batched** functions get lists, all by keyword, exactly as TRL's ``GRPOTrainer`` calls a
+reward function: ``fn(prompts=[...], completions=[...], completion_ids=[[...]], answer=[...],
+answers=[...], **columns)`` and return a list of numbers, one per sample. So a TRL reward file
+works unchanged. In both forms a completion has its prompt's shape, TRL's rule: the text for a
+text prompt; ``[{"role": "assistant", "content": text}]`` for a chat prompt (list of messages).
+
+A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
+of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
+its first parameter is named ``prompts`` or ``completions`` (TRL's convention), else per-sample.
+``async def`` functions (or any that return an awaitable) are awaited.
+
+Like ``minirl.tasks.rewards`` this imports nothing heavy: the reward worker process uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from minirl.tasks.rewards import (
+    RewardFunctionError,
+    RewardSpecError,
+    check_reward_value,
+    function_name,
+    load_reward_function,
+    raised_message,
+    reward_spec,
+)
+
+if TYPE_CHECKING:
+    from minirl.types import Prompt
+
+BATCHED_FIRST_PARAMETERS = ("prompts", "completions")
+
+
+@dataclass
+class Sample:
+    """What a reward function may see of one sample (picklable: sent to the worker process)."""
+
+    prompt: Any  # str, or a list of chat messages
+    completion: str
+    answer: str
+    completion_ids: list[int] = field(default_factory=list)
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = ()) -> Sample:
+    """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``."""
+    columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
+    messages = getattr(prompt, "messages", None)
+    shown = messages if messages is not None else prompt.text
+    return Sample(shown, completion, prompt.answer, list(completion_ids), columns)
+
+
+@dataclass
+class RewardFn:
+    """One configured reward function and how to call it."""
+
+    fn: Callable[..., Any]
+    weight: float = 1.0
+    batched: bool = False
+    name: str = ""
+    spec: str | None = None
+    """How a worker process imports it again (``None``: it is sent pickled, or cannot be)."""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
+        self.full_name = function_name(self.fn)
+        self._accepts = _accepted_keywords(self.fn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def keywords(self, available: dict[str, Any]) -> dict[str, Any]:
+        return dict(available) if self._accepts is None else {k: v for k, v in available.items() if k in self._accepts}
+
+    def score(self, samples: Sequence[Sample]) -> list[float]:
+        """Rewards of ``samples`` (finite floats), or ``RewardFunctionError`` naming the function."""
+        if self.batched:
+            return self._score_batch(samples)
+        return [self._score_one(sample) for sample in samples]
+
+    def _score_one(self, sample: Sample) -> float:
+        kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids})
+        try:
+            value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
+        except Exception as error:
+            raise RewardFunctionError(raised_message(self.full_name, error)) from error
+        return check_reward_value(value, self.full_name)
+
+    def _score_batch(self, samples: Sequence[Sample]) -> list[float]:
+        available = batch_keywords(samples)
+        try:
+            values = resolve(self.fn(**self.keywords(available)))
+        except Exception as error:
+            raise RewardFunctionError(raised_message(self.full_name, error)) from error
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise RewardFunctionError(
+                f"reward function {self.full_name} is batched and returned {type(values).__name__} {values!r:.60}, "
+                f"expected a list of {len(samples)} numbers"
+            )
+        if len(values) != len(samples):
+            raise RewardFunctionError(
+                f"reward function {self.full_name} returned {len(values)} rewards for {len(samples)} completions"
+            )
+        return [check_reward_value(value, self.full_name) for value in values]
+
+
+def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
+    """The keyword arguments of a batched call: TRL's names, the answers, and every column."""
+    completions = [shaped_completion(s) for s in samples]
+    columns: dict[str, list[Any]] = {}
+    for index, sample in enumerate(samples):
+        for key, value in sample.columns.items():
+            columns.setdefault(key, [None] * len(samples))[index] = value
+    answers = [s.answer for s in samples]
+    return {**columns, "prompts": [s.prompt for s in samples], "completions": completions,
+            "completion_ids": [list(s.completion_ids) for s in samples], "answer": answers, "answers": answers}
+
+
+def shaped_completion(sample: Sample) -> Any:
+    """The completion in its prompt's shape (TRL): text, or one assistant message for a chat prompt."""
+    return [{"role": "assistant", "content": sample.completion}] if isinstance(sample.prompt, list) else sample.completion
+
+
+def resolve(value: Any) -> Any:
+    """``value``, awaited when it is awaitable (an ``async def`` reward function)."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    result: dict[str, Any] = {}  # a loop already runs in this thread (a notebook): await in another
+
+    def run() -> None:
+        try:
+            result["value"] = asyncio.run(wait())
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """Parameter names ``fn`` takes by keyword; ``None`` when it takes ``**kwargs`` (or is opaque)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def looks_batched(fn: Callable[..., Any]) -> bool:
+    """TRL's convention: the first parameter is ``prompts`` or ``completions``."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(parameters) and parameters[0].name in BATCHED_FIRST_PARAMETERS
+
+
+def make_reward_fn(
+    target: str | Callable[..., Any], weight: float = 1.0, batched: bool | None = None, name: str | None = None
+) -> RewardFn:
+    """A ``RewardFn`` from a ``module:function`` spec (or a callable)."""
+    fn = load_reward_function(target) if isinstance(target, str) else target
+    if not callable(fn):
+        raise RewardSpecError(f"reward function {target!r} is not callable")
+    spec = target if isinstance(target, str) else reward_spec(fn)
+    return RewardFn(fn, float(weight), looks_batched(fn) if batched is None else bool(batched), name or "", spec)
+
+
+def unique_names(functions: list[RewardFn]) -> None:
+    """Give repeated names a suffix (``score``, ``score_2``), so each has its own metric."""
+    seen: dict[str, int] = {}
+    for entry in functions:
+        count = seen.get(entry.name, 0) + 1
+        seen[entry.name] = count
+        if count > 1:
+            entry.name = f"{entry.name}_{count}"

@@ -1,0 +1,116 @@
+"""Reward functions the TRL way: weighted lists, batched or per-sample, async, extra columns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minirl.tasks import RewardFunctionError, RewardRunner, RewardSpecError, build_task, load_reward_function
+from minirl.tasks.reward_functions import looks_batched, make_reward_fn
+from minirl.types import Prompt
+
+MOD = "tests.unit.trl_style_rewards"
+PROMPTS = [
+    Prompt(text="2+2?", answer="4", meta={"source": "f:1", "unit": "kg", "bonus": 0.5}),
+    Prompt(text="q", answer="7 kg", meta={"source": "f:2", "unit": "kg", "bonus": 2}, messages=[{"role": "user", "content": "q"}]),
+]
+COMPLETIONS = [(0, "4"), (0, "5"), (1, "7 kg"), (1, "7 g")]
+
+
+def _runner(functions: list[dict], timeout_s: float | None = None, **kwargs) -> RewardRunner:
+    task = build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=functions)
+    return RewardRunner(task, timeout_s=timeout_s, **kwargs)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process, and in a worker process
+def test_batched_and_per_sample_give_identical_rewards(timeout_s: float | None) -> None:
+    with _runner([{"function": f"{MOD}:exact"}], timeout_s) as per_sample, \
+         _runner([{"function": f"{MOD}:exact_batched"}], timeout_s, workers=2) as batched:
+        assert batched.functions[0].batched and not per_sample.functions[0].batched
+        one, _ = per_sample.score(PROMPTS, COMPLETIONS)
+        many, stats = batched.score(PROMPTS, COMPLETIONS)
+    assert one.tolist() == many.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert stats["reward/exact_batched/mean"] == 0.5
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_async_rewards_are_awaited(timeout_s: float | None) -> None:
+    functions = [{"function": f"{MOD}:exact_async"}, {"function": f"{MOD}:exact_async_batched", "weight": 2.0}]
+    with _runner(functions, timeout_s) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == [3.0, 0.0, 3.0, 0.0]
+    assert stats["reward/exact_async/mean"] == stats["reward/exact_async_batched/mean"] == 0.5
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_extra_columns_arrive_as_keywords_and_weights_sum(timeout_s: float | None) -> None:
+    functions = [{"function": f"{MOD}:uses_unit", "weight": 1.0}, {"function": f"{MOD}:bonus_batched", "weight": 0.5}]
+    with _runner(functions, timeout_s) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    # uses_unit: only "7 kg" ends with the row's unit; bonus: the row's column, weighted 0.5
+    assert rewards.tolist() == [0.25, 0.25, 2.0, 1.0]
+    assert stats["reward/uses_unit/mean"] == 0.25 and stats["reward/bonus_batched/mean"] == 1.25
+
+
+def test_trl_signature_works_unchanged_with_chat_prompts() -> None:
+    class C:  # a Completion-like object carrying token ids
+        def __init__(self, index: int, text: str, ids: list[int]) -> None:
+            self.prompt_index, self.text, self.completion_ids = index, text, ids
+
+    with _runner([{"function": f"{MOD}:trl_reward"}]) as runner:
+        rewards, _ = runner.score(PROMPTS, [C(1, "7 kg", [1, 2]), C(1, "7 kg", [3]), C(1, "x", [])])
+    assert rewards.tolist() == pytest.approx([1.02, 1.01, 0.0])
+
+
+def test_batched_detection_follows_trl_or_the_flag() -> None:
+    fns = __import__(MOD, fromlist=["x"])
+    assert looks_batched(fns.trl_reward) and looks_batched(fns.bonus_batched) and not looks_batched(fns.exact)
+    assert make_reward_fn(f"{MOD}:exact", batched=True).batched  # the flag wins
+
+
+def test_a_batched_function_returning_the_wrong_length_is_one_line() -> None:
+    with _runner([{"function": f"{MOD}:wrong_length"}]) as runner, pytest.raises(RewardFunctionError) as error:
+        runner.score(PROMPTS, COMPLETIONS)
+    assert str(error.value) == f"reward function {MOD}:wrong_length returned 1 rewards for 4 completions"
+
+
+def test_a_hanging_batched_call_times_out_as_one_call() -> None:
+    functions = [{"function": f"{MOD}:exact"}, {"function": f"{MOD}:slow_batched"}]
+    with _runner(functions, timeout_s=0.5, on_error="fallback", fallback_reward=-1.0) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == [0.0, -1.0, 0.0, -1.0]  # exact + fallback for the one timed-out call
+    assert stats["reward/timeouts"] == 4.0 and stats["reward/slow_batched/mean"] == -1.0
+
+
+def test_module_in_the_working_directory_is_found_and_a_miss_says_where(tmp_path: Path) -> None:
+    (tmp_path / "my_rewards_cwd.py").write_text("def score(prompt, completion, answer):\n    return 2.0\n")
+    script = (
+        "import sys; sys.path = [p for p in sys.path if p not in ('', '.', sys.argv[1])]\n"
+        "from minirl.tasks import load_reward_function, RewardSpecError\n"
+        "print(load_reward_function('my_rewards_cwd:score')('p', 'c', 'a'))\n"
+        "try:\n    load_reward_function('not_here_xyz:score')\nexcept RewardSpecError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "2.0"
+    assert out[1] == (f"reward function 'not_here_xyz:score': module 'not_here_xyz' not found (looked in the working "
+                      f"directory {tmp_path} and on sys.path; a file path also works: 'path/to/not_here_xyz.py:score')")
+
+
+def test_config_reward_functions_and_one_line_errors() -> None:
+    from minirl.config import ConfigError, load_config
+    from minirl.tasks import build_task_from_config
+
+    cfg = load_config(None, [f'task.reward_functions=[{{function: "{MOD}:exact", weight: 2}}, {{function: "{MOD}:exact_batched"}}]'])
+    task = build_task_from_config(cfg.task)
+    assert [(f.name, f.weight, f.batched) for f in task.functions] == [("exact", 2.0, False), ("exact_batched", 1.0, True)]
+    with pytest.raises(ConfigError, match="give either task.reward_function"):
+        load_config(None, [f"task.reward_function={MOD}:exact", f'task.reward_functions=[{{function: "{MOD}:exact"}}]'])
+    with pytest.raises(RewardSpecError, match="has no attribute 'nope'"):
+        build_task_from_config(load_config(None, [f'task.reward_functions=[{{function: "{MOD}:nope"}}]']).task)
+    assert load_reward_function(f"{MOD}:exact")("p", " 4 ", "4") == 1.0

@@ -1,0 +1,51 @@
+"""Reward functions written the way TRL and minirl users write them (imported by spec in tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def text(completion):
+    """A completion is text, or (for a chat prompt) [{"role": "assistant", "content": text}]."""
+    return completion[0]["content"] if isinstance(completion, list) else completion
+
+
+def exact(prompt, completion, answer):  # minirl's per-sample form
+    return 1.0 if text(completion).strip() == answer else 0.0
+
+
+def exact_batched(prompts, completions, answers, **columns):  # minirl's batched form
+    return [1.0 if text(c).strip() == a else 0.0 for c, a in zip(completions, answers)]
+
+
+def trl_reward(prompts, completions, completion_ids, **kwargs):  # TRL's exact convention
+    """Conversational rows: completions are [{"role": "assistant", "content": ...}]; columns as lists."""
+    texts = [completion[0]["content"] for completion in completions]  # as TRL's docs write it, chat rows only
+    return [float(t.strip() == a) + 0.01 * len(ids) for t, a, ids in zip(texts, kwargs["answer"], completion_ids)]
+
+
+def uses_unit(prompt, completion, answer, *, unit):  # a keyword-only extra column
+    return 1.0 if text(completion).strip().endswith(unit) else 0.0
+
+
+def bonus_batched(completions, bonus, **kwargs):  # only the names it wants, plus **kwargs
+    return [float(b) for b in bonus]
+
+
+async def exact_async(prompt, completion, answer):
+    await asyncio.sleep(0)
+    return 1.0 if text(completion).strip() == answer else 0.0
+
+
+async def exact_async_batched(prompts, completions, answers, **kwargs):
+    await asyncio.sleep(0)
+    return [1.0 if text(c).strip() == a else 0.0 for c, a in zip(completions, answers)]
+
+
+def slow_batched(prompts, completions, **kwargs):
+    while True:
+        pass
+
+
+def wrong_length(prompts, completions, **kwargs):
+    return [1.0]
