@@ -17,6 +17,7 @@ pip install --upgrade pip
 pip install "$TORCH_PIN"
 # transformers pinned for the test environment (the package allows >=5.20,<6): 5.25.0 (2026-12-03)
 # breaks HF's own NemotronH hybrid cache (DummyLayer.get_seq_length), and results are compared across machines
-pip install -e ".[test,tensorboard]" "transformers==5.24.0"
+# datasets (JSON / Parquet / saved-directory task data) pinned next to it: 5.2.0
+pip install -e ".[test,tensorboard]" "transformers==5.24.0" "datasets==5.2.0"
 .venv/bin/python -c "import torch, transformers, minirl"
 echo "$want" > "$stamp"

@@ -1,8 +1,10 @@
-"""The ``minirl`` command line: ``train``, ``sft``, ``eval``; ``sweep``, ``plot``, ``report`` (``minirl.experiments``).
+"""The ``minirl`` command line: ``train``, ``sft``, ``eval``, ``config``; ``sweep``, ``plot``, ``report`` (``minirl.experiments``).
 
 Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.::
 
     minirl train configs/demo.yaml optim.lr=3e-4 moe.routing_replay=R2
+    minirl config defaults            # every key, its default and what it does
+    minirl config show my.yaml        # the resolved config of a file (plus overrides)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2.
@@ -27,6 +29,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     for module, name in (
         ("minirl.models.io", "ModelLoadError"),
         ("minirl.tasks.jsonl", "TaskDataError"),
+        ("minirl.tasks.chat", "ChatTemplateError"),
         ("minirl.tasks.rewards", "RewardSpecError"),
         ("minirl.tasks.rewards", "RewardFunctionError"),
     ):
@@ -63,7 +66,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     if cfg.cold_start.enabled and not start_from and resume_from is None:
-        console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
+        what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
+                else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
+        console.print(f"[bold]cold start[/]: SFT on {what}")
         if cfg.cold_start.cache_dir:
             start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
         else:
@@ -102,6 +107,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = evaluate(build_engine(cfg, model, tokenizer), rewards, task, cfg, step=0)
     print(json.dumps({"checkpoint": args.checkpoint, **result}))
     return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from minirl.config_docs import render
+
+    words = [*args.words, *args.overrides]
+    action = words.pop(0) if words and words[0] in ("show", "defaults") else "show"
+    args.config = words.pop(0) if words and "=" not in words[0] else None
+    args.overrides = words
+    if action == "defaults" and (args.config or args.overrides):
+        raise ConfigError("config defaults takes no config file or overrides; use 'minirl config show FILE key=value'")
+    print(render(load_config(args.config, args.overrides)))
+    return 0
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("minirl")
+    except metadata.PackageNotFoundError:
+        from minirl import __version__
+
+        return __version__
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -175,6 +204,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minirl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"minirl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, config_required: bool = True) -> None:
@@ -195,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from the newest valid checkpoint in RUN_DIR/checkpoints (fresh start if none)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sft", help="cold start: supervised fine-tuning on teacher traces")
+    p = sub.add_parser("sft", help="cold start: supervised fine-tuning on your data (cold_start.data) or teacher traces")
     common(p)
     p.add_argument("--output", default=None, help="checkpoint directory (default: cold_start.output or RUN_DIR/sft)")
     p.set_defaults(func=cmd_sft)
@@ -204,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="HF checkpoint directory (or a model preset name)")
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("config", help="print a config with every key's value and one-line doc")
+    p.add_argument("words", nargs="*", metavar="[show|defaults] [CONFIG] [key=value ...]",
+                   help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("sweep", help="run every arm config x seed of an experiment directory (resumable)")
     p.add_argument("experiment_dir", help="directory of arm configs, e.g. experiments/")
@@ -244,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [item for item in extra if item.startswith("-") or "=" not in item]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = [*args.overrides, *extra]
+    args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -27,14 +27,17 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a field's docstring is its description: ``minirl config`` prints it beside the key
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class RunConfig(Section):
     name: str = "minirl"
     """Run name; the run directory is ``output_dir/name``."""
     output_dir: str = "runs"
+    """Parent directory of run directories."""
     seed: int = 0
+    """Seed of the run: initial weights of a preset, sampling, data order."""
     threads: int = Field(0, ge=0)
     """torch intra-op threads (0 = leave torch's default)."""
     resume: Literal["auto", "never"] = "never"
@@ -51,6 +54,7 @@ class ModelConfig(Section):
     path: str | None = None
     """A local Hugging Face model directory (``from_pretrained``, no network)."""
     trust_remote_code: bool = False
+    """Allow a model directory's own Python code (``auto_map``); off by default."""
 
 
 class RewardFunctionConfig(Section):
@@ -64,17 +68,24 @@ class RewardFunctionConfig(Section):
 
 class TaskConfig(Section):
     kind: Literal["reverse", "add", "sort", "jsonl"] = "reverse"
+    """reverse | add | sort (synthetic, with teachers for SFT) | jsonl (your data file, see ``path``)."""
     difficulty: int = Field(6, ge=1)
     """Synthetic tasks: input length (letters to reverse/sort, digits to add)."""
     num_train_prompts: int = Field(2000, ge=1)
+    """Synthetic tasks: training prompts generated."""
     num_eval_prompts: int = Field(64, ge=1)
+    """Synthetic tasks: held-out prompts generated."""
     seed: int = 1234
     """Seed of the synthetic data (separate from ``run.seed``)."""
     path: str | None = None
-    """JSONL task: training file with ``prompt`` and ``answer`` fields."""
+    """Data task (kind jsonl): training data, a .jsonl, .json or .parquet file or a ``datasets``
+    directory (``save_to_disk``), with a prompt and an answer column; other columns pass through."""
     eval_path: str | None = None
+    """Data task: a separate held-out file (else ``eval_fraction`` of ``path``)."""
     eval_fraction: float = Field(0.1, gt=0, lt=1)
+    """Data task without ``eval_path``: fraction of rows held out (seeded by ``task.seed``)."""
     reward: Literal["exact", "math_verify"] = "exact"
+    """Built-in verifier of a data task: exact (string match) or math_verify (mathematical equality)."""
     reward_function: str | None = None
     """A user reward ``package.module:function`` called as ``fn(prompt, completion, answer) -> float``."""
     reward_functions: list[RewardFunctionConfig] = []
@@ -87,8 +98,19 @@ class TaskConfig(Section):
     """A reward function that raises, returns a non-finite/non-number or times out: stop the run
     (fail) or give the sample ``reward_fallback`` and count it in ``reward/*`` (fallback)."""
     reward_fallback: float = Field(0.0, allow_inf_nan=False)
+    """The reward a failing sample gets with ``reward_on_error=fallback``."""
     reward_workers: int = Field(1, ge=1)
     """Worker processes running ``reward_function`` in parallel (with a timeout)."""
+    prompt_column: str = "prompt"
+    """Data column holding the prompt: a string, or a chat (TRL's ``[{"role": ..., "content": ...}]``)."""
+    answer_column: str = "answer"
+    """Data column holding the reference answer (optional when user reward functions are given)."""
+    chat_template: str = "auto"
+    """Chat prompts: ``auto`` = the tokenizer's chat template (``add_generation_prompt=True``);
+    ``plain`` = their contents as plain text; else a Jinja template file to use (and save) instead."""
+    stop_strings: list[str] = []
+    """A completion also ends after the token that completes one of these (besides the tokenizer's
+    EOS and the model's ``generation_config.eos_token_id``, which always stop it)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """JSONL: a malformed or too long row stops the load (error) or is skipped and counted (skip)."""
     max_prompt_chars: int | None = Field(None, ge=1)
@@ -105,11 +127,15 @@ class TaskConfig(Section):
 
 class RolloutConfig(Section):
     prompts_per_step: int = Field(8, ge=1)
+    """P: prompts sampled per global step."""
     samples_per_prompt: int = Field(8, ge=2)
     """Group size G of the group-mean baseline (>= 2, or the baseline is the sample itself)."""
     max_new_tokens: int = Field(32, ge=1)
+    """Most tokens generated per completion."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollout engine."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass of the rollout engine (1 = off)."""
     precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"] = "fp32"
     """The engine's own weight precision: the controlled training–inference mismatch, from none
     (fp32) to fp4 (``minirl.rollout.precision``)."""
@@ -137,13 +163,19 @@ class OptimConfig(Section):
     Skips the padding of one right-padded batch and bounds activation memory; the gradient is the
     same sum (to float rounding). ``null``: fixed micro-batches of ``micro_batch_sequences`` rows."""
     lr: float = Field(1e-4, ge=0)
+    """AdamW learning rate."""
     warmup_updates: int = Field(0, ge=0)
     """Linear learning-rate warm-up, in gradient updates (N per global step)."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
     adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2."""
     adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
     grad_clip_norm: float = Field(1.0, gt=0)
+    """Gradient norm clipping threshold."""
     max_consecutive_faults: int = Field(3, ge=1)
     """A non-finite log-prob, loss or gradient skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
@@ -185,14 +217,19 @@ class MiniRLConfig(LossConfig):
     """MiniRL (paper Eq. 7) and its ablations, as values."""
 
     name: Literal["minirl"] = "minirl"
+    """The objective: minirl | grpo | cispo | gspo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
+    """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
+    """Clip range above 1 of the ratio pi_theta/pi_old."""
     clip: bool = True
     """PPO-style token mask on pi_theta/pi_old (off = 'w/o clipping' arms)."""
     is_correction: bool = True
     """Training–inference IS weight pi_theta/mu_old (off = 'w/o IS correction' arm)."""
     tis_cap: float = Field(5.0, gt=0)
+    """Truncation of the training-inference IS weight."""
     tis_placement: Literal["full", "train_infer"] = "full"
+    """full: IS weight pi_theta/mu_old; train_infer: pi_old/mu_old."""
     aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
     normalizer: float | None = Field(None, gt=0)
@@ -211,11 +248,15 @@ class GRPOConfig(LossConfig):
     """GRPO as written in the paper's Appendix A (1/|y| per response, PPO min/clip on pi/pi_old)."""
 
     name: Literal["grpo"]
+    """The objective: minirl | grpo | cispo | gspo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
+    """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
+    """Clip range above 1 of the ratio pi_theta/pi_old."""
     is_correction: bool = False
     """Multiply by the truncated training–inference factor min(pi_old/mu_old, tis_cap)."""
     tis_cap: float = Field(5.0, gt=0)
+    """Truncation of the training-inference IS weight."""
     adv_std_normalize: bool = True
 
 
@@ -223,10 +264,14 @@ class CISPOConfig(LossConfig):
     """CISPO (paper Appendix A): detached clipped ratio x log pi, per-group token normalisation, no mask."""
 
     name: Literal["cispo"]
+    """The objective: minirl | grpo | cispo | gspo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
+    """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
+    """Clip range above 1 of the ratio pi_theta/pi_old."""
     is_correction: bool = False
     tis_cap: float = Field(5.0, gt=0)
+    """Truncation of the training-inference IS weight."""
     adv_std_normalize: bool = True
     whole_groups: ClassVar[bool] = True
 
@@ -241,8 +286,11 @@ class GSPOConfig(LossConfig):
     """GSPO (arXiv 2507.18071): length-normalised sequence ratio, sequence-level clipping."""
 
     name: Literal["gspo"]
+    """The objective: minirl | grpo | cispo | gspo."""
     eps_low: float = Field(3e-4, ge=0, lt=1)
+    """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(4e-4, ge=0)
+    """Clip range above 1 of the ratio pi_theta/pi_old."""
     adv_std_normalize: bool = True
 
 
@@ -270,10 +318,16 @@ class EvalConfig(Section):
     every_steps: int = Field(25, ge=0)
     """Held-out evaluation every k global steps (0 = only before and after training)."""
     num_prompts: int = Field(64, ge=1)
+    """Held-out prompts per evaluation."""
     samples_per_prompt: int = Field(4, ge=1)
     """mean@n: accuracy averaged over n samples per prompt (the paper's mean@32)."""
+    accuracy_threshold: float = Field(1.0, allow_inf_nan=False)
+    """A sample counts as correct in ``eval/accuracy`` and ``train/accuracy`` when its reward is at
+    least this (1 = the built-in 0/1 verifiers); ``eval/reward_mean`` is logged beside it."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature at evaluation."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass at evaluation."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Defaults to rollout.max_new_tokens."""
 
@@ -289,9 +343,20 @@ class DiagnosticsConfig(Section):
 
 class LogConfig(Section):
     console: bool = True
+    """A progress line on a terminal; one plain line per step when stdout is not one (a SLURM log)."""
+    plain: bool = False
+    """One plain line per step even on a terminal (no progress line)."""
+    completions_every_steps: int = Field(10, ge=0)
+    """Every k global steps, write a few sampled (prompt, completion, reward) to ``samples.jsonl``
+    in the run directory and to TensorBoard / wandb (TRL's ``log_completions``; 0 = never)."""
+    completions_per_step: int = Field(4, ge=1)
+    """How many completions ``completions_every_steps`` logs."""
     tensorboard: bool = False
+    """Write TensorBoard events to ``RUN_DIR/tensorboard``."""
     wandb: bool = False
+    """Log to Weights & Biases."""
     wandb_project: str = "minirl"
+    """The wandb project."""
 
 
 class ColdStartConfig(Section):
@@ -299,9 +364,21 @@ class ColdStartConfig(Section):
 
     enabled: bool = False
     """In ``minirl train``: run SFT first and start RL from its checkpoint."""
+    data: str | None = None
+    """Your SFT data (.jsonl, .json, .parquet or a datasets directory) in TRL's shapes: rows
+    ``{"prompt", "completion"}`` (strings or chat messages) or ``{"messages": [...]}``; null = the
+    task's teacher traces in ``style``."""
+    loss_on: Literal["completion", "all"] = "completion"
+    """Tokens that carry the SFT loss: the completion / assistant tokens only (TRL's
+    ``completion_only_loss`` / ``assistant_only_loss``), or the whole sequence."""
+    packing: bool = False
+    """Join whole examples of ``data`` into rows of at most ``max_length`` tokens."""
+    max_length: int = Field(1024, ge=2)
+    """Tokens per SFT row of ``data`` (longer rows are cut)."""
     style: str = "stepwise"
     """Teacher style of the worked solutions (see the task's ``styles``)."""
     examples: int = Field(2000, ge=1)
+    """Teacher traces generated (synthetic tasks)."""
     steps: int = Field(300, ge=1)
     """SFT optimizer steps; with ``until_loss``, the most it may take."""
     until_loss: float | None = Field(None, gt=0)
@@ -309,15 +386,20 @@ class ColdStartConfig(Section):
     below this (nats per token). Gives every teacher style the same fit, whatever its trace length
     (``null``: always ``steps``)."""
     loss_window_steps: int = Field(20, ge=1)
+    """Steps averaged for ``until_loss``."""
     until_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop early once the held-out accuracy (mean@n over ``eval.num_prompts`` x ``eval.samples_per_prompt``
     with the rollout engine, as RL evaluates) reaches this, checked every ``accuracy_every_steps`` SFT steps;
     ``steps`` is the cap. Gives short and long teacher styles the same starting accuracy (``null``: off;
     not together with ``until_loss``)."""
     accuracy_every_steps: int = Field(25, ge=1)
+    """SFT steps between two held-out accuracy checks of ``until_accuracy``."""
     batch_sequences: int = Field(32, ge=1)
+    """Sequences per SFT step."""
     lr: float = Field(3e-3, gt=0)
+    """SFT learning rate."""
     warmup_steps: int = Field(20, ge=0)
+    """SFT learning-rate warm-up steps."""
     output: str | None = None
     """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""
     seed: int | None = None
@@ -361,8 +443,11 @@ class ClusterConfig(Section):
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer ranks and the native engines compute (cuda: one GPU per actor)."""
     cpus_per_engine: float = Field(1.0, ge=0)
+    """backend=ray: CPUs each engine actor reserves."""
     gpus_per_engine: float = Field(0.0, ge=0)
+    """backend=ray: GPUs each engine actor reserves."""
     cpus_per_trainer_rank: float = Field(1.0, ge=0)
+    """backend=ray: CPUs each trainer rank reserves."""
     gpus_per_trainer_rank: float = Field(0.0, ge=0)
     """backend=ray: resources each actor reserves (fractions allowed, as in ``ray.remote``)."""
 
@@ -457,8 +542,12 @@ def _format_error(err: ValidationError, source: str) -> str:
     if loc[:1] == ["algo"] and len(loc) > 1 and loc[1] in OBJECTIVES:
         variant = loc.pop(1)  # the union tag: report algo.clip, not algo.gspo.clip
         if first["type"] == "extra_forbidden":
+            from minirl.config_docs import did_you_mean
+
             where = f"{source}: " if source else ""
-            return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}"
+            variants = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig}
+            hint = did_you_mean(variants[variant], str(loc[-1]))
+            return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}{hint}"
     if first["type"] == "union_tag_invalid":
         loc.append("name")
         first = {**first, "msg": f"must be one of {', '.join(map(repr, OBJECTIVES))}", "input": first["input"].get("name")}
@@ -468,7 +557,9 @@ def _format_error(err: ValidationError, source: str) -> str:
     if first["type"] == "value_error" and re.match(r"^[a-z_]+\.[a-z_.]+: ", msg):
         return where + msg  # a cross-field check that already names its key
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        from minirl.config_docs import did_you_mean, section_type
+
+        msg = "unknown key" + did_you_mean(section_type(Config, [str(p) for p in loc[:-1]]), str(loc[-1]))
     elif first["type"] != "missing" and "got" not in msg:
         msg += f" (got {first['input']!r})"
     return f"{where}{key}: {msg}" if key else f"{where}{msg}"

@@ -40,7 +40,7 @@ from minirl.algo import group_advantages
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
-from minirl.metrics import MetricsLogger
+from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
 from minirl.objective import make_objective
@@ -97,6 +97,7 @@ class Run:
     prompts: list[Prompt]
     order: DataOrder
     faults: list[str] = field(default_factory=list)  # why updates of the last global step were skipped
+    samples: list[dict] = field(default_factory=list)  # a few (prompt, completion, reward) of the last step
     placement: Any = None  # minirl.distributed.Placement: the workers to stop at the end
     rollouts: RolloutSource | None = None  # None: the engine samples (``EngineRollouts``)
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
@@ -214,9 +215,11 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         state = restore(run, Path(resume_from))
         if (run_dir / "metrics.jsonl").exists():
             os.truncate(run_dir / "metrics.jsonl", int(state["metrics_bytes"]))
+        reset_samples(run_dir, int(state["step"]))
     else:  # a fresh start: metrics and resumable checkpoints of an earlier run in this directory go
         check_fresh_start(cfg)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        reset_samples(run_dir, 0)
         checkpoint.remove_all(run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     with open(run_dir / "environment.jsonl", "a", encoding="utf-8") as env_file:  # one line per start or resume
@@ -225,6 +228,7 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
     logger = MetricsLogger(
         run_dir, total_steps=cfg.optim.global_steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
+        plain=cfg.log.plain,
     )
     return state, logger
 
@@ -256,6 +260,8 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
             logger.log(step, metrics)
+            if cfg.log.completions_every_steps and step % cfg.log.completions_every_steps == 0:
+                logger.log_samples(step, run.samples)
             check_faults(run, step, last_good)
             if step == last or (every and step % every == 0):
                 snapshot = capture_state(run, step, logger, eval_before, eval_metrics)
@@ -295,6 +301,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # 2. rewards and group-baseline advantages
     rewards, reward_stats = score_completions(run.rewards, prompts, completions)
     rewards_PG = rewards.view(len(prompts), -1)
+    run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step)
     advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize).reshape(-1)
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = 1 it comes from the
@@ -326,7 +333,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     run.engine.load_weights(trainer.state_dict())
     clock.lap("sync")
     return step_metrics(StepRecord(completions, rewards_PG, reward_stats, batch, old, updates, plan.engine_routes,
-                                   plan.metrics, diagnostics, clock.laps))
+                                   plan.metrics, diagnostics, clock.laps, cfg.eval.accuracy_threshold))
 
 
 class _Clock:
@@ -408,5 +415,5 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     completions = engine.generate(prompts, e.samples_per_prompt, sampling)
     rewards, _ = score_completions(rewards, prompts, completions)
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
-    return {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean()),
+    return {"eval/accuracy": float((rewards >= e.accuracy_threshold).float().mean()), "eval/reward_mean": float(rewards.mean()),
             "eval/response_length": float(lengths.mean())}

@@ -6,10 +6,14 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 =============================  ===============================================================
 ``step``                       global step (1 = after the first rollout and its updates)
 ``train/reward_mean``          mean reward of the step's rollouts
-``train/accuracy``             fraction of rollouts with reward >= 1 (correct, binary verifiers)
+``train/accuracy``             fraction of rollouts with reward >= ``eval.accuracy_threshold`` (1)
 ``train/response_length``      mean completion length in tokens (``..._max``: the longest)
 ``train/truncated_frac``       fraction of completions stopped by ``max_new_tokens``
-``train/solved_groups_frac``   fraction of groups whose rewards all equal (zero advantage)
+``train/uniform_reward_groups_frac``  fraction of groups whose rewards all equal (zero
+                               advantage: no gradient); split into ``all_correct_groups_frac`` and
+                               ``all_wrong_groups_frac`` (every reward >= / < the accuracy threshold)
+``reward/<name>/mean``         each user reward function's mean (``task.reward_functions``)
+``reward/{errors,timeouts,fallback_frac}``  user reward problems (``task.reward_on_error``)
 ``train/entropy``              token-mean full-vocabulary entropy of pi_old at rollout prefixes
 ``mismatch/kl_k1``             training–inference KL(mu_old || pi_old), sampled-token k1 estimator
 ``mismatch/kl_k3``             the same KL, k3 estimator (non-negative, lower variance)
@@ -26,7 +30,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                N = 1: pi_old comes from the update's forward)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
-``eval/accuracy``              held-out mean@n accuracy (``eval/response_length``)
+``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``
+                               (``eval/reward_mean``: the mean held-out reward; ``eval/response_length``)
 ``routing/train_infer_*``      MoE models (``moe.routing_metrics``), over fed positions: ``diff_frac``
                                fraction of (token, MoE layer) top-k *sets* the engine chose
                                differently from the trainer's natural routing at theta_old (under
@@ -38,6 +43,11 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                theta_old routes (0 at i = 0, where theta = theta_old); ``last``:
                                the same for update N-1
 =============================  ===============================================================
+
+``samples.jsonl`` (every ``log.completions_every_steps`` steps): a few of the step's rollouts,
+one JSON object each, ``{"step", "prompt", "completion", "reward"}`` (also a TensorBoard text and a
+wandb table). On the console: a progress line on a terminal (step, ETA first, so they stay visible
+at 80 columns); one plain line per step when the output is not a terminal or ``log.plain``.
 """
 
 from __future__ import annotations
@@ -45,11 +55,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column
 
 CONSOLE_KEYS = (
     ("train/reward_mean", "reward", "{:.3f}"),
@@ -92,24 +110,20 @@ class MetricsLogger:
         wandb: bool = False,
         wandb_project: str = "minirl",
         config: dict | None = None,
+        plain: bool = False,
     ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
         self.console = Console(stderr=True)
         self._last: dict[str, float] = {}
         self._progress: Progress | None = None
-        if console:
-            self._progress = Progress(
-                TextColumn("[bold]RL"),
-                BarColumn(bar_width=20),
-                MofNCompleteColumn(),
-                TextColumn("{task.description}"),
-                TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
-                console=self.console,
-            )
+        self._plain = console and (plain or not self.console.is_terminal)  # e.g. a SLURM log
+        self._total, self._started = total_steps, time.perf_counter()
+        self._first_step: int | None = None
+        if console and not self._plain:
+            self._progress = progress_line(self.console)
             self._task = self._progress.add_task("", total=total_steps)
             self._progress.start()
         self._tb = None
@@ -134,11 +148,37 @@ class MetricsLogger:
                     self._tb.add_scalar(key, value, step)
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
+        parts = [f"{label} {fmt.format(self._last[key])}" for key, label, fmt in CONSOLE_KEYS if key in self._last]
         if self._progress is not None:
-            parts = [
-                f"{label} {fmt.format(self._last[key])}" for key, label, fmt in CONSOLE_KEYS if key in self._last
-            ]
-            self._progress.update(self._task, completed=step, description="  ".join(parts))
+            room = max(self.console.width - PROGRESS_FIXED_COLUMNS, 0)  # the metrics give way, not step or ETA
+            description = "  ".join(parts)
+            self._progress.update(self._task, completed=step, description=description[:room])
+        elif self._plain:
+            self.console.print(plain_line(step, self._total, parts, self._eta(step)), soft_wrap=True, highlight=False)
+
+    def _eta(self, step: int) -> float | None:
+        if self._first_step is None:
+            self._first_step, self._started = step, time.perf_counter()
+            return None
+        done = step - self._first_step
+        return (time.perf_counter() - self._started) / done * (self._total - step) if done > 0 else None
+
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """A few ``{"prompt", "completion", "reward"}`` of step ``step``: ``samples.jsonl``, TensorBoard, wandb."""
+        if not samples:
+            return
+        with self.samples_path.open("a", encoding="utf-8") as handle:
+            for sample in samples:
+                handle.write(json.dumps({"step": step, **sample}) + "\n")
+        if self._tb is not None:
+            text = "\n\n".join(f"**reward {s['reward']:.3f}**  \n{s['prompt']!s:.500}  \n→ {s['completion']!s:.500}" for s in samples)
+            self._tb.add_text("samples", text, step)
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "prompt", "completion", "reward"],
+                                data=[[step, str(s["prompt"]), s["completion"], s["reward"]] for s in samples])
+            self._wandb.log({"samples": table}, step=step)
 
     def size(self) -> int:
         """Bytes of ``metrics.jsonl`` written so far (a checkpoint's metrics offset)."""
@@ -166,6 +206,48 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+PROGRESS_FIXED_COLUMNS = 44
+"""Columns the progress line keeps for ``RL  37/100 eta 0:01:23 ━━━━━━━━━━`` (up to 6-digit steps)."""
+
+
+def progress_line(console: Console) -> Progress:
+    """The terminal progress line: step and ETA first, then the bar, then the metrics."""
+    return Progress(
+        TextColumn("[bold]RL"),
+        MofNCompleteColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        BarColumn(bar_width=10),
+        TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+        console=console,
+    )
+
+
+def plain_line(step: int, total: int, parts: list[str], eta_s: float | None) -> str:
+    """One step as a plain line: ``step 3/100  eta 0:01:20  reward 0.250  ...``."""
+    eta = "--:--" if eta_s is None else time.strftime("%H:%M:%S", time.gmtime(max(eta_s, 0)))
+    return "  ".join([f"step {step}/{total}", f"eta {eta}", *parts])
+
+
+def sample_rows(prompts: list[Any], completions: list[Any], rewards: Any, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` completions of a step as ``{"prompt", "completion", "reward"}`` (chats as messages)."""
+    rows = []
+    for completion, reward in list(zip(completions, rewards.tolist()))[:count]:
+        prompt = prompts[completion.prompt_index]
+        shown = prompt.messages if getattr(prompt, "messages", None) is not None else prompt.text
+        rows.append({"prompt": shown, "completion": completion.text, "reward": float(reward)})
+    return rows
+
+
+def reset_samples(run_dir: Path, through_step: int) -> None:
+    """Keep the ``samples.jsonl`` rows of steps <= ``through_step`` (0: a fresh start keeps none)."""
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and json.loads(line)["step"] <= through_step]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -71,22 +71,33 @@ def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, 
     """The trainer's fp32 model and its tokenizer (a preset, or a local HF directory)."""
     from minirl.models.io import load_model_and_tokenizer
 
+    from minirl.tasks.chat import ChatTemplateError, apply_chat_setting
+
     source = path or cfg.model.path or cfg.model.preset
-    return load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
+    try:
+        apply_chat_setting(tokenizer, cfg.task.chat_template)  # a template file: saved with every checkpoint
+    except ChatTemplateError as exc:
+        raise ConfigError(str(exc)) from None
+    return model, tokenizer
 
 
 def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> Task:
     """The configured task; with a model and tokenizer, prompts too long for its context are bad rows."""
     from minirl.tasks import build_task_from_config
+    from minirl.tasks.chat import ChatTemplateError, encode_prompt
 
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if context and tokenizer is not None:
-        return build_task_from_config(
-            cfg.task,
-            max_prompt_tokens=context - cfg.rollout.max_new_tokens,
-            count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
-        )
-    return build_task_from_config(cfg.task)
+    try:
+        if context and tokenizer is not None:
+            return build_task_from_config(
+                cfg.task,
+                max_prompt_tokens=context - cfg.rollout.max_new_tokens,
+                count_tokens=lambda prompt: len(encode_prompt(tokenizer, prompt)),
+            )
+        return build_task_from_config(cfg.task)
+    except ChatTemplateError as exc:  # a chat row and a tokenizer without a template
+        raise ConfigError(f"task.chat_template: {exc}") from None
 
 
 def build_rewards(cfg: Config, task: Task) -> Any:
@@ -124,9 +135,12 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device:
             check_fp4_block_size(model, cfg.rollout.fp4_block_size)
         except ValueError as exc:
             raise ConfigError(f"rollout.fp4_block_size: {exc}") from None
+    from minirl.tasks.chat import stop_token_ids
+
     return NativeEngine(
         model,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stop_token_ids(tokenizer, model),  # the tokenizer's EOS and generation_config's
+        stop_strings=tuple(cfg.task.stop_strings),
         pad_token_id=tokenizer.pad_token_id,
         precision=cfg.rollout.precision,
         fp8_scale=cfg.rollout.fp8_scale,

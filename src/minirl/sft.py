@@ -1,9 +1,11 @@
-"""Cold start: supervised fine-tuning on teacher traces (paper §4.5 / §5.3 in miniature).
+"""Cold start: supervised fine-tuning on teacher traces (paper §4.5 / §5.3 in miniature), or on your data.
 
 The paper cold-starts from SFT data distilled from three different teachers; here a synthetic
 task writes worked solutions in one of its ``styles`` and the model learns them by token-level
-cross-entropy on the completion (including EOS). The result is a standard HF checkpoint that
-``minirl train`` starts from (``model.path``).
+cross-entropy on the completion (including EOS). With ``cold_start.data`` the examples are the
+user's rows instead, in TRL's SFT shapes (``minirl.sft_data``: prompt-completion or messages; loss
+on the completion / assistant tokens by default). The result is a standard HF checkpoint that
+``minirl train`` starts from (``--start-from`` or ``model.path``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,6 +35,7 @@ from minirl.runtime import (
 )
 from minirl.sft_target import accuracy_target
 from minirl.tasks.base import Task
+from minirl.tasks.chat import encode_prompt
 from minirl.types import Batch, Completion
 
 
@@ -41,19 +44,35 @@ def teacher_examples(task: Task, tokenizer: Any, style: str, count: int, seed: i
     styles = getattr(task, "styles", ())
     if style not in styles:
         allowed = ", ".join(styles) or "none (this task has no teacher)"
-        raise ConfigError(f"cold_start.style: {style!r} is not a style of task '{task.name}' (allowed: {allowed})")
+        hint = "" if styles else "; for your own data set cold_start.data to a file of prompt/completion or messages rows"
+        raise ConfigError(f"cold_start.style: {style!r} is not a style of task '{task.name}' (allowed: {allowed}){hint}")
     prompts = task.train_prompts()
     rng = random.Random(seed)
     examples = []
     for index in range(count):
         prompt = prompts[rng.randrange(len(prompts))]
-        prompt_ids = tokenizer.encode(prompt.text, add_special_tokens=False)
+        prompt_ids = encode_prompt(tokenizer, prompt)  # exactly as the engine tokenises it
         solution_ids = tokenizer.encode(task.teacher_solution(prompt, style), add_special_tokens=False)
         completion_ids = solution_ids + [tokenizer.eos_token_id]
         examples.append(
             Completion(index, 0, prompt_ids, completion_ids, torch.zeros(len(completion_ids)), "eos")
         )
     return examples
+
+
+def sft_examples(cfg: Config, task: Task, tokenizer: Any, seed: int) -> tuple[list[Any], Callable[[list[Any]], Batch]]:
+    """The SFT examples and how to batch them: the user's ``cold_start.data`` (``minirl.sft_data``:
+    TRL's prompt-completion or messages rows), else the task's teacher traces in ``cold_start.style``."""
+    c = cfg.cold_start
+    if c.data:
+        from minirl.sft_data import pack, read_sft_examples, sft_batch
+
+        rows = read_sft_examples(c.data, tokenizer, loss_on=c.loss_on)
+        if c.packing:
+            rows = pack(rows, c.max_length)
+        return rows, lambda picked: sft_batch(picked, tokenizer.pad_token_id, c.max_length)
+    examples = teacher_examples(task, tokenizer, c.style, c.examples, seed=seed)
+    return examples, lambda picked: collate(picked, torch.zeros(len(picked)), pad_token_id=tokenizer.pad_token_id)
 
 
 def cross_entropy_objective(minibatch: Batch):
@@ -76,8 +95,8 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     seed_everything(seed)
     output = Path(output or c.output or cfg.run_dir / "sft")
     model, tokenizer = build_model(cfg)
-    task = build_task(cfg, model, tokenizer)
-    examples = teacher_examples(task, tokenizer, c.style, c.examples, seed=seed)
+    task = build_task(cfg, model, tokenizer)  # the RL task: teacher traces, and held-out accuracy (until_accuracy)
+    examples, make_batch = sft_examples(cfg, task, tokenizer, seed)
     sft_cfg = cfg.model_copy(deep=True)
     sft_cfg.optim.lr, sft_cfg.optim.warmup_updates, sft_cfg.optim.weight_decay = c.lr, c.warmup_steps, 0.0
     trainer = build_trainer(sft_cfg, model, replay=None, deterministic=False)  # SFT keeps a model's dropout
@@ -88,8 +107,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     stack = contextlib.ExitStack()
     target = accuracy_target(cfg, model, tokenizer, task, stack)  # cold_start.until_accuracy: None when off
     for step in range(1, c.steps + 1):
-        picked = [examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)]
-        batch = collate(picked, torch.zeros(len(picked)), pad_token_id=tokenizer.pad_token_id)
+        batch = make_batch([examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)])
         losses.append(trainer.update(batch, cross_entropy_objective(batch)).loss)
         window = window_loss(losses, c.loss_window_steps)
         reached = c.until_loss is not None and window is not None and window < c.until_loss
@@ -113,7 +131,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     stack.close()
     save_checkpoint(model, tokenizer, output)
     dump_config(cfg, output / "minirl_sft_config.yaml")
-    summary = {"style": c.style, "steps": len(losses), "final_loss": losses[-1],
+    summary = {"style": c.style if not c.data else None, "data": c.data, "steps": len(losses), "final_loss": losses[-1],
                "window_loss": window_loss(losses, c.loss_window_steps), "until_loss": c.until_loss,
                "reached": reached if c.until_loss is not None else None,
                "seconds": time.perf_counter() - started, "environment": environment(),
@@ -136,11 +154,12 @@ def sft_cache_key(cfg: Config) -> str:
     """Hash of everything ``run_sft`` depends on: model, task, cold-start knobs, optimizer, seed, threads."""
     parts = {
         "model": cfg.model.model_dump(mode="json"),
-        "task": cfg.task.model_dump(mode="json"),
+        "task": _without_new_defaults(cfg.task),
         "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
-            ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ())}),  # keys of earlier caches
-        **({"evaluation": {"eval": cfg.eval.model_dump(mode="json"), "rollout": cfg.rollout.model_dump(mode="json")}}
+            ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ()), *(
+            ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ())}),  # keys of earlier caches
+        **({"evaluation": {"eval": _without_new_defaults(cfg.eval), "rollout": cfg.rollout.model_dump(mode="json")}}
            if cfg.cold_start.until_accuracy is not None else {}),  # the stopping rule evaluates like RL
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
                                                              "micro_batch_sequences", "max_consecutive_faults", *(
@@ -149,6 +168,17 @@ def sft_cache_key(cfg: Config) -> str:
         "threads": cfg.run.threads,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+NEW_KEYS_AT_DEFAULT = ("reward_functions", "prompt_column", "answer_column", "chat_template", "stop_strings",
+                       "accuracy_threshold")
+"""Keys added after SFT caches were first made: left out of the key while at their default, so earlier caches still match."""
+
+
+def _without_new_defaults(section: Any) -> dict[str, Any]:
+    default = type(section)()
+    return section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT
+                                                     if key in type(section).model_fields and getattr(section, key) == getattr(default, key)})
 
 
 def cached_sft(cfg: Config, cache_dir: Path, log=print) -> Path:

@@ -9,6 +9,7 @@ are incomplete, corrupt, of another model, or pickle-only.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -16,8 +17,20 @@ from pathlib import Path
 import pytest
 
 from minirl.cli import main
-from minirl.models.io import ModelLoadError, check_compatible, load_model_and_tokenizer, save_checkpoint
-from minirl.tasks import JsonlTask, RewardFunctionError, RewardRunner, RewardSpecError, TaskDataError, build_task
+from minirl.models.io import (
+    ModelLoadError,
+    check_compatible,
+    load_model_and_tokenizer,
+    save_checkpoint,
+)
+from minirl.tasks import (
+    JsonlTask,
+    RewardFunctionError,
+    RewardRunner,
+    RewardSpecError,
+    TaskDataError,
+    build_task,
+)
 from minirl.types import Prompt
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -111,8 +124,8 @@ BAD_ROWS = [
     ("row_null.jsonl", 'expected a JSON object with "prompt" and "answer", got null'),
     ("missing_prompt.jsonl", 'field "prompt" is missing'),
     ("missing_answer.jsonl", 'field "answer" is missing'),
-    ("prompt_number.jsonl", 'field "prompt" must be a string, got a number'),
-    ("prompt_list.jsonl", 'field "prompt" must be a string, got an array'),
+    ("prompt_number.jsonl", 'field "prompt" must be a string or a list of chat messages, got a number'),
+    ("prompt_list.jsonl", 'field "prompt" message 0 must be an object with string "role" and "content", got a string'),
     ("answer_bool.jsonl", 'field "answer" must be a string or a number, got a boolean'),
     ("answer_object.jsonl", 'field "answer" must be a string or a number, got an object'),
     ("answer_nan.jsonl", 'field "answer" must be finite, got nan'),
@@ -141,7 +154,7 @@ def test_bad_row_is_skipped_and_counted(name: str, message: str) -> None:
 
 def test_prompt_longer_than_the_context_in_tokens() -> None:
     path = CORPUS / "long_prompt.jsonl"
-    words = lambda text: len(text.split())  # noqa: E731 - a stand-in tokenizer
+    words = lambda prompt: len(prompt.text.split())  # noqa: E731 - a stand-in tokenizer
     assert JsonlTask(path, max_prompt_tokens=11, count_tokens=words, eval_fraction=0.0).skipped_rows == 0
     with pytest.raises(TaskDataError) as error:
         JsonlTask(path, max_prompt_tokens=10, count_tokens=words)
@@ -154,7 +167,8 @@ FILE_ERRORS = [
      "no usable rows (2 bad row(s) skipped; the first: {path}:1: expected a JSON object with \"prompt\" and \"answer\", got an array)",
      "skip"),
     ("no_such_file.jsonl", "no such file", "error"),
-    (".", "not a file but a directory (expected a JSONL file)", "error"),
+    (".", "a directory, but not a datasets directory (no state.json or dataset_dict.json from save_to_disk); "
+          "give a .jsonl, .json or .parquet file or such a directory", "error"),
 ]
 
 
@@ -203,8 +217,10 @@ def test_data_errors_via_the_cli(capsys: pytest.CaptureFixture) -> None:
 
 SPECS = [
     ("no_colon_here", "expected 'package.module:function'"),
-    ("tests.robustness.no_such_module:fn", "module 'tests.robustness.no_such_module' not found"),
-    ("no_such_package.rewards:fn", "module 'no_such_package.rewards' not found"),
+    ("tests.robustness.no_such_module:fn", f"module 'tests.robustness.no_such_module' not found (looked in the working "
+     f"directory {os.getcwd()} and on sys.path; a file path also works: 'tests/robustness/no_such_module.py:fn')"),
+    ("no_such_package.rewards:fn", f"module 'no_such_package.rewards' not found (looked in the working directory "
+     f"{os.getcwd()} and on sys.path; a file path also works: 'no_such_package/rewards.py:fn')"),
     (f"{BAD}:no_such_function", f"'{BAD}' has no attribute 'no_such_function'"),
     (f"{BAD}:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not callable"),
     ("/no/such/rewards.py:score", "file '/no/such/rewards.py' not found"),

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from minirl.tasks import RewardFunctionError, RewardRunner, RewardSpecError, build_task, load_reward_function
+from minirl.tasks import (
+    RewardFunctionError,
+    RewardRunner,
+    RewardSpecError,
+    build_task,
+    load_reward_function,
+)
 from minirl.tasks.reward_functions import looks_batched, make_reward_fn
 from minirl.types import Prompt
 
@@ -99,7 +105,7 @@ def test_module_in_the_working_directory_is_found_and_a_miss_says_where(tmp_path
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "2.0"
     assert out[1] == (f"reward function 'not_here_xyz:score': module 'not_here_xyz' not found (looked in the working "
-                      f"directory {tmp_path} and on sys.path; a file path also works: 'path/to/not_here_xyz.py:score')")
+                      f"directory {tmp_path} and on sys.path; a file path also works: 'not_here_xyz.py:score')")
 
 
 def test_config_reward_functions_and_one_line_errors() -> None:

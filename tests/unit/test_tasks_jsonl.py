@@ -83,8 +83,12 @@ BAD_LINES = [
     ('"just a string"', 'expected a JSON object with "prompt" and "answer", got a string'),
     ('{"answer": "1"}', 'field "prompt" is missing'),
     ('{"prompt": "q"}', 'field "answer" is missing'),
-    ('{"prompt": 5, "answer": "1"}', 'field "prompt" must be a string, got a number'),
-    ('{"prompt": null, "answer": "1"}', 'field "prompt" must be a string, got null'),
+    ('{"prompt": 5, "answer": "1"}', 'field "prompt" must be a string or a list of chat messages, got a number'),
+    ('{"prompt": null, "answer": "1"}', 'field "prompt" must be a string or a list of chat messages, got null'),
+    ('{"prompt": [], "answer": "1"}', 'field "prompt" is an empty list of messages'),
+    ('{"prompt": ["hi"], "answer": "1"}', 'field "prompt" message 0 must be an object with string "role" and "content", got a string'),
+    ('{"prompt": [{"role": "user"}], "answer": "1"}',
+     'field "prompt" message 0 must be an object with string "role" and "content", got an object'),
     ('{"prompt": "q", "answer": ["1"]}', 'field "answer" must be a string or a number, got an array'),
     ('{"prompt": "q", "answer": true}', 'field "answer" must be a string or a number, got a boolean'),
     ('{"prompt": "q", "answer": null}', 'field "answer" must be a string or a number, got null'),
@@ -120,7 +124,7 @@ def test_jsonl_missing_empty_or_directory(tmp_path: Path) -> None:
     empty.write_text("\n\n", encoding="utf-8")
     with pytest.raises(TaskDataError, match=r"empty.jsonl: no rows"):
         JsonlTask(empty)
-    with pytest.raises(TaskDataError, match="not a file"):
+    with pytest.raises(TaskDataError, match="not a datasets directory"):
         JsonlTask(tmp_path)
     with pytest.raises(ValueError, match="unknown JSONL reward 'fuzzy'"):
         JsonlTask(empty, reward="fuzzy")  # type: ignore[arg-type]

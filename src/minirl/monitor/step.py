@@ -31,13 +31,14 @@ class StepRecord:
     routing: bool  # moe.routing_metrics on an MoE model
     diagnostics: dict[str, float] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)  # rollout, old_logprobs, update, sync
+    accuracy_threshold: float = 1.0  # eval.accuracy_threshold: a reward this high counts as correct
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
     """Every per-step metric (``train/*``, ``mismatch/*``, ``policy/*``, ``optim/*``, ``faults/*``,
     ``routing/*``, the diagnostics, ``time/*``, ``perf/*``), as python floats."""
     batch, done = record.batch, [u for u in record.updates if u.fault is None]
-    metrics = rollout_metrics(record.completions, record.rewards_PG)
+    metrics = rollout_metrics(record.completions, record.rewards_PG, record.accuracy_threshold)
     metrics.update(record.reward_stats)
     metrics["train/entropy"] = mean_over(record.old.entropy, batch.mask)
     assert batch.logp_old is not None
@@ -64,17 +65,20 @@ def mean_over(values: torch.Tensor | None, mask: torch.Tensor) -> float:
     return float("nan") if values is None else float(masked_mean(values, mask))
 
 
-def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor) -> dict[str, float]:
+def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor, threshold: float = 1.0) -> dict[str, float]:
+    """``train/*`` of a step; correct = reward >= ``threshold`` (``eval.accuracy_threshold``)."""
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     truncated = sum(c.finish_reason == "length" for c in completions)
-    solved = (rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()
+    correct_PG = rewards_PG >= threshold
     return {
         "train/reward_mean": float(rewards_PG.mean()),
-        "train/accuracy": float((rewards_PG >= 1.0).float().mean()),
+        "train/accuracy": float(correct_PG.float().mean()),
         "train/response_length": float(lengths.mean()),
         "train/response_length_max": float(lengths.max()),
         "train/truncated_frac": truncated / len(completions),
-        "train/solved_groups_frac": float(solved),
+        "train/uniform_reward_groups_frac": float((rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()),
+        "train/all_correct_groups_frac": float(correct_PG.all(dim=1).float().mean()),
+        "train/all_wrong_groups_frac": float((~correct_PG).all(dim=1).float().mean()),
     }
 
 

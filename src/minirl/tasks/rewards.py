@@ -74,7 +74,7 @@ def _import_module(spec: str, module_name: str) -> Any:
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             raise RewardSpecError(
                 f"reward function {spec!r}: module {module_name!r} not found (looked in the working directory "
-                f"{os.getcwd()} and on sys.path; a file path also works: 'path/to/{module_name.split('.')[0]}.py:"
+                f"{os.getcwd()} and on sys.path; a file path also works: '{module_name.replace('.', '/')}.py:"
                 f"{spec.partition(':')[2]}')"
             ) from None
         raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}") from error

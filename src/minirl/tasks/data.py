@@ -1,0 +1,111 @@
+"""Data rows from where users keep them: JSONL, JSON, Parquet, or a saved ``datasets`` directory.
+
+``iter_rows(path)`` yields ``(where, row)`` pairs, ``where`` naming the file and line (JSONL:
+``data/train.jsonl:7``) or row (others: ``data/train.parquet:row 7``, 1-based), ``row`` a dict
+of the row's columns or a ``TaskDataError`` for a line that is not a JSON object.
+
+* ``.jsonl`` (and any other suffix) is read here, line by line, so that every bad line gets its
+  own one-line error with its line number (blank lines hold no row; a UTF-8 BOM is accepted);
+* ``.json`` and ``.parquet`` are read with the ``datasets`` library (``load_dataset("json" |
+  "parquet", data_files=...)``; a JSON file may hold JSON lines or one array of objects);
+* a directory is a ``datasets`` directory written by ``save_to_disk`` (``load_from_disk``); a
+  ``DatasetDict`` gives its ``train`` split (or its only one).
+
+A file that cannot be read at all is one ``TaskDataError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from minirl.tasks.jsonl import TaskDataError
+
+DATASETS_SUFFIXES = {".json": "json", ".parquet": "parquet"}
+
+
+def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, row dict or TaskDataError)`` for every row of ``path`` (module docstring)."""
+    path = Path(path)
+    if not path.exists():
+        raise TaskDataError(f"{path}: no such file")
+    if path.is_dir():
+        yield from _dataset_rows(path, _load_from_disk(path))
+        return
+    if not path.is_file():
+        raise TaskDataError(f"{path}: not a file (expected a JSONL, JSON or Parquet file, or a datasets directory)")
+    builder = DATASETS_SUFFIXES.get(path.suffix.lower())
+    if builder is not None:
+        yield from _dataset_rows(path, _load_file(path, builder))
+        return
+    yield from _jsonl_rows(path)
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise TaskDataError(f"{path}: cannot read ({error.strerror or type(error).__name__})") from None
+    for line_number, raw_line in enumerate(data.split(b"\n"), start=1):
+        where = f"{path}:{line_number}"
+        try:
+            line = raw_line.decode("utf-8-sig" if line_number == 1 else "utf-8")  # tolerate a BOM
+        except UnicodeDecodeError as error:
+            yield where, TaskDataError(f"{where}: not valid UTF-8 (byte {error.start} of the line)")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as error:
+            yield where, TaskDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})")
+
+
+def _quiet_datasets() -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _load_file(path: Path, builder: str) -> Any:
+    datasets = _quiet_datasets()
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as error:  # a corrupt or ill-shaped file: name it, and the library's reason
+        raise TaskDataError(f"{path}: cannot read as {builder.upper()} ({_reason(error)})") from None
+
+
+def _load_from_disk(path: Path) -> Any:
+    if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
+        raise TaskDataError(
+            f"{path}: a directory, but not a datasets directory (no state.json or dataset_dict.json from "
+            "save_to_disk); give a .jsonl, .json or .parquet file or such a directory"
+        )
+    datasets = _quiet_datasets()
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as error:
+        raise TaskDataError(
+            f"{path}: cannot read the datasets directory ({_reason(error)})"
+        ) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" in loaded:
+            return loaded["train"]
+        if len(loaded) == 1:
+            return next(iter(loaded.values()))
+        raise TaskDataError(f"{path}: a DatasetDict without a 'train' split (splits: {', '.join(loaded)})")
+    return loaded
+
+
+def _dataset_rows(path: Path, dataset: Any) -> Iterator[tuple[str, Any]]:
+    for index, row in enumerate(dataset, start=1):
+        yield f"{path}:row {index}", dict(row)
+
+
+def _reason(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__

@@ -1,0 +1,71 @@
+"""Data where users keep it: JSON, Parquet, a datasets directory; column mapping; bad rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from minirl.tasks.jsonl import JsonlTask, TaskDataError
+
+ROWS = [
+    {"question": "2+2?", "solution": "4", "level": 1},
+    {"question": [{"role": "user", "content": "3+3?"}], "solution": 6, "level": 2},
+]
+
+
+def _write(tmp_path: Path, kind: str, rows: list[dict]) -> Path:
+    if kind == "json":
+        path = tmp_path / "data.json"
+        path.write_text(json.dumps(rows))  # one array of objects
+    elif kind == "parquet":
+        path = tmp_path / "data.parquet"
+        datasets.Dataset.from_list(rows).to_parquet(str(path))
+    else:
+        path = tmp_path / "saved"
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["json", "parquet", "directory"])
+def test_formats_and_column_mapping(tmp_path: Path, kind: str) -> None:
+    rows = ROWS
+    if kind != "json":  # an Arrow column has one type: here every prompt is a chat, every answer a string
+        rows = [dict(ROWS[0], question=[{"role": "user", "content": "2+2?"}]), dict(ROWS[1], solution="6")]
+    path = _write(tmp_path, kind, rows)
+    task = JsonlTask(path, eval_fraction=0.0, prompt_column="question", answer_column="solution")
+    prompts = task.train_prompts()
+    assert [p.answer for p in prompts] == ["4", "6"]
+    assert prompts[1].messages == [{"role": "user", "content": "3+3?"}] and prompts[1].text == "3+3?"
+    assert prompts[1].meta == {"source": f"{path}:row 2", "level": 2}
+
+
+def test_a_bad_row_in_parquet_names_its_row(tmp_path: Path) -> None:
+    path = _write(tmp_path, "parquet", [{"prompt": "p", "answer": "a"}, {"prompt": "", "answer": "b"}])
+    with pytest.raises(TaskDataError) as error:
+        JsonlTask(path)
+    assert str(error.value) == f'{path}:row 2: field "prompt" is empty'
+    skipped = JsonlTask(path, on_bad_row="skip", eval_fraction=0.0)
+    assert skipped.skipped_reasons == [f'{path}:row 2: field "prompt" is empty']
+
+
+def test_unreadable_files_are_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet at all")
+    with pytest.raises(TaskDataError) as error:
+        JsonlTask(broken)
+    assert str(error.value).startswith(f"{broken}: cannot read as PARQUET (") and "\n" not in str(error.value)
+    empty_dir = tmp_path / "plain_dir"
+    empty_dir.mkdir()
+    with pytest.raises(TaskDataError, match="not a datasets directory"):
+        JsonlTask(empty_dir)
+
+
+def test_answer_is_optional_for_user_rewards(tmp_path: Path) -> None:
+    path = tmp_path / "no_answer.jsonl"
+    path.write_text('{"prompt": "p"}\n')
+    with pytest.raises(TaskDataError, match='field "answer" is missing'):
+        JsonlTask(path)
+    assert JsonlTask(path, eval_fraction=0.0, answer_required=False).train_prompts()[0].answer == ""
