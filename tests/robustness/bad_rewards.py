@@ -77,3 +77,21 @@ def worker_pid(prompt: str, completion: str, answer: str) -> float:
 
 
 NOT_CALLABLE = 42
+
+
+async def sleeps_async(prompt: str, completion: str, answer: str) -> float:
+    """An async reward that never returns in time (awaited in the worker, killed at the timeout)."""
+    import asyncio
+
+    await asyncio.sleep(60)
+    return 1.0
+
+
+def hangs_batched(prompts: list, completions: list, **kwargs: object) -> list[float]:
+    """A batched (TRL-style) reward whose one call hangs."""
+    while True:
+        pass
+
+
+def raises_batched(prompts: list, completions: list, **kwargs: object) -> list[float]:
+    raise ValueError("batched verifier broke")

@@ -221,3 +221,23 @@ def test_cli_user_error_prints_one_line_and_no_traceback(tmp_path: Path) -> None
     assert proc.stderr == (
         f"minirl: error: {data}:2: not valid JSON (Expecting property name enclosed in double quotes at column 2)\n"
     )
+
+
+def test_several_functions_batched_and_async_keep_timeouts_and_fallback() -> None:
+    # a per-sample sync function, an async one that sleeps past the timeout, a batched one that
+    # hangs (its one call times out for all the samples it held) and a batched one that raises
+    functions = [{"function": f"{BAD}:good", "weight": 1.0}, {"function": f"{BAD}:sleeps_async", "weight": 2.0},
+                 {"function": f"{BAD}:hangs_batched", "weight": 3.0}, {"function": f"{BAD}:raises_batched", "weight": 4.0}]
+    task = build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=functions)
+    with RewardRunner(task, timeout_s=0.5, on_error="fallback", fallback_reward=-1.0, workers=2) as runner:
+        rewards, stats = runner.score(PROMPTS, [(0, "ba"), (1, "xx")])
+    # good: 1 and 0; every other function: its fallback -1, weighted 2 + 3 + 4 = 9
+    assert rewards.tolist() == [1.0 - 9.0, 0.0 - 9.0]
+    assert stats["reward/timeouts"] == 4.0 and stats["reward/errors"] == 2.0 and stats["reward/fallback_frac"] == 6 / 8
+    assert stats["reward/good/mean"] == 0.5 and stats["reward/hangs_batched/mean"] == -1.0
+    assert f"reward function {BAD}:raises_batched raised ValueError: batched verifier broke" in runner.last_problems
+    with RewardRunner(build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=functions[2:3]),
+                      timeout_s=0.3) as runner, pytest.raises(RewardFunctionError) as error:
+        runner.score(PROMPTS, [(0, "ba")])
+    assert str(error.value) == (f"reward function {BAD}:hangs_batched did not return within 0.3 s (task.reward_timeout_s); "
+                                "its worker process was killed")

@@ -150,3 +150,27 @@ def test_sft_rows_loss_options_packing_and_bad_rows(chat_model, tmp_path: Path) 
     with pytest.raises(TaskDataError) as error:
         read_sft_examples(bad, tokenizer)
     assert str(error.value) == f'{bad}:2: expected an object with "prompt" and "completion", or with "messages"'
+
+
+def test_cli_one_line_errors_for_chat_rows_and_sft_without_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from minirl.cli import main
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"prompt": MESSAGES, "answer": "7"}) + "\n" + json.dumps({"prompt": "x", "answer": "1"}) + "\n")
+    # minirl's character tokenizer has no chat template: one line naming the key and both ways out
+    assert main(["eval", "qwen3-moe-tiny", "task.kind=jsonl", f"task.path={data}", "eval.num_prompts=1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "minirl: error: task.chat_template: a conversational prompt needs a chat template: the tokenizer has none; "
+        "set task.chat_template to a Jinja template file, or task.chat_template=plain to feed the messages as plain text"
+    ]
+    assert main(["sft", str(_sft_config(tmp_path, data)), "--output", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "minirl: error: cold_start.style: 'stepwise' is not a style of task 'chat' (allowed: none (this task has no "
+        "teacher)); for your own data set cold_start.data to a file of prompt/completion or messages rows"
+    )
+
+
+def _sft_config(tmp_path: Path, data: Path) -> Path:
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"model: {{preset: qwen3-moe-tiny}}\ntask: {{kind: jsonl, path: {data}, chat_template: plain}}\n")
+    return config

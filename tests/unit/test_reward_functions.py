@@ -84,14 +84,6 @@ def test_a_batched_function_returning_the_wrong_length_is_one_line() -> None:
     assert str(error.value) == f"reward function {MOD}:wrong_length returned 1 rewards for 4 completions"
 
 
-def test_a_hanging_batched_call_times_out_as_one_call() -> None:
-    functions = [{"function": f"{MOD}:exact"}, {"function": f"{MOD}:slow_batched"}]
-    with _runner(functions, timeout_s=0.5, on_error="fallback", fallback_reward=-1.0) as runner:
-        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
-    assert rewards.tolist() == [0.0, -1.0, 0.0, -1.0]  # exact + fallback for the one timed-out call
-    assert stats["reward/timeouts"] == 4.0 and stats["reward/slow_batched/mean"] == -1.0
-
-
 def test_module_in_the_working_directory_is_found_and_a_miss_says_where(tmp_path: Path) -> None:
     (tmp_path / "my_rewards_cwd.py").write_text("def score(prompt, completion, answer):\n    return 2.0\n")
     script = (

@@ -5,6 +5,7 @@
     build_task("jsonl", path="train.jsonl", eval_path=None, eval_fraction=0.1, reward="exact",
                on_bad_row="skip", max_prompt_chars=4000)    # also .json, .parquet, a datasets dir
     build_task("reverse", reward_function="my_pkg.rewards:score")   # any kind, user verifier
+    build_task("jsonl", path=..., reward_functions=[{"function": "my_rewards:fmt", "weight": 0.2}, ...])
     build_task_from_config(cfg.task)         # the same from the ``task`` config section
 
 Rewards are computed by ``RewardRunner`` (``minirl.tasks.reward_runner``): user functions in a

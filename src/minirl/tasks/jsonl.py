@@ -147,7 +147,7 @@ class JsonlTask:
         self.reward_kind = reward
         self.skipped_reasons: list[str] = []
         """One ``file:line: reason`` message per skipped row (``on_bad_row="skip"``)."""
-        read = dict(
+        read: dict[str, Any] = dict(
             on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
             count_tokens=count_tokens, skipped=self.skipped_reasons,
             columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat),

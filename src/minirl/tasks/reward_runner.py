@@ -1,9 +1,16 @@
 """Scoring completions with a task's reward: a timeout per call, and a fallback reward on errors.
 
     runner = RewardRunner(task, timeout_s=10.0, on_error="fallback", fallback_reward=0.0)
-    rewards, stats = runner.score(prompts, [(c.prompt_index, c.text) for c in completions])
-    # rewards: float32 [n]; stats: reward/errors, reward/timeouts, reward/fallback_frac
+    rewards, stats = runner.score(prompts, completions)   # Completions, or (prompt_index, text) pairs
+    # rewards: float32 [n], the weighted sum over the task's reward functions; stats:
+    # reward/errors, reward/timeouts, reward/fallback_frac, reward/<name>/mean per function
     runner.close()
+
+A user task has one or more reward functions (``minirl.tasks.reward_functions``), scored one
+after the other over the batch. A per-sample function is called once per sample; a batched one
+once per worker on a contiguous share of the samples, and that call is the unit of the timeout
+(a batched call past ``timeout_s`` times out every sample it held). A problem replaces that
+function's value for the sample by ``fallback_reward`` (the other functions still count).
 
 Where a reward is computed:
 
