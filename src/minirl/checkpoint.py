@@ -176,17 +176,26 @@ def remove_all(run_dir: Path) -> None:
 
 def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
     """Refuse (``ConfigError``, one line) to resume under a config that differs in a key that matters."""
-    now = config_for_checkpoint(cfg)
-    if "cluster" not in saved:  # a checkpoint from before the cluster section ran with its defaults
-        from minirl.config import ClusterConfig
+    from minirl.config import Config
 
-        saved = {**saved, "cluster": ClusterConfig().model_dump(mode="json")}
+    now = config_for_checkpoint(cfg)
+    # a checkpoint from before a key (or section, e.g. cluster) existed ran with its default
+    defaults = Config().model_dump(mode="json")
+    defaults["algo"] = type(cfg.algo)(name=cfg.algo.name).model_dump(mode="json")  # the run's objective's own knobs
+    saved = with_defaults(saved, defaults)
     differences = config_differences(saved, now, ignore=RESUMABLE_DIFFERENCES, label="checkpoint")
     if differences:
         raise ConfigError(
             f"cannot resume from {checkpoint}: the config differs in {', '.join(differences)}; "
             "use the checkpoint's config or a new run.name"
         )
+
+
+def with_defaults(saved: Any, defaults: Any) -> Any:
+    """``saved`` with every key it lacks taken from ``defaults`` (recursively, sections included)."""
+    if not isinstance(saved, dict) or not isinstance(defaults, dict):
+        return saved
+    return {**defaults, **{key: with_defaults(value, defaults.get(key)) for key, value in saved.items()}}
 
 
 def config_differences(saved: dict[str, Any], now: dict[str, Any], *, ignore: tuple[str, ...] = (),

@@ -244,3 +244,15 @@ def test_a_run_directory_in_use_refuses_a_second_process(tmp_path, capsys):
         assert not (cfg.run_dir / "metrics.jsonl").exists()
     loop.train(cfg)  # released: the run goes
     assert len(_rows(cfg)) == STEPS + 1
+
+
+@pytest.mark.parametrize("objective", ["minirl", "grpo"])
+def test_a_checkpoint_from_before_new_keys_resumes_with_their_defaults(objective: str) -> None:
+    cfg = load_config(None, [f"algo.name={objective}"])
+    saved = cfg.model_dump(mode="json")
+    for section, key in (("task", "reward_functions"), ("task", "chat_template"), ("log", "plain"), ("eval", "accuracy_threshold")):
+        del saved[section][key]  # written by a minirl that had no such key
+    del saved["cluster"]
+    checkpoint.check_config(checkpoint.Path("x"), saved, cfg)  # no difference: they ran with the defaults
+    with pytest.raises(ConfigError, match=r"task.chat_template \(checkpoint 'auto', now 'plain'\)"):
+        checkpoint.check_config(checkpoint.Path("x"), saved, load_config(None, [f"algo.name={objective}", "task.chat_template=plain"]))
