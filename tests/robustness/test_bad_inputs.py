@@ -51,8 +51,8 @@ def cli_error(capsys: pytest.CaptureFixture, *argv: str) -> str:
 # --- 1. config files and overrides, via the CLI --------------------------------------------------
 
 CONFIG_FILES = [
-    ("typo_key.yaml", "optim.lrr: unknown key"),
-    ("typo_section.yaml", "optimm: unknown key"),
+    ("typo_key.yaml", "optim.lrr: unknown key (did you mean 'lr'?)"),
+    ("typo_section.yaml", "optimm: unknown key (did you mean 'optim'?)"),
     ("zero_temperature.yaml", "rollout.temperature: must be greater than 0 (got 0)"),
     ("steps_not_int.yaml", "optim.global_steps: must be a valid integer, unable to parse string as an integer (got 'ten')"),
     ("jsonl_without_path.yaml", "task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)"),
