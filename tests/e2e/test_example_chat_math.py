@@ -34,7 +34,7 @@ def _example(tmp_path: Path, sft_steps: int | None, rl_steps: int | None) -> Pat
     _run(work, *sft, *([f"cold_start.steps={sft_steps}"] if sft_steps else []))
     train = ["-m", "minirl", "train", "config.yaml", "--start-from", "runs/chat_math/sft"]
     if rl_steps:
-        train += [f"optim.steps={rl_steps}", "eval.every_steps=2", "log.completions_every_steps=2", "eval.num_prompts=8"]
+        train += [f"optim.global_steps={rl_steps}", "eval.every_steps=2", "log.completions_every_steps=2", "eval.num_prompts=8"]
     out = _run(work, *train)
     assert "done" in out and "held-out accuracy" in out
     return work
@@ -73,4 +73,4 @@ def test_example_reduced(tmp_path: Path) -> None:
 def test_example_as_shipped(tmp_path: Path) -> None:
     from minirl.config import load_config
 
-    _check(_example(tmp_path, sft_steps=None, rl_steps=None), steps=load_config(EXAMPLE / "config.yaml").optim.steps)
+    _check(_example(tmp_path, sft_steps=None, rl_steps=None), steps=load_config(EXAMPLE / "config.yaml").optim.global_steps)
