@@ -46,9 +46,10 @@ Contract
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Self
+from typing import Any, Self
 
 import torch
 import torch.nn as nn
