@@ -152,6 +152,34 @@ def find_latest(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def logged_steps(run_dir: Path) -> int:
+    """The highest global step (>= 1) in ``metrics.jsonl``, 0 if none: what a restart would lose.
+    A row cut short by a kill is ignored."""
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_bytes().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    highest = 0
+    for line in lines:
+        try:
+            step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            highest = max(highest, step)
+    return highest
+
+
+def restart_in_place(run_dir: Path) -> int:
+    """``--resume`` of a run that holds no complete checkpoint: it starts again from step 0 in its
+    directory, so its metrics and partial checkpoints go (a kept row would be logged twice).
+    Returns the highest step whose metrics were removed (0: none)."""
+    lost = logged_steps(run_dir)
+    (Path(run_dir) / "metrics.jsonl").unlink(missing_ok=True)
+    remove_all(run_dir)
+    return lost
+
+
 def prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` complete checkpoints, incomplete ones older than
     the newest complete one, and stale ``.tmp-*`` directories of other processes."""

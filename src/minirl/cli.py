@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from minirl.config import Config, ConfigError, load_config
 
@@ -47,17 +48,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _config(args)  # first: a config mistake is reported before the heavy imports
     from rich.console import Console
 
-    from minirl.checkpoint import checkpoints_dir, find_latest
+    from minirl.loop import hold_run_dir
+
+    with hold_run_dir(cfg.run_dir):  # from the choice of checkpoint to the end: one process per run directory
+        return _train_holding(cfg, args, Console(stderr=True))
+
+
+def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
+    from minirl.checkpoint import checkpoints_dir, find_latest, restart_in_place
     from minirl.loop import NumericalFaultStop, check_fresh_start, train
     from minirl.sft import cached_sft, run_sft
 
-    console = Console(stderr=True)
     start_from = args.start_from
     resume_from = None
     if args.resume or cfg.run.resume == "auto":
         found = find_latest(cfg.run_dir)
-        if found is None:
-            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting fresh", file=sys.stderr)
+        if found is None:  # resume means continue: with nothing to continue from, the run starts again in place
+            lost = restart_in_place(cfg.run_dir)
+            removed = f" (removed the metrics of steps 1-{lost}, logged after it)" if lost else ""
+            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting from step 0{removed}",
+                  file=sys.stderr)
         else:
             resume_from = found[0]
     if resume_from is None:
@@ -70,7 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
     try:
         summary = train(cfg, start_from=start_from, resume_from=resume_from,
-                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from)
+                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from, run_dir_held=True)
     except NumericalFaultStop as exc:
         print(f"minirl: stopped: {exc}", file=sys.stderr)
         return EXIT_NUMERICAL_FAULT
