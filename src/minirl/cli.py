@@ -72,13 +72,13 @@ def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
             resume_from = found[0]
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
-    if cfg.cold_start.enabled and not start_from and resume_from is None:
-        console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
-        if cfg.cold_start.cache_dir:
-            start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
-        else:
-            start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
     try:
+        if cfg.cold_start.enabled and not start_from and resume_from is None:
+            console.print(f"[bold]cold start[/]: SFT on '{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
+            if cfg.cold_start.cache_dir:
+                start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
+            else:
+                start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
         summary = train(cfg, start_from=start_from, resume_from=resume_from,
                         dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from, run_dir_held=True)
     except NumericalFaultStop as exc:
@@ -93,9 +93,14 @@ def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from minirl.loop import NumericalFaultStop
     from minirl.sft import run_sft
 
-    path = run_sft(cfg, Path(args.output) if args.output else None)
+    try:
+        path = run_sft(cfg, Path(args.output) if args.output else None)
+    except NumericalFaultStop as exc:
+        print(f"minirl: stopped: {exc}", file=sys.stderr)
+        return EXIT_NUMERICAL_FAULT
     print(f"saved SFT checkpoint to {path}")
     return 0
 

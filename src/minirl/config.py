@@ -110,6 +110,8 @@ class RolloutConfig(Section):
 
 
 class OptimConfig(Section):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every value finite
+
     global_steps: int = Field(100, ge=0)
     """Global steps (each = 1 rollout + N gradient updates + 1 weight sync)."""
     minibatches_per_step: int = Field(1, ge=1)
@@ -122,7 +124,8 @@ class OptimConfig(Section):
     most this many padded tokens (and ``micro_batch_sequences`` rows); a longer row goes alone.
     Skips the padding of one right-padded batch and bounds activation memory; the gradient is the
     same sum (to float rounding). ``null``: fixed micro-batches of ``micro_batch_sequences`` rows."""
-    lr: float = Field(1e-4, ge=0)
+    lr: float = Field(1e-4, ge=0, le=1)
+    """AdamW's learning rate (finite; above 1 every update would move each weight by more than 1)."""
     warmup_updates: int = Field(0, ge=0)
     """Linear learning-rate warm-up, in gradient updates (N per global step)."""
     weight_decay: float = Field(0.0, ge=0)
@@ -131,7 +134,8 @@ class OptimConfig(Section):
     adam_eps: float = Field(1e-8, gt=0)
     grad_clip_norm: float = Field(1.0, gt=0)
     max_consecutive_faults: int = Field(3, ge=1)
-    """A non-finite log-prob, loss or gradient skips that update; this many skipped updates in a
+    """A non-finite log-prob, loss or gradient, or an optimizer step leaving non-finite or exploding
+    weights (undone, ``minirl.update_guard``), skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
 
     @model_validator(mode="before")
@@ -283,6 +287,8 @@ class LogConfig(Section):
 class ColdStartConfig(Section):
     """Supervised fine-tuning on teacher traces (``minirl sft``, or before RL in ``minirl train``)."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every value finite
+
     enabled: bool = False
     """In ``minirl train``: run SFT first and start RL from its checkpoint."""
     style: str = "stepwise"
@@ -302,7 +308,7 @@ class ColdStartConfig(Section):
     not together with ``until_loss``)."""
     accuracy_every_steps: int = Field(25, ge=1)
     batch_sequences: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, le=1)
     warmup_steps: int = Field(20, ge=0)
     output: str | None = None
     """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""

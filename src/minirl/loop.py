@@ -280,7 +280,7 @@ def check_faults(run: Run, step: int, last_good: Path | None) -> None:
         where = f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
         raise NumericalFaultStop(
             f"step {step}: {run.trainer.consecutive_faults} updates in a row skipped for non-finite log-probs, "
-            f"loss or gradients (optim.max_consecutive_faults={limit}); stopped, {where}"
+            f"loss, gradients or weights (optim.max_consecutive_faults={limit}); stopped, {where}"
         )
 
 

@@ -89,6 +89,14 @@ OVERRIDES = [
     ("task.reward_workers=0", "task.reward_workers: must be greater than or equal to 1 (got 0)"),
     ("task.on_bad_row=drop", "task.on_bad_row: must be 'error' or 'skip' (got 'drop')"),
     ("task.max_prompt_chars=0", "task.max_prompt_chars: must be greater than or equal to 1 (got 0)"),
+    # optimizer values: finite and in range (lr=.inf trained to all-NaN weights, lr=1e30 to weights of 1e30)
+    ("optim.lr=.inf", "optim.lr: must be a finite number (got inf)"),
+    ("optim.lr=1e30", "optim.lr: must be less than or equal to 1 (got '1e30')"),
+    ("optim.lr=1.0e+30", "optim.lr: must be less than or equal to 1 (got 1e+30)"),
+    ("optim.adam_eps=.nan", "optim.adam_eps: must be a finite number (got nan)"),
+    ("optim.weight_decay=.inf", "optim.weight_decay: must be a finite number (got inf)"),
+    ("optim.grad_clip_norm=.inf", "optim.grad_clip_norm: must be a finite number (got inf)"),
+    ("cold_start.lr=.nan", "cold_start.lr: must be a finite number (got nan)"),
 ]
 
 
