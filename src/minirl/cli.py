@@ -55,21 +55,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
-    from minirl.checkpoint import checkpoints_dir, find_latest, restart_in_place
+    from minirl.checkpoint import checkpoints_dir, restart_in_place, resume_point
     from minirl.loop import NumericalFaultStop, check_fresh_start, train
     from minirl.sft import cached_sft, run_sft
 
     start_from = args.start_from
     resume_from = None
     if args.resume or cfg.run.resume == "auto":
-        found = find_latest(cfg.run_dir)
+        found = resume_point(cfg.run_dir, log=lambda line: print(line, file=sys.stderr))
         if found is None:  # resume means continue: with nothing to continue from, the run starts again in place
             lost = restart_in_place(cfg.run_dir)
             removed = f" (removed the metrics of steps 1-{lost}, logged after it)" if lost else ""
             print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting from step 0{removed}",
                   file=sys.stderr)
         else:
-            resume_from = found[0]
+            resume_from = found
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     try:
