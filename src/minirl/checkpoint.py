@@ -115,16 +115,20 @@ def save(run_dir: Path, step: int, *, model: Any, tokenizer: Any, state: dict[st
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_checkpoint(model, tokenizer, tmp / MODEL)
-    torch.save(state, tmp / STATE)
-    _fsync_tree(tmp)
-    meta = {"format": FORMAT_VERSION, "step": step, "config": config_for_checkpoint(cfg), "complete": True,
-            "files": digests(tmp)}
-    with (tmp / META).open("w", encoding="utf-8") as handle:  # the completeness marker: last
-        json.dump(meta, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _fsync_dir(tmp)
+    try:
+        save_checkpoint(model, tokenizer, tmp / MODEL)
+        torch.save(state, tmp / STATE)
+        _fsync_tree(tmp)
+        meta = {"format": FORMAT_VERSION, "step": step, "config": config_for_checkpoint(cfg), "complete": True,
+                "files": digests(tmp)}
+        with (tmp / META).open("w", encoding="utf-8") as handle:  # the completeness marker: last
+            json.dump(meta, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_dir(tmp)
+    except OSError:  # a full disk, say: the partial copy goes (freeing its space); older checkpoints are intact
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # an unusable leftover with the same name (a complete one would have been resumed)
         shutil.rmtree(final)
     os.rename(tmp, final)

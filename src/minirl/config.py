@@ -469,7 +469,13 @@ def _format_error(err: ValidationError, source: str) -> str:
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}: 0x{raw[exc.start]:02x}); "
+                          "save the config file as UTF-8") from None
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:

@@ -77,3 +77,12 @@ def worker_pid(prompt: str, completion: str, answer: str) -> float:
 
 
 NOT_CALLABLE = 42
+
+
+def huge_when_asked(prompt: str, completion: str, answer: str) -> float:
+    """1e300 (finite in float64, inf in float32) once ``MINIRL_TEST_HUGE_REWARD`` is set; else a dense score."""
+    import os
+
+    if os.environ.get("MINIRL_TEST_HUGE_REWARD"):
+        return 1e300
+    return sum(a == b for a, b in zip(completion, answer)) / max(len(answer), 1)
