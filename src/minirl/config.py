@@ -466,6 +466,29 @@ def _format_error(err: ValidationError, source: str) -> str:
     return f"{where}{key}: {msg}" if key else f"{where}{msg}"
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key given twice in one mapping is an error: YAML forbids it
+    and PyYAML silently keeps the last value (``optim.lr`` set twice would train with the second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *anchor`` merges; its keys may be overridden
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
@@ -477,7 +500,10 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}: 0x{raw[exc.start]:02x}); "
                           "save the config file as UTF-8") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}:{exc.line}: duplicate key {exc.key!r} (first at line {exc.first_line}); "
+                          "a key may appear once per section") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f"{path}:{line + 1}" if line is not None else str(path)

@@ -64,6 +64,21 @@ def test_config_file_not_yaml_names_the_line(capsys: pytest.CaptureFixture) -> N
     )
 
 
+def test_duplicate_key_names_the_line(capsys: pytest.CaptureFixture) -> None:
+    path = CORPUS / "duplicate_key.yaml"  # PyYAML alone keeps the last lr silently
+    assert cli_error(capsys, "train", str(path)) == (
+        f"{path}:6: duplicate key 'lr' (first at line 4); a key may appear once per section"
+    )
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    from minirl.config import _read_file
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("defaults: &defaults\n  lr: 1.0e-3\n  steps: 2\noptim:\n  <<: *defaults\n  lr: 3.0e-4\n")
+    assert _read_file(path)["optim"] == {"lr": 3.0e-4, "steps": 2}
+
+
 def test_config_file_not_toml(capsys: pytest.CaptureFixture) -> None:
     path = CORPUS / "not_toml.toml"
     assert cli_error(capsys, "train", str(path)) == f"{path}: not valid TOML (Invalid value (at line 2, column 6))"
