@@ -104,10 +104,7 @@ def save(run_dir: Path, step: int, *, model: Any, tokenizer: Any, state: dict[st
     """Write checkpoint ``step`` atomically, then keep only the newest ``keep_last`` complete ones."""
     from minirl.models.io import save_checkpoint
 
-    poisoned = [name for name, tensor in model.state_dict().items()
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-    if poisoned:  # the update guard undoes such steps: this is a bug in our own code, not the user's
-        raise FloatingPointError(f"checkpoint step {step} not written: non-finite weights in {', '.join(poisoned[:3])}")
+    check_finite(model, step)
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -135,6 +132,15 @@ def save(run_dir: Path, step: int, *, model: Any, tokenizer: Any, state: dict[st
     _fsync_dir(root)
     prune(run_dir, keep_last)
     return final
+
+
+def check_finite(model: Any, step: int) -> None:
+    """``FloatingPointError`` naming the tensors when a weight is not finite: the update guard undoes
+    such steps, so this is a bug in our own code, and no checkpoint may hold them."""
+    poisoned = [name for name, tensor in model.state_dict().items()
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if poisoned:
+        raise FloatingPointError(f"checkpoint step {step} not written: non-finite weights in {', '.join(poisoned[:3])}")
 
 
 def read_meta(directory: Path) -> dict[str, Any] | None:
