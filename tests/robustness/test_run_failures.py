@@ -299,3 +299,25 @@ def test_vllm_v2_runner_hint_without_a_gpu(tmp_path, capsys, monkeypatch):
     assert one_line(capsys.readouterr().err) == (
         "VLLM_USE_V2_MODEL_RUNNER=1: vLLM's Model Runner V2 needs Triton on a CUDA GPU and there is none here; "
         "unset it (routed experts then need engine_backend=native)")
+
+
+def test_a_vllm_configuration_error_is_one_line(monkeypatch):
+    """vLLM's pydantic ValidationError (a ValueError) becomes vLLM's own reason in one line (fake vLLM:
+    it is not installed here)."""
+    import types
+
+    from minirl.config import ConfigError
+    from minirl.rollout.vllm_engine import VLLMEngine
+
+    class LLM:
+        def __init__(self, **kwargs):
+            raise ValueError("1 validation error for VllmConfig\n  Value error, Model Runner V2 requires Triton "
+                             "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]")
+
+    platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: False))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    tokenizer = types.SimpleNamespace(eos_token_id=1)
+    with pytest.raises(ConfigError) as error:
+        VLLMEngine("/nowhere", None, tokenizer)
+    assert str(error.value) == "cluster.engine_backend: vLLM refused its configuration: Model Runner V2 requires Triton"
