@@ -17,8 +17,8 @@ from tests.resume.test_exact_resume import TINY
 
 
 def _args(tmp_path, name: str, steps: int) -> list[str]:
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    return ["train", "configs/demo.yaml", *overrides, f"optim.steps={steps}", "run.overwrite=false",
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    return ["train", "configs/demo.yaml", *overrides, f"optim.global_steps={steps}", "run.overwrite=false",
             f"run.output_dir={tmp_path}", f"run.name={name}"]
 
 

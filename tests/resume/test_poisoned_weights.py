@@ -84,8 +84,8 @@ def _poison_from(step_from: int, lr: float, monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.parametrize("lr, reason", [(math.inf, "non-finite weights"), (1e3, "exploding update")])
 def test_poisoning_steps_are_skipped_and_stop_with_a_good_checkpoint(tmp_path, monkeypatch, capsys, lr, reason):
     seen = _poison_from(4, lr, monkeypatch)
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    code = main(["train", "configs/demo.yaml", *overrides, "optim.steps=8", "optim.max_consecutive_faults=3",
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=8", "optim.max_consecutive_faults=3",
                  f"run.output_dir={tmp_path}", "run.name=p"])
     err = capsys.readouterr().err
     assert code == 3, err

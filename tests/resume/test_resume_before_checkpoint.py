@@ -38,8 +38,8 @@ def test_killed_before_the_first_checkpoint_resumes_from_step_0_bitwise(tmp_path
 
 
 def _base(tmp_path) -> list[str]:
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    return ["train", "configs/demo.yaml", *overrides, "optim.steps=2", "run.overwrite=false", f"run.output_dir={tmp_path}", "run.name=z"]
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    return ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", "run.overwrite=false", f"run.output_dir={tmp_path}", "run.name=z"]
 
 
 def test_a_run_that_failed_before_its_first_step_reruns_without_overwrite(tmp_path, monkeypatch, capsys):

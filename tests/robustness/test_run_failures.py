@@ -35,8 +35,8 @@ def one_line(err: str, prefix: str = "minirl: error: ") -> str:
 
 
 def _args(tmp_path: Path, steps: int, *more: str) -> list[str]:
-    overrides = [o for o in TINY if not o.startswith("optim.steps=")]
-    return ["train", "configs/demo.yaml", *overrides, f"optim.steps={steps}", "run.overwrite=false",
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    return ["train", "configs/demo.yaml", *overrides, f"optim.global_steps={steps}", "run.overwrite=false",
             f"run.output_dir={tmp_path}", "run.name=r", *more]
 
 
@@ -152,7 +152,7 @@ def test_a_reward_that_overflows_float32(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     monkeypatch.setenv("MINIRL_TEST_HUGE_REWARD", "1")
     capsys.readouterr()
-    assert main([*args[:-4], "optim.steps=4", *args[-3:], "--resume"]) == 2
+    assert main([*args[:-4], "optim.global_steps=4", *args[-3:], "--resume"]) == 2
     assert one_line(capsys.readouterr().err) == (
         "reward function tests.robustness.bad_rewards:huge_when_asked returned 1e+300, which overflows float32 "
         "(|reward| must be at most 3.403e+38)")
