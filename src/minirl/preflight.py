@@ -33,6 +33,7 @@ from minirl.config import Config, ConfigError
 
 GIB = 1024**3
 BYTES_PER_RECORDED_TOKEN = 48  # token id in a Python list (~36 B), its log-prob and mask in tensors
+BYTES_PER_SEQUENCE = 4096  # a completion's Python objects (prompt ids, dataclass, per-row tensors): a floor, not measured
 VLLM_PRECISIONS = ("fp32", "bf16", "fp16", "fp8_e4m3")  # minirl.rollout.vllm_engine.DTYPES
 
 
@@ -116,7 +117,7 @@ def check_sizes(cfg: Config, dims: ModelDims) -> None:
     sequences = -(-r.prompts_per_step * r.samples_per_prompt // cfg.cluster.rollout_engines)
     kv_bytes = {"fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}.get(r.kv_cache_precision, 4 if r.precision == "fp32" else 2)
     per_token = dims.layers * 2 * dims.kv_heads * dims.head_dim * kv_bytes + BYTES_PER_RECORDED_TOKEN
-    needed = sequences * (r.max_new_tokens * per_token + dims.vocab_size * 4)  # + one step's fp32 logits
+    needed = sequences * (r.max_new_tokens * per_token + dims.vocab_size * 4 + BYTES_PER_SEQUENCE)  # + fp32 logits
     available = available_memory(cfg)
     if available is not None and needed > available:
         raise ConfigError(
