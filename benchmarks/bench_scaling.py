@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
-from bench_rollout import int_list  # noqa: E402
-from compare_trl import PHASES, run_minirl  # noqa: E402  (timed global steps with forced lengths)
+from bench_rollout import int_list
+from compare_trl import PHASES, run_minirl
 
 # axis name -> the config key it sets
 AXES = {"G": "rollout.samples_per_prompt", "P": "rollout.prompts_per_step", "T": "rollout.max_new_tokens"}

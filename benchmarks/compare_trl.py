@@ -262,7 +262,9 @@ def main() -> None:
                     mini_len += n
                     print(f"[{size} {mode}] round {round_ + 1}: TRL {statistics.median(trl_t):.3f} s/step, "
                           f"minirl {statistics.median(mini_t):.3f} s/step", flush=True)
-                mean = lambda xs: statistics.fmean(xs) if xs else float("nan")
+                def mean(xs: list[float]) -> float:
+                    return statistics.fmean(xs) if xs else float("nan")
+
                 rows.append((size, mode, statistics.median(trl_t), statistics.median(mini_t), mean(trl_len),
                              mean(mini_len), cfg.rollout.precision,
                              {phase: statistics.median(values) for phase, values in phases.items()}))

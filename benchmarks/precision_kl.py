@@ -28,9 +28,9 @@ import time
 
 import torch
 
-from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
 from minirl.config import load_config
+from minirl.monitor import mismatch_metrics
 from minirl.rollout.native import NativeEngine
 from minirl.runtime import build_model, build_task
 from minirl.trainer import Trainer

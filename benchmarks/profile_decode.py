@@ -22,11 +22,10 @@ import torch
 from torch.profiler import profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
-from bench_rollout import int_list  # noqa: E402
-
-from minirl.config import load_config  # noqa: E402
-from minirl.rollout.fast_decode import FastDecoder, StaticKVCache  # noqa: E402
-from minirl.runtime import build_model  # noqa: E402
+from bench_rollout import int_list
+from minirl.config import load_config
+from minirl.rollout.fast_decode import FastDecoder, StaticKVCache
+from minirl.runtime import build_model
 
 MATMULS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::_grouped_mm", "aten::baddbmm"}
 

@@ -22,11 +22,11 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
     attention_mask = torch.zeros((rows, width), dtype=torch.bool)
     mask = torch.zeros((rows, width - 1), dtype=torch.bool)
     logp_rollout = torch.zeros((rows, width - 1), dtype=torch.float32)
-    has_routes = completions[0].routes is not None
-    routes = None
-    if has_routes:
-        _, layers, top_k = completions[0].routes.shape
-        routes = torch.full((rows, width, layers, top_k), -1, dtype=completions[0].routes.dtype)
+    first_routes = completions[0].routes
+    routes: torch.Tensor | None = None
+    if first_routes is not None:
+        _, layers, top_k = first_routes.shape
+        routes = torch.full((rows, width, layers, top_k), -1, dtype=first_routes.dtype)
     for row, (c, length) in enumerate(zip(completions, lengths)):
         n_prompt = len(c.prompt_ids)
         input_ids[row, :length] = torch.tensor(c.prompt_ids + c.completion_ids, dtype=torch.long)
@@ -34,7 +34,7 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
         # targets n_prompt .. length-1 sit at target positions n_prompt-1 .. length-2
         mask[row, n_prompt - 1 : length - 1] = True
         logp_rollout[row, n_prompt - 1 : length - 1] = c.logp_rollout.float()
-        if has_routes:
+        if routes is not None:  # the first completion has routes: every one must
             if c.routes is None or c.routes.shape[0] != length:
                 raise ValueError(f"completion {row}: routes missing or not aligned to its {length} positions")
             routes[row, :length] = c.routes

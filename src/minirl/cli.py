@@ -7,20 +7,67 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
-as one line naming the key, file or function, with exit code 2.
+as one line naming the key, file or function, with exit code 2; so is a run directory that cannot
+be written (a file in its path, read-only, a full disk: the line names the last complete
+checkpoint and the command that resumes). ``train`` checks everything the config alone decides
+before any work (``minirl.preflight``). Exit code 3: too many numerical faults in a row. Ctrl-C or
+SIGTERM in ``train`` / ``sft``: one line naming the last complete checkpoint and the resume
+command, exit code 130 / 143; a second one exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from minirl.config import Config, ConfigError, load_config
 
 EXIT_USER_ERROR = 2
 EXIT_NUMERICAL_FAULT = 3
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM during ``train`` / ``sft`` (a BaseException, as KeyboardInterrupt is)."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+        self.signal_name = signal.Signals(signal_number).name
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """The first SIGINT or SIGTERM raises ``Interrupted`` (the run unwinds: workers stopped, metrics
+    flushed; an unfinished checkpoint stays a ``.tmp-*`` that the next start removes); a second
+    one while it unwinds exits at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signal_number: int, frame: Any) -> None:
+        os.write(2, f"minirl: {signal.Signals(signal_number).name} again: exiting now\n".encode())
+        os._exit(128 + signal_number)
+
+    def interrupt(signal_number: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, exit_now)
+        signal.signal(signal.SIGTERM, exit_now)
+        raise Interrupted(signal_number)
+
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -50,32 +97,63 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = _config(args)  # first: a config mistake is reported before the heavy imports
     from rich.console import Console
 
-    from minirl.checkpoint import checkpoints_dir, find_latest
+    from minirl.loop import hold_run_dir
+    from minirl.preflight import is_storage_error, preflight
+
+    preflight(cfg)  # everything the config alone decides, before the cold start and any model build
+    with stop_on_signals(), hold_run_dir(cfg.run_dir):  # from the choice of checkpoint to the end: one process per run dir
+        try:
+            return _train_holding(cfg, args, Console(stderr=True))
+        except Interrupted as exc:
+            print(f"minirl: {exc.signal_name}: stopped; {_resume_hint(cfg, args)}", file=sys.stderr)
+            return 128 + exc.signal_number
+        except OSError as exc:
+            if not is_storage_error(exc):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"minirl: error: cannot write {where}{exc.strerror}; {_resume_hint(cfg, args)}", file=sys.stderr)
+            return EXIT_USER_ERROR
+
+
+def _resume_hint(cfg: Config, args: argparse.Namespace) -> str:
+    """'the last complete checkpoint is ...; resume with: minirl train ... --resume' (one line)."""
+    from minirl.checkpoint import find_latest
+
+    found = find_latest(cfg.run_dir)
+    last = f"the last complete checkpoint is {found[0]}" if found else "no checkpoint was completed (a resume starts from step 0)"
+    command = " ".join(shlex.quote(part) for part in ["minirl", args.command, args.config, *args.overrides])
+    return f"{last}; resume with: {command}{'' if args.command != 'train' or args.resume else ' --resume'}"
+
+
+def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
+    from minirl.checkpoint import checkpoints_dir, restart_in_place, resume_point
     from minirl.loop import NumericalFaultStop, check_fresh_start, train
     from minirl.sft import cached_sft, run_sft
 
-    console = Console(stderr=True)
     start_from = args.start_from
     resume_from = None
     if args.resume or cfg.run.resume == "auto":
-        found = find_latest(cfg.run_dir)
-        if found is None:
-            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting fresh", file=sys.stderr)
+        found = resume_point(cfg.run_dir, log=lambda line: print(line, file=sys.stderr))
+        if found is None:  # resume means continue: with nothing to continue from, the run starts again in place
+            lost = restart_in_place(cfg.run_dir)
+            removed = f" (removed the metrics of steps 1-{lost}, logged after it)" if lost else ""
+            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting from step 0{removed}",
+                  file=sys.stderr)
         else:
-            resume_from = found[0]
+            resume_from = found
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
-    if cfg.cold_start.enabled and not start_from and resume_from is None:
-        what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
-                else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
-        console.print(f"[bold]cold start[/]: SFT on {what}")
-        if cfg.cold_start.cache_dir:
-            start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
-        else:
-            start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
     try:
+        if cfg.cold_start.enabled and not start_from and resume_from is None:
+            what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
+                    else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
+            console.print(f"[bold]cold start[/]: SFT on {what}")
+            if cfg.cold_start.cache_dir:
+                start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
+            else:
+                start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
         summary = train(cfg, start_from=start_from, resume_from=resume_from,
-                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from)
+                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from, run_dir_held=True)
     except NumericalFaultStop as exc:
         print(f"minirl: stopped: {exc}", file=sys.stderr)
         return EXIT_NUMERICAL_FAULT
@@ -88,9 +166,27 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from minirl.loop import NumericalFaultStop
+    from minirl.preflight import check_run_dir, is_storage_error
     from minirl.sft import run_sft
 
-    path = run_sft(cfg, Path(args.output) if args.output else None)
+    output = Path(args.output or cfg.cold_start.output or cfg.run_dir / "sft")
+    check_run_dir(output.parent)
+    try:
+        with stop_on_signals():
+            path = run_sft(cfg, output)
+    except NumericalFaultStop as exc:
+        print(f"minirl: stopped: {exc}", file=sys.stderr)
+        return EXIT_NUMERICAL_FAULT
+    except Interrupted as exc:  # an SFT has no checkpoint to resume from: it starts again
+        print(f"minirl: {exc.signal_name}: stopped; no SFT checkpoint was written to {output}; run the same command again",
+              file=sys.stderr)
+        return 128 + exc.signal_number
+    except OSError as exc:
+        if not is_storage_error(exc):
+            raise
+        print(f"minirl: error: cannot write {exc.filename or output}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USER_ERROR
     print(f"saved SFT checkpoint to {path}")
     return 0
 

@@ -150,6 +150,8 @@ class RolloutConfig(Section):
 
 
 class OptimConfig(Section):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every value finite
+
     global_steps: int = Field(100, ge=0)
     """Global steps (each = 1 rollout + N gradient updates + 1 weight sync)."""
     minibatches_per_step: int = Field(1, ge=1)
@@ -162,8 +164,8 @@ class OptimConfig(Section):
     most this many padded tokens (and ``micro_batch_sequences`` rows); a longer row goes alone.
     Skips the padding of one right-padded batch and bounds activation memory; the gradient is the
     same sum (to float rounding). ``null``: fixed micro-batches of ``micro_batch_sequences`` rows."""
-    lr: float = Field(1e-4, ge=0)
-    """AdamW learning rate."""
+    lr: float = Field(1e-4, ge=0, le=1)
+    """AdamW's learning rate (finite; above 1 every update would move each weight by more than 1)."""
     warmup_updates: int = Field(0, ge=0)
     """Linear learning-rate warm-up, in gradient updates (N per global step)."""
     weight_decay: float = Field(0.0, ge=0)
@@ -177,7 +179,8 @@ class OptimConfig(Section):
     grad_clip_norm: float = Field(1.0, gt=0)
     """Gradient norm clipping threshold."""
     max_consecutive_faults: int = Field(3, ge=1)
-    """A non-finite log-prob, loss or gradient skips that update; this many skipped updates in a
+    """A non-finite log-prob, loss or gradient, or an optimizer step leaving non-finite or exploding
+    weights (undone, ``minirl.update_guard``), skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
 
     @model_validator(mode="before")
@@ -362,6 +365,8 @@ class LogConfig(Section):
 class ColdStartConfig(Section):
     """Supervised fine-tuning on teacher traces (``minirl sft``, or before RL in ``minirl train``)."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # every value finite
+
     enabled: bool = False
     """In ``minirl train``: run SFT first and start RL from its checkpoint."""
     data: str | None = None
@@ -396,7 +401,7 @@ class ColdStartConfig(Section):
     """SFT steps between two held-out accuracy checks of ``until_accuracy``."""
     batch_sequences: int = Field(32, ge=1)
     """Sequences per SFT step."""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, le=1)
     """SFT learning rate."""
     warmup_steps: int = Field(20, ge=0)
     """SFT learning-rate warm-up steps."""
@@ -565,12 +570,44 @@ def _format_error(err: ValidationError, source: str) -> str:
     return f"{where}{key}: {msg}" if key else f"{where}{msg}"
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, except that a key given twice in one mapping is an error: YAML forbids it
+    and PyYAML silently keeps the last value (``optim.lr`` set twice would train with the second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *anchor`` merges; its keys may be overridden
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}: 0x{raw[exc.start]:02x}); "
+                          "save the config file as UTF-8") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}:{exc.line}: duplicate key {exc.key!r} (first at line {exc.first_line}); "
+                          "a key may appear once per section") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f"{path}:{line + 1}" if line is not None else str(path)

@@ -29,7 +29,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,7 +181,7 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
 def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | None = None,
           rewards: RewardSource | None = None, rollouts: RolloutSource | None = None,
           dump_rollouts: str | Path | None = None, rollouts_from: str | Path | None = None,
-          run: Run | None = None) -> RunSummary:
+          run: Run | None = None, run_dir_held: bool = False) -> RunSummary:
     """Run MiniRL as configured; returns held-out accuracy before and after RL.
 
     ``resume_from``: a checkpoint directory (``minirl.checkpoint.find_latest``) to continue from,
@@ -189,8 +189,10 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
     seams of ``minirl.sources``; ``dump_rollouts`` writes each step's rollouts and rewards to a
     directory, ``rollouts_from`` trains on such a dump instead of sampling. ``run``: a ``Run`` the
     caller built with ``setup(cfg)`` (and may have changed: a test's seam), trained and closed here.
+    ``run_dir_held``: the caller already holds ``hold_run_dir(cfg.run_dir)`` (``minirl train`` takes it
+    before choosing the checkpoint).
     """
-    with hold_run_dir(cfg.run_dir):  # one process per run directory: a second one would corrupt it
+    with nullcontext() if run_dir_held else hold_run_dir(cfg.run_dir):  # one process per run directory
         run = run or setup(cfg, start_from=start_from, rewards=rewards, rollouts=rollouts)
         try:
             if rollouts_from is not None:
@@ -284,7 +286,7 @@ def check_faults(run: Run, step: int, last_good: Path | None) -> None:
         where = f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
         raise NumericalFaultStop(
             f"step {step}: {run.trainer.consecutive_faults} updates in a row skipped for non-finite log-probs, "
-            f"loss or gradients (optim.max_consecutive_faults={limit}); stopped, {where}"
+            f"loss, gradients or weights (optim.max_consecutive_faults={limit}); stopped, {where}"
         )
 
 
@@ -379,11 +381,12 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 
 
 def check_fresh_start(cfg: Config) -> None:
-    """Refuse to start over in a directory holding an earlier run, unless ``run.overwrite``."""
+    """Refuse to start over in a directory holding an earlier run, unless ``run.overwrite``; a run
+    that ended before its first global step (no checkpoint, no metrics past step 0) is no loss."""
     from minirl import checkpoint
 
     run_dir = cfg.run_dir
-    earlier = (run_dir / "metrics.jsonl").exists() or checkpoint.find_latest(run_dir) is not None
+    earlier = checkpoint.logged_steps(run_dir) > 0 or checkpoint.find_latest(run_dir) is not None
     if earlier and not cfg.run.overwrite:
         raise ConfigError(
             f"run.name: {run_dir} already holds a run; continue it with --resume (run.resume=auto), "

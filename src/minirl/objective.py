@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minirl.algo import POLICY_LOSSES, LossInputs
-from minirl.config import LossConfig
+from minirl.config import AlgoConfig
 from minirl.trainer import Objective
 from minirl.types import Batch
 
@@ -28,7 +28,7 @@ class PolicyObjective:
     name: str
     knobs: dict
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
         inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids)
@@ -36,7 +36,7 @@ class PolicyObjective:
         return loss, {key: value for key, value in metrics.items() if key != "loss"}  # tensors: the trainer syncs once
 
 
-def make_objective(algo: LossConfig, minibatch: Batch) -> Objective:
+def make_objective(algo: AlgoConfig, minibatch: Batch) -> Objective:
     """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
     knobs = algo.loss_knobs()
     knobs["normalizer"] = algo.minibatch_normalizer(minibatch)  # each variant owns its denominator

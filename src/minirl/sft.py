@@ -108,7 +108,16 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     target = accuracy_target(cfg, model, tokenizer, task, stack)  # cold_start.until_accuracy: None when off
     for step in range(1, c.steps + 1):
         batch = make_batch([examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)])
-        losses.append(trainer.update(batch, cross_entropy_objective(batch)).loss)
+        update = trainer.update(batch, cross_entropy_objective(batch))
+        if update.fault is not None:  # a numerical fault: skipped and counted as in RL (``Trainer._skip``)
+            log(f"sft step {step}: skipped an update: {update.fault}")
+            if trainer.consecutive_faults >= cfg.optim.max_consecutive_faults:
+                from minirl.loop import NumericalFaultStop
+
+                raise NumericalFaultStop(f"sft step {step}: {trainer.consecutive_faults} updates in a row skipped "
+                                         f"(optim.max_consecutive_faults={cfg.optim.max_consecutive_faults}); no SFT checkpoint written")
+            continue
+        losses.append(update.loss)
         window = window_loss(losses, c.loss_window_steps)
         reached = c.until_loss is not None and window is not None and window < c.until_loss
         now = time.perf_counter()
@@ -131,7 +140,8 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     stack.close()
     save_checkpoint(model, tokenizer, output)
     dump_config(cfg, output / "minirl_sft_config.yaml")
-    summary = {"style": c.style if not c.data else None, "data": c.data, "steps": len(losses), "final_loss": losses[-1],
+    summary = {"style": c.style if not c.data else None, "data": c.data, "steps": len(losses),
+               "final_loss": losses[-1] if losses else None,
                "window_loss": window_loss(losses, c.loss_window_steps), "until_loss": c.until_loss,
                "reached": reached if c.until_loss is not None else None,
                "seconds": time.perf_counter() - started, "environment": environment(),

@@ -31,6 +31,7 @@ from minirl.batching import chunks, token_budget_chunks
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
 from minirl.types import Batch
+from minirl.update_guard import UpdateGuard
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
 """``objective(logp, micro_batch) -> (loss, metrics)``: metrics as 0-dim tensors (or floats); the
@@ -139,8 +140,9 @@ class Trainer:
             [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(warmup_updates))
+        self._guard = UpdateGuard(self.optimizer)
         self.updates_done = 0
-        self.faults = 0  # skipped updates (non-finite log-probs, loss or gradients)
+        self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)
         self.consecutive_faults = 0
 
     # ------------------------------------------------------------------ forward passes
@@ -231,7 +233,12 @@ class Trainer:
             reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
+        self._guard.snapshot()  # a step that poisons the weights is undone (``minirl.update_guard``)
         self.optimizer.step()
+        poisoned = self._guard.check()
+        if poisoned is not None:
+            self._guard.restore()
+            return self._skip(poisoned, minibatch, old_pass, replay_routes, record_routes)
         self.scheduler.step()
         self.updates_done += 1
         self.consecutive_faults = 0

@@ -20,7 +20,7 @@ Masks are positive: ``True`` means "this token is trained on / counted".
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -118,7 +118,8 @@ class Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
-        return Batch(**{name: move(getattr(self, name)) for name in self.__dataclass_fields__})
+        moved: dict[str, Any] = {name: move(getattr(self, name)) for name in self.__dataclass_fields__}
+        return Batch(**moved)
 
     def select(self, index: torch.Tensor | slice) -> Batch:
         """Rows ``index`` of every tensor field (a mini-batch or micro-batch view)."""

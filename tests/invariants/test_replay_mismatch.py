@@ -7,10 +7,9 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
 from minirl.moe import RoutingReplay
-from minirl.monitor import routing_agreement
+from minirl.monitor import mismatch_metrics, routing_agreement
 from minirl.rollout.native import NativeEngine
 from minirl.trainer import Trainer
 from minirl.types import SamplingParams

@@ -92,7 +92,7 @@ def test_capture_under_gradient_checkpointing_counts_one_forward():
 
 
 def test_failed_block_leaves_no_capture():
-    model, replay, x, routes = _setup()
+    _model, replay, _x, routes = _setup()
     with pytest.raises(ValueError, match="layer 0 consumed its routes 0 times"):
         with replay.replay(routes, capture_natural=True) as handle:
             pass

@@ -227,10 +227,12 @@ def test_a_fresh_start_never_silently_replaces_an_earlier_run(tmp_path):
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.name=r"])
     check_fresh_start(cfg)  # an empty directory is fine
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     with pytest.raises(ConfigError, match=r"already holds a run; continue it with --resume"):
         check_fresh_start(cfg)
     check_fresh_start(load_config(None, [f"run.output_dir={tmp_path}", "run.name=r", "run.overwrite=true"]))
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "train/re')  # killed in step 1's row
+    check_fresh_start(cfg)  # a run that ended before its first global step: nothing to lose
 
 
 def test_a_run_directory_in_use_refuses_a_second_process(tmp_path, capsys):

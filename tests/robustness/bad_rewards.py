@@ -95,3 +95,12 @@ def hangs_batched(prompts: list, completions: list, **kwargs: object) -> list[fl
 
 def raises_batched(prompts: list, completions: list, **kwargs: object) -> list[float]:
     raise ValueError("batched verifier broke")
+
+
+def huge_when_asked(prompt: str, completion: str, answer: str) -> float:
+    """1e300 (finite in float64, inf in float32) once ``MINIRL_TEST_HUGE_REWARD`` is set; else a dense score."""
+    import os
+
+    if os.environ.get("MINIRL_TEST_HUGE_REWARD"):
+        return 1e300
+    return sum(a == b for a, b in zip(completion, answer)) / max(len(answer), 1)

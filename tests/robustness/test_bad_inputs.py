@@ -77,6 +77,21 @@ def test_config_file_not_yaml_names_the_line(capsys: pytest.CaptureFixture) -> N
     )
 
 
+def test_duplicate_key_names_the_line(capsys: pytest.CaptureFixture) -> None:
+    path = CORPUS / "duplicate_key.yaml"  # PyYAML alone keeps the last lr silently
+    assert cli_error(capsys, "train", str(path)) == (
+        f"{path}:6: duplicate key 'lr' (first at line 4); a key may appear once per section"
+    )
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    from minirl.config import _read_file
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("defaults: &defaults\n  lr: 1.0e-3\n  steps: 2\noptim:\n  <<: *defaults\n  lr: 3.0e-4\n")
+    assert _read_file(path)["optim"] == {"lr": 3.0e-4, "steps": 2}
+
+
 def test_config_file_not_toml(capsys: pytest.CaptureFixture) -> None:
     path = CORPUS / "not_toml.toml"
     assert cli_error(capsys, "train", str(path)) == f"{path}: not valid TOML (Invalid value (at line 2, column 6))"
@@ -102,6 +117,14 @@ OVERRIDES = [
     ("task.reward_workers=0", "task.reward_workers: must be greater than or equal to 1 (got 0)"),
     ("task.on_bad_row=drop", "task.on_bad_row: must be 'error' or 'skip' (got 'drop')"),
     ("task.max_prompt_chars=0", "task.max_prompt_chars: must be greater than or equal to 1 (got 0)"),
+    # optimizer values: finite and in range (lr=.inf trained to all-NaN weights, lr=1e30 to weights of 1e30)
+    ("optim.lr=.inf", "optim.lr: must be a finite number (got inf)"),
+    ("optim.lr=1e30", "optim.lr: must be less than or equal to 1 (got '1e30')"),
+    ("optim.lr=1.0e+30", "optim.lr: must be less than or equal to 1 (got 1e+30)"),
+    ("optim.adam_eps=.nan", "optim.adam_eps: must be a finite number (got nan)"),
+    ("optim.weight_decay=.inf", "optim.weight_decay: must be a finite number (got inf)"),
+    ("optim.grad_clip_norm=.inf", "optim.grad_clip_norm: must be a finite number (got inf)"),
+    ("cold_start.lr=.nan", "cold_start.lr: must be a finite number (got nan)"),
 ]
 
 

@@ -130,7 +130,7 @@ def test_a_reward_file_is_imported_from_its_spec_once_per_process(tmp_path: Path
 
 def test_runner_from_config_and_data_metrics(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
-    data.write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "a much longer prompt", "answer": "x"}\n[]\n')
+    data.write_text('{"prompt": "2+2?", "answer": "4"}\n{"prompt": "a much longer prompt", "answer": "x"}\n[]\n{"prompt": "3+3?", "answer": "6"}\n')
     cfg = load_config(None, [
         "task.kind=jsonl", f"task.path={data}", "task.on_bad_row=skip", "task.max_prompt_chars=10",
         "task.eval_fraction=0.5", f"task.reward_function={BAD}:flaky", "task.reward_on_error=fallback",

@@ -217,7 +217,6 @@ def test_plots_are_written(tmp_path):
 
 def test_decode_profile_counts_ops_and_matmuls_of_a_cached_step():
     import profile_decode
-
     from minirl.config import load_config
     from minirl.runtime import build_model
 

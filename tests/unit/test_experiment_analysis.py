@@ -226,7 +226,7 @@ def test_study_verdicts_pair_seeds_and_holm_adjust_on_synthetic_runs():
     assert run_statistic(arms["onpolicy_no_is"][0], "final") == pytest.approx(0.5)  # (0.7 + 0.3) / 2
     assert run_statistic(arms["onpolicy_no_is"][0], "deepest_drop") == pytest.approx(0.4 / 0.7)
     got = study_verdicts(arms, STUDIES["study2_is"])
-    (plan, test, check) = got[0]
+    (_plan, test, check) = got[0]
     # final diffs per seed: 0.8 - 0.5, 0.7 - 0.45, 0.9 - 0.6 = 0.3, 0.25, 0.3: mean 0.28333, SD 0.028868, SE 0.016667
     assert test.diff == pytest.approx(0.85 / 3) and test.se == pytest.approx(0.05 / math.sqrt(3) / math.sqrt(3))
     assert test.df == 2 and test.paired

@@ -202,13 +202,13 @@ def test_load_errors_name_the_path(tmp_path: Path) -> None:
         load_model_and_tokenizer(str(missing))
     assert "\n" not in str(error.value) and "preset" in str(error.value)
 
-    with pytest.raises(ModelLoadError, match="no config.json") as error:
+    with pytest.raises(ModelLoadError, match=r"no config\.json") as error:
         load_model_and_tokenizer(str(tmp_path))
     assert str(tmp_path) in str(error.value) and "\n" not in str(error.value)
 
     a_file = tmp_path / "weights.bin"
     a_file.write_text("x")
-    with pytest.raises(ModelLoadError, match="weights.bin"):
+    with pytest.raises(ModelLoadError, match=r"weights\.bin"):
         load_model_and_tokenizer(str(a_file))
 
     # A config but no weights: the transformers error, on one line, naming the directory.

@@ -130,7 +130,7 @@ def tiny_model(model_type: str, seed: int = 0, **extra) -> torch.nn.Module:
     return model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def family(model_type: str) -> tuple[torch.nn.Module, RoutingReplay]:
     model = tiny_model(model_type)
     return model, RoutingReplay(model)
@@ -482,7 +482,7 @@ def test_dense_model_is_unsupported():
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8,
     )
-    with pytest.raises(UnsupportedModelError, match="no supported MoE router.*Supported families:.*mixtral.*olmoe.*qwen2_moe.*qwen3_moe"):
+    with pytest.raises(UnsupportedModelError, match=r"no supported MoE router.*Supported families:.*mixtral.*olmoe.*qwen2_moe.*qwen3_moe"):
         RoutingReplay(Qwen3ForCausalLM(cfg))
 
 
@@ -508,7 +508,7 @@ def test_unknown_router_class_is_refused():
 
     model = tiny_model("qwen3_moe")
     model.model.layers[0].mlp.gate2 = MysteryTopKRouter()
-    with pytest.raises(UnsupportedModelError, match="MysteryTopKRouter.*unknown router"):
+    with pytest.raises(UnsupportedModelError, match=r"MysteryTopKRouter.*unknown router"):
         RoutingReplay(model)
 
 

@@ -55,7 +55,8 @@ def test_jsonl_eval_split_is_seeded_and_disjoint(tmp_path: Path) -> None:
     small = write_rows(tmp_path / "small.jsonl", numbered_rows(3))
     assert len(JsonlTask(small, eval_fraction=0.1).eval_prompts()) == 1
     single = write_rows(tmp_path / "single.jsonl", numbered_rows(1))
-    assert len(JsonlTask(single, eval_fraction=0.1).train_prompts()) == 1
+    with pytest.raises(TaskDataError, match="1 row: none left for evaluation"):  # it evaluated on nothing: max() of []
+        JsonlTask(single, eval_fraction=0.1)
     with pytest.raises(ValueError, match="eval_fraction"):
         JsonlTask(path, eval_fraction=1.0)
 

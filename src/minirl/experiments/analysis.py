@@ -190,7 +190,9 @@ def mean_difference(a: list[float], b: list[float]) -> tuple[float, float] | Non
     """(mean(a) - mean(b), standard error of that difference); None without data."""
     if not a or not b:
         return None
-    var = lambda xs: statistics.variance(xs) if len(xs) > 1 else 0.0
+    def var(xs: list[float]) -> float:
+        return statistics.variance(xs) if len(xs) > 1 else 0.0
+
     return statistics.mean(a) - statistics.mean(b), math.sqrt(var(a) / len(a) + var(b) / len(b))
 
 

@@ -108,7 +108,9 @@ def fall_order_section(found: list[tuple[str, Run, dict[str, Any]]]) -> list[str
     for arm, run, fall in found:
         order = fall_onsets(run, fall["peak_step"], fall["drop"][1])
         counts[order["order"]] = counts.get(order["order"], 0) + 1
-        step = lambda s: "—" if s is None else str(s)
+        def step(s: int | None) -> str:
+            return "—" if s is None else str(s)
+
         rows.append(f"| {arm} | {run['seed']} | {fall['peak_step']} → {fall['drop'][1]} | {step(order['kl_step'])} "
                     f"| {step(order['entropy_step'])} | **{order['order']}** | {order['entropy_kind']} |")
     tally = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

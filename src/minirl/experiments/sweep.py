@@ -161,7 +161,7 @@ def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, s
             item = queue.pop(0)
             name, seed, path, overrides, run_dir, steps = item
             run_dir.mkdir(parents=True, exist_ok=True)
-            out = open(run_dir / "sweep.log", "a", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+            out = open(run_dir / "sweep.log", "a", encoding="utf-8")  # closed when the run ends
             proc = subprocess.Popen([sys.executable, "-m", "minirl.cli", "train", str(path), *overrides],
                                     stdout=out, stderr=subprocess.STDOUT, env=env)
             log(f"start {name} seed{seed} ({steps} steps) -> {run_dir}")

@@ -18,7 +18,7 @@ model supports it; ``batched_mm`` is ~50x slower on CPU). The implementation is 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import (

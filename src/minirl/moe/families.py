@@ -22,8 +22,8 @@ function, add the router class name to ``ROUTERS``, and add the family to the un
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn

@@ -46,9 +46,10 @@ Contract
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Self
+from typing import Any, Self, cast
 
 import torch
 import torch.nn as nn
@@ -312,8 +313,10 @@ class RoutingReplay:
         return self._stack(block)
 
     def _stack(self, block: _Block) -> torch.Tensor:
+        assert block.shape is not None  # the callers raise a clear error first
         B, T = block.shape
-        stacked = torch.stack(block.recorded, dim=1)  # [N, L, K]
+        recorded = cast(list[torch.Tensor], block.recorded)  # every layer routed exactly once (callers check)
+        stacked = torch.stack(recorded, dim=1)  # [N, L, K]
         return stacked.reshape(B, T, self.num_layers, self.top_k)
 
     def _make_model_hook(self):
@@ -349,6 +352,7 @@ class RoutingReplay:
             )
         B, T = int(x.shape[0]), int(x.shape[1])
         if block.mode == "replay":
+            assert block.routes is not None  # replay() opens its block with the routes
             rb, rt = block.routes.shape[:2]
             if (rb, rt) != (B, T):
                 raise ValueError(
@@ -414,6 +418,7 @@ class RoutingReplay:
                 block.recorded[layer] = natural_idx.detach().to(ROUTE_DTYPE)
             if block.all_natural[layer]:
                 return None
+            assert block.routes is not None  # replay() opens its block with the routes
             forced = block.routes[:, :, layer, :].reshape(-1, self.top_k)
             if forced.device != natural_idx.device:
                 forced = forced.to(natural_idx.device)
@@ -436,6 +441,7 @@ class RoutingReplay:
         return type(output)(new) if isinstance(output, tuple) else new
 
     def _check_rows(self, block: _Block, layer: int, natural_idx: torch.Tensor) -> None:
+        assert block.shape is not None  # set by the model's pre-hook before any router runs
         B, T = block.shape
         if natural_idx.dim() != 2 or natural_idx.shape[0] != B * T or natural_idx.shape[1] != self.top_k:
             raise ValueError(

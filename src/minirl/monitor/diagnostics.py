@@ -90,7 +90,7 @@ def sequence_objective(minibatch: Batch) -> Objective:
     """
     normalizer = float(minibatch.size)
 
-    def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         loss, _ = sequence_is_loss(logp, micro.logp_rollout, micro.advantages, micro.mask, normalizer=normalizer)
         return loss, {}
 
@@ -131,7 +131,9 @@ def gradient_fidelity(
     if minibatch.logp_old is None:
         raise ValueError("gradient_fidelity needs minibatch.logp_old (run the old-log-prob pass first)")
     g_surrogate = trainer.gradient(minibatch, surrogate_objective, replay_routes=replay_routes)
-    g_seq, logp = trainer.gradient(minibatch, sequence_objective(minibatch), replay_routes=replay_routes, with_logp=True)
+    seq_and_logp = trainer.gradient(minibatch, sequence_objective(minibatch), replay_routes=replay_routes, with_logp=True)
+    assert isinstance(g_surrogate, torch.Tensor) and isinstance(seq_and_logp, tuple)  # with_logp picks the form
+    g_seq, logp = seq_and_logp
     norm_surrogate = float(torch.linalg.vector_norm(g_surrogate.double()))
     norm_seq = float(torch.linalg.vector_norm(g_seq.double()))
     diff = float(torch.linalg.vector_norm(g_surrogate.double() - g_seq.double()))

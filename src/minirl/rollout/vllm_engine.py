@@ -219,7 +219,8 @@ class VLLMEngine:
         except ValueError as exc:  # vLLM's config validation (pydantic's ValidationError is a ValueError)
             if record_routes and ("AuxOutput" in str(exc) or "routed_experts" in str(exc)):
                 raise RoutedExpertsUnavailable(_vllm_reason(exc)) from exc
-            raise
+            # e.g. VLLM_USE_V2_MODEL_RUNNER=1 where V2 cannot run: vLLM's reason in one line, not pydantic's traceback
+            raise ConfigError(f"cluster.engine_backend: vLLM refused its configuration: {_vllm_reason(exc)}") from None
 
     @classmethod
     def from_config(cls, cfg: Config, model: torch.nn.Module, tokenizer: Any, source: str | None) -> "VLLMEngine":

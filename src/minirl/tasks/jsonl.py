@@ -44,6 +44,9 @@ REWARD_KINDS: tuple[str, ...] = ("exact", "math_verify")
 OnBadRow = Literal["error", "skip"]
 ON_BAD_ROW: tuple[str, ...] = ("error", "skip")
 MATH_VERIFY_TIMEOUT_S = 5
+MAX_CHARS_PER_TOKEN = 64
+"""A prompt longer than this many characters per token of room is too long without tokenizing it
+(BPE vocabularies' longest tokens are far shorter; a byte or character tokenizer has one)."""
 
 _MARKER_PATTERN = re.compile(r"(?:final answer|answer|ans)\s*:", re.IGNORECASE)
 
@@ -185,6 +188,9 @@ def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> t
         num_eval = 1
     if len(rows) - num_eval < 1:
         raise TaskDataError(f"{path}: {len(rows)} row(s) leave no training rows after eval_fraction {eval_fraction}")
+    if eval_fraction > 0 and num_eval == 0:
+        raise TaskDataError(f"{path}: {len(rows)} row: none left for evaluation (task.eval_fraction {eval_fraction}); "
+                            "add rows or give task.eval_path")
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     eval_rows = sorted(order[:num_eval])
@@ -246,6 +252,9 @@ def _check_length(
     if max_chars is not None and len(text) > max_chars:
         raise TaskDataError(f"{where}: prompt is {len(text)} characters, longer than task.max_prompt_chars={max_chars}")
     if max_tokens is not None and count_tokens is not None:
+        if len(text) > max_tokens * MAX_CHARS_PER_TOKEN:  # bounded work: a 30 MB row is never tokenized
+            raise TaskDataError(f"{where}: prompt is {len(text)} characters, more than the {max_tokens} tokens the "
+                                f"model's context leaves could hold (at most {MAX_CHARS_PER_TOKEN} characters a token)")
         tokens = count_tokens(prompt)
         if tokens > max_tokens:
             raise TaskDataError(f"{where}: prompt is {tokens} tokens, longer than the {max_tokens} the model's context leaves")

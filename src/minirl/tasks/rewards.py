@@ -155,7 +155,13 @@ def check_reward_value(value: Any, name: str) -> float:
     reward = float(value)
     if not math.isfinite(reward):
         raise RewardFunctionError(f"reward function {name} returned {reward}, expected a finite number")
+    if abs(reward) > FLOAT32_MAX:  # rewards are float32 tensors: this one would become inf there
+        raise RewardFunctionError(f"reward function {name} returned {reward}, which overflows float32 "
+                                  f"(|reward| must be at most {FLOAT32_MAX:.4g})")
     return reward
+
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answer: str) -> float:
