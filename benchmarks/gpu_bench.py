@@ -100,7 +100,7 @@ def part_engine(tiny: bool, device: str) -> dict[str, Any]:
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(2, vocab, (16,), generator=g).tolist() for _ in range(rows)]
 
-        def run_engine(name: str, record: bool, seed: int) -> float:
+        def run_engine(name: str, record: bool, seed: int, prompts: list = prompts, rows: int = rows, new: int = new) -> float:
             sync(device)
             start = time.perf_counter()
             done = engines[name].generate_ids(prompts, 1, SamplingParams(max_new_tokens=new, seed=seed), record_routes=record)
@@ -108,7 +108,7 @@ def part_engine(tiny: bool, device: str) -> dict[str, Any]:
             assert all(len(c.completion_ids) == new for c in done)
             return rows * new / (time.perf_counter() - start)
 
-        def run_hf(seed: int) -> float:
+        def run_hf(seed: int, prompts: list = prompts, rows: int = rows, new: int = new) -> float:
             torch.manual_seed(seed)
             ids = torch.tensor(prompts, device=device)
             sync(device)

@@ -99,7 +99,7 @@ class TaskConfig(Section):
     """JSONL: a row whose prompt is longer than this many characters is a bad row."""
 
     @model_validator(mode="after")
-    def _jsonl_needs_path(self) -> "TaskConfig":
+    def _jsonl_needs_path(self) -> TaskConfig:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)")
         return self
@@ -387,7 +387,7 @@ class ClusterConfig(Section):
     """backend=ray: resources each actor reserves (fractions allowed, as in ``ray.remote``)."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ClusterConfig":
+    def _consistent(self) -> ClusterConfig:
         if self.engine_backend == "vllm" and self.backend == "local" and self.rollout_engines > 1:
             raise ValueError("cluster.rollout_engines: several vLLM engines need backend=ray (one GPU each)")
         if self.backend == "ray" and self.device == "cuda" and (self.gpus_per_engine <= 0 or self.gpus_per_trainer_rank <= 0):
@@ -430,7 +430,7 @@ class Config(Section):
         return data
 
     @model_validator(mode="after")
-    def _batch_sizes(self) -> "Config":
+    def _batch_sizes(self) -> Config:
         total, n = self.global_batch_sequences, self.optim.minibatches_per_step
         if total % n:
             raise ValueError(

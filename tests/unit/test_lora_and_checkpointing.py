@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import make_tiny_moe
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
 from minirl.models.io import save_checkpoint
@@ -21,6 +20,7 @@ from minirl.rollout.native import NativeEngine
 from minirl.runtime import build_trainer, prepare_for_training
 from minirl.trainer import Trainer
 from minirl.types import SamplingParams
+from tests.conftest import make_tiny_moe
 from tests.unit.test_trainer_precision import batch_of, objective
 
 PAD, EOS = 0, 1
@@ -81,11 +81,11 @@ def test_lora_trains_adapters_only_and_leaves_routers_alone():
     Trainer(model, lr=1e-2).update(batch_of(), objective)
     assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if name in frozen)
     cfg = load_config(None, ["model.lora={rank: 4, target_modules: [q_proj, gate]}"])
-    with pytest.raises(ConfigError, match="model.lora.target_modules: target 'gate' is an MoE router"):
+    with pytest.raises(ConfigError, match=r"model.lora.target_modules: target 'gate' is an MoE router"):
         prepare_for_training(cfg, make_tiny_moe(0))
-    with pytest.raises(ConfigError, match="model.lora.target_modules: .*not found"):
+    with pytest.raises(ConfigError, match=r"model.lora.target_modules: .*not found"):
         prepare_for_training(load_config(None, ["model.lora={target_modules: [nothing_here]}"]), make_tiny_moe(0))
-    with pytest.raises(ConfigError, match="model.lora: LoRA runs only with the single-process trainer"):
+    with pytest.raises(ConfigError, match=r"model.lora: LoRA runs only with the single-process trainer"):
         load_config(None, ["model.lora={rank: 4}", "cluster.trainer_ranks=2", "rollout.prompts_per_step=2"])
 
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.conftest import make_tiny_moe
 from minirl.algo import token_logprobs
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
@@ -17,6 +16,7 @@ from minirl.precision import compute_context, fsdp_policy
 from minirl.runtime import build_trainer
 from minirl.trainer import Trainer
 from minirl.types import Completion
+from tests.conftest import make_tiny_moe
 
 PAD = 0
 
@@ -91,7 +91,7 @@ def test_config_knobs_reach_the_trainer_and_name_their_key():
     trainer = build_trainer(cfg, make_tiny_moe(0), replay=None)
     assert trainer.precision == "bf16"
     assert load_config(None).optim.precision == "fp32" and load_config(None).optim.allow_tf32 is False
-    with pytest.raises(ConfigError, match="optim.precision: must be 'fp32' or 'bf16'"):
+    with pytest.raises(ConfigError, match=r"optim.precision: must be 'fp32' or 'bf16'"):
         load_config(None, ["optim.precision=fp16"])
 
 

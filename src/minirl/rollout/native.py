@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -56,10 +57,8 @@ from minirl.rollout.precision import (
     fake_quantize,
     quantized_input_dims,
 )
-from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.sampling import sample_next, validate_sampling
 from minirl.types import Completion, Prompt, SamplingParams
-
 
 MAX_STREAMS = 8  # sampling streams (one per seed value) kept, least recently used dropped first
 
