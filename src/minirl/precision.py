@@ -84,19 +84,20 @@ def autocast_experts(model: torch.nn.Module) -> int:
         hooked += 1
         if getattr(module, "_minirl_autocast_experts", False):
             continue
-        module._minirl_autocast_experts = True
+        module.__dict__["_minirl_autocast_experts"] = True
         module.register_forward_pre_hook(partial(_shadow_with_casts, names=names))
         module.register_forward_hook(partial(_drop_casts, names=names), always_call=True)
     return hooked
 
 
 def _shadow_with_casts(module: torch.nn.Module, args: Any, *, names: list[str]) -> None:
-    device = module._parameters[names[0]].device.type
+    params: dict[str, Any] = module._parameters
+    device = params[names[0]].device.type
     if not torch.is_autocast_enabled(device):
         return
     dtype = torch.get_autocast_dtype(device)
     for name in names:  # an instance attribute wins over ``Module.__getattr__``'s parameter lookup
-        module.__dict__[name] = module._parameters[name].to(dtype)
+        module.__dict__[name] = params[name].to(dtype)
 
 
 def _drop_casts(module: torch.nn.Module, args: Any, output: Any, *, names: list[str]) -> None:

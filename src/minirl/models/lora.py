@@ -29,7 +29,7 @@ ADAPTER_DIR = "adapter"
 """A LoRA checkpoint's adapter (``adapter_config.json`` + ``adapter_model.safetensors``), beside the merged weights."""
 
 
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+def enable_gradient_checkpointing(model: Any) -> None:
     """Checkpoint every decoder layer (non-reentrant), the transformers way."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x

@@ -62,16 +62,16 @@ class _Bucket:
     key_mask: torch.Tensor  # bool [n, length]: the columns each slot attends to (filled as they are written)
     alive: torch.Tensor  # bool [n]: still running (not finished, not empty)
     cache: StaticKVCache
-    logits: torch.Tensor | None = None
-    routes: torch.Tensor | None = None
+    logits: Any = None  # float [n, V] once the first step ran
+    routes: Any = None  # int16 [n, L, K] (recording) or None
     graph: Any = None
 
 
 class BucketDecoder:
     """The bucketed decode loop over a ``FastDecoder``'s weights (see the module docstring)."""
 
-    def __init__(self, fast: FastDecoder, *, graphs: bool = False, full_length: bool | None = None) -> None:
-        self.fast = fast
+    def __init__(self, fast: Any, *, graphs: bool = False, full_length: bool | None = None) -> None:
+        self.fast: FastDecoder = fast
         self.graphs = graphs
         self.full_length = graphs if full_length is None else full_length
         if graphs and not self.full_length:
