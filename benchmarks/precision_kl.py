@@ -10,12 +10,17 @@ per-batch k3. Every engine draws from the same seeds, so the variants mostly sha
 k3 per token is heavy-tailed on a trained (peaked) model: a few tokens carry most of it, so one
 batch of ~2k tokens can move by several x; use several seeds before comparing close variants.
 
+``--trainer-precisions fp32,bf16`` repeats the table for each trainer compute (``optim.precision``):
+bf16 is the paper's shape, a BF16 trainer against an FP8 engine; ``--variants`` keeps only the
+engines whose name contains one of the given substrings (e.g. ``--variants fp8_e4m3,bf16``).
+
 Variants: the engine's weight precision (``rollout.precision``, fp8 with ``rollout.fp8_scale``,
 fp4 with ``rollout.fp4_block_size``) with an exact KV cache, then the fp8 KV cache
 (``rollout.kv_cache_precision``) alone and on top of fp8 weights.
 
     python benchmarks/precision_kl.py [--config configs/demo.yaml] [--checkpoint DIR] [--prompts 16]
-                                      [--samples 8] [--seeds 3] [key=value ...]
+                                      [--samples 8] [--seeds 3] [--trainer-precisions fp32,bf16]
+                                      [--variants NAME,...] [key=value ...]
 
 Without ``--checkpoint`` the model is the config's preset at random init (``run.seed``); with it,
 a saved model directory (e.g. the output of ``minirl sft``).
@@ -61,6 +66,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=3, help="batches, with sampling seeds 0 .. seeds-1")
+    parser.add_argument("--trainer-precisions", default="fp32", help="comma-separated optim.precision values (fp32, bf16)")
+    parser.add_argument("--variants", default="", help="comma-separated substrings of engine names to keep (default: all)")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides")
     args = parser.parse_args()
 
@@ -74,22 +81,31 @@ def main() -> None:
                        top_p=cfg.rollout.top_p, seed=seed)
         for seed in range(args.seeds)
     ]  # fmt: skip
-    trainer = Trainer(model, lr=0.0, micro_batch_sequences=cfg.optim.micro_batch_sequences)
+    wanted = [part for part in args.variants.split(",") if part]
+    variants = {name: kwargs for name, kwargs in VARIANTS.items() if not wanted or any(part in name for part in wanted)}
     source = args.checkpoint or f"{cfg.model.preset} at random init (seed {cfg.run.seed})"
     r = cfg.rollout
     print(f"model: {source}; {args.seeds} batch(es) of {len(prompts)} prompts x {args.samples} samples, max "
           f"{r.max_new_tokens} new tokens, temperature {r.temperature}, top_p {r.top_p}, sampling seeds 0..{args.seeds - 1}")
-    print()
+    for precision in args.trainer_precisions.split(","):
+        trainer = Trainer(model, lr=0.0, micro_batch_sequences=cfg.optim.micro_batch_sequences, precision=precision)
+        print(f"\ntrainer precision: {precision}\n")
+        table(trainer, model, tokenizer, prompts, samplings, variants, args.samples)
+
+
+def table(trainer: Trainer, model: torch.nn.Module, tokenizer, prompts: list, samplings: list, variants: dict,
+          samples: int) -> None:
+    """One row per engine variant: the mismatch of its samples against ``trainer``."""
     print(f"| {'engine':<34} | {'tokens':>6} | {'k3 KL / token':>13} | {'k3 per batch':>19} | {'k1 KL / token':>13} "
           f"| {'mean abs dlogp':>14} | {'max abs dlogp':>13} | {'s':>5} |")
     print(f"|{'-' * 36}|{'-' * 7}:|{'-' * 14}:|{'-' * 20}:|{'-' * 14}:|{'-' * 15}:|{'-' * 14}:|{'-' * 6}:|")
-    for name, kwargs in VARIANTS.items():
+    for name, kwargs in variants.items():
         start = time.perf_counter()
         engine = NativeEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                               tokenizer=tokenizer, **kwargs)  # fmt: skip
         rollout, old, masks, per_batch = [], [], [], []
         for sampling in samplings:
-            completions = engine.generate(prompts, args.samples, sampling)
+            completions = engine.generate(prompts, samples, sampling)
             batch = collate(completions, torch.zeros(len(completions)), pad_token_id=tokenizer.pad_token_id)
             logp_trainer = trainer.score(batch, entropy=False).logp
             per_batch.append(mismatch_metrics(batch.logp_rollout, logp_trainer, batch.mask)["kl_k3"])

@@ -64,6 +64,7 @@ def trim(batch: Batch) -> Batch:
         group_ids=batch.group_ids,
         routes=None if batch.routes is None else batch.routes[:, :width],
         logp_old=None if batch.logp_old is None else batch.logp_old[:, : width - 1],
+        logp_ref=None if batch.logp_ref is None else batch.logp_ref[:, : width - 1],
     )
 
 

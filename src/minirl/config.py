@@ -48,6 +48,20 @@ class RunConfig(Section):
     unless this is true, so a repeated command never silently deletes a run."""
 
 
+class LoRAConfig(Section):
+    """LoRA adapters through ``peft`` (``minirl.models.lora``); the base weights stay frozen."""
+
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0)
+    """Scale alpha / rank on the adapter's update (peft's ``lora_alpha``)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Module names (suffixes) to adapt, as peft's ``target_modules``; names that do not exist in a
+    model are skipped, but at least one must match."""
+    adapt_routers: bool = False
+    """Allow an MoE router among ``target_modules`` (routers are not adapted by default)."""
+
+
 class ModelConfig(Section):
     preset: str = "qwen3-moe-2m"
     """A built-in preset (see ``minirl.models.presets``), used when ``path`` is empty."""
@@ -55,6 +69,8 @@ class ModelConfig(Section):
     """A local Hugging Face model directory (``from_pretrained``, no network)."""
     trust_remote_code: bool = False
     """Allow a model directory's own Python code (``auto_map``); off by default."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters (null = full fine-tuning). Checkpoints hold the merged weights and ``adapter/``."""
 
 
 class RewardFunctionConfig(Section):
@@ -117,7 +133,7 @@ class TaskConfig(Section):
     """JSONL: a row whose prompt is longer than this many characters is a bad row."""
 
     @model_validator(mode="after")
-    def _jsonl_needs_path(self) -> "TaskConfig":
+    def _jsonl_needs_path(self) -> TaskConfig:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)")
         if self.reward_function and self.reward_functions:
@@ -147,6 +163,10 @@ class RolloutConfig(Section):
     kv_cache_precision: Literal["same", "fp8_e4m3", "fp8_e5m2"] = "same"
     """The engine's KV cache: ``same`` = the compute dtype; fp8 = keys and values rounded to fp8
     with one scale per token and KV head as they are written (``minirl.rollout.kv_cache``)."""
+    cuda_graphs: bool = False
+    """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
+    CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
+    With fp8/fp4 weights the engine then computes in bf16 (the experts' grouped GEMM dtype)."""
 
 
 class OptimConfig(Section):
@@ -182,6 +202,15 @@ class OptimConfig(Section):
     """A non-finite log-prob, loss or gradient, or an optimizer step leaving non-finite or exploding
     weights (undone, ``minirl.update_guard``), skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them (less
+    memory, about one more forward); routing replay replays the same routes in the recomputation."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """The trainer's compute: fp32, or bf16 mixed precision (autocast; float32 master weights,
+    gradients and AdamW state; FSDP2 ranks all-gather bf16 and reduce in fp32). ``minirl.precision``.
+    bf16 is slow on CPUs without native bf16 matmuls (``cpu_native_half_gemm`` in environment.jsonl)."""
+    allow_tf32: bool = False
+    """CUDA: run float32 matmuls on TF32 tensor cores (faster, inexact). No effect on a CPU."""
 
     @model_validator(mode="before")
     @classmethod
@@ -201,14 +230,19 @@ class LossConfig(Section):
 
     adv_std_normalize: bool = False
     """Divide the group-centred reward by the group's std (+1e-6), as GRPO does."""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to a frozen reference policy (``minirl.algo.reference_kl``; verl ``kl_loss_coef``,
+    TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
+    kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
 
     whole_groups: ClassVar[bool] = False
     """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
     groups (checked with the batch sizes)."""
 
     def loss_knobs(self) -> dict[str, Any]:
-        """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name and advantage knobs)."""
-        return self.model_dump(exclude={"name", "adv_std_normalize"})
+        """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
+        return self.model_dump(exclude={"name", "adv_std_normalize", "kl_coef", "kl_loss_type"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its
@@ -457,7 +491,7 @@ class ClusterConfig(Section):
     """backend=ray: resources each actor reserves (fractions allowed, as in ``ray.remote``)."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ClusterConfig":
+    def _consistent(self) -> ClusterConfig:
         if self.engine_backend == "vllm" and self.backend == "local" and self.rollout_engines > 1:
             raise ValueError("cluster.rollout_engines: several vLLM engines need backend=ray (one GPU each)")
         if self.backend == "ray" and self.device == "cuda" and (self.gpus_per_engine <= 0 or self.gpus_per_trainer_rank <= 0):
@@ -500,7 +534,7 @@ class Config(Section):
         return data
 
     @model_validator(mode="after")
-    def _batch_sizes(self) -> "Config":
+    def _batch_sizes(self) -> Config:
         total, n = self.global_batch_sequences, self.optim.minibatches_per_step
         if total % n:
             raise ValueError(
@@ -530,6 +564,12 @@ class Config(Section):
                 f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
             )
         distributed = ranks > 1 or self.cluster.backend == "ray"
+        if distributed and self.algo.kl_coef:
+            raise ValueError("algo.kl_coef: the KL penalty runs only with the single-process trainer (cluster.backend=local, "
+                             "cluster.trainer_ranks=1); set 0")
+        if distributed and self.model.lora is not None:
+            raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
+                             "cluster.trainer_ranks=1); set it to null")
         if distributed and self.diagnostics.every_steps:
             raise ValueError(
                 "diagnostics.every_steps: the first-order diagnostics run only with the single-process trainer "

@@ -44,6 +44,7 @@ from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
 from minirl.objective import make_objective
+from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
     DataOrder,
@@ -102,6 +103,7 @@ class Run:
     rollouts: RolloutSource | None = None  # None: the engine samples (``EngineRollouts``)
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
+    reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
 
     def close(self) -> None:
         """Stop the reward workers and any trainer ranks or engine actors."""
@@ -133,9 +135,14 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     except BaseException:
         placement.close()
         raise
+    reference = None
+    if cfg.algo.kl_coef:
+        from minirl.reference import Reference
+
+        reference = Reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
     return Run(cfg, model, tokenizer, task, rewards, placement.replay, placement.engine, placement.trainer, prompts,
                DataOrder(len(prompts), seed=cfg.run.seed), placement=placement,
-               rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine))
+               rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine), reference=reference)
 
 
 def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict, eval_metrics: dict) -> dict[str, Any]:
@@ -159,15 +166,19 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     """Load a checkpoint's weights and state into ``run``; returns the saved state."""
     from minirl import checkpoint
     from minirl.models.io import check_compatible, load_model_and_tokenizer
+    from minirl.models.lora import has_lora, load_adapter_weights
 
     meta = checkpoint.read_meta(checkpoint_dir)
     if meta is None:
         raise ConfigError(f"cannot resume from {checkpoint_dir}: not a complete checkpoint")
     checkpoint.check_config(checkpoint_dir, meta["config"], run.cfg)
     check_compatible(checkpoint_dir / checkpoint.MODEL, run.model)
-    saved, _ = load_model_and_tokenizer(str(checkpoint_dir / checkpoint.MODEL), trust_remote_code=run.cfg.model.trust_remote_code)
-    run.model.load_state_dict(saved.state_dict())
-    del saved
+    if has_lora(run.model):  # the base was rebuilt from the run's source; the adapter holds what trained
+        load_adapter_weights(run.model, checkpoint_dir / checkpoint.MODEL)
+    else:
+        saved, _ = load_model_and_tokenizer(str(checkpoint_dir / checkpoint.MODEL), trust_remote_code=run.cfg.model.trust_remote_code)
+        run.model.load_state_dict(saved.state_dict())
+        del saved
     state = checkpoint.load_state(checkpoint_dir)
     run.trainer.load_checkpoint_state(state["trainer"])
     run.engine.load_weights(run.trainer.state_dict())
@@ -315,11 +326,13 @@ def global_step(run: Run, step: int) -> dict[str, float]:
             old = trainer.score(batch, **routing.kwargs)
         batch = plan.scored(batch.with_logp_old(old.logp), old)
     clock.lap("old_logprobs")
+    if run.reference is not None:  # the KL penalty's log pi_ref (algo.kl_coef > 0; natural routing)
+        batch = batch.with_logp_ref(run.reference.logprobs(batch))
     # 4. N gradient updates on mini-batches, routes replayed per the plan
     updates, diagnostics = [], {}
     with plan.updates(old_pass=fused) as routing:
         for index, minibatch in enumerate(split(batch, n)):
-            objective = run.make_objective(cfg.algo, minibatch)
+            objective = with_reference_kl(cfg.algo, minibatch, run.make_objective(cfg.algo, minibatch))
             if diagnose and index in (0, n - 1):  # first-order approximation, fresh vs stalest
                 with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
                     diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n, run.faults,

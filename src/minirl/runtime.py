@@ -137,6 +137,16 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device:
             raise ConfigError(f"rollout.fp4_block_size: {exc}") from None
     from minirl.tasks.chat import stop_token_ids
 
+    compute_dtype = None
+    if cfg.rollout.cuda_graphs and device == "cuda":
+        from minirl.rollout.fast_decode import unsupported_reason
+        from minirl.rollout.precision import WEIGHT_ONLY
+
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ConfigError(f"rollout.cuda_graphs: the CUDA-graph decode does not support this model ({reason}); set false")
+        if cfg.rollout.precision in WEIGHT_ONLY:  # fp8/fp4 weights, bf16 activations: the grouped GEMM's dtype
+            compute_dtype = "bf16"
     return NativeEngine(
         model,
         eos_token_id=stop_token_ids(tokenizer, model),  # the tokenizer's EOS and generation_config's
@@ -149,13 +159,37 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device:
         tokenizer=tokenizer,
         device=device,
         sample_seeding=cfg.cluster.sample_seeding,
+        cuda_graphs=cfg.rollout.cuda_graphs,
+        compute_dtype=compute_dtype,
     )
+
+
+def prepare_for_training(cfg: Config, model: torch.nn.Module) -> None:
+    """LoRA adapters and gradient checkpointing on the trainer's model (``minirl.models.lora``),
+    after the engine and the routing replay were built from the plain model."""
+    from minirl.models.lora import add_lora, enable_gradient_checkpointing, has_lora
+
+    lora = cfg.model.lora
+    if lora is not None and not has_lora(model):
+        try:
+            add_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                     target_modules=lora.target_modules, adapt_routers=lora.adapt_routers)
+        except ValueError as exc:
+            raise ConfigError(f"model.lora.target_modules: {exc}") from None
+    if cfg.optim.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
 
 
 def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True) -> Trainer:
     """The trainer of ``cfg.optim``; ``deterministic``: dropout and router jitter off (RL; see
-    ``minirl.trainer.disable_stochastic_layers``)."""
+    ``minirl.trainer.disable_stochastic_layers``). LoRA and gradient checkpointing are applied to
+    ``model`` first (``prepare_for_training``)."""
+    from minirl.precision import set_tf32
+
     o = cfg.optim
+    if o.allow_tf32:
+        set_tf32(True)
+    prepare_for_training(cfg, model)
     return Trainer(
         model,
         lr=o.lr,
@@ -168,6 +202,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         micro_batch_max_tokens=o.micro_batch_max_tokens,
         replay=replay,
         deterministic=deterministic,
+        precision=o.precision,
     )
 
 

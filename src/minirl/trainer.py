@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,10 @@ import torch
 
 from minirl.algo import to_floats, token_logprobs
 from minirl.batching import chunks, token_budget_chunks
+from minirl.models.lora import merged_state_dict
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
+from minirl.precision import autocast_experts, compute_context
 from minirl.types import Batch
 from minirl.update_guard import UpdateGuard
 
@@ -127,10 +129,14 @@ class Trainer:
         micro_batch_max_tokens: int | None = None,
         replay: Any | None = None,
         deterministic: bool = True,
+        precision: str = "fp32",
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
         self.model = model
+        self.precision = precision  # the forward's compute (``minirl.precision``); weights stay as given
+        if precision != "fp32":
+            autocast_experts(model)  # fused MoE experts in the autocast dtype too
         self.device = next(model.parameters()).device  # batches live on the CPU; micro-batches move here
         self.replay = replay
         self.grad_clip_norm = grad_clip_norm
@@ -147,9 +153,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _logits(self, micro: Batch, replay_routes: bool, natural: list | None = None) -> torch.Tensor:
+    def _logits(self, micro: Batch, replay_routes: bool, natural: list | None = None,
+                block: ExitStack | None = None) -> torch.Tensor:
         """Logits of ``micro``; with ``natural`` (a list) the routers' own top-k [B, S, L, K] of this
-        forward is appended to it: captured under replay, else recorded."""
+        forward is appended to it: captured under replay, else recorded. With ``block``, the routing
+        block is entered on it and closes (appending to ``natural``) when the caller closes it,
+        after its backward: gradient checkpointing recomputes the routers during backward."""
         context = nullcontext()
         if replay_routes:
             if self.replay is None or micro.routes is None:
@@ -159,13 +168,16 @@ class Trainer:
             if self.replay is None:
                 raise ValueError("recording routes needs an MoE model with a RoutingReplay")
             context = self.replay.record()
-        with context as handle:
-            # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
-            # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
-            # the attention path). Padding positions' outputs are garbage and are masked out.
-            out = self.model(input_ids=micro.input_ids.to(self.device), use_cache=False)
-        if natural is not None:
-            natural.append(handle.natural_routes if replay_routes else handle.routes)
+        with ExitStack() as own:
+            stack, handles = block or own, []
+            if natural is not None:  # registered first, so it runs after the routing block has closed
+                stack.callback(lambda: handles and natural.append(handles[0].natural_routes if replay_routes else handles[0].routes))
+            handles.append(stack.enter_context(context))
+            with compute_context(self.precision, self.device):
+                # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
+                # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
+                # the attention path). Padding positions' outputs are garbage and are masked out.
+                out = self.model(input_ids=micro.input_ids.to(self.device), use_cache=False)
         return out.logits
 
     @torch.no_grad()
@@ -295,20 +307,21 @@ class Trainer:
         differing = counted = 0.0
         for rows, micro in self._micro_batches(minibatch):
             micro = micro.to(self.device)
-            logits = self._logits(micro, replay_routes=replay_routes, natural=natural)
+            with ExitStack() as block:  # the routing block stays open through backward (recomputation)
+                logits = self._logits(micro, replay_routes=replay_routes, natural=natural, block=block)
+                logits = logits[:, :-1].float()
+                logp = token_logprobs(logits, micro.input_ids[:, 1:])
+                loss, _ = objective(logp, micro)
+                loss.backward()
             routes = natural.pop() if natural is not None else None
             if drift:
                 agreement = routing_agreement(micro.routes, routes, micro.attention_mask)
                 counted += agreement["route_counted_pairs"]
                 differing += agreement["route_diff_frac"] * agreement["route_counted_pairs"]
-            logits = logits[:, :-1].float()
-            logp = token_logprobs(logits, micro.input_ids[:, 1:])
             if scores is not None:
                 scores.add(rows, micro, logits, logp, routes if record_routes else None)
             else:
                 logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
-            loss, _ = objective(logp, micro)
-            loss.backward()
             loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
         if metrics:
             # The objective's metrics over the whole mini-batch, from the detached log-probs: the same
@@ -349,8 +362,8 @@ class Trainer:
         return (flat, logp) if with_logp else flat
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The model weights, for the rollout engine's ``load_weights``."""
-        return self.model.state_dict()
+        """The model weights, for the rollout engine's ``load_weights`` (LoRA adapters merged in)."""
+        return merged_state_dict(self.model)
 
 
 def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.Tensor]:

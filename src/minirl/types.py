@@ -87,6 +87,7 @@ class Batch:
     group_ids       long [B]     which prompt each row belongs to
     routes          int [B, S, L, K] or None  routing to replay (-1 = natural)
     logp_old        float [B, T] or None, filled by the old-log-prob pass
+    logp_ref        float [B, T] or None, the frozen reference's (``algo.kl_coef`` > 0 only)
     """
 
     input_ids: torch.Tensor
@@ -97,6 +98,7 @@ class Batch:
     group_ids: torch.Tensor
     routes: torch.Tensor | None = None
     logp_old: torch.Tensor | None = None
+    logp_ref: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -105,6 +107,10 @@ class Batch:
     def with_logp_old(self, logp_old: torch.Tensor) -> Batch:
         """This batch with pi_old's log-probs [B, T] (the old-log-prob pass's result)."""
         return replace(self, logp_old=logp_old)
+
+    def with_logp_ref(self, logp_ref: torch.Tensor) -> Batch:
+        """This batch with the reference policy's log-probs (the KL penalty, ``minirl.reference``)."""
+        return replace(self, logp_ref=logp_ref)
 
     def with_routes(self, routes: torch.Tensor | None) -> Batch:
         """This batch with the routes [B, S, L, K] its forwards replay (None: natural routing)."""
@@ -136,4 +142,5 @@ class Batch:
             group_ids=self.group_ids[index],
             routes=pick(self.routes),
             logp_old=pick(self.logp_old),
+            logp_ref=pick(self.logp_ref),
         )

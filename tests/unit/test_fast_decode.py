@@ -247,3 +247,26 @@ def test_half_gemm_auto_follows_the_cpu(monkeypatch):
     assert not fp32._fast.fp32_gemm
     with pytest.raises(ValueError, match="half_gemm"):
         NativeEngine(moe_model(), eos_token_id=EOS, pad_token_id=PAD, half_gemm="fast")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8_e4m3"])
+def test_device_grouped_mm_experts_are_bitwise_the_per_expert_path(precision):
+    """The CUDA path of the experts (one grouped GEMM, offsets on the device, no host sync), run on
+    the CPU, samples bitwise what the per-expert path samples: tokens, log-probs and routes."""
+    model = moe_model(std=0.3)
+    loop = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision=precision, half_gemm="native")
+    grouped = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision=precision, half_gemm="native")
+    assert loop._fast.grouped_mm is False  # CPU default: unchanged
+    grouped._fast.grouped_mm = True
+    calls = []
+    import minirl.rollout.fast_decode as fast_decode
+
+    original = fast_decode._device_grouped_mm
+    fast_decode._device_grouped_mm = lambda *args: calls.append(1) or original(*args)
+    try:
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=3)
+        assert_same_completions(grouped.generate_ids(PROMPTS, 3, params, record_routes=True),
+                                loop.generate_ids(PROMPTS, 3, params, record_routes=True))
+    finally:
+        fast_decode._device_grouped_mm = original
+    assert calls  # the grouped path really ran

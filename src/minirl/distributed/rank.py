@@ -86,7 +86,7 @@ class TrainerRank:
         self.names = [name for name, param in model.named_parameters() if param.requires_grad]
         self.replay = build_replay(cfg, model)  # hooks before fully_shard: they stay on the routers
         if self.world > 1:
-            _shard(model, device, self.world)
+            _shard(model, device, self.world, cfg.optim.precision)
         self.trainer = build_trainer(cfg, model, self.replay)
 
     # ------------------------------------------------------------------ the Trainer interface, on a shard
@@ -176,15 +176,20 @@ class TrainerRank:
                 dist.destroy_process_group()
 
 
-def _shard(model: torch.nn.Module, device: torch.device, world: int) -> None:
-    """FSDP2: each decoder layer, then the root (embeddings, norm, head); gradients summed."""
+def _shard(model: torch.nn.Module, device: torch.device, world: int, precision: str = "fp32") -> None:
+    """FSDP2: each decoder layer, then the root (embeddings, norm, head); gradients summed.
+    ``precision`` bf16: parameters all-gathered in bf16, gradients reduced in fp32 (``minirl.precision``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    from minirl.precision import fsdp_policy
+
     mesh = init_device_mesh(device.type, (world,))
+    policy = fsdp_policy(precision)
+    kwargs = {} if policy is None else {"mp_policy": policy}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # the objective already divides by the whole mini-batch: sum the ranks' gradients

@@ -210,9 +210,15 @@ def check_compatible(checkpoint_dir: str | Path, expected_config: PretrainedConf
 
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Write ``model`` (safetensors) and ``tokenizer`` into the directory ``path`` (created)."""
+    """Write ``model`` (safetensors) and ``tokenizer`` into the directory ``path`` (created). A model
+    with LoRA adapters is written merged, its adapter beside it (``minirl.models.lora``)."""
+    from minirl.models.lora import has_lora, save_lora_checkpoint
+
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    if has_lora(model):
+        save_lora_checkpoint(model, directory)
+    else:
+        model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory

@@ -183,7 +183,8 @@ class FastDecoder:
     concatenated q/k/v weights: call ``refresh`` after the weights change.
     """
 
-    def __init__(self, model: nn.Module, kv_cache_format: str | None = None, half_gemm: str = "native") -> None:
+    def __init__(self, model: nn.Module, kv_cache_format: str | None = None, half_gemm: str = "native",
+                 grouped_mm: bool | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
@@ -200,6 +201,11 @@ class FastDecoder:
         self.scaling = self.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.num_layers = config.num_hidden_layers
+        # MoE experts as one grouped GEMM with offsets computed on the device (no host sync): by default
+        # on CUDA with bf16 experts (the dtype torch's CUDA grouped GEMM kernel takes; others fall back
+        # to a host loop); elsewhere one mm per chosen expert (bitwise CPU grouped_mm, fewer ops)
+        on_cuda_bf16 = model.lm_head.weight.device.type == "cuda" and model.lm_head.weight.dtype == torch.bfloat16
+        self.grouped_mm = (on_cuda_bf16 and not self.fp32_gemm) if grouped_mm is None else grouped_mm
         self._rope_rows = 0
         self.refresh()
 
@@ -243,15 +249,25 @@ class FastDecoder:
             return F.linear(x, weight, bias)
         return F.linear(x.float(), weight, bias).to(x.dtype)
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [b, 1, s, D] at ``positions`` (long [b, s]), as ``Qwen3RotaryEmbedding`` computes them."""
-        needed = int(positions.max()) + 1
+    def reserve_positions(self, positions: int, dtype: torch.dtype) -> None:
+        """Build the rotary tables for positions < ``positions`` now, so that steps below it read
+        them without a device-to-host sync (``NativeEngine`` calls it once per rollout)."""
+        if positions > self._rope_rows or self._cos.dtype != dtype:
+            self._rope_table(positions, dtype)
+
+    def _rope_table(self, needed: int, dtype: torch.dtype) -> None:
+        rows = max(needed, 2 * self._rope_rows, 64)
+        freqs = torch.arange(rows, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._rope_rows = rows
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype, reserved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [b, 1, s, D] at ``positions`` (long [b, s]), as ``Qwen3RotaryEmbedding`` computes them.
+        ``reserved``: the tables already cover ``positions`` (``reserve_positions``): no sync."""
+        needed = 0 if reserved else int(positions.max()) + 1
         if needed > self._rope_rows or self._cos.dtype != dtype:
-            rows = max(needed, 2 * self._rope_rows, 64)
-            freqs = torch.arange(rows, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
-            self._rope_rows = rows
+            self._rope_table(needed, dtype)
         return self._cos[positions][:, None], self._sin[positions][:, None]
 
     @torch.inference_mode()
@@ -270,7 +286,8 @@ class FastDecoder:
         Returns (logits [b, V], routes int16 [b, L, K] or None).
         """
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        logits, routes = self._forward(tokens[:, None], positions[:, None], column, mask, cache, record_routes)
+        reserved = column < self._rope_rows  # positions <= column: covered by ``reserve_positions``
+        logits, routes = self._forward(tokens[:, None], positions[:, None], column, mask, cache, record_routes, reserved)
         return logits, None if routes is None else routes[:, 0]
 
     @torch.inference_mode()
@@ -305,16 +322,23 @@ class FastDecoder:
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        column: int,
+        column: int | torch.Tensor,
         mask: torch.Tensor | None,
         cache: StaticKVCache,
         record_routes: bool,
+        reserved: bool = False,
+        end: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``s`` tokens per row (long [b, s]) written at columns ``column .. column + s``; logits of the last."""
+        """``s`` tokens per row (long [b, s]) written at columns ``column .. column + s``; logits of the last.
+
+        ``column`` a long tensor [1] (one token per row): written with ``index_copy_``, the same shapes
+        at every position (``graph_decode`` captures it), attending to columns ``:end`` (None: all,
+        under ``mask``). An int ``column`` attends to the columns up to the last one written."""
         rows, length = tokens.shape
-        end = column + length
+        if not isinstance(column, torch.Tensor):
+            end = column + length
         hidden = F.embedding(tokens, self.embed)  # [b, s, hidden]
-        cos, sin = self._rope(positions, hidden.dtype)
+        cos, sin = self._rope(positions, hidden.dtype, reserved)
         routes = []
         for index, layer in enumerate(self.layers):
             residual = hidden
@@ -330,9 +354,16 @@ class FastDecoder:
             k = k * cos + _rotate_half(k) * sin
             if self.kv_cache_format is not None:
                 k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
-            cache.keys[index][:, :, column:end] = k
-            cache.values[index][:, :, column:end] = v
-            attn = self._attention(q, cache.keys[index][:, :, :end], cache.values[index][:, :, :end], mask)
+            if isinstance(column, torch.Tensor):
+                cache.keys[index].index_copy_(2, column, k)
+                cache.values[index].index_copy_(2, column, v)
+            else:
+                cache.keys[index][:, :, column:end] = k
+                cache.values[index][:, :, column:end] = v
+            keys, values = cache.keys[index], cache.values[index]
+            if end is not None:
+                keys, values = keys[:, :, :end], values[:, :, :end]
+            attn = self._attention(q, keys, values, mask)
             hidden = residual + self._linear(attn, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
             residual = hidden
             x = _rms_norm(hidden, layer.post_norm, self.eps)
@@ -389,9 +420,14 @@ class FastDecoder:
         up_dtype, down_dtype = (x.dtype, x.dtype) if self.fp32_gemm else (layer.gate_up.dtype, layer.down.dtype)
         selected = x[perm // top_k].to(up_dtype)
         sample_weights = weights.reshape(-1)[perm]
-        # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
-        # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
-        groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
+        if self.grouped_mm:  # one grouped GEMM per projection, offsets on the device: no host sync
+            # (counts by scatter_add: a CUDA bincount reads its input's max on the host; capturable)
+            counts = expert_ids.new_zeros(num_experts).scatter_add_(0, expert_ids, torch.ones_like(expert_ids))
+            groups = counts.cumsum(0).to(torch.int32)
+        else:
+            # torch's CPU grouped_mm runs one mm per expert, empty ones included, with per-group bookkeeping;
+            # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
+            groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
         gate_up = self._grouped_matmul(selected, layer.gate_up, groups)
         gate, up = gate_up.chunk(2, dim=-1)
         out = self._grouped_matmul((F.silu(gate) * up).to(down_dtype), layer.down, groups)
@@ -401,11 +437,14 @@ class FastDecoder:
         out = out[inverse].view(num_tokens, top_k, -1).sum(dim=1)
         return out.to(x.dtype), top_k_index
 
-    def _grouped_matmul(self, rows: torch.Tensor, weight: torch.Tensor, groups: list[tuple[int, int, int]]) -> torch.Tensor:
-        """``_grouped_matmul`` in ``rows``' dtype; fp32 GEMMs rounded once with ``half_gemm="fp32"``."""
+    def _grouped_matmul(self, rows: torch.Tensor, weight: torch.Tensor,
+                        groups: list[tuple[int, int, int]] | torch.Tensor) -> torch.Tensor:
+        """``_grouped_matmul`` (``groups`` a list) or transformers' ``grouped_mm`` dispatcher (``groups``
+        the int32 offsets on the device) in ``rows``' dtype; fp32 GEMMs rounded once with ``half_gemm="fp32"``."""
+        matmul = _grouped_matmul if isinstance(groups, list) else _device_grouped_mm
         if not self.fp32_gemm:
-            return _grouped_matmul(rows, weight, groups)
-        return _grouped_matmul(rows.float(), weight, groups).to(rows.dtype)
+            return matmul(rows, weight, groups)
+        return matmul(rows.float(), weight, groups).to(rows.dtype)
 
 
 def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
@@ -438,6 +477,14 @@ def _groups(counts: list[int]) -> list[tuple[int, int, int]]:
             groups.append((expert, start, start + count))
             start += count
     return groups
+
+
+def _device_grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm(rows, weight^T, offs)`` as transformers' ``grouped_mm`` experts call it (``torch.nn.functional
+    .grouped_mm`` or ``torch._grouped_mm``, else its fallback), for rows sorted by expert (weight [E, out, in])."""
+    from transformers.integrations.moe import _grouped_mm
+
+    return _grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 
 
 def _grouped_matmul(rows: torch.Tensor, weight: torch.Tensor, groups: list[tuple[int, int, int]]) -> torch.Tensor:

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -56,11 +57,9 @@ from minirl.rollout.precision import (
     fake_quantize,
     quantized_input_dims,
 )
-from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.sampling import sample_next, validate_sampling
 from minirl.tasks.chat import cut_at_stop_strings, encode_prompt
 from minirl.types import Completion, Prompt, SamplingParams
-
 
 MAX_STREAMS = 8  # sampling streams (one per seed value) kept, least recently used dropped first
 
@@ -90,7 +89,10 @@ class NativeEngine:
             independent of the batch; see the module docstring).
         decode_path: ``"auto"`` (decode steps through ``minirl.rollout.fast_decode`` where it supports
             the model, bitwise the same logits with far fewer operators; the transformers forward
-            otherwise) or ``"transformers"`` (always the model's own forward).
+            otherwise), ``"transformers"`` (always the model's own forward) or ``"static"`` (the fast
+            step over a static cache by batch-size bucket, ``minirl.rollout.graph_decode``; eager).
+        cuda_graphs: on a CUDA device, decode with ``graph_decode`` and capture each bucket's step in
+            a CUDA graph (needs a model ``fast_decode`` supports); no effect on a CPU.
         half_gemm: how the fast decode path runs bf16 / fp16 matmuls: ``"native"`` (torch's kernels,
             bitwise the transformers forward), ``"fp32"`` (fp32 GEMMs on the same half-precision
             values, rounded once: ~10x faster matmuls on CPUs without native bf16, the same
@@ -115,6 +117,7 @@ class NativeEngine:
         decode_path: str = "auto",
         half_gemm: str = "auto",
         stop_strings: Sequence[str] = (),
+        cuda_graphs: bool = False,
     ) -> None:
         if eos_token_id is None or pad_token_id is None:
             raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
@@ -149,8 +152,8 @@ class NativeEngine:
         # transformers 5.24 renamed the forward's `past_key_values` to `cache` (old name deprecated)
         forward_parameters = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_parameters else "past_key_values"
-        if decode_path not in ("auto", "transformers"):
-            raise ValueError(f"decode_path must be 'auto' or 'transformers' (got {decode_path!r})")
+        if decode_path not in ("auto", "transformers", "static"):
+            raise ValueError(f"decode_path must be 'auto', 'transformers' or 'static' (got {decode_path!r})")
         self.decode_path = decode_path
         if half_gemm not in ("auto", *HALF_GEMM):
             raise ValueError(f"half_gemm must be 'auto' or one of {HALF_GEMM} (got {half_gemm!r})")
@@ -158,9 +161,17 @@ class NativeEngine:
             half_gemm = "native" if native_half_gemm(self.device) else "fp32"
         self.half_gemm = half_gemm
         self._fast: FastDecoder | None = None
-        if decode_path == "auto" and unsupported_reason(self.model) is None:
+        graphs = cuda_graphs and self.device.type == "cuda"
+        if decode_path in ("auto", "static") and unsupported_reason(self.model) is None:
             kv_format = None if kv_cache_precision == "same" else kv_cache_precision
             self._fast = FastDecoder(self.model, kv_cache_format=kv_format, half_gemm=half_gemm)
+        elif decode_path == "static" or graphs:
+            raise ValueError(f"the static / CUDA-graph decode path does not support this model: {unsupported_reason(self.model)}")
+        self._buckets: Any = None  # minirl.rollout.graph_decode.BucketDecoder
+        if decode_path == "static" or graphs:
+            from minirl.rollout.graph_decode import BucketDecoder
+
+            self._buckets = BucketDecoder(self._fast, graphs=graphs)
         self._generators: OrderedDict[int, torch.Generator] = OrderedDict()
         self._replay: Any = None  # minirl.moe.RoutingReplay over self.model, built on first use
 
@@ -322,8 +333,13 @@ class NativeEngine:
         if self._fast is not None and max_new > 1 and not isinstance(running.cache, StaticKVCache):
             # decode steps write their keys into [width + max_new] columns
             running.cache = StaticKVCache.from_transformers(running.cache, width + max_new)
+        if self._fast is not None:  # rotary tables for every position of this rollout: no per-step sync
+            self._fast.reserve_positions(width + max_new, self._fast.embed.dtype)
         if prefill_routes is not None:
             out.start_routes(prefill_routes, max_new)
+        if self._buckets is not None and forced is None and max_new > 1:  # static buckets (graph_decode)
+            self._buckets.decode(running, logits, out, sampling, generator, self.eos_ids, record_routes, max_new)
+            return out
         for step in range(max_new):
             step_forced = None if forced is None else forced[0][running.rows, step]
             step_generator = generator  # per_sample: the streams of the rows still running

@@ -1,0 +1,353 @@
+"""Issue 20's GPU figures from one run, side by side: engine vs HF generate, R3 overhead, trainer MFU, RL step, trace arm.
+
+    python benchmarks/gpu_bench.py [--out DIR]     # one H200: the ~0.9 B Qwen3-MoE, < 8 min in all
+    python benchmarks/gpu_bench.py --tiny          # the same code path on CPU with a tiny model (~1 min)
+
+Each part runs in its own child process under its own timeout (``--part NAME`` runs one), so one hang
+or out-of-memory does not take the others; every part writes its figures to ``OUT/gpu_bench.json``
+(``--out``, default ``$OUT`` or ``.``) and the parent prints them side by side at the end:
+
+* ``engine``  NativeEngine (bf16) with CUDA graphs off (the dynamic loop) and on (``rollout.cuda_graphs``:
+  bucketed static-cache decode, one graph per bucket) vs HF ``generate`` (bf16, same weights,
+  ``top_k=0``) in tokens/s at 64 x 256 and 256 x 128 (rows x new tokens, every row forced to the full
+  length), median of alternating runs; graphs on with and without R3 route recording (its
+  overhead); and ``agreement``: graphs on vs off on the same prompts with one stream per row, the
+  same routes and log-probs within bf16 tolerance (0.05) until a row's samples part (``ok``).
+* ``trainer`` one bf16 update (``optim.precision=bf16``) of micro-batches of >= 16k tokens: tokens/s
+  and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
+  measured bf16 matmul peak of an H200).
+* ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``.
+* ``trace``   ``minirl train experiments/stress/trace/n8_minirl_r3.yaml cluster.device=cuda``: wall time.
+  Both with ``rollout.cuda_graphs`` on (``--cuda-graphs off``: the dynamic decode loop).
+
+The model is built from a config (no download): hidden 1024, 16 layers, 32 experts top-4, expert width
+512, 16/4 heads, head_dim 64, vocab 32,000 (``--tiny``: hidden 64, 2 layers, 8 experts, vocab 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("engine", "trainer", "rl_step", "trace")
+TIMEOUT_S = {"engine": 240, "trainer": 90, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 40, 60, 130
+
+
+def model_config(tiny: bool) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, vocab_size=256) if tiny else \
+        dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+             num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512, vocab_size=32000)  # fmt: skip
+    return Qwen3MoeConfig(**size, intermediate_size=4 * size["hidden_size"], max_position_embeddings=2048,
+                          norm_topk_prob=True, pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=False)
+
+
+def build(tiny: bool, device: str) -> Any:
+    import torch
+    from transformers import Qwen3MoeForCausalLM
+
+    from minirl.models.presets import EXPERTS_IMPLEMENTATION
+
+    cfg = model_config(tiny)
+    cfg._experts_implementation = EXPERTS_IMPLEMENTATION
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(cfg).float().to(device)
+
+
+def active_parameters(config: Any) -> int:
+    """Parameters one token passes through: all but the unrouted experts (embeddings excluded)."""
+    h, layers, k, width = config.hidden_size, config.num_hidden_layers, config.num_experts_per_tok, config.moe_intermediate_size
+    heads, kv, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    attention = h * dim * (heads + 2 * kv) + heads * dim * h
+    experts = k * 3 * h * width + h * config.num_experts
+    return layers * (attention + experts) + h * config.vocab_size  # + lm_head
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def part_engine(tiny: bool, device: str) -> dict[str, Any]:
+    import torch
+
+    from minirl.rollout.native import NativeEngine
+    from minirl.types import SamplingParams
+
+    model = build(tiny, device)
+    vocab = model.config.vocab_size
+    # graphs on: CUDA graphs per bucket; on a CPU (--tiny) the same bucketed code, eager
+    graphs_on = {"cuda_graphs": True} if device == "cuda" else {"decode_path": "static"}
+    common = dict(eos_token_id=vocab, pad_token_id=0, precision="bf16", device=device)  # EOS never drawn: full length
+    engines = {"graphs_off": NativeEngine(model, **common), "graphs_on": NativeEngine(model, **common, **graphs_on)}
+    hf = build(tiny, device).to(torch.bfloat16).eval()
+    shapes = [(4, 8), (8, 4)] if tiny else [(64, 256), (256, 128)]
+    repeats = 1 if tiny else 2
+    out: dict[str, Any] = {"graphs_on": graphs_on, "agreement": agreement(model, common, graphs_on, tiny)}
+    for rows, new in shapes:
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(2, vocab, (16,), generator=g).tolist() for _ in range(rows)]
+
+        def run_engine(name: str, record: bool, seed: int, prompts: list = prompts, rows: int = rows, new: int = new) -> float:
+            sync(device)
+            start = time.perf_counter()
+            done = engines[name].generate_ids(prompts, 1, SamplingParams(max_new_tokens=new, seed=seed), record_routes=record)
+            sync(device)
+            assert all(len(c.completion_ids) == new for c in done)
+            return rows * new / (time.perf_counter() - start)
+
+        def run_hf(seed: int, prompts: list = prompts, rows: int = rows, new: int = new) -> float:
+            torch.manual_seed(seed)
+            ids = torch.tensor(prompts, device=device)
+            sync(device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                            top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0, eos_token_id=None)
+            sync(device)
+            return rows * new / (time.perf_counter() - start)
+
+        for name in engines:
+            run_engine(name, False, 99)  # warm-up
+        run_hf(99)
+        runs: dict[str, list[float]] = {}
+        arms = [("graphs_off", False), ("graphs_on", False), ("graphs_on", True)]  # R3 overhead: graphs on
+        for seed in range(repeats):  # alternating
+            for name, record in arms:
+                runs.setdefault(f"{name}{'_r3' if record else ''}", []).append(run_engine(name, record, seed))
+            runs.setdefault("hf", []).append(run_hf(seed))
+        median = {key: statistics.median(values) for key, values in runs.items()}
+        row = {f"{key}_tok_s": value for key, value in median.items()}
+        for name in engines:
+            row[f"{name}_over_hf"] = median[name] / median["hf"]
+        row["r3_overhead_frac"] = median["graphs_on"] / median["graphs_on_r3"] - 1
+        out[f"{rows}x{new}"] = row
+    return out
+
+
+def agreement(model: Any, common: dict, graphs_on: dict, tiny: bool) -> dict[str, Any]:
+    """Graphs on vs off on the same prompts, one stream per row (``per_sample``): the same tokens
+    and R3 routes up to the first token where a row's samples part, log-probs within bf16 tolerance."""
+    import torch
+
+    from minirl.rollout.native import NativeEngine
+    from minirl.types import SamplingParams
+
+    eos = [common["eos_token_id"]]
+    kwargs = {**common, "eos_token_id": eos, "sample_seeding": "per_sample"}
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, model.config.vocab_size, (12,), generator=g).tolist() for _ in range(4 if tiny else 16)]
+    params = SamplingParams(max_new_tokens=8 if tiny else 32, seed=7)
+    off = NativeEngine(model, **kwargs).generate_ids(prompts, 2, params, record_routes=True)
+    on = NativeEngine(model, **kwargs, **graphs_on).generate_ids(prompts, 2, params, record_routes=True)
+    same_rows = sum(a.completion_ids == b.completion_ids for a, b in zip(off, on))
+    compared = routes_equal = 0
+    dlogp = 0.0
+    for a, b in zip(off, on):
+        common_prefix = next((i for i, (x, y) in enumerate(zip(a.completion_ids, b.completion_ids)) if x != y), len(a.completion_ids))
+        fed = len(a.prompt_ids) + common_prefix  # positions fed with the same history
+        compared += fed
+        routes_equal += int((a.routes[:fed] == b.routes[:fed]).all(dim=(-1, -2)).sum())
+        if common_prefix:
+            dlogp = max(dlogp, float((a.logp_rollout[:common_prefix] - b.logp_rollout[:common_prefix]).abs().max()))
+    result = {"rows": len(off), "rows_same_tokens": same_rows, "routes_equal_frac": routes_equal / compared,
+              "max_abs_dlogp": dlogp, "bf16_tolerance": 0.05}
+    result["ok"] = result["routes_equal_frac"] == 1.0 and dlogp <= 0.05
+    return result
+
+
+def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
+    import torch
+
+    from minirl.trainer import Trainer
+    from minirl.types import Batch
+
+    model = build(tiny, device)
+    rows, width = (4, 32) if tiny else (32, 512)  # 16,384 tokens per micro-batch on the GPU
+    trainer = Trainer(model, lr=1e-6, micro_batch_sequences=rows, precision="bf16")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, model.config.vocab_size, (rows, width), generator=g)
+    mask = torch.ones(rows, width - 1, dtype=torch.bool)
+    batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool), mask=mask,
+                  logp_rollout=torch.zeros(rows, width - 1), advantages=torch.linspace(-1, 1, rows),
+                  group_ids=torch.zeros(rows, dtype=torch.long))
+
+    def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        return -(logp * micro.advantages[:, None] * micro.mask).sum() / micro.mask.sum(), {}
+
+    trainer.update(batch, objective)  # warm-up
+    times = []
+    for _ in range(1 if tiny else 3):
+        sync(device)
+        start = time.perf_counter()
+        trainer.update(batch, objective)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    tokens = rows * width
+    flops = 6 * active_parameters(model.config) * tokens / seconds
+    return {"tokens_per_update": tokens, "update_s": seconds, "tok_s": tokens / seconds,
+            "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS}
+
+
+def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
+    import tempfile
+
+    import minirl.loop as loop
+    from minirl.config import load_config
+    from minirl.models.tokenizer import build_char_tokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import partial_credit
+
+    directory = Path(tempfile.mkdtemp())
+    model = build(tiny, "cpu")
+    model.save_pretrained(directory / "model")
+    build_char_tokenizer().save_pretrained(directory / "model")
+    rows = (2, 4, 8) if tiny else (16, 8, 128)
+    cfg = load_config(ROOT / "configs/demo.yaml", [
+        f"model.path={directory / 'model'}", "cold_start.enabled=false", "log.console=false",
+        f"rollout.prompts_per_step={rows[0]}", f"rollout.samples_per_prompt={rows[1]}", f"rollout.max_new_tokens={rows[2]}",
+        "rollout.precision=bf16", "moe.routing_replay=R3", "optim.minibatches_per_step=2", "optim.precision=bf16",
+        f"optim.micro_batch_sequences={rows[0] * rows[1]}", f"cluster.device={device}", f"run.output_dir={directory}",
+        "run.threads=0", "task.num_train_prompts=64", "task.num_eval_prompts=4",
+        f"rollout.cuda_graphs={str(GRAPHS and device == 'cuda').lower()}",
+    ])  # fmt: skip
+    loop.score_completions = partial_credit  # an untrained model: dense rewards, non-zero advantages
+    run = loop.setup(cfg)
+    try:
+        loop.global_step(run, 1)  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        metrics = loop.global_step(run, 2)
+        sync(device)
+        seconds = time.perf_counter() - start
+    finally:
+        run.close()
+    keep = {k: v for k, v in metrics.items() if k.startswith(("time/", "mismatch/kl_k3", "routing/"))}
+    return {"global_step_s": seconds, "rows": rows[0] * rows[1], "max_new_tokens": rows[2],
+            "cuda_graphs": cfg.rollout.cuda_graphs, **keep}
+
+
+def part_trace(tiny: bool, device: str) -> dict[str, Any]:
+    import tempfile
+
+    config = ROOT / "experiments/stress/trace/n8_minirl_r3.yaml"
+    overrides = [f"cluster.device={device}", f"run.output_dir={tempfile.mkdtemp()}", "run.overwrite=true", "log.console=false",
+                 f"rollout.cuda_graphs={str(GRAPHS and device == 'cuda').lower()}"]
+    if tiny:
+        overrides += ["model.preset=qwen3-moe-tiny", "optim.global_steps=1", "cold_start.steps=2", "cold_start.until_loss=null",
+                      "eval.num_prompts=2", "eval.samples_per_prompt=1", "rollout.prompts_per_step=2", "task.num_eval_prompts=2",
+                      "cold_start.cache_dir=null"]  # fmt: skip
+    command = [sys.executable, "-c", "import sys; from minirl.cli import main; sys.exit(main())", "train", str(config), *overrides]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"trace arm exit {done.returncode}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    return {"wall_s": seconds, "command": " ".join(["minirl train", str(config.relative_to(ROOT)), *overrides])}
+
+
+PEAK_TFLOPS = 790.0
+GRAPHS = True  # --cuda-graphs: rollout.cuda_graphs for the RL step and the trace arm (CUDA only)
+RUNNERS = {"engine": part_engine, "trainer": part_trainer, "rl_step": part_rl_step, "trace": part_trace}
+
+
+def run_parts(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Each part in its own child process and timeout; a failure or timeout is recorded, not fatal."""
+    results: dict[str, Any] = {}
+    for name in args.parts.split(","):
+        command = [sys.executable, __file__, "--part", name, "--out", str(out), "--device", args.device,
+                   "--peak-tflops", str(args.peak_tflops), "--cuda-graphs", args.cuda_graphs, *(["--tiny"] if args.tiny else [])]
+        timeout = TIMEOUT_S[name] * (4 if args.tiny else 1)
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            path = out / f"part_{name}.json"
+            if done.returncode == 0 and path.is_file():
+                results[name] = json.loads(path.read_text())
+            else:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                results[name] = {"error": f"exit {done.returncode}", "tail": tail}
+        except subprocess.TimeoutExpired:
+            results[name] = {"error": f"timed out after {timeout} s"}
+        results[name]["part_wall_s"] = round(time.perf_counter() - start, 1)
+        print(f"{name}: {json.dumps(results[name])}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    global PEAK_TFLOPS, GRAPHS
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny model, small shapes: runs on CPU in about a minute")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one part, in this process
+    parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
+    parser.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
+                        help="rollout.cuda_graphs in the RL step and the trace arm (the engine part measures both)")
+    args = parser.parse_args(argv)
+    PEAK_TFLOPS, GRAPHS = args.peak_tflops, args.cuda_graphs == "on"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.part:
+        if args.device == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+        result = RUNNERS[args.part](args.tiny, args.device)
+        (out / f"part_{args.part}.json").write_text(json.dumps(result, indent=1, default=str))
+        return 0
+    from minirl.runtime import environment
+
+    started = time.perf_counter()
+    results = {"environment": environment(), "tiny": args.tiny, "device": args.device,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results.update(run_parts(args, out))
+    results["total_wall_s"] = round(time.perf_counter() - started, 1)
+    (out / "gpu_bench.json").write_text(json.dumps(results, indent=1, default=str))
+    print(summary(results))
+    agreed = results.get("engine", {}).get("agreement", {}).get("ok", True)
+    return 0 if agreed and all("error" not in results[name] for name in args.parts.split(",")) else 1
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The side-by-side lines the issue asks for."""
+    lines = [f"gpu_bench on {results['environment'].get('cuda') or results['environment'].get('cpu')} "
+             f"({'tiny' if results['tiny'] else '~0.9 B Qwen3-MoE'}), {results['date']}"]
+    engine = results.get("engine", {})
+    for shape, row in engine.items():
+        if isinstance(row, dict) and "hf_tok_s" in row:
+            lines.append(f"  rollout {shape}: HF generate {row['hf_tok_s']:,.0f} tok/s; engine graphs off "
+                         f"{row['graphs_off_tok_s']:,.0f} ({row['graphs_off_over_hf']:.2f}x), graphs on {row['graphs_on_tok_s']:,.0f} "
+                         f"({row['graphs_on_over_hf']:.2f}x); R3 recording (graphs on) {100 * row['r3_overhead_frac']:+.1f} %")
+    if "agreement" in engine:
+        lines.append(f"  graphs on vs off: {engine['agreement']}")
+    trainer = results.get("trainer", {})
+    if "mfu" in trainer:
+        lines.append(f"  trainer bf16: {trainer['tok_s']:,.0f} tok/s, {trainer['model_tflop_s']:.1f} TFLOP/s, "
+                     f"MFU {100 * trainer['mfu']:.1f} % of {trainer['peak_tflops']:.0f}")
+    if "global_step_s" in results.get("rl_step", {}):
+        lines.append(f"  one RL global step (R3, N = 2): {results['rl_step']['global_step_s']:.2f} s")
+    if "wall_s" in results.get("trace", {}):
+        lines.append(f"  trace arm: {results['trace']['wall_s']:.1f} s wall")
+    lines += [f"  {name}: {results[name]['error']}" for name in PARTS if "error" in results.get(name, {})]
+    lines.append(f"  total {results['total_wall_s']} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

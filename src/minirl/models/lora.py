@@ -1,0 +1,146 @@
+"""The trainer's memory knobs: gradient checkpointing and LoRA adapters (``peft``), merged weights.
+
+* ``optim.gradient_checkpointing``: transformers' activation checkpointing of every decoder layer
+  (non-reentrant ``torch.utils.checkpoint``). The layers run again during backward; routing replay
+  replays the same routes in that recomputation (the trainer keeps the replay block open through
+  backward, ``minirl.moe.replay``), so R2/R3 stay exact.
+* ``model.lora``: LoRA adapters injected in place with ``peft.inject_adapter_in_model(LoraConfig)``
+  (a TRL user's ``peft_config=LoraConfig(...)``): the model keeps its class and forward (routing
+  replay's hooks stay on the routers), the base weights are frozen, only the adapters train. Routers are never adapted unless
+  ``adapt_routers`` is set (they are not ``nn.Linear`` in the supported MoE families, so LoRA would
+  need ``target_parameters`` there; a router named in ``target_modules`` is refused).
+* ``merged_state_dict``: what the rollout engine and a checkpoint receive: every adapted weight as
+  ``W + (alpha / r) B A`` (peft's ``get_delta_weight``) under the base model's own key names, so
+  the engine samples from the policy being trained and ``AutoModelForCausalLM`` loads the result.
+  Computed out of place: the fp32 base weights are never merged and unmerged (that would round).
+* ``adapters_disabled``: the base model, for the KL penalty's frozen reference (no second copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ADAPTER_DIR = "adapter"
+"""A LoRA checkpoint's adapter (``adapter_config.json`` + ``adapter_model.safetensors``), beside the merged weights."""
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Checkpoint every decoder layer (non-reentrant), the transformers way."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def router_names(model: torch.nn.Module) -> list[str]:
+    """Module names of the MoE routers of ``model`` (those routing replay drives)."""
+    from minirl.moe.families import RouterSpec, lookup
+
+    found = []
+    for name, module in model.named_modules():
+        spec = lookup(module)
+        if spec is not None and isinstance(spec[1], RouterSpec):
+            found.append(name)
+    return found
+
+
+def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: list[str],
+             adapt_routers: bool = False) -> None:
+    """Inject LoRA adapters (``ValueError`` with one line when a target is a router or matches nothing)."""
+    from peft import LoraConfig
+
+    routers = router_names(model)
+    for target in target_modules:
+        hit = [name for name in routers if name == target or name.endswith("." + target)]
+        if hit and not adapt_routers:
+            raise ValueError(f"target {target!r} is an MoE router ({hit[0]}); routers are not adapted unless "
+                             "model.lora.adapt_routers=true")
+    from peft import inject_adapter_in_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+    try:
+        inject_adapter_in_model(config, model)
+    except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
+        raise ValueError(str(exc).strip().splitlines()[0]) from None
+    model._minirl_lora_config = config  # saved beside the merged weights
+
+
+def has_lora(model: torch.nn.Module) -> bool:
+    return getattr(model, "_minirl_lora_config", None) is not None
+
+
+def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with the active LoRA adapters merged in, under the base key names
+    (``model.state_dict()`` itself, the same tensors, when the model has no adapter)."""
+    state = model.state_dict()
+    if not has_lora(model):
+        return state
+    deltas: dict[str, torch.Tensor] = {}
+    for name, layer in _lora_layers(model):
+        if layer.disable_adapters:  # inside ``adapters_disabled``: the base weights
+            continue
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                key = f"{name}.base_layer.weight"
+                delta = layer.get_delta_weight(adapter)
+                deltas[key] = deltas[key] + delta if key in deltas else delta
+    merged: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        merged[key.replace(".base_layer.", ".")] = (value + deltas[key].to(value.dtype)) if key in deltas else value
+    return merged
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """The base model inside the block (LoRA adapters off), the adapted one after."""
+    layers = [layer for _, layer in _lora_layers(model)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def save_lora_checkpoint(model: Any, directory: Path) -> None:
+    """Merged weights as a plain Hugging Face model in ``directory``, the adapter (peft's
+    ``adapter_config.json`` + ``adapter_model.safetensors``) in ``directory/adapter``."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    merged = {key: value.detach().clone() for key, value in merged_state_dict(model).items()}
+    model.save_pretrained(directory, state_dict=merged, safe_serialization=True)
+    adapter = {key: value.detach().contiguous() for key, value in get_peft_model_state_dict(model).items()}
+    (directory / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
+    model._minirl_lora_config.save_pretrained(directory / ADAPTER_DIR)
+    save_file(adapter, str(directory / ADAPTER_DIR / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def load_adapter_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Load a checkpoint's adapter (``directory/adapter``) into ``model``'s LoRA layers (resume)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(directory / ADAPTER_DIR / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, weights)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"checkpoint adapter {directory / ADAPTER_DIR}: unexpected keys, e.g. {unexpected[:2]}")

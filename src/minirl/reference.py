@@ -1,0 +1,70 @@
+"""The frozen reference policy of the KL penalty (``algo.kl_coef`` > 0; ``minirl.algo.reference_kl``).
+
+``Reference.logprobs(batch)`` scores a global batch with the reference, once per global step, into
+``batch.logp_ref``; ``ReferenceKL`` adds ``kl_coef`` x the KL estimate to the policy objective on
+every micro-batch. With LoRA the reference is the base model with the adapters disabled (no second
+copy, as TRL and verl do); without, a frozen copy of the model as the run started (``deepcopy``:
+one more set of weights in memory). The reference routes naturally: it is another policy, not the
+one whose routes R2/R3 replay.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minirl.algo.reference_kl import reference_kl_loss
+from minirl.models.lora import adapters_disabled, has_lora
+from minirl.trainer import Objective, Trainer
+from minirl.types import Batch
+
+
+class Reference:
+    """The reference policy of ``trainer`` (built when the run starts, before any update)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.frozen: Trainer | None = None
+        if not has_lora(trainer.model):
+            model = copy.deepcopy(trainer.model).eval()
+            self.frozen = Trainer(model, lr=0.0, micro_batch_sequences=trainer.micro_batch_sequences,
+                                  micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision)
+            model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """log pi_ref of every target token of ``batch`` [B, T] (0 where ``batch.mask`` is False)."""
+        if self.frozen is not None:
+            return self.frozen.score(batch, entropy=False).logp
+        with adapters_disabled(self.trainer.model):
+            return self.trainer.score(batch, entropy=False).logp
+
+
+@dataclass(frozen=True)
+class ReferenceKL:
+    """``objective`` plus ``kl_coef`` x the token-mean reference KL over the mini-batch (``normalizer``:
+    the mini-batch's trained tokens, so micro-batch losses add up to it)."""
+
+    objective: Objective
+    kl_coef: float
+    kind: str
+    normalizer: float
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        if micro.logp_ref is None:
+            raise ValueError("algo.kl_coef > 0 needs the reference pass before an update (batch.logp_ref is None)")
+        loss, metrics = self.objective(logp, micro)
+        penalty, kl_metrics = reference_kl_loss(logp, micro.logp_ref, micro.mask, kl_coef=self.kl_coef,
+                                                kind=self.kind, normalizer=self.normalizer)  # type: ignore[arg-type]
+        return loss + penalty, {**metrics, **kl_metrics}  # 0-dim tensors: the trainer syncs once per update
+
+
+def with_reference_kl(algo: Any, minibatch: Batch, objective: Objective) -> Objective:
+    """``objective`` with the KL penalty when ``algo.kl_coef`` > 0, else ``objective`` itself."""
+    if not algo.kl_coef:
+        return objective
+    tokens = float(max(int(minibatch.mask.sum()), 1))
+    return ReferenceKL(objective, float(algo.kl_coef), algo.kl_loss_type, tokens)

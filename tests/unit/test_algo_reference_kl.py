@@ -1,0 +1,59 @@
+"""The KL penalty to a reference policy (``minirl.algo.reference_kl``): hand-computed k1/k2/k3,
+their gradients, verl's clamps; and in the loop, the reference is the starting policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minirl.algo.reference_kl import kl_estimate, reference_kl_loss
+
+LOGP = [-1.0, -2.0, -0.5]
+LOGP_REF = [-1.5, -1.0, -0.5]  # r = logp_ref - logp = [-0.5, 1.0, 0.0]
+MASK = [True, True, False]
+
+
+def test_estimators_by_hand():
+    logp, ref = torch.tensor(LOGP), torch.tensor(LOGP_REF)
+    torch.testing.assert_close(kl_estimate(logp, ref, "k1"), torch.tensor([0.5, -1.0, 0.0]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(kl_estimate(logp, ref, "k2"), torch.tensor([0.125, 0.5, 0.0]), rtol=0, atol=1e-7)
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.e - 2, 0.0]  # 0.1065307, 0.7182818, 0
+    torch.testing.assert_close(kl_estimate(logp, ref, "k3"), torch.tensor(k3), rtol=0, atol=1e-7)
+    # verl's clamps: r clamped to [-20, 20], k3 to [-10, 10]
+    assert float(kl_estimate(torch.tensor([-40.0]), torch.tensor([-5.0]), "k3")) == 10.0
+    with pytest.raises(ValueError, match="k1, k2 or k3"):
+        kl_estimate(logp, ref, "k4")  # type: ignore[arg-type]
+
+
+def test_loss_is_the_coefficient_times_the_token_mean_and_its_gradient():
+    logp = torch.tensor(LOGP, requires_grad=True)
+    loss, metrics = reference_kl_loss(logp, torch.tensor(LOGP_REF), torch.tensor(MASK), kl_coef=0.1, kind="k3", normalizer=2.0)
+    assert loss.item() == pytest.approx(0.1 * (0.10653066 + 0.71828183) / 2, abs=1e-7)  # 0.04124062
+    assert float(metrics["kl_ref"]) == pytest.approx((0.10653066 + 0.71828183) / 2, abs=1e-7)
+    loss.backward()
+    # d k3 / d logp = 1 - exp(r): t0 1 - e^-0.5 = 0.3934693, t1 1 - e = -1.7182818; masked t2: 0
+    torch.testing.assert_close(logp.grad, torch.tensor([0.05 * 0.3934693, 0.05 * -1.7182818, 0.0]), rtol=0, atol=1e-7)
+    k1, _ = reference_kl_loss(torch.tensor(LOGP), torch.tensor(LOGP_REF), torch.tensor(MASK), kl_coef=1.0, kind="k1", normalizer=4.0)
+    assert float(k1) == pytest.approx((0.5 - 1.0) / 4, abs=1e-7)
+
+
+def test_a_nan_at_a_trained_token_fails_loudly():
+    with pytest.raises(FloatingPointError, match="reference KL"):
+        reference_kl_loss(torch.tensor([float("nan"), -1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([True, True]),
+                          kl_coef=0.1, normalizer=2.0)
+    loss, _ = reference_kl_loss(torch.tensor([float("nan"), -1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([False, True]),
+                                kl_coef=0.1, normalizer=1.0)
+    assert float(loss) == 0.0  # a masked NaN (padding) does not count
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_reference_is_the_starting_policy_in_the_loop(tmp_path, lora):
+    """At step 1 the policy is the reference (a frozen copy; with LoRA, the base with B = 0), so
+    ``policy/kl_ref`` is 0; after an update it is positive, and the R3 routes were replayed exactly."""
+    from tests.distributed.common import run_steps  # dense rewards: non-zero advantages, the policy moves
+    extra = ["model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if lora else []
+    metrics, _ = run_steps(tmp_path, "algo.kl_coef=0.5", "moe.routing_replay=R3", "optim.lr=3e-2", *extra, steps=2)
+    assert metrics[0]["policy/kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics[1]["policy/kl_ref"] > 1e-6

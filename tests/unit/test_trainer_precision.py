@@ -1,0 +1,117 @@
+"""``optim.precision``: bf16 mixed precision (autocast forward, float32 master weights, gradients and
+AdamW state); fp32 unchanged; checkpoints keep the model's dtype; the config names its key."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from minirl.algo import token_logprobs
+from minirl.batching import collate
+from minirl.config import ConfigError, load_config
+from minirl.precision import compute_context, fsdp_policy
+from minirl.runtime import build_trainer
+from minirl.trainer import Trainer
+from minirl.types import Completion
+from tests.conftest import make_tiny_moe
+
+PAD = 0
+
+
+def batch_of(rows: int = 6, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    completions = []
+    for row in range(rows):
+        prompt = torch.randint(2, 48, (5,), generator=g).tolist()
+        completion = torch.randint(2, 48, (4 + row % 3,), generator=g).tolist()
+        completions.append(Completion(prompt_index=row // 2, sample_index=row % 2, prompt_ids=prompt, completion_ids=completion,
+                                      logp_rollout=torch.full((len(completion),), -1.0), finish_reason="length"))
+    advantages = torch.linspace(-1, 1, rows)
+    return collate(completions, advantages, pad_token_id=PAD)
+
+
+def objective(logp: torch.Tensor, micro) -> tuple[torch.Tensor, dict[str, float]]:
+    return -(logp * micro.advantages[:, None] * micro.mask).sum(), {}
+
+
+def test_fp32_wraps_nothing_and_bf16_is_autocast():
+    assert isinstance(compute_context("fp32", "cpu"), nullcontext)
+    context = compute_context("bf16", "cpu")
+    assert isinstance(context, torch.autocast) and context.fast_dtype == torch.bfloat16
+    assert fsdp_policy("fp32") is None
+    policy = fsdp_policy("bf16")
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    with pytest.raises(ValueError, match="fp32, bf16"):
+        compute_context("fp16", "cpu")
+
+
+def test_bf16_score_is_the_autocast_forward_and_differs_from_fp32():
+    model = make_tiny_moe(0).eval()
+    batch = batch_of()
+    fp32 = Trainer(model, lr=0.0).score(batch, entropy=False).logp
+    bf16 = Trainer(model, lr=0.0, precision="bf16").score(batch, entropy=False).logp
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=batch.input_ids, use_cache=False).logits
+    expected = token_logprobs(logits[:, :-1].float(), batch.input_ids[:, 1:]) * batch.mask
+    assert torch.equal(bf16, expected)
+    gap = (bf16 - fp32)[batch.mask].abs()
+    assert 0 < float(gap.max()) < 0.1  # bf16 keeps ~3 significant digits: a real, small difference
+    assert torch.equal(fp32, Trainer(model, lr=0.0, precision="fp32").score(batch, entropy=False).logp)
+
+
+def test_bf16_update_keeps_float32_master_weights_and_optimizer_state(tmp_path):
+    model = make_tiny_moe(0)
+    trainer = Trainer(model, lr=1e-5, precision="bf16")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    result = trainer.update(batch_of(), objective)
+    assert result.fault is None and result.grad_norm > 0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    for state in trainer.optimizer.state.values():
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    moved = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
+    assert len(moved) > len(before) // 2
+    # steps of ~lr are below bf16's resolution at most weights: bf16 weights would not have moved
+    name = "model.layers.0.self_attn.q_proj.weight"
+    after = model.get_parameter(name).detach()
+    assert float((after.bfloat16() == before[name].bfloat16()).float().mean()) > 0.5
+
+    from minirl.models.io import save_checkpoint
+    from minirl.models.tokenizer import build_char_tokenizer
+
+    save_checkpoint(model, build_char_tokenizer(), tmp_path / "ckpt")
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(key).get_dtype() for key in f.keys()} == {"F32"}  # the dtype the model came in
+
+
+def test_config_knobs_reach_the_trainer_and_name_their_key():
+    cfg = load_config(None, ["optim.precision=bf16"])
+    trainer = build_trainer(cfg, make_tiny_moe(0), replay=None)
+    assert trainer.precision == "bf16"
+    assert load_config(None).optim.precision == "fp32" and load_config(None).optim.allow_tf32 is False
+    with pytest.raises(ConfigError, match=r"optim.precision: must be 'fp32' or 'bf16'"):
+        load_config(None, ["optim.precision=fp16"])
+
+
+def test_bf16_runs_the_fused_experts_in_bf16_and_fp32_in_fp32(monkeypatch):
+    """transformers' grouped_mm experts are outside autocast's op list: under bf16 their weights are
+    cast by ``autocast_experts``; the float32 parameters still get float32 gradients."""
+    import transformers.integrations.moe as moe
+
+    seen: list[torch.dtype] = []
+    original = moe._grouped_mm
+    monkeypatch.setattr(moe, "_grouped_mm", lambda x, w, offs: seen.append(w.dtype) or original(x, w, offs))
+    model = make_tiny_moe(0)
+    Trainer(model, lr=0.0).score(batch_of(), entropy=False)
+    assert set(seen) == {torch.float32}
+    seen.clear()
+    trainer = Trainer(model, lr=1e-3, precision="bf16")
+    trainer.update(batch_of(), objective)
+    assert set(seen) == {torch.bfloat16}
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == torch.float32 and "gate_up_proj" not in experts.__dict__  # casts dropped
+    seen.clear()
+    Trainer(model, lr=0.0).score(batch_of(), entropy=False)  # the hooks stay, inert outside autocast
+    assert set(seen) == {torch.float32}
