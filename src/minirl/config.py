@@ -202,6 +202,12 @@ class OptimConfig(Section):
     """A non-finite log-prob, loss or gradient, or an optimizer step leaving non-finite or exploding
     weights (undone, ``minirl.update_guard``), skips that update; this many skipped updates in a
     row stop the run (exit code 3), keeping the last good checkpoint."""
+    update_guard: Literal["undo", "check", "off"] = "undo"
+    """After every optimizer step, one fused norm checks the weights are finite and did not explode
+    (``minirl.update_guard``). ``undo``: a copy of weights and AdamW state taken before the step puts
+    a poisoned step back (skipped and counted like a non-finite gradient; costs one more copy of
+    weights + optimizer state in memory); ``check``: no copy, a poisoned step stops the run at once
+    (exit 3) before any checkpoint holds it — for models whose copy does not fit; ``off``: no check."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them (less
     memory, about one more forward); routing replay replays the same routes in the recomputation."""

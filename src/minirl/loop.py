@@ -67,6 +67,7 @@ from minirl.tasks import data_metrics
 from minirl.tasks.base import Task
 from minirl.trainer import Objective, Trainer
 from minirl.types import Batch, Completion, Prompt, SamplingParams
+from minirl.update_guard import NumericalFaultStop, PoisonedWeights
 
 
 @dataclass
@@ -76,11 +77,6 @@ class RunSummary:
     eval_after: float
     steps: int
     seconds: float
-
-
-class NumericalFaultStop(RuntimeError):
-    """``optim.max_consecutive_faults`` updates in a row were skipped (non-finite values); ``str()``
-    is one line naming the step and the last good checkpoint."""
 
 
 @dataclass
@@ -266,7 +262,10 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
             logger.advance(int(state["step"]))
         last, every = cfg.optim.global_steps, cfg.checkpoint.every_steps
         for step in range(1 if state is None else int(state["step"]) + 1, last + 1):
-            metrics = global_step(run, step)
+            try:
+                metrics = global_step(run, step)
+            except PoisonedWeights as exc:  # optim.update_guard=check: the weights are lost, stop before any save
+                raise NumericalFaultStop(f"step {step}: {exc}; stopped, {last_good_phrase(last_good)}") from None
             for reason in run.faults:
                 logger.print(f"step {step}: {reason}")
             if step == last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
@@ -294,11 +293,14 @@ def check_faults(run: Run, step: int, last_good: Path | None) -> None:
     """``NumericalFaultStop`` after ``optim.max_consecutive_faults`` skipped updates in a row."""
     limit = run.cfg.optim.max_consecutive_faults
     if run.trainer.consecutive_faults >= limit:
-        where = f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
         raise NumericalFaultStop(
             f"step {step}: {run.trainer.consecutive_faults} updates in a row skipped for non-finite log-probs, "
-            f"loss, gradients or weights (optim.max_consecutive_faults={limit}); stopped, {where}"
+            f"loss, gradients or weights (optim.max_consecutive_faults={limit}); stopped, {last_good_phrase(last_good)}"
         )
+
+
+def last_good_phrase(last_good: Path | None) -> str:
+    return f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
 
 
 def global_step(run: Run, step: int) -> dict[str, float]:

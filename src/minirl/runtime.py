@@ -203,6 +203,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         replay=replay,
         deterministic=deterministic,
         precision=o.precision,
+        update_guard=o.update_guard,
     )
 
 

@@ -33,7 +33,7 @@ from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
 from minirl.precision import autocast_experts, compute_context
 from minirl.types import Batch
-from minirl.update_guard import UpdateGuard
+from minirl.update_guard import PoisonedWeights, UpdateGuard
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
 """``objective(logp, micro_batch) -> (loss, metrics)``: metrics as 0-dim tensors (or floats); the
@@ -130,6 +130,7 @@ class Trainer:
         replay: Any | None = None,
         deterministic: bool = True,
         precision: str = "fp32",
+        update_guard: str = "undo",
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -146,7 +147,7 @@ class Trainer:
             [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(warmup_updates))
-        self._guard = UpdateGuard(self.optimizer)
+        self._guard = UpdateGuard(self.optimizer, update_guard)  # ``optim.update_guard``
         self.updates_done = 0
         self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)
         self.consecutive_faults = 0
@@ -249,6 +250,8 @@ class Trainer:
         self.optimizer.step()
         poisoned = self._guard.check()
         if poisoned is not None:
+            if not self._guard.can_undo:  # optim.update_guard=check: no copy to undo it with
+                raise PoisonedWeights(f"{poisoned}; optim.update_guard=check keeps no copy to undo it")
             self._guard.restore()
             return self._skip(poisoned, minibatch, old_pass, replay_routes, record_routes)
         self.scheduler.step()

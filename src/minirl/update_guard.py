@@ -10,7 +10,10 @@ puts the copy back bit for bit: the update is skipped as a non-finite gradient i
 (``Trainer._skip``), and no checkpoint ever holds such weights.
 
 The copy costs one more set of parameters and optimizer moments in memory, written once per
-update (``benchmarks/robustness_overhead.py`` measures the time, BENCHMARKS.md).
+update (``benchmarks/bench_robustness.py`` measures the time, BENCHMARKS.md). Where that memory is
+not there (a large model on one GPU), ``optim.update_guard: check`` keeps no copy: the same norm is
+checked after the step, and a poisoned step, which then cannot be undone, stops the run at once
+(``PoisonedWeights``, exit code 3) before any checkpoint could hold it; ``off`` checks nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import math
 from typing import Any
 
 import torch
+
+GUARD_MODES: tuple[str, ...] = ("undo", "check", "off")
+"""``optim.update_guard``: undo a poisoned step (a copy), check only (stop on one), or no check."""
 
 MAX_NORM_GROWTH = 10.0
 """An update that multiplies the weights' global L2 norm by more than this is exploding (AdamW
@@ -34,10 +40,25 @@ def total_norm(tensors: list[torch.Tensor]) -> float:
     return float(full() if full is not None else norm)
 
 
-class UpdateGuard:
-    """``snapshot()`` before ``optimizer.step()``, ``check()`` after it, ``restore()`` on a fault."""
+class NumericalFaultStop(RuntimeError):
+    """The run stops for numerical faults (``optim.max_consecutive_faults`` updates in a row skipped, or
+    a poisoned step that could not be undone); ``str()`` is one line. Exit code 3 in the CLI."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+
+class PoisonedWeights(NumericalFaultStop):
+    """An optimizer step left non-finite or exploding weights and ``optim.update_guard=check`` kept no
+    copy to undo it with."""
+
+
+class UpdateGuard:
+    """``snapshot()`` before ``optimizer.step()``, ``check()`` after it, ``restore()`` on a fault
+    (``mode`` one of ``GUARD_MODES``; ``can_undo`` is False unless it is ``undo``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, mode: str = "undo") -> None:
+        if mode not in GUARD_MODES:
+            raise ValueError(f"update guard mode must be one of {GUARD_MODES}, got {mode!r}")
+        self.mode = mode
+        self.can_undo = mode == "undo"
         self.optimizer = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self._weights: list[torch.Tensor] | None = None
@@ -46,7 +67,11 @@ class UpdateGuard:
 
     @torch.no_grad()
     def snapshot(self) -> None:
-        """Copy the parameters and their optimizer state (buffers reused from one update to the next)."""
+        """Copy the parameters and their optimizer state (buffers reused from one update to the next);
+        with ``check``, only their norm."""
+        if self.mode != "undo":
+            self._norm_before = total_norm(self.params) if self.mode == "check" else 0.0
+            return
         if self._weights is None:
             self._weights = [p.detach().clone() for p in self.params]
         else:
@@ -74,6 +99,8 @@ class UpdateGuard:
 
     def check(self) -> str | None:
         """Why the weights after the step are not usable (one phrase), or None."""
+        if self.mode == "off":
+            return None
         norm = total_norm(self.params)
         if not math.isfinite(norm):
             return f"non-finite weights after the optimizer step (norm {norm})"

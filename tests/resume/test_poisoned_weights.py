@@ -119,3 +119,36 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path):
     with pytest.raises(FloatingPointError, match="checkpoint step 1 not written: non-finite weights in "):
         checkpoint.save(tmp_path, 1, model=model, tokenizer=tokenizer, state={}, cfg=load_config(None), keep_last=2)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_check_mode_keeps_no_copy_and_off_checks_nothing():
+    layer = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=math.inf)
+    layer(torch.randn(5, 4)).sum().backward()
+    check, off = UpdateGuard(optimizer, "check"), UpdateGuard(optimizer, "off")
+    check.snapshot()
+    off.snapshot()
+    assert check._weights is None and not check.can_undo  # no copy: the memory a large model lacks
+    optimizer.step()
+    assert "non-finite weights" in check.check()
+    assert off.check() is None
+    with pytest.raises(ValueError, match="update guard mode"):
+        UpdateGuard(optimizer, "sometimes")
+
+
+def test_check_mode_stops_at_the_first_poisoned_step_before_any_checkpoint_holds_it(tmp_path, monkeypatch, capsys):
+    _poison_from(4, math.inf, monkeypatch)
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=8", "optim.update_guard=check",
+                 f"run.output_dir={tmp_path}", "run.name=c"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    stop = [line for line in err.splitlines() if line.startswith("minirl:")]
+    assert len(stop) == 1 and "Traceback" not in err, err
+    assert stop[0].startswith("minirl: stopped: step 4: non-finite weights after the optimizer step"), err
+    assert "optim.update_guard=check keeps no copy" in stop[0] and stop[0].endswith("step_000003"), err
+    run = tmp_path / "c"
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert checkpoint.find_latest(run)[0].name == "step_000003"
+    saved = load_file(run / "checkpoints" / "step_000003" / "model" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in saved.values())
