@@ -644,7 +644,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}: 0x{raw[exc.start]:02x}); "
                           "save the config file as UTF-8") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}:{exc.line}: duplicate key {exc.key!r} (first at line {exc.first_line}); "
                           "a key may appear once per section") from None

@@ -231,7 +231,7 @@ def test_a_signal_during_sft_ends_in_one_line(tmp_path):
         first = proc.stdout.readline()  # the first progress line: SFT is running
         assert b"sft step 1/" in first, first
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

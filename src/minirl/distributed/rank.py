@@ -153,7 +153,11 @@ class TrainerRank:
             trainer.model.load_state_dict(weights)
             trainer.load_checkpoint_state(state)
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(trainer.model, weights, options=options)
