@@ -105,6 +105,10 @@ class Run:
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
 
+    def __post_init__(self) -> None:
+        if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
+            self.rollouts = EngineRollouts(self.engine)
+
     def close(self) -> None:
         """Stop the reward workers and any trainer ranks or engine actors."""
         try:
@@ -308,6 +312,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     run.faults = []
     # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for routing/*)
     prompts = [run.prompts[i] for i in run.order.next(cfg.rollout.prompts_per_step)]
+    assert run.rollouts is not None  # Run.__post_init__ sets the default
     completions = run.rollouts.rollouts(step, prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step),
                                         record_routes=plan.engine_records)
     clock.lap("rollout")
