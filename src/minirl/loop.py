@@ -346,7 +346,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
         routing.waive(any(u.fault for u in updates))  # a skipped update may stop before consuming its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)
-        old = updates[0].scores
+        fused_old = updates[0].scores
+        assert fused_old is not None  # Trainer.update(old_pass=True) always returns scores
+        old = fused_old
         batch = batch.with_logp_old(old.logp)
     clock.lap("update")
     # 5. weight sync to the rollout engine
