@@ -20,6 +20,7 @@ import pytest
 from minirl import checkpoint
 from minirl.cli import main
 from minirl.tasks import JsonlTask, TaskDataError
+from minirl.types import Prompt
 from tests.resume.test_exact_resume import ROOT, TINY, _env
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -58,9 +59,9 @@ def test_a_30_mb_row_is_refused_without_tokenizing_it(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_text('{"prompt": "2+2?", "answer": "4"}\n' + json.dumps({"prompt": "x" * 30_000_000, "answer": "1"}) + "\n")
 
-    def count_tokens(text: str) -> int:
-        assert len(text) < 1_000_000, "the 30 MB row was tokenized"
-        return len(text)
+    def count_tokens(prompt: Prompt) -> int:  # JsonlTask counts a Prompt's tokens (a chat is rendered first)
+        assert len(prompt.text) < 1_000_000, "the 30 MB row was tokenized"
+        return len(prompt.text)
 
     with pytest.raises(TaskDataError) as error:
         JsonlTask(path, max_prompt_tokens=480, count_tokens=count_tokens)
