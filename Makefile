@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv first (scripts/setup.sh, idempotent).
-.PHONY: setup demo test test-slow
+.PHONY: setup demo lint test test-slow
 
 setup:
 	@bash scripts/setup.sh
@@ -10,7 +10,12 @@ ATEN_CPU_CAPABILITY ?= avx2
 demo: setup
 	ATEN_CPU_CAPABILITY=$(ATEN_CPU_CAPABILITY) .venv/bin/minirl train configs/demo.yaml
 
+# ruff + mypy with the rules of pyproject.toml; `make test` (what CI runs) runs them before the suite
+lint: setup
+	bash scripts/check.sh
+
 test: setup
+	bash scripts/check.sh
 	.venv/bin/python -m pytest
 
 test-slow: setup

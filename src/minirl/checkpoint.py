@@ -23,8 +23,8 @@ import os
 import random
 import re
 import shutil
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -323,7 +323,7 @@ def config_differences(saved: dict[str, Any], now: dict[str, Any], *, ignore: tu
 def load_state(checkpoint: Path) -> dict[str, Any]:
     try:
         return torch.load(checkpoint / STATE, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable state is a damaged checkpoint (format 1 has no digest)
+    except Exception as exc:  # any unreadable state is a damaged checkpoint (format 1 has no digest)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"cannot resume from {checkpoint}: {STATE} is unreadable ({first}); "
                           f"delete {checkpoint.name} to resume from an older checkpoint") from None

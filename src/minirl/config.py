@@ -596,8 +596,8 @@ def _format_error(err: ValidationError, source: str) -> str:
             from minirl.config_docs import did_you_mean
 
             where = f"{source}: " if source else ""
-            variants = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig}
-            hint = did_you_mean(variants[variant], str(loc[-1]))
+            variants: dict[str, type[BaseModel]] = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig}
+            hint = did_you_mean(variants[str(variant)], str(loc[-1]))  # the tag is a str
             return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}{hint}"
     if first["type"] == "union_tag_invalid":
         loc.append("name")
@@ -650,13 +650,13 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte {exc.start}: 0x{raw[exc.start]:02x}); "
                           "save the config file as UTF-8") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}:{exc.line}: duplicate key {exc.key!r} (first at line {exc.first_line}); "
                           "a key may appear once per section") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        where = f"{path}:{line + 1}" if line is not None else str(path)
+        mark_line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f"{path}:{mark_line + 1}" if mark_line is not None else str(path)
         raise ConfigError(f"{where}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'} ({str(exc).splitlines()[0]})") from None
     if data is None:
         return {}

@@ -101,6 +101,10 @@ class Run:
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
 
+    def __post_init__(self) -> None:
+        if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
+            self.rollouts = EngineRollouts(self.engine)
+
     def close(self) -> None:
         """Stop the reward workers and any trainer ranks or engine actors."""
         try:
@@ -310,6 +314,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     run.faults = []
     # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for routing/*)
     prompts = [run.prompts[i] for i in run.order.next(cfg.rollout.prompts_per_step)]
+    assert run.rollouts is not None  # Run.__post_init__ sets the default
     completions = run.rollouts.rollouts(step, prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step),
                                         record_routes=plan.engine_records)
     clock.lap("rollout")
@@ -343,7 +348,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
         routing.waive(any(u.fault for u in updates))  # a skipped update may stop before consuming its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)
-        old = updates[0].scores
+        fused_old = updates[0].scores
+        assert fused_old is not None  # Trainer.update(old_pass=True) always returns scores
+        old = fused_old
         batch = batch.with_logp_old(old.logp)
     clock.lap("update")
     # 5. weight sync to the rollout engine

@@ -70,7 +70,6 @@ def set_threads(threads: int) -> None:
 def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, Any]:
     """The trainer's fp32 model and its tokenizer (a preset, or a local HF directory)."""
     from minirl.models.io import load_model_and_tokenizer
-
     from minirl.tasks.chat import ChatTemplateError, apply_chat_setting
 
     source = path or cfg.model.path or cfg.model.preset

@@ -18,8 +18,9 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 
@@ -34,7 +35,7 @@ from minirl.runtime import (
     set_threads,
 )
 from minirl.sft_target import accuracy_target
-from minirl.tasks.base import Task
+from minirl.tasks.base import Task, TeacherTask
 from minirl.tasks.chat import encode_prompt
 from minirl.types import Batch, Completion
 
@@ -46,13 +47,16 @@ def teacher_examples(task: Task, tokenizer: Any, style: str, count: int, seed: i
         allowed = ", ".join(styles) or "none (this task has no teacher)"
         hint = "" if styles else "; for your own data set cold_start.data to a file of prompt/completion or messages rows"
         raise ConfigError(f"cold_start.style: {style!r} is not a style of task '{task.name}' (allowed: {allowed}){hint}")
-    prompts = task.train_prompts()
+    # It has styles, so it is a TeacherTask: cast, not isinstance, because a CustomRewardTask forwards both
+    # through __getattr__, which a Protocol isinstance check does not see from Python 3.12 on.
+    teacher = cast(TeacherTask, task)
+    prompts = teacher.train_prompts()
     rng = random.Random(seed)
     examples = []
     for index in range(count):
         prompt = prompts[rng.randrange(len(prompts))]
         prompt_ids = encode_prompt(tokenizer, prompt)  # exactly as the engine tokenises it
-        solution_ids = tokenizer.encode(task.teacher_solution(prompt, style), add_special_tokens=False)
+        solution_ids = tokenizer.encode(teacher.teacher_solution(prompt, style), add_special_tokens=False)
         completion_ids = solution_ids + [tokenizer.eos_token_id]
         examples.append(
             Completion(index, 0, prompt_ids, completion_ids, torch.zeros(len(completion_ids)), "eos")

@@ -19,8 +19,8 @@ carries routes and the caller asks for them to be replayed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ class OnPolicy:
 
     objective: Objective
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask))
 
 
@@ -160,7 +160,7 @@ class Trainer:
         forward is appended to it: captured under replay, else recorded. With ``block``, the routing
         block is entered on it and closes (appending to ``natural``) when the caller closes it,
         after its backward: gradient checkpointing recomputes the routers during backward."""
-        context = nullcontext()
+        context: AbstractContextManager[Any] = nullcontext()
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
@@ -170,9 +170,15 @@ class Trainer:
                 raise ValueError("recording routes needs an MoE model with a RoutingReplay")
             context = self.replay.record()
         with ExitStack() as own:
-            stack, handles = block or own, []
+            stack, handles = block or own, list[Any]()
             if natural is not None:  # registered first, so it runs after the routing block has closed
-                stack.callback(lambda: handles and natural.append(handles[0].natural_routes if replay_routes else handles[0].routes))
+                sink = natural
+
+                def append_routes() -> None:  # the handle's routes are filled when its block exits
+                    if handles:
+                        sink.append(handles[0].natural_routes if replay_routes else handles[0].routes)
+
+                stack.callback(append_routes)
             handles.append(stack.enter_context(context))
             with compute_context(self.precision, self.device):
                 # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
@@ -198,7 +204,7 @@ class Trainer:
             scores.add(rows, micro, logits, logp, natural[0] if natural else None)
         return scores.result()
 
-    def _micro_batches(self, batch: Batch) -> list[tuple[slice | torch.Tensor, Batch]]:
+    def _micro_batches(self, batch: Batch) -> Sequence[tuple[slice | torch.Tensor, Batch]]:
         """(the rows of ``batch`` it holds, micro-batch): contiguous slices of ``micro_batch_sequences``
         rows, or, with ``micro_batch_max_tokens``, rows of similar length within that budget.
         Every loss has the whole mini-batch's denominator (``minirl.objective``), so the summed
@@ -317,7 +323,8 @@ class Trainer:
                 loss, _ = objective(logp, micro)
                 loss.backward()
             routes = natural.pop() if natural is not None else None
-            if drift:
+            if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
+                assert micro.routes is not None and routes is not None
                 agreement = routing_agreement(micro.routes, routes, micro.attention_mask)
                 counted += agreement["route_counted_pairs"]
                 differing += agreement["route_diff_frac"] * agreement["route_counted_pairs"]

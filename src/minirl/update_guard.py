@@ -83,7 +83,8 @@ class UpdateGuard:
             if not state:
                 self._state.append(None)  # no state yet (first update): a restore removes it again
                 continue
-            kept = previous[index] if index < len(previous) and previous[index] is not None else {}
+            old = previous[index] if index < len(previous) else None
+            kept = old if old is not None else {}
             copy: dict[str, Any] = {}
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):

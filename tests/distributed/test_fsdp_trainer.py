@@ -35,7 +35,7 @@ def test_two_fsdp_ranks_match_one_process(tmp_path, replay, n):
 
 
 def test_ranks_must_divide_the_minibatch():
-    with pytest.raises(ConfigError, match="cluster.trainer_ranks: must divide the mini-batch of 4 sequences"):
+    with pytest.raises(ConfigError, match=r"cluster\.trainer_ranks: must divide the mini-batch of 4 sequences"):
         load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, "cluster.trainer_ranks=3"])
 
 

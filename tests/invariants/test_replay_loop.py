@@ -7,6 +7,7 @@ the routes do not fit the model.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,13 @@ def test_a_lost_minibatch_leaves_routes_unconsumed_and_fails_the_step(tmp_path, 
     run.trainer = _LosesLastMinibatch(run.trainer, 2)
     with pytest.raises(RuntimeError, match=r"\(updates\): MoE layer 0 \(model\.layers\.0\.mlp\.gate\) replayed \d+ of the \d+"):
         loop.global_step(run, 1)
+
+
+def test_a_run_built_without_a_rollout_source_samples_from_its_engine(tmp_path):
+    """``Run.rollouts=None`` is documented as "the engine samples": a Run made by hand (or replaced with
+    ``rollouts=None``) must step exactly like the one ``setup`` made, not fail on ``None.rollouts``."""
+    import dataclasses
+
+    by_hand = dataclasses.replace(_run(tmp_path), rollouts=None)
+    assert isinstance(by_hand.rollouts, loop.EngineRollouts) and by_hand.rollouts.engine is by_hand.engine
+    assert math.isfinite(loop.global_step(by_hand, 1)["policy/loss"])

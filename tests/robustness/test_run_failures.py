@@ -59,7 +59,7 @@ def test_a_30_mb_row_is_refused_without_tokenizing_it(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_text('{"prompt": "2+2?", "answer": "4"}\n' + json.dumps({"prompt": "x" * 30_000_000, "answer": "1"}) + "\n")
 
-    def count_tokens(prompt: Prompt) -> int:
+    def count_tokens(prompt: Prompt) -> int:  # JsonlTask counts a Prompt's tokens (a chat is rendered first)
         assert len(prompt.text) < 1_000_000, "the 30 MB row was tokenized"
         return len(prompt.text)
 
@@ -232,7 +232,7 @@ def test_a_signal_during_sft_ends_in_one_line(tmp_path):
         first = proc.stdout.readline()  # the first progress line: SFT is running
         assert b"sft step 1/" in first, first
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -149,7 +149,7 @@ def test_tis_cap_binding_train_infer() -> None:
 
 def test_infinite_tis_cap_disables_truncation() -> None:
     # w = P/Mu uncapped: row 0 t2 = 5.4
-    loss, grad, m = _run(tis_cap=math.inf)
+    loss, _grad, m = _run(tis_cap=math.inf)
     assert loss == pytest.approx(-(4 * L(0.5) + 10.8 * L(0.54) - 0.5 * L(0.45)) / 2, abs=1e-9)
     assert m["is_truncated_frac"] == 0.0
 

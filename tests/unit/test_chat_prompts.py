@@ -106,14 +106,13 @@ def test_stop_strings_cut_the_completion_and_keep_exact_logprobs(chat_model) -> 
 
 
 def test_plain_mode_template_file_and_missing_template(chat_model, tmp_path: Path) -> None:
-    _, tokenizer = chat_model
     data = tmp_path / "rl.jsonl"
     data.write_text(json.dumps({"prompt": MESSAGES, "answer": "7"}) + "\n")
     plain = JsonlTask(data, eval_fraction=0.0, plain_chat=True).train_prompts()[0]
     assert plain.messages is None and plain.text == "Be brief.\nWhat is 3 + 4?"
     from minirl.models.tokenizer import build_char_tokenizer
 
-    with pytest.raises(ChatTemplateError, match="task.chat_template to a Jinja template file"):
+    with pytest.raises(ChatTemplateError, match=r"task\.chat_template to a Jinja template file"):
         encode_prompt(build_char_tokenizer(), JsonlTask(data, eval_fraction=0.0).train_prompts()[0])
     from minirl.tasks.chat import apply_chat_setting
 

@@ -75,7 +75,7 @@ def test_toml_configs_load(tmp_path):
 
 
 def test_file_errors_name_the_file(tmp_path):
-    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: [1,\n")

@@ -16,7 +16,6 @@ from rich.console import Console
 
 from minirl.cli import main
 from minirl.config import ConfigError, load_config
-from minirl.monitor import rollout_metrics
 from minirl.metrics import (
     CONSOLE_KEYS,
     MetricsLogger,
@@ -25,6 +24,7 @@ from minirl.metrics import (
     reset_samples,
     sample_rows,
 )
+from minirl.monitor import rollout_metrics
 from minirl.types import Completion, Prompt
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -12,7 +12,6 @@ from minirl.rollout.native import NativeEngine
 from minirl.types import SamplingParams
 from tests.unit.test_rollout_native import EOS, PAD, PROMPTS, VOCAB, dense_model, moe_model
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -107,7 +107,7 @@ def test_config_reward_functions_and_one_line_errors() -> None:
     cfg = load_config(None, [f'task.reward_functions=[{{function: "{MOD}:exact", weight: 2}}, {{function: "{MOD}:exact_batched"}}]'])
     task = build_task_from_config(cfg.task)
     assert [(f.name, f.weight, f.batched) for f in task.functions] == [("exact", 2.0, False), ("exact_batched", 1.0, True)]
-    with pytest.raises(ConfigError, match="give either task.reward_function"):
+    with pytest.raises(ConfigError, match=r"give either task\.reward_function"):
         load_config(None, [f"task.reward_function={MOD}:exact", f'task.reward_functions=[{{function: "{MOD}:exact"}}]'])
     with pytest.raises(RewardSpecError, match="has no attribute 'nope'"):
         build_task_from_config(load_config(None, [f'task.reward_functions=[{{function: "{MOD}:nope"}}]']).task)

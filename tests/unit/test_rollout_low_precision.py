@@ -7,16 +7,16 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tests.conftest import make_tiny_moe
-from minirl.monitor import mismatch_metrics
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
+from minirl.monitor import mismatch_metrics
 from minirl.rollout.kv_cache import FP8DynamicCache
 from minirl.rollout.native import NativeEngine
 from minirl.rollout.precision import fake_quantize_fp4_e2m1, fake_quantize_fp8, fake_quantize_kv
 from minirl.runtime import build_engine
 from minirl.trainer import Trainer
 from minirl.types import SamplingParams
+from tests.conftest import make_tiny_moe
 
 PAD, EOS = 0, 1
 PROMPTS = [[3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]]  # equal lengths: no mask

@@ -65,7 +65,7 @@ def test_dequantised_values_are_e4m3_values():
     torch.manual_seed(0)
     w = torch.randn(4, 16, 8) * torch.tensor([0.01, 0.1, 1.0, 10.0])[:, None, None]
     for mode in ("per_tensor", "per_expert"):
-        q, scale = quantize_fp8_e4m3(w, mode)
+        _q, scale = quantize_fp8_e4m3(w, mode)
         fake = fake_quantize_fp8_e4m3(w, mode)
         units = fake / scale  # back on the e4m3 grid
         torch.testing.assert_close(units, units.to(torch.float8_e4m3fn).float(), rtol=0, atol=1e-4)

@@ -150,7 +150,7 @@ def test_trace_is_the_long_worked_solution() -> None:
 
 def test_teacher_rejects_unknown_style_and_foreign_prompt() -> None:
     task = ReverseTask(num_train=1, num_eval=0)
-    with pytest.raises(ValueError, match="unknown teacher style 'socratic'.*direct, stepwise, verbose, trace"):
+    with pytest.raises(ValueError, match=r"unknown teacher style 'socratic'.*direct, stepwise, verbose, trace"):
         task.teacher_solution(task.train_prompts()[0], "socratic")
     with pytest.raises(ValueError, match="not a reverse prompt"):
         task.teacher_solution(Prompt(text="add 1+2\n", answer="3"), "direct")

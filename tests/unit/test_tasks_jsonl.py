@@ -66,7 +66,7 @@ def test_jsonl_separate_eval_file(tmp_path: Path) -> None:
     evaluation = write_rows(tmp_path / "eval.jsonl", numbered_rows(2))
     task = JsonlTask(train, eval_path=evaluation)
     assert len(task.train_prompts()) == 5 and len(task.eval_prompts()) == 2
-    with pytest.raises(TaskDataError, match="missing.jsonl: no such file"):
+    with pytest.raises(TaskDataError, match=r"missing\.jsonl: no such file"):
         JsonlTask(train, eval_path=tmp_path / "missing.jsonl")
 
 

@@ -111,6 +111,7 @@ def _serve(conn: Any, factory: Any, args: tuple) -> None:
                 target.close()
             return
         method, call_args, call_kwargs = request
+        result: tuple[Any, ...]  # ("ok", value) or ("error", line, traceback): read as status, *payload
         try:
             result = ("ok", getattr(target, method)(*call_args, **call_kwargs))
         except BaseException as exc:  # reported to the controller, which stops the group
@@ -174,7 +175,9 @@ def _joined(parts: list[ScoreResult]) -> ScoreResult:
         values = [getattr(p, field) for p in parts]
         return None if values[0] is None else torch.cat(values)
 
-    return ScoreResult(logp=cat("logp"), entropy=cat("entropy"), routes=cat("routes"))
+    logp = cat("logp")
+    assert logp is not None  # ScoreResult.logp is always set
+    return ScoreResult(logp=logp, entropy=cat("entropy"), routes=cat("routes"))
 
 
 class TrainerGroup:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import socket
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -116,7 +116,7 @@ class TrainerRank:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return full if self.rank == 0 else None
+        return cast(dict[str, torch.Tensor], full) if self.rank == 0 else None  # full_state_dict: plain tensors
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """``Trainer.checkpoint_state`` in the single-process format (rank 0; others None)."""
@@ -125,7 +125,7 @@ class TrainerRank:
             return _owned(trainer.checkpoint_state())
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        by_name = get_optimizer_state_dict(
+        by_name: dict[str, Any] = get_optimizer_state_dict(  # the "state" / "param_groups" dict
             trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
         if self.rank != 0:
@@ -153,12 +153,16 @@ class TrainerRank:
             trainer.model.load_state_dict(weights)
             trainer.load_checkpoint_state(state)
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(trainer.model, weights, options=options)
+        set_model_state_dict(trainer.model, cast(dict[str, Any], weights), options=options)
         saved = state["optimizer"]
-        by_name = {
+        by_name: dict[str, Any] = {
             "state": {self.names[i]: value for i, value in saved["state"].items()},
             "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]} for group in saved["param_groups"]],
         }

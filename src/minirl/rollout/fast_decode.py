@@ -40,6 +40,7 @@ keeps torch's kernels and the bitwise match with the transformers forward; ``Nat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ def native_half_gemm(device: torch.device | str = "cpu") -> bool:
 
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why ``FastDecoder`` cannot reproduce ``model``'s forward bit for bit (None: it can)."""
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig (its fields are per model type)
     if config.model_type not in FAMILIES:
         return f"model type {config.model_type!r} (the fast path covers {', '.join(FAMILIES)})"
     if getattr(config, "_attn_implementation", None) != "sdpa":
@@ -88,8 +89,9 @@ _EXPECTED = {
 }
 
 
-def _structure_reason(model: nn.Module) -> str | None:
+def _structure_reason(hf_model: nn.Module) -> str | None:
     """Why the modules of a Qwen3 / Qwen3-MoE model are not the stock ones (None: they are)."""
+    model: Any = hf_model  # torch types submodule attributes as Tensor | Module; these are transformers' modules
 
     def unexpected(module: nn.Module, kind: str) -> str | None:
         name = type(module).__name__
@@ -139,7 +141,7 @@ class _Layer:
     down: torch.Tensor | None = None  # [E, hidden, I]
     top_k: int = 0
     norm_topk_prob: bool = False
-    dense: tuple[nn.Linear, nn.Linear, nn.Linear] | None = None  # gate, up, down of a dense MLP
+    dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
 
 
 class StaticKVCache:
@@ -190,23 +192,32 @@ class FastDecoder:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
         if half_gemm not in HALF_GEMM:
             raise ValueError(f"half_gemm must be one of {HALF_GEMM} (got {half_gemm!r})")
-        config = model.config
-        self.model = model
+        config: Any = model.config
+        self.model: Any = model  # a transformers Qwen3 / Qwen3-MoE causal LM (checked above)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
-        self.fp32_gemm = half_gemm == "fp32" and model.lm_head.weight.dtype in (torch.bfloat16, torch.float16)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head: torch.Tensor = cast(Any, model).lm_head.weight
+        self.fp32_gemm = half_gemm == "fp32" and head.dtype in (torch.bfloat16, torch.float16)
+        self.num_heads: int = config.num_attention_heads
+        self.num_kv_heads: int = config.num_key_value_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
-        self.eps = config.rms_norm_eps
-        self.num_layers = config.num_hidden_layers
+        self.eps: float = config.rms_norm_eps
+        self.num_layers: int = config.num_hidden_layers
         # MoE experts as one grouped GEMM with offsets computed on the device (no host sync): by default
         # on CUDA with bf16 experts (the dtype torch's CUDA grouped GEMM kernel takes; others fall back
         # to a host loop); elsewhere one mm per chosen expert (bitwise CPU grouped_mm, fewer ops)
-        on_cuda_bf16 = model.lm_head.weight.device.type == "cuda" and model.lm_head.weight.dtype == torch.bfloat16
+        on_cuda_bf16 = head.device.type == "cuda" and head.dtype == torch.bfloat16
         self.grouped_mm = (on_cuda_bf16 and not self.fp32_gemm) if grouped_mm is None else grouped_mm
         self._rope_rows = 0
+        self._cos: torch.Tensor  # the rotary tables (``_rope_table``)
+        self._sin: torch.Tensor
+        self.embed: torch.Tensor
+        self.final_norm: torch.Tensor
+        self.lm_head: torch.Tensor
+        self.lm_head_bias: torch.Tensor | None
+        self.inv_freq: torch.Tensor
+        self.layers: list[_Layer]
         self.refresh()
 
     @torch.no_grad()
@@ -238,6 +249,12 @@ class FastDecoder:
                 spec.dense = tuple((gemm(p.weight), gemm(p.bias)) for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
             self.layers.append(spec)
         self._rope_rows = 0  # rebuilt on demand
+
+    @overload
+    def _gemm_weight(self, weight: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def _gemm_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None: ...
 
     def _gemm_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:
         """The weight as the decode step's matmuls take it: itself, or its exact fp32 copy (``half_gemm``)."""
@@ -373,6 +390,7 @@ class FastDecoder:
                 if record_routes:
                     routes.append(top_k_index.view(rows, length, -1))
             else:
+                assert layer.dense is not None  # refresh: a layer has a router or a dense MLP
                 (gate, gate_bias), (up, up_bias), (down, down_bias) = layer.dense
                 x = self._linear(F.silu(self._linear(x, gate, gate_bias)) * self._linear(x, up, up_bias), down, down_bias)
             hidden = residual + x
@@ -406,6 +424,7 @@ class FastDecoder:
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
         """``Qwen3MoeTopKRouter`` + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
+        assert layer.router is not None and layer.gate_up is not None and layer.down is not None  # an MoE layer
         router_logits = self._linear(x, layer.router)
         probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
@@ -420,6 +439,7 @@ class FastDecoder:
         up_dtype, down_dtype = (x.dtype, x.dtype) if self.fp32_gemm else (layer.gate_up.dtype, layer.down.dtype)
         selected = x[perm // top_k].to(up_dtype)
         sample_weights = weights.reshape(-1)[perm]
+        groups: list[tuple[int, int, int]] | torch.Tensor
         if self.grouped_mm:  # one grouped GEMM per projection, offsets on the device: no host sync
             # (counts by scatter_add: a CUDA bincount reads its input's max on the host; capturable)
             counts = expert_ids.new_zeros(num_experts).scatter_add_(0, expert_ids, torch.ones_like(expert_ids))
@@ -441,10 +461,9 @@ class FastDecoder:
                         groups: list[tuple[int, int, int]] | torch.Tensor) -> torch.Tensor:
         """``_grouped_matmul`` (``groups`` a list) or transformers' ``grouped_mm`` dispatcher (``groups``
         the int32 offsets on the device) in ``rows``' dtype; fp32 GEMMs rounded once with ``half_gemm="fp32"``."""
-        matmul = _grouped_matmul if isinstance(groups, list) else _device_grouped_mm
-        if not self.fp32_gemm:
-            return matmul(rows, weight, groups)
-        return matmul(rows.float(), weight, groups).to(rows.dtype)
+        x = rows.float() if self.fp32_gemm else rows
+        out = _grouped_matmul(x, weight, groups) if isinstance(groups, list) else _device_grouped_mm(x, weight, groups)
+        return out.to(rows.dtype) if self.fp32_gemm else out
 
 
 def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:

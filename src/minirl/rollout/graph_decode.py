@@ -87,6 +87,7 @@ class BucketDecoder:
         logits (and routes) into the bucket's buffers. ``end``: columns filled after this step
         (eager slicing; the whole static length with ``full_length``)."""
         bucket.key_mask.index_fill_(1, column, True)
+        mask: torch.Tensor | None
         if self.full_length:
             mask = bucket.key_mask[:, None, None, :]
         else:  # the dynamic path's mask: none without padding, else the filled columns
@@ -209,7 +210,7 @@ class _RunningCount:
         self.recorded = False
 
     def read(self, alive: torch.Tensor) -> int | None:
-        if not self.cuda:
+        if self.event is None:  # not on CUDA
             return int(alive.sum())
         value = int(self.host) if self.recorded and self.event.query() else None
         if value is not None or not self.recorded:  # start the next copy once the last one has landed

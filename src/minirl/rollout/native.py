@@ -365,6 +365,7 @@ class NativeEngine:
             positions = running.prompt_lengths + step
             logits, step_routes = self._step(tokens, positions, width + step, mask, running.cache, record_routes)
             if out.routes is not None:  # completion token `step` sits at padded position width + step
+                assert step_routes is not None  # out.routes is started only when routes are recorded
                 out.routes[running.rows, width + step] = step_routes
         return out
 

@@ -53,7 +53,7 @@ own rounded keys too, as with a kernel that reads the cache it just wrote.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -276,7 +276,7 @@ def quantized_input_dims(model: nn.Module) -> dict[str, int]:
     ``Linear`` weights [out, in] -> -1; 3-D expert tensors -> -1 ([E, out, in], as ``F.linear``
     takes them), or -2 on a module with ``is_transposed = True`` ([E, in, out]).
     """
-    output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_embeddings = cast(Any, model).get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     dims: dict[str, int] = {}
     for module_name, module in model.named_modules():
         if module is output_embeddings or module_name.rsplit(".", 1)[-1] in _ROUTER_NAMES:

@@ -223,7 +223,7 @@ class VLLMEngine:
             raise ConfigError(f"cluster.engine_backend: vLLM refused its configuration: {_vllm_reason(exc)}") from None
 
     @classmethod
-    def from_config(cls, cfg: Config, model: torch.nn.Module, tokenizer: Any, source: str | None) -> "VLLMEngine":
+    def from_config(cls, cfg: Config, model: torch.nn.Module, tokenizer: Any, source: str | None) -> VLLMEngine:
         """An engine for the run: a preset is first written as an HF directory vLLM can load."""
         from minirl.models.io import is_moe, save_checkpoint
 

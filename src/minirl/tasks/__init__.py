@@ -18,7 +18,8 @@ import torch: the reward worker process starts in a fraction of a second.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minirl.tasks.base import Task, TeacherTask

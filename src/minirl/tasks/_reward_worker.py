@@ -75,7 +75,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
                      batched=f["batched"], name=f["name"], spec=f["spec"])
             for f in setup["functions"]
         ]
-    except BaseException as error:  # noqa: BLE001 - reported to the trainer, which raises it
+    except BaseException as error:  # reported to the trainer, which raises it
         outbox.send(("failed", " ".join(str(error).split()) or type(error).__name__))
         return
     outbox.send(("ready", [entry.full_name for entry in functions]))

@@ -25,8 +25,9 @@ model's ``generation_config.eos_token_id`` (an int or a list, as instruct models
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minirl.types import Completion, Prompt

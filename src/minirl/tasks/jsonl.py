@@ -33,9 +33,10 @@ import math
 import random
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from minirl.types import Prompt
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from minirl.tasks.rewards import (
     RewardFunctionError,
@@ -163,7 +164,7 @@ def resolve(value: Any) -> Any:
     def run() -> None:
         try:
             result["value"] = asyncio.run(wait())
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as error:  # re-raised in the caller's thread
             result["error"] = error
 
     thread = threading.Thread(target=run)

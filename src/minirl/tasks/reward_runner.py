@@ -47,9 +47,10 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.tasks._reward_worker import BOOT
 from minirl.tasks.reward_functions import RewardFn, Sample, sample_of
@@ -175,7 +176,7 @@ class RewardRunner:
             self._start_workers()
 
     @classmethod
-    def from_config(cls, task: Any, task_cfg: Any) -> "RewardRunner":
+    def from_config(cls, task: Any, task_cfg: Any) -> RewardRunner:
         """The runner the ``task`` config section asks for (``reward_timeout_s``, ``reward_on_error``,
         ``reward_fallback``, ``reward_workers``)."""
         return cls(
@@ -386,7 +387,7 @@ class RewardRunner:
         with self._lock:
             _kill_all(self._workers, closed=False)
 
-    def __enter__(self) -> "RewardRunner":
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
