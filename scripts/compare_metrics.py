@@ -3,7 +3,8 @@
     python scripts/compare_metrics.py RUN_DIR_A RUN_DIR_B [RUN_DIR_A2 RUN_DIR_B2 ...]
 
 For each pair: same steps, same metric names, and every value equal as a float64 bit pattern
-(NaN equals NaN). Prints one line per pair and exits 1 if any pair differs (listing the first
+(NaN equals NaN). Metrics renamed on purpose since A was made are read under their new names
+(``RENAMED``), and metrics new in B (``ADDED``) are left out. Prints one line per pair and exits 1 if any pair differs (listing the first
 differences). A refactor that "changes no number" must pass this on its reference runs.
 """
 
@@ -16,11 +17,14 @@ import sys
 from pathlib import Path
 
 IGNORED = ("time/", "perf/")
+RENAMED = {"train/solved_groups_frac": "train/uniform_reward_groups_frac"}  # issue 19: says what it counts
+ADDED = ("train/all_correct_groups_frac", "train/all_wrong_groups_frac")  # issue 19: the split of the above
 
 
 def rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(IGNORED)} for line in lines]
+    return [{RENAMED.get(k, k): v for k, v in json.loads(line).items() if not k.startswith(IGNORED) and k not in ADDED}
+            for line in lines]
 
 
 def same(a: object, b: object) -> bool:

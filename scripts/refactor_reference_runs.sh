@@ -29,6 +29,7 @@ run cispo "$OUT/demo_cispo.yaml" $D optim.minibatches_per_step=2 $SK=4
 run gspo "$OUT/demo_gspo.yaml" $D optim.minibatches_per_step=2 $SK=4
 run grpo "$OUT/demo_grpo.yaml" $D moe.routing_replay=R3 optim.minibatches_per_step=2 $SK=4
 for arm in r2 r3; do  # the grid arms (SFT cold start included), 5 global steps
-  sed "s/^  steps: 32$/  ${SK#optim.}: 5/; s/^  warmup_steps: 10$/  ${WK#optim.}: 10/" "$SRC/experiments/n4/minirl_$arm.yaml" > "$OUT/n4_$arm.yaml"
+  sed "s/^  \(global_\)\{0,1\}steps: 32$/  ${SK#optim.}: 5/; s/^  warmup_\(steps\|updates\): 10$/  ${WK#optim.}: 10/" \
+    "$SRC/experiments/n4/minirl_$arm.yaml" > "$OUT/n4_$arm.yaml"  # the arm file's key names before or after the rename
   run n4_$arm "$OUT/n4_$arm.yaml" $C eval.every_steps=3 checkpoint.every_steps=3
 done
