@@ -91,6 +91,7 @@ def cross_entropy_objective(minibatch: Batch):
 
 def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     """Fine-tune ``cfg.model`` on teacher traces of ``cfg.task``; returns the checkpoint directory."""
+    # Over 60 lines: the SFT loop with its two stopping rules, faults, progress and summary in one readable place.
     from minirl.models.io import save_checkpoint
 
     c = cfg.cold_start

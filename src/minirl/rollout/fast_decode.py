@@ -351,6 +351,8 @@ class FastDecoder:
         ``column`` a long tensor [1] (one token per row): written with ``index_copy_``, the same shapes
         at every position (``graph_decode`` captures it), attending to columns ``:end`` (None: all,
         under ``mask``). An int ``column`` attends to the columns up to the last one written."""
+        # Over 60 lines: one decoder step of every layer (attention, then dense or MoE MLP, routes recorded), kept
+        # in one place so it reads like the model's own forward.
         rows, length = tokens.shape
         if not isinstance(column, torch.Tensor):
             end = column + length

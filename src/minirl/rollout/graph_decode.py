@@ -124,6 +124,8 @@ class BucketDecoder:
         """Decode ``max_new`` tokens for the prefilled ``running`` rows (``NativeEngine._Running``, its
         cache a ``StaticKVCache`` of ``width + max_new`` columns) from their first ``logits`` [B, V]
         into ``out`` (``NativeEngine._Outputs``, routes started when recorded)."""
+        # Over 60 lines: the whole decode loop (sample, record, finish, shrink to a smaller bucket) in one place,
+        # so the order of the steps that must not sync the host is visible.
         fast, device = self.fast, logits.device
         width, total = running.prompt_width, running.rows.numel()
         length = width + max_new

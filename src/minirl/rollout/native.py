@@ -119,6 +119,7 @@ class NativeEngine:
         stop_strings: Sequence[str] = (),
         cuda_graphs: bool = False,
     ) -> None:
+        # Over 60 lines: every engine knob is validated and stored here once, with its reason beside it.
         if eos_token_id is None or pad_token_id is None:
             raise ValueError(f"NativeEngine needs eos and pad token ids (got {eos_token_id=}, {pad_token_id=})")
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)

@@ -300,6 +300,8 @@ class RewardRunner:
 
     def _score_in_workers(self, samples: list[tuple[int, Any]], name: str) -> list[tuple[str, Any]]:
         """``(kind, value)`` per item ``(function index, sample or list of samples)``, from the workers."""
+        # Over 60 lines: the one scheduler of work items over worker processes (dispatch, timeout, kill and
+        # replace, fallback); split, its state would travel between functions.
         results: list[tuple[str, Any] | None] = [None] * len(samples)
         self._missing = len(samples)  # results still None
         pending = deque(range(len(samples)))
