@@ -53,6 +53,7 @@ from minirl.runtime import (
     build_rewards,
     build_task,
     environment,
+    kernel_change,
     seed_everything,
     set_threads,
 )
@@ -224,7 +225,9 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
 
     cfg, run_dir, state = run.cfg, run.cfg.run_dir, None
     checkpoint.prune(run_dir, cfg.checkpoint.keep_last)  # stale .tmp-* of killed runs
+    changed = None
     if resume_from is not None:
+        changed = kernel_change(run_dir)  # read before this start's line is appended
         state = restore(run, Path(resume_from))
         if (run_dir / "metrics.jsonl").exists():
             os.truncate(run_dir / "metrics.jsonl", int(state["metrics_bytes"]))
@@ -243,6 +246,8 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
         plain=cfg.log.plain,
     )
+    if changed:
+        logger.print(changed)
     return state, logger
 
 

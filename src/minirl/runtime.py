@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,6 @@ def environment() -> dict[str, Any]:
     import platform
     import subprocess
     from importlib import metadata
-    from pathlib import Path
 
     from minirl.rollout.fast_decode import native_half_gemm
 
@@ -205,6 +206,26 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         update_guard=o.update_guard,
     )
 
+
+
+def kernel_change(run_dir: Path) -> str | None:
+    """One line when this process would continue ``run_dir`` on other CPU kernels than its last start
+    or resume (``cpu_capability`` in ``environment.jsonl``: ATen's AVX2 and AVX512 kernels round
+    differently, so the resumed run is no longer bitwise the uninterrupted one), else None."""
+    path = run_dir / "environment.jsonl"
+    if not path.is_file():
+        return None
+    last: dict[str, Any] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            last = json.loads(line) or last
+        except json.JSONDecodeError:
+            continue
+    before, now = last.get("cpu_capability"), torch.backends.cpu.get_cpu_capability()
+    if before is None or before == now or last.get("cuda") or torch.cuda.is_available():
+        return None
+    return (f"warning: {run_dir} ran on {before} CPU kernels, this process uses {now}: the floats from here on differ "
+            f"from an uninterrupted run (set ATEN_CPU_CAPABILITY={str(before).lower()} to match)")
 
 @dataclass
 class DataOrder:
