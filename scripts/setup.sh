@@ -17,10 +17,10 @@ pip install --upgrade pip
 pip install "$TORCH_PIN"
 # transformers pinned for the test environment (the package allows >=5.20,<6): 5.25.0 (2026-12-03)
 # breaks HF's own NemotronH hybrid cache (DummyLayer.get_seq_length), and results are compared across machines
-# datasets (JSON / Parquet / saved-directory task data) pinned next to it: 5.2.0
+# datasets (JSON / Parquet / saved-directory task data) pinned next to it: 5.2.0; peft (model.lora, the LoRA tests): 0.21.2
 # the static checks `make test` runs first (scripts/check.sh) pinned too, since a new ruff or mypy release adds
 # findings: ruff 0.17.6, mypy 2.4.1, and pydantic 2.14.4, whose mypy plugin ([tool.mypy] plugins) types the configs
-pip install -e ".[test,tensorboard]" "transformers==5.24.0" "datasets==5.2.0" \
+pip install -e ".[test,tensorboard]" "transformers==5.24.0" "datasets==5.2.0" "peft==0.21.2" \
   "ruff==0.17.6" "mypy==2.4.1" "pydantic==2.14.4"
 .venv/bin/python -c "import torch, transformers, minirl"
 echo "$want" > "$stamp"

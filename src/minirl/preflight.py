@@ -85,6 +85,7 @@ def preflight(cfg: Config) -> None:
         check_sizes(cfg, dims)
     check_engine_backend(cfg, dims)
     check_devices(cfg)
+    check_optional_packages(cfg)
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -181,6 +182,20 @@ def check_devices(cfg: Config) -> None:
             f"{need_cpu:g} CPUs and {need_gpu:g} GPUs but the Ray instance started here would have this machine's "
             f"{have_cpu} CPUs and {have_gpu} GPUs; lower cluster.cpus_per_*/gpus_per_* or join a cluster (cluster.ray_address)"
         )
+
+
+#: config key -> (package a set value needs, the extra that installs it)
+OPTIONAL_PACKAGES = {"model.lora": ("peft", "lora")}
+
+
+def check_optional_packages(cfg: Config) -> None:
+    """A feature whose library is an optional extra: one line naming the key and the install command."""
+    import importlib.util
+
+    if cfg.model.lora is not None and importlib.util.find_spec("peft") is None:
+        package, extra = OPTIONAL_PACKAGES["model.lora"]
+        raise ConfigError(f"model.lora: LoRA needs the {package} package, which is not installed; "
+                          f"pip install 'minirl[{extra}]' (or {package})")
 
 
 def is_storage_error(exc: BaseException) -> bool:

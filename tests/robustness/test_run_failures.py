@@ -323,3 +323,18 @@ def test_a_vllm_configuration_error_is_one_line(monkeypatch):
     with pytest.raises(ConfigError) as error:
         VLLMEngine("/nowhere", None, tokenizer)
     assert str(error.value) == "cluster.engine_backend: vLLM refused its configuration: Model Runner V2 requires Triton"
+
+
+def test_lora_without_peft_is_one_line_before_any_work(tmp_path, monkeypatch):
+    import importlib.util
+
+    from minirl.config import ConfigError, load_config
+    from minirl.preflight import preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    cfg = load_config(None, [f"run.output_dir={tmp_path}", "model.lora.rank=4"])
+    with pytest.raises(ConfigError) as error:
+        preflight(cfg)
+    assert str(error.value) == ("model.lora: LoRA needs the peft package, which is not installed; "
+                                "pip install 'minirl[lora]' (or peft)")
