@@ -81,16 +81,22 @@ def _poison_from(step_from: int, lr: float, monkeypatch: pytest.MonkeyPatch) -> 
     return seen
 
 
-@pytest.mark.parametrize("lr, reason", [(math.inf, "non-finite weights"), (1e3, "exploding update")])
-def test_poisoning_steps_are_skipped_and_stop_with_a_good_checkpoint(tmp_path, monkeypatch, capsys, lr, reason):
-    seen = _poison_from(4, lr, monkeypatch)
+def _stopped_run(tmp_path, capsys, name: str, *extra: str) -> tuple[list[str], str]:
+    """An 8-step tiny run that must stop with exit code 3 and one ``minirl:`` line, no traceback."""
     overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
-    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=8", "optim.max_consecutive_faults=3",
-                 f"run.output_dir={tmp_path}", "run.name=p"])
+    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=8", *extra,
+                 f"run.output_dir={tmp_path}", f"run.name={name}"])
     err = capsys.readouterr().err
     assert code == 3, err
     stop = [line for line in err.splitlines() if line.startswith("minirl:")]
     assert len(stop) == 1 and "Traceback" not in err, err
+    return stop, err
+
+
+@pytest.mark.parametrize("lr, reason", [(math.inf, "non-finite weights"), (1e3, "exploding update")])
+def test_poisoning_steps_are_skipped_and_stop_with_a_good_checkpoint(tmp_path, monkeypatch, capsys, lr, reason):
+    seen = _poison_from(4, lr, monkeypatch)
+    stop, err = _stopped_run(tmp_path, capsys, "p", "optim.max_consecutive_faults=3")
     assert stop[0].startswith("minirl: stopped: step 6: 3 updates in a row skipped") and "step_000005" in stop[0], err
     assert len(seen["skips"]) == 3 and all(reason in s for s in seen["skips"]), seen["skips"]
     run = tmp_path / "p"
@@ -138,13 +144,7 @@ def test_check_mode_keeps_no_copy_and_off_checks_nothing():
 
 def test_check_mode_stops_at_the_first_poisoned_step_before_any_checkpoint_holds_it(tmp_path, monkeypatch, capsys):
     _poison_from(4, math.inf, monkeypatch)
-    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
-    code = main(["train", "configs/demo.yaml", *overrides, "optim.global_steps=8", "optim.update_guard=check",
-                 f"run.output_dir={tmp_path}", "run.name=c"])
-    err = capsys.readouterr().err
-    assert code == 3, err
-    stop = [line for line in err.splitlines() if line.startswith("minirl:")]
-    assert len(stop) == 1 and "Traceback" not in err, err
+    stop, err = _stopped_run(tmp_path, capsys, "c", "optim.update_guard=check")
     assert stop[0].startswith("minirl: stopped: step 4: non-finite weights after the optimizer step"), err
     assert "optim.update_guard=check keeps no copy" in stop[0] and stop[0].endswith("step_000003"), err
     run = tmp_path / "c"
