@@ -3,10 +3,13 @@
 * **prompt-completion**: ``{"prompt": ..., "completion": ...}``, both strings or both lists of
   chat messages (the completion then holds the assistant message). The prompt is tokenised by
   ``minirl.tasks.chat.encode_prompt``, exactly as the rollout engine tokenises it, and the
-  completion follows: its text (plus EOS) for strings; for chats, the rest of the conversation
-  rendered by the chat template (which ends the assistant turn itself).
+  completion follows: its text (plus EOS) for strings; for chats, the whole conversation is encoded
+  and the tokens after the prompt's rendering are the completion (the template ends the turn). The
+  prompt's ids are the engine's whenever no merge crosses the prompt's end (always with special-token
+  turn markers, as ChatML).
 * **conversational**: ``{"messages": [...]}``: every assistant turn is a completion; what comes
-  before it (system, user, earlier turns, the template's markup) is context.
+  before it (system, user, earlier turns, the template's markup) is context. A chat is rendered and
+  encoded whole, as TRL does, and the trained tokens found by character offsets (``_conversation``).
 
 Which tokens carry the loss (``cold_start.loss_on``, after TRL's ``completion_only_loss`` and
 ``assistant_only_loss``): ``completion`` (the default) = the completion / assistant tokens only;
@@ -18,17 +21,19 @@ are cut at it. Bad rows are one-line ``TaskDataError`` naming the file and line,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from minirl.tasks.chat import encode_prompt, render_chat
+from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat
 from minirl.tasks.jsonl import TaskDataError, check_messages
 from minirl.types import Batch, Prompt
 
 LossOn = Literal["completion", "all"]
+GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")  # as transformers' render_jinja_template
 
 
 @dataclass
@@ -86,32 +91,65 @@ def _list(value: Any, where: str, key: str) -> list:
 
 
 def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) -> SFTExample:
-    """Token ids of a chat; assistant turns from ``first_trained`` on carry the loss.
+    """Token ids of a chat, encoded whole; assistant turns from ``first_trained`` on carry the loss.
 
-    The context before each trained turn is encoded as one piece by ``encode_prompt`` (so the
-    prompt of a single-turn chat is tokenised exactly as the engine does), then each assistant
-    turn (the template's text between the generation prompt and the next context) is appended.
+    As TRL: the conversation is rendered once by the chat template and the text encoded once
+    (``input_ids`` are exactly ``apply_chat_template(messages, tokenize=True)``, whatever merges the
+    tokenizer makes across turns). Which tokens are trained, in characters of that text:
+
+    * a template with ``{% generation %}`` blocks says it itself: transformers'
+      ``return_assistant_tokens_mask`` (TRL's ``assistant_only_loss``);
+    * any other template: each assistant turn is what the template writes for it after the
+      generation prompt, ``render(messages[:i+1])[len(render(messages[:i], add_generation_prompt=True)):]``
+      (its content and end of turn, e.g. ``7<|im_end|>\n``), located in the whole text
+      (``_assistant_spans``).
+
+    A token is trained when it overlaps a trained span (transformers' rule for the assistant mask),
+    so a token that a merge spreads across a turn boundary is trained. For prompt-completion rows
+    (``first_trained`` > 0) only tokens after the prompt's rendering (with generation prompt) count,
+    as TRL's ``completion_only_loss``.
     """
-    ids: list[int] = []
-    mask: list[bool] = []
-    rendered = ""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ChatTemplateError("SFT on chat rows needs a fast tokenizer (character offsets); this tokenizer is not one")
+    text = render_chat(tokenizer, messages, add_generation_prompt=False)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
+    start = 0
+    if first_trained:
+        prompt = render_chat(tokenizer, messages[:first_trained], add_generation_prompt=True)
+        if not text.startswith(prompt):
+            raise ChatTemplateError("the chat template does not render the prompt as a prefix of prompt + completion")
+        start = len(prompt)
+    if GENERATION_BLOCK.search(tokenizer.chat_template):
+        marked = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        if list(marked["input_ids"]) != ids:
+            raise ChatTemplateError("apply_chat_template's token ids differ from the encoding of its rendered text")
+        mask = [bool(m) and end > start for m, (_, end) in zip(marked["assistant_masks"], offsets)]
+    else:
+        spans = [(max(lo, start), hi) for lo, hi in _assistant_spans(tokenizer, messages, text) if hi > start]
+        mask = [any(lo < b and hi > a for a, b in spans) for lo, hi in offsets]
+    return SFTExample(ids, mask)
+
+
+def _assistant_spans(tokenizer: Any, messages: list[dict], text: str) -> list[tuple[int, int]]:
+    """``[start, end)`` in ``text`` of each assistant turn (the template's text for it after the generation prompt).
+
+    Both renderings must be prefixes of the whole text (a template that rewrites earlier turns, e.g.
+    drops their reasoning, cannot be split this way: it needs ``{% generation %}`` blocks).
+    """
+    spans = []
     for index, message in enumerate(messages):
-        if message["role"] != "assistant" or index < first_trained:
+        if message["role"] != "assistant":
             continue
         context = render_chat(tokenizer, messages[:index], add_generation_prompt=True)
-        if not ids:
-            ids = encode_prompt(tokenizer, Prompt(text="", answer="", messages=messages[:index]))
-        elif context.startswith(rendered):
-            ids += tokenizer.encode(context[len(rendered):], add_special_tokens=False)
-        mask += [False] * (len(ids) - len(mask))
-        full = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False)
-        if not full.startswith(context):
-            raise TaskDataError("the chat template does not render a conversation as a prefix of its continuation")
-        turn = tokenizer.encode(full[len(context):], add_special_tokens=False)
-        ids += turn
-        mask += [True] * len(turn)
-        rendered = full
-    return SFTExample(ids, mask)
+        turn = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        if not (turn.startswith(context) and text.startswith(turn)):
+            raise ChatTemplateError(
+                "the chat template does not render a conversation as a prefix of its continuation; give it "
+                "{% generation %} blocks around assistant turns (TRL's training templates) to mark them"
+            )
+        spans.append((len(context), len(turn)))
+    return spans
 
 
 def pack(examples: list[SFTExample], max_length: int) -> list[SFTExample]:

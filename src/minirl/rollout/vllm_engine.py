@@ -24,6 +24,8 @@ What minirl needs from the engine, and how vLLM gives it:
   is a module-level one, pickled by reference; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set because
   vLLM ships callables by pickle. On many GPUs, vLLM's NCCL weight-transfer API is the faster route
   (``docs/distributed.md``).
+* Stops as the native engine: ``stop_params`` (stop ids, stop strings) and ``finish_completion``
+  (the same text, finish reason and stop-string cut for the same sampled tokens).
 * Split-invariant sampling: every response is its own request with its own seed, keyed by (step
   seed, prompt position in the step, sample index), as the native engine's ``per_sample`` seeding;
   so E engines sample what one engine would, whatever ``cluster.sample_seeding`` says.
@@ -87,6 +89,38 @@ def layout_routes(prompt_routes: Any, completion_routes: Any, prompt_len: int, c
     fed = min(total - 1, reported.shape[0])
     routes[:fed] = reported[:fed]
     return routes
+
+
+def stop_params(eos_ids: list[int], stop_strings: tuple[str, ...]) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields that stop a request where the native engine stops it.
+
+    ``stop_token_ids``: the engine's stop ids (``minirl.tasks.chat.stop_token_ids``); vLLM keeps the
+    stop token in ``token_ids``, as the native engine does. ``stop``: the stop strings, matched by
+    vLLM's detokenizer on the text decoded so far with ``skip_special_tokens=True`` (the text
+    ``cut_at_stop_strings`` searches), so the request ends at the token that completes a stop string
+    instead of running on to EOS or ``max_tokens``. ``include_stop_str_in_output=True``: vLLM's text
+    keeps the stop string (the native text does). The response is still re-cut by
+    ``finish_completion``: vLLM may keep tokens past the stop where one engine step adds several
+    (speculative decoding: its detokenizer truncates only the text), and its text ends at the stop
+    string where the native text ends at the token holding it.
+    """
+    return {
+        "stop_token_ids": list(eos_ids), "stop": list(stop_strings) or None, "include_stop_str_in_output": True,
+        "skip_special_tokens": True, "ignore_eos": False, "min_tokens": 0,
+    }
+
+
+def finish_completion(completion: Completion, tokenizer: Any, eos_ids: list[int], stop_strings: tuple[str, ...]) -> Completion:
+    """A vLLM response as the native engine returns the same sampled tokens.
+
+    Finish reason ``eos`` when the last token is a stop id; text = the tokens decoded with
+    ``skip_special_tokens=True`` (native ``_decode_text``); then ``cut_at_stop_strings``, which keeps
+    the prefix up to the first token whose decoded prefix contains a stop string (exact log-probs).
+    """
+    ids = completion.completion_ids
+    completion.finish_reason = "eos" if ids and ids[-1] in eos_ids else "length"
+    completion.text = tokenizer.decode(ids, skip_special_tokens=True)
+    return cut_at_stop_strings(completion, tokenizer, stop_strings)
 
 
 def _reload_weights(worker: Any, blob: bytes) -> None:
@@ -275,7 +309,7 @@ class VLLMEngine:
                 params.append(VLLMSampling(
                     n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
                     seed=request_seed(int(sampling.seed), prompt_offset + index, sample), logprobs=0,
-                    stop_token_ids=self.eos_ids, skip_special_tokens=True,
+                    **stop_params(self.eos_ids, self.stop_strings),
                 ))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         completions = []
@@ -290,11 +324,9 @@ class VLLMEngine:
                                        len(prompt_ids[prompt_index]), len(tokens))
             completions.append(Completion(
                 prompt_index=prompt_index, sample_index=sample_index, prompt_ids=prompt_ids[prompt_index],
-                completion_ids=tokens, logp_rollout=logp,
-                finish_reason="eos" if tokens and tokens[-1] in self.eos_ids else "length",
-                text=result.text, routes=routes,
+                completion_ids=tokens, logp_rollout=logp, finish_reason="length", text="", routes=routes,
             ))
-        return [cut_at_stop_strings(c, self.tokenizer, self.stop_strings) for c in completions]
+        return [finish_completion(c, self.tokenizer, self.eos_ids, self.stop_strings) for c in completions]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The trainer's weights into the running engine (no restart), then a fresh prefix cache."""

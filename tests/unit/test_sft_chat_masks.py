@@ -1,0 +1,120 @@
+"""SFT on chats is encoded whole (as TRL) for any chat template; vLLM stops where the native engine stops.
+
+The tokenizer here is a byte-level BPE trained with ``tokenizers`` on whole conversations without a
+regex pre-split, and the template separates turns with plain text ("User: ...\\nAssistant: ...\\n"),
+so merges run across turn boundaries: encoding each turn on its own gives other ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from minirl.rollout.vllm_engine import finish_completion, stop_params
+from minirl.sft_data import pack, row_to_example
+from minirl.tasks.chat import cut_at_stop_strings
+from minirl.types import Completion
+
+PLAIN = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
+         "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}Assistant: {% endif %}")
+# the same text, with the assistant turns marked for transformers' return_assistant_tokens_mask
+MARKED = PLAIN.replace("Assistant: {{ m['content'] }}\n", "Assistant: {% generation %}{{ m['content'] }}\n{% endgeneration %}")
+CHAT = [{"role": "user", "content": "3+4?"}, {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "5+5?"}, {"role": "assistant", "content": "10"}]
+
+
+@pytest.fixture(scope="module")
+def plain_tokenizer() -> PreTrainedTokenizerFast:
+    corpus = [f"User: {a}+{b}?\nAssistant: {a + b}\n" for a in range(10) for b in range(10)]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=275, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>")
+    tokenizer.chat_template = PLAIN
+    return tokenizer
+
+
+def _pieces(tokenizer, example) -> list[tuple[str, bool]]:
+    return [(tokenizer.decode([i]), m) for i, m in zip(example.input_ids, example.loss_mask)]
+
+
+def test_multi_turn_chat_is_encoded_whole_and_masks_exactly_the_assistant_turns(plain_tokenizer) -> None:
+    tokenizer = plain_tokenizer
+    text = "User: 3+4?\nAssistant: 7\nUser: 5+5?\nAssistant: 10\n"
+    assert tokenizer.apply_chat_template(CHAT, tokenize=False) == text
+    # a merge spans the second generation prompt and the answer's first digit: per-turn encoding differs
+    per_turn = tokenizer.encode("User: 3+4?\nAssistant: 7\nUser: 5+5?\nAssistant: ") + tokenizer.encode("10\n")
+    assert tokenizer.encode(text) != per_turn
+    example = row_to_example({"messages": CHAT}, "row", tokenizer)
+    assert example.input_ids == tokenizer.encode(text, add_special_tokens=False)
+    # hand-checked: the assistant turns are "7\n" and "10\n"; a token overlapping one is trained
+    # (transformers' assistant-mask rule), so "?\nAssistant: 1" is, "User: " after "7\n" is not
+    assert _pieces(tokenizer, example) == [
+        ("User: ", False), ("3", False), ("+", False), ("4", False), ("?\nAssistant: ", False), ("7", True),
+        ("\n", True), ("User: ", False), ("5", False), ("+", False), ("5", False), ("?\nAssistant: 1", True),
+        ("0", True), ("\n", True),
+    ]
+    # a template with {% generation %} blocks: transformers' own mask, the same ids and mask here
+    marked = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<eos>", pad_token="<eos>")
+    marked.chat_template = MARKED
+    assert marked.apply_chat_template(CHAT, tokenize=False) == text
+    from_blocks = row_to_example({"messages": CHAT}, "row", marked)
+    assert (from_blocks.input_ids, from_blocks.loss_mask) == (example.input_ids, example.loss_mask)
+    # packing joins the whole examples, masks and all
+    packed = pack([example, from_blocks], max_length=100)
+    assert len(packed) == 1 and packed[0].input_ids == example.input_ids * 2
+    assert packed[0].loss_mask == example.loss_mask * 2
+
+
+def test_conversational_prompt_completion_trains_what_follows_the_prompt_in_the_whole_encoding(plain_tokenizer) -> None:
+    tokenizer = plain_tokenizer
+    row = {"prompt": CHAT[:3], "completion": CHAT[3:]}
+    example = row_to_example(row, "row", tokenizer)
+    assert example.input_ids == row_to_example({"messages": CHAT}, "row", tokenizer).input_ids
+    # the earlier assistant turn belongs to the prompt: only the completion "10\n" is trained
+    assert [piece for piece, trained in _pieces(tokenizer, example) if trained] == ["?\nAssistant: 1", "0", "\n"]
+
+
+# ----------------------------------------------------------------------------- vLLM stops
+
+# vLLM's SamplingParams fields (docs.vllm.ai, "Inference Parameters"; unchanged in 0.32)
+VLLM_FIELDS = {"stop", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "min_tokens"}
+
+
+def test_vllm_stop_params_translate_our_stop_ids_and_strings() -> None:
+    params = stop_params([2, 7], ("Done.",))
+    assert set(params) <= VLLM_FIELDS
+    assert params == {"stop_token_ids": [2, 7], "stop": ["Done."], "include_stop_str_in_output": True,
+                      "skip_special_tokens": True, "ignore_eos": False, "min_tokens": 0}
+    assert stop_params([2], ())["stop"] is None
+
+
+def test_vllm_and_native_give_the_same_completion_for_the_same_sampled_tokens(plain_tokenizer) -> None:
+    tokenizer = plain_tokenizer
+    eos = tokenizer.eos_token_id
+    sampled = tokenizer.encode("7\nUser: 5+5?\nAssistant: 10\n") + [eos]
+    logp = -torch.arange(1, len(sampled) + 1, dtype=torch.float32)
+
+    def native(stops: tuple[str, ...]) -> Completion:  # what NativeEngine.generate returns for `sampled`
+        c = Completion(0, 0, [1], list(sampled), logp.clone(), "eos", text=tokenizer.decode(sampled, skip_special_tokens=True))
+        return cut_at_stop_strings(c, tokenizer, stops)
+
+    for stops in [(), ("User",), ("5?",)]:
+        expected = native(stops)
+        # vLLM stops at the stop-string token or the stop id, but may hand back a few tokens more
+        for end in range(len(expected.completion_ids), len(sampled) + 1):
+            vllm_text = tokenizer.decode(sampled[:end], skip_special_tokens=True)
+            if stops:  # vLLM's text is never read: even one cut before the stop string (vLLM's default) works
+                vllm_text = vllm_text[: vllm_text.index(stops[0])]
+            got = finish_completion(Completion(0, 0, [1], sampled[:end], logp[:end].clone(), "length", text=vllm_text),
+                                    tokenizer, [eos], stops)
+            assert (got.completion_ids, got.text, got.finish_reason) == (expected.completion_ids, expected.text, expected.finish_reason)
+            assert torch.equal(got.logp_rollout, expected.logp_rollout)
+    # hand-checked: "User" ends inside the token "User: ", which is kept
+    assert native(("User",)).text == "7\nUser: " and native(("User",)).finish_reason == "eos"
+    assert native(()).text == "7\nUser: 5+5?\nAssistant: 10\n" and native(()).completion_ids[-1] == eos
