@@ -1,12 +1,11 @@
 """SFT examples from the user's data, in the two shapes TRL's ``SFTTrainer`` takes.
 
 * **prompt-completion**: ``{"prompt": ..., "completion": ...}``, both strings or both lists of
-  chat messages (the completion then holds the assistant message). The prompt is tokenised by
-  ``minirl.tasks.chat.encode_prompt``, exactly as the rollout engine tokenises it, and the
-  completion follows: its text (plus EOS) for strings; for chats, the whole conversation is encoded
-  and the tokens after the prompt's rendering are the completion (the template ends the turn). The
-  prompt's ids are the engine's whenever no merge crosses the prompt's end (always with special-token
-  turn markers, as ChatML).
+  chat messages. Strings: the prompt is tokenised by ``minirl.tasks.chat.encode_prompt``, exactly
+  as the rollout engine tokenises it, then the completion's text plus EOS. Messages: the whole
+  conversation is encoded (below) and what follows the prompt's rendering is trained (TRL's
+  ``completion_only_loss``); the prompt's ids are then the engine's whenever no merge crosses the
+  prompt's end (always with special-token turn markers, as ChatML's).
 * **conversational**: ``{"messages": [...]}``: every assistant turn is a completion; what comes
   before it (system, user, earlier turns, the template's markup) is context. A chat is rendered and
   encoded whole, as TRL does, and the trained tokens found by character offsets (``_conversation``).
@@ -69,7 +68,7 @@ def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
         messages = check_messages(_list(row["messages"], where, "messages"), where, "messages")
         if not any(m["role"] == "assistant" for m in messages):
             raise TaskDataError(f'{where}: field "messages" has no assistant message to learn')
-        return _conversation(messages, tokenizer)
+        return _chat_example(messages, tokenizer, where)
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, str) and isinstance(completion, str):
         if not prompt.strip() or not completion.strip():
@@ -80,7 +79,7 @@ def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
     if isinstance(prompt, list) and isinstance(completion, list):
         prompt = check_messages(prompt, where, "prompt")
         completion = check_messages(completion, where, "completion")
-        return _conversation(prompt + completion, tokenizer, first_trained=len(prompt))
+        return _chat_example(prompt + completion, tokenizer, where, first_trained=len(prompt))
     raise TaskDataError(f'{where}: fields "prompt" and "completion" must both be strings or both lists of chat messages')
 
 
@@ -88,6 +87,13 @@ def _list(value: Any, where: str, key: str) -> list:
     if not isinstance(value, list):
         raise TaskDataError(f'{where}: field "{key}" must be a list of chat messages')
     return value
+
+
+def _chat_example(messages: list[dict], tokenizer: Any, where: str, first_trained: int = 0) -> SFTExample:
+    try:
+        return _conversation(messages, tokenizer, first_trained)
+    except ChatTemplateError as exc:  # one line naming the row
+        raise TaskDataError(f"{where}: {exc}") from None
 
 
 def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) -> SFTExample:
@@ -120,7 +126,7 @@ def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) 
         if not text.startswith(prompt):
             raise ChatTemplateError("the chat template does not render the prompt as a prefix of prompt + completion")
         start = len(prompt)
-    if GENERATION_BLOCK.search(tokenizer.chat_template):
+    if GENERATION_BLOCK.search(str(tokenizer.chat_template)):
         marked = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         if list(marked["input_ids"]) != ids:
             raise ChatTemplateError("apply_chat_template's token ids differ from the encoding of its rendered text")

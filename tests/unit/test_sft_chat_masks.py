@@ -39,6 +39,12 @@ def plain_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def _marked(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    marked = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<eos>", pad_token="<eos>")
+    marked.chat_template = MARKED
+    return marked
+
+
 def _pieces(tokenizer, example) -> list[tuple[str, bool]]:
     return [(tokenizer.decode([i]), m) for i, m in zip(example.input_ids, example.loss_mask)]
 
@@ -60,8 +66,7 @@ def test_multi_turn_chat_is_encoded_whole_and_masks_exactly_the_assistant_turns(
         ("0", True), ("\n", True),
     ]
     # a template with {% generation %} blocks: transformers' own mask, the same ids and mask here
-    marked = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<eos>", pad_token="<eos>")
-    marked.chat_template = MARKED
+    marked = _marked(tokenizer)
     assert marked.apply_chat_template(CHAT, tokenize=False) == text
     from_blocks = row_to_example({"messages": CHAT}, "row", marked)
     assert (from_blocks.input_ids, from_blocks.loss_mask) == (example.input_ids, example.loss_mask)
@@ -78,6 +83,18 @@ def test_conversational_prompt_completion_trains_what_follows_the_prompt_in_the_
     assert example.input_ids == row_to_example({"messages": CHAT}, "row", tokenizer).input_ids
     # the earlier assistant turn belongs to the prompt: only the completion "10\n" is trained
     assert [piece for piece, trained in _pieces(tokenizer, example) if trained] == ["?\nAssistant: 1", "0", "\n"]
+    from_blocks = row_to_example(row, "row", _marked(tokenizer))  # the {% generation %} path, cut the same way
+    assert (from_blocks.input_ids, from_blocks.loss_mask) == (example.input_ids, example.loss_mask)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_one_line_naming_the_row(plain_tokenizer) -> None:
+    from minirl.tasks.jsonl import TaskDataError
+
+    rewriting = _marked(plain_tokenizer)  # shows only the last assistant turn's content, no generation blocks
+    rewriting.chat_template = PLAIN.replace("{{ m['content'] }}\n{% endif %}", "{{ m['content'] if loop.last else '' }}\n{% endif %}")
+    with pytest.raises(TaskDataError, match=r"^data.jsonl:3: the chat template does not render a conversation as a prefix") as error:
+        row_to_example({"messages": CHAT}, "data.jsonl:3", rewriting)
+    assert "\n" not in str(error.value)
 
 
 # ----------------------------------------------------------------------------- vLLM stops
