@@ -168,13 +168,14 @@ def window_loss(losses: list[float], window: int) -> float | None:
 def sft_cache_key(cfg: Config) -> str:
     """Hash of everything ``run_sft`` depends on: model, task, cold-start knobs, optimizer, seed, threads."""
     parts = {
-        "model": cfg.model.model_dump(mode="json"),
+        "model": _without_new_defaults(cfg.model),
         "task": _without_new_defaults(cfg.task),
         "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
             ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ()), *(
             ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ())}),  # keys of earlier caches
-        **({"evaluation": {"eval": _without_new_defaults(cfg.eval), "rollout": cfg.rollout.model_dump(mode="json")}}
+        **({"evaluation": {"eval": _without_new_defaults(cfg.eval, also={"every_steps"}),
+                         "rollout": _evaluation_rollout(cfg)}}
            if cfg.cold_start.until_accuracy is not None else {}),  # the stopping rule evaluates like RL
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
                                                              "micro_batch_sequences", "max_consecutive_faults", *(
@@ -186,14 +187,27 @@ def sft_cache_key(cfg: Config) -> str:
 
 
 NEW_KEYS_AT_DEFAULT = ("reward_functions", "prompt_column", "answer_column", "chat_template", "stop_strings",
-                       "accuracy_threshold")
+                       "accuracy_threshold", "lora")
 """Keys added after SFT caches were first made: left out of the key while at their default, so earlier caches still match."""
 
 
-def _without_new_defaults(section: Any) -> dict[str, Any]:
+def _without_new_defaults(section: Any, also: set[str] | None = None) -> dict[str, Any]:
+    """``section`` as a dict without the keys added at their default since caches were first made (and ``also``:
+    keys that do not change what SFT makes, e.g. RL's ``eval.every_steps``)."""
     default = type(section)()
-    return section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT
-                                                     if key in type(section).model_fields and getattr(section, key) == getattr(default, key)})
+    return section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT if key in type(section).model_fields
+                                                     and getattr(section, key) == getattr(default, key)} | (also or set()))
+
+
+#: the rollout keys the accuracy stopping rule's evaluation reads (the engine it builds and the length it samples);
+#: not ``prompts_per_step`` / ``samples_per_prompt`` / ``temperature`` / ``top_p``, which only RL's rollouts use, so
+#: arms that differ only in N (prompts_per_step = N mini-batches) share one cold start
+EVALUATION_ROLLOUT_KEYS = ("max_new_tokens", "precision", "fp8_scale", "fp4_block_size", "kv_cache_precision")
+
+
+def _evaluation_rollout(cfg: Config) -> dict[str, Any]:
+    keys = EVALUATION_ROLLOUT_KEYS + (("cuda_graphs",) if cfg.rollout.cuda_graphs else ())
+    return cfg.rollout.model_dump(mode="json", include=set(keys))
 
 
 def cached_sft(cfg: Config, cache_dir: Path, log=print) -> Path:

@@ -264,3 +264,18 @@ def test_holm_can_turn_a_nominal_difference_into_cannot_tell():
     # ... but with a second comparison whose p is larger, Holm doubles the smallest: 0.070 -> cannot tell
     two = study_verdicts(arms, [Planned("x", "a", "b", "final", True), Planned("y", "b", "a", "deepest_drop", False)])
     assert two[0][2].verdict is Verdict.CANNOT_TELL
+
+
+def test_every_arm_of_a_study_shares_one_cold_start():
+    """The registered protocol: one SFT per study for every arm and seed. The cache key must not see what only RL
+    reads (N, prompts per step, RL's evaluation interval); before, N = 2 and N = 8 arms got two cold starts."""
+    from pathlib import Path
+
+    from minirl.experiments.arms import load_arm
+    from minirl.sft import sft_cache_key
+
+    root = Path(__file__).resolve().parents[2] / "experiments" / "studies"
+    for study in ("study1_replay", "study2_is"):
+        arms = sorted(p for p in (root / study).glob("*.yaml") if p.name != "arms.yaml")
+        keys = {sft_cache_key(load_arm(p, [f"run.seed={seed}"])) for p in arms for seed in range(6)}
+        assert len(arms) >= 2 and len(keys) == 1, (study, keys)
