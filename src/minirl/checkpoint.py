@@ -279,9 +279,11 @@ def remove_all(run_dir: Path) -> None:
 
 def check_config(checkpoint: Path, saved: dict[str, Any], cfg: Config) -> None:
     """Refuse (``ConfigError``, one line) to resume under a config that differs in a key that matters."""
-    from minirl.config import Config
+    from minirl.config import RENAMED_OPTIM, Config
 
     now = config_for_checkpoint(cfg)
+    if isinstance(saved.get("optim"), dict):  # a checkpoint from before a key was renamed: its values, new names
+        saved = {**saved, "optim": {RENAMED_OPTIM.get(key, key): value for key, value in saved["optim"].items()}}
     # a checkpoint from before a key (or section, e.g. cluster) existed ran with its default
     defaults = Config().model_dump(mode="json")
     defaults["algo"] = type(cfg.algo)(name=cfg.algo.name).model_dump(mode="json")  # the run's objective's own knobs

@@ -258,3 +258,14 @@ def test_a_checkpoint_from_before_new_keys_resumes_with_their_defaults(objective
     checkpoint.check_config(checkpoint.Path("x"), saved, cfg)  # no difference: they ran with the defaults
     with pytest.raises(ConfigError, match=r"task.chat_template \(checkpoint 'auto', now 'plain'\)"):
         checkpoint.check_config(checkpoint.Path("x"), saved, load_config(None, [f"algo.name={objective}", "task.chat_template=plain"]))
+
+
+def test_a_checkpoint_from_before_the_optim_renames_resumes() -> None:
+    """A run checkpointed by a minirl that wrote optim.steps / optim.warmup_steps resumes under the new names
+    (it failed: "differs in optim.steps (checkpoint 128, now None) ..."), and a real difference is still caught."""
+    cfg = load_config(None, ["optim.global_steps=128", "optim.warmup_updates=10"])
+    saved = cfg.model_dump(mode="json")
+    saved["optim"]["steps"], saved["optim"]["warmup_steps"] = saved["optim"].pop("global_steps"), saved["optim"].pop("warmup_updates")
+    checkpoint.check_config(checkpoint.Path("x"), saved, cfg)
+    with pytest.raises(ConfigError, match=r"optim.warmup_updates \(checkpoint 10, now 0\)"):
+        checkpoint.check_config(checkpoint.Path("x"), saved, load_config(None, ["optim.global_steps=128"]))
