@@ -12,13 +12,10 @@ detached 0-dim tensors (``to_floats`` converts them all with one host sync)::
     inputs = LossInputs(logp, logp_old, logp_rollout, advantages, mask, group_ids)
     loss, metrics = POLICY_LOSSES[name](inputs, **knobs)
 
-Outside minirl, call a loss the same way (``minirl_loss(LossInputs(...), eps_high=0.27)``).
-
-Knobs per name (keyword-only; an unknown knob is a ``TypeError``):
-    "minirl"  eps_low, eps_high, clip, is_correction, tis_cap, tis_placement, aggregation, normalizer
-    "grpo"    eps_low, eps_high, is_correction, tis_cap, normalizer
-    "cispo"   eps_low, eps_high, is_correction, tis_cap, normalizer   (uses group_ids)
-    "gspo"    eps_low, eps_high, normalizer
+Outside minirl, call a loss the same way (``minirl_loss(LossInputs(...), eps_high=0.27)``). Every loss
+raises ``ValueError`` naming a bad argument or knob, and ``FloatingPointError`` on a NaN in
+``advantages`` or at a trained token of a log-prob input. Knobs are keyword-only (an unknown one
+is a ``TypeError``); CISPO also reads ``group_ids``.
 """
 
 from __future__ import annotations
@@ -27,27 +24,20 @@ from collections.abc import Callable
 
 import torch
 
-from minirl.algo._common import LossInputs, to_floats
 from minirl.algo.advantages import group_advantages
 from minirl.algo.cispo import cispo_loss
 from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss
+from minirl.loss_inputs import LossInputs
+from minirl.tensors import to_floats
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss}
 
 __all__ = [
-    "POLICY_LOSSES",
-    "LossInputs",
-    "PolicyLoss",
-    "cispo_loss",
-    "group_advantages",
-    "grpo_loss",
-    "gspo_loss",
-    "minirl_loss",
-    "to_floats",
-    "token_logprobs",
+    "POLICY_LOSSES", "LossInputs", "PolicyLoss", "cispo_loss", "group_advantages", "grpo_loss", "gspo_loss",
+    "minirl_loss", "to_floats", "token_logprobs",
 ]

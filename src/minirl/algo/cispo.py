@@ -22,25 +22,18 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
   tunes only the upper bound and effectively leaves the lower one open: pass a large eps_low
   for that.
 
-Metrics (detached 0-dim tensors; token statistics over mask=True tokens, 0.0 on empty selections):
-    loss; clip_frac / clip_frac_pos / clip_frac_neg: tokens whose weight was clamped (r outside
-    [1 - eps_low, 1 + eps_high]; the gradient is kept, unlike the other objectives), overall and
-    among A > 0 / A < 0 tokens; is_truncated_frac, is_weight_mean, is_weight_max (of the
-    training–inference factor; exactly 1 when ``is_correction=False``); ratio_old_mean (mean r).
+Metrics: those of ``minirl_loss``; clip_frac* count tokens whose weight was clamped (the gradient
+is kept, unlike the other objectives), is_* describe the training–inference factor (exactly 1
+when ``is_correction=False``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import (
-    LossInputs,
-    check_knobs,
-    compute_dtype,
-    masked,
-    token_loss_metrics,
-    train_infer_factor,
-)
+from minirl.algo._common import token_loss_metrics, train_infer_factor
+from minirl.loss_inputs import LossInputs, check_knobs
+from minirl.tensors import compute_dtype, masked
 
 
 def cispo_loss(
@@ -60,10 +53,6 @@ def cispo_loss(
     ``is_correction`` else 1; T_g = trained tokens of group g (a group with none contributes 0);
     N = ``normalizer`` or the number of distinct ``group_ids``.
     d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
-
-    Raises:
-        ValueError: bad argument (names it).
-        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
     group_ids = x.require_groups()  # CISPO normalises per group: ValueError without them

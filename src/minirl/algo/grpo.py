@@ -20,25 +20,17 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
 * Default clip range eps_low = 0.2, eps_high = 0.27, the values [P] uses for MiniRL and the GSPO
   paper (arXiv:2507.18071 §5.1) uses for its GRPO baseline; the original GRPO used 0.2 both sides.
 
-Metrics (detached 0-dim tensors; token statistics over mask=True tokens, 0.0 on empty selections):
-    loss, clip_frac / clip_frac_pos / clip_frac_neg (tokens whose clipped branch is active, i.e.
-    zero gradient: A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low), is_truncated_frac,
-    is_weight_mean, is_weight_max (of the training–inference factor; exactly 1 when
-    ``is_correction=False``), ratio_old_mean (mean r).
+Metrics: those of ``minirl_loss``; clip_frac* count tokens whose clipped branch is active (zero
+gradient), is_* describe the training–inference factor (exactly 1 when ``is_correction=False``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import (
-    LossInputs,
-    check_knobs,
-    compute_dtype,
-    masked,
-    token_loss_metrics,
-    train_infer_factor,
-)
+from minirl.algo._common import token_loss_metrics, train_infer_factor
+from minirl.loss_inputs import LossInputs, check_knobs
+from minirl.tensors import compute_dtype, masked
 
 
 def grpo_loss(
@@ -59,10 +51,6 @@ def grpo_loss(
     contributes 0); N = ``normalizer`` or B. d loss / d logp_{i,t} = -c r A_i / (|y_i| N) on
     unclipped tokens, 0 on clipped ones. ``group_ids`` is accepted for the uniform signature and
     ignored.
-
-    Raises:
-        ValueError: bad argument (names it).
-        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
     x.raise_on_nan()

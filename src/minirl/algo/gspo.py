@@ -12,8 +12,7 @@ How this differs from GRPO and MiniRL:
   gradient. Clipping keeps or drops a **whole response**; every token of a kept response gets
   the same weight s_i A_i / |y_i| (GSPO Eq. (10)), unlike GRPO's per-token r_{i,t}.
 * The clip range is two orders of magnitude tighter than token-level clipping: defaults
-  eps_low = 3e-4, eps_high = 4e-4 (GSPO paper §5.1, "left and right clipping ranges in
-  Equation (5)").
+  eps_low = 3e-4, eps_high = 4e-4 (GSPO §5.1, "left and right clipping ranges in Equation (5)").
 * Ratios are to pi_old only: no training–inference (mu_old) correction, no TIS.
 * 1/|y_i| enters through s_i (length-normalised log-ratio), which [P] argues against for
   token-level objectives; the response mean is over all B rows (= (1/G) sum_i per group).
@@ -32,14 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import (
-    LossInputs,
-    check_knobs,
-    compute_dtype,
-    detached,
-    masked,
-    masked_mean,
-)
+from minirl.loss_inputs import LossInputs, check_knobs
+from minirl.tensors import compute_dtype, detached, masked, masked_mean
 
 GSPO_EPS_LOW: float = 3e-4
 GSPO_EPS_HIGH: float = 4e-4
@@ -58,13 +51,8 @@ def gspo_loss(
     s_i  = exp( sum_t mask (logp - logp_old) / |y_i| )   (gradient through logp)
 
     N = ``normalizer`` or B. d loss / d logp_{i,t} = -s_i A_i / (|y_i| N) for trained tokens of
-    unclipped responses (GSPO Eq. (10)), 0 for clipped ones. ``logp_rollout`` and
-    ``group_ids`` are accepted for the uniform signature and not used (``logp_rollout`` is
-    still checked for shape and NaN).
-
-    Raises:
-        ValueError: bad argument (names it).
-        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
+    unclipped responses (GSPO Eq. (10)), 0 for clipped ones. ``logp_rollout`` (still checked for
+    shape and NaN) and ``group_ids`` are accepted for the uniform signature and not used.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
     x.raise_on_nan()

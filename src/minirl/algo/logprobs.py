@@ -12,16 +12,10 @@ import torch
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[targets] per position, differentiable w.r.t. ``logits``.
-
-    Args:
-        logits: float [B, T, V]. float32/float64 logits are used in place; lower-precision logits
-            are upcast to float32 first (that upcast is one [B, T, V] float32 copy, kept for
-            backward), because a bf16 logsumexp loses the precision the IS ratios need.
-        targets: long [B, T], token ids in [0, V).
-
-    Returns:
-        [B, T] log-probabilities in float32 (float64 for float64 logits).
+    """log softmax(logits)[targets] per position [B, T], differentiable w.r.t. ``logits`` [B, T, V];
+    ``targets``: long [B, T] token ids. float32/float64 logits are used in place; lower precision is
+    upcast to float32 first (one [B, T, V] copy, kept for backward), because a bf16 logsumexp loses
+    the precision the IS ratios need. The result is float32 (float64 for float64 logits).
     """
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
         raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {getattr(logits, 'shape', type(logits))}")

@@ -21,10 +21,9 @@ How this differs from what it is usually confused with:
   responses (a constant), **not** by |y| (GRPO) nor by the group's token count (CISPO). [P] §4.3
   shows that 1/|y| breaks the first-order approximation. ``aggregation="seq_mean"`` is the paper's
   "length-norm" ablation; ``"token_mean"`` (DAPO-style) is not in [P].
-* TIS (Yao et al. 2025, threshold 5, [P] §4.2) truncates the weight from above only. Where the
-  truncation goes is not stated in [P]: ``tis_placement="full"`` (literal reading, default)
-  truncates the whole weight pi_theta/mu_old; ``"train_infer"`` truncates only pi_old/mu_old and
-  multiplies by the untruncated pi_theta/pi_old. They agree on-policy (pi_theta = pi_old).
+* TIS (Yao et al. 2025, threshold 5, [P] §4.2) truncates the weight from above only. [P] does not
+  say where: ``tis_placement="full"`` (literal reading, default) truncates pi_theta/mu_old,
+  ``"train_infer"`` only pi_old/mu_old (see below); they agree on-policy.
 
 Metrics returned (detached 0-dim tensors; token statistics are over mask=True tokens; an empty selection
 gives 0.0, never NaN):
@@ -43,13 +42,9 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import (
-    LossInputs,
-    check_knobs,
-    compute_dtype,
-    masked,
-    token_loss_metrics,
-)
+from minirl.algo._common import token_loss_metrics
+from minirl.loss_inputs import LossInputs, check_knobs
+from minirl.tensors import compute_dtype, masked
 
 
 def minirl_loss(
@@ -82,15 +77,8 @@ def minirl_loss(
         "seq_sum"    sum over all tokens / N, N = ``normalizer`` or B (no 1/|y|; Eq. (7) default)
         "seq_mean"   sum_i (sum_t ...) / |y_i|, divided by N = ``normalizer`` or B ([P] §4.3 length-norm ablation)
         "token_mean" sum over all tokens / N, N = ``normalizer`` or the number of mask=True tokens
-    ``normalizer`` lets a caller accumulating micro-batches pass the mini-batch constant.
-
-    Returns:
-        ``(loss, metrics)``: a 0-dim loss differentiable w.r.t. ``logp``, and the metrics listed
-        in the module docstring as detached 0-dim tensors.
-
-    Raises:
-        ValueError: bad argument (names it).
-        FloatingPointError: NaN in ``advantages`` or at a trained token of a log-prob input.
+    ``normalizer`` lets a caller accumulating micro-batches pass the mini-batch constant. Returns the
+    0-dim loss (gradient w.r.t. ``logp`` only) and the metrics of the module docstring.
     """
     # Over 60 lines with its docstring, which states Eq. (7) and every knob; the math is ~35 lines.
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer,

@@ -32,13 +32,8 @@ import math
 
 import torch
 
-from minirl.algo._common import (
-    LossInputs,
-    check_knobs,
-    compute_dtype,
-    masked,
-    to_floats,
-)
+from minirl.loss_inputs import LossInputs, check_knobs
+from minirl.tensors import compute_dtype, masked, to_floats
 
 # verl clamps log IS ratios to [-20, 20] before exponentiating its chi^2 metrics
 # (SAFETY_BOUND in verl/trainer/ppo/rollout_corr_helper.py); we do the same so the numbers match.

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import masked_max, masked_mean, to_floats
+from minirl.tensors import masked_max, masked_mean, to_floats
 
 
 def mismatch_metrics(

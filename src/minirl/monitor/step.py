@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minirl.algo._common import masked_mean
 from minirl.monitor.mismatch import mismatch_metrics
 from minirl.monitor.routing import routing_agreement
+from minirl.tensors import masked_mean
 from minirl.types import Batch, Completion
 
 if TYPE_CHECKING:  # the trainer imports minirl.monitor.routing: no import cycle at run time

@@ -1,0 +1,107 @@
+"""What a policy loss is given, checked once: the tensors (``LossInputs``) and the knobs
+(``check_knobs``). Each check raises ``ValueError`` naming the argument; ``raise_on_nan`` raises
+``FloatingPointError``. The losses themselves (``minirl.algo``) hold only the math.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
+TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """The tensors a policy loss reads, named by where they came from (above) and
+    checked once, on construction (``ValueError`` naming the argument):
+
+        logp          float [B, T]  log pi_theta of the sampled tokens; the only input with gradient
+        logp_old      float [B, T]  log pi_old (trainer at theta_old); treated as constant
+        logp_rollout  float [B, T]  log mu_old (rollout engine); treated as constant
+        advantages    float [B]     one advantage per response; treated as constant
+        mask          bool  [B, T]  True = the token is trained on
+        group_ids     int   [B] or None  which prompt each row answers (CISPO normalises per group)
+    """
+
+    logp: torch.Tensor
+    logp_old: torch.Tensor
+    logp_rollout: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    group_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        logp, adv, mask = self.logp, self.advantages, self.mask
+        for name in ("logp", "logp_old", "logp_rollout"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.ndim != 2:
+                raise ValueError(f"{name} must be a 2-D tensor [B, T], got {_describe(t)}")
+            if not t.is_floating_point():
+                raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+            if t.shape != logp.shape:
+                raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
+        if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
+            raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}, got {_describe(mask)}")
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor (True = trained on), got dtype {mask.dtype}")
+        if not isinstance(adv, torch.Tensor) or adv.shape != logp.shape[:1]:
+            raise ValueError(f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(adv)}")
+        if not adv.is_floating_point():
+            raise ValueError(f"advantages must be a floating-point tensor, got dtype {adv.dtype}")
+        if logp.shape[0] == 0:
+            raise ValueError("logp has B = 0 rows: an empty batch has no loss")
+        if self.group_ids is not None:
+            self.require_groups()
+
+    def require_groups(self) -> torch.Tensor:
+        """``group_ids``, which must be an integer tensor of shape [B] (``ValueError`` otherwise)."""
+        g, rows = self.group_ids, self.logp.shape[0]
+        if not isinstance(g, torch.Tensor) or g.shape != (rows,):
+            raise ValueError(f"group_ids must have shape [B] = ({rows},), got {_describe(g)}")
+        if g.is_floating_point() or g.dtype == torch.bool:
+            raise ValueError(f"group_ids must be an integer tensor, got dtype {g.dtype}")
+        return g
+
+    def raise_on_nan(self) -> None:
+        """``FloatingPointError`` if a NaN reaches the math: in ``advantages``, or in a log-prob at a
+        trained token (padding never enters the math: it is replaced by 0 first, so a NaN there, e.g.
+        from a fully masked attention row, is harmless). One host sync on the happy path."""
+        tokens = {"logp": self.logp, "logp_old": self.logp_old, "logp_rollout": self.logp_rollout}
+        flags = [torch.isnan(self.advantages).any()] + [(torch.isnan(t) & self.mask).any() for t in tokens.values()]
+        if not bool(torch.stack(flags).any()):
+            return
+        if bool(flags[0]):
+            nan = int(torch.isnan(self.advantages).sum())
+            raise FloatingPointError(f"advantages contain NaN ({nan} of {self.advantages.numel()})")
+        for (name, t), flag in zip(tokens.items(), flags[1:]):
+            if bool(flag):
+                raise FloatingPointError(f"{name} contains NaN at {int((torch.isnan(t) & self.mask).sum())} trained (mask=True) token(s)")
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"tensor of shape {tuple(t.shape)} and dtype {t.dtype}"
+    return type(t).__name__
+
+
+
+def check_knobs(*, eps_low: float | None = None, eps_high: float | None = None, tis_cap: float | None = None,
+                normalizer: float | None = None, tis_placement: str | None = None, aggregation: str | None = None) -> None:
+    """The knob checks every loss starts with, written once (``ValueError`` naming the knob); a
+    knob left at None is one the loss does not have (``normalizer=None``: the loss's default)."""
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if tis_cap is not None and (not isinstance(tis_cap, (int, float)) or math.isnan(tis_cap) or tis_cap <= 0):
+        raise ValueError(f"tis_cap must be > 0 (math.inf disables truncation), got {tis_cap!r}")
+    if normalizer is not None and (isinstance(normalizer, bool) or not isinstance(normalizer, (int, float))
+                                   or not math.isfinite(normalizer) or normalizer <= 0):
+        raise ValueError(f"normalizer must be None or a finite number > 0, got {normalizer!r}")
+    if tis_placement is not None and tis_placement not in TIS_PLACEMENTS:
+        raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
+    if aggregation is not None and aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
