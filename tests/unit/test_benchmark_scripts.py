@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_micro_batches  # noqa: E402
 import bench_scaling  # noqa: E402
 import compare_trl  # noqa: E402
+import lean_forward  # noqa: E402
 import peak_memory  # noqa: E402
 import time_to_quality  # noqa: E402
 
@@ -264,3 +265,33 @@ def test_bench_micro_batches_builds_the_demo_shaped_batch(lengths):
     responses = batch.mask.sum(dim=1)
     assert int(responses.min()) >= 1 and int(responses.max()) <= cfg.rollout.max_new_tokens
     assert (responses == cfg.rollout.max_new_tokens).all() == (lengths == "full")
+
+
+# ----------------------------------------------------------------------------- lean_forward (bench_update_bound's probe)
+
+
+@pytest.mark.parametrize("family", ["moe", "dense"])
+def test_the_lean_forward_probe_is_bitwise_the_transformers_forward(family, one_thread):
+    """The probe measures only what the module stack costs if it computes the same thing: the
+    log-probs, the loss and every parameter's gradient, bit for bit."""
+    from minirl.algo import token_logprobs
+    from tests.conftest import make_tiny_moe
+    from tests.unit.test_rollout_native import dense_model
+
+    model = make_tiny_moe(seed=1) if family == "moe" else dense_model(seed=1)
+    model.train()
+    ids = torch.randint(2, 48, (5, 11), generator=torch.Generator().manual_seed(0))
+
+    def grads_of(forward):
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(forward(ids)[:, :-1].float(), ids[:, 1:])
+        loss = (logp * torch.linspace(-1, 1, ids.shape[0])[:, None]).sum()
+        loss.backward()
+        return logp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    logp_a, loss_a, grads_a = grads_of(lambda x: model(input_ids=x, use_cache=False).logits)
+    logp_b, loss_b, grads_b = grads_of(lean_forward.LeanForward(model))
+    assert torch.equal(logp_a, logp_b) and torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() == {n for n, _ in model.named_parameters()}
+    for name, grad in grads_a.items():
+        assert torch.equal(grad, grads_b[name]), name
