@@ -6,7 +6,9 @@ log-probs on 64-row batches of three widths (the update's work for one micro-bat
 as response lengths do), eager and compiled alternating. Prints the compile time (the first three
 compiled steps) and the median of each.
 
-    python benchmarks/probe_compile.py [--rounds 6] [--threads 1]
+    python benchmarks/probe_compile.py [--rounds 6] [--threads 1] [--widths 40 44 37 --timed-widths 44 38 41]
+
+The trace arms' responses (~210-240 tokens): ``--widths 230 241 212 --timed-widths 226 209 218``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--widths", type=int, nargs="+", default=[40, 44, 37], help="compile-time widths")
+    parser.add_argument("--timed-widths", type=int, nargs="+", default=[44, 38, 41])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, ["cold_start.enabled=false"])
@@ -43,19 +47,25 @@ def main() -> None:
 
     compiled = torch.compile(model, dynamic=True)
     started = time.perf_counter()
-    for width in (40, 44, 37):
+    for width in args.widths:
         step(compiled, batch(width))
     print(f"compile + first 3 compiled steps: {time.perf_counter() - started:.1f} s")
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     for _ in range(args.rounds):
-        for width in (44, 38, 41):
+        for width in args.timed_widths:
             ids = batch(width)
             for name, module in (("eager", model), ("compiled", compiled)):
                 started = time.perf_counter()
                 step(module, ids)
                 times[name].append(time.perf_counter() - started)
     eager, fast = (statistics.median(times[k]) * 1000 for k in ("eager", "compiled"))
-    print(f"forward + backward, 64 rows x 38-44 tokens, median: eager {eager:.1f} ms, compiled {fast:.1f} ms "
+    ids = batch(args.timed_widths[0])
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        gap = (model(input_ids=ids, use_cache=False).logits - compiled(input_ids=ids, use_cache=False).logits).abs().max()
+    widths = f"{min(args.timed_widths)}-{max(args.timed_widths)}"
+    print(f"max |eager - compiled| logit: {gap.item():.2e}")
+    print(f"forward + backward, 64 rows x {widths} tokens, median: eager {eager:.1f} ms, compiled {fast:.1f} ms "
           f"({eager / fast:.2f}x)")
 
 
