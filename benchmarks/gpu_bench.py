@@ -16,7 +16,8 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
 * ``trainer`` one bf16 update (``optim.precision=bf16``) of micro-batches of >= 16k tokens: tokens/s
   and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
   measured bf16 matmul peak of an H200).
-* ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``.
+* ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``,
+  and a census of the host synchronisations of one more step by source line (CUDA's sync debug mode).
 * ``trace``   ``minirl train experiments/stress/trace/n8_minirl_r3.yaml cluster.device=cuda``: wall time.
   Both with ``rollout.cuda_graphs`` on (``--cuda-graphs off``: the dynamic decode loop).
 
@@ -210,7 +211,7 @@ def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
     from minirl.models.tokenizer import build_char_tokenizer
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import partial_credit
+    from gpu_check import PartialCredit
 
     directory = Path(tempfile.mkdtemp())
     model = build(tiny, "cpu")
@@ -225,8 +226,7 @@ def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
         "run.threads=0", "task.num_train_prompts=64", "task.num_eval_prompts=4",
         f"rollout.cuda_graphs={str(GRAPHS and device == 'cuda').lower()}",
     ])  # fmt: skip
-    loop.score_completions = partial_credit  # an untrained model: dense rewards, non-zero advantages
-    run = loop.setup(cfg)
+    run = loop.setup(cfg, rewards=PartialCredit())  # an untrained model: dense rewards, non-zero advantages
     try:
         loop.global_step(run, 1)  # warm-up
         sync(device)
@@ -234,11 +234,35 @@ def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
         metrics = loop.global_step(run, 2)
         sync(device)
         seconds = time.perf_counter() - start
+        syncs = host_sync_census(lambda: loop.global_step(run, 3)) if device == "cuda" else None
     finally:
         run.close()
     keep = {k: v for k, v in metrics.items() if k.startswith(("time/", "mismatch/kl_k3", "routing/"))}
     return {"global_step_s": seconds, "rows": rows[0] * rows[1], "max_new_tokens": rows[2],
-            "cuda_graphs": cfg.rollout.cuda_graphs, **keep}
+            "cuda_graphs": cfg.rollout.cuda_graphs, "host_syncs": syncs, **keep}
+
+
+def host_sync_census(work: Any) -> dict[str, Any]:
+    """Every host synchronisation ``work()`` makes on CUDA (``torch.cuda.set_sync_debug_mode("warn")``),
+    counted by the Python line that made it: where the decode loop and the update still wait for the GPU
+    (issue 20 asks for none inside either)."""
+    import warnings
+    from collections import Counter
+
+    import torch
+
+    sites: Counter[str] = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchronizing" in str(warning.message):
+            sites[f"{Path(warning.filename).name}:{warning.lineno}"] += 1
+    return {"total": sum(sites.values()), "by_site": dict(sites.most_common(25))}
 
 
 def part_trace(tiny: bool, device: str) -> dict[str, Any]:
@@ -342,6 +366,9 @@ def summary(results: dict[str, Any]) -> str:
                      f"MFU {100 * trainer['mfu']:.1f} % of {trainer['peak_tflops']:.0f}")
     if "global_step_s" in results.get("rl_step", {}):
         lines.append(f"  one RL global step (R3, N = 2): {results['rl_step']['global_step_s']:.2f} s")
+        syncs = results["rl_step"].get("host_syncs")
+        if syncs:
+            lines.append(f"  host syncs in one global step: {syncs['total']} (most: {list(syncs['by_site'].items())[:6]})")
     if "wall_s" in results.get("trace", {}):
         lines.append(f"  trace arm: {results['trace']['wall_s']:.1f} s wall")
     lines += [f"  {name}: {results[name]['error']}" for name in PARTS if "error" in results.get(name, {})]

@@ -29,15 +29,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def partial_credit(runner, prompts, completions):
-    """Reward = share of the answer's letters that the completion contains (dense: non-zero advantages)."""
-    import torch
+class PartialCredit:
+    """A reward source (``minirl.sources.RewardSource``): the share of the answer's letters that the
+    completion contains, so an untrained model gets dense rewards and non-zero advantages."""
 
-    values = []
-    for completion in completions:
-        answer = set(prompts[completion.prompt_index].answer)
-        values.append(len(answer & set(completion.text)) / max(len(answer), 1))
-    return torch.tensor(values, dtype=torch.float32), {}
+    def score(self, prompts, completions):
+        import torch
+
+        values = []
+        for completion in completions:
+            answer = set(prompts[completion.prompt_index].answer)
+            values.append(len(answer & set(completion.text)) / max(len(answer), 1))
+        return torch.tensor(values, dtype=torch.float32), {}
+
+    def close(self) -> None:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             f"cluster.device={args.device}", f"cluster.engine_backend={engine}", "cluster.sample_seeding=per_sample",
             f"run.output_dir={run_dir}", "run.threads=0" if gpu else "run.threads=1",
         ])
-        loop.score_completions = partial_credit  # this script's reward, see the module docstring
         started = time.perf_counter()
-        run = loop.setup(cfg)
+        run = loop.setup(cfg, rewards=PartialCredit())  # this script's reward, see the module docstring
         setup_s = time.perf_counter() - started
         device_name = torch.cuda.get_device_name(0) if gpu else "cpu"
         params = sum(p.numel() for p in run.model.parameters())

@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_micro_batches  # noqa: E402
 import bench_scaling  # noqa: E402
 import compare_trl  # noqa: E402
+import gpu_bench  # noqa: E402
 import lean_forward  # noqa: E402
 import peak_memory  # noqa: E402
 import time_to_quality  # noqa: E402
@@ -295,3 +296,26 @@ def test_the_lean_forward_probe_is_bitwise_the_transformers_forward(family, one_
     assert grads_a.keys() == grads_b.keys() == {n for n, _ in model.named_parameters()}
     for name, grad in grads_a.items():
         assert torch.equal(grad, grads_b[name]), name
+
+
+# ----------------------------------------------------------------------------- gpu_bench's host-sync census
+
+
+def test_host_sync_census_counts_torchs_sync_warnings_by_line(monkeypatch):
+    """CUDA's sync debug mode warns "called a synchronizing CUDA operation" at each sync; the census
+    counts those by the line that made them and ignores other warnings (CPU: the mode is stubbed)."""
+    import warnings
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def work():
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)  # one line, three times
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("something else entirely", stacklevel=1)
+
+    census = gpu_bench.host_sync_census(work)
+    assert census["total"] == 4 and sorted(census["by_site"].values()) == [1, 3]
+    assert all(site.startswith("test_benchmark_scripts.py:") for site in census["by_site"])
+    assert modes == ["warn", "default"]
