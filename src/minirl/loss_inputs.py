@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,10 @@ class LossInputs:
         advantages    float [B]     one advantage per response; treated as constant
         mask          bool  [B, T]  True = the token is trained on
         group_ids     int   [B] or None  which prompt each row answers (CISPO normalises per group)
+
+    ``check_nan=False``: ``raise_on_nan`` does nothing, because the caller has checked once for a whole
+    update (``minirl.trainer``: the batch's inputs on the host before it, a NaN ``logp`` as a non-finite
+    loss at the update's one sync), so no loss call waits for the GPU.
     """
 
     logp: torch.Tensor
@@ -33,6 +38,7 @@ class LossInputs:
     advantages: torch.Tensor
     mask: torch.Tensor
     group_ids: torch.Tensor | None = None
+    check_nan: bool = True
 
     def __post_init__(self) -> None:
         logp, adv, mask = self.logp, self.advantages, self.mask
@@ -70,16 +76,27 @@ class LossInputs:
         """``FloatingPointError`` if a NaN reaches the math: in ``advantages``, or in a log-prob at a
         trained token (padding never enters the math: it is replaced by 0 first, so a NaN there, e.g.
         from a fully masked attention row, is harmless). One host sync on the happy path."""
-        tokens = {"logp": self.logp, "logp_old": self.logp_old, "logp_rollout": self.logp_rollout}
-        flags = [torch.isnan(self.advantages).any()] + [(torch.isnan(t) & self.mask).any() for t in tokens.values()]
-        if not bool(torch.stack(flags).any()):
-            return
-        if bool(flags[0]):
-            nan = int(torch.isnan(self.advantages).sum())
-            raise FloatingPointError(f"advantages contain NaN ({nan} of {self.advantages.numel()})")
-        for (name, t), flag in zip(tokens.items(), flags[1:]):
-            if bool(flag):
-                raise FloatingPointError(f"{name} contains NaN at {int((torch.isnan(t) & self.mask).sum())} trained (mask=True) token(s)")
+        if self.check_nan:
+            tokens = {"logp": self.logp, "logp_old": self.logp_old, "logp_rollout": self.logp_rollout}
+            report = nan_report(self.advantages, self.mask, tokens)
+            if report is not None:
+                raise FloatingPointError(report)
+
+
+def nan_report(advantages: torch.Tensor | None, mask: torch.Tensor, log_probs: Mapping[str, torch.Tensor | None]) -> str | None:
+    """What ``LossInputs.raise_on_nan`` says, or None: a NaN in ``advantages`` or in one of ``log_probs``
+    (None entries skipped) at a trained token. One host sync on the happy path."""
+    named = {name: t for name, t in log_probs.items() if t is not None}
+    flags = ([torch.isnan(advantages).any()] if advantages is not None else []) + [
+        (torch.isnan(t) & mask).any() for t in named.values()]
+    if not flags or not bool(torch.stack(flags).any()):
+        return None
+    if advantages is not None and bool(torch.isnan(advantages).any()):
+        return f"advantages contain NaN ({int(torch.isnan(advantages).sum())} of {advantages.numel()})"
+    for name, t in named.items():
+        if bool((torch.isnan(t) & mask).any()):
+            return f"{name} contains NaN at {int((torch.isnan(t) & mask).sum())} trained (mask=True) token(s)"
+    return None
 
 
 def _describe(t: object) -> str:

@@ -23,15 +23,19 @@ class PolicyObjective:
     """``POLICY_LOSSES[name]`` with its knobs bound: ``objective(logp, micro) -> (loss, metrics)``.
 
     A plain picklable object (not a closure), so a trainer rank in another process can run it.
+    ``check_nan=False`` (what ``make_objective`` builds): the trainer checks for NaN once per update
+    (``Trainer.update``), so no micro-batch's loss waits for the GPU.
     """
 
     name: str
     knobs: dict
+    check_nan: bool = True
 
     def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
-        inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids)
+        inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids,
+                            check_nan=self.check_nan)
         loss, metrics = POLICY_LOSSES[self.name](inputs, **self.knobs)
         return loss, {key: value for key, value in metrics.items() if key != "loss"}  # tensors: the trainer syncs once
 
@@ -40,4 +44,4 @@ def make_objective(algo: AlgoConfig, minibatch: Batch) -> Objective:
     """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
     knobs = algo.loss_knobs()
     knobs["normalizer"] = algo.minibatch_normalizer(minibatch)  # each variant owns its denominator
-    return PolicyObjective(algo.name, knobs)
+    return PolicyObjective(algo.name, knobs, check_nan=False)

@@ -58,7 +58,8 @@ class ReferenceKL:
             raise ValueError("algo.kl_coef > 0 needs the reference pass before an update (batch.logp_ref is None)")
         loss, metrics = self.objective(logp, micro)
         penalty, kl_metrics = reference_kl_loss(logp, micro.logp_ref, micro.mask, kl_coef=self.kl_coef,
-                                                kind=self.kind, normalizer=self.normalizer)  # type: ignore[arg-type]
+                                                kind=self.kind, normalizer=self.normalizer,  # type: ignore[arg-type]
+                                                check_finite=False)  # Trainer.update checks once per update
         return loss + penalty, {**metrics, **kl_metrics}  # 0-dim tensors: the trainer syncs once per update
 
 

@@ -28,6 +28,7 @@ import torch
 
 from minirl.algo import to_floats, token_logprobs
 from minirl.batching import chunks, token_budget_chunks
+from minirl.loss_inputs import nan_report
 from minirl.models.lora import merged_state_dict
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
@@ -235,11 +236,15 @@ class Trainer:
         """
         if old_pass:
             objective, score = OnPolicy(objective), True
+        inputs = {"logp_old": minibatch.logp_old, "logp_rollout": minibatch.logp_rollout, "logp_ref": minibatch.logp_ref}
+        bad_inputs = nan_report(minibatch.advantages, minibatch.mask, inputs)  # host tensors: no GPU wait
+        if bad_inputs is not None:
+            return self._skip(f"non-finite inputs ({bad_inputs})", minibatch, old_pass, replay_routes, record_routes)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True) if score else None
         try:
-            totals, loss_total, _ = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
+            totals, loss_total, logp = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
                                                   scores=scores, record_routes=record_routes)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
@@ -250,6 +255,8 @@ class Trainer:
         loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
             reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
+            bad_logp = nan_report(None, minibatch.mask, {"logp": logp})  # the rare path may sync to say why
+            reason = f"non-finite log-probs ({bad_logp})" if bad_logp is not None else reason
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
         self._guard.snapshot()  # a step that poisons the weights is undone (``minirl.update_guard``)
@@ -354,6 +361,7 @@ class Trainer:
         ``model.parameters()`` order (zeros for a parameter the objective does not reach).
         For diagnostics (``minirl.monitor.diagnostics``): it holds one extra copy of the parameters.
         ``with_logp``: return ``(flat, logp)``, with the detached log-probs [B, T-1] of the forward.
+        ``FloatingPointError`` (naming it) when a trained token's log-prob is NaN.
         """
         was_training = self.model.training
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -363,6 +371,9 @@ class Trainer:
         try:
             with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
                 _, _, logp = self._accumulate(batch, objective, replay_routes, metrics=False)
+            bad_logp = nan_report(None, batch.mask, {"logp": logp})  # diagnostics: a sync here is fine
+            if bad_logp is not None:
+                raise FloatingPointError(bad_logp)
             flat = torch.cat(
                 [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1) for p in params]
             )
