@@ -18,6 +18,7 @@ carries routes and the caller asks for them to be replayed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -33,7 +34,7 @@ from minirl.models.lora import merged_state_dict
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import routing_agreement
 from minirl.precision import autocast_experts, compute_context
-from minirl.types import Batch
+from minirl.types import Batch, to_device
 from minirl.update_guard import PoisonedWeights, UpdateGuard
 
 Objective = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
@@ -197,8 +198,9 @@ class Trainer:
         while the batch's routes are replayed (``RoutingReplay.replay(capture_natural=True)``).
         """
         self.model.eval()
-        scores = _Scores(batch, entropy=entropy)
+        scores = _Scores(batch, entropy=entropy, device=self.device)
         for rows, micro in self._micro_batches(batch):
+            rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             natural: list | None = [] if record_routes else None
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)[:, :-1].float()
             logp = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device))
@@ -242,7 +244,7 @@ class Trainer:
             return self._skip(f"non-finite inputs ({bad_inputs})", minibatch, old_pass, replay_routes, record_routes)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        scores = _Scores(minibatch, entropy=True) if score else None
+        scores = _Scores(minibatch, entropy=True, device=self.device) if score else None
         try:
             totals, loss_total, logp = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
                                                   scores=scores, record_routes=record_routes)
@@ -316,15 +318,19 @@ class Trainer:
         """
         totals: dict[str, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64)
-        # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs)
-        logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32)
+        # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs); on the
+        # device, like everything the loop writes, so no micro-batch waits for a copy to the host
+        logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32, device=self.device)
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = 0.0
-        for rows, micro in self._micro_batches(minibatch):
-            micro = micro.to(self.device)
+        for rows, host_micro in self._micro_batches(minibatch):
+            micro = host_micro.to(self.device)
+            rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             with ExitStack() as block:  # the routing block stays open through backward (recomputation)
-                logits = self._logits(micro, replay_routes=replay_routes, natural=natural, block=block)
+                # the replay checks the routes it is given: the host's copy, as in ``score`` (no device wait)
+                fed = dataclasses.replace(micro, routes=host_micro.routes)
+                logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block)
                 logits = logits[:, :-1].float()
                 logp = token_logprobs(logits, micro.input_ids[:, 1:])
                 loss, _ = objective(logp, micro)
@@ -338,13 +344,13 @@ class Trainer:
             if scores is not None:
                 scores.add(rows, micro, logits, logp, routes if record_routes else None)
             else:
-                logp_all[rows, : logp.shape[1]] = logp.detach().float().cpu()
+                logp_all[rows, : logp.shape[1]] = logp.detach().float()
             loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
         if metrics:
             # The objective's metrics over the whole mini-batch, from the detached log-probs: the same
             # numbers whatever the micro-batching (a micro-batch sum would round differently).
             with torch.no_grad():
-                totals.update(objective(logp_all, minibatch)[1])
+                totals.update(objective(logp_all, minibatch.to(self.device))[1])
         if natural is not None:
             totals["routing_natural_diff_frac"] = round(differing) / counted if counted else 0.0
         return totals, loss_sum, logp_all
@@ -371,6 +377,7 @@ class Trainer:
         try:
             with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
                 _, _, logp = self._accumulate(batch, objective, replay_routes, metrics=False)
+            logp = logp.cpu()
             bad_logp = nan_report(None, batch.mask, {"logp": logp})  # diagnostics: a sync here is fine
             if bad_logp is not None:
                 raise FloatingPointError(bad_logp)
@@ -396,10 +403,10 @@ def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.
 class _Scores:
     """What ``Trainer.score`` returns for a batch, filled micro-batch by micro-batch (detached)."""
 
-    def __init__(self, batch: Batch, *, entropy: bool) -> None:
+    def __init__(self, batch: Batch, *, entropy: bool, device: torch.device | str = "cpu") -> None:
         self.batch = batch
-        self.logp = torch.zeros(batch.mask.shape, dtype=torch.float32)
-        self.entropy = torch.zeros(batch.mask.shape, dtype=torch.float32) if entropy else None
+        self.logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device)  # copied to the host once, in result()
+        self.entropy = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if entropy else None
         self.routes: torch.Tensor | None = None
 
     @torch.no_grad()
@@ -408,16 +415,19 @@ class _Scores:
         """Rows ``rows`` of the batch from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp``
         [b, T-1]; ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding)."""
         cols = micro.input_ids.shape[1]
-        self.logp[rows, : cols - 1] = logp.detach().cpu()
+        self.logp[rows, : cols - 1] = logp.detach()
         if self.entropy is not None:
-            self.entropy[rows, : cols - 1] = token_entropy(logits.detach()).cpu()
+            self.entropy[rows, : cols - 1] = token_entropy(logits.detach())
         if routes is not None:
-            recorded = routes.to(torch.int16).cpu()
+            recorded = routes.to(torch.int16)
             if self.routes is None:
-                self.routes = torch.full((self.batch.size, self.batch.input_ids.shape[1], *recorded.shape[2:]), -1, dtype=torch.int16)
-            recorded[~micro.attention_mask.cpu()] = -1
+                self.routes = torch.full((self.batch.size, self.batch.input_ids.shape[1], *recorded.shape[2:]), -1,
+                                         dtype=torch.int16, device=recorded.device)
+            recorded[~micro.attention_mask.to(recorded.device)] = -1
             self.routes[rows, :cols] = recorded
 
     def result(self) -> ScoreResult:
         mask = self.batch.mask
-        return ScoreResult(logp=self.logp * mask, entropy=None if self.entropy is None else self.entropy * mask, routes=self.routes)
+        entropy = None if self.entropy is None else self.entropy.cpu() * mask
+        routes = None if self.routes is None else self.routes.cpu()
+        return ScoreResult(logp=self.logp.cpu() * mask, entropy=entropy, routes=routes)

@@ -32,7 +32,7 @@ LOSS_SIDE = ("minirl/algo/", "minirl/loss_inputs.py", "minirl/objective.py", "mi
 SYNCING = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu")
 
 
-def census(monkeypatch, trainer: Trainer, work) -> collections.Counter:
+def census(monkeypatch, trainer: Trainer, work, sites: tuple[str, ...] = LOSS_SIDE) -> collections.Counter:
     """Calls of the syncing tensor methods made directly from the loss-side modules while ``work()`` is
     inside ``trainer``'s micro-batch loop (``Trainer._accumulate``; the checks before and after it run on
     host tensors or on the rare failure path)."""
@@ -53,7 +53,7 @@ def census(monkeypatch, trainer: Trainer, work) -> collections.Counter:
 
         def counted(self, *args, _original=original, _name=name, **kwargs):
             caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
-            if inside[0] and any(part in caller for part in LOSS_SIDE):
+            if inside[0] and any(part in caller for part in sites):
                 counts[f"{caller.rsplit('/src/', 1)[-1]}:{sys._getframe(1).f_lineno} {_name}"] += 1
             return _original(self, *args, **kwargs)
 
@@ -83,6 +83,19 @@ def test_the_loss_side_never_waits_for_the_device_inside_an_update(monkeypatch, 
     counts = census(monkeypatch, trainer, lambda: results.append(trainer.update(batch, objective, replay_routes=True)))
     assert results[0].fault is None and trainer.updates_done == 1
     assert not counts, f"host conversions in the loss math inside an update: {dict(counts)}"
+
+
+def test_the_fused_old_pass_keeps_its_scores_on_the_device_until_the_update_ends(monkeypatch):
+    """N = 1: the update is also the pi_old pass and returns the scores (log-probs, entropies, routes);
+    they are written into device buffers and copied to the host once, after the loop."""
+    trainer, batch, objective = r3_setup()
+    results = []
+    work = lambda: results.append(trainer.update(batch, objective, replay_routes=True, score=True, record_routes=True))  # noqa: E731
+    counts = census(monkeypatch, trainer, work, sites=("minirl/trainer.py", *LOSS_SIDE))
+    assert not counts, f"host copies or conversions inside the update's loop: {dict(counts)}"
+    scores = results[0].scores
+    assert scores is not None and scores.routes is not None and scores.entropy is not None
+    assert scores.logp.device.type == "cpu" and torch.equal(scores.logp, scores.logp * batch.mask)
 
 
 def test_a_nan_input_skips_the_update_before_any_forward_and_names_it():

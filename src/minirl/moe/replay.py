@@ -54,6 +54,8 @@ from typing import Any, Self, cast
 import torch
 import torch.nn as nn
 
+from minirl.types import to_device
+
 from .families import RouterSpec, lookup, supported_families
 
 ROUTE_DTYPE = torch.int16
@@ -290,7 +292,7 @@ class RoutingReplay:
         all_nat = [n == 0 for n in forced]
         any_nat = [n < rows for n in forced] if rows else [True] * L
         device = self._device()
-        return routes.to(device=device, dtype=torch.long), all_nat, any_nat, forced
+        return to_device(routes.long(), device), all_nat, any_nat, forced  # checked on the host, then sent
 
     def _device(self) -> torch.device:
         for site in self._sites:
