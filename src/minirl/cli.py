@@ -252,13 +252,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError(f"sweep takes no key=value overrides (got {' '.join(args.overrides)}); edit the arm configs")
     seeds = parse_seeds(args.seeds)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
     exp_dir = Path(args.experiment_dir)
     if not exp_dir.is_dir():
         raise ConfigError(f"{exp_dir}: experiment directory not found")
     patterns = [p for p in (args.arms or "").split(",") if p] or None
     try:
         failed = sweep(exp_dir, seeds, runs_root=Path(args.runs_dir), quick=args.quick, jobs=args.jobs,
-                       patterns=patterns, log=lambda msg: print(msg, flush=True))
+                       patterns=patterns, device=args.device, log=lambda msg: print(msg, flush=True))
     except KeyboardInterrupt:
         print("minirl: sweep interrupted; run the same command again to resume", file=sys.stderr)
         return 130
@@ -340,9 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment_dir", help="directory of arm configs, e.g. experiments/")
     p.add_argument("--seeds", default="1", help="number of seeds (3 = 0,1,2) or a list (0,4; one seed: 2,)")
     p.add_argument("--quick", action="store_true", help="~3 steps of the tiny model per run (CI smoke test)")
-    p.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="runs at a time (one thread each)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time, one thread each (on a GPU, several runs share the device)")
     p.add_argument("--arms", default=None, help="comma-separated globs of arm names, e.g. 'onpolicy/*,n2/minirl_r2'")
     p.add_argument("--runs-dir", default="runs/sweeps", help="run directories go to RUNS_DIR/<arm>/seed<s>")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="cluster.device for every run (the arm configs' own otherwise); the only setting a sweep overrides")
     p.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_sweep)
 

@@ -312,3 +312,22 @@ def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
     assert verdicts.returncode == 0, verdicts.stderr
     assert "| **primary** N = 2: R2 beats R3 | n2_r2 − n2_r3 (final) | **" in verdicts.stdout
     assert verdicts.stdout.count("**not run**") == 5  # only the N = 2 R2/R3 pair ran
+
+
+def test_the_gpu_study_command_runs_and_collects_every_run(tmp_path):
+    """``experiments/studies/gpu_sweep.sh`` (the device tool's prepared command), smoke-tested on the CPU:
+    every arm runs, and each run's record (not its checkpoints) lands in $OUT/<study>/<arm>/seed<s>/."""
+    import os
+
+    env = {**os.environ, "QUICK": "1", "DEVICE": "cpu", "OUT": str(tmp_path / "out"), "RUNS_ROOT": str(tmp_path / "runs"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "experiments/studies/gpu_sweep.sh", "study1_replay", "1", "2"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out" / "study1_replay"
+    arms = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert arms == ["n2_none", "n2_r2", "n2_r3", "n8_none", "n8_r2", "n8_r3"]
+    for arm in arms:
+        files = sorted(p.name for p in (out / arm / "seed0").iterdir())
+        assert files == ["config.yaml", "environment.jsonl", "metrics.jsonl", "sweep.log"], arm
+    assert (tmp_path / "runs" / "study1_replay" / "_sft_cache").is_dir()  # the committed cold start, copied

@@ -26,3 +26,38 @@ def test_before_any_run_finishes_the_running_runs_project_the_length():
     # left; the queued run starts when the first slot frees, at 240: 240 + 300
     assert sweep_eta([240.0, None], [60.0, 20.0], [], queued=1, jobs=2) == 540.0
     assert sweep_eta([None, None], [5.0, 5.0], [], queued=4, jobs=2) is None  # nothing tells a run's length yet
+
+
+def test_a_device_sweep_runs_every_arm_on_that_device_and_as_many_at_once_as_asked(tmp_path, monkeypatch):
+    """``minirl sweep --device cuda --jobs 3``: each run gets ``cluster.device=cuda`` (the only override a
+    sweep adds to an arm) and up to three run at once. The runs are stand-ins that exit at once."""
+    import subprocess
+    from pathlib import Path
+
+    from minirl.experiments import sweep as sweep_module
+
+    launched, peak = [], [0]
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, command, **kwargs):
+            launched.append(command)
+            peak[0] = max(peak[0], len(launched) - finished[0])
+
+        def poll(self):
+            finished[0] += 1
+            return 0
+
+    finished = [0]
+    monkeypatch.setattr(subprocess, "Popen", Done)
+    monkeypatch.setattr(sweep_module.time, "sleep", lambda s: None)
+    root = Path(__file__).resolve().parents[2]
+    failed = sweep_module.sweep(root / "experiments/studies/study1_replay", [0, 1], runs_root=tmp_path, jobs=3,
+                                device="cuda", log=lambda msg: None)
+    assert failed == 0 and len(launched) == 12  # 6 arms x 2 seeds
+    assert all("cluster.device=cuda" in command for command in launched)
+    assert peak[0] == 3
+    launched.clear()
+    sweep_module.sweep(root / "experiments/studies/study1_replay", [0], runs_root=tmp_path / "cpu", log=lambda msg: None)
+    assert launched and not any(arg.startswith("cluster.device=") for command in launched for arg in command)

@@ -94,8 +94,9 @@ def stale_keys(run_dir: Path, cfg: Config) -> list[str]:
 
 
 def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweeps"), quick: bool = False,
-          jobs: int = 1, patterns: list[str] | None = None, log=print) -> int:
-    """Run every arm x seed; returns the number of failed runs."""
+          jobs: int = 1, patterns: list[str] | None = None, device: str | None = None, log=print) -> int:
+    """Run every arm x seed; returns the number of failed runs. ``device``: ``cluster.device`` for every
+    run (a runtime choice, not part of an arm: a study's GPU runs form their own comparison)."""
     from minirl.checkpoint import find_latest
 
     arms = find_arms(exp_dir, patterns)
@@ -110,7 +111,8 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
             run_dir = runs_root / name / f"seed{seed}"
             overrides = [*(QUICK if quick else []), f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}",
                          f"run.seed={seed}", "run.resume=auto", "run.threads=1", "log.console=false",
-                         f"cold_start.cache_dir={runs_root / '_sft_cache'}"]  # one SFT per distinct cold start
+                         f"cold_start.cache_dir={runs_root / '_sft_cache'}",  # one SFT per distinct cold start
+                         *([f"cluster.device={device}"] if device else [])]
             if quick:  # keep the arm's N with fewer prompts: 2 prompts per mini-batch
                 full = load_arm(path)
                 overrides.append(f"rollout.prompts_per_step={2 * full.optim.minibatches_per_step}")
