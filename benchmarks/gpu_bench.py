@@ -16,6 +16,8 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
 * ``trainer`` one bf16 update (``optim.precision=bf16``) of micro-batches of >= 16k tokens: tokens/s
   and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
   measured bf16 matmul peak of an H200).
+* ``lean``    fp32 forward + backward of one micro-batch, transformers vs ``benchmarks/lean_forward.py`` (no module
+  stack, no mask plumbing), with each one's host syncs.
 * ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``,
   and a census of the host synchronisations of one more step by source line (CUDA's sync debug mode).
 * ``trace``   ``minirl train experiments/stress/trace/n8_minirl_r3.yaml cluster.device=cuda``: wall time.
@@ -38,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("engine", "trainer", "rl_step", "trace")
-TIMEOUT_S = {"engine": 240, "trainer": 90, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 40, 60, 130
+PARTS = ("engine", "trainer", "lean", "rl_step", "trace")
+TIMEOUT_S = {"engine": 240, "trainer": 90, "lean": 60, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 40, 20?, 60, 130
 
 
 def model_config(tiny: bool) -> Any:
@@ -203,6 +205,51 @@ def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
             "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS}
 
 
+def part_lean(tiny: bool, device: str) -> dict[str, Any]:
+    """fp32 forward + backward of one micro-batch: the transformers forward against the module-stack-free
+    probe of ``benchmarks/lean_forward.py`` (bitwise the same on a CPU, no faster there), alternating, with
+    each one's host syncs (CUDA): the probe has no mask plumbing, so it skips transformers' per-forward
+    packed-sequence check."""
+    import torch
+
+    from minirl.algo import token_logprobs
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from lean_forward import LeanForward, lean_unsupported_reason
+
+    model = build(tiny, device)
+    model.train()
+    reason = lean_unsupported_reason(model)
+    if reason is not None:
+        return {"lean": f"not run: {reason}"}
+    rows, width = (4, 32) if tiny else (16, 512)
+    ids = torch.randint(2, model.config.vocab_size, (rows, width), generator=torch.Generator().manual_seed(0)).to(device)
+    forwards = {"transformers": lambda x: model(input_ids=x, use_cache=False).logits, "lean": LeanForward(model)}
+
+    def train_pass(name: str) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(forwards[name](ids)[:, :-1].float(), ids[:, 1:])
+        logp.sum().backward()
+        return logp.detach()
+
+    gap = (train_pass("transformers") - train_pass("lean")).abs().max().item()
+    times: dict[str, list[float]] = {name: [] for name in forwards}
+    for _ in range(2 if tiny else 5):
+        for name in forwards:
+            sync(device)
+            start = time.perf_counter()
+            train_pass(name)
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    result: dict[str, Any] = {"rows": rows, "width": width, "max_logp_gap": gap}
+    for name, values in times.items():
+        result[f"{name}_s"] = statistics.median(values)
+        if device == "cuda":
+            result[f"{name}_host_syncs"] = host_sync_census(lambda name=name: train_pass(name))
+    result["lean_speedup"] = result["transformers_s"] / result["lean_s"]
+    return result
+
+
 def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
     import tempfile
 
@@ -286,7 +333,7 @@ def part_trace(tiny: bool, device: str) -> dict[str, Any]:
 
 PEAK_TFLOPS = 790.0
 GRAPHS = True  # --cuda-graphs: rollout.cuda_graphs for the RL step and the trace arm (CUDA only)
-RUNNERS = {"engine": part_engine, "trainer": part_trainer, "rl_step": part_rl_step, "trace": part_trace}
+RUNNERS = {"engine": part_engine, "trainer": part_trainer, "lean": part_lean, "rl_step": part_rl_step, "trace": part_trace}
 
 
 def run_parts(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -364,6 +411,14 @@ def summary(results: dict[str, Any]) -> str:
     if "mfu" in trainer:
         lines.append(f"  trainer bf16: {trainer['tok_s']:,.0f} tok/s, {trainer['model_tflop_s']:.1f} TFLOP/s, "
                      f"MFU {100 * trainer['mfu']:.1f} % of {trainer['peak_tflops']:.0f}")
+    lean = results.get("lean", {})
+    if "lean_speedup" in lean:
+        syncs = {k: v["total"] for k, v in lean.items() if k.endswith("_host_syncs") and v}
+        lines.append(f"  fp32 forward + backward {lean['rows']} x {lean['width']}: transformers {lean['transformers_s'] * 1000:.1f} ms, "
+                     f"lean probe {lean['lean_s'] * 1000:.1f} ms ({lean['lean_speedup']:.2f}x), max |logp gap| "
+                     f"{lean['max_logp_gap']:.1e}; host syncs {syncs or 'n/a'}")
+    elif "lean" in lean:
+        lines.append(f"  lean probe: {lean['lean']}")
     if "global_step_s" in results.get("rl_step", {}):
         lines.append(f"  one RL global step (R3, N = 2): {results['rl_step']['global_step_s']:.2f} s")
         syncs = results["rl_step"].get("host_syncs")
