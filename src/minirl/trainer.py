@@ -32,7 +32,7 @@ from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
 from minirl.models.lora import merged_state_dict
 from minirl.monitor.mismatch import token_entropy
-from minirl.monitor.routing import routing_agreement
+from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
 from minirl.types import Batch, to_device
 from minirl.update_guard import PoisonedWeights, UpdateGuard
@@ -252,9 +252,9 @@ class Trainer:
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, global already
-        drift = totals.pop("routing_natural_diff_frac", None)
         values = to_floats({"loss": loss_total, "grad_norm": norm, **_as_tensors(totals, loss_total)})  # the one sync
         loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
+        drift = values.pop("routing_natural_diff_frac", None)
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
             reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
             bad_logp = nan_report(None, minibatch.mask, {"logp": logp})  # the rare path may sync to say why
@@ -323,7 +323,7 @@ class Trainer:
         logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32, device=self.device)
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
-        differing = counted = 0.0
+        differing = counted = torch.zeros((), dtype=torch.long, device=self.device)
         for rows, host_micro in self._micro_batches(minibatch):
             micro = host_micro.to(self.device)
             rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
@@ -337,10 +337,9 @@ class Trainer:
                 loss.backward()
             routes = natural.pop() if natural is not None else None
             if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
-                assert micro.routes is not None and routes is not None
-                agreement = routing_agreement(micro.routes, routes, micro.attention_mask)
-                counted += agreement["route_counted_pairs"]
-                differing += agreement["route_diff_frac"] * agreement["route_counted_pairs"]
+                assert micro.routes is not None and routes is not None and self.replay is not None
+                pairs = route_diff_counts(micro.routes, routes, micro.attention_mask, self.replay.num_experts)
+                differing, counted = differing + pairs[0], counted + pairs[1]
             if scores is not None:
                 scores.add(rows, micro, logits, logp, routes if record_routes else None)
             else:
@@ -351,8 +350,8 @@ class Trainer:
             # numbers whatever the micro-batching (a micro-batch sum would round differently).
             with torch.no_grad():
                 totals.update(objective(logp_all, minibatch.to(self.device))[1])
-        if natural is not None:
-            totals["routing_natural_diff_frac"] = round(differing) / counted if counted else 0.0
+        if natural is not None:  # a tensor: synced with the update's other numbers (exact integer counts)
+            totals["routing_natural_diff_frac"] = differing.double() / counted.double().clamp(min=1)
         return totals, loss_sum, logp_all
 
     def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False,

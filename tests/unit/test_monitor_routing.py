@@ -66,3 +66,23 @@ def test_route_bytes_per_1k_tokens():
     assert route_bytes_per_1k_tokens(48, 8, torch.int16) == 1000 * 48 * 8 * 2
     assert route_bytes_per_1k_tokens(2, 2) == 8000
     assert route_bytes_per_1k_tokens(2, 2, torch.int64) == 32000
+
+
+def test_route_diff_counts_are_routing_agreements_counts_without_a_host_sync():
+    """The trainer's per-micro-batch drift counts: the same (differing, counted) pairs as routing_agreement,
+    as tensors, from the expert count it is given (no max over the routes)."""
+    from minirl.monitor.routing import route_diff_counts
+
+    a = torch.tensor([[[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [-1, -1]]]])  # B=1, T=4, L=2, K=2
+    b = a.clone()
+    b[0, 0, 0] = torch.tensor([0, 5])  # differs (layer 0)
+    b[0, 1, 1] = torch.tensor([3, 6])  # differs (layer 1)
+    b[0, 2, 0] = torch.tensor([1, 0])  # same set
+    b[0, 3, 0] = torch.tensor([7, 6])  # differs (layer 0); layer 1 is a -1 row: not counted
+    valid = torch.tensor([[True, True, True, True]])
+    differing, counted = route_diff_counts(a, b, valid, num_experts=8)
+    assert (int(differing), int(counted)) == (3, 7)
+    m = routing_agreement(a, b, valid)
+    assert m["route_diff_frac"] * m["route_counted_pairs"] == pytest.approx(3) and m["route_counted_pairs"] == 7
+    differing, counted = route_diff_counts(a, b, torch.tensor([[False, True, True, True]]), num_experts=8)
+    assert (int(differing), int(counted)) == (2, 5)

@@ -98,6 +98,17 @@ def test_the_fused_old_pass_keeps_its_scores_on_the_device_until_the_update_ends
     assert scores.logp.device.type == "cpu" and torch.equal(scores.logp, scores.logp * batch.mask)
 
 
+def test_the_r2_drift_metric_is_counted_on_the_device(monkeypatch):
+    """R2 with routing metrics: every micro-batch compares the replayed routes with the routers' own
+    choices; the counts stay tensors and reach the host with the update's other numbers."""
+    trainer, batch, objective = r3_setup()
+    results = []
+    work = lambda: results.append(trainer.update(batch, objective, replay_routes=True, natural_drift=True))  # noqa: E731
+    counts = census(monkeypatch, trainer, work, sites=("minirl/trainer.py", "minirl/monitor/routing.py", *LOSS_SIDE))
+    assert not counts, f"host conversions inside the update's loop: {dict(counts)}"
+    assert results[0].natural_diff_frac == 0.0  # replaying the routers' own routes at the same weights
+
+
 def test_a_nan_input_skips_the_update_before_any_forward_and_names_it():
     trainer, batch, objective = r3_setup()
     advantages = batch.advantages.clone()

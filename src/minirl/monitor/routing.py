@@ -54,3 +54,13 @@ def routing_agreement(routes_a: torch.Tensor, routes_b: torch.Tensor, valid_mask
         out[f"route_diff_frac_layer{i}"] = frac(diff[:, :, i], counted[:, :, i])
     out["route_diff_any_layer_frac"] = frac(diff.any(dim=-1), counted.any(dim=-1))
     return out
+
+
+def route_diff_counts(routes_a: torch.Tensor, routes_b: torch.Tensor, valid_mask: torch.Tensor,
+                      num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(differing, counted) (token, layer) pairs of ``routing_agreement`` as 0-dim long tensors, with the
+    expert count given, so nothing waits for the device (the trainer sums them over micro-batches)."""
+    a, b = routes_a.long(), routes_b.to(device=routes_a.device).long()
+    differ = (_as_sets(a, num_experts) != _as_sets(b, num_experts)).any(dim=-1)  # [B, T, L]
+    counted = valid_mask.to(device=a.device, dtype=torch.bool)[:, :, None] & (a >= 0).all(dim=-1) & (b >= 0).all(dim=-1)
+    return (differ & counted).sum(), counted.sum()
