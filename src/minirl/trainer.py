@@ -186,7 +186,7 @@ class Trainer:
                 # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
                 # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
                 # the attention path). Padding positions' outputs are garbage and are masked out.
-                out = self.model(input_ids=micro.input_ids.to(self.device), use_cache=False)
+                out = self.model(input_ids=to_device(micro.input_ids, self.device), use_cache=False)
         return out.logits
 
     @torch.no_grad()
@@ -203,7 +203,7 @@ class Trainer:
             rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             natural: list | None = [] if record_routes else None
             logits = self._logits(micro, replay_routes=replay_routes, natural=natural)[:, :-1].float()
-            logp = token_logprobs(logits, micro.input_ids[:, 1:].to(self.device))
+            logp = token_logprobs(logits, to_device(micro.input_ids[:, 1:], self.device))
             scores.add(rows, micro, logits, logp, natural[0] if natural else None)
         return scores.result()
 
@@ -422,7 +422,7 @@ class _Scores:
             if self.routes is None:
                 self.routes = torch.full((self.batch.size, self.batch.input_ids.shape[1], *recorded.shape[2:]), -1,
                                          dtype=torch.int16, device=recorded.device)
-            recorded[~micro.attention_mask.to(recorded.device)] = -1
+            recorded[~to_device(micro.attention_mask, recorded.device)] = -1
             self.routes[rows, :cols] = recorded
 
     def result(self) -> ScoreResult:
