@@ -63,8 +63,9 @@ def census(monkeypatch, trainer: Trainer, work, sites: tuple[str, ...] = LOSS_SI
     return counts
 
 
-def r3_setup(kl_coef: float = 0.0):
-    cfg = load_config(ROOT / "configs/demo.yaml", [f"algo.kl_coef={kl_coef}"])
+def r3_setup(kl_coef: float = 0.0, loss: str = "minirl"):
+    cfg = load_config(ROOT / "configs/demo.yaml", [f"algo.kl_coef={kl_coef}"]) if loss == "minirl" else \
+        load_config(None, [f"algo.name={loss}", f"algo.kl_coef={kl_coef}"])
     model = make_tiny_moe(0)
     trainer = Trainer(model, lr=1e-3, micro_batch_sequences=2, replay=RoutingReplay(model))
     batch = batch_of(6)
@@ -76,9 +77,10 @@ def r3_setup(kl_coef: float = 0.0):
     return trainer, batch, objective
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.1], ids=["minirl", "minirl+kl"])
-def test_the_loss_side_never_waits_for_the_device_inside_an_update(monkeypatch, kl_coef):
-    trainer, batch, objective = r3_setup(kl_coef)
+@pytest.mark.parametrize(("loss", "kl_coef"), [("minirl", 0.0), ("minirl", 0.1), ("cispo", 0.0), ("grpo", 0.0), ("gspo", 0.0)],
+                         ids=["minirl", "minirl+kl", "cispo", "grpo", "gspo"])
+def test_the_loss_side_never_waits_for_the_device_inside_an_update(monkeypatch, loss, kl_coef):
+    trainer, batch, objective = r3_setup(kl_coef, loss)
     results = []
     counts = census(monkeypatch, trainer, lambda: results.append(trainer.update(batch, objective, replay_routes=True)))
     assert results[0].fault is None and trainer.updates_done == 1

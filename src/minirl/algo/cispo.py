@@ -71,12 +71,9 @@ def cispo_loss(
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(mask, weight * factor * adv * logp_m, zero)
-    _, group_index = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(group_index.max()) + 1  # one host sync; B >= 1 is checked above
-    group_tokens = torch.zeros(num_groups, dtype=dtype, device=logp.device)
-    group_tokens.index_add_(0, group_index, mask.sum(dim=1).to(dtype))
-    row_denom = group_tokens.clamp(min=1)[group_index]  # T_{g(i)} per row
-    denom = float(num_groups) if normalizer is None else normalizer
+    same_group = (group_ids[:, None] == group_ids[None, :]).to(dtype)  # [B, B]: exact integer sums, no host sync
+    row_denom = (same_group @ mask.sum(dim=1).to(dtype)).clamp(min=1)  # T_{g(i)} per row
+    denom = float(torch.unique(group_ids).numel()) if normalizer is None else normalizer  # a sync only without one
     loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
 
     clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
