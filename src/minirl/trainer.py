@@ -153,6 +153,9 @@ class Trainer:
         self.updates_done = 0
         self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)
         self.consecutive_faults = 0
+        # a rank of an FSDP group (``minirl.distributed.rank`` sets it): every update runs every forward and
+        # backward, even on bad inputs, so no collective waits for a rank that skipped alone
+        self.collective = False
 
     # ------------------------------------------------------------------ forward passes
 
@@ -240,8 +243,10 @@ class Trainer:
             objective, score = OnPolicy(objective), True
         inputs = {"logp_old": minibatch.logp_old, "logp_rollout": minibatch.logp_rollout, "logp_ref": minibatch.logp_ref}
         bad_inputs = nan_report(minibatch.advantages, minibatch.mask, inputs)  # host tensors: no GPU wait
-        if bad_inputs is not None:
+        if bad_inputs is not None and not self.collective:
             return self._skip(f"non-finite inputs ({bad_inputs})", minibatch, old_pass, replay_routes, record_routes)
+        if bad_inputs is not None:  # keep the collectives: a NaN loss makes every rank's global norm NaN, all skip
+            objective = _NaNLoss()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True, device=self.device) if score else None
@@ -259,6 +264,7 @@ class Trainer:
             reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
             bad_logp = nan_report(None, minibatch.mask, {"logp": logp})  # the rare path may sync to say why
             reason = f"non-finite log-probs ({bad_logp})" if bad_logp is not None else reason
+            reason = f"non-finite inputs ({bad_inputs})" if bad_inputs is not None else reason
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
         self._guard.snapshot()  # a step that poisons the weights is undone (``minirl.update_guard``)
@@ -391,6 +397,14 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights`` (LoRA adapters merged in)."""
         return merged_state_dict(self.model)
+
+
+class _NaNLoss:
+    """The objective of an update whose inputs hold a NaN on an FSDP rank: a NaN loss through ``logp``, so
+    the rank still runs its backward and its collectives, and the global gradient norm skips the update."""
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        return logp.sum() * math.nan, {}
 
 
 def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.Tensor]:

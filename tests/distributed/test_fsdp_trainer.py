@@ -136,3 +136,35 @@ def test_bf16_fsdp_ranks_all_gather_bf16_and_track_one_bf16_process(tmp_path):
     assert loss_diff < 5e-3 and weight_diff < 2e-2  # measured 4.9e-4 and 4.6e-3
     fp32 = run_steps(tmp_path / "fp32", "moe.routing_replay=R3", "optim.minibatches_per_step=2")
     assert max_differences(single, fp32)[0] > TOL  # bf16 did compute in bf16
+
+
+def test_a_nan_input_on_one_rank_skips_the_update_on_every_rank_without_a_hang(tmp_path):
+    """A rank whose shard holds a NaN must not skip alone (its peer would wait in FSDP's collectives for
+    good): it runs its passes with a NaN loss, the global gradient norm is NaN, every rank skips."""
+    import threading
+
+    import torch
+
+    from minirl.objective import make_objective
+    from minirl.types import Batch
+
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
+    run = loop.setup(cfg, rewards=DenseRewards())
+    try:
+        rows, width = 4, 6
+        logp_rollout = torch.full((rows, width - 1), -1.0)
+        logp_rollout[0, 2] = float("nan")  # in rank 0's half of the rows
+        batch = Batch(input_ids=torch.randint(3, 20, (rows, width), generator=torch.Generator().manual_seed(0)),
+                      attention_mask=torch.ones(rows, width, dtype=torch.bool), mask=torch.ones(rows, width - 1, dtype=torch.bool),
+                      logp_rollout=logp_rollout, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                      group_ids=torch.tensor([0, 0, 1, 1])).with_logp_old(torch.full((rows, width - 1), -1.0))
+        out: dict = {}
+        worker = threading.Thread(target=lambda: out.update(result=run.trainer.update(batch, make_objective(cfg.algo, batch))),
+                                  daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "a rank skipped alone and its peer waits in a collective"
+        assert out["result"].fault == "non-finite inputs (logp_rollout contains NaN at 1 trained (mask=True) token(s))"
+        assert run.trainer.consecutive_faults == 1
+    finally:
+        run.close()

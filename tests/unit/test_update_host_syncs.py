@@ -126,6 +126,23 @@ def test_a_nan_input_skips_the_update_before_any_forward_and_names_it():
     assert result.fault == "non-finite inputs (logp_old contains NaN at 1 trained (mask=True) token(s))"
 
 
+def test_an_fsdp_rank_with_a_nan_input_still_runs_its_passes_and_skips_by_the_norm():
+    """On a rank of an FSDP group (``Trainer.collective``) a rank that skipped alone would leave its peers
+    waiting in a collective: it runs every forward and backward with a NaN loss instead, so the global
+    gradient norm is NaN on every rank and all skip together; its fault still names the input."""
+    trainer, batch, objective = r3_setup()
+    trainer.collective = True
+    forwards = []
+    trainer.model.register_forward_hook(lambda module, args, out: forwards.append(1))
+    logp_rollout = batch.logp_rollout.clone()
+    logp_rollout[tuple(batch.mask.nonzero()[-1].tolist())] = float("nan")
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    result = trainer.update(dataclasses.replace(batch, logp_rollout=logp_rollout), objective, replay_routes=True)
+    assert result.fault == "non-finite inputs (logp_rollout contains NaN at 1 trained (mask=True) token(s))"
+    assert len(forwards) == 3  # every micro-batch (6 rows, 2 per micro-batch) ran, with its backward
+    assert trainer.updates_done == 0 and all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+
+
 def test_a_nan_log_prob_from_the_model_skips_the_update_and_names_it():
     trainer, batch, objective = r3_setup()
     with torch.no_grad():

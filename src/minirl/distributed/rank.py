@@ -88,6 +88,7 @@ class TrainerRank:
         if self.world > 1:
             _shard(model, device, self.world, cfg.optim.precision)
         self.trainer = build_trainer(cfg, model, self.replay)
+        self.trainer.collective = self.world > 1  # never skip alone: the peers wait in FSDP's collectives
 
     # ------------------------------------------------------------------ the Trainer interface, on a shard
 
