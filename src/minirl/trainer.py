@@ -246,7 +246,7 @@ class Trainer:
         if bad_inputs is not None and not self.collective:
             return self._skip(f"non-finite inputs ({bad_inputs})", minibatch, old_pass, replay_routes, record_routes)
         if bad_inputs is not None:  # keep the collectives: a NaN loss makes every rank's global norm NaN, all skip
-            objective = _NaNLoss()
+            objective = NaNLoss()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True, device=self.device) if score else None
@@ -261,10 +261,13 @@ class Trainer:
         loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
         drift = values.pop("routing_natural_diff_frac", None)
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
-            reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
-            bad_logp = nan_report(None, minibatch.mask, {"logp": logp})  # the rare path may sync to say why
-            reason = f"non-finite log-probs ({bad_logp})" if bad_logp is not None else reason
-            reason = f"non-finite inputs ({bad_inputs})" if bad_inputs is not None else reason
+            bad_logp = None if bad_inputs else nan_report(None, minibatch.mask, {"logp": logp})  # rare path: may sync
+            if bad_inputs is not None:
+                reason = f"non-finite inputs ({bad_inputs})"
+            elif bad_logp is not None:
+                reason = f"non-finite log-probs ({bad_logp})"
+            else:
+                reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
         self._guard.snapshot()  # a step that poisons the weights is undone (``minirl.update_guard``)
@@ -399,7 +402,7 @@ class Trainer:
         return merged_state_dict(self.model)
 
 
-class _NaNLoss:
+class NaNLoss:
     """The objective of an update whose inputs hold a NaN on an FSDP rank: a NaN loss through ``logp``, so
     the rank still runs its backward and its collectives, and the global gradient norm skips the update."""
 

@@ -22,7 +22,6 @@ With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no pro
 
 from __future__ import annotations
 
-import math
 import socket
 from dataclasses import replace
 from typing import Any, cast
@@ -30,7 +29,7 @@ from typing import Any, cast
 import torch
 
 from minirl.config import Config
-from minirl.trainer import ScoreResult
+from minirl.trainer import NaNLoss, ScoreResult
 from minirl.types import Batch
 
 
@@ -216,7 +215,7 @@ class _KeepCollectives:
             return self.objective(logp, micro)
         except FloatingPointError as exc:
             self.faults.append(str(exc))
-            return logp.sum() * math.nan, {}
+            return NaNLoss()(logp, micro)
 
 
 def _under_ray() -> bool:
