@@ -262,12 +262,8 @@ class Trainer:
         drift = values.pop("routing_natural_diff_frac", None)
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
             bad_logp = None if bad_inputs else nan_report(None, minibatch.mask, {"logp": logp})  # rare path: may sync
-            if bad_inputs is not None:
-                reason = f"non-finite inputs ({bad_inputs})"
-            elif bad_logp is not None:
-                reason = f"non-finite log-probs ({bad_logp})"
-            else:
-                reason = f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})"
+            reason = (f"non-finite inputs ({bad_inputs})" if bad_inputs is not None else f"non-finite log-probs ({bad_logp})"
+                      if bad_logp is not None else f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm})")
             return self._skip(reason, minibatch, old_pass, replay_routes, record_routes)
         lr = self.optimizer.param_groups[0]["lr"]
         self._guard.snapshot()  # a step that poisons the weights is undone (``minirl.update_guard``)
