@@ -287,11 +287,12 @@ def test_plot_and_report_take_one_run_directory_and_old_key_names(tmp_path):
 
 
 def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
-    from minirl.experiments.studies import STUDIES
+    from minirl.experiments.studies import REGISTERED, STUDIES
 
     for study, n_arms in (("study1_replay", 6), ("study2_is", 2)):
         arms = find_arms(EXPERIMENTS / "studies" / study)
         assert [name for name, _ in arms] == [a.name for a in load_table(EXPERIMENTS / "studies" / study / "arms.yaml").arms]
+        assert list(REGISTERED[study].arms) == [name for name, _ in arms] and REGISTERED[study].gradient_steps == 256
         assert len(arms) == n_arms and {p.a for p in STUDIES[study]} | {p.b for p in STUDIES[study]} == {n for n, _ in arms}
         for name, path in arms:  # the registered design: 256 gradient steps, 256 held-out prompts, accuracy-matched start
             cfg = load_arm(path)
@@ -307,10 +308,15 @@ def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
     again = _minirl("sweep", "experiments/studies/study1_replay", "--quick", "--seeds", "2", "--runs-dir", str(runs),
                     "--arms", "n2_r2,n2_r3")
     assert "0 run(s) to do" in again.stdout  # resumable: finished runs are skipped
-    verdicts = subprocess.run([sys.executable, "-m", "minirl.experiments", "verdicts", str(runs), "study1_replay"],
-                              capture_output=True, text=True, cwd=ROOT, check=False)
+    command = [sys.executable, "-m", "minirl.experiments", "verdicts", str(runs), "study1_replay"]
+    early = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    # 4 of 36 registered runs, and --quick ones short of the registered 256 gradient steps: no verdicts, one line
+    assert early.returncode == 1 and early.stdout == "" and len(early.stderr.splitlines()) == 1, early.stderr
+    assert "study1_replay: 0 of 36 registered runs finished" in early.stderr and "n2_none seed 0 (not started)" in early.stderr
+    verdicts = subprocess.run([*command, "--interim"], capture_output=True, text=True, cwd=ROOT, check=False)
     assert verdicts.returncode == 0, verdicts.stderr
-    assert "| **primary** N = 2: R2 beats R3 | n2_r2 − n2_r3 (final) | **" in verdicts.stdout
+    assert "**Interim: 0 of 36 registered runs finished." in verdicts.stdout
+    assert "| **primary** N = 2: R2 beats R3 | n2_r2 − n2_r3 (final) | **interim** |" in verdicts.stdout
     assert verdicts.stdout.count("**not run**") == 5  # only the N = 2 R2/R3 pair ran
 
 

@@ -242,14 +242,42 @@ def test_study_verdicts_pair_seeds_and_holm_adjust_on_synthetic_runs():
     # reversed arms: the sign flips the verdict
     flipped = study_verdicts({"n8_r3": arms["onpolicy_no_is"], "n8_r2": arms["onpolicy_is"]}, STUDIES["study1_replay"])
     assert flipped[1][2].verdict is Verdict.CONTRADICTS
-    table = "\n".join(study_section(arms, "study2_is"))
-    assert "| **primary** IS correction ends higher | onpolicy_is − onpolicy_no_is (final) | **supports** |" in table
+    table = "\n".join(study_section(arms, "study2_is", interim=True))
+    assert "| **primary** IS correction ends higher | onpolicy_is − onpolicy_no_is (final) | **interim** |" in table
     assert "mean KL of onpolicy_no_is ≥ 0.01): not measured, no runs." in table  # the synthetic runs log no KL
     for i, run in enumerate(arms["onpolicy_no_is"]):  # whole-run means 1e-2, 2e-2, 0 -> 1e-2: met
         run["rows"] += [{"step": 1, "mismatch/kl_k3": 1e-2 * i}, {"step": 2, "mismatch/kl_k3": 1e-2 * i}]
-    assert "= 1.00e-02 over 3 runs, met (≥ 0.01)." in "\n".join(study_section(arms, "study2_is"))
+    assert "= 1.00e-02 over 3 runs, met (≥ 0.01)." in "\n".join(study_section(arms, "study2_is", interim=True))
     arms["onpolicy_no_is"][2]["rows"][-1]["mismatch/kl_k3"] = 0.0  # 1e-2 -> (0 + 1e-2 + 1e-2) / 3
-    assert "NOT met" in "\n".join(study_section(arms, "study2_is"))
+    assert "NOT met" in "\n".join(study_section(arms, "study2_is", interim=True))
+
+
+def test_study_verdicts_wait_for_every_registered_run():
+    """Pre-registered: 6 seeds per arm at 256 gradient steps. Before all exist the table says interim (or,
+    without ``interim``, the call refuses, naming what is missing), so looking early cannot pick the verdict."""
+    from minirl.experiments.studies import REGISTERED, StudyIncomplete, missing_runs, study_section
+
+    assert REGISTERED["study2_is"].seeds == 6 and REGISTERED["study2_is"].gradient_steps == 256
+    good, bad = [0.5, 0.8, 0.8], [0.5, 0.7, 0.3]  # evaluations at gradient steps 0, 128, 256 (n = 2: steps 0, 64, 128)
+    arms = _study_runs({"onpolicy_is": [good] * 6, "onpolicy_no_is": [bad] * 6})
+    for runs in arms.values():
+        for run in runs:
+            run["n"] = 2
+            for j, row in enumerate(run["rows"]):
+                row["step"] = 64 * j
+    assert missing_runs(arms, "study2_is") == (12, [])
+    table = "\n".join(study_section(arms, "study2_is"))
+    assert "Interim" not in table and "| **primary** IS correction ends higher | onpolicy_is − onpolicy_no_is (final) | **supports** |" in table
+    arms["onpolicy_no_is"][3]["rows"].pop()  # seed 3 stopped at gradient step 128
+    del arms["onpolicy_is"][5]  # seed 5 never ran
+    assert missing_runs(arms, "study2_is") == (
+        10, ["onpolicy_is seed 5 (not started)", "onpolicy_no_is seed 3 (at 128 of 256 gradient steps)"])
+    with pytest.raises(StudyIncomplete, match=r"study2_is: 10 of 12 registered runs finished; .*onpolicy_is seed 5"):
+        study_section(arms, "study2_is")
+    table = "\n".join(study_section(arms, "study2_is", interim=True))
+    assert "**Interim: 10 of 12 registered runs finished." in table
+    assert "| **primary** IS correction ends higher | onpolicy_is − onpolicy_no_is (final) | **interim** |" in table
+    assert "supports" not in table.split("else cannot tell.")[1]
 
 
 def test_holm_can_turn_a_nominal_difference_into_cannot_tell():

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     from minirl.experiments.analysis import level_contrast
     from minirl.experiments.arms import generate
     from minirl.experiments.runs import flat, load_runs
-    from minirl.experiments.studies import STUDIES, study_section
+    from minirl.experiments.studies import STUDIES, StudyIncomplete, study_section
 
     parser = argparse.ArgumentParser(prog="python -m minirl.experiments", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("verdicts", help="a pre-registered study's comparisons and verdicts from its runs")
     p.add_argument("runs_dir")
     p.add_argument("study", choices=sorted(STUDIES))
+    p.add_argument("--interim", action="store_true",
+                   help="before every registered run has finished: print the numbers so far, marked interim")
     args = parser.parse_args(argv)
     try:
         if args.action == "verdicts":
-            print("\n".join(study_section(flat(load_runs(Path(args.runs_dir))), args.study)))
+            print("\n".join(study_section(flat(load_runs(Path(args.runs_dir))), args.study, interim=args.interim)))
             return 0
         if args.action == "contrast":
             arms = flat(load_runs(Path(args.runs_dir)))
@@ -43,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"minirl: {exc}", file=sys.stderr)
         return 2
+    except StudyIncomplete as exc:
+        print(f"minirl: {exc}", file=sys.stderr)
+        return 1
     if args.action == "check":
         print("up to date" if not changed else f"out of date: {', '.join(changed)}")
         return 1 if changed else 0

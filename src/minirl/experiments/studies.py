@@ -5,7 +5,9 @@ paired t-test over the seeds both arms ran (seed s of a against seed s of b), wi
 p-values of one study are Holm-adjusted together. Decision rule: *supports* when the Holm-adjusted p is
 below 0.05 and a − b > 0, *contradicts* when it is below 0.05 and a − b < 0, *cannot tell* otherwise
 (*not run* when an arm lacks two matched seeds). ``python -m minirl.experiments verdicts RUNS_DIR STUDY``
-prints the table.
+prints the table, and only once every registered run (each arm × seeds 0..S-1, at the registered horizon)
+has finished: before that it names the missing runs and exits 1, and ``--interim`` prints the numbers
+with *interim* in place of every verdict (looking early must not become optional stopping).
 """
 
 from __future__ import annotations
@@ -70,6 +72,40 @@ STUDIES: dict[str, list[Planned]] = {
 }
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What a study registered besides its comparisons: seeds 0..seeds-1 of every arm, each run to
+    ``gradient_steps`` (the arm table's ``gradient_steps``; a test keeps the two equal)."""
+
+    arms: tuple[str, ...]
+    seeds: int
+    gradient_steps: int
+
+
+REGISTERED = {
+    "study1_replay": Registration(("n2_none", "n2_r2", "n2_r3", "n8_none", "n8_r2", "n8_r3"), seeds=6, gradient_steps=256),
+    "study2_is": Registration(("onpolicy_is", "onpolicy_no_is"), seeds=6, gradient_steps=256),
+}
+
+
+def missing_runs(arms: dict[str, list[Run]], study: str) -> tuple[int, list[str]]:
+    """(finished registered runs, one phrase per registered run not finished: ``n8_r2 seed 3 (at 96 of 256
+    gradient steps)`` or ``n8_r2 seed 4 (not started)``). Finished: it logged its last gradient step."""
+    plan = REGISTERED[study]
+    done, missing = 0, []
+    for arm in plan.arms:
+        reached = {run["seed"]: max((int(row["step"]) * run["n"] for row in run["rows"] if "step" in row), default=0)
+                   for run in arms.get(arm, [])}
+        for seed in range(plan.seeds):
+            steps = reached.get(f"seed{seed}")
+            if steps is not None and steps >= plan.gradient_steps:
+                done += 1
+            else:
+                where = "not started" if steps is None else f"at {steps} of {plan.gradient_steps} gradient steps"
+                missing.append(f"{arm} seed {seed} ({where})")
+    return done, missing
+
+
 #: a study's registered mismatch condition: (arm, least whole-run mean train-infer KL (k3) over its runs)
 KL_FLOOR = {"study2_is": ("onpolicy_no_is", 1e-2)}
 
@@ -108,12 +144,27 @@ def study_verdicts(arms: dict[str, list[Run]], planned: list[Planned]) -> list[t
     return out
 
 
-def study_section(arms: dict[str, list[Run]], study: str) -> list[str]:
-    """Markdown: the study's planned comparisons and their verdicts."""
+class StudyIncomplete(Exception):
+    """A study's verdicts were asked for before every registered run finished (the message says which)."""
+
+
+def study_section(arms: dict[str, list[Run]], study: str, *, interim: bool = False) -> list[str]:
+    """Markdown: the study's planned comparisons and their verdicts. Before every registered run has
+    finished it raises ``StudyIncomplete``; ``interim=True`` prints the numbers with *interim* as verdict."""
+    done, missing = missing_runs(arms, study)
+    total = done + len(missing)
+    if missing and not interim:
+        raise StudyIncomplete(
+            f"{study}: {done} of {total} registered runs finished; the pre-registered verdicts are taken on all of "
+            f"them (missing: {', '.join(missing[:3])}{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}); "
+            "--interim shows the numbers so far, marked interim")
     rows = [f"| {'**primary** ' if plan.primary else ''}{plan.name} | {plan.a} − {plan.b} ({plan.statistic}) | "
-            f"**{check.label()}** | {check.test} | {check.numbers} |" for plan, _, check in study_verdicts(arms, STUDIES[study])]
+            f"**{'interim' if missing and check.verdict is not Verdict.NOT_RUN else check.label()}** | {check.test} | {check.numbers} |"
+            for plan, _, check in study_verdicts(arms, STUDIES[study])]
     condition = kl_condition(arms, study)
-    return [f"## {study}: pre-registered comparisons", "",
+    warning = ([f"**Interim: {done} of {total} registered runs finished. These numbers are not the study's verdicts; "
+                "the decision rule is applied only when every registered run exists.**", ""] if missing else [])
+    return [f"## {study}: pre-registered comparisons", "", *warning,
             "Each: paired t-test over matched seeds, 95 % t interval, p Holm-adjusted over the study's comparisons; "
             f"supports / contradicts when the adjusted p < {ALPHA} (by the sign of a − b), else cannot tell.", "",
             "| comparison | a − b (statistic) | verdict | test | numbers |", "|---|---|---|---|---|", *rows, "",
