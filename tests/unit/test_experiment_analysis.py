@@ -307,3 +307,21 @@ def test_every_arm_of_a_study_shares_one_cold_start():
         arms = sorted(p for p in (root / study).glob("*.yaml") if p.name != "arms.yaml")
         keys = {sft_cache_key(load_arm(p, [f"run.seed={seed}"])) for p in arms for seed in range(6)}
         assert len(arms) >= 2 and len(keys) == 1, (study, keys)
+
+
+def test_plot_draws_every_seed_even_without_a_fall(tmp_path):
+    """Issue 23: the figures show every seed. A calm study (no fall) still gets its per-seed panels; the
+    falls figure only when something fell."""
+    import json
+
+    from minirl.experiments.plots import plot
+
+    for arm, seeds in (("n2_r2", 3), ("n2_r3", 2)):
+        for seed in range(seeds):
+            run = tmp_path / arm / f"seed{seed}"
+            run.mkdir(parents=True)
+            (run / "config.yaml").write_text("optim:\n  minibatches_per_step: 2\n")
+            rows = [{"step": 16 * j, "eval/accuracy": y, "train/reward_mean": y} for j, y in enumerate([0.8, 0.85, 0.86])]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sorted(p.name for p in plot(tmp_path)) == ["n2.png", "n2_seeds.png"]
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"n2.png", "n2_seeds.png"}

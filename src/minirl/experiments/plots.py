@@ -80,7 +80,10 @@ def _setting_figure(plt: Any, setting: str, arms: dict[str, list[Run]], path: Pa
         ax.set_xlabel("gradient steps")
         if log_y and ax.lines and all(min(line.get_ydata(), default=1) > 0 for line in ax.lines):
             ax.set_yscale("log")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    # the legend of the first panel with data, outside the last one (a metric a run did not log leaves its panel empty)
+    handles, labels = next((found for ax in axes[0] if (found := ax.get_legend_handles_labels())[0]), ([], []))
+    if handles:
+        axes[0][-1].legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.suptitle(f"{SETTINGS.get(setting, setting)}: thick = mean over seeds, thin = each seed")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -172,10 +175,11 @@ def plot(runs_dir: Path, out_dir: Path | None = None) -> list[Path]:
         _setting_figure(plt, setting, arms, path)
         written.append(path)
         found = falls({setting: arms})
+        _seeds_figure(plt, setting, arms, found, out_dir / f"{setting}_seeds.png")  # every seed, falls or not
+        written.append(out_dir / f"{setting}_seeds.png")
         if found:
-            _seeds_figure(plt, setting, arms, found, out_dir / f"{setting}_seeds.png")
             _falls_figure(plt, setting, found, out_dir / f"{setting}_falls.png")
-            written += [out_dir / f"{setting}_seeds.png", out_dir / f"{setting}_falls.png"]
+            written.append(out_dir / f"{setting}_falls.png")
     return written + plot_stress_axes(plt, runs_dir, loaded, out_dir)
 
 
