@@ -78,7 +78,7 @@ class RewardFunctionConfig(Section):
 
     function: str = Field(description="'module:function' (a module in the working directory or installed, or path/to/file.py:function)")
     weight: float = Field(1.0, allow_inf_nan=False, description="the reward is the weighted sum over the functions")
-    batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts' or 'completions'")
+    batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts' or 'completions' (TRL) or 'data_sources' (verl)")
     name: str | None = Field(None, description="metric name reward/<name>/mean (default: the function's __name__)")
 
 
@@ -103,7 +103,9 @@ class TaskConfig(Section):
     reward: Literal["exact", "math_verify"] = "exact"
     """Built-in verifier of a data task: exact (string match) or math_verify (mathematical equality)."""
     reward_function: str | None = None
-    """A user reward ``package.module:function`` called as ``fn(prompt, completion, answer) -> float``."""
+    """A user reward ``package.module:function`` (or ``path/file.py:function``) called as ``fn(prompt,
+    completion, answer) -> float``; verl's ``compute_score(data_source, solution_str, ground_truth,
+    extra_info)`` works as it is, and a bare ``path/file.py`` names its ``compute_score``."""
     reward_functions: list[RewardFunctionConfig] = []
     """Several weighted user rewards, per-sample or batched (TRL's signature), sync or async; every
     extra data column reaches them as a keyword (``minirl.tasks.reward_functions``)."""
@@ -120,7 +122,9 @@ class TaskConfig(Section):
     prompt_column: str = "prompt"
     """Data column holding the prompt: a string, or a chat (TRL's ``[{"role": ..., "content": ...}]``)."""
     answer_column: str = "answer"
-    """Data column holding the reference answer (optional when user reward functions are given)."""
+    """Data column holding the reference answer (optional when user reward functions are given); a dotted
+    name reads a field of an object column. A verl data file needs none: without an ``answer`` column
+    the default reads verl's ``reward_model.ground_truth``."""
     chat_template: str = "auto"
     """Chat prompts: ``auto`` = the tokenizer's chat template (``add_generation_prompt=True``);
     ``plain`` = their contents as plain text; else a Jinja template file to use (and save) instead."""

@@ -112,3 +112,46 @@ def test_config_reward_functions_and_one_line_errors() -> None:
     with pytest.raises(RewardSpecError, match="has no attribute 'nope'"):
         build_task_from_config(load_config(None, [f'task.reward_functions=[{{function: "{MOD}:nope"}}]']).task)
     assert load_reward_function(f"{MOD}:exact")("p", " 4 ", "4") == 1.0
+
+
+# --- verl's compute_score ---------------------------------------------------------------------------
+
+VERL_PROMPTS = [  # rows as a verl parquet gives them: data_source and extra_info columns (answer: ground_truth)
+    Prompt(text="q1", answer="4", meta={"source": "f:1", "data_source": "gsm8k", "extra_info": {"scale": 2.0}},
+           messages=[{"role": "user", "content": "q1"}]),
+    Prompt(text="q2", answer="7", meta={"source": "f:2", "data_source": "bonus", "extra_info": {"index": 3}}),
+]
+VERL_COMPLETIONS = [(0, "4"), (0, "5"), (1, " 7"), (1, "x")]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process, and in a worker process
+def test_verl_compute_score_works_unchanged_per_sample_and_batched(timeout_s: float | None) -> None:
+    # per sample: correct x extra_info["scale"] (default 1) + 0.5 for data_source "bonus"; the completion is
+    # passed as solution_str text even for a chat prompt (verl decodes the response), the answer as ground_truth
+    expected = [2.0, 0.0, 1.5, 0.5]
+    for name in ("compute_score", "compute_score_batched"):
+        with _runner([{"function": f"{MOD}:{name}"}], timeout_s) as runner:
+            entry = runner.functions[0]
+            assert entry.verl and entry.batched is (name == "compute_score_batched")
+            rewards, stats = runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
+        assert rewards.tolist() == expected, name
+        assert stats[f"reward/{name}/mean"] == 1.0
+    # one task.reward_function, verl's form: detected the same way
+    task = build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_function=f"{MOD}:compute_score")
+    assert [task.reward(VERL_PROMPTS[i], c) for i, c in VERL_COMPLETIONS] == expected
+
+
+def test_verl_spec_defaults_and_one_line_errors(tmp_path: Path) -> None:
+    reward_file = tmp_path / "my_verl_reward.py"
+    reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    return float(solution_str == ground_truth)\n")
+    fn = load_reward_function(str(reward_file))  # verl's custom_reward_function.path, its default name
+    assert fn.__name__ == "compute_score" and make_reward_fn(str(reward_file)).verl
+    with pytest.raises(RewardSpecError, match=r"expected 'package\.module:function' or 'path/to/file\.py\[:function\]'"):
+        load_reward_function("my_module")
+    with pytest.raises(RewardSpecError, match=r"batched=True does not fit verl's signature \(first parameter 'data_source': per-sample\)"):
+        make_reward_fn(f"{MOD}:compute_score", batched=True)
+    with _runner([{"function": f"{MOD}:verl_without_score"}]) as runner, pytest.raises(RewardFunctionError) as error:
+        runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
+    assert str(error.value) == (f'reward function {MOD}:verl_without_score returned a dict without "score" (keys: acc); '
+                                "verl's convention puts the reward there")

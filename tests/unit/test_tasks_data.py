@@ -69,3 +69,30 @@ def test_answer_is_optional_for_user_rewards(tmp_path: Path) -> None:
     with pytest.raises(TaskDataError, match='field "answer" is missing'):
         JsonlTask(path)
     assert JsonlTask(path, eval_fraction=0.0, answer_required=False).train_prompts()[0].answer == ""
+
+
+VERL_ROWS = [  # the layout of verl's data preprocessing scripts (examples/data_preprocess/gsm8k.py)
+    {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "2+2? Put the answer after ####."}],
+     "ability": "math", "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {"split": "train", "index": 0}},
+    {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "3+4?"}],
+     "ability": "math", "reward_model": {"style": "rule", "ground_truth": "7"}, "extra_info": {"split": "train", "index": 1}},
+]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "json"])
+def test_a_verl_data_file_needs_no_column_mapping(tmp_path: Path, kind: str) -> None:
+    path = _write(tmp_path, kind, VERL_ROWS)
+    prompts = JsonlTask(path, eval_fraction=0.0).train_prompts()
+    assert [p.answer for p in prompts] == ["4", "7"]  # from reward_model.ground_truth
+    assert prompts[1].messages == [{"role": "user", "content": "3+4?"}]
+    assert prompts[0].meta["data_source"] == "openai/gsm8k" and prompts[0].meta["extra_info"] == {"split": "train", "index": 0}
+    assert prompts[0].meta["reward_model"] == {"style": "rule", "ground_truth": "4"}  # the column itself passes through
+    # a dotted answer column names the same field explicitly; one that is missing names itself
+    assert [p.answer for p in JsonlTask(path, eval_fraction=0.0, answer_column="reward_model.ground_truth").train_prompts()] == ["4", "7"]
+    with pytest.raises(TaskDataError, match=r':row 1: field "reward_model.answer" is missing$|:1: field "reward_model.answer" is missing$'):
+        JsonlTask(path, eval_fraction=0.0, answer_column="reward_model.answer")
+    # without verl's layout the default still asks for "answer"
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "p", "reward_model": {"style": "rule"}}) + "\n")
+    with pytest.raises(TaskDataError, match='field "answer" is missing'):
+        JsonlTask(plain)

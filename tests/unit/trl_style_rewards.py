@@ -49,3 +49,19 @@ def slow_batched(prompts, completions, **kwargs):
 
 def wrong_length(prompts, completions, **kwargs):
     return [1.0]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's NaiveRewardManager form
+    """verl's convention: all by keyword; a dict result carries the reward under "score"."""
+    correct = solution_str.strip() == ground_truth
+    return {"score": float(correct) * extra_info.get("scale", 1.0) + (0.5 if data_source == "bonus" else 0.0),
+            "acc": correct}
+
+
+def compute_score_batched(data_sources, solution_strs, ground_truths, extra_infos, **kwargs):  # verl's BatchRewardManager
+    return [float(s.strip() == g) * e.get("scale", 1.0) + (0.5 if d == "bonus" else 0.0)
+            for d, s, g, e in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+def verl_without_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"acc": 1.0}

@@ -4,8 +4,11 @@ File format: JSONL (one JSON object per line), JSON, Parquet or a ``datasets`` d
 (``minirl.tasks.data``); each row ``{"prompt": str | messages, "answer": str | number}`` (the
 column names are ``task.prompt_column`` / ``task.answer_column``). A prompt may be a chat, TRL's
 conversational form ``[{"role": "user", "content": "..."}]`` (``Prompt.messages``; rendered with
-the chat template, ``minirl.tasks.chat``). Any other columns are kept in ``Prompt.meta`` and reach
-user reward functions as keywords. A numeric answer (JSON int or float, not a boolean) becomes
+the chat template, ``minirl.tasks.chat``). A dotted answer column (``reward_model.ground_truth``)
+reads a field of an object column; a row in verl's layout (``{"data_source", "prompt": messages,
+"reward_model": {"ground_truth": ...}, "extra_info": {...}}``) needs no mapping: without an
+``answer`` column the default reads ``reward_model.ground_truth``. Any other columns are kept in
+``Prompt.meta`` and reach user reward functions as keywords. A numeric answer (JSON int or float, not a boolean) becomes
 its Python ``str()`` (``7`` -> ``"7"``, ``0.5`` -> ``"0.5"``, ``2.50`` -> ``"2.5"``): give a
 string when the exact spelling matters. Blank lines are ignored (they hold no row). A bad row (not
 UTF-8, not JSON, not an object, a field missing, empty or of the wrong type, a chat message without
@@ -279,11 +282,13 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
         raise TaskDataError(
             f'{where}: expected a JSON object with "{prompt_key}" and "{answer_key}", got {_json_type(row)}'
         )
-    required = (prompt_key, answer_key) if columns.answer_required else (prompt_key,)
-    for key in required:
-        if key not in row:
-            raise TaskDataError(f'{where}: field "{key}" is missing')
-    prompt, answer = row[prompt_key], row.get(answer_key)
+    if prompt_key not in row:
+        raise TaskDataError(f'{where}: field "{prompt_key}" is missing')
+    answer_key = _answer_key(row, answer_key)
+    found, answer = _lookup(row, answer_key)
+    if not found and columns.answer_required:
+        raise TaskDataError(f'{where}: field "{answer_key}" is missing')
+    prompt = row[prompt_key]
     messages = None
     if isinstance(prompt, list):
         messages = check_messages(prompt, where, prompt_key)
@@ -298,6 +303,30 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
     return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra},
                   messages=None if columns.plain_chat else messages)
+
+
+VERL_ANSWER = "reward_model.ground_truth"
+"""Where verl's data files keep the reference answer (``{"reward_model": {"ground_truth": ...}}``)."""
+
+
+def _answer_key(row: dict, key: str) -> str:
+    """``key``, or verl's ``reward_model.ground_truth`` when ``key`` is the default ``answer`` and the row
+    has no such column but verl's layout."""
+    if key == "answer" and key not in row and _lookup(row, VERL_ANSWER)[0]:
+        return VERL_ANSWER
+    return key
+
+
+def _lookup(row: dict, key: str) -> tuple[bool, Any]:
+    """(found, value) of column ``key``; a dotted key (``reward_model.ground_truth``) walks nested objects."""
+    if key in row:
+        return True, row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
 
 
 def _answer_text(answer: Any, where: str, key: str) -> str:

@@ -20,10 +20,20 @@ answers=[...], **columns)`` and return a list of numbers, one per sample. So a T
 works unchanged. In both forms a completion has its prompt's shape, TRL's rule: the text for a
 text prompt; ``[{"role": "assistant", "content": text}]`` for a chat prompt (list of messages).
 
+**verl's** ``compute_score`` works unchanged too: a function whose first parameter is
+``data_source`` is called the way verl's ``NaiveRewardManager`` calls it, all by keyword:
+``fn(data_source=..., solution_str=completion text, ground_truth=answer, extra_info=row's
+extra_info or {})``; one whose first parameter is ``data_sources`` the way its
+``BatchRewardManager`` does (``data_sources``, ``solution_strs``, ``ground_truths``,
+``extra_infos``: lists). Other columns go along as keywords if it takes them. It may return a
+number or verl's dict, whose ``"score"`` is the reward (the other entries are not used). A data
+file in verl's layout keeps its answer in ``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
+
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
-its first parameter is named ``prompts`` or ``completions`` (TRL's convention), else per-sample.
-``async def`` functions (or any that return an awaitable) are awaited.
+its first parameter is named ``prompts`` or ``completions`` (TRL's convention) or
+``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
+awaitable) are awaited.
 
 Like ``minirl.tasks.rewards`` this imports nothing heavy: the reward worker process uses it.
 """
@@ -50,7 +60,8 @@ from minirl.tasks.rewards import (
 if TYPE_CHECKING:
     from minirl.types import Prompt
 
-BATCHED_FIRST_PARAMETERS = ("prompts", "completions")
+BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "data_sources")
+VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
 
 
 @dataclass
@@ -82,6 +93,8 @@ class RewardFn:
     name: str = ""
     spec: str | None = None
     """How a worker process imports it again (``None``: it is sent pickled, or cannot be)."""
+    verl: bool = False
+    """Called with verl's keywords (``data_source``, ``solution_str``, ``ground_truth``, ``extra_info``)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
@@ -89,7 +102,8 @@ class RewardFn:
         self._accepts = _accepted_keywords(self.fn)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec}
+        return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec,
+                "verl": self.verl}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -105,15 +119,29 @@ class RewardFn:
         return [self._score_one(sample) for sample in samples]
 
     def _score_one(self, sample: Sample) -> float:
-        kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids})
         try:
-            value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
+            if self.verl:
+                value = resolve(self.fn(**self.keywords(verl_keywords(sample))))
+            else:
+                kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids})
+                value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
-        return check_reward_value(value, self.full_name)
+        return check_reward_value(self._unwrapped(value), self.full_name)
+
+    def _unwrapped(self, value: Any) -> Any:
+        """verl's ``{"score": reward, ...}`` as its reward; anything else as it is."""
+        if self.verl and isinstance(value, dict):
+            if "score" not in value:
+                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without \"score\" "
+                                          f"(keys: {', '.join(map(str, value))}); verl's convention puts the reward there")
+            return value["score"]
+        return value
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float]:
         available = batch_keywords(samples)
+        if self.verl:
+            available |= {f"{key}s": [verl_keywords(s)[key] for s in samples] for key in VERL_KEYWORDS}
         try:
             values = resolve(self.fn(**self.keywords(available)))
         except Exception as error:
@@ -127,7 +155,18 @@ class RewardFn:
             raise RewardFunctionError(
                 f"reward function {self.full_name} returned {len(values)} rewards for {len(samples)} completions"
             )
-        return [check_reward_value(value, self.full_name) for value in values]
+        return [check_reward_value(self._unwrapped(value), self.full_name) for value in values]
+
+
+VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def verl_keywords(sample: Sample) -> dict[str, Any]:
+    """What verl's reward managers pass for one sample (plus the row's columns and the token ids)."""
+    extra_info = sample.columns.get("extra_info")
+    return {**sample.columns, "completion_ids": list(sample.completion_ids),
+            "data_source": sample.columns.get("data_source"), "solution_str": sample.completion,
+            "ground_truth": sample.answer, "extra_info": extra_info if extra_info is not None else {}}
 
 
 def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
@@ -186,13 +225,23 @@ def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def looks_batched(fn: Callable[..., Any]) -> bool:
-    """TRL's convention: the first parameter is ``prompts`` or ``completions``."""
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return bool(parameters) and parameters[0].name in BATCHED_FIRST_PARAMETERS
+        return None
+    return parameters[0].name if parameters else None
+
+
+def looks_batched(fn: Callable[..., Any]) -> bool:
+    """TRL's convention (the first parameter is ``prompts`` or ``completions``) or verl's batched one
+    (``data_sources``)."""
+    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS
+
+
+def looks_verl(fn: Callable[..., Any]) -> bool:
+    """verl's ``compute_score`` convention: the first parameter is ``data_source`` (or ``data_sources``)."""
+    return _first_parameter(fn) in VERL_FIRST_PARAMETERS
 
 
 def make_reward_fn(
@@ -203,7 +252,13 @@ def make_reward_fn(
     if not callable(fn):
         raise RewardSpecError(f"reward function {target!r} is not callable")
     spec = target if isinstance(target, str) else reward_spec(fn)
-    return RewardFn(fn, float(weight), looks_batched(fn) if batched is None else bool(batched), name or "", spec)
+    verl = looks_verl(fn)
+    if verl and batched is not None and batched != looks_batched(fn):
+        raise RewardSpecError(f"reward function {function_name(fn)}: batched={batched} does not fit verl's signature "
+                              f"(first parameter {_first_parameter(fn)!r}: "
+                              f"{'batched' if looks_batched(fn) else 'per-sample'}); leave 'batched' out")
+    batched = looks_batched(fn) if batched is None or verl else bool(batched)
+    return RewardFn(fn, float(weight), batched, name or "", spec, verl)
 
 
 def unique_names(functions: list[RewardFn]) -> None:

@@ -283,7 +283,8 @@ class RewardRunner:
                         "function in __main__); define it in a module and name it 'module:function', or set "
                         "task.reward_timeout_s=null to run it in the trainer without a timeout"
                     ) from None
-            functions.append({"spec": entry.spec, "pickled": pickled, "batched": entry.batched, "name": entry.name})
+            functions.append({"spec": entry.spec, "pickled": pickled, "batched": entry.batched, "name": entry.name,
+                              "verl": entry.verl})
         return {"sys_path": list(sys.path), "functions": functions}
 
     def _start_workers(self) -> None:

@@ -49,11 +49,18 @@ class RewardFunctionError(Exception):
     """A user reward function raised or returned something that is not a finite number."""
 
 
+VERL_DEFAULT_NAME = "compute_score"
+"""The function a bare ``file.py`` spec names (verl's ``custom_reward_function.name`` default)."""
+
+
 def load_reward_function(spec: str) -> RewardFunction:
-    """Import and return the callable named by ``spec`` (``"package.module:function"``)."""
+    """Import and return the callable named by ``spec`` (``"package.module:function"``, ``"path/to/file.py:function"``,
+    or ``"path/to/file.py"`` for its ``compute_score``, as verl's ``custom_reward_function.path`` does)."""
     module_name, colon, attribute_path = spec.partition(":")
-    if not colon or not module_name or not attribute_path:
-        raise RewardSpecError(f"reward function {spec!r}: expected 'package.module:function'")
+    if not colon and module_name.endswith(".py"):  # verl's custom_reward_function.path, with its default name
+        attribute_path = VERL_DEFAULT_NAME
+    elif not colon or not module_name or not attribute_path:
+        raise RewardSpecError(f"reward function {spec!r}: expected 'package.module:function' or 'path/to/file.py[:function]'")
     module = _import_module(spec, module_name)
     target: Any = module
     for part in attribute_path.split("."):
@@ -187,7 +194,12 @@ class CustomRewardTask:
         from minirl.tasks.reward_functions import make_reward_fn, unique_names
 
         self.base_task = base_task
-        self.functions = list(fn) if isinstance(fn, list) else [make_reward_fn(fn, batched=False)]
+        if isinstance(fn, list):
+            self.functions = list(fn)
+        else:  # one ``task.reward_function``: per-sample ``fn(prompt, completion, answer)``, or verl's either form
+            entry = make_reward_fn(fn)
+            entry.batched = entry.batched and entry.verl
+            self.functions = [entry]
         if not self.functions:
             raise RewardSpecError("task.reward_functions: the list is empty")
         unique_names(self.functions)
