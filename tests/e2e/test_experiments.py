@@ -20,6 +20,7 @@ from minirl.experiments.arms import (
     global_steps,
     load_arm,
     load_table,
+    read_run_config,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,6 +319,12 @@ def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
     assert "**Interim: 0 of 36 registered runs finished." in verdicts.stdout
     assert "| **primary** N = 2: R2 beats R3 | n2_r2 − n2_r3 (final) | **interim** |" in verdicts.stdout
     assert verdicts.stdout.count("**not run**") == 5  # only the N = 2 R2/R3 pair ran
+    # Study 2's registered engine (fp4 weights in blocks of 128 + fp8 KV) runs too: --quick shrinks the blocks to
+    # the tiny model's width (128 does not divide its 64: the first try of this stopped both arms at step 0)
+    proc = _minirl("sweep", "experiments/studies/study2_is", "--quick", "--seeds", "1", "--runs-dir", str(tmp_path / "s2"),
+                   timeout=600)
+    assert proc.returncode == 0 and "0 failed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert read_run_config(tmp_path / "s2" / "onpolicy_no_is" / "seed0" / "config.yaml").rollout.fp4_block_size == 64
 
 
 def test_the_gpu_study_command_runs_and_collects_every_run(tmp_path):

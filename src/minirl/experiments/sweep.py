@@ -40,6 +40,7 @@ QUICK = [
     "optim.micro_batch_sequences=8", "eval.num_prompts=4", "eval.samples_per_prompt=2", "eval.every_steps=2",
     "checkpoint.every_steps=2", "cold_start.steps=5", "cold_start.examples=32", "cold_start.batch_sequences=8",
 ]
+QUICK_WIDTH = 64  # every weight input dimension of qwen3-moe-tiny: an fp4 arm's larger blocks shrink to it
 
 
 def train_config(path: Path, name: str, runs_root: Path) -> Path:
@@ -118,6 +119,8 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
                 overrides.append(f"rollout.prompts_per_step={2 * full.optim.minibatches_per_step}")
                 if full.diagnostics.every_steps:  # the stress study's diagnostics, within the few quick steps
                     overrides.append("diagnostics.every_steps=1")
+                if full.rollout.precision == "fp4_e2m1" and full.rollout.fp4_block_size > QUICK_WIDTH:
+                    overrides.append(f"rollout.fp4_block_size={QUICK_WIDTH}")  # blocks must divide the tiny model's width
             cfg = load_arm(path, overrides)  # validates before anything runs
             steps = global_steps(cfg)
             if is_finished(run_dir, steps):
