@@ -415,8 +415,8 @@ class ColdStartConfig(Section):
     """In ``minirl train``: run SFT first and start RL from its checkpoint."""
     data: str | None = None
     """Your SFT data (.jsonl, .json, .parquet or a datasets directory) in TRL's shapes: rows
-    ``{"prompt", "completion"}`` (strings or chat messages) or ``{"messages": [...]}``; null = the
-    task's teacher traces in ``style``."""
+    ``{"prompt", "completion"}`` (strings or chat messages), ``{"messages": [...]}`` or ``{"text": ...}``
+    (trained whole); null = the task's teacher traces in ``style``."""
     loss_on: Literal["completion", "all"] = "completion"
     """Tokens that carry the SFT loss: the completion / assistant tokens only (TRL's
     ``completion_only_loss`` / ``assistant_only_loss``), or the whole sequence."""

@@ -1,4 +1,4 @@
-"""SFT examples from the user's data, in the two shapes TRL's ``SFTTrainer`` takes.
+"""SFT examples from the user's data, in the shapes TRL's ``SFTTrainer`` takes.
 
 * **prompt-completion**: ``{"prompt": ..., "completion": ...}``, both strings or both lists of
   chat messages. Strings: the prompt is tokenised by ``minirl.tasks.chat.encode_prompt``, exactly
@@ -9,6 +9,9 @@
 * **conversational**: ``{"messages": [...]}``: every assistant turn is a completion; what comes
   before it (system, user, earlier turns, the template's markup) is context. A chat is rendered and
   encoded whole, as TRL does, and the trained tokens found by character offsets (``_conversation``).
+* **language modeling**: ``{"text": "..."}`` (TRL's ``dataset_text_field``): the text encoded with
+  the tokenizer's special tokens, EOS appended unless it ends with it, every token but the first
+  trained (there is no prompt to leave out).
 
 Which tokens carry the loss (``cold_start.loss_on``, after TRL's ``completion_only_loss`` and
 ``assistant_only_loss``): ``completion`` (the default) = the completion / assistant tokens only;
@@ -61,9 +64,11 @@ def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "co
 
 
 def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
-    """One data row (prompt-completion or messages) as token ids with a completion-only mask."""
-    if not isinstance(row, dict) or not ("messages" in row or ("prompt" in row and "completion" in row)):
-        raise TaskDataError(f'{where}: expected an object with "prompt" and "completion", or with "messages"')
+    """One data row (prompt-completion, messages or text) as token ids with a completion-only mask."""
+    if not isinstance(row, dict) or not ("messages" in row or ("prompt" in row and "completion" in row) or "text" in row):
+        raise TaskDataError(f'{where}: expected an object with "prompt" and "completion", with "messages" or with "text"')
+    if "text" in row and not ("messages" in row or "prompt" in row):
+        return _text_example(row["text"], tokenizer, where)
     if "messages" in row:
         messages = check_messages(_list(row["messages"], where, "messages"), where, "messages")
         if not any(m["role"] == "assistant" for m in messages):
@@ -81,6 +86,16 @@ def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
         completion = check_messages(completion, where, "completion")
         return _chat_example(prompt + completion, tokenizer, where, first_trained=len(prompt))
     raise TaskDataError(f'{where}: fields "prompt" and "completion" must both be strings or both lists of chat messages')
+
+
+def _text_example(text: Any, tokenizer: Any, where: str) -> SFTExample:
+    """TRL's language-modeling row: the whole text is trained (but its first token), EOS appended."""
+    if not isinstance(text, str) or not text.strip():
+        raise TaskDataError(f'{where}: field "text" must be a non-empty string')
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if not ids or ids[-1] != tokenizer.eos_token_id:
+        ids.append(tokenizer.eos_token_id)
+    return SFTExample(ids, [False] + [True] * (len(ids) - 1))
 
 
 def _list(value: Any, where: str, key: str) -> list:

@@ -148,7 +148,27 @@ def test_sft_rows_loss_options_packing_and_bad_rows(chat_model, tmp_path: Path) 
 
     with pytest.raises(TaskDataError) as error:
         read_sft_examples(bad, tokenizer)
-    assert str(error.value) == f'{bad}:2: expected an object with "prompt" and "completion", or with "messages"'
+    assert str(error.value) == f'{bad}:2: expected an object with "prompt" and "completion", with "messages" or with "text"'
+
+
+def test_sft_language_modeling_rows(chat_model, tmp_path: Path) -> None:
+    """TRL's third SFT shape, ``{"text": ...}``: the tokenizer's special tokens, EOS appended once, all but the
+    first token trained (``loss_on`` has no prompt to leave out)."""
+    _, tokenizer = chat_model
+    data = tmp_path / "lm.jsonl"
+    eos = tokenizer.eos_token
+    data.write_text(json.dumps({"text": "1+1=2"}) + "\n" + json.dumps({"text": f"3+4=7{eos}"}) + "\n")
+    first, second = read_sft_examples(data, tokenizer)
+    assert tokenizer.decode(first.input_ids) == "<s>1+1=2<|endoftext|>" == tokenizer.decode(second.input_ids).replace("3+4=7", "1+1=2")
+    assert first.input_ids == tokenizer("1+1=2")["input_ids"] + [tokenizer.eos_token_id]
+    assert first.loss_mask == [False] + [True] * (len(first.input_ids) - 1)
+    assert read_sft_examples(data, tokenizer, loss_on="all")[0].loss_mask == first.loss_mask
+    from minirl.tasks.jsonl import TaskDataError
+
+    bad = tmp_path / "bad_text.jsonl"
+    bad.write_text(json.dumps({"text": ""}) + "\n")
+    with pytest.raises(TaskDataError, match=r':1: field "text" must be a non-empty string$'):
+        read_sft_examples(bad, tokenizer)
 
 
 def test_cli_one_line_errors_for_chat_rows_and_sft_without_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
