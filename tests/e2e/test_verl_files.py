@@ -35,6 +35,7 @@ def test_verl_parquet_and_compute_score_train_unchanged(tmp_path: Path, monkeypa
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "verl" / "metrics.jsonl").read_text().splitlines()]
     assert "reward/compute_score/mean" in metrics[1] and "eval/accuracy" in metrics[0]
+    assert metrics[1]["reward/compute_score/acc"] == 0.0  # the dict's other numbers, as verl's reward_extra_info
     logged = [json.loads(line) for line in calls.read_text().splitlines()]
     answers = {row["extra_info"]["index"]: row["reward_model"]["ground_truth"] for row in rows}
     assert len(logged) >= 2 * 2 * 4  # two steps of 2 prompts x 4 samples, plus the evaluations

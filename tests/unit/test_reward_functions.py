@@ -136,6 +136,8 @@ def test_verl_compute_score_works_unchanged_per_sample_and_batched(timeout_s: fl
             rewards, stats = runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
         assert rewards.tolist() == expected, name
         assert stats[f"reward/{name}/mean"] == 1.0
+        # verl's reward_extra_info: the dict's other numbers ("acc": a bool here) are logged per function
+        assert stats.get(f"reward/{name}/acc") == (0.5 if name == "compute_score" else None)
     # one task.reward_function, verl's form: detected the same way
     task = build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_function=f"{MOD}:compute_score")
     assert [task.reward(VERL_PROMPTS[i], c) for i, c in VERL_COMPLETIONS] == expected

@@ -26,8 +26,10 @@ text prompt; ``[{"role": "assistant", "content": text}]`` for a chat prompt (lis
 extra_info or {})``; one whose first parameter is ``data_sources`` the way its
 ``BatchRewardManager`` does (``data_sources``, ``solution_strs``, ``ground_truths``,
 ``extra_infos``: lists). Other columns go along as keywords if it takes them. It may return a
-number or verl's dict, whose ``"score"`` is the reward (the other entries are not used). A data
-file in verl's layout keeps its answer in ``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
+number or verl's dict, whose ``"score"`` is the reward; its other numeric entries (verl's
+``reward_extra_info``, e.g. ``acc``) are logged as ``reward/<name>/<key>``, the mean over the samples
+that carry them (``Scored``). A data file in verl's layout keeps its answer in
+``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
 
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
@@ -42,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +66,21 @@ if TYPE_CHECKING:
 
 BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "data_sources")
 VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
+
+
+class Scored(float):
+    """A reward (the float itself) with the other numbers a verl ``compute_score`` dict carried
+    (``extras``: key -> number, logged as ``reward/<name>/<key>``). Arithmetic sees only the float."""
+
+    extras: dict[str, float]
+
+    def __new__(cls, reward: float, extras: dict[str, float]) -> Scored:
+        scored = super().__new__(cls, reward)
+        scored.extras = extras
+        return scored
+
+    def __reduce__(self) -> tuple[Any, ...]:  # sent back from the reward worker
+        return (Scored, (float(self), self.extras))
 
 
 @dataclass
@@ -127,16 +146,19 @@ class RewardFn:
                 value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
-        return check_reward_value(self._unwrapped(value), self.full_name)
+        return self._checked(value)
 
-    def _unwrapped(self, value: Any) -> Any:
-        """verl's ``{"score": reward, ...}`` as its reward; anything else as it is."""
-        if self.verl and isinstance(value, dict):
-            if "score" not in value:
-                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without \"score\" "
-                                          f"(keys: {', '.join(map(str, value))}); verl's convention puts the reward there")
-            return value["score"]
-        return value
+    def _checked(self, value: Any) -> float:
+        """``value`` as a finite float; verl's ``{"score": reward, ...}`` as a ``Scored`` reward."""
+        if not (self.verl and isinstance(value, dict)):
+            return check_reward_value(value, self.full_name)
+        if "score" not in value:
+            raise RewardFunctionError(f"reward function {self.full_name} returned a dict without \"score\" "
+                                      f"(keys: {', '.join(map(str, value))}); verl's convention puts the reward there")
+        extras = {str(key): float(number) for key, number in value.items()
+                  if key != "score" and isinstance(number, numbers.Real) and math.isfinite(number)}
+        reward = check_reward_value(value["score"], self.full_name)
+        return Scored(reward, extras) if extras else reward
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float]:
         available = batch_keywords(samples)
@@ -155,7 +177,7 @@ class RewardFn:
             raise RewardFunctionError(
                 f"reward function {self.full_name} returned {len(values)} rewards for {len(samples)} completions"
             )
-        return [check_reward_value(self._unwrapped(value), self.full_name) for value in values]
+        return [self._checked(value) for value in values]
 
 
 VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.tasks._reward_worker import BOOT
-from minirl.tasks.reward_functions import RewardFn, Sample, sample_of
+from minirl.tasks.reward_functions import RewardFn, Sample, Scored, sample_of
 from minirl.tasks.rewards import (
     CustomRewardTask,
     RewardFunctionError,
@@ -120,6 +120,16 @@ class _Pool(list):
     """The runner's workers; ``closed`` once shut down (no replacement is started after that)."""
 
     closed = False
+
+
+def extra_means(name: str, rewards: Sequence[Any]) -> dict[str, float]:
+    """``reward/<name>/<key>``: the mean of each extra number the function's ``Scored`` rewards carried
+    (verl's ``reward_extra_info``), over the samples that carried it."""
+    sums: dict[str, list[float]] = {}
+    for reward in rewards:
+        for key, number in (reward.extras.items() if isinstance(reward, Scored) else ()):
+            sums.setdefault(key, []).append(number)
+    return {f"reward/{name}/{key}": sum(numbers) / len(numbers) for key, numbers in sums.items()}
 
 
 def _kill_all(workers: _Pool, closed: bool = True) -> None:
@@ -218,6 +228,7 @@ class RewardRunner:
         }
         for k, entry in enumerate(self.functions):  # TRL's rewards/<name>/mean, one per function
             stats[f"reward/{entry.name}/mean"] = sum(row[k] for row in values) / len(values) if values else 0.0
+            stats |= extra_means(entry.name, [row[k][1] for row in results if row[k][0] == "ok"])
         return torch.tensor(rewards, dtype=torch.float32), stats
 
     def _score_function(self, k: int, samples: list[Sample]) -> list[tuple[str, Any]]:
