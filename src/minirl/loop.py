@@ -263,6 +263,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
     last_good: Path | None = Path(resume_from) if resume_from is not None else None
     try:
         if state is None:
+            tell_progress(run.rewards, 0, cfg)
             eval_before = eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=0)
             logger.log(0, {**eval_before, **data_metrics(run.task)})
         else:
@@ -278,6 +279,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
             for reason in run.faults:
                 logger.print(f"step {step}: {reason}")
             if step == last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
+                tell_progress(run.rewards, step * cfg.optim.minibatches_per_step, cfg)
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
             logger.log(step, metrics)
@@ -324,6 +326,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                                         record_routes=plan.engine_records)
     clock.lap("rollout")
     # 2. rewards and group-baseline advantages
+    tell_progress(run.rewards, (step - 1) * n, cfg)
     rewards, reward_stats = score_completions(run.rewards, prompts, completions)
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step)
@@ -424,6 +427,15 @@ def check_fresh_start(cfg: Config) -> None:
 def rollout_sampling(cfg: Config, step: int) -> SamplingParams:
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=cfg.run.seed * 100_003 + step)
+
+
+def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:
+    """The training progress TRL hands reward functions as ``trainer_state`` (gradient updates done, and
+    the run's total), on a reward source that takes it (the task's ``RewardRunner``)."""
+    if hasattr(rewards, "trainer_state"):
+        from minirl.tasks.reward_functions import TrainerState
+
+        rewards.trainer_state = TrainerState(updates, cfg.optim.global_steps * cfg.optim.minibatches_per_step)
 
 
 def score_completions(rewards: Any, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:

@@ -34,6 +34,22 @@ class RewardSource(Protocol):
     def close(self) -> None: ...
 
 
+class ForwardsProgress:
+    """A wrapper of a reward source passes the loop's training progress (``trainer_state``, see
+    ``minirl.tasks.reward_functions.TrainerState``) on to the source it wraps, if that one takes it."""
+
+    rewards: Any
+
+    @property
+    def trainer_state(self) -> Any:
+        return getattr(self.rewards, "trainer_state", None)
+
+    @trainer_state.setter
+    def trainer_state(self, state: Any) -> None:
+        if hasattr(self.rewards, "trainer_state"):
+            self.rewards.trainer_state = state
+
+
 class EngineRollouts:
     """The rollout engine (or ``EngineGroup``) samples each step's rollouts."""
 
@@ -49,7 +65,7 @@ def step_file(directory: Path, step: int) -> Path:
     return Path(directory) / f"step_{step:06d}.pt"
 
 
-class RolloutDump:
+class RolloutDump(ForwardsProgress):
     """``source``'s rollouts and ``rewards``' scores, also written to ``directory`` step by step."""
 
     def __init__(self, source: RolloutSource, rewards: RewardSource, directory: str | Path) -> None:
@@ -81,7 +97,7 @@ class RolloutDump:
         self.rewards.close()
 
 
-class RolloutReplay:
+class RolloutReplay(ForwardsProgress):
     """A ``RolloutDump`` directory served again: rollouts and rewards of training steps, no sampling.
 
     Evaluation still samples from the engine and scores with ``rewards`` (the task's verifier)."""

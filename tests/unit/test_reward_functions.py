@@ -157,3 +157,64 @@ def test_verl_spec_defaults_and_one_line_errors(tmp_path: Path) -> None:
         runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
     assert str(error.value) == (f'reward function {MOD}:verl_without_score returned a dict without "score" (keys: acc); '
                                 "verl's convention puts the reward there")
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_trl_trainer_state_reaches_reward_functions(timeout_s: float | None) -> None:
+    from minirl.tasks.reward_functions import TrainerState
+
+    functions = [{"function": f"{MOD}:progress_shaped"}, {"function": f"{MOD}:progress_per_sample", "weight": 0.01}]
+    with _runner(functions, timeout_s) as runner:
+        runner.trainer_state = TrainerState(global_step=3, max_steps=12)
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == pytest.approx([0.28] * 4)  # 3 / 12 + 0.01 x 3
+    assert stats["reward/progress_shaped/mean"] == 0.25 and stats["reward/progress_per_sample/mean"] == 3.0
+
+
+def test_the_loop_tells_reward_functions_its_progress(tmp_path: Path) -> None:
+    """TRL's ``trainer_state.global_step`` = gradient updates before the completions were scored: (step - 1) x N
+    for a training step's rollouts, step x N for the evaluation after it; ``max_steps`` = global steps x N."""
+    import torch
+
+    import minirl.loop as loop
+    from minirl.config import load_config
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Recorder:
+        trainer_state = None
+
+        def score(self, prompts, completions):
+            seen.append((len(completions), self.trainer_state.global_step, self.trainer_state.max_steps))
+            return torch.zeros(len(completions)), {}
+
+        def close(self) -> None:
+            pass
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs/demo.yaml", [
+        "model.preset=qwen3-moe-tiny", "task.difficulty=3", "task.num_train_prompts=16", "task.num_eval_prompts=2",
+        "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4",
+        "optim.minibatches_per_step=2", "optim.global_steps=3", "eval.every_steps=2", "eval.num_prompts=2",
+        "eval.samples_per_prompt=2", "cold_start.enabled=false", "log.console=false", "run.threads=1",
+        f"run.output_dir={tmp_path}", "checkpoint.every_steps=0"])
+    loop.train(cfg, rewards=Recorder())
+    # eval before RL (0 updates), step 1 (0), step 2 (2), eval after step 2 (4), step 3 (4), final eval (6)
+    assert seen == [(4, 0, 6), (4, 0, 6), (4, 2, 6), (4, 4, 6), (4, 4, 6), (4, 6, 6)]
+
+
+def test_rollout_dump_and_replay_pass_the_progress_on(tmp_path: Path) -> None:
+    from minirl.sources import RolloutDump, RolloutReplay
+    from minirl.tasks.reward_functions import TrainerState
+
+    class Inner:
+        trainer_state = None
+
+    inner, plain = Inner(), object()
+    RolloutDump(None, inner, tmp_path / "dump").trainer_state = TrainerState(1, 2)
+    assert inner.trainer_state == TrainerState(1, 2)
+    replay = RolloutReplay(tmp_path / "dump", inner)
+    replay.trainer_state = TrainerState(3, 4)
+    assert inner.trainer_state == TrainerState(3, 4) == replay.trainer_state
+    RolloutReplay(tmp_path / "dump", plain).trainer_state = TrainerState(5, 6)  # a source without one: ignored
+    assert not hasattr(plain, "trainer_state")

@@ -65,3 +65,12 @@ def compute_score_batched(data_sources, solution_strs, ground_truths, extra_info
 
 def verl_without_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"acc": 1.0}
+
+
+def progress_shaped(completions, trainer_state, **kwargs):  # TRL passes trainer_state for progress-based shaping
+    return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+
+
+def progress_per_sample(prompt, completion, answer, **kwargs):
+    state = kwargs["trainer_state"]
+    return float(state.global_step)

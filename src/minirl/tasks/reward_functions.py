@@ -31,6 +31,10 @@ number or verl's dict, whose ``"score"`` is the reward; its other numeric entrie
 that carry them (``Scored``). A data file in verl's layout keeps its answer in
 ``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
 
+Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
+updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps), for rewards
+shaped by training progress.
+
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
 its first parameter is named ``prompts`` or ``completions`` (TRL's convention) or
@@ -83,6 +87,16 @@ class Scored(float):
         return (Scored, (float(self), self.extras))
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """Training progress, as the fields of transformers' ``TrainerState`` that TRL reward functions read."""
+
+    global_step: int = 0
+    """Gradient updates done before these completions were scored (TRL's optimizer steps)."""
+    max_steps: int = 0
+    """Gradient updates of the whole run (``optim.global_steps`` x ``optim.minibatches_per_step``)."""
+
+
 @dataclass
 class Sample:
     """What a reward function may see of one sample (picklable: sent to the worker process)."""
@@ -92,14 +106,16 @@ class Sample:
     answer: str
     completion_ids: list[int] = field(default_factory=list)
     columns: dict[str, Any] = field(default_factory=dict)
+    trainer_state: TrainerState | None = None
 
 
-def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = ()) -> Sample:
+def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
+              trainer_state: TrainerState | None = None) -> Sample:
     """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
     messages = getattr(prompt, "messages", None)
     shown = messages if messages is not None else prompt.text
-    return Sample(shown, completion, prompt.answer, list(completion_ids), columns)
+    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state)
 
 
 @dataclass
@@ -142,7 +158,8 @@ class RewardFn:
             if self.verl:
                 value = resolve(self.fn(**self.keywords(verl_keywords(sample))))
             else:
-                kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids})
+                kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids,
+                                        **_progress(sample.trainer_state)})
                 value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
@@ -200,7 +217,13 @@ def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
             columns.setdefault(key, [None] * len(samples))[index] = value
     answers = [s.answer for s in samples]
     return {**columns, "prompts": [s.prompt for s in samples], "completions": completions,
-            "completion_ids": [list(s.completion_ids) for s in samples], "answer": answers, "answers": answers}
+            "completion_ids": [list(s.completion_ids) for s in samples], "answer": answers, "answers": answers,
+            **_progress(samples[0].trainer_state if samples else None)}
+
+
+def _progress(state: TrainerState | None) -> dict[str, TrainerState]:
+    """TRL's ``trainer_state`` keyword, when the caller knows the training progress."""
+    return {} if state is None else {"trainer_state": state}
 
 
 def shaped_completion(sample: Sample) -> Any:

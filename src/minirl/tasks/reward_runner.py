@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from minirl.tasks._reward_worker import BOOT
-from minirl.tasks.reward_functions import RewardFn, Sample, Scored, sample_of
+from minirl.tasks.reward_functions import RewardFn, Sample, Scored, TrainerState, sample_of
 from minirl.tasks.rewards import (
     CustomRewardTask,
     RewardFunctionError,
@@ -176,6 +176,8 @@ class RewardRunner:
         self.name = self.functions[0].full_name if self.functions else function_name(task.reward)
         self.in_worker = bool(self.functions) and timeout_s is not None
         """True when the reward runs in worker processes (a user function with a timeout)."""
+        self.trainer_state: TrainerState | None = None
+        """Training progress passed to TRL-style functions as ``trainer_state`` (the loop sets it)."""
         self.last_problems: list[str] = []
         """Up to three distinct problem messages of the last ``score`` call (fallback mode)."""
         self._lock = threading.Lock()
@@ -208,7 +210,7 @@ class RewardRunner:
         ids = [[] if isinstance(item, tuple) else list(item.completion_ids) for item in completions]
         with self._lock:
             if self.functions:
-                samples = [sample_of(prompts[index], text, ids[n]) for n, (index, text) in enumerate(pairs)]
+                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state) for n, (index, text) in enumerate(pairs)]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]
             else:
