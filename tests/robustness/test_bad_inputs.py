@@ -239,7 +239,7 @@ def test_data_errors_via_the_cli(capsys: pytest.CaptureFixture) -> None:
 # --- 3. reward-function specs --------------------------------------------------------------------
 
 SPECS = [
-    ("no_colon_here", "expected 'package.module:function'"),
+    ("no_colon_here", "expected 'package.module:function' or 'path/to/file.py[:function]'"),
     ("tests.robustness.no_such_module:fn", f"module 'tests.robustness.no_such_module' not found (looked in the working "
      f"directory {os.getcwd()} and on sys.path; a file path also works: 'tests/robustness/no_such_module.py:fn')"),
     ("no_such_package.rewards:fn", f"module 'no_such_package.rewards' not found (looked in the working directory "
@@ -283,7 +283,8 @@ BAD_FUNCTIONS = [
     ("raises", "raised ValueError: no answer found"),
     ("returns_nan", "returned nan, expected a finite number"),
     ("returns_inf", "returned -inf, expected a finite number"),
-    ("returns_none", "returned NoneType None, expected a number"),
+    ("returns_none", "returned None for every one of the 1 samples, expected a number (None means 'does not apply', "
+                     "TRL's rule; some function must score a batch: a missing return?)"),
     ("returns_str", "returned str '1.0', expected a number"),
 ]
 

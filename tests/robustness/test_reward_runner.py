@@ -45,7 +45,7 @@ def test_fallback_scores_problems_and_counts_them() -> None:
         rewards, stats = runner.score(PROMPTS, completions)
         assert rewards.dtype == torch.float32 and rewards.tolist() == [1.0, -1.0, 1.0, -1.0, 0.0, 0.0, 0.0]
         assert stats == {"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/fallback_frac": 2 / 7,
-                         "reward/flaky/mean": 0.0}  # (1 - 1 + 1 - 1 + 0 + 0 + 0) / 7
+                         "reward/unscored_frac": 0.0, "reward/flaky/mean": 0.0}  # (1 - 1 + 1 - 1 + 0 + 0 + 0) / 7
         assert runner.last_problems == [
             f"reward function {BAD}:flaky raised RuntimeError: boom",
             f"reward function {BAD}:flaky returned nan, expected a finite number",

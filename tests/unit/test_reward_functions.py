@@ -218,3 +218,27 @@ def test_rollout_dump_and_replay_pass_the_progress_on(tmp_path: Path) -> None:
     assert inner.trainer_state == TrainerState(3, 4) == replay.trainer_state
     RolloutReplay(tmp_path / "dump", plain).trainer_state = TrainerState(5, 6)  # a source without one: ignored
     assert not hasattr(plain, "trainer_state")
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_none_means_the_function_does_not_apply(timeout_s: float | None) -> None:
+    """TRL's rule: a function may return None for a sample; the reward sums the functions that applied (0 if
+    none did) and the function's mean is over the samples it scored (TRL's nanmean)."""
+    functions = [{"function": f"{MOD}:only_units", "weight": 2.0}, {"function": f"{MOD}:exact"},
+                 {"function": f"{MOD}:never_applies"}]
+    with _runner(functions, timeout_s) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    # only_units: 1, None, 1, None (x2); exact: 1, 0, 1, 0; never_applies: None everywhere
+    assert rewards.tolist() == [3.0, 0.0, 3.0, 0.0]
+    assert stats["reward/only_units/mean"] == 1.0 and stats["reward/exact/mean"] == 0.5
+    assert "reward/never_applies/mean" not in stats and stats["reward/errors"] == 0.0
+    assert stats["reward/unscored_frac"] == 0.0
+    with _runner([{"function": f"{MOD}:only_units"}], timeout_s) as runner:  # samples 1 and 3: no function applied
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and stats["reward/unscored_frac"] == 0.5
+    # a batch no function scored is a mistake (a missing return?), not a reward of 0: one line
+    with _runner([{"function": f"{MOD}:never_applies"}], timeout_s) as runner, pytest.raises(RewardFunctionError) as error:
+        runner.score(PROMPTS, COMPLETIONS)
+    assert str(error.value) == (f"reward function {MOD}:never_applies returned None for every one of the 4 samples, "
+                                "expected a number (None means 'does not apply', TRL's rule; some function must score a "
+                                "batch: a missing return?)")

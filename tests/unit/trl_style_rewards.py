@@ -74,3 +74,11 @@ def progress_shaped(completions, trainer_state, **kwargs):  # TRL passes trainer
 def progress_per_sample(prompt, completion, answer, **kwargs):
     state = kwargs["trainer_state"]
     return float(state.global_step)
+
+
+def only_units(completions, unit, **kwargs):  # TRL: None where the function does not apply
+    return [None if u == "kg" and i % 2 else 1.0 for i, u in enumerate(unit)]
+
+
+def never_applies(prompt, completion, answer):
+    return None

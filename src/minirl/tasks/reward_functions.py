@@ -35,6 +35,10 @@ Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.glob
 updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps), for rewards
 shaped by training progress.
 
+A function may return ``None`` for a sample it does not apply to (TRL's rule, e.g. one reward per
+task in a mixed dataset): the sample's reward is then the weighted sum of the functions that did
+apply (0 if none did), and the function's ``reward/<name>/mean`` is over the samples it scored.
+
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
 its first parameter is named ``prompts`` or ``completions`` (TRL's convention) or
@@ -147,13 +151,14 @@ class RewardFn:
     def keywords(self, available: dict[str, Any]) -> dict[str, Any]:
         return dict(available) if self._accepts is None else {k: v for k, v in available.items() if k in self._accepts}
 
-    def score(self, samples: Sequence[Sample]) -> list[float]:
-        """Rewards of ``samples`` (finite floats), or ``RewardFunctionError`` naming the function."""
+    def score(self, samples: Sequence[Sample]) -> list[float | None]:
+        """Rewards of ``samples`` (finite floats, or ``None`` where the function does not apply, TRL's
+        rule), or ``RewardFunctionError`` naming the function."""
         if self.batched:
             return self._score_batch(samples)
         return [self._score_one(sample) for sample in samples]
 
-    def _score_one(self, sample: Sample) -> float:
+    def _score_one(self, sample: Sample) -> float | None:
         try:
             if self.verl:
                 value = resolve(self.fn(**self.keywords(verl_keywords(sample))))
@@ -165,8 +170,11 @@ class RewardFn:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
         return self._checked(value)
 
-    def _checked(self, value: Any) -> float:
-        """``value`` as a finite float; verl's ``{"score": reward, ...}`` as a ``Scored`` reward."""
+    def _checked(self, value: Any) -> float | None:
+        """``value`` as a finite float; ``None`` as ``None`` (TRL: this function does not apply to this
+        sample); verl's ``{"score": reward, ...}`` as a ``Scored`` reward."""
+        if value is None:
+            return None
         if not (self.verl and isinstance(value, dict)):
             return check_reward_value(value, self.full_name)
         if "score" not in value:
@@ -177,7 +185,7 @@ class RewardFn:
         reward = check_reward_value(value["score"], self.full_name)
         return Scored(reward, extras) if extras else reward
 
-    def _score_batch(self, samples: Sequence[Sample]) -> list[float]:
+    def _score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
         available = batch_keywords(samples)
         if self.verl:
             available |= {f"{key}s": [verl_keywords(s)[key] for s in samples] for key in VERL_KEYWORDS}

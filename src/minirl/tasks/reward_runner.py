@@ -217,7 +217,14 @@ class RewardRunner:
                 results = [[self._score_here(prompts[index], text)] for index, text in pairs]
         weights = [f.weight for f in self.functions] or [1.0]
         values = [[value if kind == "ok" else self.fallback_reward for kind, value in row] for row in results]
-        rewards = [sum(w * v for w, v in zip(weights, row)) for row in values]
+        unscored = [all(v is None for v in row) for row in values]  # no function applied (TRL: reward 0)
+        if self.functions and values and all(unscored):
+            names = ", ".join(entry.full_name for entry in self.functions)
+            raise RewardFunctionError(
+                f"reward function{'s' if len(self.functions) > 1 else ''} {names} returned None for every one of the "
+                f"{len(values)} samples, expected a number (None means 'does not apply', TRL's rule; some function "
+                "must score a batch: a missing return?)")
+        rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
         flat = [result for row in results for result in row]
         errors = sum(kind == "error" for kind, _ in flat)
         timeouts = sum(kind == "timeout" for kind, _ in flat)
@@ -227,9 +234,12 @@ class RewardRunner:
             "reward/errors": float(errors),
             "reward/timeouts": float(timeouts),
             "reward/fallback_frac": (errors + timeouts) / len(flat) if flat else 0.0,
+            **({"reward/unscored_frac": sum(unscored) / len(unscored)} if self.functions and unscored else {}),
         }
         for k, entry in enumerate(self.functions):  # TRL's rewards/<name>/mean, one per function
-            stats[f"reward/{entry.name}/mean"] = sum(row[k] for row in values) / len(values) if values else 0.0
+            scored = [row[k] for row in values if row[k] is not None]  # TRL's nanmean: the samples it applied to
+            if scored or not values:
+                stats[f"reward/{entry.name}/mean"] = sum(scored) / len(scored) if scored else 0.0
             stats |= extra_means(entry.name, [row[k][1] for row in results if row[k][0] == "ok"])
         return torch.tensor(rewards, dtype=torch.float32), stats
 

@@ -218,7 +218,14 @@ class CustomRewardTask:
         from minirl.tasks.reward_functions import sample_of
 
         sample = sample_of(prompt, completion)
-        return sum(entry.weight * entry.score([sample])[0] for entry in self.functions)
+        scores = [(entry.weight, entry.score([sample])[0]) for entry in self.functions]
+        if all(value is None for _, value in scores):
+            names = ", ".join(entry.full_name for entry in self.functions)
+            raise RewardFunctionError(
+                f"reward function{'s' if len(self.functions) > 1 else ''} {names} returned None for every one of the "
+                "1 samples, expected a number (None means 'does not apply', TRL's rule; some function must score a "
+                "batch: a missing return?)")
+        return sum(weight * value for weight, value in scores if value is not None)  # None: does not apply (TRL)
 
     def __getattr__(self, attribute: str) -> Any:
         if attribute in ("base_task", "spec", "fn", "functions"):  # not yet set (e.g. during unpickling): no recursion
