@@ -96,3 +96,22 @@ def test_a_verl_data_file_needs_no_column_mapping(tmp_path: Path, kind: str) -> 
     plain.write_text(json.dumps({"prompt": "p", "reward_model": {"style": "rule"}}) + "\n")
     with pytest.raises(TaskDataError, match='field "answer" is missing'):
         JsonlTask(plain)
+
+
+def test_a_structured_ground_truth_reaches_verl_functions_as_stored(tmp_path: Path) -> None:
+    """verl passes reward_model.ground_truth as stored (Search-R1 keeps {"target": [...]}); with a user reward
+    function minirl does too, and the answer text is its JSON. The built-in verifiers still need text."""
+    from minirl.tasks import build_task
+    from minirl.tasks.reward_runner import RewardRunner
+
+    rows = [{"data_source": "nq", "prompt": [{"role": "user", "content": "Capital of France?"}],
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["Paris", "paris"]}}}]
+    path = _write(tmp_path, "json", rows)
+    with pytest.raises(TaskDataError, match=r'field "reward_model.ground_truth" must be a string or a number, got an object'):
+        JsonlTask(path, eval_fraction=0.0)
+    task = build_task("jsonl", path=path, eval_fraction=0.0, answer_required=False,
+                      reward_function="tests.unit.trl_style_rewards:search_r1_style")
+    prompt = task.train_prompts()[0]
+    assert prompt.answer == '{"target": ["Paris", "paris"]}'
+    with RewardRunner(task, timeout_s=5.0) as runner:
+        assert runner.score([prompt], [(0, "paris"), (0, "Lyon")])[0].tolist() == [1.0, 0.0]

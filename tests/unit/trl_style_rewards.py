@@ -82,3 +82,7 @@ def only_units(completions, unit, **kwargs):  # TRL: None where the function doe
 
 def never_applies(prompt, completion, answer):
     return None
+
+
+def search_r1_style(data_source, solution_str, ground_truth, extra_info=None):  # verl: ground_truth as stored
+    return float(solution_str.strip() in ground_truth["target"])

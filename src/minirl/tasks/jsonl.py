@@ -7,7 +7,9 @@ conversational form ``[{"role": "user", "content": "..."}]`` (``Prompt.messages`
 the chat template, ``minirl.tasks.chat``). A dotted answer column (``reward_model.ground_truth``)
 reads a field of an object column; a row in verl's layout (``{"data_source", "prompt": messages,
 "reward_model": {"ground_truth": ...}, "extra_info": {...}}``) needs no mapping: without an
-``answer`` column the default reads ``reward_model.ground_truth``. Any other columns are kept in
+``answer`` column the default reads ``reward_model.ground_truth``. With user reward functions (no built-in
+verifier) an answer may also be a list or an object: its text is then its JSON, and the column keeps it whole
+(verl's ``compute_score`` gets it as stored). Any other columns are kept in
 ``Prompt.meta`` and reach user reward functions as keywords. A numeric answer (JSON int or float, not a boolean) becomes
 its Python ``str()`` (``7`` -> ``"7"``, ``0.5`` -> ``"0.5"``, ``2.50`` -> ``"2.5"``): give a
 string when the exact spelling matters. Blank lines are ignored (they hold no row). A bad row (not
@@ -32,6 +34,7 @@ thread, so off the main thread they are turned off.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -299,7 +302,12 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
         )
     if not prompt.strip():
         raise TaskDataError(f'{where}: field "{prompt_key}" is empty')
-    answer_text = "" if answer is None and not columns.answer_required else _answer_text(answer, where, answer_key)
+    if not columns.answer_required and (answer is None or isinstance(answer, (list, dict))):
+        # only user reward functions read it: a structured reference (verl's ground_truth may be a list or an
+        # object, e.g. {"target": [...]}) is kept whole in its column and shown to them as JSON text here
+        answer_text = "" if answer is None else json.dumps(answer, ensure_ascii=False)
+    else:
+        answer_text = _answer_text(answer, where, answer_key)
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
     return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra},
                   messages=None if columns.plain_chat else messages)

@@ -209,11 +209,16 @@ VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 def verl_keywords(sample: Sample) -> dict[str, Any]:
-    """What verl's reward managers pass for one sample (plus the row's columns and the token ids)."""
+    """What verl's reward managers pass for one sample (plus the row's columns and the token ids). The
+    ground truth is the row's ``reward_model.ground_truth`` as stored (a number, list or object stays one),
+    else the answer column's text."""
     extra_info = sample.columns.get("extra_info")
+    reward_model = sample.columns.get("reward_model")
+    stored = isinstance(reward_model, dict) and "ground_truth" in reward_model
     return {**sample.columns, "completion_ids": list(sample.completion_ids),
             "data_source": sample.columns.get("data_source"), "solution_str": sample.completion,
-            "ground_truth": sample.answer, "extra_info": extra_info if extra_info is not None else {}}
+            "ground_truth": reward_model["ground_truth"] if stored else sample.answer,  # type: ignore[index]
+            "extra_info": extra_info if extra_info is not None else {}}
 
 
 def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
