@@ -117,7 +117,7 @@ def raises_value_error(prompt: str, completion: str, answer: str) -> float:
 @pytest.mark.parametrize(
     "returned, message",
     [
-        (None, "returned None for every one of the 1 samples, expected a number (None means 'does not apply'"),
+        (None, "returned None for every one of the 1 sample, expected a number (None means 'does not apply'"),
         ("1.0", "returned str '1.0', expected a number"),
         (math.nan, "returned nan, expected a finite number"),
         (math.inf, "returned inf, expected a finite number"),

@@ -61,6 +61,7 @@ from minirl.tasks.rewards import (
     check_reward_value,
     function_name,
     raised_message,
+    unscored_batch,
 )
 
 if TYPE_CHECKING:
@@ -219,11 +220,7 @@ class RewardRunner:
         values = [[value if kind == "ok" else self.fallback_reward for kind, value in row] for row in results]
         unscored = [all(v is None for v in row) for row in values]  # no function applied (TRL: reward 0)
         if self.functions and values and all(unscored):
-            names = ", ".join(entry.full_name for entry in self.functions)
-            raise RewardFunctionError(
-                f"reward function{'s' if len(self.functions) > 1 else ''} {names} returned None for every one of the "
-                f"{len(values)} samples, expected a number (None means 'does not apply', TRL's rule; some function "
-                "must score a batch: a missing return?)")
+            raise unscored_batch(self.functions, len(values))
         rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
         flat = [result for row in results for result in row]
         errors = sum(kind == "error" for kind, _ in flat)

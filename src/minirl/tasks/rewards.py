@@ -172,6 +172,16 @@ def check_reward_value(value: Any, name: str) -> float:
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+def unscored_batch(functions: list[Any], samples: int) -> RewardFunctionError:
+    """The error for a batch no reward function scored: ``None`` means "does not apply" (TRL's rule), and
+    a batch nothing applies to is a mistake (most often a function without a ``return``)."""
+    names = ", ".join(entry.full_name for entry in functions)
+    return RewardFunctionError(
+        f"reward function{'s' if len(functions) > 1 else ''} {names} returned None for every one of the {samples} "
+        f"sample{'s' if samples != 1 else ''}, expected a number (None means 'does not apply', TRL's rule; some "
+        "function must score a batch: a missing return?)")
+
+
 def call_reward_function(fn: RewardFunction, prompt: str, completion: str, answer: str) -> float:
     """``fn(prompt, completion, answer)`` as a finite float, or ``RewardFunctionError``."""
     try:
@@ -220,11 +230,7 @@ class CustomRewardTask:
         sample = sample_of(prompt, completion)
         scores = [(entry.weight, entry.score([sample])[0]) for entry in self.functions]
         if all(value is None for _, value in scores):
-            names = ", ".join(entry.full_name for entry in self.functions)
-            raise RewardFunctionError(
-                f"reward function{'s' if len(self.functions) > 1 else ''} {names} returned None for every one of the "
-                "1 samples, expected a number (None means 'does not apply', TRL's rule; some function must score a "
-                "batch: a missing return?)")
+            raise unscored_batch(self.functions, 1)
         return sum(weight * value for weight, value in scores if value is not None)  # None: does not apply (TRL)
 
     def __getattr__(self, attribute: str) -> Any:
