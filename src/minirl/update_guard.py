@@ -127,9 +127,10 @@ class UpdateGuard:
 
 
 def _copy_all(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """``destination.copy_(source)`` for each pair: fused where torch can (plain tensors)."""
-    try:
+    """``destination.copy_(source)`` for each pair: one fused copy for plain tensors, one copy each for
+    tensor subclasses (FSDP2's DTensor shards have no fused copy)."""
+    if all(type(t) is torch.Tensor for t in (*destinations, *sources)):
         torch._foreach_copy_(destinations, sources)
-    except (RuntimeError, NotImplementedError):  # e.g. DTensor shards without a fused copy
-        for destination, source in zip(destinations, sources):
-            destination.copy_(source)
+        return
+    for destination, source in zip(destinations, sources):
+        destination.copy_(source)
