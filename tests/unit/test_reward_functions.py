@@ -149,6 +149,10 @@ def test_verl_spec_defaults_and_one_line_errors(tmp_path: Path) -> None:
                            "    return float(solution_str == ground_truth)\n")
     fn = load_reward_function(str(reward_file))  # verl's custom_reward_function.path, its default name
     assert fn.__name__ == "compute_score" and make_reward_fn(str(reward_file)).verl
+    (tmp_path / "no_default.py").write_text("def score(prompt, completion, answer):\n    return 1.0\n")
+    with pytest.raises(RewardSpecError, match=r"has no attribute 'compute_score' \(a bare file names verl's default; "
+                                              r"give '.*no_default\.py:function'\)$"):
+        load_reward_function(str(tmp_path / "no_default.py"))
     with pytest.raises(RewardSpecError, match=r"expected 'package\.module:function' or 'path/to/file\.py\[:function\]'"):
         load_reward_function("my_module")
     with pytest.raises(RewardSpecError, match=r"batched=True does not fit verl's signature \(first parameter 'data_source': per-sample\)"):

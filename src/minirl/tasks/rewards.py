@@ -65,7 +65,8 @@ def load_reward_function(spec: str) -> RewardFunction:
     target: Any = module
     for part in attribute_path.split("."):
         if not hasattr(target, part):
-            raise RewardSpecError(f"reward function {spec!r}: {module_name!r} has no attribute {attribute_path!r}")
+            hint = f" (a bare file names verl's default; give '{module_name}:function')" if not colon else ""
+            raise RewardSpecError(f"reward function {spec!r}: {module_name!r} has no attribute {attribute_path!r}{hint}")
         target = getattr(target, part)
     if not callable(target):
         raise RewardSpecError(f"reward function {spec!r}: {attribute_path!r} is a {type(target).__name__}, not callable")
