@@ -67,7 +67,7 @@ def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
     """One data row (prompt-completion, messages or text) as token ids with a completion-only mask."""
     if not isinstance(row, dict) or not ("messages" in row or ("prompt" in row and "completion" in row) or "text" in row):
         raise TaskDataError(f'{where}: expected an object with "prompt" and "completion", with "messages" or with "text"')
-    if "text" in row and not ("messages" in row or "prompt" in row):
+    if "text" in row and not ("messages" in row or ("prompt" in row and "completion" in row)):
         return _text_example(row["text"], tokenizer, where)
     if "messages" in row:
         messages = check_messages(_list(row["messages"], where, "messages"), where, "messages")

@@ -165,6 +165,9 @@ def test_sft_language_modeling_rows(chat_model, tmp_path: Path) -> None:
     assert read_sft_examples(data, tokenizer, loss_on="all")[0].loss_mask == first.loss_mask
     from minirl.tasks.jsonl import TaskDataError
 
+    both = tmp_path / "text_and_prompt.jsonl"  # a stray "prompt" column beside "text": still the text row
+    both.write_text(json.dumps({"text": "1+1=2", "prompt": "ignored"}) + "\n")
+    assert read_sft_examples(both, tokenizer)[0].input_ids == first.input_ids
     bad = tmp_path / "bad_text.jsonl"
     bad.write_text(json.dumps({"text": ""}) + "\n")
     with pytest.raises(TaskDataError, match=r':1: field "text" must be a non-empty string$'):
