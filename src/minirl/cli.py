@@ -209,12 +209,36 @@ def cmd_config(args: argparse.Namespace) -> int:
     from minirl.config_docs import render
 
     words = [*args.words, *args.overrides]
-    action = words.pop(0) if words and words[0] in ("show", "defaults") else "show"
+    action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl") else "show"
+    if action.startswith("from-"):
+        return _config_from_peer(action, words, args)
     args.config = words.pop(0) if words and "=" not in words[0] else None
     args.overrides = words
     if action == "defaults" and (args.config or args.overrides):
         raise ConfigError("config defaults takes no config file or overrides; use 'minirl config show FILE key=value'")
     print(render(load_config(args.config, args.overrides)))
+    return 0
+
+
+def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -> int:
+    """``config from-trl FILE [key=value]`` / ``config from-verl [run.sh|config.yaml ...] [key=value]``."""
+    from minirl import peer_configs
+
+    files = [word for word in words if "=" not in word]
+    settings = [word for word in words if "=" in word]
+    if action == "from-trl":
+        if len(files) > 1:
+            raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")
+        translation = peer_configs.from_trl(peer_configs.read_trl(files[0] if files else None, settings), args.keep_objective)
+    else:
+        translation = peer_configs.from_verl(peer_configs.read_verl(files, settings), args.keep_objective)
+    text = translation.render(" ".join(files + settings) or "the command line")
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"minirl: wrote {args.output}: {translation.summary()}; train with `minirl train {args.output}`", file=sys.stderr)
+    else:
+        print(text, end="")
+        print(f"minirl: {translation.summary()}", file=sys.stderr)
     return 0
 
 
@@ -334,9 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("config", help="print a config with every key's value and one-line doc")
-    p.add_argument("words", nargs="*", metavar="[show|defaults] [CONFIG] [key=value ...]",
-                   help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults")
+    p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL or verl run's settings")
+    p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl] [CONFIG] [key=value ...]",
+                   help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
+                        "from-trl FILE: a `trl grpo --config` file as a minirl config; from-verl [run.sh|config.yaml] "
+                        "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config")
+    p.add_argument("-o", "--output", default=None, help="from-trl / from-verl: write the minirl config here (default: stdout)")
+    p.add_argument("--keep-objective", action="store_true",
+                   help="from-trl / from-verl: translate the setup only and train with minirl's MiniRL objective")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("sweep", help="run every arm config x seed of an experiment directory (resumable)")

@@ -1,0 +1,122 @@
+"""A TRL user's `trl grpo --config` file and a verl user's run script, translated by the CLI, then trained."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import yaml
+
+WORDS = ["abc", "bca", "cab", "acb", "bac", "cba", "aab", "bba"]
+# what a run of the tiny preset needs beyond the user's file (no download here; its tokenizer has no chat template)
+TINY_RUN = ["model.preset=qwen3-moe-tiny", "task.chat_template=chat.jinja", "task.eval_fraction=0.25", "eval.num_prompts=2",
+            "eval.samples_per_prompt=2", "cold_start.enabled=false", "run.threads=1", "cluster.device=cpu"]
+
+TRL_FILE = """\
+# trl grpo --config grpo.yaml
+dataset_name: {data}
+reward_funcs: [my_rewards.reverse_match]
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+steps_per_generation: 2
+num_generations: 4
+max_completion_length: 8
+max_steps: 4
+learning_rate: 1.0e-4
+loss_type: dr_grpo
+scale_rewards: none
+bf16: false
+gradient_checkpointing: false
+output_dir: {runs}/trl-run
+logging_steps: 1
+"""
+
+REWARD = '''\
+def reverse_match(prompts, completions, solution, **kwargs):  # TRL's convention: chat completions, columns by name
+    return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+'''
+
+
+def _minirl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    (cwd / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    return subprocess.run([sys.executable, "-m", "minirl.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_trl_config_file_translates_and_trains(tmp_path: Path):
+    rows = [{"prompt": [{"role": "user", "content": w}], "solution": w[::-1]} for w in WORDS]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    (tmp_path / "grpo.yaml").write_text(TRL_FILE.format(data=tmp_path / "train.jsonl", runs=tmp_path))
+    proc = _minirl("config", "from-trl", "grpo.yaml", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote minirl.yaml" in proc.stderr and "minirl train minirl.yaml" in proc.stderr
+    text = (tmp_path / "minirl.yaml").read_text()
+    assert "normalizer: 32.0  # dr_grpo divides by 4 completions per optimizer step x max_completion_length" in text
+    cfg = yaml.safe_load(text)
+    assert (cfg["rollout"]["prompts_per_step"], cfg["optim"]["minibatches_per_step"], cfg["optim"]["global_steps"]) == (2, 2, 2)
+
+    train = _minirl("train", "minirl.yaml", *TINY_RUN, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "trl-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/reverse_match/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2] and all("policy/loss" in m for m in steps)
+    run_config = yaml.safe_load((tmp_path / "trl-run" / "config.yaml").read_text())
+    assert run_config["algo"]["normalizer"] == 32.0 and run_config["task"]["reward_functions"][0]["function"] == "my_rewards:reverse_match"
+
+
+SCRIPT = """\
+#!/usr/bin/env bash
+set -x
+DATA={data}
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files=$DATA \\
+    data.train_batch_size=2 \\
+    data.max_response_length=8 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=1 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \\
+    actor_rollout_ref.actor.optim.lr=1e-4 \\
+    actor_rollout_ref.rollout.n=4 \\
+    actor_rollout_ref.actor.megatron.router_replay.mode=R2 \\
+    custom_reward_function.path={reward} \\
+    trainer.n_gpus_per_node=1 \\
+    trainer.total_training_steps=2 \\
+    trainer.default_local_dir={runs}/verl-run \\
+    trainer.logger=['console'] $@
+"""
+
+VERL_REWARD = '''\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.strip() == ground_truth)
+'''
+
+
+def test_verl_run_script_translates_and_trains(tmp_path: Path):
+    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
+             "reward_model": {"style": "rule", "ground_truth": w[::-1]}, "extra_info": {"index": i}}
+            for i, w in enumerate(WORDS)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "reward.py").write_text(VERL_REWARD)
+    (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+    proc = _minirl("config", "from-verl", "run.sh", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
+    assert cfg["moe"]["routing_replay"] == "R2" and cfg["optim"]["minibatches_per_step"] == 2
+    assert cfg["algo"]["aggregation"] == "token_mean" and cfg["task"]["reward_function"].endswith("reward.py:compute_score")
+
+    train = _minirl("train", "minirl.yaml", *TINY_RUN, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("reward/compute_score/mean" in m for m in metrics) == 2
+
+
+def test_a_broken_peer_file_is_one_line(tmp_path: Path):
+    (tmp_path / "grpo.yaml").write_text("per_device_train_batch_size: 6\n")
+    proc = _minirl("config", "from-trl", "grpo.yaml", cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "per_device_train_batch_size=6, num_generations=8" in proc.stderr
+    proc = _minirl("config", "from-verl", "missing.sh", cwd=tmp_path)
+    assert proc.returncode == 2 and "missing.sh" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
