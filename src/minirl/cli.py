@@ -5,6 +5,7 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl train configs/demo.yaml optim.lr=3e-4 moe.routing_replay=R2
     minirl config defaults            # every key, its default and what it does
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
+    minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`) or verl run (from-verl run.sh)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2; so is a run directory that cannot

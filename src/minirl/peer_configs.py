@@ -306,7 +306,7 @@ def _trl_batch(peer: _Peer, out: Translation) -> int:
     if peer("use_vllm"):
         out.set("cluster.engine_backend", "vllm", peer.show("use_vllm"))
         if peer("vllm_mode") != "colocate":
-            out.differs.append(f"{peer.show('vllm_mode')}: minirl's vLLM engine runs in the controller's process (colocated)")
+            out.differs.append(f"{peer.show('vllm_mode')}: minirl starts its own vLLM engine (no `trl vllm-serve` server)")
     return n
 
 
