@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from minirl.config import Config, ConfigError
 
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")
 SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "checkpoint", "cluster")
 
 
@@ -140,7 +141,11 @@ class _Peer:
 
     def __call__(self, key: str) -> Any:
         self.read.add(key)
-        return self.given.get(key, self.defaults.get(key))
+        value = self.given.get(key, self.defaults.get(key))
+        if isinstance(value, Unresolved):
+            raise ConfigError(f"{value.where}: {key} uses a variable the script does not set ({value.text}); "
+                              f"set it in the environment or give {key}=... after the script")
+        return value
 
     def set_by_user(self, key: str) -> bool:
         self.read.add(key)
@@ -177,7 +182,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     # the script's arguments and ModelConfig
     "model_name_or_path": None, "dataset_name": None, "dataset_config": None, "dataset_train_split": "train",
     "dataset_test_split": "test", "reward_funcs": None, "reward_model_name_or_path": None,
-    "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
+    "num_processes": 1, "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
 }
 
 TRL_IGNORED = re.compile(
@@ -186,7 +191,8 @@ TRL_IGNORED = re.compile(
     r"model_impl)|attn_implementation|dtype|torch_dtype|model_revision|remove_unused_columns|shuffle_dataset|"
     r"pad_to_multiple_of|cache_implementation|run_name|log_unique_prompts|log_multimodal|save_only_model|"
     r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|optim|per_device_eval_batch_size|disable_dropout|"
-    r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32)$")
+    r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
+    r"gradient_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu)$")
 
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
 
@@ -207,7 +213,8 @@ def _local(out: Translation, key: str, value: str, what: str, target: str = "tas
     if Path(os.path.expanduser(value)).exists():
         return
     target = "model.path" if what == "model" else target
-    if value.startswith(("/", "~", ".")) or Path(value).suffix or value.count("/") != 1:
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", value) and Path(value).suffix.lower() not in DATA_SUFFIXES
+    if not hub_id or value.startswith("."):
         how = f"set {target} to where it is on this machine"
     elif what == "model":
         how = f"`hf download {value} --local-dir DIR`, then set model.path to DIR"
@@ -275,25 +282,32 @@ def _trl_rewards(peer: _Peer, out: Translation) -> None:
 
 
 def _trl_batch(peer: _Peer, out: Translation) -> int:
-    """P, G, N and the micro-batch from TRL's per-device counts (for one process); returns N."""
+    """P, G, N and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns N.
+    ``num_processes`` (accelerate's, written into the file as open-r1's recipes do) scales the batch; without
+    it the translation is for one process."""
     per_device, accumulation, group = peer("per_device_train_batch_size"), peer("gradient_accumulation_steps"), peer("num_generations")
+    processes = peer("num_processes")
     steps = peer("steps_per_generation")
     if steps is None:
-        steps = peer("generation_batch_size") // per_device if peer("generation_batch_size") else accumulation
-    generation = per_device * steps
+        steps = peer("generation_batch_size") // (per_device * processes) if peer("generation_batch_size") else accumulation
+    generation = per_device * processes * steps
     if generation % group:
-        raise ConfigError(f"TRL settings {peer.show('per_device_train_batch_size', 'num_generations')}: the generation "
-                          f"batch ({generation} completions) does not hold whole groups of {group}")
+        raise ConfigError(f"TRL settings {peer.show('per_device_train_batch_size', 'num_processes', 'num_generations')}: "
+                          f"the generation batch ({generation} completions) does not hold whole groups of {group}")
     if steps % accumulation:
         raise ConfigError(f"TRL settings steps_per_generation={steps}, gradient_accumulation_steps={accumulation}: "
                           "minirl makes whole optimizer steps per rollout (one must divide the other)")
     n = steps // accumulation
-    origin = "for one process; with K processes multiply by K"
+    scope = (f"x num_processes={processes}" if peer.set_by_user("num_processes")
+             else "for one process (with K processes give num_processes=K)")
     out.set("rollout.prompts_per_step", generation // group,
-            f"{peer.show('per_device_train_batch_size')} x {steps} steps per generation / {group}, {origin}")
+            f"{peer.show('per_device_train_batch_size')} x {steps} steps per generation / {group}, {scope}")
     out.set("rollout.samples_per_prompt", group, peer.show("num_generations"))
     out.set("optim.minibatches_per_step", n, f"steps_per_generation / gradient_accumulation_steps = {steps} / {accumulation}")
     out.set("optim.micro_batch_sequences", per_device, peer.show("per_device_train_batch_size"))
+    if peer.set_by_user("max_prompt_length") and peer("max_prompt_length"):
+        out.not_translated.append(f"{peer.show('max_prompt_length')}: minirl does not cut prompts (task.max_prompt_chars "
+                                  "skips rows longer than a number of characters)")
     if peer("num_iterations") != 1:
         out.not_translated.append(f"{peer.show('num_iterations')}: minirl makes one pass over each rollout (N updates "
                                   "on disjoint mini-batches); use optim.minibatches_per_step for staleness")
@@ -321,6 +335,10 @@ def _trl_optimizer(peer: _Peer, out: Translation, n: int) -> None:
         out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / N = {n}")
         if max_steps % n:
             out.differs.append(f"max_steps={max_steps} is not a multiple of N = {n}: rounded up to whole global steps")
+    elif (rows := _count_rows(out.values.get("task.path"))) and rows >= out.values["rollout.prompts_per_step"]:
+        steps = int(peer("num_train_epochs") * rows) // out.values["rollout.prompts_per_step"]
+        out.set("optim.global_steps", steps, f"{peer.show('num_train_epochs')} x {rows} rows / prompts per step")
+        max_steps = steps * n  # what warm-up ratios refer to
     else:
         out.not_translated.append(f"{peer.show('num_train_epochs')} with max_steps unset: set optim.global_steps "
                                   "(rollouts; one epoch = training prompts / rollout.prompts_per_step)")
@@ -417,7 +435,7 @@ def _trl_objective(peer: _Peer, n: int) -> _Objective:
             obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
         else:
             obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
-            responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps")
+            responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
             obj.set("normalizer", float(responses * peer("max_completion_length")),
                     f"dr_grpo divides by {responses} completions per optimizer step x max_completion_length")
     scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
@@ -427,8 +445,10 @@ def _trl_objective(peer: _Peer, n: int) -> _Objective:
     if scale == "group":
         obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
-    if correction and (peer("vllm_importance_sampling_mode") != "token_truncate" or peer("vllm_importance_sampling_clip_min")):
-        obj.blockers.append(peer.show("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min"))
+    if correction and peer("vllm_importance_sampling_mode") != "token_truncate":
+        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + " (minirl's is token_truncate)")
+    elif correction and peer("vllm_importance_sampling_clip_min") is not None:
+        obj.blockers.append(peer.show("vllm_importance_sampling_clip_min"))
     if name != "gspo":  # TRL multiplies each token by min(pi_old / mu_old, cap), detached; without vLLM by nothing
         obj.set("is_correction", correction, peer.show("use_vllm", "vllm_importance_sampling_correction"))
         if correction:
@@ -466,7 +486,9 @@ def _leftovers(peer: _Peer, out: Translation, ignored: re.Pattern[str]) -> None:
         if ignored.match(key):
             out.ignored.append(key)
         else:
-            out.not_translated.append(f"{key}={peer.given[key]!r}: not a setting minirl knows how to carry over")
+            value = peer.given[key]
+            shown = value.text if isinstance(value, Unresolved) else repr(value)
+            out.not_translated.append(f"{key}={shown}: not a setting minirl knows how to carry over")
 
 
 # --------------------------------------------------------------------------------------------- verl
@@ -608,7 +630,8 @@ def _verl_cluster(peer: _Peer, out: Translation) -> None:
     if ranks > 1 and single:
         out.set("cluster.trainer_ranks", 1, f"{' and '.join(single)}: one trainer process in minirl")
         out.differs.append(f"{peer.show('trainer.n_gpus_per_node', 'trainer.nnodes')}: minirl runs "
-                           f"{' and '.join(single)} with a single-process trainer (one GPU)")
+                           f"{' and '.join(single)} with a single-process trainer (one GPU); without it "
+                           f"(e.g. algo.kl_coef=0) set cluster.trainer_ranks={ranks}, cluster.backend=ray")
     elif ranks > 1:
         out.set("cluster.trainer_ranks", ranks, peer.show("trainer.n_gpus_per_node", "trainer.nnodes"))
         out.set("cluster.backend", "ray", "verl runs its workers on Ray")
@@ -628,8 +651,12 @@ def _verl_optimizer(peer: _Peer, out: Translation) -> None:
     clip = peer(A + "grad_clip") if peer(A + "grad_clip") is not None else peer(A + "optim.clip_grad")
     out.set("optim.grad_clip_norm", float(clip), peer.show(A + "optim.clip_grad"))
     steps, epochs = peer("trainer.total_training_steps"), peer("trainer.total_epochs")
+    rows = _count_rows(out.values.get("task.path"))
     if steps:
         out.set("optim.global_steps", int(steps), peer.show("trainer.total_training_steps"))
+    elif rows is not None and rows >= peer("data.train_batch_size"):  # verl's loader drops a last partial batch
+        steps = epochs * (rows // peer("data.train_batch_size"))
+        out.set("optim.global_steps", steps, f"trainer.total_epochs={epochs} x ({rows} rows // data.train_batch_size)")
     else:
         out.not_translated.append(f"trainer.total_epochs={epochs} without total_training_steps: set "
                                   "optim.global_steps (one epoch = training prompts / data.train_batch_size)")
@@ -651,6 +678,19 @@ def _verl_optimizer(peer: _Peer, out: Translation) -> None:
     for key in (A + "megatron.router_replay.mode", A + "router_replay.mode", A + "veomni.router_replay.mode"):
         if peer(key) in ("R2", "R3"):
             out.set("moe.routing_replay", peer(key), peer.show(key, R + "enable_rollout_routing_replay"))
+
+
+def _count_rows(path: str | None) -> int | None:
+    """Rows of a local data file (what verl's loader counts), or None when it is not here or unreadable."""
+    if not path or not Path(os.path.expanduser(path)).exists():
+        return None
+    from minirl.tasks.data import iter_rows
+    from minirl.tasks.jsonl import TaskDataError
+
+    try:
+        return sum(1 for _ in iter_rows(Path(os.path.expanduser(path))))
+    except TaskDataError:
+        return None
 
 
 def _verl_runs(peer: _Peer, out: Translation) -> None:
@@ -800,21 +840,30 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+@dataclass(frozen=True)
+class Unresolved:
+    """A script's override naming a variable set nowhere: an error only if the translation reads it."""
+
+    text: str
+    where: str
+
+
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
 
 
 def script_overrides(path: Path) -> dict[str, Any]:
     """The ``key=value`` Hydra overrides of a verl run script, with its ``NAME=value`` variables (and the
-    environment's) expanded; an override naming a variable the script does not set is an error line."""
+    environment's) expanded; an override naming a variable set nowhere is kept ``Unresolved`` (an error
+    line once a translation needs it; a setting minirl ignores may stay unresolved)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     variables = dict(os.environ)
     overrides: dict[str, Any] = {}
-    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), start=1):
-        line = line.strip()
+    for number, physical in _logical_lines(text):
+        line = " ".join(physical).strip()
         if not line or line.startswith("#"):
             continue
         try:
@@ -827,10 +876,8 @@ def script_overrides(path: Path) -> dict[str, Any]:
             if override:
                 key, value = override.groups()
                 expanded = _expand(value, variables)
-                if expanded is None:
-                    raise ConfigError(f"{path}:{number}: {key} uses a variable the script does not set ({value}); "
-                                      f"set it in the environment or give {key}=... after the script")
-                overrides[key] = _value(expanded)
+                at = number + next((i for i, part in enumerate(physical) if f"{key}=" in part), 0)
+                overrides[key] = Unresolved(value, f"{path}:{at}") if expanded is None else _value(expanded)
             elif assignment and words[0] in (word, "export"):
                 name, value = assignment.groups()
                 expanded = _expand(value, variables)
@@ -839,6 +886,22 @@ def script_overrides(path: Path) -> dict[str, Any]:
     if not overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
     return overrides
+
+
+def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
+    """Shell lines joined at a trailing backslash: (first line number, the physical lines)."""
+    lines: list[tuple[int, list[str]]] = []
+    pending: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not pending:
+            start = number
+        pending.append(raw[:-1] if raw.endswith("\\") else raw)
+        if not raw.endswith("\\"):
+            lines.append((start, pending))
+            pending = []
+    if pending:
+        lines.append((start, pending))
+    return lines
 
 
 def _expand(value: str, variables: dict[str, str]) -> str | None:

@@ -117,6 +117,6 @@ def test_a_broken_peer_file_is_one_line(tmp_path: Path):
     (tmp_path / "grpo.yaml").write_text("per_device_train_batch_size: 6\n")
     proc = _minirl("config", "from-trl", "grpo.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "per_device_train_batch_size=6, num_generations=8" in proc.stderr
+    assert "per_device_train_batch_size=6, num_processes=1, num_generations=8" in proc.stderr
     proc = _minirl("config", "from-verl", "missing.sh", cwd=tmp_path)
     assert proc.returncode == 2 and "missing.sh" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -49,8 +49,26 @@ def test_trl_batch_arithmetic(given, expected):
     assert (v["rollout.prompts_per_step"], v["optim.minibatches_per_step"], v["optim.micro_batch_sequences"]) == expected
 
 
+def test_trl_num_processes_scales_the_batch_as_open_r1_recipes_write_it(tmp_path: Path):
+    given = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 16, "num_generations": 7,
+             "num_processes": 7, "loss_type": "dr_grpo", "max_completion_length": 1024}
+    v = _trl(**given).values
+    assert (v["rollout.prompts_per_step"], v["optim.minibatches_per_step"], v["optim.micro_batch_sequences"]) == (256, 1, 16)
+    assert v["algo.normalizer"] == 16 * 16 * 7 * 1024  # DDP averages the 7 processes' losses
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"prompt": "p", "answer": "a"}\n' * 1000)
+    v = _trl(**given, dataset_name=str(rows), num_train_epochs=2, warmup_ratio=0.1).values
+    assert v["optim.global_steps"] == 2 * 1000 // 256 and v["optim.warmup_updates"] == round(0.1 * 7)
+
+
+def test_a_hub_id_gets_the_download_hint_a_missing_path_does_not():
+    differs = "\n".join(_trl(model_name_or_path="Qwen/Qwen2.5-1.5B-Instruct", dataset_name="data/train.parquet").differs)
+    assert "`hf download Qwen/Qwen2.5-1.5B-Instruct --local-dir DIR`" in differs
+    assert "dataset_name='data/train.parquet' is not on this machine" in differs and "repo-type" not in differs
+
+
 def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():
-    with pytest.raises(ConfigError, match=r"per_device_train_batch_size=6, num_generations=8.*whole groups"):
+    with pytest.raises(ConfigError, match=r"per_device_train_batch_size=6, num_processes=1, num_generations=8.*whole groups"):
         _trl(per_device_train_batch_size=6)
     with pytest.raises(ConfigError, match="steps_per_generation=3, gradient_accumulation_steps=2"):
         _trl(steps_per_generation=3, gradient_accumulation_steps=2)
@@ -227,8 +245,11 @@ def test_verl_script_overrides_expand_the_scripts_variables(tmp_path: Path, monk
     monkeypatch.setenv("MODEL_PATH", "/elsewhere")
     assert script_overrides(tmp_path / "run.sh")["actor_rollout_ref.model.path"] == "/elsewhere"
     monkeypatch.delenv("DATA_ROOT")
-    with pytest.raises(ConfigError, match=r"run.sh:\d+: data.train_files uses a variable the script does not set"):
-        script_overrides(tmp_path / "run.sh")
+    given = script_overrides(tmp_path / "run.sh")  # unresolved values are an error only where they are used
+    with pytest.raises(ConfigError, match=r"run.sh:9: data.train_files uses a variable the script does not set \(\$train\)"):
+        from_verl(given)
+    given["data.train_files"] = given["data.val_files"] = "/data/here.parquet"
+    assert from_verl(given | {"actor_rollout_ref.actor.megatron.dist_checkpointing_path": given["data.val_files"]})
 
 
 def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
@@ -292,3 +313,17 @@ def test_verl_yaml_config_is_flattened(tmp_path: Path):
     v = from_verl(read_verl([str(tmp_path / "ppo.yaml")], ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=16"])).values
     assert (v["rollout.samples_per_prompt"], v["rollout.prompts_per_step"], v["optim.minibatches_per_step"]) == (16, 32, 2)
     assert v["algo.name"] == "minirl"
+
+
+def test_verl_epochs_become_global_steps_when_the_data_is_here(tmp_path: Path):
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": "p", "answer": "a"}] * 10).to_parquet(str(tmp_path / "train.parquet"))
+    given = {"algorithm.adv_estimator": "grpo", "data.train_files": str(tmp_path / "train.parquet"),
+             "data.train_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "trainer.total_epochs": 3,
+             "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.5}
+    v = from_verl(given).values
+    assert v["optim.global_steps"] == 3 * (10 // 4)  # verl's loader drops the last partial batch
+    assert v["optim.warmup_updates"] == 6  # half of 6 global steps x N = 2 updates
+    away = from_verl(given | {"data.train_files": str(tmp_path / "elsewhere.parquet")})
+    assert "optim.global_steps" not in away.values and any("total_epochs=3" in line for line in away.not_translated)
