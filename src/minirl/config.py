@@ -192,6 +192,12 @@ class OptimConfig(Section):
     """AdamW's learning rate (finite; above 1 every update would move each weight by more than 1)."""
     warmup_updates: int = Field(0, ge=0)
     """Linear learning-rate warm-up, in gradient updates (N per global step)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """After the warm-up: constant (the paper's), or a decay to ``min_lr_ratio`` x lr at the last of the
+    global_steps x N updates, linear (TRL's default ``lr_scheduler_type``) or half a cosine (transformers' and
+    verl's ``cosine``); ``minirl.trainer.lr_factor``."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Where ``linear`` / ``cosine`` end, as a fraction of ``lr`` (verl's ``min_lr_ratio``; 0 = transformers')."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)

@@ -351,8 +351,15 @@ def _trl_optimizer(peer: _Peer, out: Translation, n: int) -> None:
             out.not_translated.append(f"warm-up ratio {fraction} without max_steps: set optim.warmup_updates")
     elif warmup:
         out.set("optim.warmup_updates", int(warmup), peer.show("warmup_steps"))
-    if peer("lr_scheduler_type") not in ("constant", "constant_with_warmup"):
-        out.differs.append(f"{peer.show('lr_scheduler_type')}: minirl keeps the learning rate constant after warm-up")
+    kind = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear",
+            "cosine": "cosine"}.get(peer("lr_scheduler_type"))
+    if kind is None:
+        out.not_translated.append(f"{peer.show('lr_scheduler_type')}: minirl's optim.lr_schedule is constant, linear "
+                                  "or cosine (constant kept)")
+    else:
+        out.set("optim.lr_schedule", kind, peer.show("lr_scheduler_type"))
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
     if peer("fp16"):
         out.not_translated.append("fp16=True: minirl trains in fp32 or bf16 (optim.precision)")
     out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
@@ -510,6 +517,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.lr": 1e-6, A + "optim.weight_decay": 0.01, A + "optim.betas": [0.9, 0.999],
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
     A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
+    A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5,
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
@@ -534,7 +542,7 @@ VERL_IGNORED = re.compile(
     r"val_batch_size|reward_fn_key)|trainer\.(val_before_train|critic_warmup|balance_batch|"
     r"ray_wait_register_center_timeout|use_legacy_worker_impl)|"
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
-    r"actor_rollout_ref\.actor\.(optim\.(min_lr_ratio|num_cycles|total_training_steps)|data_loader_seed)|"
+    r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
     r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
     r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|reward_model\.reward_manager)$")
 
@@ -670,8 +678,16 @@ def _verl_optimizer(peer: _Peer, out: Translation) -> None:
         else:
             out.not_translated.append(f"{peer.show(A + 'optim.lr_warmup_steps_ratio')} without total_training_steps")
     style = peer(A + "optim.warmup_style") or peer(A + "optim.lr_scheduler_type")
-    if style != "constant":
-        out.differs.append(f"lr_scheduler_type={style!r}: minirl keeps the learning rate constant after warm-up")
+    if style in ("constant", "cosine"):
+        out.set("optim.lr_schedule", style, f"lr_scheduler_type={style!r}")
+        if style == "cosine":
+            out.set("optim.min_lr_ratio", float(peer(A + "optim.min_lr_ratio")), peer.show(A + "optim.min_lr_ratio"))
+            if peer(A + "optim.num_cycles") != 0.5:
+                out.differs.append(f"{peer.show(A + 'optim.num_cycles')}: minirl's cosine is half a wave (0.5)")
+    else:
+        out.not_translated.append(f"lr_scheduler_type={style!r}: minirl's optim.lr_schedule is constant, linear or cosine")
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: verl's starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
     out.set("optim.gradient_checkpointing", bool(peer(M + "enable_gradient_checkpointing")),
             peer.show(M + "enable_gradient_checkpointing"))
     out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")

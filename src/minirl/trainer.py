@@ -19,6 +19,7 @@ carries routes and the caller asks for them to be replayed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -107,13 +108,22 @@ def disable_stochastic_layers(model: torch.nn.Module) -> int:
     return changed
 
 
-def warmup_schedule(warmup_updates: int) -> Callable[[int], float]:
-    """Linear warm-up to the base learning rate over ``warmup_updates``, then constant."""
+def lr_factor(update: int, warmup_updates: int = 0, total_updates: int = 0, schedule: str = "constant",
+              min_ratio: float = 0.0) -> float:
+    """The learning rate of 0-based ``update`` as a fraction of the base rate (``optim.lr_schedule``).
 
-    def factor(update: int) -> float:
-        return 1.0 if warmup_updates <= 0 else min(1.0, (update + 1) / warmup_updates)
-
-    return factor
+    Warm-up: (update + 1) / warmup_updates up to 1. After it, with progress p = (update - warmup_updates) /
+    (total_updates - warmup_updates) clamped to [0, 1]: constant 1; linear min + (1 - min)(1 - p); cosine
+    min + (1 - min)(1 + cos(pi p)) / 2 — transformers' ``get_linear_schedule_with_warmup`` /
+    ``get_cosine_schedule_with_warmup`` after their warm-up, with verl's ``min_lr_ratio``.
+    """
+    if update < warmup_updates:
+        return (update + 1) / warmup_updates
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, max(0.0, (update - warmup_updates) / max(1, total_updates - warmup_updates)))
+    shape = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
 
 
 class Trainer:
@@ -127,6 +137,9 @@ class Trainer:
         eps: float = 1e-8,
         grad_clip_norm: float = 1.0,
         warmup_updates: int = 0,
+        lr_schedule: str = "constant",
+        total_updates: int = 0,
+        min_lr_ratio: float = 0.0,
         micro_batch_sequences: int = 64,
         micro_batch_max_tokens: int | None = None,
         replay: Any | None = None,
@@ -148,7 +161,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_schedule(warmup_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
+            lr_factor, warmup_updates=warmup_updates, total_updates=total_updates, schedule=lr_schedule,
+            min_ratio=min_lr_ratio))
         self._guard = UpdateGuard(self.optimizer, update_guard)  # ``optim.update_guard``
         self.updates_done = 0
         self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)

@@ -35,7 +35,7 @@ def test_trl_defaults_are_trls_not_minirls():
     assert v["algo.adv_std_normalize"] is True and (v["algo.eps_low"], v["algo.eps_high"]) == (0.2, 0.2)
     assert any("std + 1e-4" in line for line in out.differs)
     assert any(line.startswith("num_train_epochs=3.0") for line in out.not_translated)
-    assert any("'linear'" in line for line in out.differs)
+    assert v["optim.lr_schedule"] == "linear"  # transformers' default decay
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -325,5 +325,9 @@ def test_verl_epochs_become_global_steps_when_the_data_is_here(tmp_path: Path):
     v = from_verl(given).values
     assert v["optim.global_steps"] == 3 * (10 // 4)  # verl's loader drops the last partial batch
     assert v["optim.warmup_updates"] == 6  # half of 6 global steps x N = 2 updates
+    assert v["optim.lr_schedule"] == "constant" and any("verl's starts at 0" in line for line in from_verl(given).differs)
+    cosine = from_verl(given | {"actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
+                                "actor_rollout_ref.actor.optim.min_lr_ratio": 0.1}).values
+    assert (cosine["optim.lr_schedule"], cosine["optim.min_lr_ratio"]) == ("cosine", 0.1)
     away = from_verl(given | {"data.train_files": str(tmp_path / "elsewhere.parquet")})
     assert "optim.global_steps" not in away.values and any("total_epochs=3" in line for line in away.not_translated)
