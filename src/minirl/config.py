@@ -180,6 +180,10 @@ class OptimConfig(Section):
     """Global steps (each = 1 rollout + N gradient updates + 1 weight sync)."""
     minibatches_per_step: int = Field(1, ge=1)
     """N: gradient updates per global step (1 = on-policy)."""
+    epochs_per_step: int = Field(1, ge=1)
+    """E: passes over each global step's N mini-batches, in the same order (verl's ``ppo_epochs``, TRL's
+    ``num_iterations``): N x E updates per rollout, all against the same pi_old and mu_old, so every update after
+    the first is off-policy (E = 1: the paper's setting)."""
     micro_batch_sequences: int = Field(64, ge=1)
     """Sequences per forward/backward; gradients accumulate over a mini-batch."""
     micro_batch_max_tokens: int | None = Field(None, ge=1)
@@ -191,10 +195,10 @@ class OptimConfig(Section):
     lr: float = Field(1e-4, ge=0, le=1)
     """AdamW's learning rate (finite; above 1 every update would move each weight by more than 1)."""
     warmup_updates: int = Field(0, ge=0)
-    """Linear learning-rate warm-up, in gradient updates (N per global step)."""
+    """Linear learning-rate warm-up, in gradient updates (N x E per global step)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """After the warm-up: constant (the paper's), or a decay to ``min_lr_ratio`` x lr at the last of the
-    global_steps x N updates, linear (TRL's default ``lr_scheduler_type``) or half a cosine (transformers' and
+    global_steps x N x E updates, linear (TRL's default ``lr_scheduler_type``) or half a cosine (transformers' and
     verl's ``cosine``); ``minirl.trainer.lr_factor``."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Where ``linear`` / ``cosine`` end, as a fraction of ``lr`` (verl's ``min_lr_ratio``; 0 = transformers')."""
@@ -533,6 +537,11 @@ class Config(Section):
     @property
     def global_batch_sequences(self) -> int:
         return self.rollout.prompts_per_step * self.rollout.samples_per_prompt
+
+    @property
+    def updates_per_step(self) -> int:
+        """Gradient updates per global step: N mini-batches x E epochs."""
+        return self.optim.minibatches_per_step * self.optim.epochs_per_step
 
     @property
     def minibatch_sequences(self) -> int:

@@ -11,7 +11,8 @@ One global step:
        R2, no diagnostics this step) theta_old is theta and the pass is skipped: pi_old is taken,
        bitwise the same, from the single update's own forward (``Trainer.update(old_pass=True)``);
     4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
-       the step's ``RoutePlan`` checks that every recorded route is consumed exactly once per pass);
+       the step's ``RoutePlan`` checks that every recorded route is consumed exactly once per pass),
+       repeated over the same mini-batches for E = ``epochs_per_step`` passes (verl's ``ppo_epochs``);
     5. the new weights are pushed to the engine.
 
 The same function drives every placement (``cluster`` config, ``minirl.distributed``): with the
@@ -279,7 +280,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
             for reason in run.faults:
                 logger.print(f"step {step}: {reason}")
             if step == last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
-                tell_progress(run.rewards, step * cfg.optim.minibatches_per_step, cfg)
+                tell_progress(run.rewards, step * cfg.updates_per_step, cfg)
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
             logger.log(step, metrics)
@@ -326,7 +327,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                                         record_routes=plan.engine_records)
     clock.lap("rollout")
     # 2. rewards and group-baseline advantages
-    tell_progress(run.rewards, (step - 1) * n, cfg)
+    tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
     rewards, reward_stats = score_completions(run.rewards, prompts, completions)
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step)
@@ -335,7 +336,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = 1 it comes from the
     #    single update's own forward instead, unless R2 or the diagnostics need it first
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
-    fused = run.fuse_old_pass and n == 1 and not diagnose and plan.old_pass_optional
+    epochs = cfg.optim.epochs_per_step
+    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional
     if not fused:
         with plan.old_pass() as routing:
             old = trainer.score(batch, **routing.kwargs)
@@ -343,17 +345,19 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     clock.lap("old_logprobs")
     if run.reference is not None:  # the KL penalty's log pi_ref (algo.kl_coef > 0; natural routing)
         batch = batch.with_logp_ref(run.reference.logprobs(batch))
-    # 4. N gradient updates on mini-batches, routes replayed per the plan
+    # 4. N gradient updates on mini-batches, routes replayed per the plan; E passes over them
     updates, diagnostics = [], {}
-    with plan.updates(old_pass=fused) as routing:
-        for index, minibatch in enumerate(split(batch, n)):
-            objective = with_reference_kl(cfg.algo, minibatch, run.make_objective(cfg.algo, minibatch))
-            if diagnose and index in (0, n - 1):  # first-order approximation, fresh vs stalest
-                with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
-                    diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n, run.faults,
-                                                                 replay_routes=routing.kwargs["replay_routes"]))
-            updates.append(trainer.update(minibatch, objective, **routing.kwargs))
-        routing.waive(any(u.fault for u in updates))  # a skipped update may stop before consuming its routes
+    minibatches = split(batch, n)
+    for epoch in range(epochs):
+        with plan.updates(old_pass=fused) as routing:  # each pass consumes every route once
+            for index, minibatch in enumerate(minibatches, start=epoch * n):
+                objective = with_reference_kl(cfg.algo, minibatch, run.make_objective(cfg.algo, minibatch))
+                if diagnose and index in (0, n * epochs - 1):  # first-order approximation, fresh vs stalest
+                    with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
+                        diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n * epochs,
+                                                                     run.faults, replay_routes=routing.kwargs["replay_routes"]))
+                updates.append(trainer.update(minibatch, objective, **routing.kwargs))
+            routing.waive(any(u.fault for u in updates[epoch * n:]))  # a skipped update may stop before its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)
         fused_old = updates[0].scores
@@ -435,7 +439,7 @@ def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:
     if hasattr(rewards, "trainer_state"):
         from minirl.tasks.reward_functions import TrainerState
 
-        rewards.trainer_state = TrainerState(updates, cfg.optim.global_steps * cfg.optim.minibatches_per_step)
+        rewards.trainer_state = TrainerState(updates, cfg.optim.global_steps * cfg.updates_per_step)
 
 
 def score_completions(rewards: Any, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:

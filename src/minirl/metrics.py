@@ -19,8 +19,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``mismatch/kl_k3``             the same KL, k3 estimator (non-negative, lower variance)
 ``mismatch/abs_dlogp_mean``    mean |log mu_old - log pi_old| (``..._max``: the largest)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
-                               weight mean/max, truncated-IS fraction), mean over the N updates
-``policy/loss``                loss, mean over the N updates
+                               weight mean/max, truncated-IS fraction), mean over the N x E updates
+``policy/loss``                loss, mean over the N x E updates
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
 ``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or
@@ -40,8 +40,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                ``diff_any_layer_frac`` fraction of tokens with any layer differing
 ``routing/r2_drift_*``         R2 only: ``mb{i}`` fraction of (fed token, layer) sets where the
                                router's natural choice in update i differs from the replayed
-                               theta_old routes (0 at i = 0, where theta = theta_old); ``last``:
-                               the same for update N-1
+                               theta_old routes (0 at i = 0, where theta = theta_old; i counts
+                               the N x E updates); ``last``: the same for the last update
 =============================  ===============================================================
 
 ``samples.jsonl`` (every ``log.completions_every_steps`` steps): a few of the step's rollouts,

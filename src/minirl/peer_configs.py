@@ -201,7 +201,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation
     """Translate the settings of ``trl grpo --config FILE`` (a flat mapping)."""
     peer, out = _Peer(given, TRL_DEFAULTS), Translation("TRL")
     _trl_model_and_data(peer, out)
-    n = _trl_batch(peer, out)
+    n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n)
     _trl_runs(peer, out, n)
     _objective(out, keep_objective, _trl_objective(peer, n))
@@ -282,7 +282,8 @@ def _trl_rewards(peer: _Peer, out: Translation) -> None:
 
 
 def _trl_batch(peer: _Peer, out: Translation) -> int:
-    """P, G, N and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns N.
+    """P, G, N, E and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns
+    the optimizer steps per generation (N x E).
     ``num_processes`` (accelerate's, written into the file as open-r1's recipes do) scales the batch; without
     it the translation is for one process."""
     per_device, accumulation, group = peer("per_device_train_batch_size"), peer("gradient_accumulation_steps"), peer("num_generations")
@@ -308,9 +309,7 @@ def _trl_batch(peer: _Peer, out: Translation) -> int:
     if peer.set_by_user("max_prompt_length") and peer("max_prompt_length"):
         out.not_translated.append(f"{peer.show('max_prompt_length')}: minirl does not cut prompts (task.max_prompt_chars "
                                   "skips rows longer than a number of characters)")
-    if peer("num_iterations") != 1:
-        out.not_translated.append(f"{peer.show('num_iterations')}: minirl makes one pass over each rollout (N updates "
-                                  "on disjoint mini-batches); use optim.minibatches_per_step for staleness")
+    out.set("optim.epochs_per_step", int(peer("num_iterations")), peer.show("num_iterations"))
     out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
     out.set("rollout.temperature", float(peer("temperature")), peer.show("temperature"))
     out.set("rollout.top_p", float(peer("top_p")), peer.show("top_p"))
@@ -321,7 +320,7 @@ def _trl_batch(peer: _Peer, out: Translation) -> int:
         out.set("cluster.engine_backend", "vllm", peer.show("use_vllm"))
         if peer("vllm_mode") != "colocate":
             out.differs.append(f"{peer.show('vllm_mode')}: minirl starts its own vLLM engine (no `trl vllm-serve` server)")
-    return n
+    return n * int(peer("num_iterations"))  # optimizer steps per generation: what TRL's step counts divide by
 
 
 def _trl_optimizer(peer: _Peer, out: Translation, n: int) -> None:
@@ -332,9 +331,9 @@ def _trl_optimizer(peer: _Peer, out: Translation, n: int) -> None:
         out.set(ours, float(peer(theirs)), peer.show(theirs))
     max_steps = peer("max_steps")
     if max_steps and max_steps > 0:
-        out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / N = {n}")
+        out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / (N x E) = {n}")
         if max_steps % n:
-            out.differs.append(f"max_steps={max_steps} is not a multiple of N = {n}: rounded up to whole global steps")
+            out.differs.append(f"max_steps={max_steps} is not a multiple of N x E = {n}: rounded up to whole global steps")
     elif (rows := _count_rows(out.values.get("task.path"))) and rows >= out.values["rollout.prompts_per_step"]:
         steps = int(peer("num_train_epochs") * rows) // out.values["rollout.prompts_per_step"]
         out.set("optim.global_steps", steps, f"{peer.show('num_train_epochs')} x {rows} rows / prompts per step")
@@ -377,14 +376,14 @@ def _trl_runs(peer: _Peer, out: Translation, n: int) -> None:
         out.not_translated.append(f"{peer.show('resume_from_checkpoint')}: minirl resumes from the newest checkpoint "
                                   "of its run directory (run.resume: auto)")
     if peer("save_strategy") == "steps" and peer("save_steps") >= 1:
-        out.set("checkpoint.every_steps", math.ceil(peer("save_steps") / n), f"{peer.show('save_steps')} / N")
+        out.set("checkpoint.every_steps", math.ceil(peer("save_steps") / n), f"{peer.show('save_steps')} / (N x E)")
     elif peer("save_strategy") != "no":
         out.not_translated.append(f"{peer.show('save_strategy', 'save_steps')}: give checkpoint.every_steps in global steps")
     if peer("save_total_limit"):
         out.set("checkpoint.keep_last", int(peer("save_total_limit")), peer.show("save_total_limit"))
     if peer("eval_strategy") == "steps":
         every = peer("eval_steps") or peer("logging_steps")
-        out.set("eval.every_steps", max(1, math.ceil(every / n)), f"eval_steps={every} / N")
+        out.set("eval.every_steps", max(1, math.ceil(every / n)), f"eval_steps={every} / (N x E)")
     elif peer("eval_strategy") == "no":
         out.set("eval.every_steps", 0, peer.show("eval_strategy"))
         out.differs.append("eval_strategy='no': minirl still evaluates before and after training (eval.every_steps: 0)")
@@ -397,7 +396,7 @@ def _trl_runs(peer: _Peer, out: Translation, n: int) -> None:
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
     if peer("log_completions"):
         every = peer("logging_steps")
-        out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / N")
+        out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / (N x E)")
         if peer("num_completions_to_print"):
             out.set("log.completions_per_step", int(peer("num_completions_to_print")), peer.show("num_completions_to_print"))
     else:
@@ -615,8 +614,7 @@ def _verl_batch(peer: _Peer, out: Translation) -> int:
     if peer(A + "use_dynamic_bsz"):
         out.set("optim.micro_batch_max_tokens", peer(A + "ppo_max_token_len_per_gpu"),
                 peer.show(A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu"))
-    if peer(A + "ppo_epochs") != 1:
-        out.not_translated.append(f"{peer.show(A + 'ppo_epochs')}: minirl makes one pass over each rollout")
+    out.set("optim.epochs_per_step", int(peer(A + "ppo_epochs")), peer.show(A + "ppo_epochs"))
     out.set("rollout.max_new_tokens", peer("data.max_response_length"), peer.show("data.max_response_length"))
     out.set("rollout.temperature", float(peer(R + "temperature")), peer.show(R + "temperature"))
     out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
@@ -673,7 +671,8 @@ def _verl_optimizer(peer: _Peer, out: Translation) -> None:
         out.set("optim.warmup_updates", int(warmup), peer.show(A + "optim.lr_warmup_steps"))
     elif ratio:
         if steps:
-            out.set("optim.warmup_updates", round(ratio * steps * out.values["optim.minibatches_per_step"]),
+            out.set("optim.warmup_updates", round(ratio * steps * out.values["optim.minibatches_per_step"]
+                                                  * out.values["optim.epochs_per_step"]),
                     f"{ratio} x total updates")
         else:
             out.not_translated.append(f"{peer.show(A + 'optim.lr_warmup_steps_ratio')} without total_training_steps")

@@ -199,7 +199,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         grad_clip_norm=o.grad_clip_norm,
         warmup_updates=o.warmup_updates,
         lr_schedule=o.lr_schedule,
-        total_updates=o.global_steps * o.minibatches_per_step,
+        total_updates=o.global_steps * cfg.updates_per_step,
         min_lr_ratio=o.min_lr_ratio,
         micro_batch_sequences=o.micro_batch_sequences,
         micro_batch_max_tokens=o.micro_batch_max_tokens,

@@ -67,6 +67,16 @@ def test_a_hub_id_gets_the_download_hint_a_missing_path_does_not():
     assert "dataset_name='data/train.parquet' is not on this machine" in differs and "repo-type" not in differs
 
 
+def test_trl_num_iterations_and_verl_ppo_epochs_are_passes_over_each_rollout():
+    v = _trl(steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2, max_steps=400, save_steps=100).values
+    assert (v["optim.minibatches_per_step"], v["optim.epochs_per_step"], v["optim.global_steps"]) == (2, 2, 100)
+    assert v["checkpoint.every_steps"] == 25  # TRL counts optimizer steps: N x E per rollout
+    v = from_verl({"algorithm.adv_estimator": "grpo", "data.train_batch_size": 8, "trainer.total_training_steps": 10,
+                   "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_epochs": 3,
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.1}).values
+    assert (v["optim.minibatches_per_step"], v["optim.epochs_per_step"], v["optim.warmup_updates"]) == (2, 3, 6)
+
+
 def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():
     with pytest.raises(ConfigError, match=r"per_device_train_batch_size=6, num_processes=1, num_generations=8.*whole groups"):
         _trl(per_device_train_batch_size=6)

@@ -35,10 +35,11 @@ def metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _minibatches(run_dir: Path) -> int:
+def _updates_per_step(run_dir: Path) -> int:
+    """N x E of a run (its gradient updates per global step; 1 = on-policy)."""
     try:
         raw = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-        return int(raw["optim"]["minibatches_per_step"])
+        return int(raw["optim"]["minibatches_per_step"]) * int(raw["optim"].get("epochs_per_step", 1))
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return 1
 
@@ -60,7 +61,7 @@ def load_runs(runs_dir: Path) -> Runs:
         rows = metric_rows(run_dir)
         if not rows:
             continue
-        n = _minibatches(run_dir)
+        n = _updates_per_step(run_dir)
         arm = _arm_of(run_dir, runs_dir)
         setting = arm.split("/")[0] if "/" in arm and run_dir != runs_dir else ("onpolicy" if n == 1 else f"n{n}")
         out.setdefault(setting, {}).setdefault(arm, []).append({"seed": run_dir.name, "n": n, "rows": rows, "dir": run_dir})

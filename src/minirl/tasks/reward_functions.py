@@ -98,7 +98,7 @@ class TrainerState:
     global_step: int = 0
     """Gradient updates done before these completions were scored (TRL's optimizer steps)."""
     max_steps: int = 0
-    """Gradient updates of the whole run (``optim.global_steps`` x ``optim.minibatches_per_step``)."""
+    """Gradient updates of the whole run (``optim.global_steps`` x ``minibatches_per_step`` x ``epochs_per_step``)."""
 
 
 @dataclass
