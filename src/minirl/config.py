@@ -7,8 +7,8 @@ A config error is the user's mistake, so it becomes one line naming the key and 
 Batch knobs carry their unit in the name: one *global step* samples
 ``prompts_per_step * samples_per_prompt`` responses, splits them into ``minibatches_per_step``
 (N) gradient updates, and each update accumulates gradients over micro-batches of
-``micro_batch_sequences`` sequences. N = 1 is the paper's on-policy setting; N = 2, 4, 8 its
-off-policy ones.
+``micro_batch_sequences`` sequences; ``epochs_per_step`` (E) repeats the N updates over the same
+mini-batches. N = E = 1 is the paper's on-policy setting; N = 2, 4, 8 its off-policy ones.
 """
 
 from __future__ import annotations
