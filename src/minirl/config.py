@@ -57,7 +57,9 @@ class LoRAConfig(Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Module names (suffixes) to adapt, as peft's ``target_modules``; names that do not exist in a
-    model are skipped, but at least one must match."""
+    model are skipped, but at least one must match. ``[all-linear]``: every ``nn.Linear`` but the output
+    head and the routers, as peft's ``all-linear`` (TRL's and verl's usual choice); fused MoE experts,
+    which are not ``nn.Linear``, are not adapted."""
     adapt_routers: bool = False
     """Allow an MoE router among ``target_modules`` (routers are not adapted by default)."""
 

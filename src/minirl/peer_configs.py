@@ -236,11 +236,7 @@ def _trl_model_and_data(peer: _Peer, out: Translation) -> None:
         if peer("lora_target_modules"):
             modules = peer("lora_target_modules")
             modules = [modules] if isinstance(modules, str) else list(modules)
-            if modules == ["all-linear"]:
-                out.differs.append("lora_target_modules='all-linear': minirl adapts its default list (attention and "
-                                   "expert projections; routers only with model.lora.adapt_routers)")
-            else:
-                out.set("model.lora.target_modules", modules, peer.show("lora_target_modules"))
+            out.set("model.lora.target_modules", modules, peer.show("lora_target_modules"))
         else:
             out.differs.append("lora_target_modules unset: peft picks modules per architecture; minirl adapts its "
                                "default list (model.lora.target_modules)")
@@ -574,12 +570,8 @@ def _verl_model_and_data(peer: _Peer, out: Translation) -> None:
         out.set("model.lora.rank", int(peer(M + "lora_rank")), peer.show(M + "lora_rank"))
         out.set("model.lora.alpha", float(peer(M + "lora_alpha")), peer.show(M + "lora_alpha"))
         modules = peer(M + "target_modules")
-        if modules == "all-linear":
-            out.differs.append("target_modules='all-linear': minirl adapts its default list (attention and expert "
-                               "projections; routers only with model.lora.adapt_routers)")
-        else:
-            out.set("model.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
-                    peer.show(M + "target_modules"))
+        out.set("model.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
+                peer.show(M + "target_modules"))
     if peer("data.train_files"):
         out.set("task.kind", "jsonl", "data.train_files given")
     for theirs, ours in (("data.train_files", "task.path"), ("data.val_files", "task.eval_path")):

@@ -89,6 +89,13 @@ def test_lora_trains_adapters_only_and_leaves_routers_alone():
         load_config(None, ["model.lora={rank: 4}", "cluster.trainer_ranks=2", "rollout.prompts_per_step=2"])
 
 
+def test_all_linear_is_pefts_every_linear_but_the_head_and_never_a_router():
+    model = make_tiny_moe(0)
+    add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
+    adapted = {name.split(".lora_")[0] for name, p in model.named_parameters() if p.requires_grad}
+    assert adapted == {f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
 def test_merged_weights_are_the_adapted_forward_and_the_engine_samples_from_them():
     model = lora_model().eval()
     merged = merged_state_dict(model)

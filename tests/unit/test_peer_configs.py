@@ -286,6 +286,7 @@ def test_verl_kl_or_lora_needs_the_single_process_trainer():
     assert (v["algo.kl_coef"], v["algo.kl_loss_type"], v["cluster.trainer_ranks"]) == (0.001, "k2", 1)
     v = from_verl(base | {"actor_rollout_ref.model.lora_rank": 32}).values
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["cluster.trainer_ranks"]) == (32, 16.0, 1)
+    assert v["model.lora.target_modules"] == ["all-linear"]  # verl's default, peft's keyword
 
 
 @pytest.mark.parametrize("given, name, aggregation", [

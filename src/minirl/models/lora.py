@@ -63,7 +63,12 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
                              "model.lora.adapt_routers=true")
     from peft import inject_adapter_in_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+    targets = list(target_modules)
+    if targets == ["all-linear"]:  # peft's keyword, resolved here: its newer releases also wrap routers and experts
+        head = model.get_output_embeddings()  # type: ignore[operator]
+        targets = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+                   and module is not head and (adapt_routers or name not in routers)]
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     try:
         inject_adapter_in_model(config, model)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
