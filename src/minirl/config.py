@@ -429,6 +429,15 @@ class ColdStartConfig(Section):
     """Your SFT data (.jsonl, .json, .parquet or a datasets directory) in TRL's shapes: rows
     ``{"prompt", "completion"}`` (strings or chat messages), ``{"messages": [...]}`` or ``{"text": ...}``
     (trained whole); null = the task's teacher traces in ``style``."""
+    prompt_column: str = "prompt"
+    """Column of ``data`` holding the prompt (TRL's ``prompt``; verl's SFT ``data.prompt_key``); a dotted name
+    reads a field of an object column (verl's ``prompt_dict_keys``: ``extra_info.question``)."""
+    completion_column: str = "completion"
+    """Column of ``data`` holding the completion (TRL's ``completion``; verl's SFT ``data.response_key``); dotted
+    names as ``prompt_column``."""
+    chat_prompts: bool = False
+    """A string prompt is one user message through the chat template (as the engine renders a chat prompt),
+    followed by its string completion as text + EOS: verl's SFT layout (false: TRL's rule, plain text)."""
     loss_on: Literal["completion", "all"] = "completion"
     """Tokens that carry the SFT loss: the completion / assistant tokens only (TRL's
     ``completion_only_loss`` / ``assistant_only_loss``), or the whole sequence."""

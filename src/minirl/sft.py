@@ -71,7 +71,8 @@ def sft_examples(cfg: Config, task: Task, tokenizer: Any, seed: int) -> tuple[li
     if c.data:
         from minirl.sft_data import pack, read_sft_examples, sft_batch
 
-        rows = read_sft_examples(c.data, tokenizer, loss_on=c.loss_on)
+        rows = read_sft_examples(c.data, tokenizer, loss_on=c.loss_on, columns=(c.prompt_column, c.completion_column),
+                                 chat_prompts=c.chat_prompts)
         if c.packing:
             rows = pack(rows, c.max_length)
         return rows, lambda picked: sft_batch(picked, tokenizer.pad_token_id, c.max_length)
@@ -174,7 +175,10 @@ def sft_cache_key(cfg: Config) -> str:
         "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
             ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ()), *(
-            ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ())}),  # keys of earlier caches
+            ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ()), *(
+            ("prompt_column", "completion_column", "chat_prompts") if cfg.cold_start.data is None or (
+                (cfg.cold_start.prompt_column, cfg.cold_start.completion_column, cfg.cold_start.chat_prompts)
+                == ("prompt", "completion", False)) else ())}),  # keys of earlier caches
         **({"evaluation": {"eval": _without_new_defaults(cfg.eval, also={"every_steps"}),
                          "rollout": _evaluation_rollout(cfg)}}
            if cfg.cold_start.until_accuracy is not None else {}),  # the stopping rule evaluates like RL

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 
 from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat
-from minirl.tasks.jsonl import TaskDataError, check_messages
+from minirl.tasks.jsonl import TaskDataError, check_messages, lookup_column
 from minirl.types import Batch, Prompt
 
 LossOn = Literal["completion", "all"]
@@ -46,15 +46,18 @@ class SFTExample:
     loss_mask: list[bool]
 
 
-def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "completion") -> list[SFTExample]:
-    """Every row of ``path`` (any format ``minirl.tasks.data`` reads) as an ``SFTExample``."""
+def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "completion",
+                      columns: tuple[str, str] = ("prompt", "completion"), chat_prompts: bool = False) -> list[SFTExample]:
+    """Every row of ``path`` (any format ``minirl.tasks.data`` reads) as an ``SFTExample``. ``columns``: where
+    the prompt and the completion are (``cold_start.prompt_column`` / ``completion_column``, dotted names
+    read nested fields); ``chat_prompts``: a string prompt becomes a user message (verl's SFT)."""
     from minirl.tasks.data import iter_rows
 
     examples = []
     for where, row in iter_rows(Path(path)):
         if isinstance(row, TaskDataError):
             raise row
-        example = row_to_example(row, where, tokenizer)
+        example = row_to_example(_renamed(row, where, columns), where, tokenizer, chat_prompts=chat_prompts)
         if loss_on == "all":
             example.loss_mask = [False] + [True] * (len(example.input_ids) - 1)
         examples.append(example)
@@ -63,8 +66,23 @@ def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "co
     return examples
 
 
-def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
-    """One data row (prompt-completion, messages or text) as token ids with a completion-only mask."""
+def _renamed(row: Any, where: str, columns: tuple[str, str]) -> Any:
+    """The row in TRL's names: the configured prompt / completion columns as ``prompt`` / ``completion``."""
+    if not isinstance(row, dict) or columns == ("prompt", "completion"):
+        return row
+    found = [lookup_column(row, key) for key in columns]
+    if not all(ok for ok, _ in found):
+        if "messages" in row or "text" in row:
+            return row
+        missing = [key for key, (ok, _) in zip(columns, found) if not ok]
+        raise TaskDataError(f'{where}: no field "{missing[0]}" (cold_start.{"prompt" if missing[0] == columns[0] else "completion"}_column)')
+    return {**{k: v for k, v in row.items() if k not in ("prompt", "completion")}, "prompt": found[0][1], "completion": found[1][1]}
+
+
+def row_to_example(row: Any, where: str, tokenizer: Any, *, chat_prompts: bool = False) -> SFTExample:
+    """One data row (prompt-completion, messages or text) as token ids with a completion-only mask.
+    ``chat_prompts``: a string prompt is one user message through the chat template (``add_generation_prompt``,
+    as the engine renders a chat prompt) and its string completion follows as text + EOS, verl's layout."""
     if not isinstance(row, dict) or not ("messages" in row or ("prompt" in row and "completion" in row) or "text" in row):
         raise TaskDataError(f'{where}: expected an object with "prompt" and "completion", with "messages" or with "text"')
     if "text" in row and not ("messages" in row or ("prompt" in row and "completion" in row)):
@@ -78,7 +96,8 @@ def row_to_example(row: Any, where: str, tokenizer: Any) -> SFTExample:
     if isinstance(prompt, str) and isinstance(completion, str):
         if not prompt.strip() or not completion.strip():
             raise TaskDataError(f'{where}: field "{"prompt" if not prompt.strip() else "completion"}" is empty')
-        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer=""))
+        user = [{"role": "user", "content": prompt}] if chat_prompts else None
+        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer="", messages=user))
         completion_ids = list(tokenizer.encode(completion, add_special_tokens=False)) + [tokenizer.eos_token_id]
         return SFTExample(prompt_ids + completion_ids, [False] * len(prompt_ids) + [True] * len(completion_ids))
     if isinstance(prompt, list) and isinstance(completion, list):

@@ -87,6 +87,28 @@ def test_conversational_prompt_completion_trains_what_follows_the_prompt_in_the_
     assert (from_blocks.input_ids, from_blocks.loss_mask) == (example.input_ids, example.loss_mask)
 
 
+def test_verl_sft_rows_nested_columns_and_chat_prompts(plain_tokenizer, tmp_path) -> None:
+    """verl's SFT parquet (``extra_info.question`` / ``extra_info.answer``, ``prompt_dict_keys``) with its
+    layout: the prompt through the chat template with the generation prompt, the answer as text + EOS."""
+    import datasets
+
+    from minirl.sft_data import read_sft_examples
+    from minirl.tasks.jsonl import TaskDataError
+
+    rows = [{"data_source": "gsm8k", "extra_info": {"question": "3+4?", "answer": "7"}}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "sft.parquet"))
+    columns = ("extra_info.question", "extra_info.answer")
+    (verl,) = read_sft_examples(tmp_path / "sft.parquet", plain_tokenizer, columns=columns, chat_prompts=True)
+    prompt_ids = plain_tokenizer.encode("User: 3+4?\nAssistant: ", add_special_tokens=False)
+    answer_ids = plain_tokenizer.encode("7", add_special_tokens=False) + [plain_tokenizer.eos_token_id]
+    assert verl.input_ids == prompt_ids + answer_ids
+    assert verl.loss_mask == [False] * len(prompt_ids) + [True] * len(answer_ids)
+    (trl,) = read_sft_examples(tmp_path / "sft.parquet", plain_tokenizer, columns=columns)  # TRL: a string is plain
+    assert trl.input_ids == plain_tokenizer.encode("3+4?") + answer_ids
+    with pytest.raises(TaskDataError, match=r'sft.parquet:row 1: no field "extra_info.solution" \(cold_start.completion_column\)'):
+        read_sft_examples(tmp_path / "sft.parquet", plain_tokenizer, columns=("extra_info.question", "extra_info.solution"))
+
+
 def test_a_template_that_rewrites_earlier_turns_is_one_line_naming_the_row(plain_tokenizer) -> None:
     from minirl.tasks.jsonl import TaskDataError
 

@@ -288,7 +288,7 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     if prompt_key not in row:
         raise TaskDataError(f'{where}: field "{prompt_key}" is missing')
     answer_key = _answer_key(row, answer_key)
-    found, answer = _lookup(row, answer_key)
+    found, answer = lookup_column(row, answer_key)
     if not found and columns.answer_required:
         raise TaskDataError(f'{where}: field "{answer_key}" is missing')
     prompt = row[prompt_key]
@@ -320,12 +320,12 @@ VERL_ANSWER = "reward_model.ground_truth"
 def _answer_key(row: dict, key: str) -> str:
     """``key``, or verl's ``reward_model.ground_truth`` when ``key`` is the default ``answer`` and the row
     has no such column but verl's layout."""
-    if key == "answer" and key not in row and _lookup(row, VERL_ANSWER)[0]:
+    if key == "answer" and key not in row and lookup_column(row, VERL_ANSWER)[0]:
         return VERL_ANSWER
     return key
 
 
-def _lookup(row: dict, key: str) -> tuple[bool, Any]:
+def lookup_column(row: dict, key: str) -> tuple[bool, Any]:
     """(found, value) of column ``key``; a dotted key (``reward_model.ground_truth``) walks nested objects."""
     if key in row:
         return True, row[key]
