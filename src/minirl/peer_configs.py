@@ -483,8 +483,18 @@ def _objective(out: Translation, keep: bool, obj: _Objective) -> None:
                      + (" (its differences are listed below)" if obj.differs else ", the same gradient"))
 
 
+def _unset(value: Any) -> bool:
+    """A value that turns nothing on: off, empty, Hydra's mandatory ``???`` or an interpolation of another key."""
+    return (value is None or value is False or value == 0 or value in ("", "???") or value == [] or value == {}
+            or (isinstance(value, str) and value.startswith("${")))
+
+
 def _leftovers(peer: _Peer, out: Translation, ignored: re.Pattern[str]) -> None:
+    """Keys the translation did not read: known to the peer's table (their effect rides on another key, e.g. a
+    KL coefficient with the KL off) or unset -> nothing; noise -> ignored; the rest -> not translated."""
     for key in peer.unread():
+        if key in peer.defaults or _unset(peer.given[key]):
+            continue
         if ignored.match(key):
             out.ignored.append(key)
         else:
@@ -512,7 +522,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.lr": 1e-6, A + "optim.weight_decay": 0.01, A + "optim.betas": [0.9, 0.999],
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
     A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
-    A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5,
+    A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
@@ -539,7 +549,18 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
     r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
     r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
-    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|reward_model\.reward_manager)$")
+    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|reward_model\.reward_manager|"
+    # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
+    r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
+    r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
+    r"pf_ppo\..*|filter_groups\..*|rollout_correction\.loss_type)|"
+    r"actor_rollout_ref\.actor\.(qat\..*|tau_pos|tau_neg|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
+    r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
+    r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
+    r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
+    r"skip_tokenizer_init|val_kwargs\.top_k)|"
+    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options|lora)\..*|actor_rollout_ref\.nccl_timeout|"
+    r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
 
 
 def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
@@ -615,7 +636,7 @@ def _verl_batch(peer: _Peer, out: Translation) -> int:
     name = peer(R + "name")
     if name == "vllm":
         out.set("cluster.engine_backend", "vllm", peer.show(R + "name"))
-    elif name:
+    elif not _unset(name):
         out.differs.append(f"{peer.show(R + 'name')}: minirl samples with its native engine (or vLLM)")
     return n
 
@@ -641,6 +662,8 @@ def _verl_cluster(peer: _Peer, out: Translation) -> None:
 
 
 def _verl_optimizer(peer: _Peer, out: Translation) -> None:
+    if peer(A + "optim.optimizer") != "AdamW":
+        out.not_translated.append(f"{peer.show(A + 'optim.optimizer')}: minirl trains with AdamW")
     out.set("optim.lr", float(peer(A + "optim.lr")), peer.show(A + "optim.lr"))
     out.set("optim.weight_decay", float(peer(A + "optim.weight_decay")), peer.show(A + "optim.weight_decay"))
     betas = peer(A + "optim.betas")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.config import ConfigError, load_config
@@ -316,6 +317,24 @@ def test_verl_token_mean_gradient_is_verls(tmp_path: Path):
     _, ours = _losses(x, cfg, batch=8)
     theirs = _trl_gradient("dapo", x, 0.2, 0.2, 2.0, max_len=6)  # verl's token-mean PPO is TRL's dapo
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_a_whole_verl_config_dump_lists_only_what_it_turns_on(tmp_path: Path):
+    """A full ``ppo_trainer.yaml``-style dump: parameters of subsystems left off, unset values and keys whose
+    effect rides on another (a KL coefficient with the KL off) are not noise in the header."""
+    dump = {"algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "kl_ctrl": {"type": "fixed", "kl_coef": 0.001},
+                          "filter_groups": {"enable": False, "metric": "reward"}},
+            "actor_rollout_ref": {"rollout": {"n": 4, "name": "???", "multi_turn": {"format": "hermes"}},
+                                  "actor": {"kl_loss_coef": 0.001, "use_kl_loss": False, "qat": {"group_size": 16},
+                                            "rollout_n": "${oc.select:actor_rollout_ref.rollout.n,1}",
+                                            "my_new_knob": 7}},
+            "distillation": {"teacher_key": "teacher"}, "data": {"train_batch_size": 256, "image_key": "images"}}
+    (tmp_path / "dump.yaml").write_text(yaml.safe_dump(dump))
+    out = from_verl(read_verl([str(tmp_path / "dump.yaml")], []))
+    assert sorted(out.not_translated) == ["actor_rollout_ref.actor.my_new_knob=7: not a setting minirl knows how to carry over",
+                                          "trainer.total_epochs=30 without total_training_steps: set optim.global_steps "
+                                          "(one epoch = training prompts / data.train_batch_size)"]
+    assert not any("name='???'" in line for line in out.differs)
 
 
 def test_verl_yaml_config_is_flattened(tmp_path: Path):
