@@ -145,6 +145,10 @@ class _Peer:
         if isinstance(value, Unresolved):
             raise ConfigError(f"{value.where}: {key} uses a variable the script does not set ({value.text}); "
                               f"set it in the environment or give {key}=... after the script")
+        default = self.defaults.get(key)
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"setting {key}={value!r}: expected a number")
         return value
 
     def set_by_user(self, key: str) -> bool:

@@ -83,6 +83,10 @@ def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():
         _trl(per_device_train_batch_size=6)
     with pytest.raises(ConfigError, match="steps_per_generation=3, gradient_accumulation_steps=2"):
         _trl(steps_per_generation=3, gradient_accumulation_steps=2)
+    with pytest.raises(ConfigError, match=r"^setting per_device_train_batch_size='eight': expected a number$"):
+        _trl(per_device_train_batch_size="eight")
+    with pytest.raises(ConfigError, match=r"^setting data.train_batch_size=True: expected a number$"):
+        from_verl({"data.train_batch_size": True})
 
 
 def test_trl_steps_warmup_checkpoints_and_logging_count_global_steps():
