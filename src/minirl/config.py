@@ -82,6 +82,8 @@ class RewardFunctionConfig(Section):
     weight: float = Field(1.0, allow_inf_nan=False, description="the reward is the weighted sum over the functions")
     batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts' or 'completions' (TRL) or 'data_sources' (verl)")
     name: str | None = Field(None, description="metric name reward/<name>/mean (default: the function's __name__)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments of every call "
+                                   "(verl's custom_reward_function.reward_kwargs)")
 
 
 class TaskConfig(Section):

@@ -538,6 +538,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.resume_mode": "auto", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
     "trainer.log_val_generations": 0, "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
     "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
+    "custom_reward_function.reward_kwargs": None, "reward.custom_reward_function.reward_kwargs": None,
 }
 
 VERL_IGNORED = re.compile(
@@ -610,9 +611,14 @@ def _verl_model_and_data(peer: _Peer, out: Translation) -> None:
         out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
     for prefix in ("", "reward."):
         if peer(prefix + "custom_reward_function.path"):
-            out.set("task.reward_function", f"{peer(prefix + 'custom_reward_function.path')}:"
-                    f"{peer(prefix + 'custom_reward_function.name')}", peer.show(prefix + "custom_reward_function.path"))
-    if "task.reward_function" not in out.values and "task.path" in out.values:
+            spec = f"{peer(prefix + 'custom_reward_function.path')}:{peer(prefix + 'custom_reward_function.name')}"
+            kwargs = peer(prefix + "custom_reward_function.reward_kwargs") or {}
+            if kwargs:  # verl passes them to every call: one entry of task.reward_functions carries them
+                out.set("task.reward_functions", [{"function": spec, "kwargs": dict(kwargs)}],
+                        peer.show(prefix + "custom_reward_function.path", prefix + "custom_reward_function.reward_kwargs"))
+            else:
+                out.set("task.reward_function", spec, peer.show(prefix + "custom_reward_function.path"))
+    if not ({"task.reward_function", "task.reward_functions"} & set(out.values)) and "task.path" in out.values:
         out.differs.append("no custom_reward_function: verl scores with default_compute_score by data_source; minirl "
                            "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
 

@@ -284,6 +284,13 @@ def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     out.config()
 
 
+def test_verl_reward_kwargs_ride_with_the_function():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "custom_reward_function.path": "r.py"}
+    assert from_verl(base).values["task.reward_function"] == "r.py:compute_score"
+    v = from_verl(base | {"custom_reward_function.name": "score", "custom_reward_function.reward_kwargs": {"k": 2}}).values
+    assert v["task.reward_functions"] == [{"function": "r.py:score", "kwargs": {"k": 2}}] and "task.reward_function" not in v
+
+
 def test_verl_kl_or_lora_needs_the_single_process_trainer():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 8,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "trainer.total_training_steps": 3}

@@ -143,6 +143,19 @@ def test_verl_compute_score_works_unchanged_per_sample_and_batched(timeout_s: fl
     assert [task.reward(VERL_PROMPTS[i], c) for i, c in VERL_COMPLETIONS] == expected
 
 
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # the worker process gets the kwargs too
+def test_fixed_kwargs_reach_every_call(timeout_s: float | None) -> None:
+    functions = [{"function": f"{MOD}:scaled_exact", "kwargs": {"scale": 2.0}},
+                 {"function": f"{MOD}:scaled_batched", "kwargs": {"scale": 3.0}},
+                 {"function": f"{MOD}:compute_score_kw", "kwargs": {"format_score": 0.1}}]
+    with _runner(functions, timeout_s) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == pytest.approx([6.0, 0.1, 6.0, 0.1], abs=1e-6)  # float32 rewards
+    assert stats["reward/compute_score_kw/mean"] == pytest.approx(0.55, abs=1e-6)
+    with pytest.raises(RewardSpecError, match=r"scaled_exact takes no keyword 'scael'"):
+        _runner([{"function": f"{MOD}:scaled_exact", "kwargs": {"scael": 2.0}}])
+
+
 def test_verl_spec_defaults_and_one_line_errors(tmp_path: Path) -> None:
     reward_file = tmp_path / "my_verl_reward.py"
     reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"

@@ -86,3 +86,15 @@ def never_applies(prompt, completion, answer):
 
 def search_r1_style(data_source, solution_str, ground_truth, extra_info=None):  # verl: ground_truth as stored
     return float(solution_str.strip() in ground_truth["target"])
+
+
+def scaled_exact(prompt, completion, answer, *, scale):  # a fixed keyword from the config (kwargs)
+    return scale * float(text(completion).strip() == answer)
+
+
+def scaled_batched(completions, answers, scale, **kwargs):  # TRL's form with a fixed keyword
+    return [scale * float(text(c).strip() == a) for c, a in zip(completions, answers)]
+
+
+def compute_score_kw(data_source, solution_str, ground_truth, extra_info=None, format_score=0.0):  # verl reward_kwargs
+    return 1.0 if solution_str.strip() == ground_truth else format_score

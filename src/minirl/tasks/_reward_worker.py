@@ -6,7 +6,7 @@ CUDA context, no threads or locks inherited from the trainer, no re-import of th
 reward function started. Messages are ``multiprocessing.connection`` frames on two pipes:
 
     parent -> worker   {"sys_path": [...], "functions": [{"spec": "module:function" | None,
-                        "pickled": bytes | None, "batched": bool, "name": str, "verl": bool}, ...]}
+                        "pickled": bytes | None, "batched": bool, "name": str, "verl": bool, "kwargs": dict}, ...]}
     worker -> parent   ("ready", names) | ("failed", one-line message)
     parent -> worker   [(function index, Sample or [Sample, ...]), ...]   a chunk of items; None = exit
     worker -> parent   ("ok", reward or [rewards]) | ("error", one-line message)   one per item, in order
@@ -72,7 +72,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     try:
         functions = [
             RewardFn(load_reward_function(f["spec"]) if f["spec"] else pickle.loads(f["pickled"]),
-                     batched=f["batched"], name=f["name"], spec=f["spec"], verl=f["verl"])
+                     batched=f["batched"], name=f["name"], spec=f["spec"], verl=f["verl"], kwargs=f["kwargs"])
             for f in setup["functions"]
         ]
     except BaseException as error:  # reported to the trainer, which raises it

@@ -134,22 +134,29 @@ class RewardFn:
     """How a worker process imports it again (``None``: it is sent pickled, or cannot be)."""
     verl: bool = False
     """Called with verl's keywords (``data_source``, ``solution_str``, ``ground_truth``, ``extra_info``)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Fixed keyword arguments of every call (verl's ``custom_reward_function.reward_kwargs``, TRL's ``partial``)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
         self.full_name = function_name(self.fn)
         self._accepts = _accepted_keywords(self.fn)
+        unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None else []
+        if unknown:
+            raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec,
-                "verl": self.verl}
+                "verl": self.verl, "kwargs": self.kwargs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__post_init__()
 
     def keywords(self, available: dict[str, Any]) -> dict[str, Any]:
-        return dict(available) if self._accepts is None else {k: v for k, v in available.items() if k in self._accepts}
+        """What a call passes by keyword: the ``available`` ones the function takes, then its fixed ``kwargs``."""
+        taken = dict(available) if self._accepts is None else {k: v for k, v in available.items() if k in self._accepts}
+        return {**taken, **self.kwargs}
 
     def score(self, samples: Sequence[Sample]) -> list[float | None]:
         """Rewards of ``samples`` (finite floats, or ``None`` where the function does not apply, TRL's
@@ -303,7 +310,8 @@ def looks_verl(fn: Callable[..., Any]) -> bool:
 
 
 def make_reward_fn(
-    target: str | Callable[..., Any], weight: float = 1.0, batched: bool | None = None, name: str | None = None
+    target: str | Callable[..., Any], weight: float = 1.0, batched: bool | None = None, name: str | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> RewardFn:
     """A ``RewardFn`` from a ``module:function`` spec (or a callable)."""
     fn = load_reward_function(target) if isinstance(target, str) else target
@@ -316,7 +324,7 @@ def make_reward_fn(
                               f"(first parameter {_first_parameter(fn)!r}: "
                               f"{'batched' if looks_batched(fn) else 'per-sample'}); leave 'batched' out")
     batched = looks_batched(fn) if batched is None or verl else bool(batched)
-    return RewardFn(fn, float(weight), batched, name or "", spec, verl)
+    return RewardFn(fn, float(weight), batched, name or "", spec, verl, dict(kwargs or {}))
 
 
 def unique_names(functions: list[RewardFn]) -> None:
