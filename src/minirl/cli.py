@@ -127,41 +127,15 @@ def _resume_hint(cfg: Config, args: argparse.Namespace) -> str:
 
 
 def _train_holding(cfg: Config, args: argparse.Namespace, console: Any) -> int:
-    from minirl.checkpoint import checkpoints_dir, restart_in_place, resume_point
-    from minirl.loop import NumericalFaultStop, check_fresh_start, train
-    from minirl.sft import cached_sft, run_sft
+    from minirl.api import run_training
+    from minirl.loop import NumericalFaultStop
 
-    start_from = args.start_from
-    resume_from = None
-    if args.resume or cfg.run.resume == "auto":
-        found = resume_point(cfg.run_dir, log=lambda line: print(line, file=sys.stderr))
-        if found is None:  # resume means continue: with nothing to continue from, the run starts again in place
-            lost = restart_in_place(cfg.run_dir)
-            removed = f" (removed the metrics of steps 1-{lost}, logged after it)" if lost else ""
-            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting from step 0{removed}",
-                  file=sys.stderr)
-        else:
-            resume_from = found
-    if resume_from is None:
-        check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     try:
-        if cfg.cold_start.enabled and not start_from and resume_from is None:
-            what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
-                    else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
-            console.print(f"[bold]cold start[/]: SFT on {what}")
-            if cfg.cold_start.cache_dir:
-                start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
-            else:
-                start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
-        summary = train(cfg, start_from=start_from, resume_from=resume_from,
-                        dump_rollouts=args.dump_rollouts, rollouts_from=args.rollouts_from, run_dir_held=True)
+        run_training(cfg, console, start_from=args.start_from, resume=args.resume, dump_rollouts=args.dump_rollouts,
+                     rollouts_from=args.rollouts_from)
     except NumericalFaultStop as exc:
         print(f"minirl: stopped: {exc}", file=sys.stderr)
         return EXIT_NUMERICAL_FAULT
-    console.print(
-        f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy "
-        f"before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  run dir {summary.run_dir}"
-    )
     return 0
 
 

@@ -619,7 +619,7 @@ class Config(Section):
 # ----------------------------------------------------------------------------- loading
 
 
-def _format_error(err: ValidationError, source: str) -> str:
+def format_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = list(first["loc"])
     if loc[:1] == ["algo"] and len(loc) > 1 and loc[1] in OBJECTIVES:
@@ -732,7 +732,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_error(err, str(path) if path else "")) from None
+        raise ConfigError(format_error(err, str(path) if path else "")) from None
 
 
 def dump_config(cfg: Config, path: Path) -> None:

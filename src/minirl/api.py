@@ -1,0 +1,175 @@
+"""``minirl.train``: ``minirl train`` from Python, handed what a TRL user hands ``GRPOTrainer``::
+
+    import minirl
+
+    def correct(completions, solution, **kwargs):          # TRL's reward signature
+        return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+
+    summary = minirl.train("configs/demo.yaml", "optim.global_steps=50",   # a config (or None) and overrides
+                           model="path/to/hf_model",                        # model.path
+                           train_dataset=dataset,                           # datasets.Dataset, rows or a file
+                           reward_funcs=[correct, "rewards:fmt"], reward_weights=[1.0, 0.2])
+    summary.eval_before, summary.eval_after, summary.run_dir
+
+Everything else is the config, and the run is the CLI's: the same cold start, checkpoints, resume
+(``resume=True``) and run directory, whose ``config.yaml`` repeats it. In-memory datasets are saved once
+(``save_to_disk``) under ``RUN.output_dir/_datasets/<fingerprint>`` and named in the config; reward
+functions by ``module:function``. A function defined in the script itself (``__main__``) cannot be
+imported by a reward worker process, so such runs call their rewards in this process
+(``task.reward_timeout_s: null``, said in one line); put them in a module to keep the timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from minirl.config import Config, ConfigError, apply_override, format_error, load_config
+
+DatasetLike = Any  # datasets.Dataset | datasets.DatasetDict | list[dict] | str | Path
+
+
+def train(config: str | Path | Config | None = None, *overrides: str, model: str | Path | None = None,
+          train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
+          reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
+          start_from: str | Path | None = None, resume: bool = False) -> Any:
+    """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
+    (held-out accuracy before and after RL, steps, seconds, run directory). Raises ``ConfigError`` for a
+    user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many numerical faults."""
+    cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights)
+    from rich.console import Console
+
+    from minirl.loop import hold_run_dir
+    from minirl.preflight import preflight
+
+    preflight(cfg)
+    with hold_run_dir(cfg.run_dir):
+        return run_training(cfg, Console(stderr=True), start_from=None if start_from is None else str(start_from),
+                            resume=resume)
+
+
+def run_training(cfg: Config, console: Any, *, start_from: str | None = None, resume: bool = False,
+                 dump_rollouts: str | None = None, rollouts_from: str | None = None) -> Any:
+    """The body of ``minirl train`` (the caller holds the run directory): resume point or fresh-start check,
+    the cold start, then RL. Returns the ``RunSummary``."""
+    from minirl.checkpoint import checkpoints_dir, restart_in_place, resume_point
+    from minirl.loop import check_fresh_start
+    from minirl.loop import train as rl_train
+    from minirl.sft import cached_sft, run_sft
+
+    resume_from = None
+    if resume or cfg.run.resume == "auto":
+        found = resume_point(cfg.run_dir, log=lambda line: print(line, file=sys.stderr))
+        if found is None:  # resume means continue: with nothing to continue from, the run starts again in place
+            lost = restart_in_place(cfg.run_dir)
+            removed = f" (removed the metrics of steps 1-{lost}, logged after it)" if lost else ""
+            print(f"minirl: resume: no valid checkpoint in {checkpoints_dir(cfg.run_dir)}; starting from step 0{removed}",
+                  file=sys.stderr)
+        else:
+            resume_from = found
+    if resume_from is None:
+        check_fresh_start(cfg)  # before any work: never silently start over an earlier run
+    if cfg.cold_start.enabled and not start_from and resume_from is None:
+        what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
+                else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")
+        console.print(f"[bold]cold start[/]: SFT on {what}")
+        if cfg.cold_start.cache_dir:
+            start_from = str(cached_sft(cfg, Path(cfg.cold_start.cache_dir), log=console.print))
+        else:
+            start_from = str(run_sft(cfg, cfg.run_dir / "sft", log=console.print))
+    summary = rl_train(cfg, start_from=start_from, resume_from=resume_from, dump_rollouts=dump_rollouts,
+                       rollouts_from=rollouts_from, run_dir_held=True)
+    console.print(
+        f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy "
+        f"before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  run dir {summary.run_dir}"
+    )
+    return summary
+
+
+def _configure(config: str | Path | Config | None, overrides: list[str], model: str | Path | None,
+               train_dataset: DatasetLike, eval_dataset: DatasetLike,
+               reward_funcs: Sequence[Callable[..., Any] | str] | None, reward_weights: Sequence[float] | None) -> Config:
+    """The config with TRL's arguments folded in as overrides (validated once, at the end)."""
+    if isinstance(config, Config):
+        data: dict[str, Any] = config.model_dump(mode="json")
+    else:
+        data = load_config(config, overrides).model_dump(mode="json")  # a typo in the overrides is named here
+        overrides = []
+    for override in overrides:
+        apply_override(data, override)
+    if model is not None:
+        data["model"]["path"] = str(model)
+    datasets_dir = Path(data["run"]["output_dir"]) / "_datasets"
+    for name, value, key in (("train_dataset", train_dataset, "path"), ("eval_dataset", eval_dataset, "eval_path")):
+        if value is not None:
+            data["task"]["kind"] = "jsonl"
+            data["task"][key] = _dataset_path(value, datasets_dir, name)
+    if reward_funcs is not None:
+        weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
+        if len(weights) != len(reward_funcs):
+            raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward_funcs")
+        specs = [_reward_spec(fn, index) for index, fn in enumerate(reward_funcs)]
+        data["task"]["reward_functions"] = [{"function": spec, "weight": float(w)} for spec, w in zip(specs, weights)]
+        data["task"]["reward_function"] = None
+        if any(spec.startswith("__main__:") for spec in specs) and data["task"]["reward_timeout_s"] is not None:
+            data["task"]["reward_timeout_s"] = None
+            print("minirl: reward functions defined in the script run in this process, without "
+                  "task.reward_timeout_s (a worker process cannot import __main__; a module can be)", file=sys.stderr)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:  # the arguments' values, through the same one-line messages as a file's
+        raise ConfigError(format_error(err, "minirl.train")) from None
+
+
+def _reward_spec(fn: Callable[..., Any] | str, index: int) -> str:
+    """``module:function`` of a reward function; one defined in ``__main__`` keeps that module (in-process)."""
+    if isinstance(fn, str):
+        return fn
+    from minirl.tasks.rewards import reward_spec
+
+    spec = reward_spec(fn)
+    if spec is not None:
+        return spec
+    qualname = getattr(fn, "__qualname__", "")
+    if getattr(fn, "__module__", None) == "__main__" and qualname and "<" not in qualname:
+        return f"__main__:{qualname}"
+    raise ConfigError(f"reward_funcs[{index}]: {qualname or type(fn).__name__} cannot be named in the run's config "
+                      "(a lambda, closure or instance); define it with def at a module's top level")
+
+
+def _dataset_path(value: DatasetLike, root: Path, name: str) -> str:
+    """A file or directory as it is; a ``datasets`` object or a list of rows saved once under ``root``."""
+    if isinstance(value, (str, Path)):
+        return str(value)
+    import datasets
+
+    if isinstance(value, datasets.DatasetDict):
+        if "train" not in value and len(value) != 1:
+            raise ConfigError(f"{name}: a DatasetDict without a 'train' split (splits: {', '.join(value)})")
+        value = value["train"] if "train" in value else next(iter(value.values()))
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(row, dict) for row in value):
+            raise ConfigError(f"{name}: expected a datasets.Dataset, a list of row dicts or a file path")
+        fingerprint = hashlib.sha256(json.dumps(list(value), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        value = datasets.Dataset.from_list(list(value))
+    elif isinstance(value, datasets.Dataset):
+        fingerprint = value._fingerprint
+    else:
+        raise ConfigError(f"{name}: expected a datasets.Dataset, a list of row dicts or a file path, "
+                          f"got {type(value).__name__}")
+    target = root / fingerprint
+    if not (target / "dataset_info.json").is_file():
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # our progress line is the only one
+        try:
+            value.save_to_disk(str(target))
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
+    return str(target)

@@ -1,0 +1,73 @@
+"""``minirl.train`` from a TRL user's script: rows in memory, a reward function defined in the script itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minirl.api import _configure
+from minirl.config import ConfigError
+
+SCRIPT = '''\
+import json, sys
+import minirl
+
+def correct(completions, solution, **kwargs):   # TRL's reward signature, defined here (__main__)
+    return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+
+rows = [{"prompt": [{"role": "user", "content": w}], "solution": w[::-1]}
+        for w in ["abc", "bca", "cab", "acb", "bac", "cba", "aab", "bba"]]
+overrides = ["model.preset=qwen3-moe-tiny", "task.chat_template=chat.jinja", "task.eval_fraction=0.25",
+             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8",
+             "optim.global_steps=2", "optim.micro_batch_sequences=4", "eval.num_prompts=2", "eval.samples_per_prompt=2",
+             "cold_start.enabled=false", "run.threads=1", "run.output_dir=runs"]
+summary = minirl.train(None, *overrides, "run.name=first", train_dataset=rows, reward_funcs=[correct])
+again = minirl.train(None, *overrides, "run.name=second", train_dataset=rows, reward_funcs=[correct, "rewards:short"],
+                     reward_weights=[1.0, 0.5])
+print(json.dumps({"steps": summary.steps, "dir": str(summary.run_dir), "after": again.eval_after}))
+'''
+
+REWARDS = '''\
+def short(prompts, completions, **kwargs):
+    return [1.0 if len(c[0]["content"]) <= 3 else 0.0 for c in completions]
+'''
+
+
+def test_a_trl_style_script_trains_with_rows_and_its_own_reward_function(tmp_path: Path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    proc = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reward functions defined in the script run in this process" in proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 2 and 0.0 <= result["after"] <= 1.0
+    saved = yaml.safe_load((tmp_path / "runs" / "first" / "config.yaml").read_text())
+    assert saved["task"]["reward_functions"] == [{"function": "__main__:correct", "weight": 1.0, "batched": None,
+                                                  "name": None, "kwargs": {}}]
+    assert saved["task"]["reward_timeout_s"] is None and saved["task"]["kind"] == "jsonl"
+    data = Path(tmp_path / saved["task"]["path"])
+    assert data.parent == tmp_path / "runs" / "_datasets" and len(list(data.parent.iterdir())) == 1  # saved once
+    metrics = [json.loads(line) for line in (tmp_path / "runs" / "second" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("reward/correct/mean" in m and "reward/short/mean" in m for m in metrics) == 2
+
+
+def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path):
+    cfg = _configure(None, [f"run.output_dir={tmp_path}"], "some/model", "train.parquet", str(tmp_path / "eval.jsonl"),
+                     ["pkg.mod:fn"], None)
+    assert cfg.model.path == "some/model" and cfg.task.eval_path == str(tmp_path / "eval.jsonl")
+    assert (cfg.task.kind, cfg.task.path) == ("jsonl", "train.parquet")
+    assert cfg.task.reward_functions[0].function == "pkg.mod:fn" and cfg.task.reward_timeout_s == 10.0
+    with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):
+        _configure(None, [], None, None, None, [lambda completions, **kw: [0.0] * len(completions)], None)
+    with pytest.raises(ConfigError, match=r"^reward_weights: 1 weights for 2 reward_funcs$"):
+        _configure(None, [], None, None, None, ["a:b", "c:d"], [1.0])
+    with pytest.raises(ConfigError, match=r"optim.lr"):
+        _configure(None, ["optim.lr=fast"], None, None, None, None, None)
+    with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset, a list of row dicts"):
+        _configure(None, [], None, 42, None, None, None)
