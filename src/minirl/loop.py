@@ -7,7 +7,7 @@ One global step:
     2. rewards from the task's verifier; group-mean baseline advantages;
     3. the trainer recomputes ``logp_old`` (pi_old) over the whole global batch without gradient
        (R2 records the trainer's routes here; R3 replays the engine's routes here, so
-       ``mismatch/*`` measures the mismatch with the routing actually used). With N = 1 (and no
+       ``mismatch/*`` measures the mismatch with the routing actually used). With N = E = 1 (and no
        R2, no diagnostics this step) theta_old is theta and the pass is skipped: pi_old is taken,
        bitwise the same, from the single update's own forward (``Trainer.update(old_pass=True)``);
     4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
@@ -333,7 +333,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step)
     advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize).reshape(-1)
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id))
-    # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = 1 it comes from the
+    # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the
     #    single update's own forward instead, unless R2 or the diagnostics need it first
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
     epochs = cfg.optim.epochs_per_step
