@@ -8,6 +8,7 @@
     summary = minirl.train("configs/demo.yaml", "optim.global_steps=50",   # a config (or None) and overrides
                            model="path/to/hf_model",                        # model.path
                            train_dataset=dataset,                           # datasets.Dataset, rows or a file
+                           peft_config=LoraConfig(r=16, lora_alpha=32),     # model.lora (optional)
                            reward_funcs=[correct, "rewards:fmt"], reward_weights=[1.0, 0.2])
     summary.eval_before, summary.eval_after, summary.run_dir
 
@@ -38,11 +39,11 @@ DatasetLike = Any  # datasets.Dataset | datasets.DatasetDict | list[dict] | str 
 def train(config: str | Path | Config | None = None, *overrides: str, model: str | Path | None = None,
           train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
-          start_from: str | Path | None = None, resume: bool = False) -> Any:
+          peft_config: Any = None, start_from: str | Path | None = None, resume: bool = False) -> Any:
     """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
     (held-out accuracy before and after RL, steps, seconds, run directory). Raises ``ConfigError`` for a
     user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many numerical faults."""
-    cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights)
+    cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config)
     from rich.console import Console
 
     from minirl.loop import hold_run_dir
@@ -94,7 +95,8 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
 
 def _configure(config: str | Path | Config | None, overrides: list[str], model: str | Path | None,
                train_dataset: DatasetLike, eval_dataset: DatasetLike,
-               reward_funcs: Sequence[Callable[..., Any] | str] | None, reward_weights: Sequence[float] | None) -> Config:
+               reward_funcs: Sequence[Callable[..., Any] | str] | None, reward_weights: Sequence[float] | None,
+               peft_config: Any = None) -> Config:
     """The config with TRL's arguments folded in as overrides (validated once, at the end)."""
     if isinstance(config, Config):
         data: dict[str, Any] = config.model_dump(mode="json")
@@ -105,6 +107,8 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         apply_override(data, override)
     if model is not None:
         data["model"]["path"] = str(model)
+    if peft_config is not None:  # TRL's peft_config=LoraConfig(r, lora_alpha, lora_dropout, target_modules)
+        data["model"]["lora"] = _lora(peft_config)
     datasets_dir = Path(data["run"]["output_dir"]) / "_datasets"
     for name, value, key in (("train_dataset", train_dataset, "path"), ("eval_dataset", eval_dataset, "eval_path")):
         if value is not None:
@@ -125,6 +129,18 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         return Config.model_validate(data)
     except ValidationError as err:  # the arguments' values, through the same one-line messages as a file's
         raise ConfigError(format_error(err, "minirl.train")) from None
+
+
+def _lora(peft_config: Any) -> dict[str, Any]:
+    """``model.lora`` from a peft ``LoraConfig`` (its rank, alpha, dropout and target modules)."""
+    if not all(hasattr(peft_config, name) for name in ("r", "lora_alpha", "target_modules")):
+        raise ConfigError(f"peft_config: expected a peft LoraConfig, got {type(peft_config).__name__}")
+    targets = peft_config.target_modules
+    lora: dict[str, Any] = {"rank": int(peft_config.r), "alpha": float(peft_config.lora_alpha),
+                            "dropout": float(getattr(peft_config, "lora_dropout", 0.0) or 0.0)}
+    if targets:
+        lora["target_modules"] = [targets] if isinstance(targets, str) else sorted(targets)
+    return lora
 
 
 def _reward_spec(fn: Callable[..., Any] | str, index: int) -> str:

@@ -63,6 +63,14 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     assert cfg.model.path == "some/model" and cfg.task.eval_path == str(tmp_path / "eval.jsonl")
     assert (cfg.task.kind, cfg.task.path) == ("jsonl", "train.parquet")
     assert cfg.task.reward_functions[0].function == "pkg.mod:fn" and cfg.task.reward_timeout_s == 10.0
+    from peft import LoraConfig
+
+    lora = _configure(None, [], None, None, None, None, None, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")).model.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (8, 16.0, 0.0, ["all-linear"])
+    lora = _configure(None, [], None, None, None, None, None, LoraConfig(r=4, target_modules=["v_proj", "q_proj"])).model.lora
+    assert (lora.rank, lora.alpha, lora.target_modules) == (4, 8.0, ["q_proj", "v_proj"])  # peft's default alpha 8
+    with pytest.raises(ConfigError, match=r"^peft_config: expected a peft LoraConfig, got dict$"):
+        _configure(None, [], None, None, None, None, None, {"r": 8})
     with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):
         _configure(None, [], None, None, None, [lambda completions, **kw: [0.0] * len(completions)], None)
     with pytest.raises(ConfigError, match=r"^reward_weights: 1 weights for 2 reward_funcs$"):
