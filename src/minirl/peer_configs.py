@@ -208,7 +208,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n)
     _trl_runs(peer, out, n)
-    _objective(out, keep_objective, _trl_objective(peer, n))
+    _objective(out, keep_objective, _trl_objective(peer, n, out.values["optim.minibatches_per_step"]))
     _leftovers(peer, out, TRL_IGNORED)
     return out
 
@@ -415,7 +415,7 @@ def _report_to(value: Any, out: Translation, key: str) -> None:
         out.not_translated.append(f"{key}: {', '.join(rest)} (minirl logs to TensorBoard, wandb and metrics.jsonl)")
 
 
-def _trl_objective(peer: _Peer, n: int) -> _Objective:
+def _trl_objective(peer: _Peer, n: int, minibatches: int) -> _Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = _Objective()
     for key, neutral in (("delta", None), ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
@@ -439,6 +439,9 @@ def _trl_objective(peer: _Peer, n: int) -> _Objective:
         obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
         if loss == "dapo":
             obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
+            if minibatches > 1:
+                obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
+                                   "step by the generation's mean tokens per step, minirl by the step's own tokens")
         else:
             obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
             responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")

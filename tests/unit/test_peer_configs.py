@@ -123,6 +123,11 @@ def test_keep_objective_translates_the_setup_only():
     assert "--keep-objective" in out.objective
 
 
+def test_dapo_over_several_optimizer_steps_says_how_it_differs():
+    assert not any("mean tokens per step" in line for line in _trl().differs)  # N = 1: the same gradient
+    assert any("mean tokens per step" in line for line in _trl(steps_per_generation=2).differs)
+
+
 def test_trl_vllm_token_truncate_is_minirls_train_infer_correction():
     v = _trl(use_vllm=True, vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=5.0).values
     assert (v["algo.is_correction"], v["algo.tis_cap"], v["algo.tis_placement"]) == (True, 5.0, "train_infer")
