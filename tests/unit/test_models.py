@@ -200,7 +200,9 @@ def test_load_errors_name_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     with pytest.raises(ModelLoadError, match="nowhere") as error:
         load_model_and_tokenizer(str(missing))
-    assert "\n" not in str(error.value) and "preset" in str(error.value)
+    assert "\n" not in str(error.value) and "preset" in str(error.value) and "hf download" not in str(error.value)
+    with pytest.raises(ModelLoadError, match=r"does not download: `hf download Qwen/Qwen3-30B-A3B --local-dir DIR`"):
+        load_model_and_tokenizer("Qwen/Qwen3-30B-A3B")  # a Hub id, as TRL and verl users write model paths
 
     with pytest.raises(ModelLoadError, match=r"no config\.json") as error:
         load_model_and_tokenizer(str(tmp_path))

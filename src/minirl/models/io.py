@@ -16,6 +16,7 @@ checkpoint of another model (architecture, vocabulary, sizes), naming the keys t
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,10 @@ def _load_directory(
     path: Path, *, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.exists():
+        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)) is not None  # "org/name": a Hub id, never downloaded here
+        hint = f"; minirl does not download: `hf download {path} --local-dir DIR`, then model.path=DIR" if hub else ""
         raise ModelLoadError(
-            f"model {str(path)!r} is neither a preset ({', '.join(PRESETS)}) nor an existing directory"
+            f"model {str(path)!r} is neither a preset ({', '.join(PRESETS)}) nor an existing directory{hint}"
         )
     check_model_directory(path, trust_remote_code=trust_remote_code)
     try:
