@@ -61,6 +61,9 @@ def test_unreadable_files_are_one_line(tmp_path: Path) -> None:
     empty_dir.mkdir()
     with pytest.raises(TaskDataError, match="not a datasets directory"):
         JsonlTask(empty_dir)
+    with pytest.raises(TaskDataError, match=r"^openai/gsm8k: no such file; minirl does not download: `hf download "
+                                            r"openai/gsm8k --repo-type dataset --local-dir DIR`"):
+        JsonlTask("openai/gsm8k")  # a Hub id, as TRL's dataset_name
 
 
 def test_answer_is_optional_for_user_rewards(tmp_path: Path) -> None:
