@@ -378,8 +378,36 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def trl_command_line(words: list[str]) -> list[str]:
+    """The rest of a ``trl grpo`` command line as ``config from-trl`` words: ``--config FILE`` -> FILE,
+    ``--key value`` / ``--key=value`` -> ``key=value``, a bare ``--flag`` -> ``flag=true`` (HfArgumentParser's
+    booleans); minirl's own ``-o`` / ``--output`` / ``--keep-objective`` stay as they are."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("-o", "--output") and i + 1 < len(words):
+            out += words[i:i + 2]
+            i += 2
+            continue
+        if not word.startswith("--") or word == "--keep-objective":
+            out.append(word)
+            i += 1
+            continue
+        key, eq, value = word[2:].partition("=")
+        if not eq:
+            takes_value = i + 1 < len(words) and not words[i + 1].startswith("--")
+            value, i = (words[i + 1], i + 1) if takes_value else ("true", i)
+        out.append(value if key == "config" else f"{key}={value}")
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["config", "from-trl"]:  # `trl grpo --config FILE --learning_rate 1e-6 ...` as TRL users type it
+        argv = argv[:2] + trl_command_line(argv[2:])
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may also follow an option (argparse stops a positional list at a flag)
     unknown = [item for item in extra if item.startswith("-") or "=" not in item]

@@ -113,6 +113,21 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert sum("reward/compute_score/mean" in m for m in metrics) == 2
 
 
+def test_a_trl_command_line_is_taken_as_trl_users_type_it(tmp_path: Path):
+    from minirl.cli import trl_command_line
+
+    words = ["--config", "grpo.yaml", "--learning_rate", "5e-6", "--use_vllm", "--num_generations=4", "-o", "out.yaml",
+             "--keep-objective", "--vllm_mode", "colocate"]
+    assert trl_command_line(words) == ["grpo.yaml", "learning_rate=5e-6", "use_vllm=true", "num_generations=4", "-o",
+                                       "out.yaml", "--keep-objective", "vllm_mode=colocate"]
+    (tmp_path / "grpo.yaml").write_text("max_steps: 10\n")
+    proc = _minirl("config", "from-trl", "--config", "grpo.yaml", "--learning_rate", "5e-6", "--num_generations", "4",
+                   "-o", "out.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert cfg["optim"]["lr"] == 5e-6 and cfg["rollout"]["samples_per_prompt"] == 4 and cfg["optim"]["global_steps"] == 10
+
+
 def test_a_broken_peer_file_is_one_line(tmp_path: Path):
     (tmp_path / "grpo.yaml").write_text("per_device_train_batch_size: 6\n")
     proc = _minirl("config", "from-trl", "grpo.yaml", cwd=tmp_path)
