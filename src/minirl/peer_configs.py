@@ -22,6 +22,7 @@ the table of ``docs/coming_from_trl_verl.md``.
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import re
@@ -539,7 +540,9 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
     "trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": None, "trainer.test_freq": -1,
     "trainer.resume_mode": "auto", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
-    "trainer.log_val_generations": 0, "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
+    "trainer.log_val_generations": 0, "algorithm.filter_groups.enable": False, R + "quantization": None,
+    "reward_model.reward_manager": None, "reward.reward_manager.name": "naive",
+    R + "quantization.weight_dtype": None, "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
     "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
     "custom_reward_function.reward_kwargs": None, "reward.custom_reward_function.reward_kwargs": None,
 }
@@ -557,11 +560,11 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
     r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
     r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
-    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|reward_model\.reward_manager|"
+    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|"
     # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
     r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
     r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
-    r"pf_ppo\..*|filter_groups\..*|rollout_correction\.loss_type)|"
+    r"pf_ppo\..*|filter_groups\.(?!enable$).*|rollout_correction\.loss_type)|"
     r"actor_rollout_ref\.actor\.(qat\..*|tau_pos|tau_neg|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
@@ -621,6 +624,10 @@ def _verl_model_and_data(peer: _Peer, out: Translation) -> None:
                         peer.show(prefix + "custom_reward_function.path", prefix + "custom_reward_function.reward_kwargs"))
             else:
                 out.set("task.reward_function", spec, peer.show(prefix + "custom_reward_function.path"))
+    manager = peer("reward_model.reward_manager") or peer("reward.reward_manager.name")
+    if manager not in ("naive", "batch"):
+        out.not_translated.append(f"verl's {manager!r} reward manager (its own shaping, e.g. DAPO's overlong "
+                                  "penalty): minirl calls your compute_score per sample or batched, as naive / batch")
     if not ({"task.reward_function", "task.reward_functions"} & set(out.values)) and "task.path" in out.values:
         out.differs.append("no custom_reward_function: verl scores with default_compute_score by data_source; minirl "
                            "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
@@ -646,6 +653,13 @@ def _verl_batch(peer: _Peer, out: Translation) -> int:
     out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
     if peer(R + "top_k") not in (-1, 0, None):
         out.not_translated.append(f"{peer.show(R + 'top_k')}: minirl samples with temperature and top_p only")
+    if peer("algorithm.filter_groups.enable"):
+        out.not_translated.append("algorithm.filter_groups.enable=True: DAPO's dynamic sampling (groups whose rewards "
+                                  "are all equal dropped, more sampled) has no minirl equivalent")
+    quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")
+    if quantization and not isinstance(quantization, dict):
+        out.not_translated.append(f"rollout quantization {quantization!r}: minirl's native engine has its own "
+                                  "(rollout.precision: fp8_e4m3 | fp8_e5m2 | fp4_e2m1, per-tensor or per-expert scales)")
     name = peer(R + "name")
     if name == "vllm":
         out.set("cluster.engine_backend", "vllm", peer.show(R + "name"))
@@ -906,7 +920,7 @@ def script_overrides(path: Path) -> dict[str, Any]:
     variables = dict(os.environ)
     overrides: dict[str, Any] = {}
     for number, physical in _logical_lines(text):
-        line = " ".join(physical).strip()
+        line = _arithmetic(" ".join(physical).strip(), variables)
         if not line or line.startswith("#"):
             continue
         try:
@@ -931,6 +945,38 @@ def script_overrides(path: Path) -> dict[str, Any]:
     return overrides
 
 
+_ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)")
+
+
+def _arithmetic(line: str, variables: dict[str, str]) -> str:
+    """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``); one
+    it cannot evaluate is left as it is (an override using it is then unresolved)."""
+    def evaluate(match: re.Match[str]) -> str:
+        expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b",
+                      lambda v: variables.get(v.group(1) or v.group(2), v.group(0)), match.group(1))
+        if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+            return match.group(0)
+        try:
+            return str(_integer(ast.parse(expr.strip().replace("/", "//"), mode="eval").body))
+        except (SyntaxError, ValueError, ZeroDivisionError):
+            return match.group(0)
+
+    return _ARITHMETIC.sub(evaluate, line)
+
+
+def _integer(node: ast.AST) -> int:
+    """An integer expression of + - * // % and parentheses (nothing else is evaluated)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_integer(node.operand)
+    operators = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
+                 ast.Mod: int.__mod__}
+    if isinstance(node, ast.BinOp) and type(node.op) in operators:
+        return operators[type(node.op)](_integer(node.left), _integer(node.right))
+    raise ValueError("not an integer expression")
+
+
 def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
     """Shell lines joined at a trailing backslash: (first line number, the physical lines)."""
     lines: list[tuple[int, list[str]]] = []
@@ -948,20 +994,47 @@ def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
 
 
 def _expand(value: str, variables: dict[str, str]) -> str | None:
-    """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` (the default expanded too)."""
-    missing = []
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(4)
+    """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
+    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere."""
+    out, i, missing = [], 0, False
+    while i < len(value):
+        if value[i] != "$" or value.startswith("$((", i):
+            out.append(value[i])
+            i += 1
+            continue
+        bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)", value[i:])
+        if bare:
+            name = bare.group(1)
+            missing = missing or name not in variables
+            out.append(variables.get(name, ""))
+            i += bare.end()
+            continue
+        if not value.startswith("${", i):
+            out.append(value[i])
+            i += 1
+            continue
+        depth, j = 0, i + 1
+        while j < len(value):  # the matching brace
+            depth += {"{": 1, "}": -1}.get(value[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        inner = value[i + 2:j]
+        parts = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", inner, re.S)
+        if parts is None or j == len(value):
+            return None
+        name, default = parts.group(1), parts.group(2)
         if variables.get(name):
-            return variables[name]
-        if match.group(3) is not None:  # a default
-            return _expand(match.group(3), variables) or ""
-        if name not in variables:
-            missing.append(name)
-        return ""
-
-    expanded = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-=]([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)", replace, value)
-    if missing:
+            out.append(variables[name])
+        elif default is not None:
+            expanded_default = _expand(default, variables)
+            if expanded_default is None:
+                return None
+            out.append(expanded_default)
+        else:
+            missing = missing or name not in variables
+        i = j + 1
+    expanded = "".join(out)
+    if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
         return None
     return os.path.expanduser(expanded) if expanded.startswith("~") else expanded

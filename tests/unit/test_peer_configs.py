@@ -272,6 +272,47 @@ def test_verl_script_overrides_expand_the_scripts_variables(tmp_path: Path, monk
     assert from_verl(given | {"actor_rollout_ref.actor.megatron.dist_checkpointing_path": given["data.val_files"]})
 
 
+DAPO_SCRIPT = r"""#!/usr/bin/env bash
+set -xeuo pipefail
+max_prompt_length=$((1024 * 2))
+max_response_length=$((1024 * 20))
+RAY_DATA_HOME=${RAY_DATA_HOME:-"${HOME}/verl"}
+TRAIN_FILE=${TRAIN_FILE:-"${RAY_DATA_HOME}/data/dapo-math-17k.parquet"}
+echo "TRAIN_FILE: ${TRAIN_FILE}"
+RAY_ADDRESS='http://127.0.0.1:8265' ray job submit --runtime-env=env.yaml \
+-- python3 -m recipe.dapo.main_dapo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="${TRAIN_FILE}" \
+    data.max_response_length=${max_response_length} \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$((max_prompt_length + max_response_length)) \
+    actor_rollout_ref.actor.use_dynamic_bsz=True \
+    actor_rollout_ref.rollout.max_num_batched_tokens=$(( 1024 * 32 )) \
+    algorithm.filter_groups.enable=True \
+    algorithm.filter_groups.max_num_gen_batches=10 \
+    reward_model.reward_manager=dapo \
+    trainer.total_training_steps=$((undefined_var * 2))
+"""
+
+
+def test_a_dapo_recipe_script_arithmetic_nested_defaults_and_what_minirl_lacks(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.delenv("RAY_DATA_HOME", raising=False)
+    monkeypatch.delenv("TRAIN_FILE", raising=False)
+    (tmp_path / "run.sh").write_text(DAPO_SCRIPT)
+    given = script_overrides(tmp_path / "run.sh")
+    assert given["data.train_files"] == "/home/u/verl/data/dapo-math-17k.parquet"  # ${A:-"${B}/x"}, nested
+    assert given["data.max_response_length"] == 20480 and given["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 22528
+    assert given["actor_rollout_ref.rollout.max_num_batched_tokens"] == 32768
+    with pytest.raises(ConfigError, match=r"run.sh:19: trainer.total_training_steps uses a variable"):
+        from_verl(given)  # $((undefined_var * 2)) cannot be evaluated
+    given["trainer.total_training_steps"] = 5
+    out = from_verl(given)
+    assert out.values["optim.micro_batch_max_tokens"] == 22528
+    text = "\n".join(out.not_translated)
+    assert "filter_groups.enable=True: DAPO's dynamic sampling" in text and "'dapo' reward manager" in text
+    assert "algorithm.filter_groups.max_num_gen_batches" in out.ignored  # a parameter of it
+
+
 def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("DATA_ROOT", "/data/gsm8k")
     (tmp_path / "run.sh").write_text(SCRIPT)
