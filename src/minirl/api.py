@@ -12,7 +12,9 @@
                            reward_funcs=[correct, "rewards:fmt"], reward_weights=[1.0, 0.2])
     summary.eval_before, summary.eval_after, summary.run_dir
 
-Everything else is the config, and the run is the CLI's: the same cold start, checkpoints, resume
+TRL's ``args=GRPOConfig(...)`` may stand in for the config (translated as ``minirl config from-trl`` does, the
+settings it changed read against TRL's defaults, what differs printed). Everything else is the config, and the
+run is the CLI's: the same cold start, checkpoints, resume
 (``resume=True``) and run directory, whose ``config.yaml`` repeats it. In-memory datasets are saved once
 (``save_to_disk``) under ``RUN.output_dir/_datasets/<fingerprint>`` and named in the config; reward
 functions by ``module:function``. A function defined in the script itself (``__main__``) cannot be
@@ -22,6 +24,7 @@ imported by a reward worker process, so such runs call their rewards in this pro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -39,10 +42,16 @@ DatasetLike = Any  # datasets.Dataset | datasets.DatasetDict | list[dict] | str 
 def train(config: str | Path | Config | None = None, *overrides: str, model: str | Path | None = None,
           train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
-          peft_config: Any = None, start_from: str | Path | None = None, resume: bool = False) -> Any:
+          peft_config: Any = None, args: Any = None, start_from: str | Path | None = None, resume: bool = False) -> Any:
     """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
-    (held-out accuracy before and after RL, steps, seconds, run directory). Raises ``ConfigError`` for a
-    user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many numerical faults."""
+    (held-out accuracy before and after RL, steps, seconds, run directory). ``args``: a TRL ``GRPOConfig`` in place
+    of ``config``, translated as ``minirl config from-trl`` translates its file (what differs printed). Raises
+    ``ConfigError`` for a user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many
+    numerical faults."""
+    if args is not None:
+        if config is not None:
+            raise ConfigError("minirl.train: give a minirl config or TRL's args (a GRPOConfig), not both")
+        config = _from_trl_args(args)
     cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config)
     from rich.console import Console
 
@@ -129,6 +138,27 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         return Config.model_validate(data)
     except ValidationError as err:  # the arguments' values, through the same one-line messages as a file's
         raise ConfigError(format_error(err, "minirl.train")) from None
+
+
+def _from_trl_args(args: Any) -> Config:
+    """A ``GRPOConfig`` (any dataclass with ``to_dict``) as a minirl config: the settings that differ from a fresh
+    ``type(args)()`` are the user's, read against TRL's defaults (``minirl.peer_configs.from_trl``)."""
+    from minirl.peer_configs import from_trl
+
+    if not (dataclasses.is_dataclass(args) and hasattr(args, "to_dict")):
+        raise ConfigError(f"args: expected TRL's GRPOConfig, got {type(args).__name__}")
+    settings = args.to_dict()
+    declared = {}  # the dataclass's own defaults (a fresh GRPOConfig() may refuse to build on a CPU: bf16)
+    for spec in dataclasses.fields(args):
+        if spec.default is not dataclasses.MISSING:
+            declared[spec.name] = spec.default
+        elif spec.default_factory is not dataclasses.MISSING:
+            declared[spec.name] = spec.default_factory()
+    given = {key: value for key, value in settings.items() if key not in declared or declared[key] != value}
+    translation = from_trl(given)
+    for line in [f"objective: {translation.objective}", *translation.differs, *translation.not_translated]:
+        print(f"minirl: TRL args: {line}", file=sys.stderr)
+    return translation.config()
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:

@@ -179,6 +179,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": None,
     "vllm_importance_sampling_cap": None, "log_completions": False, "num_completions_to_print": None,
     "num_generations_eval": None, "bf16": True, "fp16": False, "gradient_checkpointing": True, "logging_steps": 10,
+    "activation_checkpointing": None,
     "max_steps": -1, "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "warmup_steps": 0, "warmup_ratio": None,
     "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
     "seed": 42, "output_dir": "trainer_output", "save_strategy": "steps", "save_steps": 500, "save_total_limit": None,
@@ -197,7 +198,8 @@ TRL_IGNORED = re.compile(
     r"pad_to_multiple_of|cache_implementation|run_name|log_unique_prompts|log_multimodal|save_only_model|"
     r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|optim|per_device_eval_batch_size|disable_dropout|"
     r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
-    r"gradient_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu)$")
+    r"gradient_checkpointing_kwargs|activation_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu|"
+    r"accelerator_config|parallelism_config)$")
 
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
 
@@ -363,7 +365,8 @@ def _trl_optimizer(peer: _Peer, out: Translation, n: int) -> None:
     if peer("fp16"):
         out.not_translated.append("fp16=True: minirl trains in fp32 or bf16 (optim.precision)")
     out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
-    out.set("optim.gradient_checkpointing", bool(peer("gradient_checkpointing")), peer.show("gradient_checkpointing"))
+    key = "activation_checkpointing" if peer.set_by_user("activation_checkpointing") else "gradient_checkpointing"
+    out.set("optim.gradient_checkpointing", bool(peer(key)), peer.show(key))  # transformers 5's name, or the old one
 
 
 def _trl_runs(peer: _Peer, out: Translation, n: int) -> None:

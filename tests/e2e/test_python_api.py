@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minirl.api import _configure
+import dataclasses
+
+from minirl.api import _configure, _from_trl_args, train
 from minirl.config import ConfigError
 
 SCRIPT = '''\
@@ -79,3 +81,40 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
         _configure(None, ["optim.lr=fast"], None, None, None, None, None)
     with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset, a list of row dicts"):
         _configure(None, [], None, 42, None, None, None)
+
+
+@dataclasses.dataclass
+class StandInGRPOConfig:
+    """The shape of TRL's GRPOConfig that matters here: a dataclass with declared defaults and ``to_dict``
+    (TRL is not a minirl dependency; the real class was checked by hand, see the session notes)."""
+
+    output_dir: str = "trainer_output"
+    learning_rate: float = 1e-6
+    per_device_train_batch_size: int = 8
+    num_generations: int = 8
+    loss_type: str = "dapo"
+    max_steps: int = -1
+    logging_dir: str | None = None  # derived from output_dir by TrainingArguments.__post_init__
+    report_to: list = dataclasses.field(default_factory=lambda: ["none"])
+
+    def __post_init__(self) -> None:
+        self.logging_dir = f"{self.output_dir}/runs"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def test_trls_grpo_config_object_is_translated_as_from_trl_does(tmp_path: Path, capsys):
+    args = StandInGRPOConfig(output_dir=str(tmp_path / "run"), learning_rate=3e-6, per_device_train_batch_size=4,
+                             num_generations=4, loss_type="grpo", max_steps=12)
+    cfg = _from_trl_args(args)
+    assert (cfg.optim.lr, cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.optim.global_steps) == \
+        (3e-6, 1, 4, 12)
+    assert cfg.algo.name == "grpo" and (cfg.run.output_dir, cfg.run.name) == (str(tmp_path), "run")
+    err = capsys.readouterr().err
+    assert "minirl: TRL args: objective: your TRL loss as minirl's algo.name=grpo" in err
+    assert "not translated" not in err and "not a setting" not in err  # only what the user set is read
+    with pytest.raises(ConfigError, match=r"^minirl.train: give a minirl config or TRL's args"):
+        train("configs/demo.yaml", args=args)
+    with pytest.raises(ConfigError, match=r"^args: expected TRL's GRPOConfig, got dict$"):
+        _from_trl_args({"learning_rate": 1e-6})
