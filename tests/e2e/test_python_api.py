@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-import dataclasses
 
 from minirl.api import _configure, _from_trl_args, train
 from minirl.config import ConfigError
