@@ -142,8 +142,8 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
 
 def _from_trl_args(args: Any) -> Config:
     """A ``GRPOConfig`` (any dataclass with ``to_dict``) as a minirl config: the settings that differ from a fresh
-    ``type(args)()`` are the user's, read against TRL's defaults (``minirl.peer_configs.from_trl``)."""
-    from minirl.peer_configs import from_trl
+    ``type(args)()`` are the user's, read against TRL's defaults (``minirl.peers.trl.from_trl``)."""
+    from minirl.peers import from_trl
 
     if not (dataclasses.is_dataclass(args) and hasattr(args, "to_dict")):
         raise ConfigError(f"args: expected TRL's GRPOConfig, got {type(args).__name__}")

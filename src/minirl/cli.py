@@ -197,16 +197,16 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -> int:
     """``config from-trl FILE [key=value]`` / ``config from-verl [run.sh|config.yaml ...] [key=value]``."""
-    from minirl import peer_configs
+    from minirl import peers
 
     files = [word for word in words if "=" not in word]
     settings = [word for word in words if "=" in word]
     if action == "from-trl":
         if len(files) > 1:
             raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")
-        translation = peer_configs.from_trl(peer_configs.read_trl(files[0] if files else None, settings), args.keep_objective)
+        translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective)
     else:
-        translation = peer_configs.from_verl(peer_configs.read_verl(files, settings), args.keep_objective)
+        translation = peers.from_verl(peers.read_verl(files, settings), args.keep_objective)
     text = translation.render(" ".join(files + settings) or "the command line")
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")

@@ -16,7 +16,7 @@ import yaml
 
 from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.config import ConfigError, load_config
-from minirl.peer_configs import from_trl, from_verl, read_verl, script_overrides
+from minirl.peers import from_trl, from_verl, read_verl, script_overrides
 
 
 def _trl(**given):

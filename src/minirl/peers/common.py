@@ -1,0 +1,249 @@
+"""What both translations share: the ``Translation`` (minirl keys with their origins, and what did not carry
+over) and its YAML, the peer's settings over its defaults (``Peer``), the objective's all-or-nothing rule, and
+the small readers both use."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from minirl.config import Config, ConfigError
+
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")
+SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "checkpoint", "cluster")
+
+
+@dataclass
+class Translation:
+    """minirl dotted keys with the peer setting each came from, and what did not carry over."""
+
+    source: str
+    values: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    objective: str = ""
+    differs: list[str] = field(default_factory=list)
+    not_translated: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    def set(self, key: str, value: Any, origin: str) -> None:
+        self.values[key] = value
+        self.origin[key] = origin
+
+    def config(self) -> Config:
+        """The translated config, validated; a value minirl rejects is one line naming the peer key."""
+        nested: dict[str, Any] = {}
+        for key, value in self.values.items():
+            *parents, leaf = key.split(".")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        try:
+            return Config.model_validate(nested)
+        except ValidationError as err:  # name the first bad key and the peer setting it came from
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            leaf = where.split(".")[-1]
+            source = next((self.origin[k] for k in self.values if k.split(".")[0] == where.split(".")[0]
+                           and k.split(".")[-1] == leaf), "")
+            message = first["msg"]
+            if not where:
+                raise ConfigError(f"the translated {self.source} settings are not a valid minirl config: {message}") from None
+            raise ConfigError(f"{self.source} setting {source or where}: minirl's {where} rejects it: {message}") from None
+
+    def render(self, source_name: str) -> str:
+        """YAML with the header (objective, differences, keys not translated) and each key's origin."""
+        self.config()
+        lines = [f"# minirl config translated from the {self.source} settings of {source_name}",
+                 f"# by `minirl config from-{self.source.lower()}`. Check it with `minirl config show FILE`.",
+                 f"# Objective: {self.objective}"]
+        for title, items in (("Differs from your run", self.differs),
+                             ("Not translated (no minirl equivalent)", self.not_translated)):
+            if items:
+                lines.append(f"# {title}:")
+                lines += [f"#   - {item}" for item in items]
+        if self.ignored:
+            lines.append(f"# Ignored (no effect on what is trained here): {', '.join(sorted(self.ignored))}")
+        tree: dict[str, Any] = {}
+        for key in sorted(self.values, key=lambda k: SECTIONS.index(k.split(".")[0])):
+            *parents, leaf = key.split(".")
+            node = tree
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = key
+        lines += _emit(tree, self.values, self.origin, 0)
+        return "\n".join(lines) + "\n"
+
+    def summary(self) -> str:
+        return (f"{len(self.values)} minirl keys from your {self.source} settings; "
+                f"{len(self.differs)} differ, {len(self.not_translated)} not translated (listed in the file's header)")
+
+
+@dataclass
+class Objective:
+    """What a peer's loss settings become: algo.* values with their origins, or the reasons they cannot."""
+
+    values: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    differs: list[str] = field(default_factory=list)
+    blockers: list[str] = field(default_factory=list)
+
+    def set(self, key: str, value: Any, origin: str) -> None:
+        self.values[f"algo.{key}"] = (value, origin)
+
+
+def _emit(tree: dict[str, Any], values: dict[str, Any], origin: dict[str, str], depth: int) -> list[str]:
+    lines = []
+    for name, node in tree.items():
+        if isinstance(node, dict):
+            lines += [f"{'  ' * depth}{name}:", *_emit(node, values, origin, depth + 1)]
+        else:
+            lines.append(f"{'  ' * depth}{name}: {_scalar(values[node])}  # {origin[node]}")
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+class Peer:
+    """The peer's settings: what the user gave, over the peer's defaults; records every key read."""
+
+    def __init__(self, given: dict[str, Any], defaults: dict[str, Any]) -> None:
+        self.given, self.defaults = given, defaults
+        self.read: set[str] = set()
+
+    def __call__(self, key: str) -> Any:
+        self.read.add(key)
+        value = self.given.get(key, self.defaults.get(key))
+        if isinstance(value, Unresolved):
+            raise ConfigError(f"{value.where}: {key} uses a variable the script does not set ({value.text}); "
+                              f"set it in the environment or give {key}=... after the script")
+        default = self.defaults.get(key)
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"setting {key}={value!r}: expected a number")
+        return value
+
+    def set_by_user(self, key: str) -> bool:
+        self.read.add(key)
+        return key in self.given
+
+    def show(self, *keys: str) -> str:
+        return ", ".join(f"{key}={self(key)!r}" if isinstance(self(key), str) else f"{key}={self(key)}" for key in keys)
+
+    def unread(self) -> list[str]:
+        return [key for key in self.given if key not in self.read]
+
+
+def note_local_path(out: Translation, key: str, value: str, what: str, target: str = "task.path") -> None:
+    if Path(os.path.expanduser(value)).exists():
+        return
+    target = "model.path" if what == "model" else target
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", value) and Path(value).suffix.lower() not in DATA_SUFFIXES
+    if not hub_id or value.startswith("."):
+        how = f"set {target} to where it is on this machine"
+    elif what == "model":
+        how = f"`hf download {value} --local-dir DIR`, then set model.path to DIR"
+    else:
+        how = f"`hf download {value} --repo-type dataset --local-dir DIR`, then set task.path to its training file"
+    out.differs.append(f"{key}={value!r} is not on this machine: minirl reads the {what} from disk only ({how})")
+
+
+def report_to(value: Any, out: Translation, key: str) -> None:
+    names = [value] if isinstance(value, str) else list(value or [])
+    everything = "all" in names
+    for name in ("tensorboard", "wandb"):
+        if everything or name in names:
+            out.set(f"log.{name}", True, f"{key}={value!r}")
+    rest = [name for name in names if name not in ("tensorboard", "wandb", "all", "none", "console")]
+    if rest:
+        out.not_translated.append(f"{key}: {', '.join(rest)} (minirl logs to TensorBoard, wandb and metrics.jsonl)")
+
+
+def apply_objective(out: Translation, keep: bool, obj: Objective) -> None:
+    """Carry the peer's loss over when minirl has it; else (or when asked) leave minirl's MiniRL."""
+    if keep or obj.blockers:
+        why = ("as asked (--keep-objective)" if keep else
+               f"your {out.source} loss has no exact minirl equivalent ({'; '.join(obj.blockers)})")
+        out.objective = f"minirl's MiniRL (paper Eq. 7), {why}; no algo.* key is set"
+        out.not_translated += [f"{item}: the run trains with MiniRL instead" for item in obj.blockers if not keep]
+        return
+    for key, (value, origin) in obj.values.items():
+        out.set(key, value, origin)
+    out.differs += obj.differs
+    extra = f", aggregation={out.values['algo.aggregation']}" if "algo.aggregation" in out.values else ""
+    out.objective = (f"your {out.source} loss as minirl's algo.name={out.values['algo.name']}{extra}"
+                     + (" (its differences are listed below)" if obj.differs else ", the same gradient"))
+
+
+def unset(value: Any) -> bool:
+    """A value that turns nothing on: off, empty, Hydra's mandatory ``???`` or an interpolation of another key."""
+    return (value is None or value is False or value == 0 or value in ("", "???") or value == [] or value == {}
+            or (isinstance(value, str) and value.startswith("${")))
+
+
+def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str]) -> None:
+    """Keys the translation did not read: known to the peer's table (their effect rides on another key, e.g. a
+    KL coefficient with the KL off) or unset -> nothing; noise -> ignored; the rest -> not translated."""
+    for key in peer.unread():
+        if key in peer.defaults or unset(peer.given[key]):
+            continue
+        if ignored.match(key):
+            out.ignored.append(key)
+        else:
+            value = peer.given[key]
+            shown = value.text if isinstance(value, Unresolved) else repr(value)
+            out.not_translated.append(f"{key}={shown}: not a setting minirl knows how to carry over")
+
+
+def count_rows(path: str | None) -> int | None:
+    """Rows of a local data file (what verl's loader counts), or None when it is not here or unreadable."""
+    if not path or not Path(os.path.expanduser(path)).exists():
+        return None
+    from minirl.tasks.data import iter_rows
+    from minirl.tasks.jsonl import TaskDataError
+
+    try:
+        return sum(1 for _ in iter_rows(Path(os.path.expanduser(path))))
+    except TaskDataError:
+        return None
+
+
+def parse_value(text: str) -> Any:
+    """A Hydra / CLI value: numbers (``1e-6`` too), booleans, null, lists; else the string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    return data
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """A script's override naming a variable set nowhere: an error only if the translation reads it."""
+
+    text: str
+    where: str

@@ -1,0 +1,320 @@
+"""TRL: the settings of ``trl grpo --config FILE`` (``GRPOConfig`` + ``ModelConfig`` + the script's
+``model_name_or_path`` / ``dataset_name`` / ``reward_funcs``), read against TRL 1.16's defaults
+(``grpo_config.py``; transformers' ``TrainingArguments`` for the rest)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from minirl.config import ConfigError
+from minirl.peers.common import (
+    Objective,
+    Peer,
+    Translation,
+    apply_objective,
+    count_rows,
+    leftovers,
+    note_local_path,
+    parse_value,
+    read_yaml,
+    report_to,
+)
+
+TRL_DEFAULTS: dict[str, Any] = {
+    # GRPOConfig (TRL 1.16) and the TrainingArguments defaults it keeps or overrides
+    "learning_rate": 1e-6, "num_generations": 8, "max_completion_length": 512, "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1, "generation_batch_size": None, "steps_per_generation": None,
+    "num_iterations": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
+    "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
+    "loss_type": "dapo", "scale_rewards": "group", "reward_weights": None,
+    "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
+    "sync_ref_model": False, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
+    "off_policy_mask_threshold": None, "use_bias_correction_kl": True, "use_vllm": False, "vllm_mode": "colocate",
+    "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_cap": None, "log_completions": False, "num_completions_to_print": None,
+    "num_generations_eval": None, "bf16": True, "fp16": False, "gradient_checkpointing": True, "logging_steps": 10,
+    "activation_checkpointing": None,
+    "max_steps": -1, "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "warmup_steps": 0, "warmup_ratio": None,
+    "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
+    "seed": 42, "output_dir": "trainer_output", "save_strategy": "steps", "save_steps": 500, "save_total_limit": None,
+    "eval_strategy": "no", "eval_steps": None, "report_to": "none", "resume_from_checkpoint": None,
+    "trust_remote_code": False,
+    # the script's arguments and ModelConfig
+    "model_name_or_path": None, "dataset_name": None, "dataset_config": None, "dataset_train_split": "train",
+    "dataset_test_split": "test", "reward_funcs": None, "reward_model_name_or_path": None,
+    "num_processes": 1, "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
+}
+
+TRL_IGNORED = re.compile(
+    r"^(logging_.*|log_level.*|disable_tqdm|push_to_hub|hub_.*|dataloader_.*|ds3_gather_for_generation|"
+    r"vllm_(server_.*|group_port|gpu_memory_utilization|tensor_parallel_size|enable_sleep_mode|max_model_length|"
+    r"model_impl)|attn_implementation|dtype|torch_dtype|model_revision|remove_unused_columns|shuffle_dataset|"
+    r"pad_to_multiple_of|cache_implementation|run_name|log_unique_prompts|log_multimodal|save_only_model|"
+    r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|optim|per_device_eval_batch_size|disable_dropout|"
+    r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
+    r"gradient_checkpointing_kwargs|activation_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu|"
+    r"accelerator_config|parallelism_config)$")
+
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
+    """Translate the settings of ``trl grpo --config FILE`` (a flat mapping)."""
+    peer, out = Peer(given, TRL_DEFAULTS), Translation("TRL")
+    _trl_model_and_data(peer, out)
+    n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
+    _trl_optimizer(peer, out, n)
+    _trl_runs(peer, out, n)
+    apply_objective(out, keep_objective, _trl_objective(peer, n, out.values["optim.minibatches_per_step"]))
+    leftovers(peer, out, TRL_IGNORED)
+    return out
+
+
+def _trl_model_and_data(peer: Peer, out: Translation) -> None:
+    if peer("model_name_or_path"):
+        out.set("model.path", peer("model_name_or_path"), peer.show("model_name_or_path"))
+        note_local_path(out, "model_name_or_path", peer("model_name_or_path"), "model")
+    if peer.set_by_user("trust_remote_code"):
+        out.set("model.trust_remote_code", bool(peer("trust_remote_code")), peer.show("trust_remote_code"))
+    if peer("use_peft"):
+        out.set("model.lora.rank", peer("lora_r"), peer.show("use_peft", "lora_r"))
+        out.set("model.lora.alpha", float(peer("lora_alpha")), peer.show("lora_alpha"))
+        out.set("model.lora.dropout", float(peer("lora_dropout")), peer.show("lora_dropout"))
+        if peer("lora_target_modules"):
+            modules = peer("lora_target_modules")
+            modules = [modules] if isinstance(modules, str) else list(modules)
+            out.set("model.lora.target_modules", modules, peer.show("lora_target_modules"))
+        else:
+            out.differs.append("lora_target_modules unset: peft picks modules per architecture; minirl adapts its "
+                               "default list (model.lora.target_modules)")
+    if peer("dataset_name"):
+        out.set("task.kind", "jsonl", "dataset_name given")
+        out.set("task.path", peer("dataset_name"), peer.show("dataset_name"))
+        note_local_path(out, "dataset_name", peer("dataset_name"), "data")
+    if peer("dataset_config"):
+        out.not_translated.append(f"{peer.show('dataset_config')}: minirl reads a file or a saved directory")
+    if peer("dataset_train_split") != "train":
+        out.not_translated.append(f"{peer.show('dataset_train_split')}: minirl reads a DatasetDict's 'train' split")
+    peer("dataset_test_split")
+    _trl_rewards(peer, out)
+
+
+def _trl_rewards(peer: Peer, out: Translation) -> None:
+    names = peer("reward_funcs") or []
+    names = [names] if isinstance(names, str) else list(names)
+    weights = peer("reward_weights") or [1.0] * len(names)
+    if len(weights) != len(names):
+        raise ConfigError(f"TRL setting reward_weights: {len(weights)} weights for {len(names)} reward_funcs")
+    functions: list[dict[str, Any]] = []
+    for name, weight in zip(names, weights):
+        if name in TRL_REWARDS:
+            functions.append({"function": f"trl.rewards:{name}", "weight": float(weight)})
+        elif "." in name:
+            module, function = name.rsplit(".", 1)
+            functions.append({"function": f"{module}:{function}", "weight": float(weight)})
+        else:
+            out.not_translated.append(f"reward_funcs: {name!r} (a factory such as get_soft_overlong_punishment: "
+                                      "give a module:function that returns the rewards)")
+    if functions:
+        out.set("task.reward_functions", functions, peer.show("reward_funcs") + (", reward_weights" if peer.set_by_user("reward_weights") else ""))
+        if any(f["function"].startswith("trl.rewards:") for f in functions):
+            out.differs.append("TRL's built-in rewards run as they are (`trl.rewards`): TRL must be installed beside minirl")
+    if peer("reward_model_name_or_path"):
+        out.not_translated.append(f"{peer.show('reward_model_name_or_path')}: minirl trains on verifiable rewards "
+                                  "(functions), not a reward model")
+
+
+def _trl_batch(peer: Peer, out: Translation) -> int:
+    """P, G, N, E and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns
+    the optimizer steps per generation (N x E).
+    ``num_processes`` (accelerate's, written into the file as open-r1's recipes do) scales the batch; without
+    it the translation is for one process."""
+    per_device, accumulation, group = peer("per_device_train_batch_size"), peer("gradient_accumulation_steps"), peer("num_generations")
+    processes = peer("num_processes")
+    steps = peer("steps_per_generation")
+    if steps is None:
+        steps = peer("generation_batch_size") // (per_device * processes) if peer("generation_batch_size") else accumulation
+    generation = per_device * processes * steps
+    if generation % group:
+        raise ConfigError(f"TRL settings {peer.show('per_device_train_batch_size', 'num_processes', 'num_generations')}: "
+                          f"the generation batch ({generation} completions) does not hold whole groups of {group}")
+    if steps % accumulation:
+        raise ConfigError(f"TRL settings steps_per_generation={steps}, gradient_accumulation_steps={accumulation}: "
+                          "minirl makes whole optimizer steps per rollout (one must divide the other)")
+    n = steps // accumulation
+    scope = (f"x num_processes={processes}" if peer.set_by_user("num_processes")
+             else "for one process (with K processes give num_processes=K)")
+    out.set("rollout.prompts_per_step", generation // group,
+            f"{peer.show('per_device_train_batch_size')} x {steps} steps per generation / {group}, {scope}")
+    out.set("rollout.samples_per_prompt", group, peer.show("num_generations"))
+    out.set("optim.minibatches_per_step", n, f"steps_per_generation / gradient_accumulation_steps = {steps} / {accumulation}")
+    out.set("optim.micro_batch_sequences", per_device, peer.show("per_device_train_batch_size"))
+    if peer.set_by_user("max_prompt_length") and peer("max_prompt_length"):
+        out.not_translated.append(f"{peer.show('max_prompt_length')}: minirl does not cut prompts (task.max_prompt_chars "
+                                  "skips rows longer than a number of characters)")
+    out.set("optim.epochs_per_step", int(peer("num_iterations")), peer.show("num_iterations"))
+    out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
+    out.set("rollout.temperature", float(peer("temperature")), peer.show("temperature"))
+    out.set("rollout.top_p", float(peer("top_p")), peer.show("top_p"))
+    for key, default in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
+        if peer(key) not in (default, None, -1):
+            out.not_translated.append(f"{peer.show(key)}: minirl samples with temperature and top_p only")
+    if peer("use_vllm"):
+        out.set("cluster.engine_backend", "vllm", peer.show("use_vllm"))
+        if peer("vllm_mode") != "colocate":
+            out.differs.append(f"{peer.show('vllm_mode')}: minirl starts its own vLLM engine (no `trl vllm-serve` server)")
+    return n * int(peer("num_iterations"))  # optimizer steps per generation: what TRL's step counts divide by
+
+
+def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
+    out.set("optim.lr", float(peer("learning_rate")), peer.show("learning_rate"))
+    for theirs, ours in (("weight_decay", "optim.weight_decay"), ("adam_beta1", "optim.adam_beta1"),
+                         ("adam_beta2", "optim.adam_beta2"), ("adam_epsilon", "optim.adam_eps"),
+                         ("max_grad_norm", "optim.grad_clip_norm")):
+        out.set(ours, float(peer(theirs)), peer.show(theirs))
+    max_steps = peer("max_steps")
+    if max_steps and max_steps > 0:
+        out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / (N x E) = {n}")
+        if max_steps % n:
+            out.differs.append(f"max_steps={max_steps} is not a multiple of N x E = {n}: rounded up to whole global steps")
+    elif (rows := count_rows(out.values.get("task.path"))) and rows >= out.values["rollout.prompts_per_step"]:
+        steps = int(peer("num_train_epochs") * rows) // out.values["rollout.prompts_per_step"]
+        out.set("optim.global_steps", steps, f"{peer.show('num_train_epochs')} x {rows} rows / prompts per step")
+        max_steps = steps * n  # what warm-up ratios refer to
+    else:
+        out.not_translated.append(f"{peer.show('num_train_epochs')} with max_steps unset: set optim.global_steps "
+                                  "(rollouts; one epoch = training prompts / rollout.prompts_per_step)")
+    warmup, ratio = peer("warmup_steps"), peer("warmup_ratio")
+    if ratio or (isinstance(warmup, float) and 0 < warmup < 1):
+        fraction = ratio or warmup
+        if max_steps and max_steps > 0:
+            out.set("optim.warmup_updates", round(fraction * max_steps), f"{fraction} x max_steps")
+        else:
+            out.not_translated.append(f"warm-up ratio {fraction} without max_steps: set optim.warmup_updates")
+    elif warmup:
+        out.set("optim.warmup_updates", int(warmup), peer.show("warmup_steps"))
+    kind = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear",
+            "cosine": "cosine"}.get(peer("lr_scheduler_type"))
+    if kind is None:
+        out.not_translated.append(f"{peer.show('lr_scheduler_type')}: minirl's optim.lr_schedule is constant, linear "
+                                  "or cosine (constant kept)")
+    else:
+        out.set("optim.lr_schedule", kind, peer.show("lr_scheduler_type"))
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
+    if peer("fp16"):
+        out.not_translated.append("fp16=True: minirl trains in fp32 or bf16 (optim.precision)")
+    out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
+    key = "activation_checkpointing" if peer.set_by_user("activation_checkpointing") else "gradient_checkpointing"
+    out.set("optim.gradient_checkpointing", bool(peer(key)), peer.show(key))  # transformers 5's name, or the old one
+
+
+def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
+    path = Path(str(peer("output_dir")))
+    out.set("run.output_dir", str(path.parent), peer.show("output_dir"))
+    out.set("run.name", path.name, peer.show("output_dir"))
+    out.set("run.seed", int(peer("seed")), peer.show("seed"))
+    if peer("resume_from_checkpoint") is True or peer("resume_from_checkpoint") == "True":
+        out.set("run.resume", "auto", peer.show("resume_from_checkpoint"))
+    elif peer("resume_from_checkpoint"):
+        out.not_translated.append(f"{peer.show('resume_from_checkpoint')}: minirl resumes from the newest checkpoint "
+                                  "of its run directory (run.resume: auto)")
+    if peer("save_strategy") == "steps" and peer("save_steps") >= 1:
+        out.set("checkpoint.every_steps", math.ceil(peer("save_steps") / n), f"{peer.show('save_steps')} / (N x E)")
+    elif peer("save_strategy") != "no":
+        out.not_translated.append(f"{peer.show('save_strategy', 'save_steps')}: give checkpoint.every_steps in global steps")
+    if peer("save_total_limit"):
+        out.set("checkpoint.keep_last", int(peer("save_total_limit")), peer.show("save_total_limit"))
+    if peer("eval_strategy") == "steps":
+        every = peer("eval_steps") or peer("logging_steps")
+        out.set("eval.every_steps", max(1, math.ceil(every / n)), f"eval_steps={every} / (N x E)")
+    elif peer("eval_strategy") == "no":
+        out.set("eval.every_steps", 0, peer.show("eval_strategy"))
+        out.differs.append("eval_strategy='no': minirl still evaluates before and after training (eval.every_steps: 0)")
+    else:
+        out.not_translated.append(f"{peer.show('eval_strategy')}: give eval.every_steps in global steps")
+    if peer("eval_strategy") != "no":
+        out.differs.append(f"{peer.show('dataset_test_split')}: minirl holds out task.eval_fraction of the data, "
+                           "or reads task.eval_path (save the split to a file)")
+    if peer("num_generations_eval"):
+        out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
+    if peer("log_completions"):
+        every = peer("logging_steps")
+        out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / (N x E)")
+        if peer("num_completions_to_print"):
+            out.set("log.completions_per_step", int(peer("num_completions_to_print")), peer.show("num_completions_to_print"))
+    else:
+        out.set("log.completions_every_steps", 0, peer.show("log_completions"))
+    report_to(peer("report_to"), out, "report_to")
+
+
+def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
+    """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
+    obj = Objective()
+    for key, neutral in (("delta", None), ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
+                         ("use_adaptive_entropy", False), ("off_policy_mask_threshold", None),
+                         ("mask_truncated_completions", False), ("sync_ref_model", False),
+                         ("multi_objective_aggregation", "sum_then_normalize")):
+        if peer(key) != neutral:
+            obj.blockers.append(peer.show(key))
+    loss, level = peer("loss_type"), peer("importance_sampling_level")
+    eps_low = float(peer("epsilon"))
+    eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
+    name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
+            ("token", "dapo"): "minirl"}.get((level, loss))
+    if name is None:
+        obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
+        return obj
+    obj.set("name", name, peer.show("loss_type", "importance_sampling_level"))
+    obj.set("eps_low", eps_low, peer.show("epsilon"))
+    obj.set("eps_high", eps_high, peer.show("epsilon_high") if peer("epsilon_high") is not None else "epsilon_high unset: = epsilon")
+    if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
+        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
+        if loss == "dapo":
+            obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
+            if minibatches > 1:
+                obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
+                                   "step by the generation's mean tokens per step, minirl by the step's own tokens")
+        else:
+            obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
+            responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
+            obj.set("normalizer", float(responses * peer("max_completion_length")),
+                    f"dr_grpo divides by {responses} completions per optimizer step x max_completion_length")
+    scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
+    if scale not in ("group", "none"):
+        obj.blockers.append(peer.show("scale_rewards"))
+    obj.set("adv_std_normalize", scale == "group", peer.show("scale_rewards"))
+    if scale == "group":
+        obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
+    correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
+    if correction and peer("vllm_importance_sampling_mode") != "token_truncate":
+        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + " (minirl's is token_truncate)")
+    elif correction and peer("vllm_importance_sampling_clip_min") is not None:
+        obj.blockers.append(peer.show("vllm_importance_sampling_clip_min"))
+    if name != "gspo":  # TRL multiplies each token by min(pi_old / mu_old, cap), detached; without vLLM by nothing
+        obj.set("is_correction", correction, peer.show("use_vllm", "vllm_importance_sampling_correction"))
+        if correction:
+            cap = peer("vllm_importance_sampling_cap") or peer("vllm_importance_sampling_clip_max")
+            obj.set("tis_cap", float(cap), peer.show("vllm_importance_sampling_clip_max"))
+        if name == "minirl":
+            obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: TRL's weight")
+    if peer("beta"):
+        obj.set("kl_coef", float(peer("beta")), peer.show("beta"))
+        obj.set("kl_loss_type", "k3", "TRL's per-token KL is k3")
+        if peer("use_bias_correction_kl") and n > 1:
+            obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
+                               "not (the same when N = 1)")
+    return obj
+
+
+def read_trl(path: str | None, words: list[str]) -> dict[str, Any]:
+    """A ``trl grpo --config`` YAML plus ``key=value`` words (TRL's names)."""
+    given = read_yaml(path) if path else {}
+    for word in words:
+        key, _, value = word.partition("=")
+        given[key.lstrip("-")] = parse_value(value)
+    return given

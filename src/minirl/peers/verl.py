@@ -1,0 +1,497 @@
+"""verl: ``main_ppo``'s Hydra settings, from a run script's ``key=value`` overrides (its shell variables,
+defaults and ``$((...))`` arithmetic expanded), a YAML config or ``key=value`` words, read against verl 0.9's
+``ppo_trainer.yaml`` defaults."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from minirl.config import ConfigError
+from minirl.peers.common import (
+    Objective,
+    Peer,
+    Translation,
+    Unresolved,
+    apply_objective,
+    count_rows,
+    leftovers,
+    note_local_path,
+    parse_value,
+    read_yaml,
+    report_to,
+    unset,
+)
+
+A = "actor_rollout_ref.actor."
+R = "actor_rollout_ref.rollout."
+M = "actor_rollout_ref.model."
+VERL_DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
+    "data.train_files": None, "data.val_files": None, "data.seed": None,
+    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "name": None,
+    R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0,
+    R + "enable_rollout_routing_replay": False,
+    A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size_per_gpu": None, A + "use_dynamic_bsz": False,
+    A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1, A + "clip_ratio": 0.2,
+    A + "clip_ratio_low": None, A + "clip_ratio_high": None, A + "clip_ratio_c": 3.0,
+    A + "loss_agg_mode": "token-mean", A + "loss_scale_factor": None, A + "policy_loss.loss_mode": "vanilla",
+    A + "entropy_coeff": 0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
+    A + "optim.lr": 1e-6, A + "optim.weight_decay": 0.01, A + "optim.betas": [0.9, 0.999],
+    A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
+    A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
+    A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
+    M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
+    M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
+    "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
+    "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": 2.0,
+    "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
+    "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.project_name": "verl_examples",
+    "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
+    "trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": None, "trainer.test_freq": -1,
+    "trainer.resume_mode": "auto", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
+    "trainer.log_val_generations": 0, "algorithm.filter_groups.enable": False, R + "quantization": None,
+    "reward_model.reward_manager": None, "reward.reward_manager.name": "naive",
+    R + "quantization.weight_dtype": None, "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
+    "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
+    "custom_reward_function.reward_kwargs": None, "reward.custom_reward_function.reward_kwargs": None,
+}
+
+VERL_IGNORED = re.compile(
+    r"^(.*\.(fsdp_config|megatron|profiler|checkpoint|nsys|ulysses_sequence_parallel_size|use_remove_padding|"
+    r"use_fused_kernels|use_torch_compile|use_liger|use_shm|dataloader_num_workers|log_prob_.*|"
+    r"gpu_memory_utilization|tensor_model_parallel_size|data_parallel_size|expert_parallel_size|enforce_eager|"
+    r"free_cache_engine|max_num_batched_tokens|max_num_seqs|enable_chunked_prefill|enable_prefix_caching|mode|"
+    r"load_format|disable_log_stats|calculate_log_probs|dtype|entropy_from_logits_with_chunking|"
+    r"entropy_checkpointing|strategy|shuffle)(\..*)?|"
+    r"data\.(max_prompt_length|filter_overlong_prompts.*|truncation|return_raw_chat|shuffle|tokenizer|"
+    r"val_batch_size|reward_fn_key)|trainer\.(val_before_train|critic_warmup|balance_batch|"
+    r"ray_wait_register_center_timeout|use_legacy_worker_impl)|"
+    r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
+    r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
+    r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
+    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|"
+    # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
+    r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
+    r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
+    r"pf_ppo\..*|filter_groups\.(?!enable$).*|rollout_correction\.loss_type)|"
+    r"actor_rollout_ref\.actor\.(qat\..*|tau_pos|tau_neg|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
+    r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
+    r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
+    r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
+    r"skip_tokenizer_init|val_kwargs\.top_k)|"
+    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options|lora)\..*|actor_rollout_ref\.nccl_timeout|"
+    r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
+
+
+def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
+    """Translate verl ``main_ppo`` settings (flat dotted Hydra keys)."""
+    given = {key.lstrip("+~"): value for key, value in given.items()}
+    peer, out = Peer(given, VERL_DEFAULTS), Translation("verl")
+    _verl_model_and_data(peer, out)
+    n = _verl_batch(peer, out)
+    _verl_optimizer(peer, out)
+    _verl_runs(peer, out)
+    apply_objective(out, keep_objective, _verl_objective(peer, n))
+    _verl_cluster(peer, out)
+    leftovers(peer, out, VERL_IGNORED)
+    return out
+
+
+def _one_file(value: Any) -> Any:
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _verl_model_and_data(peer: Peer, out: Translation) -> None:
+    if peer(M + "path"):
+        out.set("model.path", peer(M + "path"), peer.show(M + "path"))
+        note_local_path(out, M + "path", peer(M + "path"), "model")
+    if peer.set_by_user(M + "trust_remote_code"):
+        out.set("model.trust_remote_code", bool(peer(M + "trust_remote_code")), peer.show(M + "trust_remote_code"))
+    if peer(M + "lora_rank"):
+        out.set("model.lora.rank", int(peer(M + "lora_rank")), peer.show(M + "lora_rank"))
+        out.set("model.lora.alpha", float(peer(M + "lora_alpha")), peer.show(M + "lora_alpha"))
+        modules = peer(M + "target_modules")
+        out.set("model.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
+                peer.show(M + "target_modules"))
+    if peer("data.train_files"):
+        out.set("task.kind", "jsonl", "data.train_files given")
+    for theirs, ours in (("data.train_files", "task.path"), ("data.val_files", "task.eval_path")):
+        value = _one_file(peer(theirs))
+        if isinstance(value, list):
+            out.not_translated.append(f"{peer.show(theirs)}: minirl reads one file per split (join them first)")
+        elif value:
+            out.set(ours, value, peer.show(theirs))
+            note_local_path(out, theirs, value, "data", ours)
+    if peer.set_by_user("data.prompt_key"):
+        out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
+    for prefix in ("", "reward."):
+        if peer(prefix + "custom_reward_function.path"):
+            spec = f"{peer(prefix + 'custom_reward_function.path')}:{peer(prefix + 'custom_reward_function.name')}"
+            kwargs = peer(prefix + "custom_reward_function.reward_kwargs") or {}
+            if kwargs:  # verl passes them to every call: one entry of task.reward_functions carries them
+                out.set("task.reward_functions", [{"function": spec, "kwargs": dict(kwargs)}],
+                        peer.show(prefix + "custom_reward_function.path", prefix + "custom_reward_function.reward_kwargs"))
+            else:
+                out.set("task.reward_function", spec, peer.show(prefix + "custom_reward_function.path"))
+    manager = peer("reward_model.reward_manager") or peer("reward.reward_manager.name")
+    if manager not in ("naive", "batch"):
+        out.not_translated.append(f"verl's {manager!r} reward manager (its own shaping, e.g. DAPO's overlong "
+                                  "penalty): minirl calls your compute_score per sample or batched, as naive / batch")
+    if not ({"task.reward_function", "task.reward_functions"} & set(out.values)) and "task.path" in out.values:
+        out.differs.append("no custom_reward_function: verl scores with default_compute_score by data_source; minirl "
+                           "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
+
+
+def _verl_batch(peer: Peer, out: Translation) -> int:
+    prompts, minibatch = peer("data.train_batch_size"), peer(A + "ppo_mini_batch_size")
+    if prompts % minibatch:
+        raise ConfigError(f"verl settings {peer.show('data.train_batch_size', A + 'ppo_mini_batch_size')}: the mini-batch "
+                          "size must divide the batch")
+    n = prompts // minibatch
+    out.set("rollout.prompts_per_step", prompts, peer.show("data.train_batch_size"))
+    out.set("rollout.samples_per_prompt", peer(R + "n"), peer.show(R + "n"))
+    out.set("optim.minibatches_per_step", n, f"train_batch_size / ppo_mini_batch_size = {prompts} / {minibatch}")
+    if peer(A + "ppo_micro_batch_size_per_gpu"):
+        out.set("optim.micro_batch_sequences", peer(A + "ppo_micro_batch_size_per_gpu"), peer.show(A + "ppo_micro_batch_size_per_gpu"))
+    if peer(A + "use_dynamic_bsz"):
+        out.set("optim.micro_batch_max_tokens", peer(A + "ppo_max_token_len_per_gpu"),
+                peer.show(A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu"))
+    out.set("optim.epochs_per_step", int(peer(A + "ppo_epochs")), peer.show(A + "ppo_epochs"))
+    out.set("rollout.max_new_tokens", peer("data.max_response_length"), peer.show("data.max_response_length"))
+    out.set("rollout.temperature", float(peer(R + "temperature")), peer.show(R + "temperature"))
+    out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
+    if peer(R + "top_k") not in (-1, 0, None):
+        out.not_translated.append(f"{peer.show(R + 'top_k')}: minirl samples with temperature and top_p only")
+    if peer("algorithm.filter_groups.enable"):
+        out.not_translated.append("algorithm.filter_groups.enable=True: DAPO's dynamic sampling (groups whose rewards "
+                                  "are all equal dropped, more sampled) has no minirl equivalent")
+    quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")
+    if quantization and not isinstance(quantization, dict):
+        out.not_translated.append(f"rollout quantization {quantization!r}: minirl's native engine has its own "
+                                  "(rollout.precision: fp8_e4m3 | fp8_e5m2 | fp4_e2m1, per-tensor or per-expert scales)")
+    name = peer(R + "name")
+    if name == "vllm":
+        out.set("cluster.engine_backend", "vllm", peer.show(R + "name"))
+    elif not unset(name):
+        out.differs.append(f"{peer.show(R + 'name')}: minirl samples with its native engine (or vLLM)")
+    return n
+
+
+def _verl_cluster(peer: Peer, out: Translation) -> None:
+    ranks = peer("trainer.n_gpus_per_node") * peer("trainer.nnodes")
+    out.set("cluster.device", "cpu" if peer("trainer.device") == "cpu" else "cuda", peer.show("trainer.device"))
+    single = [why for key, why in (("model.lora.rank", "LoRA"), ("algo.kl_coef", "the KL penalty"))
+              if out.values.get(key)]
+    if ranks > 1 and single:
+        out.set("cluster.trainer_ranks", 1, f"{' and '.join(single)}: one trainer process in minirl")
+        out.differs.append(f"{peer.show('trainer.n_gpus_per_node', 'trainer.nnodes')}: minirl runs "
+                           f"{' and '.join(single)} with a single-process trainer (one GPU); without it "
+                           f"(e.g. algo.kl_coef=0) set cluster.trainer_ranks={ranks}, cluster.backend=ray")
+    elif ranks > 1:
+        out.set("cluster.trainer_ranks", ranks, peer.show("trainer.n_gpus_per_node", "trainer.nnodes"))
+        out.set("cluster.backend", "ray", "verl runs its workers on Ray")
+        out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
+        out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
+        out.differs.append(f"verl colocates actor and rollout on the same {ranks} GPUs; minirl places {ranks} trainer "
+                           "ranks and its engines as separate Ray actors: size cluster.* for your machine "
+                           "(docs/distributed.md)")
+
+
+def _verl_optimizer(peer: Peer, out: Translation) -> None:
+    if peer(A + "optim.optimizer") != "AdamW":
+        out.not_translated.append(f"{peer.show(A + 'optim.optimizer')}: minirl trains with AdamW")
+    out.set("optim.lr", float(peer(A + "optim.lr")), peer.show(A + "optim.lr"))
+    out.set("optim.weight_decay", float(peer(A + "optim.weight_decay")), peer.show(A + "optim.weight_decay"))
+    betas = peer(A + "optim.betas")
+    out.set("optim.adam_beta1", float(betas[0]), peer.show(A + "optim.betas"))
+    out.set("optim.adam_beta2", float(betas[1]), peer.show(A + "optim.betas"))
+    clip = peer(A + "grad_clip") if peer(A + "grad_clip") is not None else peer(A + "optim.clip_grad")
+    out.set("optim.grad_clip_norm", float(clip), peer.show(A + "optim.clip_grad"))
+    steps, epochs = peer("trainer.total_training_steps"), peer("trainer.total_epochs")
+    rows = count_rows(out.values.get("task.path"))
+    if steps:
+        out.set("optim.global_steps", int(steps), peer.show("trainer.total_training_steps"))
+    elif rows is not None and rows >= peer("data.train_batch_size"):  # verl's loader drops a last partial batch
+        steps = epochs * (rows // peer("data.train_batch_size"))
+        out.set("optim.global_steps", steps, f"trainer.total_epochs={epochs} x ({rows} rows // data.train_batch_size)")
+    else:
+        out.not_translated.append(f"trainer.total_epochs={epochs} without total_training_steps: set "
+                                  "optim.global_steps (one epoch = training prompts / data.train_batch_size)")
+    warmup, ratio = peer(A + "optim.lr_warmup_steps"), peer(A + "optim.lr_warmup_steps_ratio")
+    if warmup and warmup > 0:
+        out.set("optim.warmup_updates", int(warmup), peer.show(A + "optim.lr_warmup_steps"))
+    elif ratio:
+        if steps:
+            out.set("optim.warmup_updates", round(ratio * steps * out.values["optim.minibatches_per_step"]
+                                                  * out.values["optim.epochs_per_step"]),
+                    f"{ratio} x total updates")
+        else:
+            out.not_translated.append(f"{peer.show(A + 'optim.lr_warmup_steps_ratio')} without total_training_steps")
+    style = peer(A + "optim.warmup_style") or peer(A + "optim.lr_scheduler_type")
+    if style in ("constant", "cosine"):
+        out.set("optim.lr_schedule", style, f"lr_scheduler_type={style!r}")
+        if style == "cosine":
+            out.set("optim.min_lr_ratio", float(peer(A + "optim.min_lr_ratio")), peer.show(A + "optim.min_lr_ratio"))
+            if peer(A + "optim.num_cycles") != 0.5:
+                out.differs.append(f"{peer.show(A + 'optim.num_cycles')}: minirl's cosine is half a wave (0.5)")
+    else:
+        out.not_translated.append(f"lr_scheduler_type={style!r}: minirl's optim.lr_schedule is constant, linear or cosine")
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: verl's starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
+    out.set("optim.gradient_checkpointing", bool(peer(M + "enable_gradient_checkpointing")),
+            peer.show(M + "enable_gradient_checkpointing"))
+    out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
+    for key in (A + "megatron.router_replay.mode", A + "router_replay.mode", A + "veomni.router_replay.mode"):
+        if peer(key) in ("R2", "R3"):
+            out.set("moe.routing_replay", peer(key), peer.show(key, R + "enable_rollout_routing_replay"))
+
+
+def _verl_runs(peer: Peer, out: Translation) -> None:
+    local = peer("trainer.default_local_dir") or f"checkpoints/{peer('trainer.project_name')}/{peer('trainer.experiment_name')}"
+    local = local.replace("${trainer.project_name}", str(peer("trainer.project_name")))
+    local = local.replace("${trainer.experiment_name}", str(peer("trainer.experiment_name")))
+    out.set("run.output_dir", str(Path(local).parent), peer.show("trainer.default_local_dir") if peer("trainer.default_local_dir") else "trainer.project_name")
+    out.set("run.name", Path(local).name, "trainer.experiment_name")
+    if peer("data.seed") is not None:
+        out.set("run.seed", int(peer("data.seed")), peer.show("data.seed"))
+    out.set("run.resume", "auto" if peer("trainer.resume_mode") == "auto" else "never", peer.show("trainer.resume_mode"))
+    if peer("trainer.save_freq") and peer("trainer.save_freq") > 0:
+        out.set("checkpoint.every_steps", int(peer("trainer.save_freq")), peer.show("trainer.save_freq"))
+    else:
+        out.set("checkpoint.every_steps", 0, peer.show("trainer.save_freq"))
+    if peer("trainer.max_actor_ckpt_to_keep"):
+        out.set("checkpoint.keep_last", int(peer("trainer.max_actor_ckpt_to_keep")), peer.show("trainer.max_actor_ckpt_to_keep"))
+    frequency = peer("trainer.test_freq")
+    out.set("eval.every_steps", int(frequency) if frequency and frequency > 0 else 0, peer.show("trainer.test_freq"))
+    out.set("eval.samples_per_prompt", int(peer(R + "val_kwargs.n")), peer.show(R + "val_kwargs.n"))
+    if peer(R + "val_kwargs.temperature"):
+        out.set("eval.temperature", float(peer(R + "val_kwargs.temperature")), peer.show(R + "val_kwargs.temperature"))
+    else:
+        out.differs.append(f"{peer.show(R + 'val_kwargs.temperature')} (greedy): minirl evaluates by sampling "
+                           "(eval.temperature 1.0, mean@n)")
+    out.set("eval.top_p", float(peer(R + "val_kwargs.top_p")), peer.show(R + "val_kwargs.top_p"))
+    if peer("trainer.log_val_generations"):
+        out.set("log.completions_per_step", int(peer("trainer.log_val_generations")), peer.show("trainer.log_val_generations"))
+    report_to(peer("trainer.logger"), out, "trainer.logger")
+
+
+def _verl_objective(peer: Peer, n: int) -> Objective:
+    """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
+    obj = Objective()
+    if peer("algorithm.adv_estimator") != "grpo":
+        obj.blockers.append(peer.show("algorithm.adv_estimator") + " (minirl's advantage is GRPO's group baseline)")
+    for key, neutral in ((A + "entropy_coeff", 0), ("algorithm.use_kl_in_reward", False),
+                         ("algorithm.rollout_correction.rollout_rs", None),
+                         ("algorithm.rollout_correction.bypass_mode", False)):
+        if peer(key) != neutral:
+            obj.blockers.append(peer.show(key))
+    low_key = A + ("clip_ratio_low" if peer(A + "clip_ratio_low") is not None else "clip_ratio")
+    high_key = A + ("clip_ratio_high" if peer(A + "clip_ratio_high") is not None else "clip_ratio")
+    mode, agg = peer(A + "policy_loss.loss_mode"), peer(A + "loss_agg_mode")
+    name = "gspo" if mode == "gspo" else {"seq-mean-token-mean": "grpo", "token-mean": "minirl", "token-sum": "minirl",
+                                          "seq-mean-token-sum": "minirl", "seq-mean-token-sum-norm": "minirl"}.get(agg)
+    if mode not in ("vanilla", "gspo") or name is None:
+        obj.blockers.append(peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
+        return obj
+    obj.set("name", name, peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
+    obj.set("eps_low", float(peer(low_key)), peer.show(low_key))
+    obj.set("eps_high", float(peer(high_key)), peer.show(high_key))
+    if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
+        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
+        obj.set("aggregation", "token_mean" if agg == "token-mean" else "seq_sum", peer.show(A + "loss_agg_mode"))
+        responses = peer("data.train_batch_size") // n * peer(R + "n")
+        if agg == "seq-mean-token-sum-norm":
+            factor = peer(A + "loss_scale_factor") or peer("data.max_response_length")
+            obj.set("normalizer", float(responses * factor), f"{responses} responses per mini-batch x {factor}")
+            if not peer(A + "loss_scale_factor"):
+                obj.differs.append("loss_agg_mode='seq-mean-token-sum-norm' without loss_scale_factor: verl divides by "
+                                   "each micro-batch's padded width, minirl by data.max_response_length")
+        elif agg == "token-sum":
+            obj.set("normalizer", 1.0, "token-sum: no division")
+    if mode == "vanilla" and peer(A + "clip_ratio_c"):
+        obj.differs.append(f"{peer.show(A + 'clip_ratio_c')} (dual clip): verl also drops the gradient of tokens with "
+                           "A < 0 and pi_theta/pi_old above it; minirl keeps them")
+    obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")), peer.show("algorithm.norm_adv_by_std_in_grpo"))
+    rollout_is = peer("algorithm.rollout_correction.rollout_is")
+    if rollout_is not in (None, "token"):
+        obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is"))
+    if name != "gspo":  # verl multiplies each token by min(pi_old / mu_old, threshold), detached
+        obj.set("is_correction", rollout_is == "token", peer.show("algorithm.rollout_correction.rollout_is"))
+        if rollout_is == "token":
+            threshold = "algorithm.rollout_correction.rollout_is_threshold"
+            obj.set("tis_cap", float(peer(threshold)), peer.show(threshold))
+        if name == "minirl":
+            obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
+    if peer(A + "use_kl_loss"):
+        kind = {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"}.get(peer(A + "kl_loss_type"))
+        if kind is None:
+            obj.blockers.append(peer.show(A + "kl_loss_type"))
+        else:
+            obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
+            obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
+    return obj
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix[:-1]: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("defaults", "hydra", "_target_"):
+            continue
+        flat.update(_flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
+    """verl settings from run scripts (``.sh``), YAML configs (flattened) and ``key=value`` words."""
+    given: dict[str, Any] = {}
+    for path in paths:
+        if path.endswith((".yaml", ".yml")):
+            given.update(_flatten(read_yaml(path)))
+        else:
+            given.update(script_overrides(Path(path)))
+    for word in words:
+        key, _, value = word.partition("=")
+        given[key] = parse_value(value)
+    return given
+
+
+_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
+
+
+def script_overrides(path: Path) -> dict[str, Any]:
+    """The ``key=value`` Hydra overrides of a verl run script, with its ``NAME=value`` variables (and the
+    environment's) expanded; an override naming a variable set nowhere is kept ``Unresolved`` (an error
+    line once a translation needs it; a setting minirl ignores may stay unresolved)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror or err}") from None
+    variables = dict(os.environ)
+    overrides: dict[str, Any] = {}
+    for number, physical in _logical_lines(text):
+        line = _arithmetic(" ".join(physical).strip(), variables)
+        if not line or line.startswith("#"):
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as err:
+            raise ConfigError(f"{path}:{number}: cannot read the shell line ({err})") from None
+        for word in words:
+            assignment = _ASSIGNMENT.match(word)
+            override = _OVERRIDE.match(word)
+            if override:
+                key, value = override.groups()
+                expanded = _expand(value, variables)
+                at = number + next((i for i, part in enumerate(physical) if f"{key}=" in part), 0)
+                overrides[key] = Unresolved(value, f"{path}:{at}") if expanded is None else parse_value(expanded)
+            elif assignment and words[0] in (word, "export"):
+                name, value = assignment.groups()
+                expanded = _expand(value, variables)
+                if expanded is not None:  # else it stays unset: an override using it is the error line
+                    variables[name] = expanded
+    if not overrides:
+        raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
+    return overrides
+
+
+_ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)")
+
+
+def _arithmetic(line: str, variables: dict[str, str]) -> str:
+    """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``); one
+    it cannot evaluate is left as it is (an override using it is then unresolved)."""
+    def evaluate(match: re.Match[str]) -> str:
+        expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b",
+                      lambda v: variables.get(v.group(1) or v.group(2), v.group(0)), match.group(1))
+        if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+            return match.group(0)
+        try:
+            return str(_integer(ast.parse(expr.strip().replace("/", "//"), mode="eval").body))
+        except (SyntaxError, ValueError, ZeroDivisionError):
+            return match.group(0)
+
+    return _ARITHMETIC.sub(evaluate, line)
+
+
+def _integer(node: ast.AST) -> int:
+    """An integer expression of + - * // % and parentheses (nothing else is evaluated)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_integer(node.operand)
+    operators = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
+                 ast.Mod: int.__mod__}
+    if isinstance(node, ast.BinOp) and type(node.op) in operators:
+        return operators[type(node.op)](_integer(node.left), _integer(node.right))
+    raise ValueError("not an integer expression")
+
+
+def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
+    """Shell lines joined at a trailing backslash: (first line number, the physical lines)."""
+    lines: list[tuple[int, list[str]]] = []
+    pending: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not pending:
+            start = number
+        pending.append(raw[:-1] if raw.endswith("\\") else raw)
+        if not raw.endswith("\\"):
+            lines.append((start, pending))
+            pending = []
+    if pending:
+        lines.append((start, pending))
+    return lines
+
+
+def _expand(value: str, variables: dict[str, str]) -> str | None:
+    """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
+    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere."""
+    out, i, missing = [], 0, False
+    while i < len(value):
+        if value[i] != "$" or value.startswith("$((", i):
+            out.append(value[i])
+            i += 1
+            continue
+        bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)", value[i:])
+        if bare:
+            name = bare.group(1)
+            missing = missing or name not in variables
+            out.append(variables.get(name, ""))
+            i += bare.end()
+            continue
+        if not value.startswith("${", i):
+            out.append(value[i])
+            i += 1
+            continue
+        depth, j = 0, i + 1
+        while j < len(value):  # the matching brace
+            depth += {"{": 1, "}": -1}.get(value[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        inner = value[i + 2:j]
+        parts = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", inner, re.S)
+        if parts is None or j == len(value):
+            return None
+        name, default = parts.group(1), parts.group(2)
+        if variables.get(name):
+            out.append(variables[name])
+        elif default is not None:
+            expanded_default = _expand(default, variables)
+            if expanded_default is None:
+                return None
+            out.append(expanded_default)
+        else:
+            missing = missing or name not in variables
+        i = j + 1
+    expanded = "".join(out)
+    if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
+        return None
+    return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
