@@ -66,7 +66,19 @@ def _check(work: Path, steps: int) -> None:
 
 
 def test_example_reduced(tmp_path: Path) -> None:
-    _check(_example(tmp_path, sft_steps=150, rl_steps=3), steps=3)
+    work = _example(tmp_path, sft_steps=150, rl_steps=3)
+    _check(work, steps=3)
+    # the same run from Python, TRL's quickstart shape: a datasets.Dataset and the reward functions as objects
+    out = _run(work, "train_trl_style.py", "optim.global_steps=2", "eval.every_steps=2", "eval.num_prompts=8")
+    assert "held-out accuracy" in out
+    run_dir = work / "runs" / "chat_math_trl_style"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["reward/boxed_format/mean"] > 0.5
+    import yaml
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["task"]
+    assert [f["function"] for f in saved["reward_functions"]] == ["rewards:correct", "rewards:boxed_format"]
+    assert saved["reward_timeout_s"] == 10 and "_datasets" in saved["path"]  # importable: still in worker processes
 
 
 @pytest.mark.slow
