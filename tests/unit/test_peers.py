@@ -83,6 +83,8 @@ def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():
         _trl(per_device_train_batch_size=6)
     with pytest.raises(ConfigError, match="steps_per_generation=3, gradient_accumulation_steps=2"):
         _trl(steps_per_generation=3, gradient_accumulation_steps=2)
+    v = _trl(learning_rate="1e-6", max_steps="10", warmup_ratio="1e-1").values  # YAML reads `1e-6` as text
+    assert (v["optim.lr"], v["optim.global_steps"], v["optim.warmup_updates"]) == (1e-6, 10, 1)
     with pytest.raises(ConfigError, match=r"^setting per_device_train_batch_size='eight': expected a number$"):
         _trl(per_device_train_batch_size="eight")
     with pytest.raises(ConfigError, match=r"^setting data.train_batch_size=True: expected a number$"):

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from minirl.config import Config, ConfigError
 
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")
 SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "checkpoint", "cluster")
 
@@ -127,6 +128,8 @@ class Peer:
                               f"set it in the environment or give {key}=... after the script")
         default = self.defaults.get(key)
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if (numeric or default is None) and isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+            value = parse_value(value.strip())  # YAML reads `1e-6` as text; TRL's and Hydra's parsers take it
         if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(f"setting {key}={value!r}: expected a number")
         return value
