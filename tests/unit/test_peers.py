@@ -347,6 +347,12 @@ def test_verl_kl_or_lora_needs_the_single_process_trainer():
     v = from_verl(base | {"actor_rollout_ref.model.lora_rank": 32}).values
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["cluster.trainer_ranks"]) == (32, 16.0, 1)
     assert v["model.lora.target_modules"] == ["all-linear"]  # verl's default, peft's keyword
+    megatron = from_verl(base | {"actor_rollout_ref.model.lora.rank": 16, "actor_rollout_ref.model.lora.type": "lora",
+                                 "actor_rollout_ref.model.lora.target_modules": ["linear_qkv", "linear_fc2", "router"]})
+    v = megatron.values
+    assert (v["model.lora.rank"], v["model.lora.alpha"]) == (16, 32.0)
+    assert v["model.lora.target_modules"] == ["q_proj", "k_proj", "v_proj", "down_proj"]
+    assert any("router (Megatron names" in line for line in megatron.not_translated)
 
 
 @pytest.mark.parametrize("given, name, aggregation", [

@@ -47,6 +47,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
+    M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
+    M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": 2.0,
     "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
@@ -84,8 +86,15 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init|val_kwargs\.top_k)|"
-    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options|lora)\..*|actor_rollout_ref\.nccl_timeout|"
+    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|actor_rollout_ref\.nccl_timeout|"
+    r"actor_rollout_ref\.model\.lora\.(type|merge|dropout_position|lora_A_init_method|lora_B_init_method|freeze_.*|"
+    r"dtype|a2a_experimental)|"
     r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
+
+
+MEGATRON_MODULES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
+                    "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"]}
+"""Megatron's fused projections and the transformers modules they hold."""
 
 
 def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
@@ -112,12 +121,24 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
         note_local_path(out, M + "path", peer(M + "path"), "model")
     if peer.set_by_user(M + "trust_remote_code"):
         out.set("model.trust_remote_code", bool(peer(M + "trust_remote_code")), peer.show(M + "trust_remote_code"))
-    if peer(M + "lora_rank"):
+    if peer(M + "lora_rank"):  # the FSDP backend's keys
         out.set("model.lora.rank", int(peer(M + "lora_rank")), peer.show(M + "lora_rank"))
         out.set("model.lora.alpha", float(peer(M + "lora_alpha")), peer.show(M + "lora_alpha"))
         modules = peer(M + "target_modules")
         out.set("model.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
                 peer.show(M + "target_modules"))
+    elif peer(M + "lora.rank"):  # the Megatron backend's: its module names in transformers' words
+        out.set("model.lora.rank", int(peer(M + "lora.rank")), peer.show(M + "lora.rank"))
+        out.set("model.lora.alpha", float(peer(M + "lora.alpha")), peer.show(M + "lora.alpha"))
+        out.set("model.lora.dropout", float(peer(M + "lora.dropout")), peer.show(M + "lora.dropout"))
+        megatron = peer(M + "lora.target_modules")
+        megatron = [megatron] if isinstance(megatron, str) else list(megatron)
+        unknown = [name for name in megatron if name not in MEGATRON_MODULES]
+        if unknown:
+            out.not_translated.append(f"{M}lora.target_modules: {', '.join(unknown)} (Megatron names minirl cannot map)")
+        hf = [name for module in megatron for name in MEGATRON_MODULES.get(module, [])]
+        if hf:
+            out.set("model.lora.target_modules", hf, peer.show(M + "lora.target_modules"))
     if peer("data.train_files"):
         out.set("task.kind", "jsonl", "data.train_files given")
     for theirs, ours in (("data.train_files", "task.path"), ("data.val_files", "task.eval_path")):
