@@ -141,7 +141,7 @@ def test_trl_rewards_models_peft_and_leftovers():
                reward_model_name_or_path="some/rm", use_peft=True, lora_r=8, lora_target_modules=["q_proj"],
                top_k=20, push_to_hub=True, frobnicate=3)
     v = out.values
-    assert v["task.reward_functions"] == [{"function": "trl.rewards:accuracy_reward", "weight": 1.0},
+    assert v["task.reward_functions"] == [{"function": "minirl.tasks.trl_rewards:accuracy_reward", "weight": 1.0},
                                           {"function": "my_lib.rewards:fmt", "weight": 0.5}]
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["model.lora.target_modules"]) == (8, 32.0, ["q_proj"])
     text = "\n".join(out.not_translated)

@@ -111,8 +111,8 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
         raise ConfigError(f"TRL setting reward_weights: {len(weights)} weights for {len(names)} reward_funcs")
     functions: list[dict[str, Any]] = []
     for name, weight in zip(names, weights):
-        if name in TRL_REWARDS:
-            functions.append({"function": f"trl.rewards:{name}", "weight": float(weight)})
+        if name in TRL_REWARDS:  # minirl's rewrite of TRL's function: the same values, no TRL needed
+            functions.append({"function": f"minirl.tasks.trl_rewards:{name}", "weight": float(weight)})
         elif "." in name:
             module, function = name.rsplit(".", 1)
             functions.append({"function": f"{module}:{function}", "weight": float(weight)})
@@ -121,8 +121,6 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
                                       "give a module:function that returns the rewards)")
     if functions:
         out.set("task.reward_functions", functions, peer.show("reward_funcs") + (", reward_weights" if peer.set_by_user("reward_weights") else ""))
-        if any(f["function"].startswith("trl.rewards:") for f in functions):
-            out.differs.append("TRL's built-in rewards run as they are (`trl.rewards`): TRL must be installed beside minirl")
     if peer("reward_model_name_or_path"):
         out.not_translated.append(f"{peer.show('reward_model_name_or_path')}: minirl trains on verifiable rewards "
                                   "(functions), not a reward model")
