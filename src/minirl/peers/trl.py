@@ -117,8 +117,9 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
             module, function = name.rsplit(".", 1)
             functions.append({"function": f"{module}:{function}", "weight": float(weight)})
         else:
-            out.not_translated.append(f"reward_funcs: {name!r} (a factory such as get_soft_overlong_punishment: "
-                                      "give a module:function that returns the rewards)")
+            out.not_translated.append(f"reward_funcs: {name!r} is none of TRL's built-ins ({', '.join(TRL_REWARDS)}; "
+                                      "a factory such as get_soft_overlong_punishment, or another script's registry "
+                                      "name): give it as a dotted module.function")
     if functions:
         out.set("task.reward_functions", functions, peer.show("reward_funcs") + (", reward_weights" if peer.set_by_user("reward_weights") else ""))
     if peer("reward_model_name_or_path"):
