@@ -201,6 +201,9 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
 
     files = [word for word in words if "=" not in word]
     settings = [word for word in words if "=" in word]
+    if not words:
+        what = "a trl grpo config file" if action == "from-trl" else "a verl run script, a verl YAML"
+        raise ConfigError(f"config {action}: give {what} and/or key=value settings to translate")
     if action == "from-trl":
         if len(files) > 1:
             raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")

@@ -133,5 +133,7 @@ def test_a_broken_peer_file_is_one_line(tmp_path: Path):
     proc = _minirl("config", "from-trl", "grpo.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "per_device_train_batch_size=6, num_processes=1, num_generations=8" in proc.stderr
+    proc = _minirl("config", "from-verl", cwd=tmp_path)
+    assert proc.returncode == 2 and "config from-verl: give a verl run script" in proc.stderr
     proc = _minirl("config", "from-verl", "missing.sh", cwd=tmp_path)
     assert proc.returncode == 2 and "missing.sh" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
