@@ -54,10 +54,13 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
         config = _from_trl_args(args)
     cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config)
     from rich.console import Console
+    from transformers.utils import logging as hf_logging
 
     from minirl.loop import hold_run_dir
     from minirl.preflight import preflight
 
+    hf_logging.set_verbosity_error()  # as the CLI: our progress line is the only one
+    hf_logging.disable_progress_bar()
     preflight(cfg)
     with hold_run_dir(cfg.run_dir):
         return run_training(cfg, Console(stderr=True), start_from=None if start_from is None else str(start_from),
