@@ -208,6 +208,8 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
         if len(files) > 1:
             raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")
         translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective)
+        if args.sft:  # the cold start from a `trl sft --config` file
+            peers.add_trl_sft(translation, peers.read_trl(args.sft, []))
     else:
         translation = peers.from_verl(peers.read_verl(files, settings), args.keep_objective)
     text = translation.render(" ".join(files + settings) or "the command line")
@@ -342,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "from-trl FILE: a `trl grpo --config` file as a minirl config; from-verl [run.sh|config.yaml] "
                         "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config")
     p.add_argument("-o", "--output", default=None, help="from-trl / from-verl: write the minirl config here (default: stdout)")
+    p.add_argument("--sft", default=None, metavar="FILE",
+                   help="from-trl: a `trl sft --config` file, translated as the cold start (SFT before RL)")
     p.add_argument("--keep-objective", action="store_true",
                    help="from-trl / from-verl: translate the setup only and train with minirl's MiniRL objective")
     p.set_defaults(func=cmd_config)
@@ -384,12 +388,12 @@ def _quiet_libraries() -> None:
 def trl_command_line(words: list[str]) -> list[str]:
     """The rest of a ``trl grpo`` command line as ``config from-trl`` words: ``--config FILE`` -> FILE,
     ``--key value`` / ``--key=value`` -> ``key=value``, a bare ``--flag`` -> ``flag=true`` (HfArgumentParser's
-    booleans); minirl's own ``-o`` / ``--output`` / ``--keep-objective`` stay as they are."""
+    booleans); minirl's own ``-o`` / ``--output`` / ``--sft`` / ``--keep-objective`` stay as they are."""
     out: list[str] = []
     i = 0
     while i < len(words):
         word = words[i]
-        if word in ("-o", "--output") and i + 1 < len(words):
+        if word in ("-o", "--output", "--sft") and i + 1 < len(words):
             out += words[i:i + 2]
             i += 2
             continue

@@ -121,11 +121,13 @@ def test_a_trl_command_line_is_taken_as_trl_users_type_it(tmp_path: Path):
     assert trl_command_line(words) == ["grpo.yaml", "learning_rate=5e-6", "use_vllm=true", "num_generations=4", "-o",
                                        "out.yaml", "--keep-objective", "vllm_mode=colocate"]
     (tmp_path / "grpo.yaml").write_text("max_steps: 10\n")
+    (tmp_path / "sft.yaml").write_text("max_steps: 30\nlearning_rate: 1e-5\n")
     proc = _minirl("config", "from-trl", "--config", "grpo.yaml", "--learning_rate", "5e-6", "--num_generations", "4",
-                   "-o", "out.yaml", cwd=tmp_path)
+                   "--sft", "sft.yaml", "-o", "out.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load((tmp_path / "out.yaml").read_text())
     assert cfg["optim"]["lr"] == 5e-6 and cfg["rollout"]["samples_per_prompt"] == 4 and cfg["optim"]["global_steps"] == 10
+    assert cfg["cold_start"]["enabled"] and (cfg["cold_start"]["steps"], cfg["cold_start"]["lr"]) == (30, 1e-5)
 
 
 def test_a_broken_peer_file_is_one_line(tmp_path: Path):

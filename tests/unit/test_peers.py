@@ -16,7 +16,7 @@ import yaml
 
 from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.config import ConfigError, load_config
-from minirl.peers import from_trl, from_verl, read_verl, script_overrides
+from minirl.peers import add_trl_sft, from_trl, from_verl, read_verl, script_overrides
 
 
 def _trl(**given):
@@ -76,6 +76,26 @@ def test_trl_num_iterations_and_verl_ppo_epochs_are_passes_over_each_rollout():
                    "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_epochs": 3,
                    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.1}).values
     assert (v["optim.minibatches_per_step"], v["optim.epochs_per_step"], v["optim.warmup_updates"]) == (2, 3, 6)
+
+
+def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
+    rows = tmp_path / "sft.jsonl"
+    rows.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n' * 100)
+    out = _trl(model_name_or_path=str(tmp_path))
+    add_trl_sft(out, {"dataset_name": str(rows), "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
+                      "num_train_epochs": 2, "warmup_ratio": 0.1, "packing": True, "packing_strategy": "wrapped",
+                      "assistant_only_loss": True, "lr_scheduler_type": "constant", "model_name_or_path": "other/m"})
+    v = out.values
+    assert (v["cold_start.enabled"], v["cold_start.data"], v["cold_start.batch_sequences"]) == (True, str(rows), 16)
+    assert (v["cold_start.steps"], v["cold_start.warmup_steps"], v["cold_start.lr"]) == (13, 1, 2e-5)  # ceil(2 x 100 / 16)
+    assert (v["cold_start.max_length"], v["cold_start.packing"], v["cold_start.loss_on"]) == (1024, True, "completion")
+    assert any("SFT model_name_or_path='other/m'" in line for line in out.differs)
+    assert not any("packing_strategy" in line or "SFT lr_scheduler" in line for line in out.differs)
+    out.config()
+    trl_default = _trl()
+    add_trl_sft(trl_default, {"dataset_name": str(rows), "completion_only_loss": False, "dataset_text_field": "content"})
+    assert trl_default.values["cold_start.loss_on"] == "all"
+    assert any("dataset_text_field='content'" in line for line in trl_default.not_translated)
 
 
 def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():

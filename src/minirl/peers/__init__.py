@@ -25,7 +25,7 @@ each peer's defaults and mapping (and how its files are read).
 """
 
 from minirl.peers.common import Translation
-from minirl.peers.trl import from_trl, read_trl
+from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
 
-__all__ = ["Translation", "from_trl", "from_verl", "read_trl", "read_verl", "script_overrides"]
+__all__ = ["Translation", "add_trl_sft", "from_trl", "from_verl", "read_trl", "read_verl", "script_overrides"]

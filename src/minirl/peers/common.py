@@ -17,7 +17,7 @@ from minirl.config import Config, ConfigError
 
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")
-SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "checkpoint", "cluster")
+SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "cold_start", "checkpoint", "cluster")
 
 
 @dataclass

@@ -317,3 +317,75 @@ def read_trl(path: str | None, words: list[str]) -> dict[str, Any]:
         key, _, value = word.partition("=")
         given[key.lstrip("-")] = parse_value(value)
     return given
+
+
+# ------------------------------------------------------------------------------------------ TRL SFT
+
+TRL_SFT_DEFAULTS: dict[str, Any] = {
+    # SFTConfig (TRL 1.16) over the TrainingArguments it keeps, and the script's arguments
+    "learning_rate": 2e-5, "max_length": 1024, "packing": False, "packing_strategy": "bfd",
+    "completion_only_loss": None, "assistant_only_loss": False, "dataset_text_field": "text", "loss_type": "nll",
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_processes": 1, "max_steps": -1,
+    "num_train_epochs": 3.0, "warmup_steps": 0, "warmup_ratio": None, "lr_scheduler_type": "linear", "seed": 42,
+    "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "model_name_or_path": None,
+    "output_dir": "trainer_output", "bf16": True, "gradient_checkpointing": True, "weight_decay": 0.0,
+}
+
+
+def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
+    """The cold start of ``out`` from a ``trl sft --config`` file: SFT on its data before RL (``cold_start.*``)."""
+    peer = Peer(given, TRL_SFT_DEFAULTS)
+    out.set("cold_start.enabled", True, "an SFT config given (--sft)")
+    if peer("dataset_name"):
+        out.set("cold_start.data", peer("dataset_name"), f"SFT {peer.show('dataset_name')}")
+        note_local_path(out, "SFT dataset_name", peer("dataset_name"), "data", "cold_start.data")
+    else:
+        out.not_translated.append("SFT config without dataset_name: cold_start.data is the task's teacher traces")
+    rl_model = out.values.get("model.path")
+    if peer("model_name_or_path") and rl_model and peer("model_name_or_path") != rl_model:
+        out.differs.append(f"SFT {peer.show('model_name_or_path')}: minirl's cold start fine-tunes model.path "
+                           f"({rl_model!r}) and RL starts from the result")
+    batch = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
+    out.set("cold_start.batch_sequences", batch, "SFT per_device_train_batch_size x gradient_accumulation_steps"
+            " x num_processes")
+    out.set("cold_start.lr", float(peer("learning_rate")), f"SFT {peer.show('learning_rate')}")
+    out.set("cold_start.max_length", int(peer("max_length")), f"SFT {peer.show('max_length')}")
+    out.set("cold_start.packing", bool(peer("packing")), f"SFT {peer.show('packing')}")
+    if peer("packing") and peer("packing_strategy") != "wrapped":
+        out.differs.append(f"SFT {peer.show('packing_strategy')}: minirl joins whole examples in order, each "
+                           "attending to the ones before it in its row (TRL's 'wrapped' without cutting)")
+    steps, rows = peer("max_steps"), count_rows(out.values.get("cold_start.data"))
+    if steps and steps > 0:
+        out.set("cold_start.steps", int(steps), f"SFT {peer.show('max_steps')}")
+    elif rows:
+        steps = max(1, math.ceil(peer("num_train_epochs") * rows / batch))
+        out.set("cold_start.steps", steps, f"SFT num_train_epochs={peer('num_train_epochs')} x {rows} rows / {batch}")
+    else:
+        out.not_translated.append(f"SFT {peer.show('num_train_epochs')} without max_steps: set cold_start.steps")
+    warmup, ratio = peer("warmup_steps"), peer("warmup_ratio")
+    if ratio or (isinstance(warmup, float) and 0 < warmup < 1):
+        if steps and steps > 0:
+            out.set("cold_start.warmup_steps", round((ratio or warmup) * steps), f"SFT warm-up {ratio or warmup} x steps")
+        else:
+            out.not_translated.append(f"SFT warm-up ratio {ratio or warmup} without steps: set cold_start.warmup_steps")
+    else:
+        out.set("cold_start.warmup_steps", int(warmup), f"SFT {peer.show('warmup_steps')}")
+    if peer("lr_scheduler_type") not in ("constant", "constant_with_warmup"):
+        out.differs.append(f"SFT {peer.show('lr_scheduler_type')}: minirl's SFT keeps its rate constant after warm-up")
+    if peer("completion_only_loss") is False:
+        out.set("cold_start.loss_on", "all", f"SFT {peer.show('completion_only_loss')}")
+    else:
+        out.set("cold_start.loss_on", "completion", f"SFT {peer.show('completion_only_loss', 'assistant_only_loss')}")
+        if not peer("assistant_only_loss"):
+            out.differs.append("SFT on {\"messages\"} rows: TRL trains every token unless assistant_only_loss=True; "
+                               "minirl trains the assistant turns (cold_start.loss_on: all for TRL's way)")
+    if peer("dataset_text_field") != "text":
+        out.not_translated.append(f"SFT {peer.show('dataset_text_field')}: minirl reads a text row's \"text\" column")
+    if peer("loss_type") != "nll":
+        out.not_translated.append(f"SFT {peer.show('loss_type')}: minirl's SFT is the token cross-entropy (nll)")
+    for key in ("seed", "output_dir", "bf16", "gradient_checkpointing", "weight_decay", "dataset_train_split",
+                "dataset_config"):
+        peer(key)  # the RL run's (seed, precision, run directory), or no minirl SFT knob
+    for key in peer.unread():
+        if not TRL_IGNORED.match(key) and key not in TRL_DEFAULTS:
+            out.not_translated.append(f"SFT {key}={peer.given[key]!r}: not a setting minirl knows how to carry over")
