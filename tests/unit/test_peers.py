@@ -93,8 +93,10 @@ def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
     assert not any("packing_strategy" in line or "SFT lr_scheduler" in line for line in out.differs)
     out.config()
     trl_default = _trl()
-    add_trl_sft(trl_default, {"dataset_name": str(rows), "completion_only_loss": False, "dataset_text_field": "content"})
+    add_trl_sft(trl_default, {"dataset_name": str(rows), "completion_only_loss": False, "dataset_text_field": "content",
+                              "chat_template_path": "templates/chatml.jinja"})
     assert trl_default.values["cold_start.loss_on"] == "all"
+    assert trl_default.values["task.chat_template"] == "templates/chatml.jinja"  # SFT and RL render alike
     assert any("dataset_text_field='content'" in line for line in trl_default.not_translated)
 
 

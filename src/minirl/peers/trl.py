@@ -329,6 +329,7 @@ TRL_SFT_DEFAULTS: dict[str, Any] = {
     "num_train_epochs": 3.0, "warmup_steps": 0, "warmup_ratio": None, "lr_scheduler_type": "linear", "seed": 42,
     "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "model_name_or_path": None,
     "output_dir": "trainer_output", "bf16": True, "gradient_checkpointing": True, "weight_decay": 0.0,
+    "chat_template_path": None,
 }
 
 
@@ -379,6 +380,8 @@ def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
         if not peer("assistant_only_loss"):
             out.differs.append("SFT on {\"messages\"} rows: TRL trains every token unless assistant_only_loss=True; "
                                "minirl trains the assistant turns (cold_start.loss_on: all for TRL's way)")
+    if peer("chat_template_path"):  # the template SFT renders with is the one RL must prompt with
+        out.set("task.chat_template", str(peer("chat_template_path")), f"SFT {peer.show('chat_template_path')}")
     if peer("dataset_text_field") != "text":
         out.not_translated.append(f"SFT {peer.show('dataset_text_field')}: minirl reads a text row's \"text\" column")
     if peer("loss_type") != "nll":
