@@ -385,12 +385,20 @@ class EvalConfig(Section):
     accuracy_threshold: float = Field(1.0, allow_inf_nan=False)
     """A sample counts as correct in ``eval/accuracy`` and ``train/accuracy`` when its reward is at
     least this (1 = the built-in 0/1 verifiers); ``eval/reward_mean`` is logged beside it."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature at evaluation."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature at evaluation; 0 = greedy (argmax, verl's ``val_kwargs.temperature: 0``;
+    with ``samples_per_prompt: 1``, as its n samples would be identical)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass at evaluation."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Defaults to rollout.max_new_tokens."""
+
+    @model_validator(mode="after")
+    def _greedy_takes_one_sample(self) -> EvalConfig:
+        if self.temperature == 0 and self.samples_per_prompt != 1:
+            raise ValueError(f"eval.samples_per_prompt: greedy evaluation (eval.temperature 0) gives identical samples; "
+                             f"set 1 (got {self.samples_per_prompt})")
+        return self
 
 
 class DiagnosticsConfig(Section):

@@ -71,9 +71,12 @@ def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
     train = _minirl("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=t",
                     f"model.path={tmp_path / 'ckpt'}", "cold_start.enabled=false", "optim.global_steps=1")
     assert train.returncode == 0, train.stderr[-3000:]
-    ev = _minirl("eval", str(tmp_path / "t" / "checkpoint"), *TINY)
-    assert ev.returncode == 0, ev.stderr[-3000:]
-    assert 0.0 <= json.loads(ev.stdout.strip().splitlines()[-1])["eval/accuracy"] <= 1.0
+    # greedy evaluation (verl's validation default), twice: no draw, so the same result
+    greedy = [_minirl("eval", str(tmp_path / "t" / "checkpoint"), *TINY, "eval.temperature=0", "eval.samples_per_prompt=1",
+                      f"run.seed={seed}") for seed in (0, 1)]
+    assert all(ev.returncode == 0 for ev in greedy), greedy[0].stderr[-3000:]
+    results = [json.loads(ev.stdout.strip().splitlines()[-1]) for ev in greedy]
+    assert 0.0 <= results[0]["eval/accuracy"] <= 1.0 and results[0] == results[1]
 
 
 def test_dense_model_with_replay_is_a_config_error(tmp_path):

@@ -37,6 +37,12 @@ def test_trl_defaults_are_trls_not_minirls():
     assert any("std + 1e-4" in line for line in out.differs)
     assert any(line.startswith("num_train_epochs=3.0") for line in out.not_translated)
     assert v["optim.lr_schedule"] == "linear"  # transformers' default decay
+    assert (v["eval.temperature"], v["eval.top_p"]) == (1.0, 1.0)
+
+
+def test_trl_evaluates_with_its_sampling_temperature():
+    v = _trl(temperature=0.7, top_p=0.95).values
+    assert (v["rollout.temperature"], v["eval.temperature"], v["rollout.top_p"], v["eval.top_p"]) == (0.7, 0.7, 0.95, 0.95)
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -349,9 +355,21 @@ def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     assert v["moe.routing_replay"] == "R3" and v["eval.every_steps"] == 5 and v["log.tensorboard"] is True
     assert (v["cluster.backend"], v["cluster.trainer_ranks"], v["cluster.device"]) == ("ray", 8, "cuda")
     assert v["task.path"] == "/data/gsm8k/train.parquet" and v["task.eval_path"] == "/data/gsm8k/test.parquet"
-    assert any("dual clip" in line for line in out.differs) and any("greedy" in line for line in out.differs)
+    assert any("dual clip" in line for line in out.differs)
+    assert (v["eval.temperature"], v["eval.samples_per_prompt"]) == (0.0, 1)  # verl's default validation: greedy, n 1
     assert "actor_rollout_ref.rollout.gpu_memory_utilization" in out.ignored
     out.config()
+
+
+def test_verl_greedy_validation_with_n_evaluates_once_and_says_so():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    greedy = from_verl(base | {"actor_rollout_ref.rollout.val_kwargs.n": 4})
+    assert (greedy.values["eval.temperature"], greedy.values["eval.samples_per_prompt"]) == (0.0, 1)
+    assert any("val_kwargs.n=4 with greedy validation" in line for line in greedy.differs)
+    sampled = from_verl(base | {"actor_rollout_ref.rollout.val_kwargs.n": 4, "actor_rollout_ref.rollout.val_kwargs.temperature": 0.6})
+    assert (sampled.values["eval.temperature"], sampled.values["eval.samples_per_prompt"]) == (0.6, 4)
+    assert not any("greedy" in line for line in sampled.differs)
+    greedy.config(), sampled.config()
 
 
 def test_verl_reward_kwargs_ride_with_the_function():

@@ -92,6 +92,21 @@ def test_logp_is_of_the_tempered_top_p_law():
     assert truncated > 0
 
 
+@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+def test_temperature_zero_is_transformers_greedy_decoding(build):
+    model = build(std=0.1)
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
+    first = engine.generate_ids(PROMPTS, 1, SamplingParams(max_new_tokens=10, temperature=0.0, seed=0))
+    again = engine.generate_ids(PROMPTS, 1, SamplingParams(max_new_tokens=10, temperature=0.0, seed=99))
+    for prompt, completion, other in zip(PROMPTS, first, again):
+        assert completion.completion_ids == other.completion_ids  # no draw: the seed does not matter
+        assert completion.logp_rollout.tolist() == [0.0] * len(completion.completion_ids)  # a point mass
+        with torch.no_grad():
+            expected = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=EOS,
+                                      pad_token_id=PAD)[0, len(prompt):].tolist()
+        assert completion.completion_ids == expected
+
+
 def test_batched_left_padded_equals_unbatched():
     model = moe_model(std=0.1)
     engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
@@ -237,7 +252,7 @@ def test_load_weights_reapplies_fp8_once():
 def test_sampling_params_are_validated():
     engine = NativeEngine(dense_model(), eos_token_id=EOS, pad_token_id=PAD)
     with pytest.raises(ValueError, match="temperature"):
-        engine.generate_ids(PROMPTS, 1, SamplingParams(temperature=0.0))
+        engine.generate_ids(PROMPTS, 1, SamplingParams(temperature=-0.5))
     with pytest.raises(ValueError, match="top_p"):
         engine.generate_ids(PROMPTS, 1, SamplingParams(top_p=0.0))
     with pytest.raises(ValueError, match="at least one token"):

@@ -63,7 +63,16 @@ def test_half_precision_logits_are_scored_in_fp32():
     torch.testing.assert_close(logp, logits.float().log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)])
+def test_temperature_zero_is_greedy_with_a_point_mass_logp():
+    logits = torch.tensor([[0.1, 2.0, 2.0, -1.0], [3.0, 0.0, 1.0, 2.9]])
+    tokens, logp = sample_next(logits, 0.0, 0.5, torch.Generator().manual_seed(0))
+    assert tokens.tolist() == [1, 0] and logp.tolist() == [0.0, 0.0]  # a tie goes to the lowest id
+    _, forced = sample_next(logits, 0.0, 1.0, None, forced_tokens=torch.tensor([1, 3]))
+    assert forced[0].item() == 0.0 and forced[1].item() == float("-inf")
+    validate_sampling(0.0, 1.0)  # allowed: evaluation is where the config lets it in
+
+
+@pytest.mark.parametrize("temperature,top_p", [(-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)])
 def test_invalid_sampling_params(temperature, top_p):
     with pytest.raises(ValueError):
         validate_sampling(temperature, top_p)

@@ -241,6 +241,8 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
                            "or reads task.eval_path (save the split to a file)")
     if peer("num_generations_eval"):
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
+    out.set("eval.temperature", float(peer("temperature")), peer.show("temperature") + " (TRL evaluates as it samples)")
+    out.set("eval.top_p", float(peer("top_p")), peer.show("top_p") + " (TRL evaluates as it samples)")
     if peer("log_completions"):
         every = peer("logging_steps")
         out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / (N x E)")

@@ -289,12 +289,14 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
         out.set("checkpoint.keep_last", int(peer("trainer.max_actor_ckpt_to_keep")), peer.show("trainer.max_actor_ckpt_to_keep"))
     frequency = peer("trainer.test_freq")
     out.set("eval.every_steps", int(frequency) if frequency and frequency > 0 else 0, peer.show("trainer.test_freq"))
-    out.set("eval.samples_per_prompt", int(peer(R + "val_kwargs.n")), peer.show(R + "val_kwargs.n"))
-    if peer(R + "val_kwargs.temperature"):
-        out.set("eval.temperature", float(peer(R + "val_kwargs.temperature")), peer.show(R + "val_kwargs.temperature"))
+    temperature, n = float(peer(R + "val_kwargs.temperature") or 0), int(peer(R + "val_kwargs.n"))
+    out.set("eval.temperature", temperature, peer.show(R + "val_kwargs.temperature") + (" (greedy)" if temperature == 0 else ""))
+    if temperature == 0 and n != 1:
+        out.set("eval.samples_per_prompt", 1, peer.show(R + "val_kwargs.n"))
+        out.differs.append(f"{peer.show(R + 'val_kwargs.n')} with greedy validation: minirl evaluates each prompt once "
+                           "(its n greedy samples would be identical)")
     else:
-        out.differs.append(f"{peer.show(R + 'val_kwargs.temperature')} (greedy): minirl evaluates by sampling "
-                           "(eval.temperature 1.0, mean@n)")
+        out.set("eval.samples_per_prompt", n, peer.show(R + "val_kwargs.n"))
     out.set("eval.top_p", float(peer(R + "val_kwargs.top_p")), peer.show(R + "val_kwargs.top_p"))
     if peer("trainer.log_val_generations"):
         out.set("log.completions_per_step", int(peer("trainer.log_val_generations")), peer.show("trainer.log_val_generations"))

@@ -268,7 +268,7 @@ class NativeEngine:
     ) -> list[Completion]:
         """Sample ``samples_per_prompt`` completions of each prompt, grouped by prompt.
 
-        ``sampling.temperature`` must be > 0 (see ``sampling.validate_sampling``). ``prompt_offset``:
+        ``sampling.temperature`` 0 is greedy (``logp_rollout`` 0, evaluation only; ``minirl.rollout.sampling``). ``prompt_offset``:
         the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only).
         """
         validate_sampling(sampling.temperature, sampling.top_p)

@@ -12,6 +12,12 @@ at least one token is always kept. Ties at the boundary are broken by the sort o
 The draw uses the exponential race (Gumbel-max): ``argmax(logits_scaled - log(E))`` with
 ``E ~ Exp(1)`` i.i.d. per (row, vocabulary entry), which samples exactly from
 ``softmax(logits_scaled)`` and needs one batched noise tensor per step, no ``multinomial``.
+
+Temperature 0 is greedy decoding (the limit of the tempered law): the most probable token, ties to the
+lowest id, with ``top_p`` moot. Its law is a point mass, so the log-probability returned is 0 for the
+chosen token (and ``-inf`` for a forced token that is not the argmax). That is no ``mu_old`` an
+importance weight can use, which is why the config allows it for evaluation only (verl's validation
+default, ``val_kwargs.temperature: 0``), never for training rollouts.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ import torch
 def validate_sampling(temperature: float, top_p: float) -> None:
     """Raise ``ValueError`` on a temperature or top-p the sampler cannot honour.
 
-    ``temperature`` must be > 0: greedy decoding has no proper sampling law, so its ``mu_old``
-    (a point mass) would make every IS weight meaningless. Use a small temperature instead.
+    ``temperature`` must be >= 0 (0 = greedy, whose point-mass law gives no usable ``mu_old``: the
+    config allows it only at evaluation, see the module docstring).
     """
-    if not temperature > 0.0:
-        raise ValueError(f"sampling.temperature must be > 0 (got {temperature}); greedy is not a sampling law")
+    if not temperature >= 0.0:
+        raise ValueError(f"sampling.temperature must be >= 0 (got {temperature}; 0 is greedy)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"sampling.top_p must be in (0, 1] (got {top_p})")
 
@@ -45,6 +51,8 @@ def sample_next(
     A forced token outside the nucleus gets ``-inf``. ``generator`` is one stream for the whole
     batch, or a list of one stream per row (each row's draw then depends on its own stream only).
     """
+    if temperature == 0.0:
+        return _greedy(logits, forced_tokens)
     scaled = logits.float()
     if temperature != 1.0:
         scaled = scaled / temperature
@@ -61,6 +69,15 @@ def sample_next(
         tokens = forced_tokens
     # log mu(y) = scaled[y] - logsumexp(scaled over the kept tokens); masked entries are -inf
     logp = scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, logp
+
+
+def _greedy(logits: torch.Tensor, forced_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding's step: the argmax token (ties to the lowest id) and its point-mass log-prob, 0;
+    a forced token gets 0 when it is the argmax and ``-inf`` otherwise."""
+    best = logits.argmax(dim=-1)
+    tokens = best if forced_tokens is None else forced_tokens
+    logp = torch.where(tokens == best, 0.0, float("-inf")).to(torch.float32)
     return tokens, logp
 
 
