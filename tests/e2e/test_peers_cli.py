@@ -107,10 +107,14 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert cfg["moe"]["routing_replay"] == "R2" and cfg["optim"]["minibatches_per_step"] == 2
     assert cfg["algo"]["aggregation"] == "token_mean" and cfg["task"]["reward_function"].endswith("reward.py:compute_score")
 
-    train = _minirl("train", "minirl.yaml", *TINY_RUN, "optim.precision=fp32", cwd=tmp_path)
+    assert (cfg["eval"]["temperature"], cfg["eval"]["samples_per_prompt"]) == (0.0, 1)  # verl validates greedily
+
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
     assert train.returncode == 0, train.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("reward/compute_score/mean" in m for m in metrics) == 2
+    assert sum("eval/accuracy" in m for m in metrics) >= 2  # before and after, greedy
 
 
 def test_a_trl_command_line_is_taken_as_trl_users_type_it(tmp_path: Path):

@@ -16,7 +16,6 @@ checkpoint of another model (architecture, vocabulary, sizes), naming the keys t
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from minirl.hub import download_command, is_hub_id
 from minirl.models.presets import EXPERTS_IMPLEMENTATION, PRESETS, build_model
 from minirl.models.tokenizer import build_char_tokenizer, ensure_pad_token
 
@@ -86,8 +86,7 @@ def _load_directory(
     path: Path, *, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.exists():
-        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)) is not None  # "org/name": a Hub id, never downloaded here
-        hint = f"; minirl does not download: `hf download {path} --local-dir DIR`, then model.path=DIR" if hub else ""
+        hint = f"; minirl does not download: {download_command(path)}, then model.path=DIR" if is_hub_id(path) else ""
         raise ModelLoadError(
             f"model {str(path)!r} is neither a preset ({', '.join(PRESETS)}) nor an existing directory{hint}"
         )

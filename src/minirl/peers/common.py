@@ -14,9 +14,9 @@ import yaml
 from pydantic import ValidationError
 
 from minirl.config import Config, ConfigError
+from minirl.hub import download_command, is_hub_id
 
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".arrow", ".csv")
 SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "cold_start", "checkpoint", "cluster")
 
 
@@ -149,13 +149,12 @@ def note_local_path(out: Translation, key: str, value: str, what: str, target: s
     if Path(os.path.expanduser(value)).exists():
         return
     target = "model.path" if what == "model" else target
-    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", value) and Path(value).suffix.lower() not in DATA_SUFFIXES
-    if not hub_id or value.startswith("."):
+    if not is_hub_id(value):
         how = f"set {target} to where it is on this machine"
     elif what == "model":
-        how = f"`hf download {value} --local-dir DIR`, then set model.path to DIR"
+        how = f"{download_command(value)}, then set model.path to DIR"
     else:
-        how = f"`hf download {value} --repo-type dataset --local-dir DIR`, then set task.path to its training file"
+        how = f"{download_command(value, 'dataset')}, then set task.path to its training file"
     out.differs.append(f"{key}={value!r} is not on this machine: minirl reads the {what} from disk only ({how})")
 
 
@@ -192,18 +191,19 @@ def unset(value: Any) -> bool:
             or (isinstance(value, str) and value.startswith("${")))
 
 
-def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str]) -> None:
+def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str], prefix: str = "") -> None:
     """Keys the translation did not read: known to the peer's table (their effect rides on another key, e.g. a
-    KL coefficient with the KL off) or unset -> nothing; noise -> ignored; the rest -> not translated."""
+    KL coefficient with the KL off) or unset -> nothing; noise -> ignored; the rest -> not translated.
+    ``prefix`` names the file they came from when there are two (``"SFT "``)."""
     for key in peer.unread():
         if key in peer.defaults or unset(peer.given[key]):
             continue
         if ignored.match(key):
-            out.ignored.append(key)
+            out.ignored.append(prefix + key)
         else:
             value = peer.given[key]
             shown = value.text if isinstance(value, Unresolved) else repr(value)
-            out.not_translated.append(f"{key}={shown}: not a setting minirl knows how to carry over")
+            out.not_translated.append(f"{prefix}{key}={shown}: not a setting minirl knows how to carry over")
 
 
 def count_rows(path: str | None) -> int | None:

@@ -337,7 +337,7 @@ TRL_SFT_DEFAULTS: dict[str, Any] = {
 
 def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a ``trl sft --config`` file: SFT on its data before RL (``cold_start.*``)."""
-    peer = Peer(given, TRL_SFT_DEFAULTS)
+    peer = Peer(given, TRL_DEFAULTS | TRL_SFT_DEFAULTS)  # a TrainingArguments key the RL file reads is no SFT leftover
     out.set("cold_start.enabled", True, "an SFT config given (--sft)")
     if peer("dataset_name"):
         out.set("cold_start.data", peer("dataset_name"), f"SFT {peer.show('dataset_name')}")
@@ -391,6 +391,4 @@ def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
     for key in ("seed", "output_dir", "bf16", "gradient_checkpointing", "weight_decay", "dataset_train_split",
                 "dataset_config"):
         peer(key)  # the RL run's (seed, precision, run directory), or no minirl SFT knob
-    for key in peer.unread():
-        if not TRL_IGNORED.match(key) and key not in TRL_DEFAULTS:
-            out.not_translated.append(f"SFT {key}={peer.given[key]!r}: not a setting minirl knows how to carry over")
+    leftovers(peer, out, TRL_IGNORED, prefix="SFT ")

@@ -17,11 +17,11 @@ A file that cannot be read at all is one ``TaskDataError`` naming it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from minirl.hub import download_command, is_hub_id
 from minirl.tasks.jsonl import TaskDataError
 
 DATASETS_SUFFIXES = {".json": "json", ".parquet": "parquet"}
@@ -31,9 +31,8 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, row dict or TaskDataError)`` for every row of ``path`` (module docstring)."""
     path = Path(path)
     if not path.exists():
-        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)) is not None and not path.suffix  # "org/name": a Hub id
-        hint = (f"; minirl does not download: `hf download {path} --repo-type dataset --local-dir DIR`, then point "
-                "to its data file" if hub else "")
+        hint = (f"; minirl does not download: {download_command(path, 'dataset')}, then point to its data file"
+                if is_hub_id(path) else "")
         raise TaskDataError(f"{path}: no such file{hint}")
     if path.is_dir():
         yield from _dataset_rows(path, _load_from_disk(path))
