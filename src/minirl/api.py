@@ -25,6 +25,7 @@ imported by a reward worker process, so such runs call their rewards in this pro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -130,10 +131,10 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
         if len(weights) != len(reward_funcs):
             raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward_funcs")
-        specs = [_reward_spec(fn, index) for index, fn in enumerate(reward_funcs)]
-        data["task"]["reward_functions"] = [{"function": spec, "weight": float(w)} for spec, w in zip(specs, weights)]
+        entries = [_reward_entry(fn, index) for index, fn in enumerate(reward_funcs)]
+        data["task"]["reward_functions"] = [entry | {"weight": float(w)} for entry, w in zip(entries, weights)]
         data["task"]["reward_function"] = None
-        if any(spec.startswith("__main__:") for spec in specs) and data["task"]["reward_timeout_s"] is not None:
+        if any(entry["function"].startswith("__main__:") for entry in entries) and data["task"]["reward_timeout_s"] is not None:
             data["task"]["reward_timeout_s"] = None
             print("minirl: reward functions defined in the script run in this process, without "
                   "task.reward_timeout_s (a worker process cannot import __main__; a module can be)", file=sys.stderr)
@@ -176,10 +177,29 @@ def _lora(peft_config: Any) -> dict[str, Any]:
     return lora
 
 
-def _reward_spec(fn: Callable[..., Any] | str, index: int) -> str:
-    """``module:function`` of a reward function; one defined in ``__main__`` keeps that module (in-process)."""
+def _reward_entry(fn: Callable[..., Any] | str, index: int) -> dict[str, Any]:
+    """``task.reward_functions`` entry of a reward function: its ``module:function`` (one defined in ``__main__``
+    keeps that module: in-process) and fixed ``kwargs`` — a ``functools.partial``'s, or the arguments of one of
+    TRL's reward factories (``trl.rewards.get_soft_overlong_punishment(...)``: minirl's rewrite, bound alike)."""
     if isinstance(fn, str):
-        return fn
+        return {"function": fn}
+    from minirl.tasks.trl_rewards import FACTORIES
+
+    kwargs: dict[str, Any] = {}
+    if isinstance(fn, functools.partial):
+        if fn.args:
+            raise ConfigError(f"reward_funcs[{index}]: a functools.partial with positional arguments {fn.args!r}; "
+                              "bind them by keyword (they travel as the entry's kwargs)")
+        kwargs = dict(fn.keywords)
+        fn = fn.func
+    factory = FACTORIES.get(type(fn).__name__)
+    if factory is not None and type(fn).__module__.startswith("trl."):
+        function, names = factory
+        fn, kwargs = function, {name: getattr(fn, name) for name in names}
+    return {"function": _reward_spec(fn, index)} | ({"kwargs": kwargs} if kwargs else {})
+
+
+def _reward_spec(fn: Callable[..., Any], index: int) -> str:
     from minirl.tasks.rewards import reward_spec
 
     spec = reward_spec(fn)

@@ -101,11 +101,15 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
     (tmp_path / "reward.py").write_text(VERL_REWARD)
     (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
-    proc = _minirl("config", "from-verl", "run.sh", "-o", "minirl.yaml", cwd=tmp_path)
+    dapo = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=8",  # DAPO's overlong shaping
+            *(f"+reward_model.reward_kwargs.overlong_buffer_cfg.{k}" for k in ("enable=True", "len=4", "penalty_factor=0.5"))]
+    proc = _minirl("config", "from-verl", "run.sh", *dapo, "-o", "minirl.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
     assert cfg["moe"]["routing_replay"] == "R2" and cfg["optim"]["minibatches_per_step"] == 2
-    assert cfg["algo"]["aggregation"] == "token_mean" and cfg["task"]["reward_function"].endswith("reward.py:compute_score")
+    first, overlong = cfg["task"]["reward_functions"]
+    assert cfg["algo"]["aggregation"] == "token_mean" and first["function"].endswith("reward.py:compute_score")
+    assert overlong["name"] == "overlong_reward" and overlong["weight"] == 0.5
 
     assert (cfg["eval"]["temperature"], cfg["eval"]["samples_per_prompt"]) == (0.0, 1)  # verl validates greedily
 
@@ -114,6 +118,8 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert train.returncode == 0, train.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("reward/compute_score/mean" in m for m in metrics) == 2
+    penalties = [m["reward/overlong_reward/mean"] for m in metrics if "reward/overlong_reward/mean" in m]
+    assert len(penalties) == 2 and all(-1.0 <= p <= 0.0 for p in penalties)
     assert sum("eval/accuracy" in m for m in metrics) >= 2  # before and after, greedy
 
 

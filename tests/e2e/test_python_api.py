@@ -74,6 +74,26 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
         _configure(None, [], None, None, None, None, None, {"r": 8})
     with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):
         _configure(None, [], None, None, None, [lambda completions, **kw: [0.0] * len(completions)], None)
+    # functools.partial and TRL's reward factories: the function, with their arguments as the entry's kwargs
+    import functools
+
+    from minirl.tasks.trl_rewards import get_soft_overlong_punishment, think_format_reward
+
+    class _SoftOverlongPunishment:  # the shape of trl.rewards' factory object (TRL is not a dependency)
+        __module__ = "trl.rewards.other_rewards"
+
+        def __init__(self, max_completion_len: int, soft_punish_cache: int) -> None:
+            self.max_completion_len, self.soft_punish_cache = max_completion_len, soft_punish_cache
+
+    funcs = [functools.partial(think_format_reward, tag="x"), get_soft_overlong_punishment(64, 16), _SoftOverlongPunishment(32, 8)]
+    entries = _configure(None, [], None, None, None, funcs, None).task.reward_functions
+    overlong = "minirl.tasks.trl_rewards:soft_overlong_punishment_reward"
+    assert [(e.function, e.kwargs) for e in entries] == [
+        ("minirl.tasks.trl_rewards:think_format_reward", {"tag": "x"}),
+        (overlong, {"max_completion_len": 64, "soft_punish_cache": 16}),
+        (overlong, {"max_completion_len": 32, "soft_punish_cache": 8})]
+    with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: a functools.partial with positional arguments"):
+        _configure(None, [], None, None, None, [functools.partial(think_format_reward, ["x"])], None)
     with pytest.raises(ConfigError, match=r"^reward_weights: 1 weights for 2 reward_funcs$"):
         _configure(None, [], None, None, None, ["a:b", "c:d"], [1.0])
     with pytest.raises(ConfigError, match=r"optim.lr"):

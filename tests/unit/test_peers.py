@@ -177,6 +177,10 @@ def test_trl_rewards_models_peft_and_leftovers():
     assert out.ignored == ["push_to_hub"]
     with pytest.raises(ConfigError, match="2 weights for 1 reward_funcs"):
         _trl(reward_funcs=["a.b"], reward_weights=[1, 2])
+    # `trl grpo`'s registry entry, with the lengths its script binds
+    v = _trl(reward_funcs=["accuracy_reward", "get_soft_overlong_punishment"]).values
+    assert v["task.reward_functions"][1] == {"function": "minirl.tasks.trl_rewards:soft_overlong_punishment_reward",
+                                             "weight": 1.0, "kwargs": {"max_completion_len": 1280, "soft_punish_cache": 256}}
 
 
 def test_rendered_file_is_the_translation_and_names_each_origin(tmp_path: Path):
@@ -308,6 +312,9 @@ max_prompt_length=$((1024 * 2))
 max_response_length=$((1024 * 20))
 RAY_DATA_HOME=${RAY_DATA_HOME:-"${HOME}/verl"}
 TRAIN_FILE=${TRAIN_FILE:-"${RAY_DATA_HOME}/data/dapo-math-17k.parquet"}
+enable_overlong_buffer=True
+overlong_buffer_len=$((1024 * 4))
+overlong_penalty_factor=1.0
 echo "TRAIN_FILE: ${TRAIN_FILE}"
 RAY_ADDRESS='http://127.0.0.1:8265' ray job submit --runtime-env=env.yaml \
 -- python3 -m recipe.dapo.main_dapo \
@@ -320,6 +327,11 @@ RAY_ADDRESS='http://127.0.0.1:8265' ray job submit --runtime-env=env.yaml \
     algorithm.filter_groups.enable=True \
     algorithm.filter_groups.max_num_gen_batches=10 \
     reward_model.reward_manager=dapo \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.enable=${enable_overlong_buffer} \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.len=${overlong_buffer_len} \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=${overlong_penalty_factor} \
+    +reward_model.reward_kwargs.overlong_buffer_cfg.log=False \
+    +reward_model.reward_kwargs.max_resp_len=${max_response_length} \
     trainer.total_training_steps=$((undefined_var * 2))
 """
 
@@ -333,13 +345,15 @@ def test_a_dapo_recipe_script_arithmetic_nested_defaults_and_what_minirl_lacks(t
     assert given["data.train_files"] == "/home/u/verl/data/dapo-math-17k.parquet"  # ${A:-"${B}/x"}, nested
     assert given["data.max_response_length"] == 20480 and given["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 22528
     assert given["actor_rollout_ref.rollout.max_num_batched_tokens"] == 32768
-    with pytest.raises(ConfigError, match=r"run.sh:19: trainer.total_training_steps uses a variable"):
+    with pytest.raises(ConfigError, match=r"run.sh:27: trainer.total_training_steps uses a variable"):
         from_verl(given)  # $((undefined_var * 2)) cannot be evaluated
     given["trainer.total_training_steps"] = 5
     out = from_verl(given)
     assert out.values["optim.micro_batch_max_tokens"] == 22528
     text = "\n".join(out.not_translated)
-    assert "filter_groups.enable=True: DAPO's dynamic sampling" in text and "'dapo' reward manager" in text
+    assert "filter_groups.enable=True: DAPO's dynamic sampling" in text and "reward manager" not in text
+    assert out.values["task.reward_functions"][-1] == {  # DAPO's overlong reward shaping, as the recipe sets it
+        "function": OVERLONG, "weight": 1.0, "name": "overlong_reward", "kwargs": {"max_completion_len": 20480, "soft_punish_cache": 4096}}
     assert "algorithm.filter_groups.max_num_gen_batches" in out.ignored  # a parameter of it
 
 
@@ -377,6 +391,49 @@ def test_verl_reward_kwargs_ride_with_the_function():
     assert from_verl(base).values["task.reward_function"] == "r.py:compute_score"
     v = from_verl(base | {"custom_reward_function.name": "score", "custom_reward_function.reward_kwargs": {"k": 2}}).values
     assert v["task.reward_functions"] == [{"function": "r.py:score", "kwargs": {"k": 2}}] and "task.reward_function" not in v
+
+
+OVERLONG = "minirl.tasks.trl_rewards:soft_overlong_punishment_reward"
+
+
+@pytest.mark.parametrize("form", [
+    # verl 0.9 (reward.reward_kwargs), the newer recipes (+reward_model.reward_kwargs), the older ones
+    {"reward.reward_manager.name": "dapo", "reward.reward_kwargs.max_resp_len": 2048,
+     **{f"reward.reward_kwargs.overlong_buffer_cfg.{k}": v for k, v in (("enable", True), ("len", 512), ("penalty_factor", 0.5))}},
+    {"reward_model.reward_manager": "dapo", "reward_model.reward_kwargs.max_resp_len": 2048,
+     **{f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}": v for k, v in (("enable", True), ("len", 512), ("penalty_factor", 0.5))}},
+    {"reward_model.reward_manager": "dapo", "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 512,
+     "reward_model.overlong_buffer.penalty_factor": 0.5, "reward_model.overlong_buffer.log": False},
+], ids=["reward.reward_kwargs", "reward_model.reward_kwargs", "reward_model.overlong_buffer"])
+def test_verl_dapo_overlong_buffer_is_the_soft_overlong_punishment_weighed_by_its_factor(form):
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 2048,
+            "custom_reward_function.path": "r.py"}
+    out = from_verl(base | form)
+    penalty = {"function": OVERLONG, "weight": 0.5, "name": "overlong_reward",
+               "kwargs": {"max_completion_len": 2048, "soft_punish_cache": 512}}
+    assert out.values["task.reward_functions"] == [{"function": "r.py:compute_score"}, penalty]
+    assert "task.reward_function" not in out.values and not any("reward manager" in line for line in out.not_translated)
+    assert not any("overlong" in key for key in out.ignored) and not any("overlong" in line for line in out.not_translated)
+    out.config()
+    # without a custom function, verl's default_compute_score becomes the built-in verifier as a function
+    builtin = from_verl({k: v for k, v in base.items() if k != "custom_reward_function.path"} | form)
+    assert builtin.values["task.reward_functions"] == [{"function": "minirl.tasks.jsonl:exact_reward"}, penalty]
+
+
+def test_verl_overlong_buffer_edge_cases():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.max_response_length": 1024,
+            "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 256,
+            "reward_model.overlong_buffer.penalty_factor": 1.0}
+    assert "task.reward_functions" not in from_verl(base).values  # the naive manager never reads it, as in verl
+    dapo = base | {"reward_model.reward_manager": "dapo"}
+    with pytest.raises(ConfigError, match="overlong buffer needs 0 < len"):
+        from_verl(dapo | {"reward_model.overlong_buffer.len": 2048})
+    short = from_verl(dapo | {"reward_model.reward_kwargs.max_resp_len": 512,
+                              "reward_model.reward_kwargs.overlong_buffer_cfg.enable": True,
+                              "reward_model.reward_kwargs.overlong_buffer_cfg.len": 128,
+                              "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0})
+    assert short.values["task.reward_functions"][-1]["kwargs"] == {"max_completion_len": 512, "soft_punish_cache": 128}
+    assert any("below the response limit" in line for line in short.differs)
 
 
 def test_verl_kl_or_lora_needs_the_single_process_trainer():

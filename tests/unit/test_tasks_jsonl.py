@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from minirl.tasks import JsonlTask, Task, TaskDataError, build_task
-from minirl.tasks.jsonl import extract_answer, last_boxed, math_equivalent
+from minirl.tasks.jsonl import exact_reward, extract_answer, last_boxed, math_equivalent, math_verify_reward
 
 
 def write_rows(path: Path, rows: list[object]) -> Path:
@@ -170,6 +170,17 @@ def test_exact_reward(tmp_path: Path) -> None:
     assert task.reward(prompt, "#### 0.5") == 1.0
     assert task.reward(prompt, "\\boxed{0.5}") == 1.0
     assert task.reward(prompt, "#### 1/2") == 0.0  # exact does not know maths
+
+
+def test_the_built_in_verifiers_as_reward_functions() -> None:
+    """``task.reward`` as entries of ``task.reward_functions`` (verl's DAPO: the score beside the overlong penalty):
+    per-sample, a completion as text or as TRL's chat message."""
+    from minirl.tasks.reward_functions import make_reward_fn
+
+    chat = [{"role": "assistant", "content": "so \\boxed{\\frac{1}{2}}"}]
+    assert exact_reward("q", "#### 0.5", " 0.5 ") == 1.0 and exact_reward("q", chat, "0.5") == 0.0
+    assert math_verify_reward("q", chat, "0.5") == 1.0 and math_verify_reward([{"role": "user", "content": "q"}], "#### 0.6", "0.5") == 0.0
+    assert not make_reward_fn("minirl.tasks.jsonl:exact_reward").batched
 
 
 @pytest.mark.parametrize(

@@ -113,13 +113,16 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
     for name, weight in zip(names, weights):
         if name in TRL_REWARDS:  # minirl's rewrite of TRL's function: the same values, no TRL needed
             functions.append({"function": f"minirl.tasks.trl_rewards:{name}", "weight": float(weight)})
+        elif name == "get_soft_overlong_punishment":  # `trl grpo`'s registry binds these lengths (trl/scripts/grpo.py)
+            functions.append({"function": "minirl.tasks.trl_rewards:soft_overlong_punishment_reward", "weight": float(weight),
+                              "kwargs": {"max_completion_len": 1280, "soft_punish_cache": 256}})
         elif "." in name:
             module, function = name.rsplit(".", 1)
             functions.append({"function": f"{module}:{function}", "weight": float(weight)})
         else:
-            out.not_translated.append(f"reward_funcs: {name!r} is none of TRL's built-ins ({', '.join(TRL_REWARDS)}; "
-                                      "a factory such as get_soft_overlong_punishment, or another script's registry "
-                                      "name): give it as a dotted module.function")
+            out.not_translated.append(f"reward_funcs: {name!r} is none of `trl grpo`'s built-ins ({', '.join(TRL_REWARDS)}, "
+                                      "get_soft_overlong_punishment; another script's registry name?): give it as a "
+                                      "dotted module.function")
     if functions:
         out.set("task.reward_functions", functions, peer.show("reward_funcs") + (", reward_weights" if peer.set_by_user("reward_weights") else ""))
     if peer("reward_model_name_or_path"):

@@ -160,12 +160,47 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
             else:
                 out.set("task.reward_function", spec, peer.show(prefix + "custom_reward_function.path"))
     manager = peer("reward_model.reward_manager") or peer("reward.reward_manager.name")
-    if manager not in ("naive", "batch"):
-        out.not_translated.append(f"verl's {manager!r} reward manager (its own shaping, e.g. DAPO's overlong "
-                                  "penalty): minirl calls your compute_score per sample or batched, as naive / batch")
+    if manager not in ("naive", "batch", "dapo"):
+        out.not_translated.append(f"verl's {manager!r} reward manager (its own shaping): minirl calls your "
+                                  "compute_score per sample or batched, as naive / batch")
     if not ({"task.reward_function", "task.reward_functions"} & set(out.values)) and "task.path" in out.values:
         out.differs.append("no custom_reward_function: verl scores with default_compute_score by data_source; minirl "
                            "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
+    if manager == "dapo":
+        _dapo_overlong_buffer(peer, out)
+
+
+def _dapo_overlong_buffer(peer: Peer, out: Translation) -> None:
+    """DAPO's reward manager adds ``min(-(|y| - (L_max - L_buf)) / L_buf * factor, 0)`` to the score when its overlong
+    buffer is on: TRL's soft overlong punishment with weight ``factor`` (the same up to ``L_max``). Its settings sit
+    under ``reward.reward_kwargs`` (verl 0.9), ``reward_model.reward_kwargs`` or, in older recipes,
+    ``reward_model.overlong_buffer`` with ``L_max`` = ``data.max_response_length``."""
+    for cfg, limit in (("reward.reward_kwargs.overlong_buffer_cfg", "reward.reward_kwargs.max_resp_len"),
+                       ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward_model.reward_kwargs.max_resp_len"),
+                       ("reward_model.overlong_buffer", "data.max_response_length")):
+        if not peer(cfg + ".enable"):
+            continue
+        length, factor, max_len = peer(cfg + ".len"), peer(cfg + ".penalty_factor"), peer(limit)
+        peer(cfg + ".log")  # verl's extra metric; minirl logs reward/overlong_reward/mean anyway
+        if not (length and max_len) or length > max_len:
+            raise ConfigError(f"verl settings {peer.show(cfg + '.len', limit)}: DAPO's overlong buffer needs 0 < len "
+                              "<= the longest response")
+        entry = {"function": "minirl.tasks.trl_rewards:soft_overlong_punishment_reward", "weight": float(factor),
+                 "name": "overlong_reward", "kwargs": {"max_completion_len": int(max_len), "soft_punish_cache": int(length)}}
+        if "task.reward_functions" in out.values:
+            functions = list(out.values["task.reward_functions"])
+        elif "task.reward_function" in out.values:
+            functions = [{"function": out.values.pop("task.reward_function")}]
+            out.origin["task.reward_functions"] = out.origin.pop("task.reward_function")
+        else:  # default_compute_score's stand-in, weighed beside the penalty
+            functions = [{"function": f"minirl.tasks.jsonl:{out.values.get('task.reward', 'exact')}_reward"}]
+        origin = out.origin.get("task.reward_functions")
+        out.set("task.reward_functions", functions + [entry],
+                "; ".join(filter(None, [origin, peer.show(cfg + ".enable", cfg + ".len", cfg + ".penalty_factor", limit)])))
+        if max_len < peer("data.max_response_length"):  # minirl's rollout.max_new_tokens
+            out.differs.append(f"{peer.show(limit)} below the response limit: past it verl's penalty keeps falling "
+                               f"linearly, minirl's stays at -{factor}")
+        return
 
 
 def _verl_batch(peer: Peer, out: Translation) -> int:

@@ -183,10 +183,22 @@ class JsonlTask:
         return extract_answer(completion)
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        predicted = extract_answer(completion)
-        if self.reward_kind == "exact":
-            return 1.0 if exact_match(predicted, prompt.answer) else 0.0
-        return 1.0 if math_equivalent(predicted, prompt.answer) else 0.0
+        return (exact_reward if self.reward_kind == "exact" else math_verify_reward)(prompt.text, completion, prompt.answer)
+
+
+def _completion_text(completion: Any) -> str:
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def exact_reward(prompt: Any, completion: Any, answer: str, **kwargs: Any) -> float:
+    """``task.reward: exact`` as a reward function (to weigh it beside others in ``task.reward_functions``): 1.0 when
+    the completion's final answer (``extract_answer``) is the reference, character for character."""
+    return 1.0 if exact_match(extract_answer(_completion_text(completion)), answer) else 0.0
+
+
+def math_verify_reward(prompt: Any, completion: Any, answer: str, **kwargs: Any) -> float:
+    """``task.reward: math_verify`` as a reward function: 1.0 when the final answer equals the reference mathematically."""
+    return 1.0 if math_equivalent(extract_answer(_completion_text(completion)), answer) else 0.0
 
 
 def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> tuple[list[Prompt], list[Prompt]]:

@@ -41,7 +41,7 @@ apply (0 if none did), and the function's ``reward/<name>/mean`` is over the sam
 
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
-its first parameter is named ``prompts`` or ``completions`` (TRL's convention) or
+its first parameter is named ``prompts``, ``completions`` or ``completion_ids`` (TRL's convention) or
 ``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
 awaitable) are awaited.
 
@@ -72,7 +72,7 @@ from minirl.tasks.rewards import (
 if TYPE_CHECKING:
     from minirl.types import Prompt
 
-BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "data_sources")
+BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "completion_ids", "data_sources")
 VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
 
 
