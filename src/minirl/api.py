@@ -134,7 +134,7 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         entries = [_reward_entry(fn, index) for index, fn in enumerate(reward_funcs)]
         data["task"]["reward_functions"] = [entry | {"weight": float(w)} for entry, w in zip(entries, weights)]
         data["task"]["reward_function"] = None
-        if any(entry["function"].startswith("__main__:") for entry in entries) and data["task"]["reward_timeout_s"] is not None:
+        if any((entry.get("function") or "").startswith("__main__:") for entry in entries) and data["task"]["reward_timeout_s"] is not None:
             data["task"]["reward_timeout_s"] = None
             print("minirl: reward functions defined in the script run in this process, without "
                   "task.reward_timeout_s (a worker process cannot import __main__; a module can be)", file=sys.stderr)
@@ -181,8 +181,16 @@ def _reward_entry(fn: Callable[..., Any] | str, index: int) -> dict[str, Any]:
     """``task.reward_functions`` entry of a reward function: its ``module:function`` (one defined in ``__main__``
     keeps that module: in-process) and fixed ``kwargs`` — a ``functools.partial``'s, or the arguments of one of
     TRL's reward factories (``trl.rewards.get_soft_overlong_punishment(...)``: minirl's rewrite, bound alike)."""
+    if isinstance(fn, (str, Path)) and Path(fn).expanduser().is_dir():  # TRL: a string naming a reward model
+        return {"model": str(fn)}
     if isinstance(fn, str):
         return {"function": fn}
+    path = getattr(getattr(fn, "config", None), "name_or_path", None)
+    if path and hasattr(fn, "save_pretrained"):  # a loaded reward model: scored from where it was loaded
+        if not Path(path).is_dir():
+            raise ConfigError(f"reward_funcs[{index}]: a model loaded from {path!r}, not a local directory; give the "
+                              "directory it was saved to")
+        return {"model": str(path)}
     from minirl.tasks.trl_rewards import FACTORIES
 
     kwargs: dict[str, Any] = {}

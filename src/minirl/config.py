@@ -78,12 +78,23 @@ class ModelConfig(Section):
 class RewardFunctionConfig(Section):
     """One entry of ``task.reward_functions`` (``minirl.tasks.reward_functions``)."""
 
-    function: str = Field(description="'module:function' (a module in the working directory or installed, or path/to/file.py:function)")
+    function: str | None = Field(None, description="'module:function' (a module in the working directory or installed, "
+                                 "or path/to/file.py:function)")
+    model: str | None = Field(None, description="instead of a function: a local reward model directory "
+                              "(AutoModelForSequenceClassification, one output), scored as TRL does")
     weight: float = Field(1.0, allow_inf_nan=False, description="the reward is the weighted sum over the functions")
-    batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts' or 'completions' (TRL) or 'data_sources' (verl)")
+    batched: bool | None = Field(None, description="called with lists, TRL-style; null: when its first parameter is 'prompts', 'completions' or 'completion_ids' (TRL) or 'data_sources' (verl)")
     name: str | None = Field(None, description="metric name reward/<name>/mean (default: the function's __name__)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments of every call "
                                    "(verl's custom_reward_function.reward_kwargs)")
+
+    @model_validator(mode="after")
+    def _function_or_model(self) -> RewardFunctionConfig:
+        if (self.function is None) == (self.model is None):
+            raise ValueError("task.reward_functions: each entry names a 'function' or a reward 'model' (one of them)")
+        if self.model is not None and (self.kwargs or self.batched is False):
+            raise ValueError("task.reward_functions: a reward 'model' entry takes no 'kwargs' or 'batched'")
+        return self
 
 
 class TaskConfig(Section):

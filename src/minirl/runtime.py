@@ -88,14 +88,16 @@ def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any
     from minirl.tasks.chat import ChatTemplateError, encode_prompt
 
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    device, trust = cfg.cluster.device, cfg.model.trust_remote_code  # a reward model's
     try:
         if context and tokenizer is not None:
             return build_task_from_config(
                 cfg.task,
                 max_prompt_tokens=context - cfg.rollout.max_new_tokens,
                 count_tokens=lambda prompt: len(encode_prompt(tokenizer, prompt)),
+                reward_device=device, trust_remote_code=trust,
             )
-        return build_task_from_config(cfg.task)
+        return build_task_from_config(cfg.task, reward_device=device, trust_remote_code=trust)
     except ChatTemplateError as exc:  # a chat row and a tokenizer without a template
         raise ConfigError(f"task.chat_template: {exc}") from None
 

@@ -133,3 +133,27 @@ def test_cold_start_cache_reuses_one_sft_per_key(tmp_path):
     assert plain.returncode == 0, plain.stderr[-3000:]
     cached, fresh = load_file(cache / sft_cache_key(cfg) / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
     assert cached.keys() == fresh.keys() and all(torch.equal(cached[k], fresh[k]) for k in cached)
+
+
+def test_a_reward_model_beside_a_reward_function_trains(tmp_path):
+    """TRL's ``reward_funcs=[model, function]``: a sequence-classification reward model's score, weighted beside a
+    verifiable reward, drives the run; each is logged by its name."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+
+    from minirl.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, intermediate_size=64, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    Qwen3ForSequenceClassification(config).save_pretrained(tmp_path / "judge")
+    tokenizer.save_pretrained(tmp_path / "judge")
+    entries = f'[{{model: "{tmp_path / "judge"}", weight: 0.5}}, {{function: "minirl.tasks.jsonl:exact_reward"}}]'
+    proc = _minirl("train", "configs/demo.yaml", *TINY, f"run.output_dir={tmp_path}", "run.name=rm", "optim.global_steps=1",
+                   "cold_start.enabled=false", f"task.reward_functions={entries}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/judge/mean" in rows[-1] and "reward/exact_reward/mean" in rows[-1]
+    assert rows[-1]["reward/errors"] == 0.0

@@ -165,17 +165,21 @@ def test_trl_vllm_token_truncate_is_minirls_train_infer_correction():
 
 
 def test_trl_rewards_models_peft_and_leftovers():
-    out = _trl(reward_funcs=["accuracy_reward", "my_lib.rewards.fmt"], reward_weights=[1.0, 0.5],
+    out = _trl(reward_funcs=["accuracy_reward", "my_lib.rewards.fmt"], reward_weights=[0.3, 1.0, 0.5],
                reward_model_name_or_path="some/rm", use_peft=True, lora_r=8, lora_target_modules=["q_proj"],
                top_k=20, push_to_hub=True, frobnicate=3)
     v = out.values
-    assert v["task.reward_functions"] == [{"function": "minirl.tasks.trl_rewards:accuracy_reward", "weight": 1.0},
+    # `trl grpo`'s order: the reward model first, then reward_funcs; the weights in that order
+    assert v["task.reward_functions"] == [{"model": "some/rm", "weight": 0.3},
+                                          {"function": "minirl.tasks.trl_rewards:accuracy_reward", "weight": 1.0},
                                           {"function": "my_lib.rewards:fmt", "weight": 0.5}]
+    assert any("reward_model_name_or_path='some/rm' is not on this machine" in line and "`hf download some/rm "
+               "--local-dir DIR`, then set its task.reward_functions entry's model to DIR" in line for line in out.differs)
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["model.lora.target_modules"]) == (8, 32.0, ["q_proj"])
     text = "\n".join(out.not_translated)
-    assert "reward_model_name_or_path='some/rm'" in text and "top_k=20" in text and "frobnicate=3" in text
+    assert "reward_model" not in text and "top_k=20" in text and "frobnicate=3" in text
     assert out.ignored == ["push_to_hub"]
-    with pytest.raises(ConfigError, match="2 weights for 1 reward_funcs"):
+    with pytest.raises(ConfigError, match="2 weights for 1 reward functions"):
         _trl(reward_funcs=["a.b"], reward_weights=[1, 2])
     # `trl grpo`'s registry entry, with the lengths its script binds
     v = _trl(reward_funcs=["accuracy_reward", "get_soft_overlong_punishment"]).values
@@ -418,6 +422,15 @@ def test_verl_dapo_overlong_buffer_is_the_soft_overlong_punishment_weighed_by_it
     # without a custom function, verl's default_compute_score becomes the built-in verifier as a function
     builtin = from_verl({k: v for k, v in base.items() if k != "custom_reward_function.path"} | form)
     assert builtin.values["task.reward_functions"] == [{"function": "minirl.tasks.jsonl:exact_reward"}, penalty]
+
+
+def test_verl_reward_model_is_named_not_translated_not_ignored():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    out = from_verl(base | {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m/rm"})
+    assert any(line.startswith("reward.reward_model.enable=True, reward.reward_model.model_path='/m/rm': verl's served "
+                               "reward model") for line in out.not_translated)
+    assert not any(key.startswith("reward.reward_model.enable") for key in out.ignored)
+    assert not any("served reward model" in line for line in from_verl(base).not_translated)
 
 
 def test_verl_overlong_buffer_edge_cases():

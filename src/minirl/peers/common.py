@@ -145,16 +145,16 @@ class Peer:
         return [key for key in self.given if key not in self.read]
 
 
-def note_local_path(out: Translation, key: str, value: str, what: str, target: str = "task.path") -> None:
+def note_local_path(out: Translation, key: str, value: str, what: str, target: str | None = None) -> None:
     if Path(os.path.expanduser(value)).exists():
         return
-    target = "model.path" if what == "model" else target
+    target = target or ("model.path" if what == "model" else "task.path")
     if not is_hub_id(value):
         how = f"set {target} to where it is on this machine"
-    elif what == "model":
-        how = f"{download_command(value)}, then set model.path to DIR"
+    elif what in ("model", "reward model"):
+        how = f"{download_command(value)}, then set {target} to DIR"
     else:
-        how = f"{download_command(value, 'dataset')}, then set task.path to its training file"
+        how = f"{download_command(value, 'dataset')}, then set {target} to its training file"
     out.differs.append(f"{key}={value!r} is not on this machine: minirl reads the {what} from disk only ({how})")
 
 

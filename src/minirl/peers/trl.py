@@ -106,10 +106,16 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
 def _trl_rewards(peer: Peer, out: Translation) -> None:
     names = peer("reward_funcs") or []
     names = [names] if isinstance(names, str) else list(names)
-    weights = peer("reward_weights") or [1.0] * len(names)
-    if len(weights) != len(names):
-        raise ConfigError(f"TRL setting reward_weights: {len(weights)} weights for {len(names)} reward_funcs")
+    model = peer("reward_model_name_or_path")
+    weights = peer("reward_weights") or [1.0] * (len(names) + bool(model))
+    if len(weights) != len(names) + bool(model):
+        raise ConfigError(f"TRL setting reward_weights: {len(weights)} weights for {len(names) + bool(model)} reward "
+                          "functions (reward_model_name_or_path first, then reward_funcs)")
     functions: list[dict[str, Any]] = []
+    if model:  # `trl grpo` puts the reward model first
+        functions.append({"model": str(model), "weight": float(weights[0])})
+        note_local_path(out, "reward_model_name_or_path", str(model), "reward model", "its task.reward_functions entry's model")
+        weights = weights[1:]
     for name, weight in zip(names, weights):
         if name in TRL_REWARDS:  # minirl's rewrite of TRL's function: the same values, no TRL needed
             functions.append({"function": f"minirl.tasks.trl_rewards:{name}", "weight": float(weight)})
@@ -124,10 +130,8 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
                                       "get_soft_overlong_punishment; another script's registry name?): give it as a "
                                       "dotted module.function")
     if functions:
-        out.set("task.reward_functions", functions, peer.show("reward_funcs") + (", reward_weights" if peer.set_by_user("reward_weights") else ""))
-    if peer("reward_model_name_or_path"):
-        out.not_translated.append(f"{peer.show('reward_model_name_or_path')}: minirl trains on verifiable rewards "
-                                  "(functions), not a reward model")
+        given = [key for key in ("reward_model_name_or_path", "reward_funcs", "reward_weights") if peer.set_by_user(key)]
+        out.set("task.reward_functions", functions, ", ".join(given))
 
 
 def _trl_batch(peer: Peer, out: Translation) -> int:

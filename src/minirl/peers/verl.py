@@ -168,6 +168,12 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
                            "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
     if manager == "dapo":
         _dapo_overlong_buffer(peer, out)
+    for enable, path in (("reward.reward_model.enable", "reward.reward_model.model_path"),
+                         ("reward_model.enable", "reward_model.model.path")):
+        if peer(enable) is True:  # a model verl serves beside the rollout: a GenRM your function queries, or a scorer
+            out.not_translated.append(f"{peer.show(enable, path)}: verl's served reward model; a sequence classifier "
+                                      "is a task.reward_functions entry {model: DIR} here (TRL's way), a generative "
+                                      "judge is a reward function of yours")
 
 
 def _dapo_overlong_buffer(peer: Peer, out: Translation) -> None:

@@ -67,12 +67,15 @@ def __getattr__(name: str) -> Any:
 
 
 def build_task(
-    kind: str, reward_function: str | Callable | None = None, reward_functions: list | None = None, **kwargs: Any
+    kind: str, reward_function: str | Callable | None = None, reward_functions: list | None = None,
+    reward_device: str = "cpu", trust_remote_code: bool = False, **kwargs: Any
 ) -> Task:
     """The task ``kind`` built with ``kwargs``; ``reward_function`` (a ``"module:function"`` spec
     or a callable ``fn(prompt, completion, answer)``) or ``reward_functions`` (a list of
-    ``RewardFn``, or of dicts ``{"function", "weight", "batched", "name"}``) replace its verifier."""
+    ``RewardFn``, or of dicts ``{"function", "weight", "batched", "name", "kwargs"}`` or ``{"model", "weight",
+    "name"}``: a reward model, on ``reward_device``) replace its verifier."""
     from minirl.tasks.reward_functions import make_reward_fn
+    from minirl.tasks.reward_model import RewardModel
     from minirl.tasks.rewards import CustomRewardTask
 
     tasks = _tasks()
@@ -83,8 +86,13 @@ def build_task(
         entries = []
         for entry in reward_functions:
             if isinstance(entry, dict):
-                fields = dict(entry)
-                entry = make_reward_fn(fields.pop("function"), **fields)
+                fields = {key: value for key, value in entry.items() if value is not None}
+                if "model" in fields:
+                    target: Any = RewardModel(fields.pop("model"), device=reward_device, trust_remote_code=trust_remote_code)
+                    fields.pop("kwargs", None)
+                else:
+                    target = fields.pop("function")
+                entry = make_reward_fn(target, **fields)
             entries.append(entry)
         task = CustomRewardTask(task, entries)
     elif reward_function is not None:
@@ -93,12 +101,14 @@ def build_task(
 
 
 def build_task_from_config(
-    task_cfg: Any, *, max_prompt_tokens: int | None = None, count_tokens: Callable[[Any], int] | None = None
+    task_cfg: Any, *, max_prompt_tokens: int | None = None, count_tokens: Callable[[Any], int] | None = None,
+    reward_device: str = "cpu", trust_remote_code: bool = False,
 ) -> Task:
     """The task described by the ``task`` config section (``minirl.config.TaskConfig``).
 
     ``max_prompt_tokens`` (with ``count_tokens(prompt) -> int``, the length of
     ``minirl.tasks.chat.encode_prompt``) makes longer prompts bad rows, like ``task.max_prompt_chars``.
+    A reward model runs on ``reward_device`` (the run's ``cluster.device``).
     """
     t = task_cfg
     if t.kind == "jsonl":
@@ -112,7 +122,8 @@ def build_task_from_config(
     else:
         kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
     functions = [entry.model_dump() for entry in t.reward_functions]
-    return build_task(t.kind, reward_function=t.reward_function, reward_functions=functions, **kwargs)
+    return build_task(t.kind, reward_function=t.reward_function, reward_functions=functions, reward_device=reward_device,
+                      trust_remote_code=trust_remote_code, **kwargs)
 
 
 def data_metrics(task: Any) -> dict[str, float]:

@@ -6,7 +6,8 @@ CUDA context, no threads or locks inherited from the trainer, no re-import of th
 reward function started. Messages are ``multiprocessing.connection`` frames on two pipes:
 
     parent -> worker   {"sys_path": [...], "functions": [{"spec": "module:function" | None,
-                        "pickled": bytes | None, "batched": bool, "name": str, "verl": bool, "kwargs": dict}, ...]}
+                        "pickled": bytes | None, "batched": bool, "name": str, "verl": bool, "kwargs": dict}
+                        or None (scored by the trainer), ...]}
     worker -> parent   ("ready", names) | ("failed", one-line message)
     parent -> worker   [(function index, Sample or [Sample, ...]), ...]   a chunk of items; None = exit
     worker -> parent   ("ok", reward or [rewards]) | ("error", one-line message)   one per item, in order
@@ -70,15 +71,16 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     from minirl.tasks.rewards import load_reward_function
 
     try:
-        functions = [
+        functions = [  # None: a function the trainer scores itself (a reward model)
             RewardFn(load_reward_function(f["spec"]) if f["spec"] else pickle.loads(f["pickled"]),
                      batched=f["batched"], name=f["name"], spec=f["spec"], verl=f["verl"], kwargs=f["kwargs"])
+            if f is not None else None
             for f in setup["functions"]
         ]
     except BaseException as error:  # reported to the trainer, which raises it
         outbox.send(("failed", " ".join(str(error).split()) or type(error).__name__))
         return
-    outbox.send(("ready", [entry.full_name for entry in functions]))
+    outbox.send(("ready", [entry.full_name for entry in functions if entry is not None]))
     while True:
         try:
             chunk = inbox.recv()

@@ -133,6 +133,11 @@ def extra_means(name: str, rewards: Sequence[Any]) -> dict[str, float]:
     return {f"reward/{name}/{key}": sum(numbers) / len(numbers) for key, numbers in sums.items()}
 
 
+def _in_process(entry: RewardFn) -> bool:
+    """A reward function the trainer's process scores even when others run in workers (a reward model)."""
+    return bool(getattr(entry.fn, "in_process", False))
+
+
 def _kill_all(workers: _Pool, closed: bool = True) -> None:
     workers.closed = closed
     while workers:
@@ -175,8 +180,8 @@ class RewardRunner:
         self.functions: list[RewardFn] = list(task.functions) if isinstance(task, CustomRewardTask) else []
         self.fn = self.functions[0].fn if self.functions else None
         self.name = self.functions[0].full_name if self.functions else function_name(task.reward)
-        self.in_worker = bool(self.functions) and timeout_s is not None
-        """True when the reward runs in worker processes (a user function with a timeout)."""
+        self.in_worker = any(not _in_process(f) for f in self.functions) and timeout_s is not None
+        """True when the reward runs in worker processes (a user function with a timeout; a reward model never)."""
         self.trainer_state: TrainerState | None = None
         """Training progress passed to TRL-style functions as ``trainer_state`` (the loop sets it)."""
         self.last_problems: list[str] = []
@@ -245,10 +250,12 @@ class RewardRunner:
         entry = self.functions[k]
         if not entry.batched:
             items: list[Any] = list(samples)
+        elif _in_process(entry):  # a reward model: one call, which batches its forwards itself
+            items = [list(samples)] if samples else []
         else:  # one call per worker, on a contiguous share of the samples
             share = max(1, math.ceil(len(samples) / self.num_workers))
             items = [samples[i : i + share] for i in range(0, len(samples), share)]
-        if self.in_worker:
+        if self.in_worker and not _in_process(entry):
             answers = self._score_in_workers([(k, item) for item in items], entry.full_name)
         else:
             answers = [self._call_here(entry, item) for item in items]
@@ -289,8 +296,11 @@ class RewardRunner:
     # ------------------------------------------------------------------------------------ workers
 
     def _worker_setup(self, task: Any) -> dict[str, Any]:
-        functions = []
+        functions: list[dict[str, Any] | None] = []
         for entry in self.functions:
+            if _in_process(entry):  # scored here; the worker keeps its place in the list
+                functions.append(None)
+                continue
             pickled = None
             if entry.spec is None:
                 try:
