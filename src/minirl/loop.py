@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -461,5 +462,28 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     completions = engine.generate(prompts, e.samples_per_prompt, sampling)
     rewards, _ = score_completions(rewards, prompts, completions)
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
-    return {"eval/accuracy": float((rewards >= e.accuracy_threshold).float().mean()), "eval/reward_mean": float(rewards.mean()),
-            "eval/response_length": float(lengths.mean())}
+    sources = [(p.meta or {}).get("data_source") for p in prompts]
+    return held_out_metrics(rewards.view(len(prompts), e.samples_per_prompt), lengths, e.accuracy_threshold, sources)
+
+
+def held_out_metrics(rewards: torch.Tensor, lengths: torch.Tensor, threshold: float,
+                     sources: list[Any] | None = None) -> dict[str, float]:
+    """``eval/*`` from the held-out rewards [P prompts, n samples]: ``accuracy`` (mean@n), ``reward_mean``,
+    ``response_length``; with n > 1 ``pass@k`` for k = 2, 4, ... and n, by the unbiased estimator of Chen et al.
+    (2021, Eq. 1): the mean over prompts of ``1 - C(n - c, k) / C(n, k)``, c of n samples correct; and, when the
+    prompts come from two or more ``data_source``s (verl's column), ``eval/<source>/accuracy`` and ``reward_mean``
+    for each (verl's ``val-core/<data_source>/...``)."""
+    correct = rewards >= threshold
+    out = {"eval/accuracy": float(correct.float().mean()), "eval/reward_mean": float(rewards.mean()),
+           "eval/response_length": float(lengths.mean())}
+    n = rewards.shape[1]
+    counts = correct.sum(dim=1).tolist()
+    for k in sorted({2**i for i in range(1, n.bit_length()) if 2**i < n} | ({n} if n > 1 else set())):
+        out[f"eval/pass@{k}"] = sum(1.0 - math.comb(n - c, k) / math.comb(n, k) for c in counts) / len(counts)
+    named = [str(source) for source in (sources or []) if source is not None]
+    if len(set(named)) >= 2:
+        for source in sorted(set(named)):
+            rows = torch.tensor([str(s) == source for s in sources or []])
+            out[f"eval/{source}/accuracy"] = float(correct[rows].float().mean())
+            out[f"eval/{source}/reward_mean"] = float(rewards[rows].mean())
+    return out

@@ -30,7 +30,9 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                N = 1: pi_old comes from the update's forward)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
-``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``
+``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``
+                               (k = 2, 4, ..., n; unbiased estimator); ``eval/<data_source>/accuracy`` when the
+                               held-out rows come from two or more sources (verl's column)
                                (``eval/reward_mean``: the mean held-out reward; ``eval/response_length``)
 ``routing/train_infer_*``      MoE models (``moe.routing_metrics``), over fed positions: ``diff_frac``
                                fraction of (token, MoE layer) top-k *sets* the engine chose

@@ -98,6 +98,7 @@ def test_dense_model_trains_without_routing_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "dense" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
+    assert 0.0 <= rows[0]["eval/accuracy"] <= rows[0]["eval/pass@2"] <= 1.0  # 2 samples per held-out prompt
     assert rows[2]["mismatch/abs_dlogp_mean"] > 0  # the fp8 engine of the demo config
     assert not any(key.startswith("routing/") for key in rows[2])
 
