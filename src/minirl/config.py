@@ -143,6 +143,9 @@ class TaskConfig(Section):
     chat_template: str = "auto"
     """Chat prompts: ``auto`` = the tokenizer's chat template (``add_generation_prompt=True``);
     ``plain`` = their contents as plain text; else a Jinja template file to use (and save) instead."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """Extra variables of every chat-template rendering (prompts, SFT, a reward model's): TRL's
+    ``chat_template_kwargs``, verl's ``data.apply_chat_template_kwargs``; e.g. ``{enable_thinking: false}`` for Qwen3."""
     stop_strings: list[str] = []
     """A completion also ends after the token that completes one of these (besides the tokenizer's
     EOS and the model's ``generation_config.eos_token_id``, which always stop it)."""

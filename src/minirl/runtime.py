@@ -76,7 +76,7 @@ def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, 
     source = path or cfg.model.path or cfg.model.preset
     model, tokenizer = load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
     try:
-        apply_chat_setting(tokenizer, cfg.task.chat_template)  # a template file: saved with every checkpoint
+        apply_chat_setting(tokenizer, cfg.task.chat_template, cfg.task.chat_template_kwargs)  # a template file: saved
     except ChatTemplateError as exc:
         raise ConfigError(str(exc)) from None
     return model, tokenizer

@@ -192,7 +192,7 @@ def sft_cache_key(cfg: Config) -> str:
 
 
 NEW_KEYS_AT_DEFAULT = ("reward_functions", "prompt_column", "answer_column", "chat_template", "stop_strings",
-                       "accuracy_threshold", "lora")
+                       "accuracy_threshold", "lora", "chat_template_kwargs")
 """Keys added after SFT caches were first made: left out of the key while at their default, so earlier caches still match."""
 
 
@@ -200,8 +200,12 @@ def _without_new_defaults(section: Any, also: set[str] | None = None) -> dict[st
     """``section`` as a dict without the keys added at their default since caches were first made (and ``also``:
     keys that do not change what SFT makes, e.g. RL's ``eval.every_steps``)."""
     default = type(section)()
-    return section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT if key in type(section).model_fields
+    dump = section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT if key in type(section).model_fields
                                                      and getattr(section, key) == getattr(default, key)} | (also or set()))
+    for entry in dump.get("reward_functions", []):  # a reward function's entry from before reward models
+        if entry.get("model") is None:
+            entry.pop("model", None)
+    return dump
 
 
 #: the rollout keys the accuracy stopping rule's evaluation reads (the engine it builds and the length it samples);

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat
+from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat, template_kwargs
 from minirl.tasks.jsonl import TaskDataError, check_messages, lookup_column
 from minirl.types import Batch, Prompt
 
@@ -161,7 +161,8 @@ def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) 
             raise ChatTemplateError("the chat template does not render the prompt as a prefix of prompt + completion")
         start = len(prompt)
     if GENERATION_BLOCK.search(str(tokenizer.chat_template)):
-        marked = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        marked = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                               **template_kwargs(tokenizer))
         if list(marked["input_ids"]) != ids:
             raise ChatTemplateError("apply_chat_template's token ids differ from the encoding of its rendered text")
         mask = [bool(m) and end > start for m, (_, end) in zip(marked["assistant_masks"], offsets)]

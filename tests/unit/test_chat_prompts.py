@@ -196,3 +196,29 @@ def _sft_config(tmp_path: Path, data: Path) -> Path:
     config = tmp_path / "sft.yaml"
     config.write_text(f"model: {{preset: qwen3-moe-tiny}}\ntask: {{kind: jsonl, path: {data}, chat_template: plain}}\n")
     return config
+
+
+NO_THINK = "{% if enable_thinking is defined and not enable_thinking %} <think></think>{% endif %}"
+THINKING = ("{% for m in messages %}{{ m['role'] }}:{% if m['role'] == 'assistant' %}" + NO_THINK + "{% endif %} "
+            "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:" + NO_THINK + "{% endif %}")
+# Qwen3's enable_thinking switch, in miniature
+
+
+def test_chat_template_kwargs_reach_every_rendering_and_are_not_saved(tmp_path: Path) -> None:
+    """``task.chat_template_kwargs`` (TRL's ``chat_template_kwargs``, verl's ``apply_chat_template_kwargs``): the
+    prompt the engine and trainer see, SFT's prompt part and its loss mask, all through the run's tokenizer."""
+    from minirl.config import load_config
+    from minirl.runtime import build_model
+
+    template = tmp_path / "t.jinja"
+    template.write_text(THINKING)
+    prompt = Prompt(text="", answer="", messages=MESSAGES)
+    on, tokenizer = [build_model(load_config(None, ["model.preset=qwen3-dense-2m", f"task.chat_template={template}",
+                                                    *extra]))[1] for extra in ([], ["task.chat_template_kwargs={enable_thinking: false}"])]
+    assert on.decode(encode_prompt(on, prompt)).endswith("?\nassistant:")
+    assert tokenizer.decode(encode_prompt(tokenizer, prompt)).endswith("?\nassistant: <think></think>")
+    example = row_to_example({"prompt": MESSAGES, "completion": [{"role": "assistant", "content": "7"}]}, "row", tokenizer)
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    assert example.input_ids[: len(prompt_ids)] == prompt_ids and not any(example.loss_mask[: len(prompt_ids)])
+    tokenizer.save_pretrained(tmp_path / "saved")
+    assert "enable_thinking" not in (tmp_path / "saved" / "tokenizer_config.json").read_text()

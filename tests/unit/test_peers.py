@@ -424,6 +424,26 @@ def test_verl_dapo_overlong_buffer_is_the_soft_overlong_punishment_weighed_by_it
     assert builtin.values["task.reward_functions"] == [{"function": "minirl.tasks.jsonl:exact_reward"}, penalty]
 
 
+def test_chat_template_kwargs_from_trl_and_verl_in_every_shape(tmp_path: Path):
+    assert _trl(chat_template_kwargs={"enable_thinking": False}).values["task.chat_template_kwargs"] == {"enable_thinking": False}
+    assert _trl(chat_template_kwargs='{"enable_thinking": false}').values["task.chat_template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="not a JSON object of chat-template variables"):
+        _trl(chat_template_kwargs="enable_thinking")
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    # Hydra's +data.apply_chat_template_kwargs.enable_thinking=False, and a YAML file's nested mapping: leaves
+    words = read_verl([], ["+data.apply_chat_template_kwargs.enable_thinking=False",
+                           "+custom_reward_function.reward_kwargs.scale.max=2", "custom_reward_function.path=r.py"])
+    out = from_verl(base | words)
+    assert out.values["task.chat_template_kwargs"] == {"enable_thinking": False}
+    assert out.values["task.reward_functions"] == [{"function": "r.py:compute_score", "kwargs": {"scale": {"max": 2}}}]
+    assert not any("kwargs" in line for line in out.not_translated + out.ignored)
+    (tmp_path / "v.yaml").write_text("data:\n  apply_chat_template_kwargs:\n    enable_thinking: false\n")
+    assert from_verl(base | read_verl([str(tmp_path / "v.yaml")], [])).values["task.chat_template_kwargs"] == {
+        "enable_thinking": False}
+    assert "task.chat_template_kwargs" not in from_verl(base).values
+    out.config()
+
+
 def test_verl_reward_model_is_named_not_translated_not_ignored():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     out = from_verl(base | {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m/rm"})

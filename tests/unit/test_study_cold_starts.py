@@ -25,3 +25,15 @@ def test_every_arm_and_seed_finds_the_committed_cold_start(results, experiment):
     for arm in arms:
         for seed in range(6):  # the sweep's overrides that the key reads
             assert sft_cache_key(load_arm(arm, [f"run.seed={seed}", "run.threads=1"])) == committed[0], (arm.name, seed)
+
+
+def test_new_task_keys_change_the_key_only_when_set():
+    from minirl.config import load_config
+
+    base = load_config(None, [])
+    assert sft_cache_key(load_config(None, ["task.chat_template_kwargs={enable_thinking: false}"])) != sft_cache_key(base)
+    # a reward function's entry hashes as before reward models existed (no "model": null in it)
+    from minirl.sft import _without_new_defaults
+
+    entry = _without_new_defaults(load_config(None, ["task.reward_functions=[{function: 'a:b'}]"]).task)["reward_functions"][0]
+    assert sorted(entry) == ["batched", "function", "kwargs", "name", "weight"]

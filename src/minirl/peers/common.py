@@ -4,6 +4,7 @@ the small readers both use."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -134,6 +135,20 @@ class Peer:
             raise ConfigError(f"setting {key}={value!r}: expected a number")
         return value
 
+    def mapping(self, key: str) -> dict[str, Any]:
+        """A mapping setting, given whole (``key={...}``) or by its leaves (a YAML file's or Hydra's
+        ``+key.name=value``, flattened to ``key.name``), the leaves nested again by their dots."""
+        value = self(key)
+        out: dict[str, Any] = dict(value) if isinstance(value, dict) else {}
+        for full in self.given:
+            if full.startswith(key + "."):
+                *parents, leaf = full[len(key) + 1 :].split(".")
+                node = out
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = self(full)
+        return out
+
     def set_by_user(self, key: str) -> bool:
         self.read.add(key)
         return key in self.given
@@ -250,3 +265,19 @@ class Unresolved:
 
     text: str
     where: str
+
+
+def template_kwargs(peer: Peer, out: Translation, key: str) -> None:
+    """A peer's chat-template variables (a mapping, or TRL's JSON text of one) as ``task.chat_template_kwargs``."""
+    value: Any = peer(key)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{key}={value!r}: not a JSON object of chat-template variables") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={peer(key)!r}: not a mapping of chat-template variables")
+    else:
+        value = peer.mapping(key)
+    if value:
+        out.set("task.chat_template_kwargs", value, f"{key}={value}")

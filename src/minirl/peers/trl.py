@@ -21,6 +21,7 @@ from minirl.peers.common import (
     parse_value,
     read_yaml,
     report_to,
+    template_kwargs,
 )
 
 TRL_DEFAULTS: dict[str, Any] = {
@@ -100,6 +101,7 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     if peer("dataset_train_split") != "train":
         out.not_translated.append(f"{peer.show('dataset_train_split')}: minirl reads a DatasetDict's 'train' split")
     peer("dataset_test_split")
+    template_kwargs(peer, out, "chat_template_kwargs")
     _trl_rewards(peer, out)
 
 

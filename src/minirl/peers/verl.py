@@ -24,6 +24,7 @@ from minirl.peers.common import (
     parse_value,
     read_yaml,
     report_to,
+    template_kwargs,
     unset,
 )
 
@@ -150,13 +151,19 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
             note_local_path(out, theirs, value, "data", ours)
     if peer.set_by_user("data.prompt_key"):
         out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
+    template_kwargs(peer, out, "data.apply_chat_template_kwargs")
+    _verl_rewards(peer, out)
+
+
+def _verl_rewards(peer: Peer, out: Translation) -> None:
     for prefix in ("", "reward."):
         if peer(prefix + "custom_reward_function.path"):
             spec = f"{peer(prefix + 'custom_reward_function.path')}:{peer(prefix + 'custom_reward_function.name')}"
-            kwargs = peer(prefix + "custom_reward_function.reward_kwargs") or {}
+            kwargs = peer.mapping(prefix + "custom_reward_function.reward_kwargs")
             if kwargs:  # verl passes them to every call: one entry of task.reward_functions carries them
-                out.set("task.reward_functions", [{"function": spec, "kwargs": dict(kwargs)}],
-                        peer.show(prefix + "custom_reward_function.path", prefix + "custom_reward_function.reward_kwargs"))
+                out.set("task.reward_functions", [{"function": spec, "kwargs": kwargs}],
+                        f"{peer.show(prefix + 'custom_reward_function.path')}, "
+                        f"{prefix}custom_reward_function.reward_kwargs={kwargs}")
             else:
                 out.set("task.reward_function", spec, peer.show(prefix + "custom_reward_function.path"))
     manager = peer("reward_model.reward_manager") or peer("reward.reward_manager.name")

@@ -68,7 +68,8 @@ def __getattr__(name: str) -> Any:
 
 def build_task(
     kind: str, reward_function: str | Callable | None = None, reward_functions: list | None = None,
-    reward_device: str = "cpu", trust_remote_code: bool = False, **kwargs: Any
+    reward_device: str = "cpu", trust_remote_code: bool = False, chat_template_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any
 ) -> Task:
     """The task ``kind`` built with ``kwargs``; ``reward_function`` (a ``"module:function"`` spec
     or a callable ``fn(prompt, completion, answer)``) or ``reward_functions`` (a list of
@@ -88,7 +89,8 @@ def build_task(
             if isinstance(entry, dict):
                 fields = {key: value for key, value in entry.items() if value is not None}
                 if "model" in fields:
-                    target: Any = RewardModel(fields.pop("model"), device=reward_device, trust_remote_code=trust_remote_code)
+                    target: Any = RewardModel(fields.pop("model"), device=reward_device, trust_remote_code=trust_remote_code,
+                                              chat_template_kwargs=chat_template_kwargs)
                     fields.pop("kwargs", None)
                 else:
                     target = fields.pop("function")
@@ -123,7 +125,8 @@ def build_task_from_config(
         kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
     functions = [entry.model_dump() for entry in t.reward_functions]
     return build_task(t.kind, reward_function=t.reward_function, reward_functions=functions, reward_device=reward_device,
-                      trust_remote_code=trust_remote_code, **kwargs)
+                      trust_remote_code=trust_remote_code, chat_template_kwargs=getattr(t, "chat_template_kwargs", None),
+                      **kwargs)
 
 
 def data_metrics(task: Any) -> dict[str, float]:

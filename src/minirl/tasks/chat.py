@@ -17,6 +17,8 @@ calls it for its prompts too.
 tokenizer without one is a one-line error), ``plain`` (chat rows are flattened to their
 contents, one message per line, and encoded as plain text) or a path to a Jinja template file,
 which becomes the tokenizer's ``chat_template`` (and is saved with every checkpoint).
+``task.chat_template_kwargs`` (``{enable_thinking: false}``) are extra template variables of every
+rendering, held by the run's tokenizer object (``apply_chat_setting``), never saved with it.
 
 ``stop_token_ids(tokenizer, model)``: generation ends at any of the tokenizer's EOS and the
 model's ``generation_config.eos_token_id`` (an int or a list, as instruct models ship it).
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from minirl.types import Completion, Prompt
 
 CHAT_MODES = ("auto", "plain")
+KWARGS_ATTRIBUTE = "minirl_chat_template_kwargs"
 
 
 class ChatTemplateError(ValueError):
@@ -53,7 +56,13 @@ def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: 
             "a conversational prompt needs a chat template: the tokenizer has none; set task.chat_template to a "
             "Jinja template file, or task.chat_template=plain to feed the messages as plain text"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **template_kwargs(tokenizer))
+
+
+def template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """The run's ``task.chat_template_kwargs``, as ``apply_chat_setting`` left them on ``tokenizer``."""
+    return dict(getattr(tokenizer, KWARGS_ATTRIBUTE, None) or {})
 
 
 def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[int]:
@@ -70,8 +79,10 @@ def flatten_messages(messages: Sequence[dict]) -> str:
     return "\n".join(str(message.get("content", "")) for message in messages)
 
 
-def apply_chat_setting(tokenizer: Any, setting: str) -> None:
-    """``task.chat_template``: a template file becomes the tokenizer's ``chat_template``."""
+def apply_chat_setting(tokenizer: Any, setting: str, kwargs: dict[str, Any] | None = None) -> None:
+    """``task.chat_template``: a template file becomes the tokenizer's ``chat_template``; ``task.chat_template_kwargs``
+    ride on the tokenizer object for every rendering (an attribute ``save_pretrained`` does not write)."""
+    setattr(tokenizer, KWARGS_ATTRIBUTE, dict(kwargs or {}))
     if setting in CHAT_MODES:
         return
     path = Path(setting)

@@ -9,7 +9,8 @@ A reward model is a local Hugging Face directory of an ``AutoModelForSequenceCla
 (``num_labels: 1``). It scores each sample the way TRL's ``GRPOTrainer`` does (1.16, ``_calculate_rewards``):
 
 * a chat prompt: prompt messages + the completion message, rendered by the **reward model's** tokenizer's chat
-  template (no generation prompt); a text prompt: prompt + completion, concatenated;
+  template (no generation prompt; with ``task.chat_template_kwargs``, as TRL passes its own); a text prompt: prompt +
+  completion, concatenated;
 * tokenized without special tokens beyond the template's, padded on the right; the reward is ``logits[:, 0]``.
 
 The model loads on the first call (in the process that scores: the trainer's; never a reward worker, because it
@@ -33,9 +34,11 @@ class RewardModel:
     in_process = True
     """Scored in the trainer's process (``RewardRunner`` never sends it to a worker)."""
 
-    def __init__(self, path: str | Path, *, device: str = "cpu", batch_size: int = 16, trust_remote_code: bool = False) -> None:
+    def __init__(self, path: str | Path, *, device: str = "cpu", batch_size: int = 16, trust_remote_code: bool = False,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.path = Path(path).expanduser()
         self.device, self.batch_size, self.trust_remote_code = device, batch_size, trust_remote_code
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.__name__ = self.path.name or str(path)
         self.__qualname__ = self.__name__
         self._check()
@@ -84,7 +87,7 @@ class RewardModel:
     def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
         """What the reward model reads: a chat through its own template, else prompt + completion."""
         if prompts and isinstance(prompts[0], list):
-            return [self._tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+            return [self._tokenizer.apply_chat_template(prompt + completion, tokenize=False, **self.chat_template_kwargs)
                     for prompt, completion in zip(prompts, completions, strict=True)]
         return [prompt + completion for prompt, completion in zip(prompts, completions, strict=True)]
 
