@@ -174,6 +174,10 @@ class RolloutConfig(Section):
     """Sampling temperature of the rollout engine."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass of the rollout engine (1 = off)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most probable tokens (0 = off); ``logp_rollout`` is of that truncated law."""
+    min_p: float = Field(0.0, ge=0, lt=1)
+    """Drop tokens less probable than min_p x the most probable one (0 = off; vLLM's order: min-p, top-k, top-p)."""
     precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"] = "fp32"
     """The engine's own weight precision: the controlled training–inference mismatch, from none
     (fp32) to fp4 (``minirl.rollout.precision``)."""
@@ -404,6 +408,10 @@ class EvalConfig(Section):
     with ``samples_per_prompt: 1``, as its n samples would be identical)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass at evaluation."""
+    top_k: int = Field(0, ge=0)
+    """Top-k at evaluation (0 = off)."""
+    min_p: float = Field(0.0, ge=0, lt=1)
+    """Min-p at evaluation (0 = off)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Defaults to rollout.max_new_tokens."""
 

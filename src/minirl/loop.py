@@ -431,7 +431,8 @@ def check_fresh_start(cfg: Config) -> None:
 
 def rollout_sampling(cfg: Config, step: int) -> SamplingParams:
     r = cfg.rollout
-    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, seed=cfg.run.seed * 100_003 + step)
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          min_p=r.min_p, seed=cfg.run.seed * 100_003 + step)
 
 
 def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:
@@ -457,7 +458,7 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     prompts = task.eval_prompts()[: e.num_prompts]
     sampling = SamplingParams(
         max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
-        seed=cfg.run.seed * 7919 + 1_000_000 + step,
+        top_k=e.top_k, min_p=e.min_p, seed=cfg.run.seed * 7919 + 1_000_000 + step,
     )
     completions = engine.generate(prompts, e.samples_per_prompt, sampling)
     rewards, _ = score_completions(rewards, prompts, completions)

@@ -29,12 +29,15 @@ FinishReason = Literal["eos", "length"]
 
 @dataclass
 class SamplingParams:
-    """How the rollout engine samples. ``logp_rollout`` is of the tempered, top-p-truncated law."""
+    """How the rollout engine samples. ``logp_rollout`` is of the tempered, min-p / top-k / top-p-truncated law
+    (``top_k`` 0 and ``min_p`` 0: off)."""
 
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0
+    min_p: float = 0.0
 
 
 @dataclass

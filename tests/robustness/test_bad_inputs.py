@@ -126,6 +126,8 @@ OVERRIDES = [
     ("optim.grad_clip_norm=.inf", "optim.grad_clip_norm: must be a finite number (got inf)"),
     ("cold_start.lr=.nan", "cold_start.lr: must be a finite number (got nan)"),
     ("eval.temperature=-1", "eval.temperature: must be greater than or equal to 0 (got -1)"),
+    ("rollout.top_k=-1", "rollout.top_k: must be greater than or equal to 0 (got -1)"),
+    ("rollout.min_p=1", "rollout.min_p: must be less than 1 (got 1)"),
     ("eval.temperature=0",  # greedy evaluation with the default 4 samples per prompt
      "eval.samples_per_prompt: greedy evaluation (eval.temperature 0) gives identical samples; set 1 (got 4)"),
 ]

@@ -41,8 +41,19 @@ def test_trl_defaults_are_trls_not_minirls():
 
 
 def test_trl_evaluates_with_its_sampling_temperature():
-    v = _trl(temperature=0.7, top_p=0.95).values
+    v = _trl(temperature=0.7, top_p=0.95, top_k=20, min_p=0.05).values  # Qwen3's recommended law, say
     assert (v["rollout.temperature"], v["eval.temperature"], v["rollout.top_p"], v["eval.top_p"]) == (0.7, 0.7, 0.95, 0.95)
+    assert (v["rollout.top_k"], v["eval.top_k"], v["rollout.min_p"], v["eval.min_p"]) == (20, 20, 0.05, 0.05)
+    v = _trl().values
+    assert (v["rollout.top_k"], v["rollout.min_p"]) == (0, 0.0)  # TRL's 0 and None: off
+
+
+def test_verl_top_k_minus_one_is_off():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    v = from_verl(base).values
+    assert (v["rollout.top_k"], v["eval.top_k"]) == (0, 0)
+    v = from_verl(base | {"actor_rollout_ref.rollout.top_k": 20, "actor_rollout_ref.rollout.val_kwargs.top_k": 5}).values
+    assert (v["rollout.top_k"], v["eval.top_k"]) == (20, 5)
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -177,7 +188,8 @@ def test_trl_rewards_models_peft_and_leftovers():
                "--local-dir DIR`, then set its task.reward_functions entry's model to DIR" in line for line in out.differs)
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["model.lora.target_modules"]) == (8, 32.0, ["q_proj"])
     text = "\n".join(out.not_translated)
-    assert "reward_model" not in text and "top_k=20" in text and "frobnicate=3" in text
+    assert "reward_model" not in text and "frobnicate=3" in text
+    assert (v["rollout.top_k"], v["eval.top_k"]) == (20, 20)  # TRL evaluates as it samples
     assert out.ignored == ["push_to_hub"]
     with pytest.raises(ConfigError, match="2 weights for 1 reward functions"):
         _trl(reward_funcs=["a.b"], reward_weights=[1, 2])
@@ -188,12 +200,13 @@ def test_trl_rewards_models_peft_and_leftovers():
 
 
 def test_rendered_file_is_the_translation_and_names_each_origin(tmp_path: Path):
-    out = _trl(per_device_train_batch_size=16, steps_per_generation=2, learning_rate=2e-6, use_peft=True, top_k=5)
+    out = _trl(per_device_train_batch_size=16, steps_per_generation=2, learning_rate=2e-6, use_peft=True,
+               repetition_penalty=1.1)
     path = tmp_path / "m.yaml"
     path.write_text(out.render("grpo.yaml"))
     assert load_config(path) == out.config()
     text = path.read_text()
-    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "#   - top_k=5: minirl samples" in text
+    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "#   - repetition_penalty=1.1: minirl samples" in text
     assert "  lora:\n    rank: 16  # use_peft=True, lora_r=16" in text
 
 

@@ -92,6 +92,30 @@ def test_logp_is_of_the_tempered_top_p_law():
     assert truncated > 0
 
 
+def test_logp_is_of_the_min_p_top_k_top_p_law():
+    """All three truncations at once, in vLLM's order: min-p on the tempered law, then top-k, then top-p over the rest."""
+    model = moe_model(std=0.1)
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
+    temperature, top_p, top_k, min_p = 0.8, 0.9, 12, 0.02
+    completions = engine.generate_ids(PROMPTS, 2, SamplingParams(16, temperature, top_p, seed=5, top_k=top_k, min_p=min_p))
+    dropped = {"min_p": 0, "top_k": 0}
+    for completion in completions:
+        probs = (full_forward_logits(model, completion) / temperature).softmax(-1)
+        kept = probs >= min_p * probs.max(-1, keepdim=True).values
+        dropped["min_p"] += int((~kept).sum())
+        kth = torch.where(kept, probs, 0.0).topk(top_k, dim=-1).values[:, -1:]
+        dropped["top_k"] += int((kept & (probs < kth)).sum())
+        kept &= probs >= kth
+        law = torch.where(kept, probs, 0.0)
+        law = law / law.sum(-1, keepdim=True)
+        sorted_law, order = law.sort(-1, descending=True)
+        nucleus = torch.zeros_like(kept).scatter(-1, order, (sorted_law.cumsum(-1) - sorted_law) < top_p)
+        law = torch.where(nucleus & kept, law, 0.0)
+        law = law / law.sum(-1, keepdim=True)
+        torch.testing.assert_close(completion.logp_rollout, gather(law, completion).log(), rtol=0, atol=1e-5)
+    assert dropped["min_p"] > 0 and dropped["top_k"] > 0  # each truncation did something
+
+
 @pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
 def test_temperature_zero_is_transformers_greedy_decoding(build):
     model = build(std=0.1)

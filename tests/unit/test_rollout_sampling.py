@@ -63,6 +63,40 @@ def test_half_precision_logits_are_scored_in_fp32():
     torch.testing.assert_close(logp, logits.float().log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
 
 
+def test_min_p_and_top_k_truncate_the_law_and_renormalise():
+    logits = PROBS.log()[None].expand(4, 4)
+    tokens = torch.arange(4)
+    # top_k 2: {0, 1}, over 0.8
+    _, logp = sample_next(logits, 1.0, 1.0, None, forced_tokens=tokens, top_k=2)
+    assert logp[:2].tolist() == pytest.approx([math.log(0.5 / 0.8), math.log(0.3 / 0.8)], abs=1e-6)
+    assert torch.isinf(logp[2:]).all()
+    # min_p 0.25: below 0.25 x 0.5 = 0.125 goes (token 3, p 0.05); over 0.95
+    _, logp = sample_next(logits, 1.0, 1.0, None, forced_tokens=tokens, min_p=0.25)
+    assert logp[:3].tolist() == pytest.approx([math.log(p / 0.95) for p in (0.5, 0.3, 0.15)], abs=1e-6)
+    assert torch.isinf(logp[3])
+    # min_p is relative to the *tempered* law: at temperature 0.5, p ∝ p^2 (0.25, 0.09, 0.0225, 0.0025) / 0.365
+    _, logp = sample_next(logits, 0.5, 1.0, None, forced_tokens=tokens, min_p=0.25)  # threshold 0.0625 of the top
+    assert logp[:2].tolist() == pytest.approx([math.log(0.25 / 0.34), math.log(0.09 / 0.34)], abs=1e-6)
+    assert torch.isinf(logp[2:]).all()
+    # a tie at the k-th value is kept (a threshold on the logit, as vLLM's)
+    ties = torch.tensor([0.4, 0.3, 0.15, 0.15]).log()[None].expand(4, 4)
+    _, logp = sample_next(ties, 1.0, 1.0, None, forced_tokens=tokens, top_k=3)
+    assert torch.isfinite(logp).all()
+
+
+def test_top_p_is_taken_after_top_k_over_what_is_left():
+    """vLLM's order: top-k, then top-p over the renormalised rest. Here the order matters."""
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()[None].expand(4, 4)
+    # after top_k 3: 0.444, 0.333, 0.222; top_p 0.75 drops token 2 (mass before it 0.777);
+    # top-p first would keep it (mass before it 0.7)
+    _, logp = sample_next(logits, 1.0, 0.75, None, forced_tokens=torch.arange(4), top_k=3)
+    assert logp[:2].tolist() == pytest.approx([math.log(0.4 / 0.7), math.log(0.3 / 0.7)], abs=1e-6)
+    assert torch.isinf(logp[2:]).all()
+    draws = torch.stack([sample_next(logits, 1.0, 0.75, torch.Generator().manual_seed(s), top_k=3)[0]
+                         for s in range(50)])
+    assert set(draws.flatten().tolist()) == {0, 1}  # only what the law keeps is ever drawn
+
+
 def test_temperature_zero_is_greedy_with_a_point_mass_logp():
     logits = torch.tensor([[0.1, 2.0, 2.0, -1.0], [3.0, 0.0, 1.0, 2.9]])
     tokens, logp = sample_next(logits, 0.0, 0.5, torch.Generator().manual_seed(0))
@@ -72,7 +106,8 @@ def test_temperature_zero_is_greedy_with_a_point_mass_logp():
     validate_sampling(0.0, 1.0)  # allowed: evaluation is where the config lets it in
 
 
-@pytest.mark.parametrize("temperature,top_p", [(-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)])
-def test_invalid_sampling_params(temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,top_k,min_p", [(-1.0, 1.0, 0, 0.0), (1.0, 0.0, 0, 0.0), (1.0, 1.5, 0, 0.0),
+                                                         (1.0, 1.0, -1, 0.0), (1.0, 1.0, 0, 1.0), (1.0, 1.0, 0, -0.1)])
+def test_invalid_sampling_params(temperature, top_p, top_k, min_p):
     with pytest.raises(ValueError):
-        validate_sampling(temperature, top_p)
+        validate_sampling(temperature, top_p, top_k, min_p)

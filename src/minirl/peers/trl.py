@@ -168,9 +168,11 @@ def _trl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
     out.set("rollout.temperature", float(peer("temperature")), peer.show("temperature"))
     out.set("rollout.top_p", float(peer("top_p")), peer.show("top_p"))
-    for key, default in (("top_k", 0), ("min_p", None), ("repetition_penalty", 1.0)):
-        if peer(key) not in (default, None, -1):
-            out.not_translated.append(f"{peer.show(key)}: minirl samples with temperature and top_p only")
+    out.set("rollout.top_k", max(0, int(peer("top_k") or 0)), peer.show("top_k"))
+    out.set("rollout.min_p", float(peer("min_p") or 0.0), peer.show("min_p"))
+    if peer("repetition_penalty") not in (1.0, None):
+        out.not_translated.append(f"{peer.show('repetition_penalty')}: minirl samples with temperature, min-p, top-k "
+                                  "and top-p only")
     if peer("use_vllm"):
         out.set("cluster.engine_backend", "vllm", peer.show("use_vllm"))
         if peer("vllm_mode") != "colocate":
@@ -252,6 +254,8 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
     out.set("eval.temperature", float(peer("temperature")), peer.show("temperature") + " (TRL evaluates as it samples)")
     out.set("eval.top_p", float(peer("top_p")), peer.show("top_p") + " (TRL evaluates as it samples)")
+    out.set("eval.top_k", max(0, int(peer("top_k") or 0)), peer.show("top_k") + " (TRL evaluates as it samples)")
+    out.set("eval.min_p", float(peer("min_p") or 0.0), peer.show("min_p") + " (TRL evaluates as it samples)")
     if peer("log_completions"):
         every = peer("logging_steps")
         out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / (N x E)")

@@ -35,7 +35,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
     "data.train_files": None, "data.val_files": None, "data.seed": None,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "name": None,
-    R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0,
+    R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
     R + "enable_rollout_routing_replay": False,
     A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size_per_gpu": None, A + "use_dynamic_bsz": False,
     A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1, A + "clip_ratio": 0.2,
@@ -86,7 +86,7 @@ VERL_IGNORED = re.compile(
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
-    r"skip_tokenizer_init|val_kwargs\.top_k)|"
+    r"skip_tokenizer_init)|"
     r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|actor_rollout_ref\.nccl_timeout|"
     r"actor_rollout_ref\.model\.lora\.(type|merge|dropout_position|lora_A_init_method|lora_B_init_method|freeze_.*|"
     r"dtype|a2a_experimental)|"
@@ -234,8 +234,7 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.max_new_tokens", peer("data.max_response_length"), peer.show("data.max_response_length"))
     out.set("rollout.temperature", float(peer(R + "temperature")), peer.show(R + "temperature"))
     out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
-    if peer(R + "top_k") not in (-1, 0, None):
-        out.not_translated.append(f"{peer.show(R + 'top_k')}: minirl samples with temperature and top_p only")
+    out.set("rollout.top_k", max(0, int(peer(R + "top_k") or 0)), peer.show(R + "top_k"))  # verl's -1 is off
     if peer("algorithm.filter_groups.enable"):
         out.not_translated.append("algorithm.filter_groups.enable=True: DAPO's dynamic sampling (groups whose rewards "
                                   "are all equal dropped, more sampled) has no minirl equivalent")
@@ -346,6 +345,7 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
     else:
         out.set("eval.samples_per_prompt", n, peer.show(R + "val_kwargs.n"))
     out.set("eval.top_p", float(peer(R + "val_kwargs.top_p")), peer.show(R + "val_kwargs.top_p"))
+    out.set("eval.top_k", max(0, int(peer(R + "val_kwargs.top_k") or 0)), peer.show(R + "val_kwargs.top_k"))
     if peer("trainer.log_val_generations"):
         out.set("log.completions_per_step", int(peer("trainer.log_val_generations")), peer.show("trainer.log_val_generations"))
     report_to(peer("trainer.logger"), out, "trainer.logger")

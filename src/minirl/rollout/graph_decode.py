@@ -151,7 +151,8 @@ class BucketDecoder:
             step_generator = generator
             if streams is not None:
                 step_generator = [streams[row] for row in bucket.row_list]
-            tokens, logp = sample_next(step_logits, sampling.temperature, sampling.top_p, step_generator)
+            tokens, logp = sample_next(step_logits, sampling.temperature, sampling.top_p, step_generator,
+                                       top_k=sampling.top_k, min_p=sampling.min_p)
             slots = torch.where(bucket.alive, bucket.rows, scratch)
             tokens_out[slots, step] = tokens
             logp_out[slots, step] = logp

@@ -271,7 +271,7 @@ class NativeEngine:
         ``sampling.temperature`` 0 is greedy (``logp_rollout`` 0, evaluation only; ``minirl.rollout.sampling``). ``prompt_offset``:
         the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only).
         """
-        validate_sampling(sampling.temperature, sampling.top_p)
+        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
         if samples_per_prompt < 1 or sampling.max_new_tokens < 1:
             raise ValueError("samples_per_prompt and sampling.max_new_tokens must be >= 1")
         out = self._decode(
@@ -293,10 +293,10 @@ class NativeEngine:
         """Log-probs (float32, one tensor per row) the engine assigns to given completions.
 
         Runs the same batched KV-cache path as sampling, feeding the given tokens instead of
-        drawing them, under the law ``sampling`` describes (temperature, top-p). A token outside
-        the nucleus gets ``-inf``. For diagnostics (engine vs trainer on fixed tokens) and tests.
+        drawing them, under the law ``sampling`` describes (temperature, min-p, top-k, top-p). A token the
+        truncations drop gets ``-inf``. For diagnostics (engine vs trainer on fixed tokens) and tests.
         """
-        validate_sampling(sampling.temperature, sampling.top_p)
+        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
         if len(prompt_ids) != len(completion_ids) or any(len(c) == 0 for c in completion_ids):
             raise ValueError("score_ids needs one non-empty completion per prompt")
         max_new = max(len(c) for c in completion_ids)
@@ -304,7 +304,8 @@ class NativeEngine:
         for row, ids in enumerate(completion_ids):
             forced[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         forced_lengths = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
-        params = SamplingParams(max_new_tokens=max_new, temperature=sampling.temperature, top_p=sampling.top_p)
+        params = SamplingParams(max_new_tokens=max_new, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k, min_p=sampling.min_p)
         out = self._decode(
             prompt_ids, 1, params, generator=None, forced=(forced.to(self.device), forced_lengths.to(self.device))
         )
@@ -346,7 +347,8 @@ class NativeEngine:
             step_generator = generator  # per_sample: the streams of the rows still running
             if isinstance(generator, list):
                 step_generator = [generator[row] for row in running.rows.tolist()]
-            tokens, logp = sample_next(logits, sampling.temperature, sampling.top_p, step_generator, step_forced)
+            tokens, logp = sample_next(logits, sampling.temperature, sampling.top_p, step_generator, step_forced,
+                                       top_k=sampling.top_k, min_p=sampling.min_p)
             out.tokens[running.rows, step] = tokens
             out.logp[running.rows, step] = logp
             if step == max_new - 1:

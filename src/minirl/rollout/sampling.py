@@ -1,9 +1,14 @@
-"""One sampling step: temperature, top-p (nucleus) truncation, a draw, and its log-probability.
+"""One sampling step: temperature, min-p, top-k and top-p (nucleus) truncation, a draw, and its log-probability.
 
 The log-probability returned is of the distribution the token was actually drawn from,
-``mu(y) = softmax(logits / temperature)`` restricted to the nucleus and renormalised, because
+``mu(y) = softmax(logits / temperature)`` restricted to the tokens the truncations keep and renormalised, because
 that is the ``mu_old`` of the paper's importance weight (design.md, "Contracts"). A log-prob of
 the untruncated or untempered law would make the IS weight wrong.
+
+Truncations, in vLLM's order (v1 sampler: temperature, then min-p, then top-k and top-p together): min-p drops
+tokens whose tempered probability is below ``min_p`` times the largest one; top-k keeps the ``top_k`` most
+probable (ties at the k-th value all kept, as a threshold on the logit); top-p is then taken over what is left,
+renormalised. ``top_k`` 0 and ``min_p`` 0 are off.
 
 Top-p rule (as vLLM and Hugging Face): sort tokens by probability, keep the smallest prefix whose
 mass reaches ``top_p`` (a token is kept when the mass strictly before it is below ``top_p``), so
@@ -22,11 +27,13 @@ default, ``val_kwargs.temperature: 0``), never for training rollouts.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def validate_sampling(temperature: float, top_p: float) -> None:
-    """Raise ``ValueError`` on a temperature or top-p the sampler cannot honour.
+def validate_sampling(temperature: float, top_p: float, top_k: int = 0, min_p: float = 0.0) -> None:
+    """Raise ``ValueError`` on a temperature, top-p, top-k or min-p the sampler cannot honour.
 
     ``temperature`` must be >= 0 (0 = greedy, whose point-mass law gives no usable ``mu_old``: the
     config allows it only at evaluation, see the module docstring).
@@ -35,6 +42,10 @@ def validate_sampling(temperature: float, top_p: float) -> None:
         raise ValueError(f"sampling.temperature must be >= 0 (got {temperature}; 0 is greedy)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"sampling.top_p must be in (0, 1] (got {top_p})")
+    if not top_k >= 0:
+        raise ValueError(f"sampling.top_k must be >= 0 (got {top_k}; 0 is off)")
+    if not 0.0 <= min_p < 1.0:
+        raise ValueError(f"sampling.min_p must be in [0, 1) (got {min_p}; 0 is off)")
 
 
 def sample_next(
@@ -43,6 +54,8 @@ def sample_next(
     top_p: float,
     generator: torch.Generator | list[torch.Generator] | None,
     forced_tokens: torch.Tensor | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` [B, V]; return ``(tokens long [B], logp float32 [B])``.
 
@@ -56,6 +69,12 @@ def sample_next(
     scaled = logits.float()
     if temperature != 1.0:
         scaled = scaled / temperature
+    if min_p > 0.0:  # probability below min_p x the largest: log p < log min_p + max log p
+        log_probs = scaled.log_softmax(dim=-1)
+        scaled = scaled.masked_fill(log_probs < log_probs.amax(dim=-1, keepdim=True) + math.log(min_p), float("-inf"))
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
         scaled = _mask_outside_nucleus(scaled, top_p)
     if forced_tokens is None:

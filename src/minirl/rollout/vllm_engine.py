@@ -307,7 +307,9 @@ class VLLMEngine:
             for sample in range(samples_per_prompt):
                 requests.append({"prompt_token_ids": ids})
                 params.append(VLLMSampling(
-                    n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
+                    n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
+                    min_p=sampling.min_p,
+                    max_tokens=sampling.max_new_tokens,
                     seed=request_seed(int(sampling.seed), prompt_offset + index, sample), logprobs=0,
                     **stop_params(self.eos_ids, self.stop_strings),
                 ))
