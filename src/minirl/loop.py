@@ -331,7 +331,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
     rewards, reward_stats = score_completions(run.rewards, prompts, completions)
     rewards_PG = rewards.view(len(prompts), -1)
-    run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step)
+    run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step,
+                              getattr(run.rewards, "last_columns", None))
     advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize).reshape(-1)
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the

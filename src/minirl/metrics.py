@@ -171,7 +171,7 @@ class MetricsLogger:
             return
         with self.samples_path.open("a", encoding="utf-8") as handle:
             for sample in samples:
-                handle.write(json.dumps({"step": step, **sample}) + "\n")
+                handle.write(json.dumps({"step": step, **sample}, default=str) + "\n")
         if self._tb is not None:
             text = "\n\n".join(f"**reward {s['reward']:.3f}**  \n{s['prompt']!s:.500}  \n→ {s['completion']!s:.500}" for s in samples)
             self._tb.add_text("samples", text, step)
@@ -233,13 +233,16 @@ def plain_line(step: int, total: int, parts: list[str], eta_s: float | None) -> 
     return "  ".join([f"step {step}/{total}", f"eta {eta}", *parts])
 
 
-def sample_rows(prompts: list[Any], completions: list[Any], rewards: Any, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` completions of a step as ``{"prompt", "completion", "reward"}`` (chats as messages)."""
+def sample_rows(prompts: list[Any], completions: list[Any], rewards: Any, count: int,
+                columns: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The first ``count`` completions of a step as ``{"prompt", "completion", "reward"}`` (chats as messages), with
+    the ``columns`` reward functions logged for each (TRL's ``log_extra``)."""
     rows = []
-    for completion, reward in list(zip(completions, rewards.tolist()))[:count]:
+    for index, (completion, reward) in enumerate(list(zip(completions, rewards.tolist()))[:count]):
         prompt = prompts[completion.prompt_index]
         shown = prompt.messages if getattr(prompt, "messages", None) is not None else prompt.text
-        rows.append({"prompt": shown, "completion": completion.text, "reward": float(reward)})
+        extra = columns[index] if columns and index < len(columns) else {}
+        rows.append({**extra, "prompt": shown, "completion": completion.text, "reward": float(reward)})
     return rows
 
 

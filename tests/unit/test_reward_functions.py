@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -259,3 +260,23 @@ def test_none_means_the_function_does_not_apply(timeout_s: float | None) -> None
     assert str(error.value) == (f"reward function {MOD}:never_applies returned None for every one of the 4 samples, "
                                 "expected a number (None means 'does not apply', TRL's rule; some function must score a "
                                 "batch: a missing return?)")
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_trls_log_metric_and_log_extra_reach_the_metrics_and_the_samples(timeout_s: float | None, tmp_path: Path) -> None:
+    """TRL 1.16 hands reward functions ``log_metric(name, value)`` and ``log_extra(column, values)``: the metric's
+    mean over the step's calls is ``reward/<function>/<name>``; the column rides with each sample to samples.jsonl."""
+    from minirl.metrics import sample_rows
+
+    functions = [{"function": f"{MOD}:logs_as_trl_does"}, {"function": f"{MOD}:logs_through_kwargs", "weight": 0.0}]
+    with _runner(functions, timeout_s, workers=2) as runner:  # two workers: each gets a share and logs its own
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+        columns = runner.last_columns
+    assert rewards.tolist() == [1.0, 1.0, 4.0, 3.0]
+    # in workers, two shares ("4", "5" | "7 kg", "7 g") log 1.0 and 3.5, each sample carrying its share's; in one
+    # call (1 + 1 + 4 + 3) / 4: the mean over samples is 2.25 either way
+    assert stats["reward/logs_as_trl_does/mean_length"] == pytest.approx(2.25)
+    assert stats["reward/logs_through_kwargs/calls"] == 1.0
+    assert [c["first_char"] for c in columns] == ["4", "5", "7", "7"]
+    rows = sample_rows(PROMPTS, [SimpleNamespace(prompt_index=i, text=t) for i, t in COMPLETIONS], rewards, 2, columns)
+    assert rows[1] == {"first_char": "5", "prompt": "2+2?", "completion": "5", "reward": 1.0}

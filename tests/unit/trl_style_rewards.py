@@ -98,3 +98,15 @@ def scaled_batched(completions, answers, scale, **kwargs):  # TRL's form with a 
 
 def compute_score_kw(data_source, solution_str, ground_truth, extra_info=None, format_score=0.0):  # verl reward_kwargs
     return 1.0 if solution_str.strip() == ground_truth else format_score
+
+
+def logs_as_trl_does(completions, log_metric, log_extra, **kwargs):  # TRL 1.16's logging keywords
+    texts = [text(c) for c in completions]
+    log_metric("mean_length", sum(len(t) for t in texts) / len(texts))
+    log_extra("first_char", [t[:1] for t in texts])
+    return [float(len(t)) for t in texts]
+
+
+def logs_through_kwargs(completions, **kwargs):  # the same, reaching them through **kwargs
+    kwargs["log_metric"]("calls", 1.0)
+    return [0.0] * len(completions)

@@ -33,7 +33,9 @@ that carry them (``Scored``). A data file in verl's layout keeps its answer in
 
 Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
 updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps), for rewards
-shaped by training progress.
+shaped by training progress. A batched TRL function also gets TRL's ``log_metric(name, value)`` (its mean
+logged as ``reward/<name>/<metric>``) and ``log_extra(column, values)`` (one value per sample, written with
+the samples to ``samples.jsonl``): ``TrlLogs``.
 
 A function may return ``None`` for a sample it does not apply to (TRL's rule, e.g. one reward per
 task in a mixed dataset): the sample's reward is then the weighted sum of the functions that did
@@ -77,18 +79,54 @@ VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
 
 
 class Scored(float):
-    """A reward (the float itself) with the other numbers a verl ``compute_score`` dict carried
-    (``extras``: key -> number, logged as ``reward/<name>/<key>``). Arithmetic sees only the float."""
+    """A reward (the float itself) with the other numbers a verl ``compute_score`` dict carried, or a TRL
+    function's ``log_metric`` calls (``extras``: key -> number, logged as ``reward/<name>/<key>``), and the
+    completions-table columns its ``log_extra`` calls gave this sample (``columns``, written to ``samples.jsonl``).
+    Arithmetic sees only the float."""
 
     extras: dict[str, float]
+    columns: dict[str, Any]
 
-    def __new__(cls, reward: float, extras: dict[str, float]) -> Scored:
+    def __new__(cls, reward: float, extras: dict[str, float], columns: dict[str, Any] | None = None) -> Scored:
         scored = super().__new__(cls, reward)
         scored.extras = extras
+        scored.columns = dict(columns or {})
         return scored
 
     def __reduce__(self) -> tuple[Any, ...]:  # sent back from the reward worker
-        return (Scored, (float(self), self.extras))
+        return (Scored, (float(self), self.extras, self.columns))
+
+
+class TrlLogs:
+    """TRL's ``log_metric(name, value)`` and ``log_extra(column, values)`` keywords of one batched call (TRL 1.16's
+    ``GRPOTrainer._calculate_rewards``): the metric's mean is logged as ``reward/<function>/<name>``; the column's
+    values (one per sample) go with the samples to ``samples.jsonl``."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.metrics: dict[str, list[float]] = {}
+        self.columns: dict[str, list[Any]] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        self.columns.setdefault(str(column), []).extend(list(values))
+
+    def attach(self, values: list[float | None]) -> list[float | None]:
+        """``values`` carrying what was logged (a sample that got ``None`` carries nothing)."""
+        if not (self.metrics or self.columns):
+            return values
+        means = {name: sum(v) / len(v) for name, v in self.metrics.items()}
+        out: list[float | None] = []
+        for index, value in enumerate(values):
+            if value is None:
+                out.append(None)
+                continue
+            columns = {name: column[index] for name, column in self.columns.items() if index < len(column)}
+            extras = {**getattr(value, "extras", {}), **means}
+            out.append(Scored(float(value), extras, {**getattr(value, "columns", {}), **columns}))
+        return out
 
 
 @dataclass(frozen=True)
@@ -194,8 +232,11 @@ class RewardFn:
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
         available = batch_keywords(samples)
+        logs = TrlLogs(len(samples))
         if self.verl:
             available |= {f"{key}s": [verl_keywords(s)[key] for s in samples] for key in VERL_KEYWORDS}
+        else:
+            available |= {"log_metric": logs.log_metric, "log_extra": logs.log_extra}
         try:
             values = resolve(self.fn(**self.keywords(available)))
         except Exception as error:
@@ -209,7 +250,7 @@ class RewardFn:
             raise RewardFunctionError(
                 f"reward function {self.full_name} returned {len(values)} rewards for {len(samples)} completions"
             )
-        return [self._checked(value) for value in values]
+        return logs.attach([self._checked(value) for value in values])
 
 
 VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")

@@ -186,6 +186,8 @@ class RewardRunner:
         """Training progress passed to TRL-style functions as ``trainer_state`` (the loop sets it)."""
         self.last_problems: list[str] = []
         """Up to three distinct problem messages of the last ``score`` call (fallback mode)."""
+        self.last_columns: list[dict[str, Any]] = []
+        """Per sample of the last ``score`` call: the columns reward functions gave it with TRL's ``log_extra``."""
         self._lock = threading.Lock()
         self._workers = _Pool()
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
@@ -227,6 +229,8 @@ class RewardRunner:
         if self.functions and values and all(unscored):
             raise unscored_batch(self.functions, len(values))
         rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
+        self.last_columns = [{key: value for kind, scored in row if kind == "ok" for key, value in
+                              getattr(scored, "columns", {}).items()} for row in results]
         flat = [result for row in results for result in row]
         errors = sum(kind == "error" for kind, _ in flat)
         timeouts = sum(kind == "timeout" for kind, _ in flat)
