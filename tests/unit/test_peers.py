@@ -48,6 +48,17 @@ def test_trl_evaluates_with_its_sampling_temperature():
     assert (v["rollout.top_k"], v["rollout.min_p"]) == (0, 0.0)  # TRL's 0 and None: off
 
 
+def test_trl_generation_kwargs_override_the_law_and_name_the_rest():
+    out = _trl(temperature=0.9, generation_kwargs={"top_k": 20, "temperature": 0.6, "repetition_penalty": 1.05})
+    v = out.values
+    assert (v["rollout.temperature"], v["rollout.top_k"], v["eval.temperature"], v["eval.top_k"]) == (0.6, 20, 0.6, 20)
+    assert [line for line in out.not_translated if line.startswith("generation_kwargs")] == [
+        "generation_kwargs: repetition_penalty=1.05 (minirl samples with temperature, min-p, top-k and top-p only)"]
+    assert _trl(generation_kwargs='{"min_p": 0.1}').values["rollout.min_p"] == 0.1  # TRL's JSON text form
+    with pytest.raises(ConfigError, match="generation_kwargs='top_k': not a JSON object"):
+        _trl(generation_kwargs="top_k")
+
+
 def test_verl_top_k_minus_one_is_off():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     v = from_verl(base).values

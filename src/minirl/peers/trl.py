@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -136,6 +137,29 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
         out.set("task.reward_functions", functions, ", ".join(given))
 
 
+def _trl_law(peer: Peer, out: Translation) -> dict[str, tuple[Any, str]]:
+    """The sampling law: ``temperature``, ``top_p``, ``top_k``, ``min_p``, each overridden by ``generation_kwargs``
+    as TRL lets it override them (a mapping, or JSON text); its other keys are named as not translated (once)."""
+    extra: Any = peer("generation_kwargs") or {}
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except json.JSONDecodeError:
+            raise ConfigError(f"generation_kwargs={extra!r}: not a JSON object") from None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"generation_kwargs={extra!r}: not a mapping")
+    law: dict[str, tuple[Any, str]] = {}
+    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
+        value, origin = (extra[key], f"generation_kwargs.{key}={extra[key]}") if key in extra else (peer(key), peer.show(key))
+        value = cast(value or 0) if key in ("top_k", "min_p") else cast(value)
+        law[key] = (max(0, value) if key == "top_k" else value, origin)
+    rest = sorted(set(extra) - set(law))
+    line = f"generation_kwargs: {', '.join(f'{k}={extra[k]!r}' for k in rest)} (minirl samples with temperature, min-p, top-k and top-p only)"
+    if rest and line not in out.not_translated:
+        out.not_translated.append(line)
+    return law
+
+
 def _trl_batch(peer: Peer, out: Translation) -> int:
     """P, G, N, E and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns
     the optimizer steps per generation (N x E).
@@ -166,10 +190,8 @@ def _trl_batch(peer: Peer, out: Translation) -> int:
                                   "skips rows longer than a number of characters)")
     out.set("optim.epochs_per_step", int(peer("num_iterations")), peer.show("num_iterations"))
     out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
-    out.set("rollout.temperature", float(peer("temperature")), peer.show("temperature"))
-    out.set("rollout.top_p", float(peer("top_p")), peer.show("top_p"))
-    out.set("rollout.top_k", max(0, int(peer("top_k") or 0)), peer.show("top_k"))
-    out.set("rollout.min_p", float(peer("min_p") or 0.0), peer.show("min_p"))
+    for key, (value, origin) in _trl_law(peer, out).items():
+        out.set(f"rollout.{key}", value, origin)
     if peer("repetition_penalty") not in (1.0, None):
         out.not_translated.append(f"{peer.show('repetition_penalty')}: minirl samples with temperature, min-p, top-k "
                                   "and top-p only")
@@ -252,10 +274,8 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
                            "or reads task.eval_path (save the split to a file)")
     if peer("num_generations_eval"):
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
-    out.set("eval.temperature", float(peer("temperature")), peer.show("temperature") + " (TRL evaluates as it samples)")
-    out.set("eval.top_p", float(peer("top_p")), peer.show("top_p") + " (TRL evaluates as it samples)")
-    out.set("eval.top_k", max(0, int(peer("top_k") or 0)), peer.show("top_k") + " (TRL evaluates as it samples)")
-    out.set("eval.min_p", float(peer("min_p") or 0.0), peer.show("min_p") + " (TRL evaluates as it samples)")
+    for key, (value, origin) in _trl_law(peer, out).items():
+        out.set(f"eval.{key}", value, origin + " (TRL evaluates as it samples)")
     if peer("log_completions"):
         every = peer("logging_steps")
         out.set("log.completions_every_steps", max(1, math.ceil(every / n)), f"log_completions, logging_steps={every} / (N x E)")
