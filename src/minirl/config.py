@@ -153,6 +153,10 @@ class TaskConfig(Section):
     """JSONL: a malformed or too long row stops the load (error) or is skipped and counted (skip)."""
     max_prompt_chars: int | None = Field(None, ge=1)
     """JSONL: a row whose prompt is longer than this many characters is a bad row."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """JSONL: a row whose prompt encodes to more tokens is a bad row (verl's ``data.max_prompt_length``; with
+    ``on_bad_row: skip``, its ``filter_overlong_prompts``). The model's context less ``rollout.max_new_tokens``
+    always bounds it."""
 
     @model_validator(mode="after")
     def _jsonl_needs_path(self) -> TaskConfig:

@@ -88,12 +88,13 @@ def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any
     from minirl.tasks.chat import ChatTemplateError, encode_prompt
 
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limits = [n for n in (context and context - cfg.rollout.max_new_tokens, cfg.task.max_prompt_tokens) if n]
     device, trust = cfg.cluster.device, cfg.model.trust_remote_code  # a reward model's
     try:
-        if context and tokenizer is not None:
+        if limits and tokenizer is not None:
             return build_task_from_config(
                 cfg.task,
-                max_prompt_tokens=context - cfg.rollout.max_new_tokens,
+                max_prompt_tokens=min(limits),
                 count_tokens=lambda prompt: len(encode_prompt(tokenizer, prompt)),
                 reward_device=device, trust_remote_code=trust,
             )

@@ -186,7 +186,25 @@ def test_prompt_longer_than_the_context_in_tokens() -> None:
     assert JsonlTask(path, max_prompt_tokens=11, count_tokens=words, eval_fraction=0.0).skipped_rows == 0
     with pytest.raises(TaskDataError) as error:
         JsonlTask(path, max_prompt_tokens=10, count_tokens=words)
-    assert str(error.value) == f"{path}:2: prompt is 11 tokens, longer than the 10 the model's context leaves"
+    assert str(error.value) == (f"{path}:2: prompt is 11 tokens, longer than 10 (task.max_prompt_tokens, or the model's "
+                                "context less rollout.max_new_tokens)")
+
+
+def test_task_max_prompt_tokens_is_verls_max_prompt_length(tmp_path: Path) -> None:
+    """The limit below the model's context: the stricter of the two bounds a row, counted by the run's tokenizer."""
+    from minirl.config import load_config
+    from minirl.runtime import build_model
+    from minirl.runtime import build_task as build_run_task
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "x" * n, "answer": "1"}) + "\n" for n in (5, 30, 8)))
+    common = ["model.preset=qwen3-moe-tiny", "task.kind=jsonl", f"task.path={data}", "task.eval_fraction=0.5"]
+    cfg = load_config(None, [*common, "task.max_prompt_tokens=10", "task.on_bad_row=skip"])  # verl's filter_overlong_prompts
+    model, tokenizer = build_model(cfg)
+    assert build_run_task(cfg, model, tokenizer).skipped_rows == 1  # the 30-character prompt (one token a character)
+    with pytest.raises(TaskDataError, match=r"prompt is 30 tokens, longer than 10 \(task.max_prompt_tokens"):
+        build_run_task(load_config(None, [*common, "task.max_prompt_tokens=10"]), model, tokenizer)
+    assert build_run_task(load_config(None, common), model, tokenizer).skipped_rows == 0
 
 
 FILE_ERRORS = [

@@ -65,8 +65,9 @@ def test_a_30_mb_row_is_refused_without_tokenizing_it(tmp_path):
 
     with pytest.raises(TaskDataError) as error:
         JsonlTask(path, max_prompt_tokens=480, count_tokens=count_tokens)
-    assert str(error.value) == (f"{path}:2: prompt is 30000000 characters, more than the 480 tokens the model's "
-                                "context leaves could hold (at most 64 characters a token)")
+    assert str(error.value) == (f"{path}:2: prompt is 30000000 characters, more than 480 tokens could hold (at most 64 "
+                                "characters a token; task.max_prompt_tokens, or the model's context less "
+                                "rollout.max_new_tokens)")
 
 
 def test_a_30_mb_row_via_the_cli(tmp_path, capsys):
@@ -74,7 +75,7 @@ def test_a_30_mb_row_via_the_cli(tmp_path, capsys):
     path.write_text('{"prompt": "2+2?", "answer": "4"}\n' * 4 + json.dumps({"prompt": "x" * 30_000_000, "answer": "1"}) + "\n")
     code = main(["eval", "--config", str(MINIMAL), "qwen3-moe-tiny", "task.kind=jsonl", f"task.path={path}"])
     assert code == 2
-    assert one_line(capsys.readouterr().err).startswith(f"{path}:5: prompt is 30000000 characters, more than the ")
+    assert one_line(capsys.readouterr().err).startswith(f"{path}:5: prompt is 30000000 characters, more than ")
 
 
 def test_a_one_row_dataset(tmp_path, capsys):

@@ -59,6 +59,18 @@ def test_trl_generation_kwargs_override_the_law_and_name_the_rest():
         _trl(generation_kwargs="top_k")
 
 
+def test_verl_prompt_length_refused_dropped_or_cut():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    v = from_verl(base).values  # verl's defaults: 512 tokens, truncation 'error' -> a longer prompt stops the run
+    assert v["task.max_prompt_tokens"] == 512 and "task.on_bad_row" not in v
+    v = from_verl(base | {"data.max_prompt_length": 1024, "data.filter_overlong_prompts": True}).values
+    assert (v["task.max_prompt_tokens"], v["task.on_bad_row"]) == (1024, "skip")
+    cut = from_verl(base | {"data.truncation": "left"})
+    assert "task.max_prompt_tokens" not in cut.values
+    assert any(line.startswith("data.truncation='left', data.max_prompt_length=512: verl cuts") for line in cut.differs)
+    assert not any("max_prompt_length" in key for key in cut.ignored)
+
+
 def test_verl_top_k_minus_one_is_off():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     v = from_verl(base).values

@@ -34,6 +34,7 @@ M = "actor_rollout_ref.model."
 VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
     "data.train_files": None, "data.val_files": None, "data.seed": None,
+    "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
     R + "enable_rollout_routing_replay": False,
@@ -71,7 +72,7 @@ VERL_IGNORED = re.compile(
     r"free_cache_engine|max_num_batched_tokens|max_num_seqs|enable_chunked_prefill|enable_prefix_caching|mode|"
     r"load_format|disable_log_stats|calculate_log_probs|dtype|entropy_from_logits_with_chunking|"
     r"entropy_checkpointing|strategy|shuffle)(\..*)?|"
-    r"data\.(max_prompt_length|filter_overlong_prompts.*|truncation|return_raw_chat|shuffle|tokenizer|"
+    r"data\.(filter_overlong_prompts_workers|return_raw_chat|shuffle|tokenizer|"
     r"val_batch_size|reward_fn_key)|trainer\.(val_before_train|critic_warmup|balance_batch|"
     r"ray_wait_register_center_timeout|use_legacy_worker_impl)|"
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
@@ -152,8 +153,22 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
     if peer.set_by_user("data.prompt_key"):
         out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
     template_kwargs(peer, out, "data.apply_chat_template_kwargs")
+    _verl_prompt_length(peer, out)
     _verl_rewards(peer, out)
 
+
+def _verl_prompt_length(peer: Peer, out: Translation) -> None:
+    """verl drops (``filter_overlong_prompts``), refuses (``truncation: error``, its default) or cuts a prompt over
+    ``max_prompt_length`` tokens; minirl drops or refuses it (``task.max_prompt_tokens``, ``task.on_bad_row``)."""
+    length, truncation = peer("data.max_prompt_length"), peer("data.truncation")
+    if peer("data.filter_overlong_prompts"):
+        out.set("task.max_prompt_tokens", int(length), peer.show("data.max_prompt_length", "data.filter_overlong_prompts"))
+        out.set("task.on_bad_row", "skip", peer.show("data.filter_overlong_prompts"))
+    elif truncation == "error":
+        out.set("task.max_prompt_tokens", int(length), peer.show("data.max_prompt_length", "data.truncation"))
+    else:
+        out.differs.append(f"{peer.show('data.truncation', 'data.max_prompt_length')}: verl cuts longer prompts; minirl "
+                           "keeps every prompt whole (task.max_prompt_tokens with task.on_bad_row: skip drops them)")
 
 def _verl_rewards(peer: Peer, out: Translation) -> None:
     for prefix in ("", "reward."):

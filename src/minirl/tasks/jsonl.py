@@ -264,6 +264,9 @@ def read_jsonl_prompts(
     return prompts
 
 
+TOKEN_LIMIT = "task.max_prompt_tokens, or the model's context less rollout.max_new_tokens"
+
+
 def _check_length(
     prompt: Prompt, where: str, max_chars: int | None, max_tokens: int | None, count_tokens: Callable[[Prompt], int] | None
 ) -> None:
@@ -272,11 +275,11 @@ def _check_length(
         raise TaskDataError(f"{where}: prompt is {len(text)} characters, longer than task.max_prompt_chars={max_chars}")
     if max_tokens is not None and count_tokens is not None:
         if len(text) > max_tokens * MAX_CHARS_PER_TOKEN:  # bounded work: a 30 MB row is never tokenized
-            raise TaskDataError(f"{where}: prompt is {len(text)} characters, more than the {max_tokens} tokens the "
-                                f"model's context leaves could hold (at most {MAX_CHARS_PER_TOKEN} characters a token)")
+            raise TaskDataError(f"{where}: prompt is {len(text)} characters, more than {max_tokens} tokens could hold "
+                                f"(at most {MAX_CHARS_PER_TOKEN} characters a token; {TOKEN_LIMIT})")
         tokens = count_tokens(prompt)
         if tokens > max_tokens:
-            raise TaskDataError(f"{where}: prompt is {tokens} tokens, longer than the {max_tokens} the model's context leaves")
+            raise TaskDataError(f"{where}: prompt is {tokens} tokens, longer than {max_tokens} ({TOKEN_LIMIT})")
 
 
 @dataclass(frozen=True)
