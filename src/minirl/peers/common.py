@@ -149,6 +149,21 @@ class Peer:
                 node[leaf] = self(full)
         return out
 
+    def json_mapping(self, key: str, what: str = "") -> dict[str, Any]:
+        """``mapping(key)``, or TRL's JSON text of one (``dict | str`` fields); anything else is one line."""
+        value = self(key)
+        if not isinstance(value, str):
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"{key}={value!r}: not a mapping{what}")
+            return self.mapping(key)
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{key}={value!r}: not a JSON object{what}") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError(f"{key}={value!r}: not a mapping{what}")
+        return parsed
+
     def set_by_user(self, key: str) -> bool:
         self.read.add(key)
         return key in self.given
@@ -269,15 +284,6 @@ class Unresolved:
 
 def template_kwargs(peer: Peer, out: Translation, key: str) -> None:
     """A peer's chat-template variables (a mapping, or TRL's JSON text of one) as ``task.chat_template_kwargs``."""
-    value: Any = peer(key)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{key}={value!r}: not a JSON object of chat-template variables") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}={peer(key)!r}: not a mapping of chat-template variables")
-    else:
-        value = peer.mapping(key)
+    value = peer.json_mapping(key, " of chat-template variables")
     if value:
         out.set("task.chat_template_kwargs", value, f"{key}={value}")

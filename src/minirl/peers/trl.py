@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -140,14 +139,7 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
 def _trl_law(peer: Peer, out: Translation) -> dict[str, tuple[Any, str]]:
     """The sampling law: ``temperature``, ``top_p``, ``top_k``, ``min_p``, each overridden by ``generation_kwargs``
     as TRL lets it override them (a mapping, or JSON text); its other keys are named as not translated (once)."""
-    extra: Any = peer("generation_kwargs") or {}
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except json.JSONDecodeError:
-            raise ConfigError(f"generation_kwargs={extra!r}: not a JSON object") from None
-    if not isinstance(extra, dict):
-        raise ConfigError(f"generation_kwargs={extra!r}: not a mapping")
+    extra = peer.json_mapping("generation_kwargs")
     law: dict[str, tuple[Any, str]] = {}
     for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
         value, origin = (extra[key], f"generation_kwargs.{key}={extra[key]}") if key in extra else (peer(key), peer.show(key))
