@@ -13,12 +13,14 @@ be written (a file in its path, read-only, a full disk: the line names the last 
 checkpoint and the command that resumes). ``train`` checks everything the config alone decides
 before any work (``minirl.preflight``). Exit code 3: too many numerical faults in a row. Ctrl-C or
 SIGTERM in ``train`` / ``sft``: one line naming the last complete checkpoint and the resume
-command, exit code 130 / 143; a second one exits at once.
+command, exit code 130 / 143; a second one exits at once. ``kill -USR1 PID`` prints where every
+thread of a running ``minirl`` command is (Python stacks, on stderr) and lets it go on.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import shlex
@@ -421,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
+    if threading.current_thread() is threading.main_thread():  # `kill -USR1 PID`: where a stuck run is, on stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return args.func(args)
     except ConfigError as exc:

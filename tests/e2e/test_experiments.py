@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -22,6 +23,7 @@ from minirl.experiments.arms import (
     load_table,
     read_run_config,
 )
+from minirl.experiments.sweep import STOP_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
@@ -133,12 +135,32 @@ def test_sigterm_stops_the_sweep_and_its_runs(tmp_path):
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=STOP_GRACE_S + 60)  # a run that does not stop is killed after the grace period
+    except subprocess.TimeoutExpired:  # say where everything was, for the next look
+        pids = [proc.pid, *_processes_mentioning(str(runs))]
+        states = {pid: _proc_state(pid) for pid in pids}
+        for pid in pids:  # each dumps its Python stacks to its stderr (`minirl` registers SIGUSR1 with faulthandler)
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        logs = {p.relative_to(runs): p.read_text()[-2000:] for p in runs.rglob("sweep.log")}
+        pytest.fail(f"the sweep did not end after SIGTERM; processes {states}; sweep output "
+                    f"{proc.stdout.read()[-2000:]!r}; run logs {logs}")
     assert proc.returncode != 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _processes_mentioning(str(runs)):
         time.sleep(0.2)
     assert not _processes_mentioning(str(runs)), "the sweep's run outlived it"
+
+
+def _proc_state(pid: int) -> str:
+    """``State`` and the kernel wait channel of a process (where a hang sits), or 'gone'."""
+    try:
+        state = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("State:"))
+        return f"{state.split(':', 1)[1].strip()} in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
+    except (OSError, StopIteration):
+        return "gone"
 
 
 def _processes_mentioning(text: str) -> list[int]:

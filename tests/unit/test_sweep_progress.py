@@ -61,3 +61,30 @@ def test_a_device_sweep_runs_every_arm_on_that_device_and_as_many_at_once_as_ask
     launched.clear()
     sweep_module.sweep(root / "experiments/studies/study1_replay", [0], runs_root=tmp_path / "cpu", log=lambda msg: None)
     assert launched and not any(arg.startswith("cluster.device=") for command in launched for arg in command)
+
+
+def test_stopping_a_sweep_kills_a_run_that_ignores_sigterm_after_the_grace_period(tmp_path):
+    """The sweep always ends: a run still alive ``grace_s`` after its SIGTERM is killed (and said so);
+    a run that stops at once is not."""
+    import subprocess
+    import sys
+    import time
+
+    from minirl.experiments.sweep import stop_runs
+
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE)
+    for proc in (stubborn, polite):
+        assert proc.stdout.readline() == b"ready\n"  # its SIGTERM disposition is set
+    outs = [open(tmp_path / f"{k}.log", "w") for k in range(2)]
+    running = [(stubborn, ("a/x", 0, None, [], tmp_path, 3), 0.0, outs[0], 0),
+               (polite, ("a/y", 1, None, [], tmp_path, 3), 0.0, outs[1], 0)]
+    said: list[str] = []
+    started = time.monotonic()
+    stop_runs(running, said.append, grace_s=1.0)
+    assert 1.0 <= time.monotonic() - started < 10
+    assert stubborn.returncode == -9 and polite.returncode == -15
+    assert len(said) == 1 and said[0].startswith("kill  a/x seed0: not stopped 1s after SIGTERM")
+    assert all(out.closed for out in outs)

@@ -3,7 +3,8 @@
 ``minirl sweep EXPERIMENT_DIR --seeds S`` runs each arm x seed (one thread each) in
 ``RUNS_DIR/<arm>/seed<s>`` with ``run.resume=auto``: an interrupted sweep continues each run from its newest
 checkpoint (a run killed before its first checkpoint starts over, so a stop loses at most the runs in
-flight), and a finished run (its ``metrics.jsonl`` has a row at the last step) is skipped.
+flight), and a finished run (its ``metrics.jsonl`` has a row at the last step) is skipped. Ctrl-C or
+SIGTERM stops the runs in flight (SIGTERM, then SIGKILL for any still alive ``STOP_GRACE_S`` later).
 """
 
 from __future__ import annotations
@@ -144,10 +145,7 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
     try:
         failed = _drive(queue, running, jobs, env, done_times, started, log)
     finally:  # interrupted: stop our own runs (each resumes from its last checkpoint next time)
-        for proc, *_ in running:
-            proc.terminate()
-        for proc, *_ in running:
-            proc.wait()
+        stop_runs(running, log)
         if on_main_thread:
             signal.signal(signal.SIGTERM, previous)
     log(f"sweep: finished in {time.monotonic() - started:.0f}s, {failed} failed")
@@ -156,6 +154,41 @@ def sweep(exp_dir: Path, seeds: list[int], *, runs_root: Path = Path("runs/sweep
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+#: seconds a run has, after the sweep's SIGTERM, to stop (write its metrics, stop its workers) before SIGKILL
+STOP_GRACE_S = 30.0
+
+
+def stop_runs(running: list, log, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every run still going, then SIGKILL each that has not exited ``grace_s`` later (a run
+    killed part-way resumes from its last complete checkpoint: an unfinished one stays a ``.tmp-*``).
+    The sweep always ends: a second SIGTERM or Ctrl-C meanwhile kills the rest at once instead of
+    leaving them orphaned."""
+    asked = time.monotonic()
+    deadline = [asked + grace_s]
+
+    def hurry(signum: int, frame: Any) -> None:
+        deadline[0] = time.monotonic()
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {n: signal.signal(n, hurry) for n in (signal.SIGTERM, signal.SIGINT)} if on_main_thread else {}
+    try:
+        for proc, *_ in running:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc, (name, seed, *_), _, out, _ in running:
+            while proc.poll() is None and time.monotonic() < deadline[0]:
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                log(f"kill  {name} seed{seed}: not stopped {time.monotonic() - asked:.0f}s after SIGTERM "
+                    "(it resumes from its last complete checkpoint)")
+            out.close()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _drive(queue: list, running: list, jobs: int, env: dict, done_times: list, started: float, log) -> int:
