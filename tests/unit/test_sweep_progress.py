@@ -72,13 +72,14 @@ def test_stopping_a_sweep_kills_a_run_that_ignores_sigterm_after_the_grace_perio
 
     from minirl.experiments.sweep import stop_runs
 
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
-                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+    outs = [open(tmp_path / f"{k}.log", "w") for k in range(2)]
+    stubborn = subprocess.Popen([sys.executable, "-c", "import faulthandler, signal, time; faulthandler.register("
+                                 "signal.SIGUSR1); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                 "print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, stderr=outs[0])
     polite = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
                               stdout=subprocess.PIPE)
     for proc in (stubborn, polite):
-        assert proc.stdout.readline() == b"ready\n"  # its SIGTERM disposition is set
-    outs = [open(tmp_path / f"{k}.log", "w") for k in range(2)]
+        assert proc.stdout.readline() == b"ready\n"  # its signal dispositions are set
     running = [(stubborn, ("a/x", 0, None, [], tmp_path, 3), 0.0, outs[0], 0),
                (polite, ("a/y", 1, None, [], tmp_path, 3), 0.0, outs[1], 0)]
     said: list[str] = []
@@ -86,5 +87,6 @@ def test_stopping_a_sweep_kills_a_run_that_ignores_sigterm_after_the_grace_perio
     stop_runs(running, said.append, grace_s=1.0)
     assert 1.0 <= time.monotonic() - started < 10
     assert stubborn.returncode == -9 and polite.returncode == -15
-    assert len(said) == 1 and said[0].startswith("kill  a/x seed0: not stopped 1s after SIGTERM")
+    assert len(said) == 1 and said[0].startswith("kill  a/x seed0: not stopped 1s after SIGTERM (its stacks")
     assert all(out.closed for out in outs)
+    assert "in <module>" in (tmp_path / "0.log").read_text()  # where it was stuck, dumped before the kill

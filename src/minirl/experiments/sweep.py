@@ -181,10 +181,13 @@ def stop_runs(running: list, log, grace_s: float = STOP_GRACE_S) -> None:
             while proc.poll() is None and time.monotonic() < deadline[0]:
                 time.sleep(0.05)
             if proc.poll() is None:
+                waited = time.monotonic() - asked
+                proc.send_signal(signal.SIGUSR1)  # `minirl train` writes where it is stuck to its sweep.log
+                time.sleep(0.5)
                 proc.kill()
                 proc.wait()
-                log(f"kill  {name} seed{seed}: not stopped {time.monotonic() - asked:.0f}s after SIGTERM "
-                    "(it resumes from its last complete checkpoint)")
+                log(f"kill  {name} seed{seed}: not stopped {waited:.0f}s after SIGTERM (its stacks are at the end of "
+                    "its sweep.log; it resumes from its last complete checkpoint)")
             out.close()
     finally:
         for number, handler in previous.items():
