@@ -412,6 +412,17 @@ def trl_command_line(words: list[str]) -> list[str]:
     return out
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints where every thread of this process is (Python stacks, on stderr): where a stuck
+    run sits. Not where stderr is no file (a test's captured stream) or off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation: sys.stderr has no fileno
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -423,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = [*getattr(args, "overrides", []), *extra]
-    if threading.current_thread() is threading.main_thread():  # `kill -USR1 PID`: where a stuck run is, on stderr
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stacks_on_sigusr1()
     try:
         return args.func(args)
     except ConfigError as exc:
