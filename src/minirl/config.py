@@ -193,6 +193,20 @@ class RolloutConfig(Section):
     kv_cache_precision: Literal["same", "fp8_e4m3", "fp8_e5m2"] = "same"
     """The engine's KV cache: ``same`` = the compute dtype; fp8 = keys and values rounded to fp8
     with one scale per token and KV head as they are written (``minirl.rollout.kv_cache``)."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): a group whose rewards are all equal has zero
+    advantage, so no gradient; drop it and sample more rounds of prompts until ``prompts_per_step`` groups with a
+    spread remain (a round's surplus is dropped). The update and ``train/*`` see the kept groups; ``filter/*``
+    what was generated (``filter/reward_mean_generated`` is the unfiltered reward). Off: the paper's setting."""
+    filter_groups_metric: Literal["reward", "accuracy"] = "reward"
+    """What must differ within a kept group: the reward (verl's ``score`` / ``seq_reward``), or correctness,
+    reward >= ``eval.accuracy_threshold`` (verl's ``acc``; differs from ``reward`` under length shaping)."""
+    filter_groups_max_rounds: int = Field(10, ge=0)
+    """Rounds of generation per global step at most (verl's ``max_num_gen_batches``; 0 = up to one pass over the
+    training prompts). A batch still short after them is filled with the zero-spread groups drawn first (no
+    gradient, as without filtering), counted by ``filter/topped_up_groups``; verl stops with an error instead."""
+    filter_groups_prompts_per_round: int = Field(0, ge=0)
+    """Prompts drawn per round (verl's ``data.gen_batch_size``; 0 = ``prompts_per_step``)."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
@@ -271,6 +285,23 @@ RENAMED_OPTIM = {"steps": "global_steps", "warmup_steps": "warmup_updates"}
 RENAMED_OPTIM_UNITS = {"global_steps": "rollout + N updates + weight sync each", "warmup_updates": "gradient updates"}
 
 
+TisFloor = Annotated[float, Field(ge=0, description=(
+    "Lower bound of the IS weight: tis_mode truncate raises a smaller weight to it (TRL's "
+    "vllm_importance_sampling_clip_min), mask zeroes it (IcePop's lower bound, verl's 'lower_upper'); 0 = none."))]
+TisMode = Annotated[Literal["truncate", "mask"], Field(description=(
+    "How tis_cap (and tis_floor) bound the IS weight: truncate = min(w, tis_cap) (TIS, the paper's); mask = w kept "
+    "inside [tis_floor, tis_cap], 0 outside (IcePop; TRL's token_mask / sequence_mask)."))]
+TisLevel = Annotated[Literal["token", "sequence"], Field(description=(
+    "token = one IS weight per token (Eq. 4, the paper's); sequence = the product of the response's token ratios, "
+    "bounded and given to all its tokens (Eq. 2's weight; TRL's sequence_* modes, verl's rollout_is=sequence)."))]
+
+
+def _check_tis_bounds(section: Any) -> Any:
+    if section.tis_floor >= section.tis_cap:
+        raise ValueError(f"tis_floor ({section.tis_floor}) must be below tis_cap ({section.tis_cap})")
+    return section
+
+
 class LossConfig(Section):
     """Fields shared by every objective; each variant adds only its own knobs."""
 
@@ -313,6 +344,10 @@ class MiniRLConfig(LossConfig):
     """Truncation of the training-inference IS weight."""
     tis_placement: Literal["full", "train_infer"] = "full"
     """full: IS weight pi_theta/mu_old; train_infer: pi_old/mu_old."""
+    tis_floor: TisFloor = 0.0
+    tis_mode: TisMode = "truncate"
+    tis_level: TisLevel = "token"
+    _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
     normalizer: float | None = Field(None, gt=0)
@@ -340,6 +375,10 @@ class GRPOConfig(LossConfig):
     """Multiply by the truncated training–inference factor min(pi_old/mu_old, tis_cap)."""
     tis_cap: float = Field(5.0, gt=0)
     """Truncation of the training-inference IS weight."""
+    tis_floor: TisFloor = 0.0
+    tis_mode: TisMode = "truncate"
+    tis_level: TisLevel = "token"
+    _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     adv_std_normalize: bool = True
 
 
@@ -355,6 +394,10 @@ class CISPOConfig(LossConfig):
     is_correction: bool = False
     tis_cap: float = Field(5.0, gt=0)
     """Truncation of the training-inference IS weight."""
+    tis_floor: TisFloor = 0.0
+    tis_mode: TisMode = "truncate"
+    tis_level: TisLevel = "token"
+    _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     adv_std_normalize: bool = True
     whole_groups: ClassVar[bool] = True
 

@@ -4,7 +4,9 @@ One global step:
     1. rollout: the engine (mu_old) samples ``samples_per_prompt`` responses for each of
        ``prompts_per_step`` prompts and reports ``logp_rollout`` (and its routes, for R3 and for
        the ``routing/*`` metrics of MoE models);
-    2. rewards from the task's verifier; group-mean baseline advantages;
+    2. rewards from the task's verifier (with ``rollout.filter_groups``, DAPO's dynamic sampling: rounds of
+       1 and 2 until ``prompts_per_step`` groups whose rewards differ are kept, ``minirl.dynamic_sampling``);
+       group-mean baseline advantages;
     3. the trainer recomputes ``logp_old`` (pi_old) over the whole global batch without gradient
        (R2 records the trainer's routes here; R3 replays the engine's routes here, so
        ``mismatch/*`` measures the mismatch with the routing actually used). With N = E = 1 (and no
@@ -42,6 +44,7 @@ from minirl.algo import group_advantages
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
+from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
@@ -321,18 +324,13 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     cfg, trainer, n, clock = run.cfg, run.trainer, run.cfg.optim.minibatches_per_step, _Clock()
     plan = RoutePlan(run.replay, cfg.moe.routing_replay, metrics=cfg.moe.routing_metrics)
     run.faults = []
-    # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for routing/*)
-    prompts = [run.prompts[i] for i in run.order.next(cfg.rollout.prompts_per_step)]
-    assert run.rollouts is not None  # Run.__post_init__ sets the default
-    completions = run.rollouts.rollouts(step, prompts, cfg.rollout.samples_per_prompt, rollout_sampling(cfg, step),
-                                        record_routes=plan.engine_records)
-    clock.lap("rollout")
-    # 2. rewards and group-baseline advantages
-    tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
-    rewards, reward_stats = score_completions(run.rewards, prompts, completions)
+    # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for routing/*), and 2. rewards;
+    #    with rollout.filter_groups, rounds of both until P groups whose rewards differ are kept
+    sampled = rollout_and_score(run, step, plan.engine_records, clock)
+    prompts, completions, rewards = sampled.prompts, sampled.completions, sampled.rewards
     rewards_PG = rewards.view(len(prompts), -1)
-    run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step,
-                              getattr(run.rewards, "last_columns", None))
+    run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step, sampled.columns)
+    # group-baseline advantages
     advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize).reshape(-1)
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the
@@ -370,8 +368,43 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # 5. weight sync to the rollout engine
     run.engine.load_weights(trainer.state_dict())
     clock.lap("sync")
-    return step_metrics(StepRecord(completions, rewards_PG, reward_stats, batch, old, updates, plan.engine_routes,
-                                   plan.metrics, diagnostics, clock.laps, cfg.eval.accuracy_threshold))
+    return step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates, plan.engine_routes,
+                                   plan.metrics, diagnostics, clock.laps, cfg.eval.accuracy_threshold,
+                                   sampled.generated_tokens))
+
+
+def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sampled:
+    """The step's P prompts, P x G completions and their rewards: one draw of ``rollout.prompts_per_step``
+    prompts, or with ``rollout.filter_groups`` DAPO's dynamic sampling (``minirl.dynamic_sampling``)."""
+    cfg, r = run.cfg, run.cfg.rollout
+    assert run.rollouts is not None  # Run.__post_init__ sets the default
+    rollouts = run.rollouts
+
+    def draw(count: int) -> list[Prompt]:
+        return [run.prompts[i] for i in run.order.next(count)]
+
+    def generate(prompts: list[Prompt], round_index: int) -> list[Completion]:
+        completions = rollouts.rollouts(step, prompts, r.samples_per_prompt, rollout_sampling(cfg, step, round_index),
+                                        record_routes=record_routes)
+        clock.lap("rollout")
+        return completions
+
+    def score(prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float], Any]:
+        tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
+        rewards, stats = score_completions(run.rewards, prompts, completions)
+        clock.lap("reward")
+        return rewards, stats, getattr(run.rewards, "last_columns", None)
+
+    if not r.filter_groups:
+        prompts = draw(r.prompts_per_step)
+        completions = generate(prompts, 0)
+        rewards, stats, columns = score(prompts, completions)
+        return Sampled(prompts, completions, rewards, stats, columns or [],
+                       sum(len(c.completion_ids) for c in completions))
+    per_round = r.filter_groups_prompts_per_round or r.prompts_per_step
+    return sample_groups(draw, generate, score, groups=r.prompts_per_step, prompts_per_round=per_round,
+                         max_rounds=round_limit(r.filter_groups_max_rounds, len(run.prompts), per_round),
+                         metric=r.filter_groups_metric, accuracy_threshold=cfg.eval.accuracy_threshold)
 
 
 class _Clock:
@@ -382,8 +415,9 @@ class _Clock:
         self._last = time.perf_counter()
 
     def lap(self, name: str) -> None:
+        """Add the seconds since the last lap to ``name`` (a phase run several times adds up)."""
         now = time.perf_counter()
-        self.laps[name], self._last = now - self._last, now
+        self.laps[name], self._last = self.laps.get(name, 0.0) + now - self._last, now
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -430,10 +464,11 @@ def check_fresh_start(cfg: Config) -> None:
         )
 
 
-def rollout_sampling(cfg: Config, step: int) -> SamplingParams:
+def rollout_sampling(cfg: Config, step: int, round_index: int = 0) -> SamplingParams:
+    """The rollout's sampling law and seed at ``step`` (``round_index``: dynamic sampling's later rounds)."""
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          min_p=r.min_p, seed=cfg.run.seed * 100_003 + step)
+                          min_p=r.min_p, seed=cfg.run.seed * 100_003 + step + round_index * 1_000_003)
 
 
 def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:

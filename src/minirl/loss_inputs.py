@@ -13,6 +13,8 @@ import torch
 
 AGGREGATIONS: tuple[str, ...] = ("seq_sum", "seq_mean", "token_mean")
 TIS_PLACEMENTS: tuple[str, ...] = ("full", "train_infer")
+TIS_MODES: tuple[str, ...] = ("truncate", "mask")
+TIS_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,8 @@ def _describe(t: object) -> str:
 
 
 def check_knobs(*, eps_low: float | None = None, eps_high: float | None = None, tis_cap: float | None = None,
-                normalizer: float | None = None, tis_placement: str | None = None, aggregation: str | None = None) -> None:
+                normalizer: float | None = None, tis_placement: str | None = None, aggregation: str | None = None,
+                tis_floor: float | None = None, tis_mode: str | None = None, tis_level: str | None = None) -> None:
     """The knob checks every loss starts with, written once (``ValueError`` naming the knob); a
     knob left at None is one the loss does not have (``normalizer=None``: the loss's default)."""
     for name, value in (("eps_low", eps_low), ("eps_high", eps_high)):
@@ -122,3 +125,10 @@ def check_knobs(*, eps_low: float | None = None, eps_high: float | None = None, 
         raise ValueError(f"tis_placement must be one of {TIS_PLACEMENTS}, got {tis_placement!r}")
     if aggregation is not None and aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if tis_floor is not None and (isinstance(tis_floor, bool) or not isinstance(tis_floor, (int, float))
+                                  or not 0 <= tis_floor < (tis_cap if tis_cap is not None else math.inf)):
+        raise ValueError(f"tis_floor must be >= 0 and below tis_cap, got {tis_floor!r}")
+    if tis_mode is not None and tis_mode not in TIS_MODES:
+        raise ValueError(f"tis_mode must be one of {TIS_MODES}, got {tis_mode!r}")
+    if tis_level is not None and tis_level not in TIS_LEVELS:
+        raise ValueError(f"tis_level must be one of {TIS_LEVELS}, got {tis_level!r}")

@@ -12,6 +12,11 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``train/uniform_reward_groups_frac``  fraction of groups whose rewards all equal (zero
                                advantage: no gradient); split into ``all_correct_groups_frac`` and
                                ``all_wrong_groups_frac`` (every reward >= / < the accuracy threshold)
+``filter/*``                    ``rollout.filter_groups`` (DAPO's dynamic sampling) only: ``rounds`` of
+                               generation, ``kept_groups_frac`` (groups with a reward spread / groups
+                               generated), ``topped_up_groups`` (zero-spread groups filling a short
+                               batch), ``reward_mean_generated`` (every sample generated; ``train/*``
+                               covers the kept groups)
 ``reward/<name>/mean``         each user reward function's mean (``task.reward_functions``)
 ``reward/{errors,timeouts,fallback_frac}``  user reward problems (``task.reward_on_error``)
 ``train/entropy``              token-mean full-vocabulary entropy of pi_old at rollout prefixes
@@ -19,15 +24,15 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``mismatch/kl_k3``             the same KL, k3 estimator (non-negative, lower variance)
 ``mismatch/abs_dlogp_mean``    mean |log mu_old - log pi_old| (``..._max``: the largest)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
-                               weight mean/max, truncated-IS fraction), mean over the N x E updates
+                               weight mean/max, truncated- or masked-IS fraction), mean over the N x E updates
 ``policy/loss``                loss, mean over the N x E updates
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
 ``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or
                                gradient (no optimizer step; ``optim.max_consecutive_faults`` in a
                                row stop the run with exit code 3)
-``time/{rollout,old_logprobs,update,sync,step}_s``  wall time per phase (``old_logprobs`` ~0 at
-                               N = 1: pi_old comes from the update's forward)
+``time/{rollout,reward,old_logprobs,update,sync,step}_s``  wall time per phase (``old_logprobs`` ~0
+                               at N = 1: pi_old comes from the update's forward)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``

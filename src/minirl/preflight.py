@@ -115,15 +115,17 @@ def check_sizes(cfg: Config, dims: ModelDims) -> None:
             if value is not None and value >= context:
                 raise ConfigError(f"{key}: {value} new tokens do not fit the model's context of {context} tokens "
                                   f"(max_position_embeddings; a prompt needs at least one): at most {context - 1}")
-    sequences = -(-r.prompts_per_step * r.samples_per_prompt // cfg.cluster.rollout_engines)
+    per_round = r.filter_groups_prompts_per_round if r.filter_groups else 0  # dynamic sampling's rounds
+    key = "rollout.filter_groups_prompts_per_round" if per_round > r.prompts_per_step else "rollout.prompts_per_step"
+    sequences = -(-max(r.prompts_per_step, per_round) * r.samples_per_prompt // cfg.cluster.rollout_engines)
     kv_bytes = {"fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}.get(r.kv_cache_precision, 4 if r.precision == "fp32" else 2)
     per_token = dims.layers * 2 * dims.kv_heads * dims.head_dim * kv_bytes + BYTES_PER_RECORDED_TOKEN
     needed = sequences * (r.max_new_tokens * per_token + dims.vocab_size * 4 + BYTES_PER_SEQUENCE)  # + fp32 logits
     available = available_memory(cfg)
     if available is not None and needed > available:
         raise ConfigError(
-            f"rollout.prompts_per_step: a step's rollout needs at least {needed / GIB:.1f} GiB ({sequences} sequences "
-            f"(rollout.prompts_per_step x samples_per_prompt) x {r.max_new_tokens} new tokens (rollout.max_new_tokens) x "
+            f"{key}: a step's rollout needs at least {needed / GIB:.1f} GiB ({sequences} sequences "
+            f"({key} x samples_per_prompt) x {r.max_new_tokens} new tokens (rollout.max_new_tokens) x "
             f"{per_token} bytes of KV cache and records) but this machine has {available / GIB:.1f} GiB available; lower them"
         )
 

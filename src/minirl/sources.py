@@ -61,8 +61,21 @@ class EngineRollouts:
         return self.engine.generate(prompts, n, sampling, record_routes=record_routes)
 
 
-def step_file(directory: Path, step: int) -> Path:
-    return Path(directory) / f"step_{step:06d}.pt"
+def step_file(directory: Path, step: int, round_index: int = 0) -> Path:
+    """A step's dumped rollouts; dynamic sampling's later rounds (``rollout.filter_groups``) get their own file."""
+    return Path(directory) / (f"step_{step:06d}.pt" if round_index == 0 else f"step_{step:06d}_round{round_index}.pt")
+
+
+class _Rounds:
+    """Counts the calls of one step: 0 for its first ``rollouts``, 1 for dynamic sampling's second round, ..."""
+
+    def __init__(self) -> None:
+        self.step, self.round = -1, 0
+
+    def next(self, step: int) -> int:
+        self.round = self.round + 1 if step == self.step else 0
+        self.step = step
+        return self.round
 
 
 class RolloutDump(ForwardsProgress):
@@ -71,13 +84,14 @@ class RolloutDump(ForwardsProgress):
     def __init__(self, source: RolloutSource, rewards: RewardSource, directory: str | Path) -> None:
         self.source, self.rewards, self.directory = source, rewards, Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._step = 0
+        self._step, self._rounds = 0, _Rounds()
         self._prompts: list[Prompt] = []
         self._completions: list[Completion] = []
 
     def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
                  record_routes: bool) -> list[Completion]:
         self._step, self._prompts = step, prompts
+        self._rounds.next(step)
         self._completions = self.source.rollouts(step, prompts, n, sampling, record_routes=record_routes)
         return self._completions
 
@@ -90,7 +104,7 @@ class RolloutDump(ForwardsProgress):
                 "completions": [_completion_state(c) for c in completions],
                 "rewards": values.detach().cpu(),
                 "reward_stats": dict(stats),
-            }, step_file(self.directory, self._step))
+            }, step_file(self.directory, self._step, self._rounds.round))
         return values, stats
 
     def close(self) -> None:
@@ -107,12 +121,15 @@ class RolloutReplay(ForwardsProgress):
         if not self.directory.is_dir():
             raise ConfigError(f"--rollouts-from: {self.directory} is not a directory of dumped rollouts")
         self._served: tuple[list[Completion], dict[str, Any]] | None = None  # the last step's rollouts, its dump
+        self._rounds = _Rounds()
 
     def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
                  record_routes: bool) -> list[Completion]:
-        path = step_file(self.directory, step)
+        round_index = self._rounds.next(step)
+        path = step_file(self.directory, step, round_index)
         if not path.is_file():
-            raise ConfigError(f"--rollouts-from: {path} not found (the dump has no step {step})")
+            which = f"step {step}" + (f", round {round_index} (rollout.filter_groups differs?)" if round_index else "")
+            raise ConfigError(f"--rollouts-from: {path} not found (the dump has no {which})")
         dump = torch.load(path, weights_only=True)
         if dump["prompts"] != [p.text for p in prompts]:
             raise ConfigError(f"--rollouts-from: {path} holds other prompts than this run's step {step} "

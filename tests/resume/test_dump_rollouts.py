@@ -36,6 +36,26 @@ def test_a_run_from_its_own_dump_reproduces_its_metrics(tmp_path, mode):
     assert len(a) == 4 and a == b
 
 
+def test_dynamic_sampling_dumps_and_replays_every_round(tmp_path):
+    """``rollout.filter_groups``: each round of a step is its own file, and a replay reads them in order. With
+    correctness as the metric the untrained model's groups are all wrong: every step runs both rounds and is
+    topped up, and the data order moves by two rounds of prompts."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", "rollout.filter_groups=true",
+            "rollout.filter_groups_metric=accuracy", "rollout.filter_groups_max_rounds=2", f"run.output_dir={tmp_path}"]
+    dump = tmp_path / "dump"
+    assert main([*base, "run.name=a", "--dump-rollouts", str(dump)]) == 0
+    assert sorted(p.name for p in dump.iterdir()) == ["step_000001.pt", "step_000001_round1.pt", "step_000002.pt",
+                                                       "step_000002_round1.pt"]
+    first, second = (torch.load(dump / name, weights_only=True) for name in ("step_000001.pt", "step_000001_round1.pt"))
+    assert len(set(first["prompts"]) | set(second["prompts"])) == 4  # two rounds, two new prompts each
+    assert main([*base, "run.name=b", "--rollouts-from", str(dump)]) == 0
+    a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    assert len(a) == 3 and a == b
+    assert [(r["filter/rounds"], r["filter/topped_up_groups"], r["train/all_wrong_groups_frac"]) for r in a[1:]] \
+        == [(2.0, 2.0, 1.0)] * 2
+
+
 def test_rollouts_from_a_missing_step_is_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]

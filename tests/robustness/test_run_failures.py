@@ -93,12 +93,15 @@ SIZES = [
     ("eval.max_new_tokens=512", "eval.max_new_tokens: 512 new tokens do not fit the model's context of 512 tokens "),
     # the 1e6 prompts needs ~33 GiB with these sizes: refused here, not on a larger machine; 1e9 anywhere
     ("rollout.prompts_per_step=1000000000", "rollout.prompts_per_step: a step's rollout needs at least "),
+    # dynamic sampling's rounds of rollout.filter_groups_prompts_per_round prompts are what must fit
+    ("rollout.filter_groups=true rollout.filter_groups_prompts_per_round=1000000000",
+     "rollout.filter_groups_prompts_per_round: a step's rollout needs at least "),
 ]
 
 
 @pytest.mark.parametrize("override, message", SIZES)
 def test_absurd_sizes_are_refused_before_any_work(tmp_path, capsys, override, message):
-    assert main(_args(tmp_path, 1, "cold_start.enabled=true", override)) == 2
+    assert main(_args(tmp_path, 1, "cold_start.enabled=true", *override.split())) == 2
     assert one_line(capsys.readouterr().err).startswith(message)
     assert not (tmp_path / "r" / "sft").exists() and not (tmp_path / "r" / "metrics.jsonl").exists()
 

@@ -112,3 +112,14 @@ def test_cispo_group_ids_are_validated() -> None:
         cispo_loss(LossInputs(*args, torch.zeros(2, dtype=torch.long)))
     with pytest.raises(ValueError, match="group_ids"):
         cispo_loss(LossInputs(*args, torch.zeros(3)))
+
+
+def test_cispo_with_a_masked_train_infer_factor() -> None:
+    # c = Q/Mu inside [0, 3], else 0: row 0 [2, 1.25, 0], row 1 [5/6, 5/9], row 2 [2]
+    # d loss / d logp = -clip(r) c A / (T_g N): group 7 / (5 * 2), group 3 / (1 * 2)
+    loss, grad, m = _run(is_correction=True, tis_mode="mask", tis_cap=3.0)
+    group7 = 4 * L(0.5) + 1.27 * 1.25 * 2 * L(0.8) - (2 / 3) * L(0.3) - 0.5 * L(0.45)
+    assert loss == pytest.approx(-(group7 / 5 + 1.1 * L(0.66)) / 2, abs=1e-9)
+    expected = [[-0.4, -1.27 * 1.25 * 2 / 10, 0.0], [0.8 * 5 / 6 / 10, 0.05, 0.0], [-0.55, 0.0, 0.0]]
+    torch.testing.assert_close(grad, torch.tensor(expected, dtype=F64), atol=1e-9, rtol=0)
+    assert m["is_masked_frac"] == pytest.approx(1 / 6, abs=1e-12)

@@ -130,3 +130,21 @@ def test_grpo_bad_knobs() -> None:
     for knobs, name in (({"eps_low": -1.0}, "eps_low"), ({"tis_cap": 0.0}, "tis_cap"), ({"normalizer": -2.0}, "normalizer")):
         with pytest.raises(ValueError, match=name):
             grpo_loss(LossInputs(*args), **knobs)
+
+
+def test_grpo_with_a_masked_train_infer_factor() -> None:
+    # c = Q/Mu inside [0, 3], else 0: row 0 [2, 1.25, 0 (4.5)], row 1 [5/6, 5/9]
+    # row 0: (2*2 + 1.25*2.54 + 0) / 3 ; row 1: (5/6*(-0.8) + 5/9*(-0.9)) / 2 = -7/12
+    loss, grad, m = _run(is_correction=True, tis_mode="mask", tis_cap=3.0)
+    assert loss == pytest.approx(-(7.175 / 3 - 7 / 12) / 2, abs=1e-9)
+    # -(1/2)(1/|y_i|) c r A on unclipped tokens: row 0 t0 -(1/6)*2*2 ; row 1 t1 -(1/4)*(5/9)*0.9*(-1)
+    _close(grad, [[-2 / 3, 0.0, 0.0], [0.0, 0.125, 0.0]])
+    assert m["is_masked_frac"] == pytest.approx(0.2, abs=1e-12)
+
+
+def test_grpo_with_a_sequence_level_train_infer_factor() -> None:
+    # c per response: row 0 min(2 * 1.25 * 4.5 = 11.25, 5) = 5 ; row 1 5/6 * 5/9 = 25/54
+    loss, grad, m = _run(is_correction=True, tis_level="sequence")
+    assert loss == pytest.approx(-(5 * 6.94 / 3 - (25 / 54) * 1.7 / 2) / 2, abs=1e-9)
+    _close(grad, [[-5 / 3, 0.0, -2.0], [0.0, (25 / 54) * 0.9 / 4, 0.0]])
+    assert m["is_truncated_frac"] == pytest.approx(0.6, abs=1e-12)

@@ -325,6 +325,10 @@ def test_nan_advantage_raises() -> None:
         ({"tis_cap": 0.0}, "tis_cap"),
         ({"tis_cap": -1.0}, "tis_cap"),
         ({"normalizer": 0.0}, "normalizer"),
+        ({"tis_mode": "clip"}, "tis_mode"),
+        ({"tis_level": "batch"}, "tis_level"),
+        ({"tis_floor": -1.0}, "tis_floor"),
+        ({"tis_floor": 5.0}, "tis_floor"),
     ],
 )
 def test_bad_knobs_raise_value_error_naming_the_argument(knobs: dict[str, object], name: str) -> None:
@@ -360,3 +364,63 @@ def test_weight_exactly_at_the_cap_is_not_counted_truncated() -> None:
     assert m["is_truncated_frac"] == 0.0 and m["is_weight_max"] == 2.0
     _, m = minirl_loss(LossInputs(logp, logp, z, torch.ones(1, dtype=F64), torch.ones(1, 2, dtype=torch.bool)), tis_cap=1.999)
     assert m["is_truncated_frac"] == 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# the IS weight masked (IcePop, TRL's *_mask) or per sequence (Eq. (2)'s weight, TRL's sequence_*)
+# --------------------------------------------------------------------------------------------
+
+
+def test_mask_mode_zeroes_a_weight_above_the_cap_instead_of_truncating_it() -> None:
+    # full: P/Mu row 0 [2, 2, 5.4 -> 0 (> 3)], row 1 [0.5, 0.5]; M = 0 at row 0 t1 and row 1 t0
+    loss, grad, m = _run(tis_mode="mask", tis_cap=3.0)
+    assert loss == pytest.approx(-(4 * L(0.5) - 0.5 * L(0.45)) / 2, abs=1e-9)
+    _close(grad, [[-2.0, 0.0, 0.0], [0.0, 0.25, 0.0]])
+    assert m["is_masked_frac"] == pytest.approx(0.2, abs=1e-12) and "is_truncated_frac" not in m
+    assert m["is_weight_mean"] == pytest.approx((2 + 2 + 0 + 0.5 + 0.5) / 5, abs=1e-9)
+
+
+def test_mask_mode_floor_zeroes_a_weight_below_it() -> None:
+    # [1, 3]: row 0 [2, 2, 0], row 1 [0 (0.5 < 1), 0]
+    loss, grad, m = _run(tis_mode="mask", tis_cap=3.0, tis_floor=1.0)
+    assert loss == pytest.approx(-(4 * L(0.5)) / 2, abs=1e-9)
+    _close(grad, [[-2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert m["is_masked_frac"] == pytest.approx(0.6, abs=1e-12)
+
+
+def test_truncate_mode_floor_raises_a_small_weight_to_it() -> None:
+    # TRL's clip_min: clamp(P/Mu, 1, 5) = row 0 [2, 2, 5], row 1 [1, 1]; bounded: row 0 t2 and row 1 t0, t1
+    loss, grad, m = _run(tis_floor=1.0)
+    assert loss == pytest.approx(-(4 * L(0.5) + 10 * L(0.54) - 1 * L(0.45)) / 2, abs=1e-9)
+    _close(grad, [[-2.0, 0.0, -5.0], [0.0, 0.5, 0.0]])
+    assert m["is_truncated_frac"] == pytest.approx(0.6, abs=1e-12)
+
+
+def test_sequence_level_weight_is_the_truncated_product_of_the_responses_ratios() -> None:
+    # row 0: 2 * 2 * 5.4 = 21.6 -> 5 on every token; row 1: 0.5 * 0.5 = 0.25 (its padded t2, P/Mu = 10, left out)
+    loss, grad, m = _run(tis_level="sequence")
+    assert loss == pytest.approx(-(5 * 2 * L(0.5) + 5 * 2 * L(0.54) - 0.25 * L(0.45)) / 2, abs=1e-9)
+    _close(grad, [[-5.0, 0.0, -5.0], [0.0, 0.125, 0.0]])
+    assert m["is_truncated_frac"] == pytest.approx(0.6, abs=1e-12)
+
+
+def test_trl_default_sequence_mask_on_the_train_infer_factor() -> None:
+    # TRL's sequence_mask, clip_max 3: Q/Mu products row 0 2 * 1.25 * 4.5 = 11.25 > 3 -> 0; row 1 5/6 * 5/9 = 25/54
+    # kept; w = factor x r: row 1 t1 25/54 * 0.9 = 5/12 (t0 clipped); row 0 contributes nothing
+    loss, grad, m = _run(tis_mode="mask", tis_cap=3.0, tis_level="sequence", tis_placement="train_infer")
+    assert loss == pytest.approx((5 / 12) * L(0.45) / 2, abs=1e-9)
+    _close(grad, [[0.0, 0.0, 0.0], [0.0, 5 / 24, 0.0]])
+    assert m["is_masked_frac"] == pytest.approx(0.6, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_a_sequence_ratio_beyond_float_range_is_bounded_without_nan(mode: str) -> None:
+    # 3 tokens of log-ratio 400: exp(1200) is +inf; truncate -> the cap, mask -> 0; one of 0 (-400 each) likewise
+    logp = torch.full((2, 3), -1.0, dtype=F64, requires_grad=True)
+    rollout = torch.tensor([[-401.0] * 3, [399.0] * 3], dtype=F64)
+    x = LossInputs(logp, logp.detach(), rollout, torch.tensor([1.0, -1.0], dtype=F64), torch.ones(2, 3, dtype=torch.bool))
+    loss, _ = minirl_loss(x, tis_level="sequence", tis_mode=mode, tis_floor=0.5)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    expected = [[-2.5] * 3, [0.25] * 3] if mode == "truncate" else [[0.0] * 3, [0.0] * 3]  # -w A / 2
+    _close(logp.grad, expected)

@@ -7,6 +7,7 @@ below as they compute, so "the same gradient" is a measured claim.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,7 +174,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
 
 @pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "batch"},
                                    {"entropy_coef": 0.01}, {"mask_truncated_completions": True},
-                                   {"use_vllm": True}])  # vLLM's default IS mode is sequence_mask
+                                   {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
     out = _trl(**given)
     assert not [key for key in out.values if key.startswith("algo.")]
@@ -195,7 +196,19 @@ def test_dapo_over_several_optimizer_steps_says_how_it_differs():
 def test_trl_vllm_token_truncate_is_minirls_train_infer_correction():
     v = _trl(use_vllm=True, vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=5.0).values
     assert (v["algo.is_correction"], v["algo.tis_cap"], v["algo.tis_placement"]) == (True, 5.0, "train_infer")
+    assert (v["algo.tis_mode"], v["algo.tis_level"], v["algo.tis_floor"]) == ("truncate", "token", 0.0)
     assert v["cluster.engine_backend"] == "vllm"
+
+
+def test_trls_default_vllm_correction_is_a_sequence_mask():
+    """TRL 1.16's default: ``sequence_mask`` with ``clip_max`` 3 and no ``clip_min``."""
+    out = _trl(use_vllm=True)
+    v = out.values
+    assert (v["algo.tis_mode"], v["algo.tis_level"], v["algo.tis_cap"], v["algo.tis_floor"]) == ("mask", "sequence", 3.0, 0.0)
+    assert out.objective.startswith("your TRL loss")
+    v = _trl(use_vllm=True, vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=None,
+             vllm_importance_sampling_clip_min=0.5).values
+    assert (v["algo.tis_mode"], v["algo.tis_level"], v["algo.tis_cap"], v["algo.tis_floor"]) == ("mask", "token", math.inf, 0.5)
 
 
 def test_trl_rewards_models_peft_and_leftovers():
@@ -245,7 +258,21 @@ def _losses(inputs: LossInputs, cfg, batch: int) -> tuple[torch.Tensor, torch.Te
     return loss, grad
 
 
-def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float, cap: float | None,
+def _trl_is_ratio(x: LossInputs, mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """TRL 1.16's ``importance_sampling_ratio`` (``_generate_and_score_completions``), written as TRL does."""
+    mask = x.mask.float()
+    logps_diff = (x.logp_old - x.logp_rollout) * mask
+    if mode in ["sequence_mask", "sequence_truncate"]:
+        logps_diff = logps_diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    min_val = clip_min if clip_min is not None else -math.inf
+    max_val = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
+
+
+def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float, is_ratio: torch.Tensor | None,
                   max_len: int) -> torch.Tensor:
     """TRL 1.16 ``GRPOTrainer._compute_loss`` for one mini-batch (token level, beta = 0), written as TRL does."""
     logp = x.logp.detach().clone().requires_grad_(True)
@@ -254,8 +281,8 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     adv = x.advantages[:, None]
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
-    if cap is not None:  # vllm_importance_sampling_mode='token_truncate'
-        per_token_loss = per_token_loss * torch.clamp(torch.exp(x.logp_old - x.logp_rollout), max=cap)
+    if is_ratio is not None:  # use_vllm with vllm_importance_sampling_correction
+        per_token_loss = per_token_loss * is_ratio
     if loss_type == "grpo":
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dr_grpo":
@@ -277,18 +304,28 @@ def _batch(batch: int = 8, width: int = 6, seed: int = 0) -> LossInputs:
     return LossInputs(logp, logp_old, logp_rollout, advantages, mask, torch.arange(batch) // 4)
 
 
+VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("sequence_truncate", 0.5, 2.0),
+              ("sequence_mask", None, 3.0), ("token_mask", None, None)]
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-@pytest.mark.parametrize("vllm", [False, True])
+@pytest.mark.parametrize("vllm", VLLM_MODES)
 def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Path):
     given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
              "num_generations": 4, "max_completion_length": 6, "epsilon": 0.2, "epsilon_high": 0.28}
-    if vllm:
-        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0}
-    cfg = from_trl(given).config()
     x = _batch()
+    is_ratio = None
+    if vllm:
+        mode, clip_min, clip_max = vllm
+        given |= {"use_vllm": True, "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
+                  "vllm_importance_sampling_clip_max": clip_max}
+        is_ratio = _trl_is_ratio(x, mode, clip_min, clip_max)
+        if clip_min is not None or clip_max is not None:  # the bounds act on this batch: a real check
+            assert not torch.equal(is_ratio, _trl_is_ratio(x, mode.replace("truncate", "mask"), None, None))
+    cfg = from_trl(given).config()
     _, ours = _losses(x, cfg, batch=8)
     # TRL's micro-batches of 4 rows, each loss divided by the 2 accumulation steps, sum to the whole batch's
-    theirs = _trl_gradient(loss_type, x, 0.2, 0.28, 2.0 if vllm else None, max_len=6)
+    theirs = _trl_gradient(loss_type, x, 0.2, 0.28, is_ratio, max_len=6)
     assert ours.abs().max() > 1e-3  # the check has something to compare
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
@@ -391,10 +428,19 @@ def test_a_dapo_recipe_script_arithmetic_nested_defaults_and_what_minirl_lacks(t
     out = from_verl(given)
     assert out.values["optim.micro_batch_max_tokens"] == 22528
     text = "\n".join(out.not_translated)
-    assert "filter_groups.enable=True: DAPO's dynamic sampling" in text and "reward manager" not in text
+    assert "reward manager" not in text and "filter_groups" not in text
+    assert (out.values["rollout.filter_groups"], out.values["rollout.filter_groups_max_rounds"]) == (True, 10)
+    assert out.values["rollout.filter_groups_metric"] == "reward"  # the recipe leaves verl's metric unset
+    assert "rollout.filter_groups_prompts_per_round" not in out.values  # gen_batch_size unset: train_batch_size
+    assert any("max_num_gen_batches=10: when the rounds run out verl stops" in line for line in out.differs)
     assert out.values["task.reward_functions"][-1] == {  # DAPO's overlong reward shaping, as the recipe sets it
         "function": OVERLONG, "weight": 1.0, "name": "overlong_reward", "kwargs": {"max_completion_len": 20480, "soft_punish_cache": 4096}}
-    assert "algorithm.filter_groups.max_num_gen_batches" in out.ignored  # a parameter of it
+    given |= {"algorithm.filter_groups.metric": "acc", "data.gen_batch_size": 96, "data.train_batch_size": 32, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+              "algorithm.filter_groups.max_num_gen_batches": 0}
+    out = from_verl(given)
+    assert out.values["rollout.filter_groups_metric"] == "accuracy" and out.values["rollout.filter_groups_prompts_per_round"] == 96
+    assert out.values["rollout.filter_groups_max_rounds"] == 0
+    assert any("0 = at most one pass over the training prompts" in line for line in out.differs)
 
 
 def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
@@ -532,7 +578,7 @@ def test_verl_losses_minirl_has(given, name, aggregation):
 
 
 @pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.entropy_coeff": 0.01},
-                                   {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "sequence"}])
+                                   {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "batch"}])
 def test_verl_losses_minirl_lacks(given):  # {}: verl's default estimator is GAE (a critic)
     out = from_verl({"actor_rollout_ref.rollout.n": 4} | given)
     assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
@@ -546,7 +592,37 @@ def test_verl_token_mean_gradient_is_verls(tmp_path: Path):
                      "actor_rollout_ref.actor.clip_ratio_c": 1e9}).config()
     x = _batch()
     _, ours = _losses(x, cfg, batch=8)
-    theirs = _trl_gradient("dapo", x, 0.2, 0.2, 2.0, max_len=6)  # verl's token-mean PPO is TRL's dapo
+    theirs = _trl_gradient("dapo", x, 0.2, 0.2, _trl_is_ratio(x, "token_truncate", None, 2.0), max_len=6)  # TRL's dapo
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def _verl_is_weights(x: LossInputs, rollout_is: str, threshold: float | str) -> torch.Tensor:
+    """verl 0.9.1's ``compute_rollout_correction_weights`` (no batch normalisation), written as verl does."""
+    upper, lower = (float(threshold), None) if not isinstance(threshold, str) else map(float, threshold.split("_")[::-1])
+    log_ratio, mask = x.logp_old - x.logp_rollout, x.mask.to(x.logp_old.dtype)
+    if rollout_is == "token":
+        raw = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+    else:
+        log_ratio_sum = (log_ratio * mask).sum(dim=-1).unsqueeze(-1)
+        raw = torch.exp(torch.clamp(log_ratio_sum, min=-20.0, max=20.0)).expand_as(log_ratio)
+    raw = raw * mask
+    if lower is None:
+        return raw.clamp(max=upper)
+    return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+
+
+@pytest.mark.parametrize("rollout_is, threshold", [("token", "0.5_2.0"), ("sequence", 2.0), ("sequence", "0.5_3.0")])
+def test_verl_sequence_and_icepop_rollout_is_gradient_is_verls(rollout_is, threshold):
+    cfg = from_verl({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
+                     "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "algorithm.rollout_correction.rollout_is": rollout_is,
+                     "algorithm.rollout_correction.rollout_is_threshold": threshold,
+                     "actor_rollout_ref.actor.clip_ratio_c": 1e9}).config()
+    assert (cfg.algo.tis_level, cfg.algo.tis_mode) == (rollout_is, "mask" if isinstance(threshold, str) else "truncate")
+    x = _batch()
+    _, ours = _losses(x, cfg, batch=8)
+    weights = _verl_is_weights(x, rollout_is, threshold)
+    assert not torch.equal(weights, _verl_is_weights(x, rollout_is, 1e30))  # the bounds act on this batch
+    theirs = _trl_gradient("dapo", x, 0.2, 0.2, weights, max_len=6)
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 

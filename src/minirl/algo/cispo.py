@@ -17,7 +17,7 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
   right, every response of a group must be in the same call (micro-batches must not split
   groups).
 * ``is_correction=True`` (not part of CISPO as written) multiplies each token by the detached,
-  truncated factor min(pi_old / mu_old, tis_cap).
+  truncated factor min(pi_old / mu_old, tis_cap), or its masked / sequence form (``bounded_is_weight``).
 * Default clip range 0.2 / 0.27 (the values [P] uses for MiniRL); the CISPO paper (MiniMax-M1)
   tunes only the upper bound and effectively leaves the lower one open: pass a large eps_low
   for that.
@@ -43,6 +43,7 @@ def cispo_loss(
     eps_high: float = 0.27,
     is_correction: bool = False,
     tis_cap: float = 5.0,
+    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO loss, the negative of J_CISPO in [P] (arXiv:2512.01374) Appendix A, averaged over groups.
@@ -54,7 +55,8 @@ def cispo_loss(
     N = ``normalizer`` or the number of distinct ``group_ids``.
     d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
     """
-    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_floor=tis_floor,
+                tis_mode=tis_mode, tis_level=tis_level)
     group_ids = x.require_groups()  # CISPO normalises per group: ValueError without them
     x.raise_on_nan()
     logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
@@ -67,7 +69,8 @@ def cispo_loss(
 
     ratio = torch.exp(lp - lp_old)  # detached
     weight = ratio.clamp(1 - eps_low, 1 + eps_high)
-    factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap)
+    factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap,
+                                           tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(mask, weight * factor * adv * logp_m, zero)
@@ -77,5 +80,5 @@ def cispo_loss(
     loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
 
     clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
-    metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask)
+    metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask, tis_mode)
     return loss, metrics

@@ -9,8 +9,8 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
   while unclipped and 0 once clipped. MiniRL instead multiplies a detached weight by log pi_theta.
 * The ratio is to **pi_old** (trainer), not mu_old (rollout engine): as written, GRPO ignores the
   training–inference discrepancy ([P] App. A, difference 1). ``is_correction=True`` (not part of
-  GRPO as written) multiplies each token by the detached, truncated factor
-  min(pi_old / mu_old, tis_cap), the correction of Yao et al. (2025).
+  GRPO as written) multiplies each token by the detached factor min(pi_old / mu_old, tis_cap) of Yao et al.
+  (2025), or its masked / sequence form (``tis_mode``, ``tis_level``: ``minirl.algo._common.bounded_is_weight``).
 * **1/|y_i| length normalisation** per response, then the mean over responses ([P] App. A,
   difference 2). With several prompts in a batch the mean runs over all B responses, which equals
   the mean of per-group means when groups have equal size G. No KL-to-reference term (the
@@ -40,6 +40,7 @@ def grpo_loss(
     eps_high: float = 0.27,
     is_correction: bool = False,
     tis_cap: float = 5.0,
+    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss, the negative of J_GRPO in [P] (arXiv:2512.01374) Appendix A.
@@ -52,7 +53,8 @@ def grpo_loss(
     unclipped tokens, 0 on clipped ones. ``group_ids`` is accepted for the uniform signature and
     ignored.
     """
-    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer)
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_floor=tis_floor,
+                tis_mode=tis_mode, tis_level=tis_level)
     x.raise_on_nan()
     logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
 
@@ -63,7 +65,8 @@ def grpo_loss(
 
     ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
-    factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap)
+    factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap,
+                                           tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(mask, factor * surrogate, zero)
@@ -75,5 +78,5 @@ def grpo_loss(
     pos = mask & (adv > 0)
     neg = mask & (adv < 0)
     clipped = (pos & (r > 1 + eps_high)) | (neg & (r < 1 - eps_low))
-    metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask)
+    metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask, tis_mode)
     return loss, metrics

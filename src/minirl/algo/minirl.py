@@ -23,7 +23,8 @@ How this differs from what it is usually confused with:
   "length-norm" ablation; ``"token_mean"`` (DAPO-style) is not in [P].
 * TIS (Yao et al. 2025, threshold 5, [P] §4.2) truncates the weight from above only. [P] does not
   say where: ``tis_placement="full"`` (literal reading, default) truncates pi_theta/mu_old,
-  ``"train_infer"`` only pi_old/mu_old (see below); they agree on-policy.
+  ``"train_infer"`` only pi_old/mu_old (see below); they agree on-policy. Masking (IcePop) and a sequence
+  weight (TRL's and verl's corrections) are not in [P].
 
 Metrics returned (detached 0-dim tensors; token statistics are over mask=True tokens; an empty selection
 gives 0.0, never NaN):
@@ -32,7 +33,8 @@ gives 0.0, never NaN):
     clip_frac          fraction of trained tokens with M_t = 0
     clip_frac_pos      same, among trained tokens of responses with A > 0
     clip_frac_neg      same, among trained tokens of responses with A < 0
-    is_truncated_frac  fraction of trained tokens where the TIS cap bit (the truncated quantity > tis_cap)
+    is_truncated_frac  fraction of trained tokens where the TIS bound bit (the bounded quantity > tis_cap, or
+                       < tis_floor); ``is_masked_frac`` instead under ``tis_mode="mask"`` (tokens whose weight is 0)
     is_weight_mean     mean of the final detached weight w over trained tokens (M_t = 0 tokens included)
     is_weight_max      max of w over trained tokens
     ratio_old_mean     mean of r = pi_theta / pi_old over trained tokens
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import token_loss_metrics
+from minirl.algo._common import bounded_is_weight, token_loss_metrics
 from minirl.loss_inputs import LossInputs, check_knobs
 from minirl.tensors import compute_dtype, masked
 
@@ -56,6 +58,7 @@ def minirl_loss(
     is_correction: bool = True,
     tis_cap: float = 5.0,
     tis_placement: str = "full",
+    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
     aggregation: str = "seq_sum",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -72,6 +75,8 @@ def minirl_loss(
 
     ``is_correction=False`` replaces ``logp_rollout`` by ``logp_old`` in w (drops the
     training–inference factor: the "w/o train-infer-IS" ablation of [P] §4.3; on-policy w = 1).
+    ``tis_mode="mask"`` zeroes a ratio outside [tis_floor, tis_cap] instead of truncating it, ``tis_level=
+    "sequence"`` bounds the product of a response's ratios and weighs all its tokens by it (``bounded_is_weight``).
 
     Aggregation (how the token terms become one number):
         "seq_sum"    sum over all tokens / N, N = ``normalizer`` or B (no 1/|y|; Eq. (7) default)
@@ -81,8 +86,8 @@ def minirl_loss(
     0-dim loss (gradient w.r.t. ``logp`` only) and the metrics of the module docstring.
     """
     # Over 60 lines with its docstring, which states Eq. (7) and every knob; the math is ~35 lines.
-    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer,
-                tis_placement=tis_placement, aggregation=aggregation)
+    check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_placement=tis_placement,
+                aggregation=aggregation, tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
     x.raise_on_nan()
     logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
 
@@ -102,13 +107,10 @@ def minirl_loss(
         clipped = torch.zeros_like(mask)
     keep = mask & ~clipped
 
-    if tis_placement == "full":
-        raw = torch.exp(lp - lp_mu)
-        weight = raw.clamp(max=tis_cap)
-    else:  # "train_infer"
-        raw = torch.exp(lp_old - lp_mu)
-        weight = raw.clamp(max=tis_cap) * ratio_old
-    truncated = mask & (raw > tis_cap)
+    log_is = lp - lp_mu if tis_placement == "full" else lp_old - lp_mu  # the ratio the bounds apply to
+    is_factor, truncated = bounded_is_weight(log_is, mask, tis_cap=tis_cap, tis_floor=tis_floor, tis_mode=tis_mode,
+                                             tis_level=tis_level)
+    weight = is_factor if tis_placement == "full" else is_factor * ratio_old  # "train_infer": x pi_theta/pi_old
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(keep, weight * adv * logp_m, zero)  # [B, T]
@@ -122,6 +124,6 @@ def minirl_loss(
         denom = mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer
         loss = -per_token.sum() / denom
 
-    metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask)
+    metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask, tis_mode)
     return loss, metrics
 

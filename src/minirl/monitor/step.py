@@ -30,8 +30,9 @@ class StepRecord:
     engine_routes: torch.Tensor | None  # [B, S, L, K] as sampled, when the engine recorded them
     routing: bool  # moe.routing_metrics on an MoE model
     diagnostics: dict[str, float] = field(default_factory=dict)
-    times: dict[str, float] = field(default_factory=dict)  # rollout, old_logprobs, update, sync
+    times: dict[str, float] = field(default_factory=dict)  # rollout, reward, old_logprobs, update, sync
     accuracy_threshold: float = 1.0  # eval.accuracy_threshold: a reward this high counts as correct
+    rollout_tokens: int | None = None  # tokens the engine generated (None: those of ``completions``)
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -51,10 +52,11 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
         metrics.update(routing_step_metrics(record.engine_routes, record.old.routes, batch.attention_mask, drift))
     metrics.update(record.diagnostics)
     t = record.times
+    generated = record.rollout_tokens if record.rollout_tokens is not None else sum(len(c.completion_ids) for c in record.completions)
     metrics.update({
-        "time/rollout_s": t["rollout"], "time/old_logprobs_s": t["old_logprobs"], "time/update_s": t["update"],
-        "time/sync_s": t["sync"], "time/step_s": sum(t.values()),
-        "perf/rollout_tokens_per_s": sum(len(c.completion_ids) for c in record.completions) / max(t["rollout"], 1e-9),
+        "time/rollout_s": t["rollout"], "time/reward_s": t.get("reward", 0.0), "time/old_logprobs_s": t["old_logprobs"],
+        "time/update_s": t["update"], "time/sync_s": t["sync"], "time/step_s": sum(t.values()),
+        "perf/rollout_tokens_per_s": generated / max(t["rollout"], 1e-9),
         "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t["old_logprobs"] + t["update"], 1e-9),
     })
     return metrics

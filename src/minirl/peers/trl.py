@@ -317,15 +317,15 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     if scale == "group":
         obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
-    if correction and peer("vllm_importance_sampling_mode") != "token_truncate":
-        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + " (minirl's is token_truncate)")
-    elif correction and peer("vllm_importance_sampling_clip_min") is not None:
-        obj.blockers.append(peer.show("vllm_importance_sampling_clip_min"))
-    if name != "gspo":  # TRL multiplies each token by min(pi_old / mu_old, cap), detached; without vLLM by nothing
+    mode = peer("vllm_importance_sampling_mode")
+    if correction and mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        obj.blockers.append(peer.show("vllm_importance_sampling_mode"))
+    if correction and name == "gspo":
+        obj.blockers.append(peer.show("vllm_importance_sampling_correction") + " with GSPO (minirl's gspo has no IS factor)")
+    if name != "gspo":  # TRL multiplies each token by its bounded pi_old / mu_old, detached; without vLLM by nothing
         obj.set("is_correction", correction, peer.show("use_vllm", "vllm_importance_sampling_correction"))
         if correction:
-            cap = peer("vllm_importance_sampling_cap") or peer("vllm_importance_sampling_clip_max")
-            obj.set("tis_cap", float(cap), peer.show("vllm_importance_sampling_clip_max"))
+            _trl_is_bounds(peer, obj, mode)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: TRL's weight")
     if peer("beta"):
@@ -335,6 +335,17 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
     return obj
+
+
+def _trl_is_bounds(peer: Peer, obj: Objective, mode: str) -> None:
+    """TRL's ``vllm_importance_sampling_mode`` (level x truncate / mask) and its clip bounds as minirl's tis_* keys."""
+    level, kind = mode.split("_")
+    obj.set("tis_level", level, peer.show("vllm_importance_sampling_mode"))
+    obj.set("tis_mode", kind, peer.show("vllm_importance_sampling_mode"))
+    cap = peer("vllm_importance_sampling_cap") or peer("vllm_importance_sampling_clip_max")
+    obj.set("tis_cap", float(cap) if cap is not None else math.inf, peer.show("vllm_importance_sampling_clip_max"))
+    floor = peer("vllm_importance_sampling_clip_min")
+    obj.set("tis_floor", float(floor or 0.0), peer.show("vllm_importance_sampling_clip_min"))
 
 
 def read_trl(path: str | None, words: list[str]) -> dict[str, Any]:

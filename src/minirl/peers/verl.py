@@ -52,13 +52,14 @@ VERL_DEFAULTS: dict[str, Any] = {
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
-    "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": 2.0,
+    "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": "2.0",  # a number or "lower_upper"
     "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
     "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.project_name": "verl_examples",
     "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
     "trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": None, "trainer.test_freq": -1,
     "trainer.resume_mode": "auto", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
     "trainer.log_val_generations": 0, "algorithm.filter_groups.enable": False, R + "quantization": None,
+    "algorithm.filter_groups.metric": None, "algorithm.filter_groups.max_num_gen_batches": 0, "data.gen_batch_size": None,
     "reward_model.reward_manager": None, "reward.reward_manager.name": "naive",
     R + "quantization.weight_dtype": None, "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
     "reward.custom_reward_function.path": None, "reward.custom_reward_function.name": "compute_score",
@@ -251,8 +252,7 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
     out.set("rollout.top_k", max(0, int(peer(R + "top_k") or 0)), peer.show(R + "top_k"))  # verl's -1 is off
     if peer("algorithm.filter_groups.enable"):
-        out.not_translated.append("algorithm.filter_groups.enable=True: DAPO's dynamic sampling (groups whose rewards "
-                                  "are all equal dropped, more sampled) has no minirl equivalent")
+        _verl_filter_groups(peer, out, prompts)
     quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")
     if quantization and not isinstance(quantization, dict):
         out.not_translated.append(f"rollout quantization {quantization!r}: minirl's native engine has its own "
@@ -263,6 +263,27 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     elif not unset(name):
         out.differs.append(f"{peer.show(R + 'name')}: minirl samples with its native engine (or vLLM)")
     return n
+
+
+def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
+    """DAPO's dynamic sampling: verl's ``algorithm.filter_groups`` and ``data.gen_batch_size``."""
+    F = "algorithm.filter_groups."
+    out.set("rollout.filter_groups", True, peer.show(F + "enable"))
+    metric = peer(F + "metric")
+    ours = "accuracy" if metric == "acc" else "reward"  # score / seq_reward / seq_final_reward: one outcome reward
+    out.set("rollout.filter_groups_metric", ours, peer.show(F + "metric")
+            + (" (correct = reward >= eval.accuracy_threshold)" if ours == "accuracy" else ""))
+    if metric not in (None, "acc", "score", "seq_reward", "seq_final_reward"):
+        out.differs.append(f"{peer.show(F + 'metric')}: minirl filters on the reward (or accuracy), not on a "
+                           "reward function's extra value")
+    rounds = int(peer(F + "max_num_gen_batches") or 0)
+    out.set("rollout.filter_groups_max_rounds", rounds, peer.show(F + "max_num_gen_batches"))
+    out.differs.append(f"{peer.show(F + 'max_num_gen_batches')}: when the rounds run out verl stops with an error; "
+                       "minirl fills the batch with zero-spread groups (filter/topped_up_groups)"
+                       + ("; 0 = at most one pass over the training prompts instead of no limit" if not rounds else ""))
+    generation = peer("data.gen_batch_size")
+    if generation and int(generation) != prompts:
+        out.set("rollout.filter_groups_prompts_per_round", int(generation), peer.show("data.gen_batch_size"))
 
 
 def _verl_cluster(peer: Peer, out: Translation) -> None:
@@ -404,13 +425,12 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
                            "A < 0 and pi_theta/pi_old above it; minirl keeps them")
     obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")), peer.show("algorithm.norm_adv_by_std_in_grpo"))
     rollout_is = peer("algorithm.rollout_correction.rollout_is")
-    if rollout_is not in (None, "token"):
-        obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is"))
-    if name != "gspo":  # verl multiplies each token by min(pi_old / mu_old, threshold), detached
-        obj.set("is_correction", rollout_is == "token", peer.show("algorithm.rollout_correction.rollout_is"))
-        if rollout_is == "token":
-            threshold = "algorithm.rollout_correction.rollout_is_threshold"
-            obj.set("tis_cap", float(peer(threshold)), peer.show(threshold))
+    if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
+        obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is") + (" with GSPO" if name == "gspo" else ""))
+    if name != "gspo":  # verl multiplies each token by its bounded pi_old / mu_old, detached
+        obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
+        if rollout_is in ("token", "sequence"):
+            _verl_is_bounds(peer, obj, rollout_is)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
     if peer(A + "use_kl_loss"):
@@ -421,6 +441,26 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
             obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
     return obj
+
+
+def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:
+    """verl's ``rollout_is`` level and ``rollout_is_threshold``: a number truncates (TIS), "lower_upper" masks
+    (IcePop) — minirl's tis_level / tis_mode / tis_cap / tis_floor."""
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    threshold = peer(key)
+    text = str(threshold).strip()
+    try:
+        lower, upper = (text.split("_", 1) if "_" in text else (None, text))
+        bounds = (float(lower) if lower is not None else 0.0, float(upper))
+    except ValueError:
+        raise ConfigError(f"{key}={threshold!r}: a number (truncate) or 'lower_upper' (mask), as verl reads it") from None
+    obj.set("tis_level", level, peer.show("algorithm.rollout_correction.rollout_is"))
+    obj.set("tis_mode", "mask" if lower is not None else "truncate", peer.show(key))
+    obj.set("tis_cap", bounds[1], peer.show(key))
+    obj.set("tis_floor", bounds[0], peer.show(key))
+    if level == "sequence":
+        obj.differs.append(f"{peer.show('algorithm.rollout_correction.rollout_is')}: verl bounds the sequence's log-ratio "
+                           "to +-20 before exp, minirl does not (the same whenever the bound is below e^20)")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
