@@ -12,8 +12,10 @@ import torch
 from minirl.types import Batch, Completion
 
 
-def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_id: int) -> Batch:
-    """Build a ``Batch`` from completions (in order) and their per-response advantages [B]."""
+def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_id: int, *,
+            mask_truncated: bool = False) -> Batch:
+    """Build a ``Batch`` from completions (in order) and their per-response advantages [B]. ``mask_truncated``:
+    a completion cut by the length limit (``finish_reason == "length"``) trains no token (``algo.mask_truncated``)."""
     if len(completions) != advantages.numel():
         raise ValueError(f"{len(completions)} completions but {advantages.numel()} advantages")
     lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
@@ -32,7 +34,7 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
         input_ids[row, :length] = torch.tensor(c.prompt_ids + c.completion_ids, dtype=torch.long)
         attention_mask[row, :length] = True
         # targets n_prompt .. length-1 sit at target positions n_prompt-1 .. length-2
-        mask[row, n_prompt - 1 : length - 1] = True
+        mask[row, n_prompt - 1 : length - 1] = not (mask_truncated and c.finish_reason == "length")
         logp_rollout[row, n_prompt - 1 : length - 1] = c.logp_rollout.float()
         if routes is not None:  # the first completion has routes: every one must
             if c.routes is None or c.routes.shape[0] != length:

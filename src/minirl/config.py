@@ -312,6 +312,9 @@ class LossConfig(Section):
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
+    mask_truncated: bool = False
+    """Leave completions cut by max_new_tokens out of the loss (TRL's ``mask_truncated_completions``, DAPO's
+    overlong filtering); their rewards still count in their group's baseline. Off: the paper's setting."""
 
     whole_groups: ClassVar[bool] = False
     """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
@@ -319,7 +322,7 @@ class LossConfig(Section):
 
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
-        return self.model_dump(exclude={"name", "adv_std_normalize", "kl_coef", "kl_loss_type"})
+        return self.model_dump(exclude={"name", "adv_std_normalize", "kl_coef", "kl_loss_type", "mask_truncated"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its

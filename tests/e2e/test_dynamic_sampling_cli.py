@@ -1,5 +1,6 @@
-"""``rollout.filter_groups`` end to end: when every group already has a reward spread, DAPO's dynamic sampling
-changes nothing (one round, the same prompts, seeds and updates: the same metrics, bit for bit)."""
+"""DAPO's practices end to end: ``rollout.filter_groups`` (when every group already has a reward spread, dynamic
+sampling changes nothing: one round, the same prompts, seeds and updates, the same metrics bit for bit) and
+``algo.mask_truncated``."""
 
 from __future__ import annotations
 
@@ -25,3 +26,17 @@ def test_with_every_group_spread_dynamic_sampling_is_the_plain_run(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "filtered" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["filter/rounds"], r["filter/kept_groups_frac"], r["filter/topped_up_groups"]) for r in rows[1:]] == [(1.0, 1.0, 0.0)] * 3
     assert rows[1]["filter/reward_mean_generated"] == rows[1]["train/reward_mean"]
+
+
+def test_mask_truncated_with_every_completion_cut_trains_nothing(tmp_path):
+    """``algo.mask_truncated`` reaches the batch: with every completion cut by the 2-token limit no token trains
+    (no gradient; the token statistics over trained tokens are empty, where the same run without it has them)."""
+    overrides = [o for o in TINY if not o.startswith(("optim.global_steps=", "rollout.max_new_tokens="))]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=1", "rollout.max_new_tokens=2",
+            "eval.max_new_tokens=2", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=masked", "algo.mask_truncated=true"]) == 0
+    assert main([*base, "run.name=plain"]) == 0
+    masked, plain = (json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[1]) for name in ("masked", "plain"))
+    assert masked["train/truncated_frac"] == plain["train/truncated_frac"] == 1.0
+    assert masked["optim/grad_norm"] == 0.0 and masked["policy/ratio_old_mean"] == masked["train/entropy"] == 0.0
+    assert plain["policy/ratio_old_mean"] == 1.0 and plain["train/entropy"] > 0.0

@@ -75,3 +75,16 @@ def test_token_budget_chunks_cover_every_row_once_within_the_budget():
         padded += micro.input_ids.numel()
     assert sorted(seen) == list(range(20))
     assert padded < padded_fixed  # the point: less padding than one right-padded batch
+
+
+def test_mask_truncated_leaves_completions_cut_by_the_length_limit_out_of_the_loss():
+    """TRL's ``mask_truncated_completions``: a completion that hit ``max_new_tokens`` trains no token; the batch
+    keeps it (its advantage, its logp_rollout, its row) so the group's baseline and every layout are unchanged."""
+    cut = Completion(1, 1, [5], [4, 3], torch.tensor([-0.5, -0.6]), "length")
+    done = [_completion(0, [5, 6], [7, 8, 9]), cut]
+    plain = collate(done, torch.tensor([1.0, -1.0]), pad_token_id=0)
+    masked = collate(done, torch.tensor([1.0, -1.0]), pad_token_id=0, mask_truncated=True)
+    assert plain.mask.tolist() == [[False, True, True, True], [True, True, False, False]]
+    assert masked.mask.tolist() == [[False, True, True, True], [False, False, False, False]]
+    assert torch.equal(masked.logp_rollout, plain.logp_rollout) and torch.equal(masked.input_ids, plain.input_ids)
+    assert torch.equal(masked.advantages, plain.advantages)

@@ -173,7 +173,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
 
 
 @pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "batch"},
-                                   {"entropy_coef": 0.01}, {"mask_truncated_completions": True},
+                                   {"entropy_coef": 0.01},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
     out = _trl(**given)
@@ -198,6 +198,13 @@ def test_trl_vllm_token_truncate_is_minirls_train_infer_correction():
     assert (v["algo.is_correction"], v["algo.tis_cap"], v["algo.tis_placement"]) == (True, 5.0, "train_infer")
     assert (v["algo.tis_mode"], v["algo.tis_level"], v["algo.tis_floor"]) == ("truncate", "token", 0.0)
     assert v["cluster.engine_backend"] == "vllm"
+
+
+def test_trl_mask_truncated_completions():
+    out = _trl(mask_truncated_completions=True)
+    assert out.values["algo.mask_truncated"] is True and out.objective.startswith("your TRL loss")
+    assert any("cut by a stop string" in line for line in out.differs)
+    assert "algo.mask_truncated" not in _trl().values
 
 
 def test_trls_default_vllm_correction_is_a_sequence_mask():

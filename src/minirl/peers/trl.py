@@ -283,7 +283,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     obj = Objective()
     for key, neutral in (("delta", None), ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
                          ("use_adaptive_entropy", False), ("off_policy_mask_threshold", None),
-                         ("mask_truncated_completions", False), ("sync_ref_model", False),
+                         ("sync_ref_model", False),
                          ("multi_objective_aggregation", "sum_then_normalize")):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
@@ -310,6 +310,10 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
             obj.set("normalizer", float(responses * peer("max_completion_length")),
                     f"dr_grpo divides by {responses} completions per optimizer step x max_completion_length")
+    if peer("mask_truncated_completions"):
+        obj.set("mask_truncated", True, peer.show("mask_truncated_completions"))
+        obj.differs.append("mask_truncated_completions=True: TRL masks every completion not ending in EOS (one cut by a "
+                           "stop string too), minirl those cut by max_new_tokens")
     scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
     if scale not in ("group", "none"):
         obj.blockers.append(peer.show("scale_rewards"))
