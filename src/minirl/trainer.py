@@ -370,7 +370,7 @@ class Trainer:
             # numbers whatever the micro-batching (a micro-batch sum would round differently).
             with torch.no_grad():
                 totals.update(objective(logp_all, minibatch.to(self.device))[1])
-        if natural is not None:  # a tensor: synced with the update's other numbers (exact integer counts)
+        if drift:  # a tensor: synced with the update's other numbers (exact integer counts); R2's drift only
             totals["routing_natural_diff_frac"] = differing.double() / counted.double().clamp(min=1)
         return totals, loss_sum, logp_all
 
