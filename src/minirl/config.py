@@ -13,6 +13,7 @@ mini-batches. N = E = 1 is the paper's on-policy setting; N = 2, 4, 8 its off-po
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -315,6 +316,22 @@ class LossConfig(Section):
     mask_truncated: bool = False
     """Leave completions cut by max_new_tokens out of the loss (TRL's ``mask_truncated_completions``, DAPO's
     overlong filtering); their rewards still count in their group's baseline. Off: the paper's setting."""
+    reject: Literal["none", "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                    "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"] = "none"
+    """Leave out of the loss tokens (token_*) or whole responses (seq_*) whose training–inference divergence,
+    from rho = pi_old/mu_old, is out of bounds (verl's ``rollout_rs``; ``minirl.algo.rejection``): k1 keeps
+    reject_low <= rho (seq_sum: the product, seq_mean: the geometric mean) <= reject_high; k2 / k3 keep the
+    divergence <= reject_high. ``none``: the paper's setting (the weight is truncated, nothing rejected)."""
+    reject_low: float = Field(0.0, ge=0)
+    """k1 rules: the lowest ratio kept (0 = no lower bound)."""
+    reject_high: float = Field(math.inf, gt=0)
+    """k1 rules: the highest ratio kept; k2 / k3: the largest divergence kept (inf = no bound)."""
+
+    @model_validator(mode="after")
+    def _reject_bounds(self) -> LossConfig:
+        if self.reject_low >= self.reject_high:
+            raise ValueError(f"reject_low ({self.reject_low}) must be below reject_high ({self.reject_high})")
+        return self
 
     whole_groups: ClassVar[bool] = False
     """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
@@ -322,7 +339,8 @@ class LossConfig(Section):
 
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
-        return self.model_dump(exclude={"name", "adv_std_normalize", "kl_coef", "kl_loss_type", "mask_truncated"})
+        return self.model_dump(exclude={"name", "adv_std_normalize", "kl_coef", "kl_loss_type", "mask_truncated",
+                                        "reject", "reject_low", "reject_high"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its

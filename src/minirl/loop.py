@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
+from minirl.algo.rejection import rejection_keep
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
@@ -338,7 +339,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     #    single update's own forward instead, unless R2 or the diagnostics need it first
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
     epochs = cfg.optim.epochs_per_step
-    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional
+    rejecting = cfg.algo.reject != "none"  # needs pi_old before the update: no fused pass
+    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not rejecting
     if not fused:
         with plan.old_pass() as routing:
             old = trainer.score(batch, **routing.kwargs)
@@ -346,9 +348,11 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     clock.lap("old_logprobs")
     if run.reference is not None:  # the KL penalty's log pi_ref (algo.kl_coef > 0; natural routing)
         batch = batch.with_logp_ref(run.reference.logprobs(batch))
+    # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
+    trained, rejection = reject_out_of_bounds(cfg.algo, batch) if rejecting else (batch, {})
     # 4. N gradient updates on mini-batches, routes replayed per the plan; E passes over them
     updates, diagnostics = [], {}
-    minibatches = split(batch, n)
+    minibatches = split(trained, n)
     for epoch in range(epochs):
         with plan.updates(old_pass=fused) as routing:  # each pass consumes every route once
             for index, minibatch in enumerate(minibatches, start=epoch * n):
@@ -369,9 +373,22 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # 5. weight sync to the rollout engine
     run.engine.load_weights(trainer.state_dict())
     clock.lap("sync")
-    return step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates, plan.engine_routes,
-                                   plan.metrics, diagnostics, clock.laps, cfg.eval.accuracy_threshold,
-                                   sampled.generated_tokens))
+    return rejection | step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
+                                               plan.engine_routes, plan.metrics, diagnostics, clock.laps,
+                                               cfg.eval.accuracy_threshold, sampled.generated_tokens))
+
+
+def reject_out_of_bounds(algo: Any, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    """``batch`` training only the tokens ``algo.reject`` keeps, and ``mismatch/rejected_{token,seq}_frac`` (of the
+    trained tokens, and of the responses that lost any)."""
+    assert batch.logp_old is not None
+    keep = rejection_keep(batch.logp_old, batch.logp_rollout, batch.mask, rule=algo.reject, low=algo.reject_low,
+                          high=algo.reject_high)
+    lost = batch.mask & ~keep
+    trained_rows = batch.mask.any(dim=1)
+    stats = {"mismatch/rejected_token_frac": float(lost.sum()) / max(int(batch.mask.sum()), 1),
+             "mismatch/rejected_seq_frac": float(lost.any(dim=1).sum()) / max(int(trained_rows.sum()), 1)}
+    return batch.with_mask(keep), stats
 
 
 def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sampled:

@@ -23,6 +23,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``mismatch/kl_k1``             training–inference KL(mu_old || pi_old), sampled-token k1 estimator
 ``mismatch/kl_k3``             the same KL, k3 estimator (non-negative, lower variance)
 ``mismatch/abs_dlogp_mean``    mean |log mu_old - log pi_old| (``..._max``: the largest)
+``mismatch/rejected_*``        ``algo.reject`` only: ``token_frac`` of trained tokens and ``seq_frac`` of responses
+                               the rejection left out of the loss (the other mismatch/* still cover every token)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
                                weight mean/max, truncated- or masked-IS fraction), mean over the N x E updates
 ``policy/loss``                loss, mean over the N x E updates

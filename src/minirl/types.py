@@ -111,6 +111,10 @@ class Batch:
         """This batch with pi_old's log-probs [B, T] (the old-log-prob pass's result)."""
         return replace(self, logp_old=logp_old)
 
+    def with_mask(self, mask: torch.Tensor) -> Batch:
+        """This batch training only the target positions of ``mask`` [B, T] (a subset: ``algo.reject``)."""
+        return replace(self, mask=mask)
+
     def with_logp_ref(self, logp_ref: torch.Tensor) -> Batch:
         """This batch with the reference policy's log-probs (the KL penalty, ``minirl.reference``)."""
         return replace(self, logp_ref=logp_ref)

@@ -40,3 +40,24 @@ def test_mask_truncated_with_every_completion_cut_trains_nothing(tmp_path):
     assert masked["train/truncated_frac"] == plain["train/truncated_frac"] == 1.0
     assert masked["optim/grad_norm"] == 0.0 and masked["policy/ratio_old_mean"] == masked["train/entropy"] == 0.0
     assert plain["policy/ratio_old_mean"] == 1.0 and plain["train/entropy"] > 0.0
+
+
+def test_rejection_reaches_training_and_with_open_bounds_changes_nothing(tmp_path):
+    """``algo.reject`` (verl's ``rollout_rs``) end to end on the bf16 engine's mismatch: with bounds that keep
+    every ratio the run is the plain run bit for bit (pi_old then comes from its own pass: the same numbers);
+    with tight ones tokens are rejected and said so."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=open", "algo.reject=token_k1"]) == 0
+    assert main([*base, "run.name=tight", "algo.reject=token_k1", "algo.reject_low=0.9999", "algo.reject_high=1.0001"]) == 0
+    skip = ("mismatch/rejected_",)
+    plain, open_ = ([{k: v for k, v in r.items() if not k.startswith(skip)} for r in _rows(tmp_path / name)]
+                    for name in ("plain", "open"))
+    assert plain == open_
+    rows = [json.loads(line) for line in (tmp_path / "open" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["mismatch/rejected_token_frac"] == 0.0 for r in rows[1:])
+    rows = [json.loads(line) for line in (tmp_path / "tight" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 < r["mismatch/rejected_seq_frac"] <= 1.0 and r["mismatch/rejected_token_frac"] > 0.0 for r in rows[1:])
+    assert rows[1]["policy/is_weight_mean"] != plain[1]["policy/is_weight_mean"]  # the update saw fewer tokens
+    assert rows[1]["mismatch/kl_k3"] == plain[1]["mismatch/kl_k3"]  # the monitor still sees every sampled token

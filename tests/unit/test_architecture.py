@@ -16,10 +16,10 @@ ALLOWED = {"minirl.algo", "minirl.loss_inputs", "minirl.tensors"}
 
 
 def test_algo_fits_its_line_budget():
-    """600 lines when the budget was set (the math alone, 599); 630 since the IS weight can also be masked or
-    per sequence (``bounded_is_weight``, TRL's and verl's corrections: math, so it stays)."""
+    """600 lines when the budget was set (the math alone, 599); 670 since the IS weight can also be masked or
+    per sequence (``bounded_is_weight``) and tokens rejected (``rejection.py``): TRL's and verl's corrections, math."""
     lines = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
-    assert lines <= 630, f"minirl/algo/ has {lines} lines (budget 630): move what is not the math out"
+    assert lines <= 670, f"minirl/algo/ has {lines} lines (budget 670): move what is not the math out"
 
 
 def test_algo_imports_only_the_math_helpers():

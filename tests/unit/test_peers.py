@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from minirl.algo import POLICY_LOSSES, LossInputs
+from minirl.algo.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
 from minirl.peers import add_trl_sft, from_trl, from_verl, read_verl, script_overrides
 
@@ -616,6 +617,52 @@ def _verl_is_weights(x: LossInputs, rollout_is: str, threshold: float | str) -> 
     if lower is None:
         return raw.clamp(max=upper)
     return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+
+
+def _verl_rejection_mask(x: LossInputs, option: str, threshold: float | str) -> torch.Tensor:
+    """verl 0.9.1's ``compute_rollout_rejection_mask`` for one option, written as verl does."""
+    log_ratio = torch.clamp(x.logp_old - x.logp_rollout, min=-20.0, max=20.0)
+    stat = {"k1": -log_ratio, "k2": 0.5 * log_ratio**2, "k3": torch.exp(log_ratio) - 1.0 - log_ratio}[option[-2:]]
+    mask = x.mask.to(log_ratio.dtype)
+    if option.startswith("seq_sum"):
+        stat = (stat * mask).sum(dim=-1, keepdim=True)
+    elif option.startswith("seq_mean"):
+        stat = ((stat * mask).sum(dim=-1) / (mask.sum(dim=-1) + 1e-8)).unsqueeze(-1)  # verl_F.masked_mean
+    elif option.startswith("seq_max"):
+        stat = stat.masked_fill(~x.mask, float("-inf")).max(dim=-1, keepdim=True).values
+    if option.endswith("k1"):
+        spec = str(threshold)
+        lower, upper = (map(float, spec.split("_", 1)) if "_" in spec else (1 / float(spec), float(spec)))
+        keep = (stat >= math.log(lower)) & (stat <= math.log(upper))
+    else:
+        keep = stat <= float(threshold)
+    return x.mask & keep.expand_as(x.mask)
+
+
+@pytest.mark.parametrize("option, threshold", [("token_k1", 1.5), ("seq_mean_k1", "0.8_1.6"), ("seq_sum_k1", 3.0),
+                                               ("seq_mean_k3", 0.15), ("seq_max_k2", 0.5), ("token_k3", 0.2)])
+def test_verl_rollout_rs_gradient_is_verls(option, threshold):
+    """verl's rejection (``rollout_rs``) with token TIS: the response mask loses the rejected tokens, so
+    token-mean divides by the kept ones; the IS weights are of the original mask."""
+    given = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
+             "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "algorithm.rollout_correction.rollout_is": "token",
+             "algorithm.rollout_correction.rollout_rs": option, "algorithm.rollout_correction.rollout_rs_threshold": threshold,
+             "actor_rollout_ref.actor.clip_ratio_c": 1e9}
+    out = from_verl(given)
+    assert out.objective.startswith("your verl loss") and out.values["algo.reject"] == option
+    cfg = out.config()
+    x = _batch()
+    theirs_mask = _verl_rejection_mask(x, option, threshold)
+    assert 0 < int(theirs_mask.sum()) < int(x.mask.sum())  # the rule rejects some tokens of this batch, not all
+    ours_mask = rejection_keep(x.logp_old, x.logp_rollout, x.mask, rule=cfg.algo.reject, low=cfg.algo.reject_low,
+                               high=cfg.algo.reject_high)
+    assert torch.equal(ours_mask, theirs_mask)
+    kept = LossInputs(x.logp, x.logp_old, x.logp_rollout, x.advantages, ours_mask, x.group_ids)
+    _, ours = _losses(kept, cfg, batch=8)
+    weights = _verl_is_weights(x, "token", 2.0)
+    theirs = _trl_gradient("dapo", LossInputs(x.logp, x.logp_old, x.logp_rollout, x.advantages, theirs_mask, x.group_ids),
+                           0.2, 0.2, weights, max_len=6)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("rollout_is, threshold", [("token", "0.5_2.0"), ("sequence", 2.0), ("sequence", "0.5_3.0")])

@@ -322,10 +322,9 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
         obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
     mode = peer("vllm_importance_sampling_mode")
-    if correction and mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-        obj.blockers.append(peer.show("vllm_importance_sampling_mode"))
-    if correction and name == "gspo":
-        obj.blockers.append(peer.show("vllm_importance_sampling_correction") + " with GSPO (minirl's gspo has no IS factor)")
+    if correction and (mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask") or name == "gspo"):
+        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + (" with GSPO (no IS factor in minirl's)"
+                                                                          if name == "gspo" else ""))
     if name != "gspo":  # TRL multiplies each token by its bounded pi_old / mu_old, detached; without vLLM by nothing
         obj.set("is_correction", correction, peer.show("use_vllm", "vllm_importance_sampling_correction"))
         if correction:

@@ -9,9 +9,9 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from minirl.config import ConfigError
+from minirl.config import ConfigError, MiniRLConfig
 from minirl.peers.common import (
     Objective,
     Peer,
@@ -54,6 +54,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": "2.0",  # a number or "lower_upper"
     "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.rollout_rs_threshold": None,
     "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.project_name": "verl_examples",
     "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
     "trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": None, "trainer.test_freq": -1,
@@ -393,7 +394,6 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
     if peer("algorithm.adv_estimator") != "grpo":
         obj.blockers.append(peer.show("algorithm.adv_estimator") + " (minirl's advantage is GRPO's group baseline)")
     for key, neutral in ((A + "entropy_coeff", 0), ("algorithm.use_kl_in_reward", False),
-                         ("algorithm.rollout_correction.rollout_rs", None),
                          ("algorithm.rollout_correction.bypass_mode", False)):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
@@ -433,6 +433,8 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             _verl_is_bounds(peer, obj, rollout_is)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
+    if peer("algorithm.rollout_correction.rollout_rs") is not None:
+        _verl_rejection(peer, obj)
     if peer(A + "use_kl_loss"):
         kind = {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"}.get(peer(A + "kl_loss_type"))
         if kind is None:
@@ -461,6 +463,37 @@ def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:
     if level == "sequence":
         obj.differs.append(f"{peer.show('algorithm.rollout_correction.rollout_is')}: verl bounds the sequence's log-ratio "
                            "to +-20 before exp, minirl does not (the same whenever the bound is below e^20)")
+
+
+def _verl_rejection(peer: Peer, obj: Objective) -> None:
+    """verl's ``rollout_rs`` (one option) and ``rollout_rs_threshold`` as minirl's algo.reject / reject_low /
+    reject_high. verl bounds k1 on mu/pi_old ("lower_upper", or upper alone with lower = 1/upper), minirl on
+    pi_old/mu: the bounds swap and invert."""
+    rule_key, key = "algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold"
+    rule, threshold = str(peer(rule_key)).strip(), peer(key)
+    if rule not in get_args(MiniRLConfig.model_fields["reject"].annotation)[1:] or threshold is None:
+        obj.blockers.append(peer.show(rule_key, key))  # several options at once, or no threshold (verl refuses)
+        return
+    try:
+        parts = [float(part) for part in str(threshold).split("_", 1)]
+        if rule.endswith("k1"):
+            lower, upper = parts if len(parts) == 2 else (1 / parts[0], parts[0])
+            low, high = 1 / upper, 1 / lower
+        elif len(parts) == 1:
+            low, high = 0.0, parts[0]  # k2 / k3: an upper bound on the divergence
+        else:
+            raise ValueError
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"{key}={threshold!r}: verl reads a number (k1: also 'lower_upper') for {rule_key}={rule}") from None
+    obj.set("reject", rule, peer.show(rule_key))
+    if rule.endswith("k1"):
+        obj.set("reject_low", low, f"{peer.show(key)} (verl's bounds on mu/pi_old, inverted)")
+    obj.set("reject_high", high, peer.show(key))
+    obj.differs.append(f"{peer.show(rule_key)}: verl clamps each token's log-ratio to +-20 before the statistic, minirl "
+                       "does not (the same unless a token's ratio passes e^20)")
+    if rule.startswith("token") and peer("algorithm.rollout_correction.rollout_is") == "sequence":
+        obj.differs.append(f"{peer.show(rule_key, 'algorithm.rollout_correction.rollout_is')}: verl's sequence weight "
+                           "multiplies every token's ratio, minirl's those of the tokens the rejection kept")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
