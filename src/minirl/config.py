@@ -296,6 +296,10 @@ TisLevel = Annotated[Literal["token", "sequence"], Field(description=(
     "token = one IS weight per token (Eq. 4, the paper's); sequence = the product of the response's token ratios, "
     "bounded and given to all its tokens (Eq. 2's weight; TRL's sequence_* modes, verl's rollout_is=sequence)."))]
 
+OpsmThreshold = Annotated[float | None, Field(allow_inf_nan=False, description=(
+    "Off-policy sequence masking (DeepSeek-V3.2; TRL's off_policy_mask_threshold, slime's --use-opsm): a response "
+    "with A < 0 whose mean log(mu_old/pi_theta) over its tokens exceeds this trains no token; null = off (the paper's)."))]
+
 
 def _check_tis_bounds(section: Any) -> Any:
     if section.tis_floor >= section.tis_cap:
@@ -368,6 +372,7 @@ class MiniRLConfig(LossConfig):
     tis_floor: TisFloor = 0.0
     tis_mode: TisMode = "truncate"
     tis_level: TisLevel = "token"
+    opsm_threshold: OpsmThreshold = None
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
@@ -399,6 +404,7 @@ class GRPOConfig(LossConfig):
     tis_floor: TisFloor = 0.0
     tis_mode: TisMode = "truncate"
     tis_level: TisLevel = "token"
+    opsm_threshold: OpsmThreshold = None
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     adv_std_normalize: bool = True
 
@@ -418,6 +424,7 @@ class CISPOConfig(LossConfig):
     tis_floor: TisFloor = 0.0
     tis_mode: TisMode = "truncate"
     tis_level: TisLevel = "token"
+    opsm_threshold: OpsmThreshold = None
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     adv_std_normalize: bool = True
     whole_groups: ClassVar[bool] = True

@@ -123,3 +123,11 @@ def test_cispo_with_a_masked_train_infer_factor() -> None:
     expected = [[-0.4, -1.27 * 1.25 * 2 / 10, 0.0], [0.8 * 5 / 6 / 10, 0.05, 0.0], [-0.55, 0.0, 0.0]]
     torch.testing.assert_close(grad, torch.tensor(expected, dtype=F64), atol=1e-9, rtol=0)
     assert m["is_masked_frac"] == pytest.approx(1 / 6, abs=1e-12)
+
+
+def test_cispo_with_opsm_drops_the_drifted_negative_response() -> None:
+    # row 1 (A = -1, group 7) mean log(Q/P) ~ 0.308 > 0.3: its tokens leave; T_7 still counts them (a fixed normaliser)
+    loss, grad, m = _run(opsm_threshold=0.3)
+    assert loss == pytest.approx(-((2 * L(0.5) + 1.27 * 2 * L(0.8) + 1.2 * 2 * L(0.54)) / 5 + 1.1 * 0.5 * L(0.66)) / 2,
+                                 abs=1e-9)
+    assert grad[1].tolist() == [0.0, 0.0, 0.0] and m["opsm_masked_frac"] == pytest.approx(1 / 3, abs=1e-12)

@@ -148,3 +148,11 @@ def test_grpo_with_a_sequence_level_train_infer_factor() -> None:
     assert loss == pytest.approx(-(5 * 6.94 / 3 - (25 / 54) * 1.7 / 2) / 2, abs=1e-9)
     _close(grad, [[-5 / 3, 0.0, -2.0], [0.0, (25 / 54) * 0.9 / 4, 0.0]])
     assert m["is_truncated_frac"] == pytest.approx(0.6, abs=1e-12)
+
+
+def test_grpo_with_opsm_drops_the_drifted_negative_response() -> None:
+    # no IS correction: mu is pi_old; row 1 (A = -1) mean log(Q/P) = (ln(0.5/0.3) + ln(0.5/0.45)) / 2 ~ 0.308 > 0.3
+    loss, grad, m = _run(opsm_threshold=0.3)
+    assert loss == pytest.approx(-(6.94 / 3) / 2, abs=1e-9)
+    _close(grad, [[-1 / 3, 0.0, -0.4], [0.0, 0.0, 0.0]])
+    assert m["opsm_masked_frac"] == 0.5

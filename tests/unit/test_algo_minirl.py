@@ -424,3 +424,18 @@ def test_a_sequence_ratio_beyond_float_range_is_bounded_without_nan(mode: str) -
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     expected = [[-2.5] * 3, [0.25] * 3] if mode == "truncate" else [[0.0] * 3, [0.0] * 3]  # -w A / 2
     _close(logp.grad, expected)
+
+
+def test_opsm_drops_a_negative_response_that_drifted_from_mu() -> None:
+    # row 1 (A = -1): mean log(Mu/P) = (ln(0.6/0.3) + ln(0.9/0.45)) / 2 = ln 2 ~ 0.693; row 0 has A > 0: always kept
+    loss, grad, m = _run(opsm_threshold=0.5)
+    assert loss == pytest.approx(-(4 * L(0.5) + 10 * L(0.54)) / 2, abs=1e-9)
+    _close(grad, [[-2.0, 0.0, -5.0], [0.0, 0.0, 0.0]])
+    assert m["opsm_masked_frac"] == 0.5
+    _, grad, m = _run(opsm_threshold=0.7)  # ln 2 <= 0.7: kept, the default gradient
+    _close(grad, [[-2.0, 0.0, -5.0], [0.0, 0.25, 0.0]])
+    assert m["opsm_masked_frac"] == 0.0
+    # without IS correction mu is pi_old: (ln(0.5/0.3) + ln(0.5/0.45)) / 2 ~ 0.308
+    assert _run(is_correction=False, opsm_threshold=0.31)[2]["opsm_masked_frac"] == 0.0
+    assert _run(is_correction=False, opsm_threshold=0.30)[2]["opsm_masked_frac"] == 0.5
+    assert "opsm_masked_frac" not in _run()[2]

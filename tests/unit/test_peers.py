@@ -281,7 +281,7 @@ def _trl_is_ratio(x: LossInputs, mode: str, clip_min: float | None, clip_max: fl
 
 
 def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float, is_ratio: torch.Tensor | None,
-                  max_len: int) -> torch.Tensor:
+                  max_len: int, opsm: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
     """TRL 1.16 ``GRPOTrainer._compute_loss`` for one mini-batch (token level, beta = 0), written as TRL does."""
     logp = x.logp.detach().clone().requires_grad_(True)
     mask = x.mask.float()
@@ -289,6 +289,10 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     adv = x.advantages[:, None]
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if opsm is not None:  # GRPOTrainer.get_off_policy_mask against ``sampling`` log-probs
+        kl_div = opsm[1] - logp.detach()
+        avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        per_token_loss = per_token_loss * ((adv >= 0) | (avg_seq_kl <= opsm[0])).to(dtype=mask.dtype)
     if is_ratio is not None:  # use_vllm with vllm_importance_sampling_correction
         per_token_loss = per_token_loss * is_ratio
     if loss_type == "grpo":
@@ -310,6 +314,27 @@ def _batch(batch: int = 8, width: int = 6, seed: int = 0) -> LossInputs:
     mask = torch.arange(width)[None, :] < lengths[:, None]
     advantages = torch.randn(batch, generator=g, dtype=torch.float64)
     return LossInputs(logp, logp_old, logp_rollout, advantages, mask, torch.arange(batch) // 4)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("vllm", [False, True])
+def test_trl_off_policy_mask_gradient_is_trls(loss_type, vllm):
+    """OPSM (``off_policy_mask_threshold``) against vLLM's log-probs with its correction on, else pi_old's."""
+    given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+             "num_generations": 4, "max_completion_length": 6, "off_policy_mask_threshold": -0.09}  # drops a response of this batch either way
+    x = _batch()
+    is_ratio = None
+    if vllm:
+        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
+        is_ratio = _trl_is_ratio(x, "token_truncate", None, 3.0)
+    out = from_trl(given)
+    assert out.values["algo.opsm_threshold"] == -0.09
+    _, ours = _losses(x, out.config(), batch=8)
+    sampling = x.logp_rollout if vllm else x.logp_old
+    theirs = _trl_gradient(loss_type, x, 0.2, 0.2, is_ratio, max_len=6, opsm=(-0.09, sampling))
+    plain = _trl_gradient(loss_type, x, 0.2, 0.2, is_ratio, max_len=6)
+    assert not torch.equal(theirs, plain)  # the mask drops some responses of this batch
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("sequence_truncate", 0.5, 2.0),

@@ -27,6 +27,13 @@ def bounded_is_weight(log_ratio: torch.Tensor, mask: torch.Tensor, *, tis_cap: f
     return torch.where(inside, raw, torch.zeros_like(raw)), mask & ~inside
 
 
+def opsm_keep(adv: torch.Tensor, lp: torch.Tensor, lp_mu: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """bool [B, 1]: DeepSeek-V3.2's off-policy sequence mask (TRL's ``off_policy_mask_threshold``): a response
+    stays unless A < 0 and its mean log(mu/pi_theta) over trained tokens exceeds ``threshold``. Detached."""
+    drift = ((lp_mu - lp) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return (adv >= 0) | (drift <= threshold)
+
+
 def train_infer_factor(
     lp_old: torch.Tensor, logp_rollout: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype, *, enabled: bool,
     tis_cap: float, tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
@@ -40,13 +47,15 @@ def train_infer_factor(
 
 def token_loss_metrics(loss: torch.Tensor, clipped: torch.Tensor, truncated: torch.Tensor, weight: torch.Tensor,
                        ratio_old: torch.Tensor, advantages_BT: torch.Tensor, mask: torch.Tensor,
-                       tis_mode: str = "truncate") -> dict[str, torch.Tensor]:
+                       tis_mode: str = "truncate", opsm: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The metrics every token-level objective reports (see ``minirl.algo.minirl``'s docstring),
-    as detached 0-dim tensors; ``truncated`` is where the IS bound acted (``is_masked_frac`` under ``tis_mode="mask"``)."""
+    as detached 0-dim tensors; ``truncated`` is where the IS bound acted (``is_masked_frac`` under ``tis_mode="mask"``);
+    ``opsm`` (bool [B, 1]) adds ``opsm_masked_frac``, the responses with trained tokens it dropped."""
     dtype = weight.dtype
     pos, neg = mask & (advantages_BT > 0), mask & (advantages_BT < 0)
+    rows = mask.any(dim=1, keepdim=True)
     return detached(
-        {
+        ({} if opsm is None else {"opsm_masked_frac": masked_mean((~opsm).to(dtype), rows)}) | {
             "loss": loss,
             "clip_frac": masked_mean(clipped.to(dtype), mask),
             "clip_frac_pos": masked_mean(clipped.to(dtype), pos),

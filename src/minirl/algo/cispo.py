@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import token_loss_metrics, train_infer_factor
+from minirl.algo._common import opsm_keep, token_loss_metrics, train_infer_factor
 from minirl.loss_inputs import LossInputs, check_knobs
 from minirl.tensors import compute_dtype, masked
 
@@ -43,7 +43,7 @@ def cispo_loss(
     eps_high: float = 0.27,
     is_correction: bool = False,
     tis_cap: float = 5.0,
-    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
+    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token", opsm_threshold: float | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO loss, the negative of J_CISPO in [P] (arXiv:2512.01374) Appendix A, averaged over groups.
@@ -73,12 +73,14 @@ def cispo_loss(
                                            tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
-    per_token = torch.where(mask, weight * factor * adv * logp_m, zero)
+    lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old  # OPSM's mu, as MiniRL's
+    opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
+    per_token = torch.where(mask & (True if opsm is None else opsm), weight * factor * adv * logp_m, zero)
     same_group = (group_ids[:, None] == group_ids[None, :]).to(dtype)  # [B, B]: exact integer sums, no host sync
     row_denom = (same_group @ mask.sum(dim=1).to(dtype)).clamp(min=1)  # T_{g(i)} per row
     denom = float(torch.unique(group_ids).numel()) if normalizer is None else normalizer  # a sync only without one
     loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
 
     clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
-    metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask, tis_mode)
+    metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask, tis_mode, opsm)
     return loss, metrics

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import token_loss_metrics, train_infer_factor
+from minirl.algo._common import opsm_keep, token_loss_metrics, train_infer_factor
 from minirl.loss_inputs import LossInputs, check_knobs
 from minirl.tensors import compute_dtype, masked
 
@@ -40,7 +40,7 @@ def grpo_loss(
     eps_high: float = 0.27,
     is_correction: bool = False,
     tis_cap: float = 5.0,
-    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
+    tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token", opsm_threshold: float | None = None,
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss, the negative of J_GRPO in [P] (arXiv:2512.01374) Appendix A.
@@ -69,7 +69,9 @@ def grpo_loss(
                                            tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
-    per_token = torch.where(mask, factor * surrogate, zero)
+    lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old  # OPSM's mu, as MiniRL's
+    opsm = None if opsm_threshold is None else opsm_keep(adv, logp_m.detach(), lp_mu, mask, opsm_threshold)
+    per_token = torch.where(mask & (True if opsm is None else opsm), factor * surrogate, zero)
     lengths = mask.sum(dim=1).clamp(min=1).to(dtype)
     denom = logp.shape[0] if normalizer is None else normalizer
     loss = -(per_token.sum(dim=1) / lengths).sum() / denom
@@ -78,5 +80,5 @@ def grpo_loss(
     pos = mask & (adv > 0)
     neg = mask & (adv < 0)
     clipped = (pos & (r > 1 + eps_high)) | (neg & (r < 1 - eps_low))
-    metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask, tis_mode)
+    metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask, tis_mode, opsm)
     return loss, metrics

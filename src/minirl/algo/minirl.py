@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.algo._common import bounded_is_weight, token_loss_metrics
+from minirl.algo._common import bounded_is_weight, opsm_keep, token_loss_metrics
 from minirl.loss_inputs import LossInputs, check_knobs
 from minirl.tensors import compute_dtype, masked
 
@@ -59,6 +59,7 @@ def minirl_loss(
     tis_cap: float = 5.0,
     tis_placement: str = "full",
     tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
+    opsm_threshold: float | None = None,
     aggregation: str = "seq_sum",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -77,6 +78,8 @@ def minirl_loss(
     training–inference factor: the "w/o train-infer-IS" ablation of [P] §4.3; on-policy w = 1).
     ``tis_mode="mask"`` zeroes a ratio outside [tis_floor, tis_cap] instead of truncating it, ``tis_level=
     "sequence"`` bounds the product of a response's ratios and weighs all its tokens by it (``bounded_is_weight``).
+    ``opsm_threshold``: also M = 0 on every token of a response with A < 0 whose mean log(mu/pi_theta) exceeds it
+    (``opsm_keep``; mu is pi_old when ``is_correction=False``).
 
     Aggregation (how the token terms become one number):
         "seq_sum"    sum over all tokens / N, N = ``normalizer`` or B (no 1/|y|; Eq. (7) default)
@@ -105,7 +108,8 @@ def minirl_loss(
         clipped = (pos & (ratio_old > 1 + eps_high)) | (neg & (ratio_old < 1 - eps_low))
     else:
         clipped = torch.zeros_like(mask)
-    keep = mask & ~clipped
+    opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
+    keep = mask & ~clipped & (True if opsm is None else opsm)
 
     log_is = lp - lp_mu if tis_placement == "full" else lp_old - lp_mu  # the ratio the bounds apply to
     is_factor, truncated = bounded_is_weight(log_is, mask, tis_cap=tis_cap, tis_floor=tis_floor, tis_mode=tis_mode,
@@ -124,6 +128,6 @@ def minirl_loss(
         denom = mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer
         loss = -per_token.sum() / denom
 
-    metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask, tis_mode)
+    metrics = token_loss_metrics(loss, clipped, truncated, weight, ratio_old, adv, mask, tis_mode, opsm)
     return loss, metrics
 

@@ -282,8 +282,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
     for key, neutral in (("delta", None), ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
-                         ("use_adaptive_entropy", False), ("off_policy_mask_threshold", None),
-                         ("sync_ref_model", False),
+                         ("use_adaptive_entropy", False), ("sync_ref_model", False),
                          ("multi_objective_aggregation", "sum_then_normalize")):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
@@ -322,6 +321,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
         obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
     mode = peer("vllm_importance_sampling_mode")
+    _trl_opsm(peer, obj, name, correction)
     if correction and (mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask") or name == "gspo"):
         obj.blockers.append(peer.show("vllm_importance_sampling_mode") + (" with GSPO (no IS factor in minirl's)"
                                                                           if name == "gspo" else ""))
@@ -338,6 +338,20 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
     return obj
+
+
+def _trl_opsm(peer: Peer, obj: Objective, name: str, correction: bool) -> None:
+    """TRL's ``off_policy_mask_threshold`` (OPSM): against vLLM's log-probs, else pi_old's."""
+    threshold = peer("off_policy_mask_threshold")
+    if threshold is None:
+        return
+    if name == "gspo":
+        obj.blockers.append(peer.show("off_policy_mask_threshold") + " with GSPO (minirl's gspo has no OPSM)")
+        return
+    obj.set("opsm_threshold", float(threshold), peer.show("off_policy_mask_threshold"))
+    if peer("use_vllm") and not correction:
+        obj.differs.append("off_policy_mask_threshold without vllm_importance_sampling_correction: TRL's mask compares "
+                           "with vLLM's log-probs, minirl's (is_correction off) with pi_old's")
 
 
 def _trl_is_bounds(peer: Peer, obj: Objective, mode: str) -> None:
