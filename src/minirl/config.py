@@ -300,6 +300,10 @@ OpsmThreshold = Annotated[float | None, Field(allow_inf_nan=False, description=(
     "Off-policy sequence masking (DeepSeek-V3.2; TRL's off_policy_mask_threshold, slime's --use-opsm): a response "
     "with A < 0 whose mean log(mu_old/pi_theta) over its tokens exceeds this trains no token; null = off (the paper's)."))]
 
+DualClip = Annotated[float | None, Field(gt=1, allow_inf_nan=False, description=(
+    "PPO's dual clip c (> 1; verl's clip_ratio_c, 3 by default there; TRL's delta): tokens with A < 0 and "
+    "pi_theta/pi_old > c get no gradient; null = off (the paper's)."))]
+
 
 def _check_tis_bounds(section: Any) -> Any:
     if section.tis_floor >= section.tis_cap:
@@ -373,6 +377,7 @@ class MiniRLConfig(LossConfig):
     tis_mode: TisMode = "truncate"
     tis_level: TisLevel = "token"
     opsm_threshold: OpsmThreshold = None
+    dual_clip: DualClip = None
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""
@@ -405,6 +410,7 @@ class GRPOConfig(LossConfig):
     tis_mode: TisMode = "truncate"
     tis_level: TisLevel = "token"
     opsm_threshold: OpsmThreshold = None
+    dual_clip: DualClip = None
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     adv_std_normalize: bool = True
 

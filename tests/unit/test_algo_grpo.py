@@ -156,3 +156,15 @@ def test_grpo_with_opsm_drops_the_drifted_negative_response() -> None:
     assert loss == pytest.approx(-(6.94 / 3) / 2, abs=1e-9)
     _close(grad, [[-1 / 3, 0.0, -0.4], [0.0, 0.0, 0.0]])
     assert m["opsm_masked_frac"] == 0.5
+
+
+def test_grpo_dual_clip_holds_a_negative_tokens_loss_at_c() -> None:
+    # advantages [-2, -1]; A max(r, clip r): row 0 [-2, -3.2 -> -3 (r 1.6 > c = 1.5: constant), -2.4], row 1 [-0.8, -0.9]
+    x = _fixture()
+    x["advantages"] = torch.tensor([-2.0, -1.0], dtype=F64)
+    loss, m = grpo_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"], x["group_ids"]),
+                        dual_clip=1.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(-7.4 / 3 - 1.7 / 2) / 2, abs=1e-9)
+    _close(x["logp"].grad, [[1 / 3, 0.0, 0.4], [0.0, 0.225, 0.0]])  # -(1/2)(1/|y|) r A where not clipped
+    assert m["clip_frac"] == pytest.approx(2 / 5, abs=1e-12)

@@ -439,3 +439,15 @@ def test_opsm_drops_a_negative_response_that_drifted_from_mu() -> None:
     assert _run(is_correction=False, opsm_threshold=0.31)[2]["opsm_masked_frac"] == 0.0
     assert _run(is_correction=False, opsm_threshold=0.30)[2]["opsm_masked_frac"] == 0.5
     assert "opsm_masked_frac" not in _run()[2]
+
+
+def test_dual_clip_masks_a_negative_token_whose_ratio_passed_c() -> None:
+    # advantages [-2, -1]: row 0 r = [1, 1.6, 1.2] now with A < 0; c = 1.5 masks t1 (1.6 > 1.5); row 1 t0 still clipped
+    x = _fixture()
+    x["advantages"] = torch.tensor([-2.0, -1.0], dtype=F64)
+    loss, m = minirl_loss(LossInputs(x["logp"], x["logp_old"], x["logp_rollout"], x["advantages"], x["mask"]), dual_clip=1.5)
+    loss.backward()
+    # w = min(P/Mu, 5): row 0 [2, 2, 5], row 1 [0.5, 0.5]; grad = -M w A / 2
+    assert loss.item() == pytest.approx(-(-4 * L(0.5) - 10 * L(0.54) - 0.5 * L(0.45)) / 2, abs=1e-9)
+    _close(x["logp"].grad, [[2.0, 0.0, 5.0], [0.0, 0.25, 0.0]])
+    assert m["clip_frac"] == pytest.approx(2 / 5, abs=1e-12) and m["clip_frac_neg"] == pytest.approx(2 / 5, abs=1e-12)

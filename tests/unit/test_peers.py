@@ -281,12 +281,14 @@ def _trl_is_ratio(x: LossInputs, mode: str, clip_min: float | None, clip_max: fl
 
 
 def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float, is_ratio: torch.Tensor | None,
-                  max_len: int, opsm: tuple[float, torch.Tensor] | None = None) -> torch.Tensor:
+                  max_len: int, opsm: tuple[float, torch.Tensor] | None = None, delta: float | None = None) -> torch.Tensor:
     """TRL 1.16 ``GRPOTrainer._compute_loss`` for one mini-batch (token level, beta = 0), written as TRL does."""
     logp = x.logp.detach().clone().requires_grad_(True)
     mask = x.mask.float()
     coef_1 = torch.exp(logp - x.logp_old)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    if delta is not None:  # two-sided GRPO (INTELLECT-2)
+        coef_1 = torch.clamp(coef_1, max=delta)
     adv = x.advantages[:, None]
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
     if opsm is not None:  # GRPOTrainer.get_off_policy_mask against ``sampling`` log-probs
@@ -335,6 +337,20 @@ def test_trl_off_policy_mask_gradient_is_trls(loss_type, vllm):
     plain = _trl_gradient(loss_type, x, 0.2, 0.2, is_ratio, max_len=6)
     assert not torch.equal(theirs, plain)  # the mask drops some responses of this batch
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_trl_delta_is_a_dual_clip_with_trls_gradient(loss_type):
+    given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+             "num_generations": 4, "max_completion_length": 6, "epsilon_high": 0.28, "delta": 1.3}
+    out = from_trl(given)
+    assert out.values["algo.dual_clip"] == 1.3
+    x = _batch()
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6, delta=1.3)
+    assert not torch.equal(theirs, _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6))  # delta acts here
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert "algo.dual_clip" not in from_trl(given | {"delta": 1.2}).values  # below 1 + epsilon_high: no equivalent
 
 
 VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("sequence_truncate", 0.5, 2.0),
@@ -488,7 +504,7 @@ def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     assert v["moe.routing_replay"] == "R3" and v["eval.every_steps"] == 5 and v["log.tensorboard"] is True
     assert (v["cluster.backend"], v["cluster.trainer_ranks"], v["cluster.device"]) == ("ray", 8, "cuda")
     assert v["task.path"] == "/data/gsm8k/train.parquet" and v["task.eval_path"] == "/data/gsm8k/test.parquet"
-    assert any("dual clip" in line for line in out.differs)
+    assert v["algo.dual_clip"] == 3.0 and not any("dual clip" in line for line in out.differs)  # verl's default c
     assert (v["eval.temperature"], v["eval.samples_per_prompt"]) == (0.0, 1)  # verl's default validation: greedy, n 1
     assert "actor_rollout_ref.rollout.gpu_memory_utilization" in out.ignored
     out.config()
@@ -618,15 +634,35 @@ def test_verl_losses_minirl_lacks(given):  # {}: verl's default estimator is GAE
 
 
 def test_verl_token_mean_gradient_is_verls(tmp_path: Path):
-    """verl's vanilla PPO loss with ``agg_loss(token-mean)`` and token-level rollout IS (clip_ratio_c large:
-    the dual clip is the one stated difference)."""
+    """verl's vanilla PPO loss with ``agg_loss(token-mean)``, token-level rollout IS and its dual clip
+    (``clip_ratio_c``, low here so that it acts on this batch)."""
     cfg = from_verl({"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
                      "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "algorithm.rollout_correction.rollout_is": "token",
-                     "actor_rollout_ref.actor.clip_ratio_c": 1e9}).config()
+                     "actor_rollout_ref.actor.clip_ratio_c": 1.25}).config()
     x = _batch()
     _, ours = _losses(x, cfg, batch=8)
-    theirs = _trl_gradient("dapo", x, 0.2, 0.2, _trl_is_ratio(x, "token_truncate", None, 2.0), max_len=6)  # TRL's dapo
+    theirs = _verl_gradient(x, 0.2, 0.2, 1.25, _trl_is_ratio(x, "token_truncate", None, 2.0))
+    assert not torch.equal(theirs, _verl_gradient(x, 0.2, 0.2, 1e9, _trl_is_ratio(x, "token_truncate", None, 2.0)))
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def _verl_gradient(x: LossInputs, clip_low: float, clip_high: float, clip_ratio_c: float,
+                   is_weights: torch.Tensor | None) -> torch.Tensor:
+    """verl 0.9.1's ``compute_policy_loss_vanilla`` with ``agg_loss(token-mean)``, written as verl does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    mask = x.mask.to(logp.dtype)
+    adv = x.advantages[:, None].expand_as(logp)
+    ratio = torch.exp(torch.clamp(logp - x.logp_old, min=-20.0, max=20.0))
+    pg_losses1 = -adv * ratio
+    pg_losses2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    clip_pg_losses2 = torch.min(-adv * clip_ratio_c, clip_pg_losses1)
+    pg_losses = torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights
+    loss = (pg_losses * mask).sum() / mask.sum()
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad
 
 
 def _verl_is_weights(x: LossInputs, rollout_is: str, threshold: float | str) -> torch.Tensor:

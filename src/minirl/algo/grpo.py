@@ -41,7 +41,7 @@ def grpo_loss(
     is_correction: bool = False,
     tis_cap: float = 5.0,
     tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token", opsm_threshold: float | None = None,
-    normalizer: float | None = None,
+    dual_clip: float | None = None, normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss, the negative of J_GRPO in [P] (arXiv:2512.01374) Appendix A.
 
@@ -65,6 +65,8 @@ def grpo_loss(
 
     ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    if dual_clip is not None:  # dual clip (verl clip_ratio_c, TRL delta): A < 0 and r > c costs -c A, no gradient
+        surrogate = torch.where((adv < 0) & (ratio.detach() > dual_clip), dual_clip * adv, surrogate)
     factor, truncated = train_infer_factor(lp_old, logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap,
                                            tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
@@ -79,6 +81,6 @@ def grpo_loss(
     r = ratio.detach()
     pos = mask & (adv > 0)
     neg = mask & (adv < 0)
-    clipped = (pos & (r > 1 + eps_high)) | (neg & (r < 1 - eps_low))
+    clipped = (pos & (r > 1 + eps_high)) | (neg & ((r < 1 - eps_low) | (r > (dual_clip or torch.inf))))
     metrics = token_loss_metrics(loss, clipped, truncated, factor, r, adv, mask, tis_mode, opsm)
     return loss, metrics

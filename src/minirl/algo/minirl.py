@@ -59,7 +59,7 @@ def minirl_loss(
     tis_cap: float = 5.0,
     tis_placement: str = "full",
     tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
-    opsm_threshold: float | None = None,
+    opsm_threshold: float | None = None, dual_clip: float | None = None,
     aggregation: str = "seq_sum",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -79,7 +79,8 @@ def minirl_loss(
     ``tis_mode="mask"`` zeroes a ratio outside [tis_floor, tis_cap] instead of truncating it, ``tis_level=
     "sequence"`` bounds the product of a response's ratios and weighs all its tokens by it (``bounded_is_weight``).
     ``opsm_threshold``: also M = 0 on every token of a response with A < 0 whose mean log(mu/pi_theta) exceeds it
-    (``opsm_keep``; mu is pi_old when ``is_correction=False``).
+    (``opsm_keep``; mu is pi_old when ``is_correction=False``). ``dual_clip`` c: also M = 0 where A < 0 and r > c
+    (the gradient of PPO's dual clip, verl's ``clip_ratio_c``, TRL's ``delta``).
 
     Aggregation (how the token terms become one number):
         "seq_sum"    sum over all tokens / N, N = ``normalizer`` or B (no 1/|y|; Eq. (7) default)
@@ -108,6 +109,8 @@ def minirl_loss(
         clipped = (pos & (ratio_old > 1 + eps_high)) | (neg & (ratio_old < 1 - eps_low))
     else:
         clipped = torch.zeros_like(mask)
+    if dual_clip is not None:  # dual clip (Ye et al. 2020; verl clip_ratio_c, TRL delta): A < 0 and r > c
+        clipped = clipped | (neg & (ratio_old > dual_clip))
     opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
     keep = mask & ~clipped & (True if opsm is None else opsm)
 

@@ -281,7 +281,7 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    for key, neutral in (("delta", None), ("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
+    for key, neutral in (("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
                          ("use_adaptive_entropy", False), ("sync_ref_model", False),
                          ("multi_objective_aggregation", "sum_then_normalize")):
         if peer(key) != neutral:
@@ -295,8 +295,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
     obj.set("name", name, peer.show("loss_type", "importance_sampling_level"))
-    obj.set("eps_low", eps_low, peer.show("epsilon"))
-    obj.set("eps_high", eps_high, peer.show("epsilon_high") if peer("epsilon_high") is not None else "epsilon_high unset: = epsilon")
+    _trl_clip_range(peer, obj, name, eps_low, eps_high)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
         if loss == "dapo":
@@ -338,6 +337,19 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
     return obj
+
+
+def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_high: float) -> None:
+    """``epsilon``, ``epsilon_high`` and ``delta`` (TRL clamps r at delta: no gradient above it, which is a dual clip
+    when delta >= 1 + epsilon_high)."""
+    obj.set("eps_low", eps_low, peer.show("epsilon"))
+    obj.set("eps_high", eps_high, peer.show("epsilon_high") if peer("epsilon_high") is not None else "epsilon_high unset: = epsilon")
+    if peer("delta") is None:
+        return
+    if name == "gspo" or float(peer("delta")) < 1 + eps_high:
+        obj.blockers.append(peer.show("delta") + " (below 1 + epsilon_high, or with GSPO)")
+    else:
+        obj.set("dual_clip", float(peer("delta")), peer.show("delta") + ": r clamped there, TRL's two-sided clip")
 
 
 def _trl_opsm(peer: Peer, obj: Objective, name: str, correction: bool) -> None:

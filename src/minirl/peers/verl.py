@@ -420,9 +420,8 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
                                    "each micro-batch's padded width, minirl by data.max_response_length")
         elif agg == "token-sum":
             obj.set("normalizer", 1.0, "token-sum: no division")
-    if mode == "vanilla" and peer(A + "clip_ratio_c"):
-        obj.differs.append(f"{peer.show(A + 'clip_ratio_c')} (dual clip): verl also drops the gradient of tokens with "
-                           "A < 0 and pi_theta/pi_old above it; minirl keeps them")
+    if mode == "vanilla" and peer(A + "clip_ratio_c") and name in ("minirl", "grpo"):  # verl's dual clip, always on
+        obj.set("dual_clip", float(peer(A + "clip_ratio_c")), peer.show(A + "clip_ratio_c"))
     obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")), peer.show("algorithm.norm_adv_by_std_in_grpo"))
     rollout_is = peer("algorithm.rollout_correction.rollout_is")
     if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
