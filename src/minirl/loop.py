@@ -373,21 +373,21 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # 5. weight sync to the rollout engine
     run.engine.load_weights(trainer.state_dict())
     clock.lap("sync")
-    return rejection | step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
-                                               plan.engine_routes, plan.metrics, diagnostics, clock.laps,
-                                               cfg.eval.accuracy_threshold, sampled.generated_tokens))
+    metrics = step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
+                                      plan.engine_routes, plan.metrics, diagnostics, clock.laps,
+                                      cfg.eval.accuracy_threshold, sampled.generated_tokens))
+    return {key: float(value) for key, value in rejection.items()} | metrics  # read once the step is done
 
 
-def reject_out_of_bounds(algo: Any, batch: Batch) -> tuple[Batch, dict[str, float]]:
+def reject_out_of_bounds(algo: Any, batch: Batch) -> tuple[Batch, dict[str, torch.Tensor]]:
     """``batch`` training only the tokens ``algo.reject`` keeps, and ``mismatch/rejected_{token,seq}_frac`` (of the
-    trained tokens, and of the responses that lost any)."""
+    trained tokens, and of the responses that lost any) as tensors: no host sync before the updates."""
     assert batch.logp_old is not None
     keep = rejection_keep(batch.logp_old, batch.logp_rollout, batch.mask, rule=algo.reject, low=algo.reject_low,
                           high=algo.reject_high)
     lost = batch.mask & ~keep
-    trained_rows = batch.mask.any(dim=1)
-    stats = {"mismatch/rejected_token_frac": float(lost.sum()) / max(int(batch.mask.sum()), 1),
-             "mismatch/rejected_seq_frac": float(lost.any(dim=1).sum()) / max(int(trained_rows.sum()), 1)}
+    stats = {"mismatch/rejected_token_frac": lost.sum() / batch.mask.sum().clamp(min=1),
+             "mismatch/rejected_seq_frac": lost.any(dim=1).sum() / batch.mask.any(dim=1).sum().clamp(min=1)}
     return batch.with_mask(keep), stats
 
 
