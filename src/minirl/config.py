@@ -293,8 +293,9 @@ TisMode = Annotated[Literal["truncate", "mask"], Field(description=(
     "How tis_cap (and tis_floor) bound the IS weight: truncate = min(w, tis_cap) (TIS, the paper's); mask = w kept "
     "inside [tis_floor, tis_cap], 0 outside (IcePop; TRL's token_mask / sequence_mask)."))]
 TisLevel = Annotated[Literal["token", "sequence"], Field(description=(
-    "token = one IS weight per token (Eq. 4, the paper's); sequence = the product of the response's token ratios, "
-    "bounded and given to all its tokens (Eq. 2's weight; TRL's sequence_* modes, verl's rollout_is=sequence)."))]
+    "token = one IS weight per token, the paper's (its equation 4); sequence = the product of the response's token "
+    "ratios, bounded and given to all its tokens (equation 2's weight; TRL's sequence_* modes, verl's "
+    "rollout_is=sequence)."))]
 
 OpsmThreshold = Annotated[float | None, Field(allow_inf_nan=False, description=(
     "Off-policy sequence masking (DeepSeek-V3.2; TRL's off_policy_mask_threshold, slime's --use-opsm): a response "
