@@ -332,7 +332,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step, sampled.columns)
     # group-baseline advantages
-    advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize).reshape(-1)
+    advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize, baseline=cfg.algo.adv_baseline,
+                                  std_scope=cfg.algo.adv_std_scope).reshape(-1)
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id,
                                mask_truncated=cfg.algo.mask_truncated))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the

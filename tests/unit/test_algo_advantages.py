@@ -53,3 +53,21 @@ def test_bad_inputs() -> None:
         group_advantages(torch.zeros(4))
     with pytest.raises(FloatingPointError, match="rewards_PG"):
         group_advantages(torch.tensor([[1.0, math.nan]]))
+
+
+def test_leave_one_out_baseline_is_the_mean_of_the_other_rewards() -> None:
+    # group [1, 0, 0, 1]: each minus the mean of the other three: 1 - 1/3, 0 - 2/3, 0 - 2/3, 1 - 1/3
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]], dtype=torch.float64)
+    expected = torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [3 - 5 / 3, 1 - 7 / 3, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(group_advantages(r, baseline="leave_one_out"), expected, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="leave-one-out"):
+        group_advantages(torch.tensor([[3.0], [1.0]]), baseline="leave_one_out")
+
+
+def test_batch_scope_divides_by_the_std_of_every_reward_of_the_step() -> None:
+    # rewards 1, 0, 0, 1, 3, 1, 2, 2: mean 1.25, unbiased variance (3 x 0.0625 + 2 x 1.5625 + 3.0625 + 2 x 0.5625) / 7 = 7.5/7
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]], dtype=torch.float64)
+    std = math.sqrt(7.5 / 7)
+    expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]], dtype=torch.float64) / (std + 1e-6)
+    torch.testing.assert_close(group_advantages(r, std_normalize=True, std_scope="batch"), expected, atol=1e-12, rtol=0)
+    assert torch.equal(group_advantages(r, std_scope="batch"), group_advantages(r))  # no std: nothing to scope

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from minirl.algo import POLICY_LOSSES, LossInputs
+from minirl.algo import POLICY_LOSSES, LossInputs, group_advantages
 from minirl.algo.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
 from minirl.peers import add_trl_sft, from_trl, from_verl, read_verl, script_overrides
@@ -173,7 +173,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "batch"},
+@pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "median"},
                                    {"entropy_coef": 0.01},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -199,6 +199,18 @@ def test_trl_vllm_token_truncate_is_minirls_train_infer_correction():
     assert (v["algo.is_correction"], v["algo.tis_cap"], v["algo.tis_placement"]) == (True, 5.0, "train_infer")
     assert (v["algo.tis_mode"], v["algo.tis_level"], v["algo.tis_floor"]) == ("truncate", "token", 0.0)
     assert v["cluster.engine_backend"] == "vllm"
+
+
+def test_trl_scale_rewards_batch_and_verl_rloo_are_their_advantages():
+    v = _trl(scale_rewards="batch").values
+    assert (v["algo.adv_std_normalize"], v["algo.adv_std_scope"]) == (True, "batch")
+    v = from_verl({"algorithm.adv_estimator": "rloo", "actor_rollout_ref.rollout.n": 4}).values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("leave_one_out", False)
+    # verl's compute_rloo_outcome_advantage, as verl writes it, on one group of 4
+    scores, n = torch.tensor([1.0, 0.0, 0.0, 1.0]), 4
+    verl = scores * n / (n - 1) - scores.mean() * n / (n - 1)
+    ours = group_advantages(scores[None], std_normalize=False, baseline="leave_one_out")[0]
+    torch.testing.assert_close(ours, verl, rtol=0, atol=1e-7)
 
 
 def test_trl_mask_truncated_completions():

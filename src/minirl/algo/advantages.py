@@ -8,7 +8,9 @@ and calls it "group normalization (Shao et al., 2024)". How this differs from wh
 confused with: the written formula **only subtracts the mean**; GRPO (and CISPO, [P] Appendix A)
 also divide by the group std. [P] never states whether MiniRL divides, so the default here is
 mean-only and ``std_normalize=True`` gives the Appendix A form. The baseline is the plain group
-mean including the sample itself (not leave-one-out); the std is the unbiased (G - 1) one.
+mean including the sample itself; the std is the unbiased (G - 1) one. Not in [P], for TRL's and verl's
+runs: RLOO's leave-one-out baseline (Ahmadian et al. 2024; verl ``adv_estimator=rloo``) and the std of the
+whole batch's rewards (TRL ``scale_rewards="batch"``).
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ import torch
 STD_EPS: float = 1e-6
 
 
-def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False) -> torch.Tensor:
+def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, baseline: str = "group_mean",
+                     std_scope: str = "group") -> torch.Tensor:
     """Advantages [P, G] from rewards [P, G] (row = one prompt's group of G responses).
 
     std_normalize=False: A = R - mean_G(R)                          ([P] §4.1, with Eq. (7))
     std_normalize=True:  A = (R - mean_G(R)) / (std_G(R) + 1e-6)    ([P] Appendix A, GRPO/CISPO;
                          std is unbiased, i.e. divides by G - 1)
+    baseline="leave_one_out": R - mean of the other G - 1 = G/(G - 1) (R - mean_G(R)) in place of R - mean_G(R)
+    std_scope="batch": the std of all P x G rewards in place of each group's
 
     Integer/bool rewards are converted to float32; float dtypes are kept.
 
     Raises:
-        ValueError: ``rewards_PG`` not 2-D, or G < 2 with ``std_normalize=True``.
+        ValueError: ``rewards_PG`` not 2-D, or G < 2 with ``std_normalize=True`` or a leave-one-out baseline.
         FloatingPointError: ``rewards_PG`` contains NaN.
     """
     if not isinstance(rewards_PG, torch.Tensor) or rewards_PG.ndim != 2:
@@ -39,10 +44,13 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False) -> t
         raise FloatingPointError("rewards_PG contains NaN")
     if rewards.shape[1] == 0:
         raise ValueError("rewards_PG has G = 0 samples per prompt")
+    if rewards.shape[1] < 2 and (std_normalize or baseline == "leave_one_out"):
+        raise ValueError("std_normalize=True and a leave-one-out baseline need G >= 2 samples per prompt")
+    group = rewards.shape[1]
     centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if baseline == "leave_one_out":
+        centred = centred * (group / (group - 1))
     if not std_normalize:
         return centred
-    if rewards.shape[1] < 2:
-        raise ValueError("std_normalize=True needs G >= 2 samples per prompt (unbiased std)")
-    std = rewards.std(dim=1, keepdim=True, correction=1)
+    std = rewards.std(correction=1) if std_scope == "batch" else rewards.std(dim=1, keepdim=True, correction=1)
     return centred / (std + STD_EPS)

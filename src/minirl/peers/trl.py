@@ -312,12 +312,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
         obj.set("mask_truncated", True, peer.show("mask_truncated_completions"))
         obj.differs.append("mask_truncated_completions=True: TRL masks every completion not ending in EOS (one cut by a "
                            "stop string too), minirl those cut by max_new_tokens")
-    scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
-    if scale not in ("group", "none"):
-        obj.blockers.append(peer.show("scale_rewards"))
-    obj.set("adv_std_normalize", scale == "group", peer.show("scale_rewards"))
-    if scale == "group":
-        obj.differs.append("scale_rewards='group': TRL divides by the group std + 1e-4, minirl by std + 1e-6")
+    _trl_scale_rewards(peer, obj)
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
     mode = peer("vllm_importance_sampling_mode")
     _trl_opsm(peer, obj, name, correction)
@@ -337,6 +332,18 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
     return obj
+
+
+def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
+    """``scale_rewards``: the advantage divided by the group's std, the whole batch's, or by none."""
+    scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
+    if scale not in ("group", "batch", "none"):
+        obj.blockers.append(peer.show("scale_rewards"))
+    obj.set("adv_std_normalize", scale in ("group", "batch"), peer.show("scale_rewards"))
+    if scale == "batch":
+        obj.set("adv_std_scope", "batch", peer.show("scale_rewards") + ": the std of the step's rewards")
+    if scale in ("group", "batch"):
+        obj.differs.append(f"scale_rewards={scale!r}: TRL divides by the std + 1e-4, minirl by std + 1e-6")
 
 
 def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_high: float) -> None:

@@ -391,8 +391,9 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
 def _verl_objective(peer: Peer, n: int) -> Objective:
     """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
     obj = Objective()
-    if peer("algorithm.adv_estimator") != "grpo":
-        obj.blockers.append(peer.show("algorithm.adv_estimator") + " (minirl's advantage is GRPO's group baseline)")
+    estimator = peer("algorithm.adv_estimator")
+    if estimator not in ("grpo", "rloo"):
+        obj.blockers.append(peer.show("algorithm.adv_estimator") + " (minirl's advantage is a group baseline: grpo, rloo)")
     for key, neutral in ((A + "entropy_coeff", 0), ("algorithm.use_kl_in_reward", False),
                          ("algorithm.rollout_correction.bypass_mode", False)):
         if peer(key) != neutral:
@@ -422,7 +423,12 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("normalizer", 1.0, "token-sum: no division")
     if mode == "vanilla" and peer(A + "clip_ratio_c") and name in ("minirl", "grpo"):  # verl's dual clip, always on
         obj.set("dual_clip", float(peer(A + "clip_ratio_c")), peer.show(A + "clip_ratio_c"))
-    obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")), peer.show("algorithm.norm_adv_by_std_in_grpo"))
+    if estimator == "rloo":  # verl's RLOO: the leave-one-out baseline, never divided by a std
+        obj.set("adv_baseline", "leave_one_out", peer.show("algorithm.adv_estimator"))
+        obj.set("adv_std_normalize", False, peer.show("algorithm.adv_estimator") + " (verl's RLOO divides by no std)")
+    else:
+        obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
+                peer.show("algorithm.norm_adv_by_std_in_grpo"))
     rollout_is = peer("algorithm.rollout_correction.rollout_is")
     if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
         obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is") + (" with GSPO" if name == "gspo" else ""))

@@ -1,10 +1,12 @@
-"""DAPO's practices end to end: ``rollout.filter_groups`` (when every group already has a reward spread, dynamic
-sampling changes nothing: one round, the same prompts, seeds and updates, the same metrics bit for bit) and
-``algo.mask_truncated``."""
+"""TRL's and verl's practices end to end on the tiny MoE, each reaching the step it changes: DAPO's dynamic sampling
+(``rollout.filter_groups``: with every group already spread it changes nothing, bit for bit), ``algo.mask_truncated``,
+verl's rejection (``algo.reject``) and RLOO's baseline (``algo.adv_baseline``)."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from minirl.cli import main
 from tests.resume.test_exact_resume import TINY
@@ -61,3 +63,15 @@ def test_rejection_reaches_training_and_with_open_bounds_changes_nothing(tmp_pat
     assert all(0.0 < r["mismatch/rejected_seq_frac"] <= 1.0 and r["mismatch/rejected_token_frac"] > 0.0 for r in rows[1:])
     assert rows[1]["policy/is_weight_mean"] != plain[1]["policy/is_weight_mean"]  # the update saw fewer tokens
     assert rows[1]["mismatch/kl_k3"] == plain[1]["mismatch/kl_k3"]  # the monitor still sees every sampled token
+
+
+def test_a_leave_one_out_baseline_scales_the_first_loss_by_g_over_g_minus_one(tmp_path):
+    """``algo.adv_baseline: leave_one_out`` reaches the advantages: RLOO's A = G/(G - 1) (R - mean), so the first
+    step (same rollouts, same weights) has G/(G - 1) = 4/3 times the plain run's loss."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=1", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=rloo", "algo.adv_baseline=leave_one_out"]) == 0
+    plain, rloo = (_rows(tmp_path / name)[1] for name in ("plain", "rloo"))
+    assert plain["train/reward_mean"] == rloo["train/reward_mean"] and plain["policy/loss"] != 0.0
+    assert rloo["policy/loss"] == pytest.approx(plain["policy/loss"] * 4 / 3, rel=1e-5)
