@@ -426,8 +426,8 @@ class CISPOConfig(LossConfig):
 
     name: Literal["cispo"]
     """The objective: minirl | grpo | cispo | gspo."""
-    eps_low: float = Field(0.2, ge=0, lt=1)
-    """Clip range below 1 of the ratio pi_theta/pi_old."""
+    eps_low: float = Field(0.2, ge=0)
+    """Clip range below 1 of the ratio pi_theta/pi_old (>= 1: no lower clip, as the CISPO paper and TRL's)."""
     eps_high: float = Field(0.27, ge=0)
     """Clip range above 1 of the ratio pi_theta/pi_old."""
     is_correction: bool = False
@@ -441,10 +441,16 @@ class CISPOConfig(LossConfig):
     adv_std_normalize: bool = True
     whole_groups: ClassVar[bool] = True
 
+    aggregation: Literal["group", "token_mean"] = "group"
+    """group: each group's tokens, then the mean over groups ([P] App. A); token_mean: the mini-batch's tokens
+    (ScaleRL's and TRL's ``loss_type="cispo"``)."""
+
     def minibatch_normalizer(self, minibatch: Any) -> float:
-        """The mean over groups: the mini-batch's number of distinct groups."""
+        """group: the mini-batch's number of distinct groups; token_mean: its trained tokens."""
         import torch
 
+        if self.aggregation == "token_mean":
+            return float(max(int(minibatch.mask.sum()), 1))
         return float(torch.unique(minibatch.group_ids).numel())
 
 

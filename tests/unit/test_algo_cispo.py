@@ -131,3 +131,16 @@ def test_cispo_with_opsm_drops_the_drifted_negative_response() -> None:
     assert loss == pytest.approx(-((2 * L(0.5) + 1.27 * 2 * L(0.8) + 1.2 * 2 * L(0.54)) / 5 + 1.1 * 0.5 * L(0.66)) / 2,
                                  abs=1e-9)
     assert grad[1].tolist() == [0.0, 0.0, 0.0] and m["opsm_masked_frac"] == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_cispo_token_mean_with_no_lower_clip() -> None:
+    # eps_low = 1: clip(r, 0, 1.27) = row 0 [1, 1.27, 1.2], row 1 [0.6 (not raised to 0.8), 0.9], row 2 [1.1];
+    # token_mean over the 6 trained tokens: d loss / d logp = -w A / 6
+    loss, grad, m = _run(eps_low=1.0, aggregation="token_mean")
+    total = 2 * L(0.5) + 2.54 * L(0.8) + 2.4 * L(0.54) - 0.6 * L(0.3) - 0.9 * L(0.45) + 0.55 * L(0.66)
+    assert loss == pytest.approx(-total / 6, abs=1e-9)
+    expected = [[-2 / 6, -2.54 / 6, -2.4 / 6], [0.6 / 6, 0.9 / 6, 0.0], [-0.55 / 6, 0.0, 0.0]]
+    torch.testing.assert_close(grad, torch.tensor(expected, dtype=F64), atol=1e-9, rtol=0)
+    assert m["clip_frac"] == pytest.approx(1 / 6, abs=1e-12)  # only row 0 t1 (1.6 > 1.27)
+    with pytest.raises(ValueError, match="aggregation"):
+        _run(aggregation="seq_sum")

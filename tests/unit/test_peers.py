@@ -303,6 +303,8 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
         coef_1 = torch.clamp(coef_1, max=delta)
     adv = x.advantages[:, None]
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if loss_type == "cispo":  # epsilon_high caps r itself; no lower clip
+        per_token_loss = -torch.clamp(torch.exp(logp - x.logp_old), max=eps_high).detach() * adv * logp
     if opsm is not None:  # GRPOTrainer.get_off_policy_mask against ``sampling`` log-probs
         kl_div = opsm[1] - logp.detach()
         avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
@@ -313,7 +315,7 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_len)
-    else:  # dapo: tokens of the accumulation window
+    else:  # dapo, cispo: tokens of the accumulation window
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     (grad,) = torch.autograd.grad(loss, logp)
     return grad
@@ -363,6 +365,25 @@ def test_trl_delta_is_a_dual_clip_with_trls_gradient(loss_type):
     assert not torch.equal(theirs, _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6))  # delta acts here
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     assert "algo.dual_clip" not in from_trl(given | {"delta": 1.2}).values  # below 1 + epsilon_high: no equivalent
+
+
+@pytest.mark.parametrize("vllm", [False, True])
+def test_trl_cispo_gradient_is_trls(vllm):
+    """TRL's ``loss_type="cispo"``: sg[min(r, epsilon_high)] A log pi over the batch's tokens (ScaleRL's form)."""
+    given = {"loss_type": "cispo", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+             "num_generations": 4, "max_completion_length": 6, "epsilon_high": 1.25}
+    x = _batch()
+    is_ratio = None
+    if vllm:
+        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
+        is_ratio = _trl_is_ratio(x, "token_truncate", None, 3.0)
+    out = from_trl(given)
+    assert out.values["algo.name"] == "cispo" and out.objective.startswith("your TRL loss")
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _trl_gradient("cispo", x, 0.2, 1.25, is_ratio, max_len=6)
+    assert not torch.equal(theirs, _trl_gradient("cispo", x, 0.2, 1e9, is_ratio, max_len=6))  # the cap acts here
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert "algo.name" not in from_trl(given | {"epsilon_high": 0.28}).values  # a cap below 1: no equivalent
 
 
 VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("sequence_truncate", 0.5, 2.0),

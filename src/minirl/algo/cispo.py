@@ -19,12 +19,11 @@ How this differs from MiniRL (Eq. (7)) and from what it is usually confused with
 * ``is_correction=True`` (not part of CISPO as written) multiplies each token by the detached,
   truncated factor min(pi_old / mu_old, tis_cap), or its masked / sequence form (``bounded_is_weight``).
 * Default clip range 0.2 / 0.27 (the values [P] uses for MiniRL); the CISPO paper (MiniMax-M1)
-  tunes only the upper bound and effectively leaves the lower one open: pass a large eps_low
-  for that.
+  tunes only the upper bound and leaves the lower one open: eps_low >= 1 does that. ``aggregation=
+  "token_mean"`` divides by the mini-batch's tokens instead (ScaleRL's and TRL's ``loss_type="cispo"``).
 
-Metrics: those of ``minirl_loss``; clip_frac* count tokens whose weight was clamped (the gradient
-is kept, unlike the other objectives), is_* describe the training–inference factor (exactly 1
-when ``is_correction=False``).
+Metrics: those of ``minirl_loss``; clip_frac* count tokens whose weight was clamped (the gradient is kept, unlike the
+other objectives), is_* describe the training–inference factor (exactly 1 when ``is_correction=False``).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ def cispo_loss(
     is_correction: bool = False,
     tis_cap: float = 5.0,
     tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token", opsm_threshold: float | None = None,
-    normalizer: float | None = None,
+    aggregation: str = "group", normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO loss, the negative of J_CISPO in [P] (arXiv:2512.01374) Appendix A, averaged over groups.
 
@@ -52,9 +51,11 @@ def cispo_loss(
 
     r = exp(logp - logp_old) (detached); c = min(exp(logp_old - logp_rollout), tis_cap) when
     ``is_correction`` else 1; T_g = trained tokens of group g (a group with none contributes 0);
-    N = ``normalizer`` or the number of distinct ``group_ids``.
-    d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
+    N = ``normalizer`` or the number of distinct ``group_ids``; ``"token_mean"``: sum / (``normalizer`` or the
+    trained tokens). d loss / d logp_{i,t} = -clip(r) c A_i / (T_{g(i)} N) on every trained token.
     """
+    if aggregation not in ("group", "token_mean"):
+        raise ValueError(f"aggregation must be 'group' or 'token_mean', got {aggregation!r}")
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_floor=tis_floor,
                 tis_mode=tis_mode, tis_level=tis_level)
     group_ids = x.require_groups()  # CISPO normalises per group: ValueError without them
@@ -76,10 +77,13 @@ def cispo_loss(
     lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old  # OPSM's mu, as MiniRL's
     opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
     per_token = torch.where(mask & (True if opsm is None else opsm), weight * factor * adv * logp_m, zero)
-    same_group = (group_ids[:, None] == group_ids[None, :]).to(dtype)  # [B, B]: exact integer sums, no host sync
-    row_denom = (same_group @ mask.sum(dim=1).to(dtype)).clamp(min=1)  # T_{g(i)} per row
-    denom = float(torch.unique(group_ids).numel()) if normalizer is None else normalizer  # a sync only without one
-    loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
+    if aggregation == "token_mean":
+        loss = -per_token.sum() / (mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer)
+    else:
+        same_group = (group_ids[:, None] == group_ids[None, :]).to(dtype)  # [B, B]: exact integer sums, no host sync
+        row_denom = (same_group @ mask.sum(dim=1).to(dtype)).clamp(min=1)  # T_{g(i)} per row
+        denom = float(torch.unique(group_ids).numel()) if normalizer is None else normalizer  # a sync only without one
+        loss = -(per_token.sum(dim=1) / row_denom).sum() / denom
 
     clamped = mask & ((ratio < 1 - eps_low) | (ratio > 1 + eps_high))
     metrics = token_loss_metrics(loss, clamped, truncated, factor, ratio, adv, mask, tis_mode, opsm)

@@ -290,12 +290,12 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
     name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
-            ("token", "dapo"): "minirl"}.get((level, loss))
+            ("token", "dapo"): "minirl", ("token", "cispo"): "cispo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
     obj.set("name", name, peer.show("loss_type", "importance_sampling_level"))
-    _trl_clip_range(peer, obj, name, eps_low, eps_high)
+    _trl_clip_range(peer, obj, name, eps_low, eps_high, minibatches)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
         if loss == "dapo":
@@ -346,9 +346,20 @@ def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
         obj.differs.append(f"scale_rewards={scale!r}: TRL divides by the std + 1e-4, minirl by std + 1e-6")
 
 
-def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_high: float) -> None:
+def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_high: float, minibatches: int) -> None:
     """``epsilon``, ``epsilon_high`` and ``delta`` (TRL clamps r at delta: no gradient above it, which is a dual clip
-    when delta >= 1 + epsilon_high)."""
+    when delta >= 1 + epsilon_high); ``loss_type="cispo"``: min(r, epsilon_high), no lower clip, a token mean."""
+    if name == "cispo":
+        if eps_high < 1:
+            obj.blockers.append(peer.show("epsilon_high") + " with loss_type='cispo' (a cap on r below 1)")
+            return
+        obj.set("eps_low", 1.0, "loss_type='cispo': no lower clip")
+        obj.set("eps_high", eps_high - 1, f"loss_type='cispo': r capped at epsilon_high={eps_high}")
+        obj.set("aggregation", "token_mean", "loss_type='cispo': tokens of the mini-batch")
+        if minibatches > 1:
+            obj.differs.append("loss_type='cispo' with several optimizer steps per generation: TRL divides each step "
+                               "by the generation's mean tokens per step, minirl by the step's own tokens")
+        return
     obj.set("eps_low", eps_low, peer.show("epsilon"))
     obj.set("eps_high", eps_high, peer.show("epsilon_high") if peer("epsilon_high") is not None else "epsilon_high unset: = epsilon")
     if peer("delta") is None:
