@@ -18,7 +18,7 @@ import yaml
 from minirl.algo import POLICY_LOSSES, LossInputs, group_advantages
 from minirl.algo.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
-from minirl.peers import add_trl_sft, from_trl, from_verl, read_verl, script_overrides
+from minirl.peers import Translation, add_trl_sft, from_trl, from_verl, read_verl, script_overrides
 
 
 def _trl(**given):
@@ -332,18 +332,25 @@ def _batch(batch: int = 8, width: int = 6, seed: int = 0) -> LossInputs:
     return LossInputs(logp, logp_old, logp_rollout, advantages, mask, torch.arange(batch) // 4)
 
 
+TRL_BATCH = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
+             "max_completion_length": 6}
+
+
+def _trl_run(x: LossInputs, vllm: bool, **given) -> tuple[Translation, torch.Tensor | None]:
+    """TRL settings over 8 rows (4 per device, 2 accumulation steps) translated, and TRL's IS ratio for ``x`` when
+    vLLM's token_truncate correction (clip_max 3) is on."""
+    given = TRL_BATCH | given
+    if vllm:
+        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
+    return from_trl(given), (_trl_is_ratio(x, "token_truncate", None, 3.0) if vllm else None)
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("vllm", [False, True])
 def test_trl_off_policy_mask_gradient_is_trls(loss_type, vllm):
     """OPSM (``off_policy_mask_threshold``) against vLLM's log-probs with its correction on, else pi_old's."""
-    given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-             "num_generations": 4, "max_completion_length": 6, "off_policy_mask_threshold": -0.09}  # drops a response of this batch either way
     x = _batch()
-    is_ratio = None
-    if vllm:
-        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
-        is_ratio = _trl_is_ratio(x, "token_truncate", None, 3.0)
-    out = from_trl(given)
+    out, is_ratio = _trl_run(x, vllm, loss_type=loss_type, off_policy_mask_threshold=-0.09)  # drops a response either way
     assert out.values["algo.opsm_threshold"] == -0.09
     _, ours = _losses(x, out.config(), batch=8)
     sampling = x.logp_rollout if vllm else x.logp_old
@@ -355,35 +362,27 @@ def test_trl_off_policy_mask_gradient_is_trls(loss_type, vllm):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_trl_delta_is_a_dual_clip_with_trls_gradient(loss_type):
-    given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-             "num_generations": 4, "max_completion_length": 6, "epsilon_high": 0.28, "delta": 1.3}
-    out = from_trl(given)
-    assert out.values["algo.dual_clip"] == 1.3
     x = _batch()
+    out, _ = _trl_run(x, False, loss_type=loss_type, epsilon_high=0.28, delta=1.3)
+    assert out.values["algo.dual_clip"] == 1.3
     _, ours = _losses(x, out.config(), batch=8)
     theirs = _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6, delta=1.3)
     assert not torch.equal(theirs, _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6))  # delta acts here
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-    assert "algo.dual_clip" not in from_trl(given | {"delta": 1.2}).values  # below 1 + epsilon_high: no equivalent
+    assert "algo.dual_clip" not in _trl_run(x, False, loss_type=loss_type, epsilon_high=0.28, delta=1.2)[0].values
 
 
 @pytest.mark.parametrize("vllm", [False, True])
 def test_trl_cispo_gradient_is_trls(vllm):
     """TRL's ``loss_type="cispo"``: sg[min(r, epsilon_high)] A log pi over the batch's tokens (ScaleRL's form)."""
-    given = {"loss_type": "cispo", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-             "num_generations": 4, "max_completion_length": 6, "epsilon_high": 1.25}
     x = _batch()
-    is_ratio = None
-    if vllm:
-        given |= {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
-        is_ratio = _trl_is_ratio(x, "token_truncate", None, 3.0)
-    out = from_trl(given)
+    out, is_ratio = _trl_run(x, vllm, loss_type="cispo", epsilon_high=1.25)
     assert out.values["algo.name"] == "cispo" and out.objective.startswith("your TRL loss")
     _, ours = _losses(x, out.config(), batch=8)
     theirs = _trl_gradient("cispo", x, 0.2, 1.25, is_ratio, max_len=6)
     assert not torch.equal(theirs, _trl_gradient("cispo", x, 0.2, 1e9, is_ratio, max_len=6))  # the cap acts here
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-    assert "algo.name" not in from_trl(given | {"epsilon_high": 0.28}).values  # a cap below 1: no equivalent
+    assert "algo.name" not in _trl_run(x, vllm, loss_type="cispo", epsilon_high=0.28)[0].values  # a cap below 1
 
 
 VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("sequence_truncate", 0.5, 2.0),
