@@ -322,6 +322,9 @@ class LossConfig(Section):
     ``scale_rewards="batch"``)."""
     adv_baseline: Literal["group_mean", "leave_one_out"] = "group_mean"
     """The group mean (the paper's), or the mean of the other G - 1 rewards (RLOO; verl's ``adv_estimator=rloo``)."""
+    adv_whiten: bool = False
+    """Then whiten the advantages over the step's tokens (token-weighted mean and std: REINFORCE++-baseline, verl's
+    ``adv_estimator=reinforce_plus_plus_baseline``). Off: the paper's."""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to a frozen reference policy (``minirl.algo.reference_kl``; verl ``kl_loss_coef``,
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
@@ -353,8 +356,9 @@ class LossConfig(Section):
 
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
-        return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "kl_coef",
-                                        "kl_loss_type", "mask_truncated", "reject", "reject_low", "reject_high"})
+        return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
+                                        "kl_coef", "kl_loss_type", "mask_truncated", "reject", "reject_low",
+                                        "reject_high"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
+from minirl.algo.advantages import token_whiten
 from minirl.algo.rejection import rejection_keep
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
@@ -334,6 +335,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     # group-baseline advantages
     advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize, baseline=cfg.algo.adv_baseline,
                                   std_scope=cfg.algo.adv_std_scope).reshape(-1)
+    if cfg.algo.adv_whiten:  # REINFORCE++-baseline: over the step's tokens
+        advantages = token_whiten(advantages, torch.tensor([len(c.completion_ids) for c in completions]))
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id,
                                mask_truncated=cfg.algo.mask_truncated))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the

@@ -1,10 +1,11 @@
 """TRL's and verl's practices end to end on the tiny MoE, each reaching the step it changes: DAPO's dynamic sampling
 (``rollout.filter_groups``: with every group already spread it changes nothing, bit for bit), ``algo.mask_truncated``,
-verl's rejection (``algo.reject``) and RLOO's baseline (``algo.adv_baseline``)."""
+verl's rejection (``algo.reject``), RLOO's baseline (``algo.adv_baseline``) and REINFORCE++'s whitening."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -75,3 +76,14 @@ def test_a_leave_one_out_baseline_scales_the_first_loss_by_g_over_g_minus_one(tm
     plain, rloo = (_rows(tmp_path / name)[1] for name in ("plain", "rloo"))
     assert plain["train/reward_mean"] == rloo["train/reward_mean"] and plain["policy/loss"] != 0.0
     assert rloo["policy/loss"] == pytest.approx(plain["policy/loss"] * 4 / 3, rel=1e-5)
+
+
+def test_whitened_advantages_reach_the_loss(tmp_path):
+    """``algo.adv_whiten`` (REINFORCE++-baseline) changes the first step's loss, on the same rollouts."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=1", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=whiten", "algo.adv_whiten=true"]) == 0
+    plain, whiten = (_rows(tmp_path / name)[1] for name in ("plain", "whiten"))
+    assert plain["train/reward_mean"] == whiten["train/reward_mean"]
+    assert math.isfinite(whiten["policy/loss"]) and whiten["policy/loss"] != plain["policy/loss"]

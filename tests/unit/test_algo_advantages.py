@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minirl.algo import group_advantages
+from minirl.algo.advantages import token_whiten
 
 F64 = torch.float64
 
@@ -71,3 +72,30 @@ def test_batch_scope_divides_by_the_std_of_every_reward_of_the_step() -> None:
     expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]], dtype=torch.float64) / (std + 1e-6)
     torch.testing.assert_close(group_advantages(r, std_normalize=True, std_scope="batch"), expected, atol=1e-12, rtol=0)
     assert torch.equal(group_advantages(r, std_scope="batch"), group_advantages(r))  # no std: nothing to scope
+
+
+def test_token_whiten_weighs_each_response_by_its_tokens() -> None:
+    # advantages [1, -1, 0] over 3, 1 and 4 tokens (8): mean (3 - 1 + 0) / 8 = 0.25;
+    # variance (3 x 0.5625 + 1.5625 + 4 x 0.0625) / 8 x 8/7 = 3.5/7 = 0.5
+    a = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
+    out = token_whiten(a, torch.tensor([3, 1, 4]))
+    expected = (a - 0.25) / math.sqrt(0.5 + 1e-8)
+    torch.testing.assert_close(out, expected, atol=1e-7, rtol=0)  # verl's 1e-8 in the mean's denominator
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        token_whiten(torch.tensor([1.0]), torch.tensor([1]))
+
+
+def test_token_whiten_is_verls_masked_whiten_of_the_tiled_scores() -> None:
+    """verl 0.9.1's reinforce_plus_plus_baseline, as verl writes it: scores tiled over each response's tokens,
+    ``masked_whiten`` (mean and unbiased variance over the mask, 1e-8 in both), read back per response."""
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (3, 4), generator=g).double()
+    lengths = torch.randint(1, 7, (12,), generator=g)
+    scores = (rewards - rewards.mean(dim=1, keepdim=True)).reshape(-1)
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).double()
+    tiled = scores[:, None] * mask
+    mean = (tiled * mask).sum() / (mask.sum() + 1e-8)
+    var = (((tiled - mean) ** 2) * mask).sum() / (mask.sum() + 1e-8) * (mask.sum() / (mask.sum() - 1))
+    verl = ((tiled - mean) * torch.rsqrt(var + 1e-8) * mask)[:, 0]
+    ours = token_whiten(group_advantages(rewards).reshape(-1), lengths)
+    torch.testing.assert_close(ours, verl, atol=1e-12, rtol=0)

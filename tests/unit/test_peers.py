@@ -206,6 +206,8 @@ def test_trl_scale_rewards_batch_and_verl_rloo_are_their_advantages():
     assert (v["algo.adv_std_normalize"], v["algo.adv_std_scope"]) == (True, "batch")
     v = from_verl({"algorithm.adv_estimator": "rloo", "actor_rollout_ref.rollout.n": 4}).values
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("leave_one_out", False)
+    v = from_verl({"algorithm.adv_estimator": "reinforce_plus_plus_baseline", "actor_rollout_ref.rollout.n": 4}).values
+    assert (v["algo.adv_whiten"], v["algo.adv_std_normalize"]) == (True, False) and "algo.adv_baseline" not in v
     # verl's compute_rloo_outcome_advantage, as verl writes it, on one group of 4
     scores, n = torch.tensor([1.0, 0.0, 0.0, 1.0]), 4
     verl = scores * n / (n - 1) - scores.mean() * n / (n - 1)

@@ -9,8 +9,9 @@ confused with: the written formula **only subtracts the mean**; GRPO (and CISPO,
 also divide by the group std. [P] never states whether MiniRL divides, so the default here is
 mean-only and ``std_normalize=True`` gives the Appendix A form. The baseline is the plain group
 mean including the sample itself; the std is the unbiased (G - 1) one. Not in [P], for TRL's and verl's
-runs: RLOO's leave-one-out baseline (Ahmadian et al. 2024; verl ``adv_estimator=rloo``) and the std of the
-whole batch's rewards (TRL ``scale_rewards="batch"``).
+runs: RLOO's leave-one-out baseline (Ahmadian et al. 2024; verl ``adv_estimator=rloo``), the std of the
+whole batch's rewards (TRL ``scale_rewards="batch"``) and REINFORCE++-baseline's whitening over the batch's
+tokens (Hu et al. 2025; verl ``adv_estimator=reinforce_plus_plus_baseline``, ``token_whiten``).
 """
 
 from __future__ import annotations
@@ -54,3 +55,16 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
         return centred
     std = rewards.std(correction=1) if std_scope == "batch" else rewards.std(dim=1, keepdim=True, correction=1)
     return centred / (std + STD_EPS)
+
+
+def token_whiten(advantages: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-response advantages [B] whitened over the batch's tokens, response i counting ``lengths[i]`` times:
+    (A - m) / sqrt(v + 1e-8), m and v the token-weighted mean and unbiased variance (verl's ``masked_whiten``,
+    with its 1e-8 in the mean's denominator). Needs at least two tokens."""
+    n = lengths.to(advantages.dtype)
+    tokens = n.sum()
+    if float(tokens) < 2:
+        raise ValueError("token_whiten needs at least 2 tokens in the batch (an unbiased variance)")
+    mean = (n * advantages).sum() / (tokens + 1e-8)
+    variance = (n * (advantages - mean) ** 2).sum() / (tokens + 1e-8) * (tokens / (tokens - 1))
+    return (advantages - mean) * torch.rsqrt(variance + 1e-8)

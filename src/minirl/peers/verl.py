@@ -391,9 +391,7 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
 def _verl_objective(peer: Peer, n: int) -> Objective:
     """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
     obj = Objective()
-    estimator = peer("algorithm.adv_estimator")
-    if estimator not in ("grpo", "rloo"):
-        obj.blockers.append(peer.show("algorithm.adv_estimator") + " (minirl's advantage is a group baseline: grpo, rloo)")
+    _verl_advantage(peer, obj)
     for key, neutral in ((A + "entropy_coeff", 0), ("algorithm.use_kl_in_reward", False),
                          ("algorithm.rollout_correction.bypass_mode", False)):
         if peer(key) != neutral:
@@ -423,12 +421,6 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("normalizer", 1.0, "token-sum: no division")
     if mode == "vanilla" and peer(A + "clip_ratio_c") and name in ("minirl", "grpo"):  # verl's dual clip, always on
         obj.set("dual_clip", float(peer(A + "clip_ratio_c")), peer.show(A + "clip_ratio_c"))
-    if estimator == "rloo":  # verl's RLOO: the leave-one-out baseline, never divided by a std
-        obj.set("adv_baseline", "leave_one_out", peer.show("algorithm.adv_estimator"))
-        obj.set("adv_std_normalize", False, peer.show("algorithm.adv_estimator") + " (verl's RLOO divides by no std)")
-    else:
-        obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
-                peer.show("algorithm.norm_adv_by_std_in_grpo"))
     rollout_is = peer("algorithm.rollout_correction.rollout_is")
     if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
         obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is") + (" with GSPO" if name == "gspo" else ""))
@@ -448,6 +440,23 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
             obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
     return obj
+
+
+def _verl_advantage(peer: Peer, obj: Objective) -> None:
+    """verl's outcome advantage estimators minirl has: grpo, rloo, reinforce_plus_plus_baseline."""
+    estimator, key = peer("algorithm.adv_estimator"), "algorithm.adv_estimator"
+    if estimator not in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        obj.blockers.append(peer.show(key) + " (minirl's advantage is a group baseline: grpo, rloo, "
+                            "reinforce_plus_plus_baseline)")
+    elif estimator == "grpo":
+        obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
+                peer.show("algorithm.norm_adv_by_std_in_grpo"))
+    else:  # verl's RLOO and REINFORCE++-baseline never divide by the group's std
+        obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
+        if estimator == "rloo":
+            obj.set("adv_baseline", "leave_one_out", peer.show(key))
+        else:
+            obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
 
 
 def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:
