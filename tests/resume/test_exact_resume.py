@@ -34,7 +34,12 @@ MODES = {"none": ["moe.routing_replay=none"],
          "R3": ["moe.routing_replay=R3", "optim.minibatches_per_step=2"],
          # a resume skips the SFT cold start: the checkpoint holds the RL weights
          "cold_start": ["moe.routing_replay=R3", "cold_start.enabled=true", "cold_start.steps=5", "cold_start.examples=32",
-                        "cold_start.batch_sequences=8"]}
+                        "cold_start.batch_sequences=8"],
+         # TRL's and verl's practices: dynamic sampling's rounds move the data order and seeds, rejection and
+         # whitening shape the update; a resume must land on the same numbers
+         "practices": ["rollout.filter_groups=true", "rollout.filter_groups_metric=accuracy",
+                       "rollout.filter_groups_max_rounds=2", "algo.reject=token_k1", "algo.reject_low=0.99",
+                       "algo.reject_high=1.01", "algo.adv_whiten=true", "algo.dual_clip=1.5"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:
@@ -124,6 +129,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     ("none", [("lines", 3), ("tmp", 0)]),  # ("tmp", 0) after a resume: a later checkpoint
     ("R2", [("tmp", 3)]),
     ("R3", [("lines", 6)]),
+    ("practices", [("lines", 4)]),
 ])
 def test_killed_and_resumed_run_is_bitwise_identical(tmp_path, mode, kills):
     _check_same(tmp_path, mode, kills)
