@@ -74,8 +74,8 @@ def cispo_loss(
                                            tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
-    lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old  # OPSM's mu, as MiniRL's
-    opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
+    opsm = None if opsm_threshold is None else opsm_keep(  # mu as MiniRL's: pi_old without IS correction
+        adv, lp, masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old, mask, opsm_threshold)
     per_token = torch.where(mask & (True if opsm is None else opsm), weight * factor * adv * logp_m, zero)
     if aggregation == "token_mean":
         loss = -per_token.sum() / (mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer)

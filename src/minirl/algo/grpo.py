@@ -71,8 +71,8 @@ def grpo_loss(
                                            tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
-    lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old  # OPSM's mu, as MiniRL's
-    opsm = None if opsm_threshold is None else opsm_keep(adv, logp_m.detach(), lp_mu, mask, opsm_threshold)
+    opsm = None if opsm_threshold is None else opsm_keep(  # mu as MiniRL's: pi_old without IS correction
+        adv, logp_m.detach(), masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old, mask, opsm_threshold)
     per_token = torch.where(mask & (True if opsm is None else opsm), factor * surrogate, zero)
     lengths = mask.sum(dim=1).clamp(min=1).to(dtype)
     denom = logp.shape[0] if normalizer is None else normalizer

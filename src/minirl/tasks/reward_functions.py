@@ -102,8 +102,7 @@ class TrlLogs:
     ``GRPOTrainer._calculate_rewards``): the metric's mean is logged as ``reward/<function>/<name>``; the column's
     values (one per sample) go with the samples to ``samples.jsonl``."""
 
-    def __init__(self, samples: int) -> None:
-        self.samples = samples
+    def __init__(self) -> None:
         self.metrics: dict[str, list[float]] = {}
         self.columns: dict[str, list[Any]] = {}
 
@@ -232,7 +231,7 @@ class RewardFn:
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
         available = batch_keywords(samples)
-        logs = TrlLogs(len(samples))
+        logs = TrlLogs()
         if self.verl:
             available |= {f"{key}s": [verl_keywords(s)[key] for s in samples] for key in VERL_KEYWORDS}
         else:
