@@ -14,7 +14,11 @@ Builds a preset model (no cold start), and for one micro-batch of ``--rows`` x `
    and pass, forward and backward (full S x S: the causal half is not subtracted, which flatters the bound);
 3. the profiler's top operators by self CPU time (``--top``).
 
+``--precision bf16`` runs both forwards as the trainer does under ``optim.precision=bf16`` (autocast to bf16,
+the fused experts cast by ``minirl.precision.autocast_experts``) and times the GEMMs of the bound in bf16.
+
     python benchmarks/bench_update_bound.py [--preset qwen3-moe-2m] [--rows 64] [--width 44] [--threads 1]
+        [--precision fp32|bf16]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minirl.algo import token_logprobs
 from minirl.config import load_config
+from minirl.precision import PRECISIONS, autocast_dtype, autocast_experts, compute_context
 from minirl.runtime import build_model
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -49,11 +54,11 @@ def gemm_flops(name: str, shapes: list) -> int:
     return 2 * a[0] * a[1] * b[1]
 
 
-def time_gemm(name: str, shapes: list, repeats: int) -> float:
+def time_gemm(name: str, shapes: list, repeats: int, dtype: torch.dtype = torch.float32) -> float:
     """Seconds for one GEMM of these shapes, run alone (median)."""
     if name == "aten::addmm":
         shapes = shapes[1:]
-    a, b = torch.randn(*shapes[0]), torch.randn(*shapes[1])
+    a, b = torch.randn(*shapes[0], dtype=dtype), torch.randn(*shapes[1], dtype=dtype)
     fn = torch.bmm if name == "aten::bmm" else torch.mm
     out = fn(a, b)
     times = []
@@ -74,12 +79,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gemm-repeats", type=int, default=30)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     args = parser.parse_args()
+    dtype = autocast_dtype(args.precision) or torch.float32
     torch.set_num_threads(args.threads)
     cfg = load_config("configs/demo.yaml", ["cold_start.enabled=false", f"model.preset={args.preset}"])
     built = build_model(cfg)
     model = built[0] if isinstance(built, tuple) else built
     model.train()
+    autocast_experts(model)
     lean = LeanForward(model)
     ids = torch.randint(3, 60, (args.rows, args.width), generator=torch.Generator().manual_seed(0))
     forwards: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -87,7 +95,9 @@ def main() -> None:
 
     def train_pass(forward: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        logp = token_logprobs(forward(ids)[:, :-1].float(), ids[:, 1:])
+        with compute_context(args.precision, "cpu"):
+            logits = forward(ids)
+        logp = token_logprobs(logits[:, :-1].float(), ids[:, 1:])
         logp.sum().backward()
         return logp.detach()
 
@@ -110,17 +120,17 @@ def main() -> None:
     for (name, text), count in shapes.items():
         dims = eval(text)  # the profiler's list of shapes, as printed
         flops += count * gemm_flops(name, dims)
-        bound += count * time_gemm(name, dims, args.gemm_repeats)
+        bound += count * time_gemm(name, dims, args.gemm_repeats, dtype)
     config = model.config
     heads, dim, layers = config.num_attention_heads, config.head_dim, config.num_hidden_layers
     attention = [[args.rows * heads, args.width, dim], [args.rows * heads, dim, args.width]]
     per_product = gemm_flops("aten::bmm", attention)
-    attention_time = time_gemm("aten::bmm", attention, args.gemm_repeats)
+    attention_time = time_gemm("aten::bmm", attention, args.gemm_repeats, dtype)
     flops += 6 * layers * per_product  # QK^T and PV, forward + 2 in backward each
     bound += 6 * layers * attention_time
 
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.preset} ({params:,} parameters), forward + backward of {args.rows} x {args.width} tokens, "
+    print(f"{args.preset} ({params:,} parameters), forward + backward of {args.rows} x {args.width} tokens, {args.precision}, "
           f"{args.threads} thread(s), median of {args.rounds} alternating rounds")
     for name, value in median.items():
         print(f"  {name:<13} {value * 1000:8.1f} ms  ({median['transformers'] / value:.2f}x)"

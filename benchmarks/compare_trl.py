@@ -26,10 +26,12 @@ model), ``scale_rewards="none"``, ``epsilon=0.2``, ``epsilon_high=0.27``, ``num_
 for MoE models (its default); minirl does not. minirl runs ``configs/demo.yaml`` (fp8 rollout
 engine, routing metrics on) with cold start and eval off; extra ``key=value`` overrides apply
 to the minirl side (e.g. ``rollout.precision=fp32`` for an fp32 engine like TRL's HF generate,
-``moe.routing_metrics=false``).
+``moe.routing_metrics=false``). ``--bf16`` trains both sides in bf16 mixed precision (TRL ``bf16=True``,
+i.e. accelerate's CPU autocast around the model, its generation included; minirl ``optim.precision=bf16``
+with a bf16 engine): fast on CPUs with native bf16 matmuls (AMX, AVX512-BF16), slow without.
 
     python benchmarks/compare_trl.py [--sizes qwen3-moe-2m qwen3-moe-20m] [--modes forced natural]
-        [--steps 5] [--warmup 2] [--repeats 2] [--threads 1] [--sft-steps 60] [--quick] [key=value ...]
+        [--steps 5] [--warmup 2] [--repeats 2] [--threads 1] [--sft-steps 60] [--quick] [--bf16] [key=value ...]
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Clock(TrainerCallback):
 
 P, G, T = spec["prompts"], spec["samples"], spec["new_tokens"]
 config = GRPOConfig(
-    output_dir=spec["output_dir"], use_cpu=True, use_vllm=False, bf16=False, fp16=False,
+    output_dir=spec["output_dir"], use_cpu=True, use_vllm=False, bf16=spec["bf16"], fp16=False,
     report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, log_completions=False,
     gradient_checkpointing=False,  # TRL 1.16 defaults to True: recomputing activations, which minirl does not do
     max_steps=spec["steps"], learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
@@ -180,7 +182,7 @@ def run_trl(python: Path, model_dir: Path, data: list[dict], forced: bool, args,
     spec = {
         "model": str(model_dir), "data": data, "forced": forced, "threads": args.threads, "seed": 0,
         "prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens, "lr": args.lr,
-        "steps": args.warmup + args.steps, "output_dir": str(tmp / "trl_out"),
+        "steps": args.warmup + args.steps, "output_dir": str(tmp / "trl_out"), "bf16": args.bf16,
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     (tmp / "trl_side.py").write_text(TRL_SCRIPT)
@@ -213,11 +215,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sft-steps", type=int, default=60,
                         help="SFT cold-start steps before saving the shared model (0: random init, which rarely stops)")
     parser.add_argument("--quick", action="store_true", help="first size, first mode, 3 steps, 1 warm-up, 1 round")
+    parser.add_argument("--bf16", action="store_true",
+                        help="mixed precision on both sides: TRL bf16=True; minirl optim.precision=bf16, rollout.precision=bf16")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the minirl config")
     args = parser.parse_args(argv)
     # `--sizes a b key=value` : argparse gives the overrides to --sizes; they are overrides
     args.overrides = [*(s for s in args.sizes if "=" in s), *args.overrides]
     args.sizes = [s for s in args.sizes if "=" not in s]
+    if args.bf16:  # before the user's overrides, which win
+        args.overrides = ["optim.precision=bf16", "rollout.precision=bf16", *args.overrides]
     from minirl.models import PRESETS
 
     unknown = [s for s in args.sizes if s not in PRESETS]
@@ -269,7 +275,8 @@ def main() -> None:
                              mean(mini_len), cfg.rollout.precision,
                              {phase: statistics.median(values) for phase, values in phases.items()}))
 
-    print(f"\nRL optimizer step, {args.prompts} prompts x {args.samples} samples x up to {args.new_tokens} new tokens, "
+    precision = "bf16 mixed precision (TRL bf16=True, minirl optim.precision=bf16)" if args.bf16 else "fp32 trainers"
+    print(f"\n{precision}; RL optimizer step, {args.prompts} prompts x {args.samples} samples x up to {args.new_tokens} new tokens, "
           f"N=1, {args.threads} thread(s); median over {args.steps} steps x {args.repeats} round(s) after {args.warmup} warm-up")
     print(f"{'model':<15} {'mode':<8} {'TRL s/step':>11} {'minirl s/step':>14} {'speed-up':>9} "
           f"{'TRL len':>8} {'minirl len':>11}  minirl engine")

@@ -251,6 +251,10 @@ class OptimConfig(Section):
     """AdamW beta2."""
     adam_eps: float = Field(1e-8, gt=0)
     """AdamW epsilon."""
+    adamw_impl: Literal["default", "for_loop", "foreach", "fused"] = "default"
+    """How ``torch.optim.AdamW`` runs its step (the same update to float rounding): ``default`` = torch's choice
+    (foreach on CUDA, the for-loop on a CPU); ``for_loop`` / ``foreach`` / ``fused`` force one. ``fused`` (one
+    kernel per parameter; transformers' ``optim: adamw_torch_fused``, TRL's default) is 4x faster on a CPU."""
     grad_clip_norm: float = Field(1.0, gt=0)
     """Gradient norm clipping threshold."""
     max_consecutive_faults: int = Field(3, ge=1)

@@ -210,6 +210,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         deterministic=deterministic,
         precision=o.precision,
         update_guard=o.update_guard,
+        adamw_impl=o.adamw_impl,
     )
 
 

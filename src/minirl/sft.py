@@ -184,7 +184,9 @@ def sft_cache_key(cfg: Config) -> str:
            if cfg.cold_start.until_accuracy is not None else {}),  # the stopping rule evaluates like RL
         "optim": cfg.optim.model_dump(mode="json", include={"adam_beta1", "adam_beta2", "adam_eps", "grad_clip_norm",
                                                              "micro_batch_sequences", "max_consecutive_faults", *(
-            ("micro_batch_max_tokens",) if cfg.optim.micro_batch_max_tokens is not None else ())}),  # keys of earlier caches
+            ("micro_batch_max_tokens",) if cfg.optim.micro_batch_max_tokens is not None else ()), *(
+            ("precision",) if cfg.optim.precision != "fp32" else ()), *(
+            ("adamw_impl",) if cfg.optim.adamw_impl != "default" else ())}),  # keys of earlier caches
         "seed": cfg.run.seed if cfg.cold_start.seed is None else cfg.cold_start.seed,
         "threads": cfg.run.threads,
     }

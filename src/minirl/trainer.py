@@ -126,6 +126,28 @@ def lr_factor(update: int, warmup_updates: int = 0, total_updates: int = 0, sche
     return min_ratio + (1.0 - min_ratio) * shape
 
 
+ADAMW_IMPLS: dict[str, dict[str, bool | None]] = {
+    "default": {"foreach": None, "fused": None},  # torch's choice: foreach on CUDA, the for-loop on a CPU
+    "for_loop": {"foreach": False, "fused": None},
+    "foreach": {"foreach": True, "fused": None},
+    "fused": {"foreach": None, "fused": True},  # one kernel per parameter (transformers' adamw_torch_fused)
+}
+
+
+def adamw_flags(impl: str) -> dict[str, bool | None]:
+    """``torch.optim.AdamW``'s ``foreach`` / ``fused`` arguments for ``optim.adamw_impl``."""
+    if impl not in ADAMW_IMPLS:
+        raise ValueError(f"adamw_impl must be one of {', '.join(ADAMW_IMPLS)}, got {impl!r}")
+    return dict(ADAMW_IMPLS[impl])
+
+
+def keep_adamw_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
+    """``Optimizer.load_state_dict`` restores the saved groups' ``foreach`` / ``fused`` flags with their
+    hyperparameters: put this trainer's implementation back (a checkpoint stays loadable by any)."""
+    for group in optimizer.param_groups:
+        group.update(adamw_flags(impl))
+
+
 class Trainer:
     def __init__(
         self,
@@ -146,6 +168,7 @@ class Trainer:
         deterministic: bool = True,
         precision: str = "fp32",
         update_guard: str = "undo",
+        adamw_impl: str = "default",
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -158,8 +181,11 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
         self.micro_batch_max_tokens = micro_batch_max_tokens
+        self.adamw_impl = adamw_impl
+        flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+            [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+            foreach=flags["foreach"], fused=flags["fused"],
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
             lr_factor, warmup_updates=warmup_updates, total_updates=total_updates, schedule=lr_schedule,
@@ -318,6 +344,7 @@ class Trainer:
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        keep_adamw_impl(self.optimizer, self.adamw_impl)
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates_done = int(state["updates_done"])
         self.faults = int(state.get("faults", 0))

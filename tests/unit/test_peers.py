@@ -222,6 +222,14 @@ def test_trl_mask_truncated_completions():
     assert "algo.mask_truncated" not in _trl().values
 
 
+def test_trl_optim_is_the_adamw_implementation():
+    assert _trl().values["optim.adamw_impl"] == "fused"  # transformers 5's default optim: adamw_torch_fused
+    assert _trl(optim="adamw_torch").values["optim.adamw_impl"] == "default"
+    out = _trl(optim="adamw_bnb_8bit")
+    assert "optim.adamw_impl" not in out.values
+    assert any(line.startswith("optim='adamw_bnb_8bit': minirl trains with torch's AdamW") for line in out.not_translated)
+
+
 def test_trls_default_vllm_correction_is_a_sequence_mask():
     """TRL 1.16's default: ``sequence_mask`` with ``clip_max`` 3 and no ``clip_min``."""
     out = _trl(use_vllm=True)

@@ -41,6 +41,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "activation_checkpointing": None,
     "max_steps": -1, "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "warmup_steps": 0, "warmup_ratio": None,
     "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
+    "optim": "adamw_torch_fused",
     "seed": 42, "output_dir": "trainer_output", "save_strategy": "steps", "save_steps": 500, "save_total_limit": None,
     "eval_strategy": "no", "eval_steps": None, "report_to": "none", "resume_from_checkpoint": None,
     "trust_remote_code": False,
@@ -55,7 +56,7 @@ TRL_IGNORED = re.compile(
     r"vllm_(server_.*|group_port|gpu_memory_utilization|tensor_parallel_size|enable_sleep_mode|max_model_length|"
     r"model_impl)|attn_implementation|dtype|torch_dtype|model_revision|remove_unused_columns|shuffle_dataset|"
     r"pad_to_multiple_of|cache_implementation|run_name|log_unique_prompts|log_multimodal|save_only_model|"
-    r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|optim|per_device_eval_batch_size|disable_dropout|"
+    r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|per_device_eval_batch_size|disable_dropout|"
     r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
     r"gradient_checkpointing_kwargs|activation_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu|"
     r"accelerator_config|parallelism_config)$")
@@ -230,6 +231,12 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
         out.set("optim.lr_schedule", kind, peer.show("lr_scheduler_type"))
     if out.values.get("optim.warmup_updates"):
         out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
+    impl = {"adamw_torch_fused": "fused", "adamw_torch": "default"}.get(peer("optim"))
+    if impl is None:
+        out.not_translated.append(f"{peer.show('optim')}: minirl trains with torch's AdamW (optim.adamw_impl; "
+                                  "adamw_torch_fused and adamw_torch carry over)")
+    else:
+        out.set("optim.adamw_impl", impl, peer.show("optim"))
     if peer("fp16"):
         out.not_translated.append("fp16=True: minirl trains in fp32 or bf16 (optim.precision)")
     out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
