@@ -334,6 +334,9 @@ class LossConfig(Section):
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: minus this x pi_theta's token-mean full-vocabulary entropy, added to the loss
+    (``minirl.algo.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
     mask_truncated: bool = False
     """Leave completions cut by max_new_tokens out of the loss (TRL's ``mask_truncated_completions``, DAPO's
     overlong filtering); their rewards still count in their group's baseline. Off: the paper's setting."""
@@ -361,8 +364,8 @@ class LossConfig(Section):
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
-                                        "kl_coef", "kl_loss_type", "mask_truncated", "reject", "reject_low",
-                                        "reject_high"})
+                                        "kl_coef", "kl_loss_type", "entropy_coef", "mask_truncated", "reject",
+                                        "reject_low", "reject_high"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its

@@ -50,7 +50,7 @@ from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
-from minirl.objective import make_objective
+from minirl.objective import make_objective, with_entropy_bonus
 from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
@@ -321,6 +321,13 @@ def last_good_phrase(last_good: Path | None) -> str:
     return f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
 
 
+def update_objective(run: Run, minibatch: Batch) -> Objective:
+    """What one update differentiates: the configured policy loss (``run.make_objective``), plus the KL penalty
+    to the reference (``algo.kl_coef``) and minus the entropy bonus (``algo.entropy_coef``) when they are on."""
+    policy = run.make_objective(run.cfg.algo, minibatch)
+    return with_entropy_bonus(run.cfg.algo, minibatch, with_reference_kl(run.cfg.algo, minibatch, policy))
+
+
 def global_step(run: Run, step: int) -> dict[str, float]:
     """One global step, the design's data flow: rollout, rewards, pi_old, N updates, weight sync."""
     cfg, trainer, n, clock = run.cfg, run.trainer, run.cfg.optim.minibatches_per_step, _Clock()
@@ -360,7 +367,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     for epoch in range(epochs):
         with plan.updates(old_pass=fused) as routing:  # each pass consumes every route once
             for index, minibatch in enumerate(minibatches, start=epoch * n):
-                objective = with_reference_kl(cfg.algo, minibatch, run.make_objective(cfg.algo, minibatch))
+                objective = update_objective(run, minibatch)
                 if diagnose and index in (0, n * epochs - 1):  # first-order approximation, fresh vs stalest
                     with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
                         diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n * epochs,

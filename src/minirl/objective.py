@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minirl.algo import POLICY_LOSSES, LossInputs
+from minirl.algo.entropy import entropy_bonus_loss
 from minirl.config import AlgoConfig
 from minirl.trainer import Objective
 from minirl.types import Batch
@@ -45,3 +46,31 @@ def make_objective(algo: AlgoConfig, minibatch: Batch) -> Objective:
     knobs = algo.loss_knobs()
     knobs["normalizer"] = algo.minibatch_normalizer(minibatch)  # each variant owns its denominator
     return PolicyObjective(algo.name, knobs, check_nan=False)
+
+
+@dataclass(frozen=True)
+class EntropyBonus:
+    """``objective`` minus ``entropy_coef`` x pi_theta's token-mean entropy over the mini-batch
+    (``minirl.algo.entropy``; ``normalizer``: the mini-batch's trained tokens, so micro-batch losses add
+    up to it). ``wants_entropy``: the trainer passes the differentiable entropy of each forward."""
+
+    objective: Objective
+    entropy_coef: float
+    normalizer: float
+    wants_entropy: bool = True
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, *, entropy: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        if entropy is None:
+            raise ValueError("algo.entropy_coef > 0 needs the forward's entropy (objective(logp, micro, entropy=...))")
+        loss, metrics = self.objective(logp, micro)
+        bonus, entropy_metrics = entropy_bonus_loss(entropy, micro.mask, entropy_coef=self.entropy_coef,
+                                                    normalizer=self.normalizer)
+        return loss + bonus, {**metrics, **entropy_metrics}
+
+
+def with_entropy_bonus(algo: AlgoConfig, minibatch: Batch, objective: Objective) -> Objective:
+    """``objective`` with the entropy bonus when ``algo.entropy_coef`` > 0, else ``objective`` itself."""
+    if not algo.entropy_coef:
+        return objective
+    return EntropyBonus(objective, float(algo.entropy_coef), float(max(int(minibatch.mask.sum()), 1)))

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from minirl.algo import to_floats, token_logprobs
+from minirl.algo.logprobs import token_entropy_with_grad
 from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
 from minirl.models.lora import merged_state_dict
@@ -74,8 +75,12 @@ class OnPolicy:
 
     objective: Objective
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-        return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask))
+    @property
+    def wants_entropy(self) -> bool:  # passed through: an entropy bonus inside still gets its entropy
+        return bool(getattr(self.objective, "wants_entropy", False))
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask), **given)
 
 
 STOCHASTIC_ATTRS: tuple[str, ...] = (
@@ -368,6 +373,8 @@ class Trainer:
         # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs); on the
         # device, like everything the loop writes, so no micro-batch waits for a copy to the host
         logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32, device=self.device)
+        # an objective with an entropy term (``EntropyBonus``) is given the differentiable entropy of each forward
+        entropy_all = torch.zeros_like(logp_all) if getattr(objective, "wants_entropy", False) else None
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = torch.zeros((), dtype=torch.long, device=self.device)
@@ -379,8 +386,7 @@ class Trainer:
                 fed = dataclasses.replace(micro, routes=host_micro.routes)
                 logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block)
                 logits = logits[:, :-1].float()
-                logp = token_logprobs(logits, micro.input_ids[:, 1:])
-                loss, _ = objective(logp, micro)
+                logp, loss = _micro_loss(objective, logits, micro, rows, entropy_all)
                 loss.backward()
             routes = natural.pop() if natural is not None else None
             if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
@@ -396,7 +402,8 @@ class Trainer:
             # The objective's metrics over the whole mini-batch, from the detached log-probs: the same
             # numbers whatever the micro-batching (a micro-batch sum would round differently).
             with torch.no_grad():
-                totals.update(objective(logp_all, minibatch.to(self.device))[1])
+                given = {} if entropy_all is None else {"entropy": entropy_all}
+                totals.update(objective(logp_all, minibatch.to(self.device), **given)[1])
         if drift:  # a tensor: synced with the update's other numbers (exact integer counts); R2's drift only
             totals["routing_natural_diff_frac"] = differing.double() / counted.double().clamp(min=1)
         return totals, loss_sum, logp_all
@@ -438,6 +445,18 @@ class Trainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model weights, for the rollout engine's ``load_weights`` (LoRA adapters merged in)."""
         return merged_state_dict(self.model)
+
+
+def _micro_loss(objective: Objective, logits: torch.Tensor, micro: Batch, rows: Any,
+                entropy_all: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probs of ``micro``'s targets and ``objective``'s loss on them; with ``entropy_all`` (an
+    objective that ``wants_entropy``), also pi_theta's differentiable entropy, kept detached in its rows."""
+    logp = token_logprobs(logits, micro.input_ids[:, 1:])
+    if entropy_all is None:
+        return logp, objective(logp, micro)[0]
+    entropy = token_entropy_with_grad(logits)
+    entropy_all[rows, : entropy.shape[1]] = entropy.detach()
+    return logp, objective(logp, micro, entropy=entropy)[0]  # type: ignore[call-arg]
 
 
 class NaNLoss:

@@ -1,6 +1,7 @@
 """TRL's and verl's practices end to end on the tiny MoE, each reaching the step it changes: DAPO's dynamic sampling
 (``rollout.filter_groups``: with every group already spread it changes nothing, bit for bit), ``algo.mask_truncated``,
-verl's rejection (``algo.reject``), RLOO's baseline (``algo.adv_baseline``) and REINFORCE++'s whitening."""
+verl's rejection (``algo.reject``), RLOO's baseline (``algo.adv_baseline``), REINFORCE++'s whitening and the entropy
+bonus (``algo.entropy_coef``)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,18 @@ def test_whitened_advantages_reach_the_loss(tmp_path):
     plain, whiten = (_rows(tmp_path / name)[1] for name in ("plain", "whiten"))
     assert plain["train/reward_mean"] == whiten["train/reward_mean"]
     assert math.isfinite(whiten["policy/loss"]) and whiten["policy/loss"] != plain["policy/loss"]
+
+
+def test_the_entropy_bonus_reaches_the_loss(tmp_path):
+    """``algo.entropy_coef`` (verl's ``entropy_coeff``, TRL's ``entropy_coef``): on the first step's rollouts the
+    loss is the plain run's minus coef x pi_theta's token-mean entropy, which at theta_old is the monitor's
+    ``train/entropy``; the bonus then moves the weights (the second step's rollouts differ)."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=bonus", "algo.entropy_coef=0.05"]) == 0
+    (plain, plain2), (bonus, bonus2) = (_rows(tmp_path / name)[1:3] for name in ("plain", "bonus"))
+    assert plain["train/reward_mean"] == bonus["train/reward_mean"] and "policy/entropy" not in plain
+    assert bonus["policy/entropy"] == pytest.approx(plain["train/entropy"], rel=1e-5)
+    assert bonus["policy/loss"] == pytest.approx(plain["policy/loss"] - 0.05 * bonus["policy/entropy"], rel=1e-5)
+    assert bonus2["policy/loss"] != plain2["policy/loss"]

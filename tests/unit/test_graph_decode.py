@@ -55,7 +55,9 @@ def test_static_buckets_sample_what_the_dynamic_loop_samples(monkeypatch, precis
     monkeypatch.setattr(BucketDecoder, "_bucket", lambda self, size, *a: sizes.append(size) or make_bucket(self, size, *a))
     a = dynamic.generate_ids(PROMPTS, 8, PARAMS, record_routes=True)
     b = static.generate_ids(PROMPTS, 8, PARAMS, record_routes=True)
-    assert_same_samples(a, b, atol=1e-5)
+    # an fp8 KV cache read over the whole static cache rounds differently on AVX512 kernels: 6.6e-5 measured on an
+    # AVX512 Xeon (2026-12-05), < 1e-5 on AVX2; the tokens and routes are still the same
+    assert_same_samples(a, b, atol=1e-4 if kv_cache != "same" and full_length else 1e-5)
     assert sizes[0] == 32 and len(sizes) >= 3 and sizes == sorted(sizes, reverse=True), sizes  # rows moved down
     assert len({len(c.completion_ids) for c in a}) > 3
 

@@ -174,7 +174,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
 
 
 @pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "median"},
-                                   {"entropy_coef": 0.01},
+                                   {"use_adaptive_entropy": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
     out = _trl(**given)
@@ -668,11 +668,27 @@ def test_verl_losses_minirl_has(given, name, aggregation):
     assert v["algo.name"] == name and v.get("algo.aggregation") == aggregation
 
 
-@pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.entropy_coeff": 0.01},
+@pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True},
                                    {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "batch"}])
 def test_verl_losses_minirl_lacks(given):  # {}: verl's default estimator is GAE (a critic)
     out = from_verl({"actor_rollout_ref.rollout.n": 4} | given)
     assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
+
+
+def test_entropy_coefficients_of_trl_and_verl_are_the_entropy_bonus():
+    out = _trl(entropy_coef=0.01)
+    assert out.values["algo.entropy_coef"] == 0.01 and out.objective.startswith("your TRL loss")
+    assert not any("entropy_coef" in line for line in out.differs)
+    assert any("each micro-batch's token-mean entropy" in line for line in _trl(
+        entropy_coef=0.01, gradient_accumulation_steps=2, per_device_train_batch_size=4).differs)
+    assert "algo.entropy_coef" not in _trl().values
+    verl = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.entropy_coeff": 0.001}
+    out = from_verl(verl)
+    assert out.values["algo.entropy_coef"] == 0.001 and out.objective.startswith("your verl loss")
+    assert not any("entropy" in line for line in out.differs)
+    out = from_verl(verl | {"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum"})
+    assert out.values["algo.entropy_coef"] == 0.001
+    assert any("verl aggregates the entropy like the policy loss" in line for line in out.differs)
 
 
 def test_verl_token_mean_gradient_is_verls(tmp_path: Path):

@@ -29,3 +29,16 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     x = logits if logits.dtype == dtype else logits.to(dtype)
     target_logit = x.gather(dim=-1, index=targets.unsqueeze(-1)).squeeze(-1)
     return target_logit - torch.logsumexp(x, dim=-1)
+
+
+def token_entropy_with_grad(logits: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary entropy H_t = logsumexp(z_t) - sum_w softmax(z_t)_w z_tw per position [B, T],
+    differentiable w.r.t. ``logits`` [B, T, V] (for an entropy bonus; the monitor's no-grad, chunked
+    ``minirl.monitor.mismatch.token_entropy`` is for metrics). Computed in float32 or wider; entries
+    with logit -inf contribute 0. Builds [B, T, V] softmax buffers, as the log-prob's backward does."""
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
+        raise ValueError(f"logits must be a 3-D tensor [B, T, V], got {getattr(logits, 'shape', type(logits))}")
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    x = logits if logits.dtype == dtype else logits.to(dtype)
+    probs = torch.softmax(x, dim=-1)
+    return torch.logsumexp(x, dim=-1) - (probs * x.masked_fill(probs == 0, 0.0)).sum(-1)

@@ -209,10 +209,11 @@ class _KeepCollectives:
 
     def __init__(self, objective: Any, faults: list[str]) -> None:
         self.objective, self.faults = objective, faults
+        self.wants_entropy = bool(getattr(objective, "wants_entropy", False))  # an entropy bonus inside gets it
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, float]]:
         try:
-            return self.objective(logp, micro)
+            return self.objective(logp, micro, **given)
         except FloatingPointError as exc:
             self.faults.append(str(exc))
             return NaNLoss()(logp, micro)

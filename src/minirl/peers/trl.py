@@ -288,11 +288,16 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    for key, neutral in (("top_entropy_quantile", 1.0), ("entropy_coef", 0.0),
-                         ("use_adaptive_entropy", False), ("sync_ref_model", False),
+    for key, neutral in (("top_entropy_quantile", 1.0), ("use_adaptive_entropy", False), ("sync_ref_model", False),
                          ("multi_objective_aggregation", "sum_then_normalize")):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
+    if peer("entropy_coef"):
+        obj.set("entropy_coef", float(peer("entropy_coef")), peer.show("entropy_coef"))
+        if peer("gradient_accumulation_steps") > 1:
+            obj.differs.append(f"{peer.show('entropy_coef')}: TRL's bonus is each micro-batch's token-mean entropy over "
+                               "the accumulation steps, minirl's the mini-batch's token mean (equal when micro-batches "
+                               "hold equal token counts)")
     loss, level = peer("loss_type"), peer("importance_sampling_level")
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)

@@ -392,10 +392,14 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
     """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
     obj = Objective()
     _verl_advantage(peer, obj)
-    for key, neutral in ((A + "entropy_coeff", 0), ("algorithm.use_kl_in_reward", False),
-                         ("algorithm.rollout_correction.bypass_mode", False)):
+    for key, neutral in (("algorithm.use_kl_in_reward", False), ("algorithm.rollout_correction.bypass_mode", False)):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
+    if peer(A + "entropy_coeff"):
+        obj.set("entropy_coef", float(peer(A + "entropy_coeff")), peer.show(A + "entropy_coeff"))
+        if peer(A + "loss_agg_mode") != "token-mean":
+            obj.differs.append(f"{peer.show(A + 'entropy_coeff')}: verl aggregates the entropy like the policy loss "
+                               f"({peer.show(A + 'loss_agg_mode')}), minirl's bonus is its token mean")
     low_key = A + ("clip_ratio_low" if peer(A + "clip_ratio_low") is not None else "clip_ratio")
     high_key = A + ("clip_ratio_high" if peer(A + "clip_ratio_high") is not None else "clip_ratio")
     mode, agg = peer(A + "policy_loss.loss_mode"), peer(A + "loss_agg_mode")

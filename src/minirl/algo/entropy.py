@@ -1,0 +1,31 @@
+"""Entropy bonus, subtracted from the policy loss (``algo.entropy_coef``).
+
+Off by default: the paper's MiniRL (arXiv 2512.01374, Eq. 7) has none, nor its GRPO/CISPO baselines
+(Appendix A). It is PPO's entropy term (Schulman et al. 2017, arXiv 1707.06347, Eq. 9:
+L = L^CLIP - c_2 S[pi_theta]) as verl applies it (``actor.entropy_coeff``, aggregated with the
+policy loss's ``loss_agg_mode``, token-mean by default) and TRL (``entropy_coef``, the per-token mean):
+
+    loss = -entropy_coef * sum_{b,t} mask_bt H_bt / normalizer,   normalizer = sum of mask over the mini-batch
+
+with H_bt the full-vocabulary entropy of pi_theta at position t of row b
+(``minirl.algo.logprobs.token_entropy_with_grad``). The gradient flows through H (through the logits
+of every vocabulary entry, not only the sampled token's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def entropy_bonus_loss(
+    entropy: torch.Tensor, mask: torch.Tensor, *, entropy_coef: float, normalizer: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``-entropy_coef`` x the masked token sum of ``entropy`` [B, T] / ``normalizer``; metrics:
+    ``entropy``, the masked token mean of pi_theta's entropy in this call (detached)."""
+    if not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer}")
+    if entropy.shape != mask.shape:
+        raise ValueError(f"entropy shape {tuple(entropy.shape)} != mask shape {tuple(mask.shape)}")
+    kept = torch.where(mask, entropy, 0.0)
+    loss = -entropy_coef * kept.sum() / normalizer
+    return loss, {"entropy": kept.detach().sum() / mask.sum().clamp(min=1)}
