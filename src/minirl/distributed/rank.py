@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 
 from minirl.config import Config
-from minirl.trainer import NaNLoss, ScoreResult
+from minirl.trainer import NaNLoss, ScoreResult, keep_adamw_impl
 from minirl.types import Batch
 
 
@@ -167,6 +167,7 @@ class TrainerRank:
             "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]} for group in saved["param_groups"]],
         }
         set_optimizer_state_dict(trainer.model, trainer.optimizer, by_name, options=options)
+        keep_adamw_impl(trainer.optimizer, trainer.adamw_impl)  # not the saved groups' foreach / fused flags
         trainer.scheduler.load_state_dict(state["scheduler"])
         trainer.updates_done = int(state["updates_done"])
         trainer.faults = int(state.get("faults", 0))
