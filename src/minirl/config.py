@@ -790,7 +790,15 @@ class _DuplicateKey(Exception):
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load``, except that a key given twice in one mapping is an error: YAML forbids it
-    and PyYAML silently keeps the last value (``optim.lr`` set twice would train with the second)."""
+    and PyYAML silently keeps the last value (``optim.lr`` set twice would train with the second); and
+    booleans are YAML 1.2's (true / false only): PyYAML's YAML 1.1 reads ``off``, ``on``, ``yes``, ``no``
+    as booleans, so ``update_guard: off`` would arrive as False. A bool field still takes them (pydantic
+    reads the strings ``off`` / ``on`` / ``yes`` / ``no`` as booleans)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -803,6 +811,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise _DuplicateKey(key, line, seen[key])
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -852,7 +864,7 @@ def apply_override(data: dict[str, Any], override: str) -> None:
             raise ConfigError(f"override {override!r}: {part} is not a section")
         node = child
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # YAML 1.2 booleans, as files
     except yaml.YAMLError:
         value = raw
     node[parts[-1]] = value

@@ -68,6 +68,20 @@ def test_overrides_apply_with_yaml_types(tmp_path):
     assert cfg.rollout.prompts_per_step == 4 and cfg.run.name == "x"
 
 
+def test_off_on_yes_no_are_strings_where_a_string_is_expected(tmp_path):
+    """YAML 1.2 booleans: ``update_guard: off`` is the mode, not False (PyYAML's YAML 1.1 made it False and the
+    config refused it: "must be 'undo', 'check' or 'off' (got False)"); bool keys still read off / yes as booleans."""
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  update_guard: off\nalgo:\n  clip: off\n  is_correction: yes\ntask:\n  stop_strings: [no, 'N']\n")
+    cfg = load_config(path)
+    assert cfg.optim.update_guard == "off" and cfg.algo.clip is False and cfg.algo.is_correction is True
+    assert cfg.task.stop_strings == ["no", "N"]
+    cfg = load_config(None, ["optim.update_guard=off", "algo.clip=no", "algo.is_correction=True", "task.stop_strings=[On]"])
+    assert cfg.optim.update_guard == "off" and cfg.algo.clip is False and cfg.algo.is_correction is True
+    assert cfg.task.stop_strings == ["On"]
+    assert yaml.safe_load("a: off") == {"a": False}  # PyYAML's own loader is left as it is
+
+
 def test_toml_configs_load(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlr = 0.002\nminibatches_per_step = 4\n")
