@@ -795,7 +795,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     as booleans, so ``update_guard: off`` would arrive as False. A bool field still takes them (pydantic
     reads the strings ``off`` / ``on`` / ``yes`` / ``no`` as booleans)."""
 
-    yaml_implicit_resolvers = {
+    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
         first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
