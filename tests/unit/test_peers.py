@@ -173,7 +173,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "bnpo"}, {"scale_rewards": "median"},
+@pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "luspo"}, {"scale_rewards": "median"},
                                    {"use_adaptive_entropy": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -325,7 +325,7 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_len)
-    else:  # dapo, cispo: tokens of the accumulation window
+    else:  # dapo, cispo: tokens of the accumulation window; bnpo: tokens of the micro-batch (here the whole window)
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     (grad,) = torch.autograd.grad(loss, logp)
     return grad
@@ -419,6 +419,21 @@ def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Pat
     theirs = _trl_gradient(loss_type, x, 0.2, 0.28, is_ratio, max_len=6)
     assert ours.abs().max() > 1e-3  # the check has something to compare
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_trl_bnpo_is_the_token_mean_of_each_optimizer_step():
+    """``loss_type="bnpo"``: the micro-batch's token mean; exact with one micro-batch per optimizer step."""
+    given = {"loss_type": "bnpo", "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+             "num_generations": 4, "max_completion_length": 6, "epsilon": 0.2, "epsilon_high": 0.28}
+    out = from_trl(given)
+    assert out.values["algo.aggregation"] == "token_mean" and not any("bnpo" in line for line in out.differs)
+    x = _batch()
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _trl_gradient("bnpo", x, 0.2, 0.28, None, max_len=6)
+    assert not torch.allclose(theirs, _trl_gradient("grpo", x, 0.2, 0.28, None, max_len=6))
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    split = from_trl(given | {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2})
+    assert any(line.startswith("loss_type='bnpo' with gradient_accumulation_steps > 1") for line in split.differs)
 
 
 # --------------------------------------------------------------------------------------------- verl

@@ -302,7 +302,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
     name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
-            ("token", "dapo"): "minirl", ("token", "cispo"): "cispo"}.get((level, loss))
+            ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "cispo"): "cispo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
@@ -310,7 +310,12 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     _trl_clip_range(peer, obj, name, eps_low, eps_high, minibatches)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
-        if loss == "dapo":
+        if loss == "bnpo":  # each micro-batch's token mean over the accumulation steps
+            obj.set("aggregation", "token_mean", "loss_type='bnpo': tokens of the micro-batch")
+            if peer("gradient_accumulation_steps") > 1:
+                obj.differs.append("loss_type='bnpo' with gradient_accumulation_steps > 1: TRL divides each micro-batch "
+                                   "by its own tokens (and the steps), minirl the optimizer step by all its tokens")
+        elif loss == "dapo":
             obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
             if minibatches > 1:
                 obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
