@@ -377,7 +377,7 @@ class MiniRLConfig(LossConfig):
     """MiniRL (paper Eq. 7) and its ablations, as values."""
 
     name: Literal["minirl"] = "minirl"
-    """The objective: minirl | grpo | cispo | gspo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
@@ -414,7 +414,7 @@ class GRPOConfig(LossConfig):
     """GRPO as written in the paper's Appendix A (1/|y| per response, PPO min/clip on pi/pi_old)."""
 
     name: Literal["grpo"]
-    """The objective: minirl | grpo | cispo | gspo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
@@ -436,7 +436,7 @@ class CISPOConfig(LossConfig):
     """CISPO (paper Appendix A): detached clipped ratio x log pi, per-group token normalisation, no mask."""
 
     name: Literal["cispo"]
-    """The objective: minirl | grpo | cispo | gspo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo."""
     eps_low: float = Field(0.2, ge=0)
     """Clip range below 1 of the ratio pi_theta/pi_old (>= 1: no lower clip, as the CISPO paper and TRL's)."""
     eps_high: float = Field(0.27, ge=0)
@@ -469,7 +469,7 @@ class GSPOConfig(LossConfig):
     """GSPO (arXiv 2507.18071): length-normalised sequence ratio, sequence-level clipping."""
 
     name: Literal["gspo"]
-    """The objective: minirl | grpo | cispo | gspo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo."""
     eps_low: float = Field(3e-4, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(4e-4, ge=0)
@@ -477,8 +477,29 @@ class GSPOConfig(LossConfig):
     adv_std_normalize: bool = True
 
 
-OBJECTIVES = ("minirl", "grpo", "cispo", "gspo")
-AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig, Field(discriminator="name")]
+class SAPOConfig(LossConfig):
+    """SAPO (arXiv 2511.20347): GRPO with a smooth, temperature-controlled gate instead of the hard clip."""
+
+    name: Literal["sapo"]
+    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    tau_pos: float = Field(1.0, gt=0)
+    """Gate temperature of tokens with A > 0 (TRL's ``sapo_temperature_pos``)."""
+    tau_neg: float = Field(1.05, gt=0)
+    """Gate temperature of tokens with A <= 0: higher decays their gradient faster off policy (``sapo_temperature_neg``)."""
+    is_correction: bool = False
+    """Multiply by the truncated training–inference factor min(pi_old/mu_old, tis_cap)."""
+    tis_cap: float = Field(5.0, gt=0)
+    """Truncation of the training-inference IS weight."""
+    tis_floor: TisFloor = 0.0
+    tis_mode: TisMode = "truncate"
+    tis_level: TisLevel = "token"
+    opsm_threshold: OpsmThreshold = None
+    _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
+    adv_std_normalize: bool = True
+
+
+OBJECTIVES = ("minirl", "grpo", "cispo", "gspo", "sapo")
+AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig | SAPOConfig, Field(discriminator="name")]
 
 
 class MoEConfig(Section):
@@ -762,7 +783,8 @@ def format_error(err: ValidationError, source: str) -> str:
             from minirl.config_docs import did_you_mean
 
             where = f"{source}: " if source else ""
-            variants: dict[str, type[BaseModel]] = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig}
+            variants: dict[str, type[BaseModel]] = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig,
+                                                      "sapo": SAPOConfig}
             hint = did_you_mean(variants[str(variant)], str(loc[-1]))  # the tag is a str
             return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}{hint}"
     if first["type"] == "union_tag_invalid":

@@ -103,3 +103,18 @@ def test_the_entropy_bonus_reaches_the_loss(tmp_path):
     assert bonus["policy/entropy"] == pytest.approx(plain["train/entropy"], rel=1e-5)
     assert bonus["policy/loss"] == pytest.approx(plain["policy/loss"] - 0.05 * bonus["policy/entropy"], rel=1e-5)
     assert bonus2["policy/loss"] != plain2["policy/loss"]
+
+
+def test_sapo_on_policy_has_grpos_gradient_and_twice_its_loss_at_unit_temperatures(tmp_path):
+    """``configs/sapo.yaml`` (TRL's ``loss_type="sapo"``) end to end: at N = 1 the first update is on policy (r = 1),
+    where the gate's gradient weight 4 s (1 - s) is exactly 1 and, with tau = 1, f(1) = sigma(0) * 4 = 2: SAPO's
+    loss is twice GRPO's on the same rollouts (``configs/grpo.yaml``, which differs only in its algo section)."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    common = [*overrides, "optim.global_steps=2", f"run.output_dir={tmp_path}"]
+    assert main(["train", "configs/grpo.yaml", *common, "run.name=grpo"]) == 0
+    assert main(["train", "configs/sapo.yaml", *common, "run.name=sapo", "algo.tau_neg=1.0"]) == 0
+    (grpo, _), (sapo, sapo2) = (_rows(tmp_path / name)[1:3] for name in ("grpo", "sapo"))
+    assert grpo["train/reward_mean"] == sapo["train/reward_mean"] and grpo["policy/loss"] != 0.0
+    assert sapo["policy/loss"] == pytest.approx(2 * grpo["policy/loss"], rel=1e-6)
+    assert sapo["policy/gate_weight_mean"] == 1.0 and sapo["policy/clip_frac"] == 0.0
+    assert 0.0 < sapo2["policy/gate_weight_mean"] <= 1.0

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from minirl.batching import collate, split
-from minirl.config import CISPOConfig, GRPOConfig, GSPOConfig, MiniRLConfig
+from minirl.config import CISPOConfig, GRPOConfig, GSPOConfig, MiniRLConfig, SAPOConfig
 from minirl.moe import RoutingReplay
 from minirl.objective import make_objective
 from minirl.trainer import Trainer
@@ -41,6 +41,7 @@ VARIANTS = {
     "grpo": (GRPOConfig(name="grpo", is_correction=True), 3),
     "cispo": (CISPOConfig(name="cispo"), 2),  # micro-batches hold whole groups (G = 2)
     "gspo": (GSPOConfig(name="gspo", eps_low=0.2, eps_high=0.2), 3),
+    "sapo": (SAPOConfig(name="sapo", is_correction=True), 3),
 }
 
 

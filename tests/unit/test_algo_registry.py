@@ -12,7 +12,7 @@ import torch
 from minirl.algo import POLICY_LOSSES, LossInputs, minirl_loss, to_floats
 
 F64 = torch.float64
-NAMES = ["minirl", "grpo", "cispo", "gspo"]
+NAMES = ["minirl", "grpo", "cispo", "gspo", "sapo"]
 
 
 def _random_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -59,7 +59,7 @@ def test_gradient_only_through_logp_and_zero_on_masked_tokens(name: str) -> None
     x["logp_old"].requires_grad_(True)
     x["logp_rollout"].requires_grad_(True)
     x["advantages"].requires_grad_(True)
-    knobs = {"is_correction": True} if name in ("grpo", "cispo") else {}
+    knobs = {"is_correction": True} if name in ("grpo", "cispo", "sapo") else {}
     loss, metrics = POLICY_LOSSES[name](LossInputs(*_args(x)), **knobs)
     loss.backward()
     assert x["logp_old"].grad is None and x["logp_rollout"].grad is None and x["advantages"].grad is None

@@ -173,7 +173,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "sapo"}, {"loss_type": "luspo"}, {"scale_rewards": "median"},
+@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo"}, {"scale_rewards": "median"},
                                    {"use_adaptive_entropy": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -315,13 +315,17 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
     per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
     if loss_type == "cispo":  # epsilon_high caps r itself; no lower clip
         per_token_loss = -torch.clamp(torch.exp(logp - x.logp_old), max=eps_high).detach() * adv * logp
+    if loss_type == "sapo":  # the soft gate (sapo_temperature_pos / _neg at TRL's defaults; float64 here, not float32)
+        temperatures = torch.where(adv > 0, torch.tensor(1.0, dtype=adv.dtype), torch.tensor(1.05, dtype=adv.dtype))
+        soft_coef_1 = torch.sigmoid(temperatures * (torch.exp(logp - x.logp_old) - 1)) * 4 / temperatures
+        per_token_loss = -soft_coef_1 * adv
     if opsm is not None:  # GRPOTrainer.get_off_policy_mask against ``sampling`` log-probs
         kl_div = opsm[1] - logp.detach()
         avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
         per_token_loss = per_token_loss * ((adv >= 0) | (avg_seq_kl <= opsm[0])).to(dtype=mask.dtype)
     if is_ratio is not None:  # use_vllm with vllm_importance_sampling_correction
         per_token_loss = per_token_loss * is_ratio
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_len)
@@ -399,7 +403,7 @@ VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("s
               ("sequence_mask", None, 3.0), ("token_mask", None, None)]
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo"])
 @pytest.mark.parametrize("vllm", VLLM_MODES)
 def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Path):
     given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
@@ -751,6 +755,41 @@ def _verl_is_weights(x: LossInputs, rollout_is: str, threshold: float | str) -> 
     if lower is None:
         return raw.clamp(max=upper)
     return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+
+
+def _verl_sapo_gradient(x: LossInputs, tau_pos: float, tau_neg: float, is_weights: torch.Tensor | None) -> torch.Tensor:
+    """verl 0.9.1's ``compute_policy_loss_sapo`` with ``agg_loss(seq-mean-token-mean)``, written as verl does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    advantages, mask = x.advantages[:, None].expand_as(logp), x.mask.to(logp.dtype)
+    tau_pos_t = torch.as_tensor(tau_pos, dtype=advantages.dtype)
+    tau_neg_t = torch.as_tensor(tau_neg, dtype=advantages.dtype)
+    ratio = torch.exp(torch.clamp(logp - x.logp_old, min=-20.0, max=20.0))
+    taus = torch.where(advantages > 0, tau_pos_t, tau_neg_t)
+    pg_losses = -(torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)) * advantages
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights
+    seq_losses = (pg_losses * mask).sum(dim=-1) / (mask.sum(dim=-1) + 1e-8)  # seq-mean-token-mean
+    (grad,) = torch.autograd.grad(seq_losses.mean(), logp)
+    return grad
+
+
+@pytest.mark.parametrize("rollout_is", [None, "token", "sequence"])
+def test_verl_sapo_gradient_is_verls(rollout_is):
+    given = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
+             "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.policy_loss.loss_mode": "sapo",
+             "actor_rollout_ref.actor.tau_neg": 1.5}
+    if rollout_is:
+        given |= {"algorithm.rollout_correction.rollout_is": rollout_is,
+                  "algorithm.rollout_correction.rollout_is_threshold": 1.8}
+    out = from_verl(given)
+    assert out.objective.startswith("your verl loss") and out.values["algo.name"] == "sapo"
+    assert (out.values["algo.tau_pos"], out.values["algo.tau_neg"]) == (1.0, 1.5)
+    x = _batch()
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _verl_sapo_gradient(x, 1.0, 1.5, _verl_is_weights(x, rollout_is, 1.8) if rollout_is else None)
+    assert not torch.allclose(theirs, _verl_sapo_gradient(x, 1.0, 1.05, None))  # the temperature and weights act
+    # verl divides each response by its length + 1e-8: a relative 1e-8 / |y_i| apart from minirl's exact mean
+    torch.testing.assert_close(ours, theirs, rtol=2e-8, atol=1e-12)
 
 
 def _verl_rejection_mask(x: LossInputs, option: str, threshold: float | str) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 from minirl.config import load_config
 from minirl.moe import RoutingReplay
-from minirl.objective import make_objective
+from minirl.objective import make_objective, with_entropy_bonus
 from minirl.reference import with_reference_kl
 from minirl.trainer import Trainer
 from tests.conftest import make_tiny_moe
@@ -63,9 +63,10 @@ def census(monkeypatch, trainer: Trainer, work, sites: tuple[str, ...] = LOSS_SI
     return counts
 
 
-def r3_setup(kl_coef: float = 0.0, loss: str = "minirl"):
-    cfg = load_config(ROOT / "configs/demo.yaml", [f"algo.kl_coef={kl_coef}"]) if loss == "minirl" else \
-        load_config(None, [f"algo.name={loss}", f"algo.kl_coef={kl_coef}"])
+def r3_setup(kl_coef: float = 0.0, loss: str = "minirl", entropy_coef: float = 0.0):
+    knobs = [f"algo.kl_coef={kl_coef}", f"algo.entropy_coef={entropy_coef}"]
+    cfg = load_config(ROOT / "configs/demo.yaml", knobs) if loss == "minirl" else \
+        load_config(None, [f"algo.name={loss}", *knobs])
     model = make_tiny_moe(0)
     trainer = Trainer(model, lr=1e-3, micro_batch_sequences=2, replay=RoutingReplay(model))
     batch = batch_of(6)
@@ -73,17 +74,26 @@ def r3_setup(kl_coef: float = 0.0, loss: str = "minirl"):
     batch = batch.with_logp_old(scored.logp).with_routes(scored.routes)
     if kl_coef:
         batch = batch.with_logp_ref(scored.logp - 0.01)
-    objective = with_reference_kl(cfg.algo, batch, make_objective(cfg.algo, batch))
+    objective = with_entropy_bonus(cfg.algo, batch, with_reference_kl(cfg.algo, batch, make_objective(cfg.algo, batch)))
     return trainer, batch, objective
 
 
-@pytest.mark.parametrize(("loss", "kl_coef"), [("minirl", 0.0), ("minirl", 0.1), ("cispo", 0.0), ("grpo", 0.0), ("gspo", 0.0)],
-                         ids=["minirl", "minirl+kl", "cispo", "grpo", "gspo"])
+@pytest.mark.parametrize(("loss", "kl_coef"), [("minirl", 0.0), ("minirl", 0.1), ("cispo", 0.0), ("grpo", 0.0), ("gspo", 0.0),
+                                               ("sapo", 0.0)],
+                         ids=["minirl", "minirl+kl", "cispo", "grpo", "gspo", "sapo"])
 def test_the_loss_side_never_waits_for_the_device_inside_an_update(monkeypatch, loss, kl_coef):
     trainer, batch, objective = r3_setup(kl_coef, loss)
     results = []
     counts = census(monkeypatch, trainer, lambda: results.append(trainer.update(batch, objective, replay_routes=True)))
     assert results[0].fault is None and trainer.updates_done == 1
+    assert not counts, f"host conversions in the loss math inside an update: {dict(counts)}"
+
+
+def test_the_entropy_bonus_never_waits_for_the_device_inside_an_update(monkeypatch):
+    trainer, batch, objective = r3_setup(entropy_coef=0.01)
+    results = []
+    counts = census(monkeypatch, trainer, lambda: results.append(trainer.update(batch, objective, replay_routes=True)))
+    assert results[0].fault is None and "entropy" in results[0].metrics
     assert not counts, f"host conversions in the loss math inside an update: {dict(counts)}"
 
 

@@ -1,7 +1,7 @@
 """The paper's math as pure torch functions: tensors in, ``(loss, metrics)`` out.
 
 MiniRL is Eq. (7) of arXiv:2512.01374 ([P]); GRPO and CISPO follow [P] Appendix A; GSPO follows
-arXiv:2507.18071. No config objects, no logging, no I/O. Every log-prob argument follows the
+arXiv:2507.18071, SAPO arXiv:2511.20347. No config objects, no logging, no I/O. Every log-prob argument follows the
 names of ``minirl.types``: ``logp_rollout`` (mu_old, rollout engine), ``logp_old`` (pi_old,
 trainer at theta_old), ``logp`` (pi_theta, with gradient).
 
@@ -30,14 +30,16 @@ from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss
+from minirl.algo.sapo import sapo_loss
 from minirl.loss_inputs import LossInputs
 from minirl.tensors import to_floats
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss}
+POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss,
+                                         "sapo": sapo_loss}
 
 __all__ = [
     "POLICY_LOSSES", "LossInputs", "PolicyLoss", "cispo_loss", "group_advantages", "grpo_loss", "gspo_loss",
-    "minirl_loss", "to_floats", "token_logprobs",
+    "minirl_loss", "sapo_loss", "to_floats", "token_logprobs",
 ]

@@ -30,7 +30,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_steps": 1, "generation_batch_size": None, "steps_per_generation": None,
     "num_iterations": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
     "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
-    "loss_type": "dapo", "scale_rewards": "group", "reward_weights": None,
+    "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "scale_rewards": "group", "reward_weights": None,
     "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
     "sync_ref_model": False, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
     "off_policy_mask_threshold": None, "use_bias_correction_kl": True, "use_vllm": False, "vllm_mode": "colocate",
@@ -302,29 +302,15 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
     name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
-            ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "cispo"): "cispo"}.get((level, loss))
+            ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "cispo"): "cispo",
+            ("token", "sapo"): "sapo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
     obj.set("name", name, peer.show("loss_type", "importance_sampling_level"))
     _trl_clip_range(peer, obj, name, eps_low, eps_high, minibatches)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
-        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
-        if loss == "bnpo":  # each micro-batch's token mean over the accumulation steps
-            obj.set("aggregation", "token_mean", "loss_type='bnpo': tokens of the micro-batch")
-            if peer("gradient_accumulation_steps") > 1:
-                obj.differs.append("loss_type='bnpo' with gradient_accumulation_steps > 1: TRL divides each micro-batch "
-                                   "by its own tokens (and the steps), minirl the optimizer step by all its tokens")
-        elif loss == "dapo":
-            obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
-            if minibatches > 1:
-                obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
-                                   "step by the generation's mean tokens per step, minirl by the step's own tokens")
-        else:
-            obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
-            responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
-            obj.set("normalizer", float(responses * peer("max_completion_length")),
-                    f"dr_grpo divides by {responses} completions per optimizer step x max_completion_length")
+        _trl_ppo_aggregation(peer, obj, loss, minibatches)
     if peer("mask_truncated_completions"):
         obj.set("mask_truncated", True, peer.show("mask_truncated_completions"))
         obj.differs.append("mask_truncated_completions=True: TRL masks every completion not ending in EOS (one cut by a "
@@ -363,9 +349,33 @@ def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
         obj.differs.append(f"scale_rewards={scale!r}: TRL divides by the std + 1e-4, minirl by std + 1e-6")
 
 
+def _trl_ppo_aggregation(peer: Peer, obj: Objective, loss: str, minibatches: int) -> None:
+    """TRL's PPO-clipped losses as MiniRL's clip mask: ``dapo`` / ``bnpo`` a token mean, ``dr_grpo`` a constant divisor."""
+    obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
+    if loss == "bnpo":  # each micro-batch's token mean over the accumulation steps
+        obj.set("aggregation", "token_mean", "loss_type='bnpo': tokens of the micro-batch")
+        if peer("gradient_accumulation_steps") > 1:
+            obj.differs.append("loss_type='bnpo' with gradient_accumulation_steps > 1: TRL divides each micro-batch "
+                               "by its own tokens (and the steps), minirl the optimizer step by all its tokens")
+    elif loss == "dapo":
+        obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
+        if minibatches > 1:
+            obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
+                               "step by the generation's mean tokens per step, minirl by the step's own tokens")
+    else:
+        obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
+        responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
+        obj.set("normalizer", float(responses * peer("max_completion_length")),
+                f"dr_grpo divides by {responses} completions per optimizer step x max_completion_length")
+
+
 def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_high: float, minibatches: int) -> None:
     """``epsilon``, ``epsilon_high`` and ``delta`` (TRL clamps r at delta: no gradient above it, which is a dual clip
     when delta >= 1 + epsilon_high); ``loss_type="cispo"``: min(r, epsilon_high), no lower clip, a token mean."""
+    if name == "sapo":  # a soft gate instead of the clip: epsilon and delta play no part in TRL's sapo
+        obj.set("tau_pos", float(peer("sapo_temperature_pos")), peer.show("sapo_temperature_pos"))
+        obj.set("tau_neg", float(peer("sapo_temperature_neg")), peer.show("sapo_temperature_neg"))
+        return
     if name == "cispo":
         if eps_high < 1:
             obj.blockers.append(peer.show("epsilon_high") + " with loss_type='cispo' (a cap on r below 1)")

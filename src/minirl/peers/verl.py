@@ -42,6 +42,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1, A + "clip_ratio": 0.2,
     A + "clip_ratio_low": None, A + "clip_ratio_high": None, A + "clip_ratio_c": 3.0,
     A + "loss_agg_mode": "token-mean", A + "loss_scale_factor": None, A + "policy_loss.loss_mode": "vanilla",
+    A + "tau_pos": 1.0, A + "tau_neg": 1.05,
     A + "entropy_coeff": 0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
     A + "optim.lr": 1e-6, A + "optim.weight_decay": 0.01, A + "optim.betas": [0.9, 0.999],
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
@@ -85,7 +86,7 @@ VERL_IGNORED = re.compile(
     r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
     r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
     r"pf_ppo\..*|filter_groups\.(?!enable$).*|rollout_correction\.loss_type)|"
-    r"actor_rollout_ref\.actor\.(qat\..*|tau_pos|tau_neg|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
+    r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
@@ -400,17 +401,10 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
         if peer(A + "loss_agg_mode") != "token-mean":
             obj.differs.append(f"{peer.show(A + 'entropy_coeff')}: verl aggregates the entropy like the policy loss "
                                f"({peer.show(A + 'loss_agg_mode')}), minirl's bonus is its token mean")
-    low_key = A + ("clip_ratio_low" if peer(A + "clip_ratio_low") is not None else "clip_ratio")
-    high_key = A + ("clip_ratio_high" if peer(A + "clip_ratio_high") is not None else "clip_ratio")
     mode, agg = peer(A + "policy_loss.loss_mode"), peer(A + "loss_agg_mode")
-    name = "gspo" if mode == "gspo" else {"seq-mean-token-mean": "grpo", "token-mean": "minirl", "token-sum": "minirl",
-                                          "seq-mean-token-sum": "minirl", "seq-mean-token-sum-norm": "minirl"}.get(agg)
-    if mode not in ("vanilla", "gspo") or name is None:
-        obj.blockers.append(peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
+    name = _verl_loss_name(peer, obj, mode, agg)
+    if name is None:
         return obj
-    obj.set("name", name, peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
-    obj.set("eps_low", float(peer(low_key)), peer.show(low_key))
-    obj.set("eps_high", float(peer(high_key)), peer.show(high_key))
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
         obj.set("aggregation", "token_mean" if agg == "token-mean" else "seq_sum", peer.show(A + "loss_agg_mode"))
@@ -444,6 +438,27 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
             obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
     return obj
+
+
+def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | None:
+    """minirl's loss for verl's ``policy_loss.loss_mode`` and ``loss_agg_mode`` (GSPO and SAPO aggregate per response
+    whatever the mode says), with its clip range or SAPO's temperatures; None (and a blocker) when minirl has none."""
+    name = {"gspo": "gspo", "sapo": "sapo"}.get(mode) or {
+        "seq-mean-token-mean": "grpo", "token-mean": "minirl", "token-sum": "minirl", "seq-mean-token-sum": "minirl",
+        "seq-mean-token-sum-norm": "minirl"}.get(agg)
+    if mode not in ("vanilla", "gspo", "sapo") or name is None:
+        obj.blockers.append(peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
+        return None
+    obj.set("name", name, peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode"))
+    if name == "sapo":  # a soft gate instead of the clip
+        obj.set("tau_pos", float(peer(A + "tau_pos")), peer.show(A + "tau_pos"))
+        obj.set("tau_neg", float(peer(A + "tau_neg")), peer.show(A + "tau_neg"))
+        return name
+    low_key = A + ("clip_ratio_low" if peer(A + "clip_ratio_low") is not None else "clip_ratio")
+    high_key = A + ("clip_ratio_high" if peer(A + "clip_ratio_high") is not None else "clip_ratio")
+    obj.set("eps_low", float(peer(low_key)), peer.show(low_key))
+    obj.set("eps_high", float(peer(high_key)), peer.show(high_key))
+    return name
 
 
 def _verl_advantage(peer: Peer, obj: Objective) -> None:
