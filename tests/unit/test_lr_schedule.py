@@ -35,6 +35,31 @@ def test_after_the_warm_up_it_is_transformers_schedule(kind):
         assert lr_factor(update, 5, 40, kind) == pytest.approx(theirs(update), abs=1e-12), update
 
 
+def test_transformers_cosine_with_min_lr_is_minirls_cosine_with_its_ratio():
+    """What ``minirl config from-trl`` makes of ``lr_scheduler_type="cosine_with_min_lr"`` (open-r1's): after the
+    warm-up (transformers' k / W, minirl's (k + 1) / W: the usual differs line) the same cosine down to ``min_lr_rate``."""
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    from minirl.peers import from_trl
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    theirs = get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps=5, num_training_steps=40,
+                                                         min_lr_rate=0.1).lr_lambdas[0]
+    for update in range(5, 41):
+        assert lr_factor(update, 5, 40, "cosine", min_ratio=0.1) == pytest.approx(theirs(update), abs=1e-12), update
+    assert theirs(40) == pytest.approx(0.1, abs=1e-12)
+    out = from_trl({"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+                    "max_steps": 40, "warmup_steps": 5})
+    assert (out.values["optim.lr_schedule"], out.values["optim.min_lr_ratio"]) == ("cosine", 0.1)
+    assert any(line.startswith("the warm-up: transformers' starts at 0") for line in out.differs)
+    by_value = from_trl({"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": '{"min_lr": 2e-7}',
+                         "learning_rate": 1e-6})
+    assert by_value.values["optim.min_lr_ratio"] == pytest.approx(0.2, abs=1e-15)
+    missing = from_trl({"lr_scheduler_type": "cosine_with_min_lr"})
+    assert "optim.min_lr_ratio" not in missing.values
+    assert any(line.startswith("lr_scheduler_kwargs=None: minirl's cosine takes") for line in missing.not_translated)
+
+
 NO_OPTIMIZER_STEP = pytest.mark.filterwarnings("ignore:Detected call of")  # the schedule alone
 
 

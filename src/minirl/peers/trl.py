@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -39,7 +40,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "vllm_importance_sampling_cap": None, "log_completions": False, "num_completions_to_print": None,
     "num_generations_eval": None, "bf16": True, "fp16": False, "gradient_checkpointing": True, "logging_steps": 10,
     "activation_checkpointing": None,
-    "max_steps": -1, "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "warmup_steps": 0, "warmup_ratio": None,
+    "max_steps": -1, "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "lr_scheduler_kwargs": None,
+    "warmup_steps": 0, "warmup_ratio": None,
     "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
     "optim": "adamw_torch_fused",
     "seed": 42, "output_dir": "trainer_output", "save_strategy": "steps", "save_steps": 500, "save_total_limit": None,
@@ -222,15 +224,7 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
             out.not_translated.append(f"warm-up ratio {fraction} without max_steps: set optim.warmup_updates")
     elif warmup:
         out.set("optim.warmup_updates", int(warmup), peer.show("warmup_steps"))
-    kind = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear",
-            "cosine": "cosine"}.get(peer("lr_scheduler_type"))
-    if kind is None:
-        out.not_translated.append(f"{peer.show('lr_scheduler_type')}: minirl's optim.lr_schedule is constant, linear "
-                                  "or cosine (constant kept)")
-    else:
-        out.set("optim.lr_schedule", kind, peer.show("lr_scheduler_type"))
-    if out.values.get("optim.warmup_updates"):
-        out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
+    _trl_schedule(peer, out)
     impl = {"adamw_torch_fused": "fused", "adamw_torch": "default"}.get(peer("optim"))
     if impl is None:
         out.not_translated.append(f"{peer.show('optim')}: minirl trains with torch's AdamW (optim.adamw_impl; "
@@ -347,6 +341,32 @@ def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
         obj.set("adv_std_scope", "batch", peer.show("scale_rewards") + ": the std of the step's rewards")
     if scale in ("group", "batch"):
         obj.differs.append(f"scale_rewards={scale!r}: TRL divides by the std + 1e-4, minirl by std + 1e-6")
+
+
+def _trl_schedule(peer: Peer, out: Translation) -> None:
+    """``lr_scheduler_type`` (and ``lr_scheduler_kwargs`` of ``cosine_with_min_lr``, open-r1's choice) as
+    ``optim.lr_schedule`` / ``optim.min_lr_ratio``, with how transformers' schedules differ from minirl's."""
+    name = peer("lr_scheduler_type")
+    kind = {"constant": "constant", "constant_with_warmup": "constant", "linear": "linear", "cosine": "cosine",
+            "cosine_with_min_lr": "cosine"}.get(name)
+    if kind is None:
+        out.not_translated.append(f"{peer.show('lr_scheduler_type')}: minirl's optim.lr_schedule is constant, linear "
+                                  "or cosine (constant kept)")
+        return
+    out.set("optim.lr_schedule", kind, peer.show("lr_scheduler_type"))
+    if name == "cosine_with_min_lr":
+        kwargs = peer("lr_scheduler_kwargs") or {}
+        kwargs = json.loads(kwargs) if isinstance(kwargs, str) else kwargs  # transformers takes a dict or its JSON
+        rate = kwargs.get("min_lr_rate")
+        if rate is None and kwargs.get("min_lr") is not None:
+            rate = float(kwargs["min_lr"]) / float(peer("learning_rate"))
+        if rate is None or set(kwargs) - {"min_lr_rate", "min_lr"}:
+            out.not_translated.append(f"{peer.show('lr_scheduler_kwargs')}: minirl's cosine takes min_lr_rate or min_lr "
+                                      "only (optim.min_lr_ratio)")
+        if rate is not None:
+            out.set("optim.min_lr_ratio", float(rate), peer.show("lr_scheduler_kwargs"))
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
 
 
 def _trl_ppo_aggregation(peer: Peer, obj: Objective, loss: str, minibatches: int) -> None:
