@@ -329,6 +329,11 @@ class LossConfig(Section):
     adv_whiten: bool = False
     """Then whiten the advantages over the step's tokens (token-weighted mean and std: REINFORCE++-baseline, verl's
     ``adv_estimator=reinforce_plus_plus_baseline``). Off: the paper's."""
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """With several reward functions (``task.reward_functions``): ``sum_then_normalize`` forms the advantage from
+    their weighted sum, as from one reward (the paper's); ``normalize_then_sum`` is GDPO's (arXiv 2601.05242; TRL's
+    ``multi_objective_aggregation``): each function normalised within its group, the weighted sum whitened over the
+    step (``minirl.algo.advantages.decoupled_advantages``; ``adv_std_normalize`` is then not used)."""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to a frozen reference policy (``minirl.algo.reference_kl``; verl ``kl_loss_coef``,
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
@@ -355,6 +360,10 @@ class LossConfig(Section):
     def _reject_bounds(self) -> LossConfig:
         if self.reject_low >= self.reject_high:
             raise ValueError(f"reject_low ({self.reject_low}) must be below reject_high ({self.reject_high})")
+        if self.multi_objective_aggregation == "normalize_then_sum" and (
+                self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten):
+            raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
+                             "adv_baseline, adv_std_scope and adv_whiten at their defaults")
         return self
 
     whole_groups: ClassVar[bool] = False
@@ -364,6 +373,7 @@ class LossConfig(Section):
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
+                                        "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "entropy_coef", "mask_truncated", "reject",
                                         "reject_low", "reject_high"})
 

@@ -36,6 +36,7 @@ class Group:
     completions: list[Completion]
     rewards: torch.Tensor  # float32 [G]
     columns: list[dict[str, Any]]  # per completion: what reward functions logged (TRL's log_extra)
+    parts: torch.Tensor | None = None  # float32 [G, K]: each reward function's values (GDPO), when known
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Sampled:
     reward_stats: dict[str, float]
     columns: list[dict[str, Any]]
     generated_tokens: int
+    reward_parts: torch.Tensor | None = None  # float32 [P x G, K]: each reward function's values, when known
 
 
 def has_spread(rewards_PG: torch.Tensor, metric: str, accuracy_threshold: float) -> torch.Tensor:
@@ -59,13 +61,14 @@ def has_spread(rewards_PG: torch.Tensor, metric: str, accuracy_threshold: float)
 
 
 def split_groups(prompts: list[Prompt], completions: list[Completion], rewards: torch.Tensor,
-                 columns: list[dict[str, Any]] | None) -> list[Group]:
+                 columns: list[dict[str, Any]] | None, parts: torch.Tensor | None = None) -> list[Group]:
     """One round's output as groups, in prompt order (the engine returns each prompt's samples together)."""
     by_prompt: list[list[int]] = [[] for _ in prompts]
     for n, completion in enumerate(completions):
         by_prompt[completion.prompt_index].append(n)
     return [Group(prompt, [completions[n] for n in rows], rewards[rows],
-                  [columns[n] if columns and n < len(columns) else {} for n in rows])
+                  [columns[n] if columns and n < len(columns) else {} for n in rows],
+                  None if parts is None else parts[rows])
             for prompt, rows in zip(prompts, by_prompt)]
 
 
@@ -82,8 +85,7 @@ def merge_reward_stats(rounds: list[dict[str, float]]) -> dict[str, float]:
 
 def sample_groups(draw: Callable[[int], list[Prompt]],
                   generate: Callable[[list[Prompt], int], list[Completion]],
-                  score: Callable[[list[Prompt], list[Completion]], tuple[torch.Tensor, dict[str, float],
-                                                                        list[dict[str, Any]] | None]],
+                  score: Callable[[list[Prompt], list[Completion]], tuple[Any, ...]],
                   *, groups: int, prompts_per_round: int, max_rounds: int, metric: str,
                   accuracy_threshold: float) -> Sampled:
     """Rounds of ``draw(k)`` prompts -> ``generate(prompts, round)`` -> ``score(prompts, completions)`` until
@@ -101,12 +103,12 @@ def sample_groups(draw: Callable[[int], list[Prompt]],
     while len(kept) < groups and rounds < max_rounds:
         prompts = draw(prompts_per_round)
         completions = generate(prompts, rounds)
-        rewards, stats, columns = score(prompts, completions)
+        rewards, stats, columns, *parts = score(prompts, completions)  # parts: each function's values, when given
         rounds += 1
         stats_by_round.append(stats)
         rewards_generated.append(rewards)
         generated_tokens += sum(len(c.completion_ids) for c in completions)
-        for group in split_groups(prompts, completions, rewards, columns):
+        for group in split_groups(prompts, completions, rewards, columns, parts[0] if parts else None):
             spread = bool(has_spread(group.rewards[None], metric, accuracy_threshold))
             (kept if spread else spare).append(group)
     drawn, spread_count = len(kept) + len(spare), len(kept)
@@ -125,7 +127,13 @@ def sample_groups(draw: Callable[[int], list[Prompt]],
         rewards=torch.cat([group.rewards for group in kept]),
         reward_stats={**merge_reward_stats(stats_by_round), **filter_stats},
         columns=[column for group in kept for column in group.columns], generated_tokens=generated_tokens,
+        reward_parts=_joined_parts(kept),
     )
+
+
+def _joined_parts(groups: list[Group]) -> torch.Tensor | None:
+    parts = [group.parts for group in groups]
+    return None if any(p is None for p in parts) else torch.cat([p for p in parts if p is not None])
 
 
 def round_limit(max_rounds: int, train_prompts: int, prompts_per_round: int) -> int:

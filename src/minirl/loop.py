@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.advantages import token_whiten
+from minirl.algo.advantages import decoupled_advantages, token_whiten
 from minirl.algo.rejection import rejection_keep
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
@@ -321,6 +321,23 @@ def last_good_phrase(last_good: Path | None) -> str:
     return f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
 
 
+def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None) -> torch.Tensor:
+    """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``), or GDPO's from
+    each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s whitening after it."""
+    a, rewards_PG = cfg.algo, sampled.rewards.view(len(sampled.prompts), -1)
+    if a.multi_objective_aggregation == "normalize_then_sum":
+        if sampled.reward_parts is None or part_weights is None:
+            raise ConfigError("algo.multi_objective_aggregation=normalize_then_sum needs each reward function's values; "
+                              "these rollouts have only their sum (a --rollouts-from dump written before they were kept?)")
+        parts = sampled.reward_parts.view(*rewards_PG.shape, -1)
+        return decoupled_advantages(parts, part_weights).reshape(-1)
+    advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
+                                  std_scope=a.adv_std_scope).reshape(-1)
+    if a.adv_whiten:  # REINFORCE++-baseline: over the step's tokens
+        advantages = token_whiten(advantages, torch.tensor([len(c.completion_ids) for c in sampled.completions]))
+    return advantages
+
+
 def update_objective(run: Run, minibatch: Batch) -> Objective:
     """What one update differentiates: the configured policy loss (``run.make_objective``), plus the KL penalty
     to the reference (``algo.kl_coef``) and minus the entropy bonus (``algo.entropy_coef``) when they are on."""
@@ -339,11 +356,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     prompts, completions, rewards = sampled.prompts, sampled.completions, sampled.rewards
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step, sampled.columns)
-    # group-baseline advantages
-    advantages = group_advantages(rewards_PG, std_normalize=cfg.algo.adv_std_normalize, baseline=cfg.algo.adv_baseline,
-                                  std_scope=cfg.algo.adv_std_scope).reshape(-1)
-    if cfg.algo.adv_whiten:  # REINFORCE++-baseline: over the step's tokens
-        advantages = token_whiten(advantages, torch.tensor([len(c.completion_ids) for c in completions]))
+    advantages = step_advantages(cfg, sampled, getattr(run.rewards, "part_weights", None))  # group baselines
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id,
                                mask_truncated=cfg.algo.mask_truncated))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the
@@ -418,18 +431,18 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
         clock.lap("rollout")
         return completions
 
-    def score(prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float], Any]:
+    def score(prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float], Any, Any]:
         tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
         rewards, stats = score_completions(run.rewards, prompts, completions)
         clock.lap("reward")
-        return rewards, stats, getattr(run.rewards, "last_columns", None)
+        return rewards, stats, getattr(run.rewards, "last_columns", None), getattr(run.rewards, "last_parts", None)
 
     if not r.filter_groups:
         prompts = draw(r.prompts_per_step)
         completions = generate(prompts, 0)
-        rewards, stats, columns = score(prompts, completions)
+        rewards, stats, columns, parts = score(prompts, completions)
         return Sampled(prompts, completions, rewards, stats, columns or [],
-                       sum(len(c.completion_ids) for c in completions))
+                       sum(len(c.completion_ids) for c in completions), parts)
     per_round = r.filter_groups_prompts_per_round or r.prompts_per_step
     return sample_groups(draw, generate, score, groups=r.prompts_per_step, prompts_per_round=per_round,
                          max_rounds=round_limit(r.filter_groups_max_rounds, len(run.prompts), per_round),

@@ -98,14 +98,25 @@ class RolloutDump(ForwardsProgress):
     def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
         values, stats = self.rewards.score(prompts, completions)
         if completions is self._completions:  # a training step's rollouts (evaluation is not dumped)
+            parts = self.last_parts
             torch.save({
                 "step": self._step,
                 "prompts": [p.text for p in prompts],
                 "completions": [_completion_state(c) for c in completions],
                 "rewards": values.detach().cpu(),
                 "reward_stats": dict(stats),
+                **({} if parts is None else {"reward_parts": parts.detach().cpu()}),
             }, step_file(self.directory, self._step, self._rounds.round))
         return values, stats
+
+    @property
+    def last_parts(self) -> torch.Tensor | None:
+        """Each reward function's values of the last ``score`` (``RewardRunner.last_parts``)."""
+        return getattr(self.rewards, "last_parts", None)
+
+    @property
+    def part_weights(self) -> torch.Tensor | None:
+        return getattr(self.rewards, "part_weights", None)
 
     def close(self) -> None:
         self.rewards.close()
@@ -121,6 +132,7 @@ class RolloutReplay(ForwardsProgress):
         if not self.directory.is_dir():
             raise ConfigError(f"--rollouts-from: {self.directory} is not a directory of dumped rollouts")
         self._served: tuple[list[Completion], dict[str, Any]] | None = None  # the last step's rollouts, its dump
+        self.last_parts: torch.Tensor | None = None  # each reward function's values of the last ``score``
         self._rounds = _Rounds()
 
     def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
@@ -145,9 +157,16 @@ class RolloutReplay(ForwardsProgress):
 
     def score(self, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:
         if self._served is None or completions is not self._served[0]:  # evaluation: the task's verifier
-            return self.rewards.score(prompts, completions)
+            values, stats = self.rewards.score(prompts, completions)
+            self.last_parts = getattr(self.rewards, "last_parts", None)
+            return values, stats
         dump = self._served[1]
+        self.last_parts = dump.get("reward_parts")  # None in a dump from before they were kept
         return dump["rewards"].clone(), dict(dump["reward_stats"])
+
+    @property
+    def part_weights(self) -> torch.Tensor | None:
+        return getattr(self.rewards, "part_weights", None)
 
     def close(self) -> None:
         self.rewards.close()

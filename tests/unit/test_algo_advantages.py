@@ -99,3 +99,29 @@ def test_token_whiten_is_verls_masked_whiten_of_the_tiled_scores() -> None:
     verl = ((tiled - mean) * torch.rsqrt(var + 1e-8) * mask)[:, 0]
     ours = token_whiten(group_advantages(rewards).reshape(-1), lengths)
     torch.testing.assert_close(ours, verl, atol=1e-12, rtol=0)
+
+
+def test_decoupled_advantages_by_hand():
+    """GDPO: two functions over two groups of 3 (weights 1 and 2), the second not applying to group 2 (NaN).
+    Group 1: z_1 = z(1, 0, 1) = (1, -2, 1) / sqrt(3), z_2 = z(0, 1, 1) = (-2, 1, 1) / sqrt(3) (unbiased stds
+    1/sqrt(3)), S = z_1 + 2 z_2 = (-sqrt(3), 0, sqrt(3)); group 2: S = z_1 = (-1, -1, 2) / sqrt(3). Over the six,
+    mean 0 and unbiased std sqrt(8/5): A = S / sqrt(1.6)."""
+    from minirl.algo.advantages import decoupled_advantages
+
+    nan = math.nan
+    parts = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[0.0, nan], [0.0, nan], [1.0, nan]]], dtype=torch.float64)
+    got = decoupled_advantages(parts, torch.tensor([1.0, 2.0]))
+    root3 = math.sqrt(3)
+    expected = torch.tensor([[-root3, 0.0, root3], [-1 / root3, -1 / root3, 2 / root3]], dtype=torch.float64) / math.sqrt(1.6)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)  # the 1e-6 in each std's denominator
+    # a response no function applied to gets 0 and leaves the batch's mean and std alone
+    parts2 = torch.cat([parts, torch.full((1, 3, 2), nan, dtype=torch.float64)])
+    got2 = decoupled_advantages(parts2, torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(got2[:2], got, rtol=0, atol=1e-12)
+    assert torch.equal(got2[2], torch.zeros(3, dtype=torch.float64))
+    # one function: the group z-scores, whitened over the batch
+    one = decoupled_advantages(parts[:, :, :1], torch.tensor([3.0]))
+    z = torch.tensor([[1.0, -2.0, 1.0], [-1.0, -1.0, 2.0]], dtype=torch.float64) / root3
+    torch.testing.assert_close(one, (z - z.mean()) / z.std(), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"parts_PGK must be \[P, G, K\]"):
+        decoupled_advantages(parts, torch.tensor([1.0]))

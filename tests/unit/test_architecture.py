@@ -20,9 +20,9 @@ def test_algo_fits_its_line_budget():
     per sequence (``bounded_is_weight``), tokens rejected (``rejection.py``), responses masked (``opsm_keep``),
     a dual clip, RLOO's baseline and REINFORCE++'s whitening added: TRL's and verl's variants, which are math;
     760 since PPO's entropy bonus (``entropy.py``, the differentiable entropy in ``logprobs.py``); 840 since SAPO
-    (``sapo.py``, the Qwen team's soft gate in place of the clip)."""
+    (``sapo.py``, the Qwen team's soft gate in place of the clip); 870 since GDPO's decoupled advantages."""
     lines = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
-    assert lines <= 840, f"minirl/algo/ has {lines} lines (budget 840): move what is not the math out"
+    assert lines <= 870, f"minirl/algo/ has {lines} lines (budget 870): move what is not the math out"
 
 
 def test_algo_imports_only_the_math_helpers():

@@ -82,6 +82,14 @@ def test_off_on_yes_no_are_strings_where_a_string_is_expected(tmp_path):
     assert yaml.safe_load("a: off") == {"a": False}  # PyYAML's own loader is left as it is
 
 
+def test_gdpo_refuses_the_advantage_variants_it_replaces():
+    assert load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum"]).algo.multi_objective_aggregation \
+        == "normalize_then_sum"
+    for other in ("algo.adv_whiten=true", "algo.adv_baseline=leave_one_out", "algo.adv_std_scope=batch"):
+        with pytest.raises(ConfigError, match="normalize_then_sum normalises the rewards itself"):
+            load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum", other])
+
+
 def test_toml_configs_load(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlr = 0.002\nminibatches_per_step = 4\n")

@@ -425,6 +425,45 @@ def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Pat
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
+def _trl_gdpo_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, G: int, eps: float) -> torch.Tensor:
+    """TRL 1.16's ``multi_objective_aggregation="normalize_then_sum"`` branch, written as TRL does (its eps 1e-4
+    a parameter here), with its ``nanstd``."""
+    def nanstd(tensor, dim=None, keepdim=False):
+        mean = torch.nanmean(tensor, dim=dim, keepdim=True)
+        variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
+        count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)
+        variance = variance * count / (count - 1)
+        return torch.sqrt(variance) if keepdim or dim is None else torch.sqrt(variance).squeeze(dim)
+
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, G, rewards_per_func.shape[1])
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rewards_per_func.shape[1])
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    std_rewards = nanstd(rewards).expand_as(rewards)
+    return torch.nan_to_num((rewards - torch.nanmean(rewards)) / (std_rewards + eps), nan=0.0)
+
+
+def test_trl_gdpo_is_minirls_decoupled_advantage():
+    from minirl.algo.advantages import STD_EPS, decoupled_advantages
+
+    out = _trl(multi_objective_aggregation="normalize_then_sum", scale_rewards="batch")  # scale_rewards: unused there
+    assert out.values["algo.multi_objective_aggregation"] == "normalize_then_sum" and "algo.adv_std_scope" not in out.values
+    assert out.objective.startswith("your TRL loss") and out.config().algo.multi_objective_aggregation == "normalize_then_sum"
+    assert any("each std + 1e-4" in line for line in out.differs)
+    assert "algo.multi_objective_aggregation" not in _trl().values
+    g = torch.Generator().manual_seed(0)
+    parts = torch.randint(0, 3, (4 * 4, 3), generator=g).to(torch.float64)
+    parts[parts[:, 2] == 2, 2] = math.nan  # the third function applies to some samples only
+    parts[5] = math.nan  # one sample no function applied to
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    ours = decoupled_advantages(parts.view(4, 4, 3), weights).reshape(-1)
+    torch.testing.assert_close(ours, _trl_gdpo_advantages(parts, weights, 4, STD_EPS), rtol=1e-12, atol=1e-12)
+    assert ours[5] == 0.0
+
+
 def test_trl_bnpo_is_the_token_mean_of_each_optimizer_step():
     """``loss_type="bnpo"``: the micro-batch's token mean; exact with one micro-batch per optimizer step."""
     given = {"loss_type": "bnpo", "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,

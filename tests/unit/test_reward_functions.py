@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from minirl.tasks import (
     RewardFunctionError,
@@ -248,6 +250,10 @@ def test_none_means_the_function_does_not_apply(timeout_s: float | None) -> None
         rewards, stats = runner.score(PROMPTS, COMPLETIONS)
     # only_units: 1, None, 1, None (x2); exact: 1, 0, 1, 0; never_applies: None everywhere
     assert rewards.tolist() == [3.0, 0.0, 3.0, 0.0]
+    nan = math.nan  # each function's own values, for GDPO (algo.multi_objective_aggregation): NaN where it did not apply
+    torch.testing.assert_close(runner.last_parts, torch.tensor([[1.0, 1.0, nan], [nan, 0.0, nan], [1.0, 1.0, nan],
+                                                                [nan, 0.0, nan]]), equal_nan=True)
+    assert runner.part_weights.tolist() == [2.0, 1.0, 1.0]
     assert stats["reward/only_units/mean"] == 1.0 and stats["reward/exact/mean"] == 0.5
     assert "reward/never_applies/mean" not in stats and stats["reward/errors"] == 0.0
     assert stats["reward/unscored_frac"] == 0.0

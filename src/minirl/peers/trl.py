@@ -282,10 +282,11 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    for key, neutral in (("top_entropy_quantile", 1.0), ("use_adaptive_entropy", False), ("sync_ref_model", False),
-                         ("multi_objective_aggregation", "sum_then_normalize")):
+    for key, neutral in (("top_entropy_quantile", 1.0), ("use_adaptive_entropy", False), ("sync_ref_model", False)):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
+    if peer("multi_objective_aggregation") not in ("sum_then_normalize", "normalize_then_sum"):
+        obj.blockers.append(peer.show("multi_objective_aggregation"))
     if peer("entropy_coef"):
         obj.set("entropy_coef", float(peer("entropy_coef")), peer.show("entropy_coef"))
         if peer("gradient_accumulation_steps") > 1:
@@ -332,7 +333,13 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
 
 
 def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
-    """``scale_rewards``: the advantage divided by the group's std, the whole batch's, or by none."""
+    """``scale_rewards``: the advantage divided by the group's std, the whole batch's, or by none; with GDPO's
+    ``multi_objective_aggregation="normalize_then_sum"`` TRL normalises each reward and ignores it."""
+    if peer("multi_objective_aggregation") == "normalize_then_sum":
+        obj.set("multi_objective_aggregation", "normalize_then_sum", peer.show("multi_objective_aggregation"))
+        obj.differs.append("multi_objective_aggregation='normalize_then_sum': TRL divides by each std + 1e-4, minirl "
+                           "by std + 1e-6")
+        return
     scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
     if scale not in ("group", "batch", "none"):
         obj.blockers.append(peer.show("scale_rewards"))

@@ -188,6 +188,10 @@ class RewardRunner:
         """Up to three distinct problem messages of the last ``score`` call (fallback mode)."""
         self.last_columns: list[dict[str, Any]] = []
         """Per sample of the last ``score`` call: the columns reward functions gave it with TRL's ``log_extra``."""
+        self.last_parts: Any = None
+        """float32 [n, K] of the last ``score`` call: each reward function's value (NaN where it did not apply), the
+        fallback where it failed; K = 1 for a task's own verifier. ``part_weights`` [K]: their weights."""
+        self.part_weights: Any = None
         self._lock = threading.Lock()
         self._workers = _Pool()
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
@@ -229,6 +233,10 @@ class RewardRunner:
         if self.functions and values and all(unscored):
             raise unscored_batch(self.functions, len(values))
         rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
+        # each function's own rewards [n, K] (NaN: did not apply) and weights, for GDPO's advantages
+        self.last_parts = torch.tensor([[math.nan if v is None else float(v) for v in row] for row in values],
+                                       dtype=torch.float32).reshape(len(values), len(weights))
+        self.part_weights = torch.tensor(weights, dtype=torch.float32)
         self.last_columns = [{key: value for kind, scored in row if kind == "ok" for key, value in
                               getattr(scored, "columns", {}).items()} for row in results]
         flat = [result for row in results for result in row]
