@@ -333,22 +333,26 @@ class LossConfig(Section):
     """With several reward functions (``task.reward_functions``): ``sum_then_normalize`` forms the advantage from
     their weighted sum, as from one reward (the paper's); ``normalize_then_sum`` is GDPO's (arXiv 2601.05242; TRL's
     ``multi_objective_aggregation``): each function normalised within its group, the weighted sum whitened over the
-    step (``minirl.algo.advantages.decoupled_advantages``; ``adv_std_normalize`` is then not used)."""
+    step (``minirl.algo.variants.gdpo.decoupled_advantages``; ``adv_std_normalize`` is then not used)."""
     kl_coef: float = Field(0.0, ge=0)
-    """KL penalty to a frozen reference policy (``minirl.algo.reference_kl``; verl ``kl_loss_coef``,
+    """KL penalty to a frozen reference policy (``minirl.algo.variants.reference_kl``; verl ``kl_loss_coef``,
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1)
+    """Train the policy term on the top this fraction of each micro-batch's tokens by pi_theta's entropy ("Beyond
+    the 80/20 rule", arXiv 2506.01939, recommends 0.2; TRL's ``top_entropy_quantile``); the others still count in
+    the loss's denominators. 1 = every token, the paper's. Not for gspo (no per-token terms)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: minus this x pi_theta's token-mean full-vocabulary entropy, added to the loss
-    (``minirl.algo.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
+    (``minirl.algo.variants.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
     mask_truncated: bool = False
     """Leave completions cut by max_new_tokens out of the loss (TRL's ``mask_truncated_completions``, DAPO's
     overlong filtering); their rewards still count in their group's baseline. Off: the paper's setting."""
     reject: Literal["none", "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                     "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"] = "none"
     """Leave out of the loss tokens (token_*) or whole responses (seq_*) whose training–inference divergence,
-    from rho = pi_old/mu_old, is out of bounds (verl's ``rollout_rs``; ``minirl.algo.rejection``): k1 keeps
+    from rho = pi_old/mu_old, is out of bounds (verl's ``rollout_rs``; ``minirl.algo.variants.rejection``): k1 keeps
     reject_low <= rho (seq_sum: the product, seq_mean: the geometric mean) <= reject_high; k2 / k3 keep the
     divergence <= reject_high. ``none``: the paper's setting (the weight is truncated, nothing rejected)."""
     reject_low: float = Field(0.0, ge=0)
@@ -360,6 +364,8 @@ class LossConfig(Section):
     def _reject_bounds(self) -> LossConfig:
         if self.reject_low >= self.reject_high:
             raise ValueError(f"reject_low ({self.reject_low}) must be below reject_high ({self.reject_high})")
+        if self.top_entropy_quantile < 1 and getattr(self, "name", None) == "gspo":
+            raise ValueError("top_entropy_quantile < 1: gspo weighs whole responses, it has no per-token terms to keep")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
                 self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
@@ -374,7 +380,8 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "entropy_coef", "mask_truncated", "reject",
+                                        "kl_coef", "kl_loss_type", "entropy_coef", "top_entropy_quantile",
+                                        "mask_truncated", "reject",
                                         "reject_low", "reject_high"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:

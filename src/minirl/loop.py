@@ -41,8 +41,9 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.advantages import decoupled_advantages, token_whiten
-from minirl.algo.rejection import rejection_keep
+from minirl.algo.advantages import token_whiten
+from minirl.algo.variants.gdpo import decoupled_advantages
+from minirl.algo.variants.rejection import rejection_keep
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
@@ -50,7 +51,7 @@ from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
-from minirl.objective import make_objective, with_entropy_bonus
+from minirl.objective import make_objective, with_entropy_bonus, with_high_entropy_tokens
 from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
@@ -339,9 +340,10 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
 
 
 def update_objective(run: Run, minibatch: Batch) -> Objective:
-    """What one update differentiates: the configured policy loss (``run.make_objective``), plus the KL penalty
-    to the reference (``algo.kl_coef``) and minus the entropy bonus (``algo.entropy_coef``) when they are on."""
-    policy = run.make_objective(run.cfg.algo, minibatch)
+    """What one update differentiates: the configured policy loss (``run.make_objective``; on its high-entropy tokens
+    with ``algo.top_entropy_quantile`` < 1), plus the KL penalty to the reference (``algo.kl_coef``) and minus the
+    entropy bonus (``algo.entropy_coef``) when they are on."""
+    policy = with_high_entropy_tokens(run.cfg.algo, run.make_objective(run.cfg.algo, minibatch))
     return with_entropy_bonus(run.cfg.algo, minibatch, with_reference_kl(run.cfg.algo, minibatch, policy))
 
 

@@ -28,6 +28,8 @@ class LossInputs:
         advantages    float [B]     one advantage per response; treated as constant
         mask          bool  [B, T]  True = the token is trained on
         group_ids     int   [B] or None  which prompt each row answers (CISPO normalises per group)
+        token_keep    bool  [B, T] or None  of the trained tokens, those whose loss term counts (TRL's
+                      ``top_entropy_quantile``); the denominators still count every trained token
 
     ``check_nan=False``: ``raise_on_nan`` does nothing, because the caller has checked once for a whole
     update (``minirl.trainer``: the batch's inputs on the host before it, a NaN ``logp`` as a non-finite
@@ -41,6 +43,7 @@ class LossInputs:
     mask: torch.Tensor
     group_ids: torch.Tensor | None = None
     check_nan: bool = True
+    token_keep: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         logp, adv, mask = self.logp, self.advantages, self.mask
@@ -64,6 +67,14 @@ class LossInputs:
             raise ValueError("logp has B = 0 rows: an empty batch has no loss")
         if self.group_ids is not None:
             self.require_groups()
+        keep = self.token_keep
+        if keep is not None and (not isinstance(keep, torch.Tensor) or keep.shape != logp.shape or keep.dtype != torch.bool):
+            raise ValueError(f"token_keep must be a bool tensor of the shape of logp {tuple(logp.shape)}, got {_describe(keep)}")
+
+    @property
+    def terms(self) -> torch.Tensor:
+        """bool [B, T]: the tokens whose loss term counts (``mask``, narrowed by ``token_keep``)."""
+        return self.mask if self.token_keep is None else self.mask & self.token_keep
 
     def require_groups(self) -> torch.Tensor:
         """``group_ids``, which must be an integer tensor of shape [B] (``ValueError`` otherwise)."""

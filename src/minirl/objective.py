@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minirl.algo import POLICY_LOSSES, LossInputs
-from minirl.algo.entropy import entropy_bonus_loss
+from minirl.algo.variants.entropy import entropy_bonus_loss, high_entropy_tokens
 from minirl.config import AlgoConfig
 from minirl.trainer import Objective
 from minirl.types import Batch
@@ -32,11 +32,12 @@ class PolicyObjective:
     knobs: dict
     check_nan: bool = True
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    def __call__(self, logp: torch.Tensor, micro: Batch, *, token_keep: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
         inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids,
-                            check_nan=self.check_nan)
+                            check_nan=self.check_nan, token_keep=token_keep)
         loss, metrics = POLICY_LOSSES[self.name](inputs, **self.knobs)
         return loss, {key: value for key, value in metrics.items() if key != "loss"}  # tensors: the trainer syncs once
 
@@ -51,7 +52,7 @@ def make_objective(algo: AlgoConfig, minibatch: Batch) -> Objective:
 @dataclass(frozen=True)
 class EntropyBonus:
     """``objective`` minus ``entropy_coef`` x pi_theta's token-mean entropy over the mini-batch
-    (``minirl.algo.entropy``; ``normalizer``: the mini-batch's trained tokens, so micro-batch losses add
+    (``minirl.algo.variants.entropy``; ``normalizer``: the mini-batch's trained tokens, so micro-batch losses add
     up to it). ``wants_entropy``: the trainer passes the differentiable entropy of each forward."""
 
     objective: Objective
@@ -63,7 +64,7 @@ class EntropyBonus:
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if entropy is None:
             raise ValueError("algo.entropy_coef > 0 needs the forward's entropy (objective(logp, micro, entropy=...))")
-        loss, metrics = self.objective(logp, micro)
+        loss, metrics = self.objective(logp, micro, **_entropy_for(self.objective, entropy))
         bonus, entropy_metrics = entropy_bonus_loss(entropy, micro.mask, entropy_coef=self.entropy_coef,
                                                     normalizer=self.normalizer)
         return loss + bonus, {**metrics, **entropy_metrics}
@@ -74,3 +75,31 @@ def with_entropy_bonus(algo: AlgoConfig, minibatch: Batch, objective: Objective)
     if not algo.entropy_coef:
         return objective
     return EntropyBonus(objective, float(algo.entropy_coef), float(max(int(minibatch.mask.sum()), 1)))
+
+
+@dataclass(frozen=True)
+class HighEntropyTokens:
+    """``objective`` with only the top ``quantile`` of each forward's trained tokens by pi_theta's entropy keeping
+    their policy term ("Beyond the 80/20 rule", TRL's ``top_entropy_quantile``; ``minirl.algo.variants.entropy``): the
+    quantile is over the micro-batch, as TRL's over its per-device batch; the loss's denominators are unchanged."""
+
+    objective: Objective  # a PolicyObjective: it takes token_keep
+    quantile: float
+    wants_entropy: bool = True
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, *, entropy: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        if entropy is None:
+            raise ValueError("algo.top_entropy_quantile < 1 needs the forward's entropy (objective(logp, micro, entropy=...))")
+        keep = high_entropy_tokens(entropy, micro.mask, self.quantile)
+        return self.objective(logp, micro, token_keep=keep)  # type: ignore[call-arg]
+
+
+def with_high_entropy_tokens(algo: AlgoConfig, objective: Objective) -> Objective:
+    """``objective`` trained on its high-entropy tokens when ``algo.top_entropy_quantile`` < 1, else itself."""
+    return objective if algo.top_entropy_quantile >= 1 else HighEntropyTokens(objective, float(algo.top_entropy_quantile))
+
+
+def _entropy_for(objective: Objective, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The ``entropy`` keyword for an inner objective that wants it (a wrapper passes it on), else none."""
+    return {"entropy": entropy} if entropy is not None and getattr(objective, "wants_entropy", False) else {}

@@ -1,4 +1,4 @@
-"""The frozen reference policy of the KL penalty (``algo.kl_coef`` > 0; ``minirl.algo.reference_kl``).
+"""The frozen reference policy of the KL penalty (``algo.kl_coef`` > 0; ``minirl.algo.variants.reference_kl``).
 
 ``Reference.logprobs(batch)`` scores a global batch with the reference, once per global step, into
 ``batch.logp_ref``; ``ReferenceKL`` adds ``kl_coef`` x the KL estimate to the policy objective on
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from minirl.algo.reference_kl import reference_kl_loss
+from minirl.algo.variants.reference_kl import reference_kl_loss
 from minirl.models.lora import adapters_disabled, has_lora
 from minirl.trainer import Objective, Trainer
 from minirl.types import Batch
@@ -53,10 +53,14 @@ class ReferenceKL:
     kind: str
     normalizer: float
 
-    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    @property
+    def wants_entropy(self) -> bool:  # passed through to a policy objective that wants it (top_entropy_quantile)
+        return bool(getattr(self.objective, "wants_entropy", False))
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_ref is None:
             raise ValueError("algo.kl_coef > 0 needs the reference pass before an update (batch.logp_ref is None)")
-        loss, metrics = self.objective(logp, micro)
+        loss, metrics = self.objective(logp, micro, **given)
         penalty, kl_metrics = reference_kl_loss(logp, micro.logp_ref, micro.mask, kl_coef=self.kl_coef,
                                                 kind=self.kind, normalizer=self.normalizer,  # type: ignore[arg-type]
                                                 check_finite=False)  # Trainer.update checks once per update

@@ -118,3 +118,19 @@ def test_sapo_on_policy_has_grpos_gradient_and_twice_its_loss_at_unit_temperatur
     assert sapo["policy/loss"] == pytest.approx(2 * grpo["policy/loss"], rel=1e-6)
     assert sapo["policy/gate_weight_mean"] == 1.0 and sapo["policy/clip_frac"] == 0.0
     assert 0.0 < sapo2["policy/gate_weight_mean"] <= 1.0
+
+
+def test_high_entropy_tokens_reach_the_loss_beside_the_kl_penalty_and_the_entropy_bonus(tmp_path):
+    """``algo.top_entropy_quantile`` (TRL's, "Beyond the 80/20 rule"): on the first step's rollouts only a fifth of
+    the tokens keep their policy term (another loss on the same rollouts); with the KL penalty and the entropy bonus
+    around it, each wrapper passes the forward's entropy on (at theta_old the KL is 0: the loss is the bonus's shift)."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=2", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=top", "algo.top_entropy_quantile=0.2"]) == 0
+    assert main([*base, "run.name=all", "algo.top_entropy_quantile=0.2", "algo.kl_coef=0.05", "algo.entropy_coef=0.01"]) == 0
+    plain, top, every = (_rows(tmp_path / name)[1] for name in ("plain", "top", "all"))
+    assert plain["train/reward_mean"] == top["train/reward_mean"] == every["train/reward_mean"]
+    assert top["policy/loss"] != plain["policy/loss"]
+    assert "policy/kl_ref" in every and every["policy/entropy"] > 0
+    assert every["policy/loss"] == pytest.approx(top["policy/loss"] - 0.01 * every["policy/entropy"], rel=1e-5)

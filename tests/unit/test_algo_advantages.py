@@ -106,7 +106,7 @@ def test_decoupled_advantages_by_hand():
     Group 1: z_1 = z(1, 0, 1) = (1, -2, 1) / sqrt(3), z_2 = z(0, 1, 1) = (-2, 1, 1) / sqrt(3) (unbiased stds
     1/sqrt(3)), S = z_1 + 2 z_2 = (-sqrt(3), 0, sqrt(3)); group 2: S = z_1 = (-1, -1, 2) / sqrt(3). Over the six,
     mean 0 and unbiased std sqrt(8/5): A = S / sqrt(1.6)."""
-    from minirl.algo.advantages import decoupled_advantages
+    from minirl.algo.variants.gdpo import decoupled_advantages
 
     nan = math.nan
     parts = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[0.0, nan], [0.0, nan], [1.0, nan]]], dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The entropy bonus (``algo.entropy_coef``; ``minirl.algo.entropy``): hand-computed values, its gradient
+"""The entropy bonus (``algo.entropy_coef``; ``minirl.algo.variants.entropy``): hand-computed values, its gradient
 through the trainer equal to verl's / TRL's ``loss - coef * token-mean entropy`` written out, and the
 config wiring (off by default: the objective is the policy loss itself)."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from minirl.algo.entropy import entropy_bonus_loss
 from minirl.algo.logprobs import token_entropy_with_grad, token_logprobs
+from minirl.algo.variants.entropy import entropy_bonus_loss
 from minirl.config import load_config
 from minirl.monitor.mismatch import token_entropy
 from minirl.objective import EntropyBonus, with_entropy_bonus
@@ -100,3 +100,46 @@ def test_update_reports_pi_thetas_entropy_and_off_is_the_policy_loss_itself():
     assert result.metrics["entropy"] == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="needs the forward's entropy"):
         objective(torch.zeros(batch.mask.shape), batch)
+
+
+def test_high_entropy_tokens_by_hand():
+    """Trained tokens' entropies 1, 2, 3, 4, 5 (the padding's 9 is ignored): the 0.6 quantile (top 40 %) of them is
+    1 + 0.6 x 4 = 3.4, so the tokens of entropy 4 and 5 keep their term."""
+    from minirl.algo.variants.entropy import high_entropy_tokens
+
+    entropy = torch.tensor([[1.0, 4.0, 9.0], [2.0, 5.0, 3.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    assert high_entropy_tokens(entropy, mask, 0.4).tolist() == [[False, True, False], [False, True, False]]
+    assert high_entropy_tokens(entropy, mask, 1.0).tolist() == mask.tolist()  # quantile 0: every trained token
+    assert not high_entropy_tokens(entropy, torch.zeros_like(mask), 0.4).any()  # no trained token: none kept
+    with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\]"):
+        high_entropy_tokens(entropy, mask, 0.0)
+
+
+@pytest.mark.parametrize("name", ["minirl", "grpo", "cispo", "sapo"])
+def test_token_keep_drops_terms_not_denominators(name):
+    """A token outside ``token_keep`` has no gradient; the others' gradients are unchanged (the denominators still
+    count it); GSPO has no per-token term and refuses."""
+    from minirl.algo import POLICY_LOSSES, LossInputs
+
+    g = torch.Generator().manual_seed(0)
+    logp_old = -torch.rand(4, 5, generator=g, dtype=torch.float64) - 0.1
+    logp = logp_old + 0.05 * torch.randn(4, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    adv = torch.tensor([1.0, -0.5, 0.25, -2.0], dtype=torch.float64)
+    keep = torch.rand(4, 5, generator=g) > 0.4
+
+    def grad(token_keep):
+        x = logp.clone().requires_grad_(True)
+        POLICY_LOSSES[name](LossInputs(x, logp_old, logp_old, adv, mask, torch.tensor([0, 0, 1, 1]),
+                                       token_keep=token_keep))[0].backward()
+        return x.grad
+
+    full, kept = grad(None), grad(keep)
+    assert torch.all(kept[mask & ~keep] == 0) and torch.any(full[mask & ~keep] != 0)
+    torch.testing.assert_close(kept[mask & keep], full[mask & keep], rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="token_keep: GSPO weighs whole responses"):
+        POLICY_LOSSES["gspo"](LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep))
+    with pytest.raises(ValueError, match="token_keep must be a bool tensor"):
+        LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep.float())

@@ -1,4 +1,4 @@
-"""The KL penalty to a reference policy (``minirl.algo.reference_kl``): hand-computed k1/k2/k3,
+"""The KL penalty to a reference policy (``minirl.algo.variants.reference_kl``): hand-computed k1/k2/k3,
 their gradients, verl's clamps; and in the loop, the reference is the starting policy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo.reference_kl import kl_estimate, reference_kl_loss
+from minirl.algo.variants.reference_kl import kl_estimate, reference_kl_loss
 
 LOGP = [-1.0, -2.0, -0.5]
 LOGP_REF = [-1.5, -1.0, -0.5]  # r = logp_ref - logp = [-0.5, 1.0, 0.0]

@@ -1,4 +1,4 @@
-"""Closed-form tests of ``rejection_keep`` (verl's ``rollout_rs``, ``minirl.algo.rejection``) against hand arithmetic.
+"""Closed-form tests of ``rejection_keep`` (verl's ``rollout_rs``, ``minirl.algo.variants.rejection``) against hand arithmetic.
 
 The fixture of test_algo_minirl.py: rho = pi_old / mu_old
 
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from minirl.algo.rejection import REJECTION_RULES, rejection_keep
+from minirl.algo.variants.rejection import REJECTION_RULES, rejection_keep
 from minirl.config import MiniRLConfig
 
 F64 = torch.float64

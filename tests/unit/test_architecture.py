@@ -1,6 +1,6 @@
 """The layout rules of docs/architecture.md that a refactor could quietly break.
 
-``algo/`` holds the paper's math only: at most 600 lines with docstrings, and it imports nothing of
+``algo/`` holds the paper's math (640 lines with docstrings; what peers add, in ``algo/variants/``, 280), and it imports nothing of
 minirl but the checked inputs and the masked helpers (no config, no monitoring, no I/O).
 """
 
@@ -16,17 +16,19 @@ ALLOWED = {"minirl.algo", "minirl.loss_inputs", "minirl.tensors"}
 
 
 def test_algo_fits_its_line_budget():
-    """600 lines when the budget was set (the math alone, 599); 720 since the IS weight can also be masked or
-    per sequence (``bounded_is_weight``), tokens rejected (``rejection.py``), responses masked (``opsm_keep``),
-    a dual clip, RLOO's baseline and REINFORCE++'s whitening added: TRL's and verl's variants, which are math;
-    760 since PPO's entropy bonus (``entropy.py``, the differentiable entropy in ``logprobs.py``); 840 since SAPO
-    (``sapo.py``, the Qwen team's soft gate in place of the clip); 870 since GDPO's decoupled advantages."""
-    lines = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
-    assert lines <= 870, f"minirl/algo/ has {lines} lines (budget 870): move what is not the math out"
+    """``algo/`` is the paper's MiniRL and the objectives it compares with (GRPO, CISPO, GSPO), their advantages and
+    log-probs, with the options TRL and verl put on those same losses (masked / sequence-level IS bounds, OPSM, the
+    dual clip, RLOO's baseline, REINFORCE++'s whitening): 640 lines. 600 when the budget was set (the math alone,
+    599); it grew to 870 before what is not the paper's moved to ``algo/variants/`` (SAPO, the entropy bonus and
+    token selection, verl's rejection, the KL penalty, GDPO): 280 lines there. A new variant goes to ``variants/``."""
+    paper = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
+    variants = sum(len(p.read_text().splitlines()) for p in (ALGO / "variants").glob("*.py"))
+    assert paper <= 640, f"minirl/algo/ has {paper} lines (budget 640): put what is not the paper's math in algo/variants/"
+    assert variants <= 280, f"minirl/algo/variants/ has {variants} lines (budget 280)"
 
 
 def test_algo_imports_only_the_math_helpers():
-    for path in ALGO.glob("*.py"):
+    for path in ALGO.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minirl"):
                 assert any(node.module == a or node.module.startswith(a + ".") for a in ALLOWED), (

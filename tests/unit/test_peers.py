@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from minirl.algo import POLICY_LOSSES, LossInputs, group_advantages
-from minirl.algo.rejection import rejection_keep
+from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
 from minirl.peers import Translation, add_trl_sft, from_trl, from_verl, read_verl, script_overrides
 
@@ -283,7 +283,7 @@ def _losses(inputs: LossInputs, cfg, batch: int) -> tuple[torch.Tensor, torch.Te
     knobs["normalizer"] = algo.minibatch_normalizer(SimpleNamespace(size=batch, mask=inputs.mask, group_ids=inputs.group_ids))
     logp = inputs.logp.detach().clone().requires_grad_(True)
     loss, _ = POLICY_LOSSES[algo.name](LossInputs(logp, inputs.logp_old, inputs.logp_rollout, inputs.advantages,
-                                                  inputs.mask, inputs.group_ids), **knobs)
+                                                  inputs.mask, inputs.group_ids, token_keep=inputs.token_keep), **knobs)
     (grad,) = torch.autograd.grad(loss, logp)
     return loss, grad
 
@@ -303,7 +303,8 @@ def _trl_is_ratio(x: LossInputs, mode: str, clip_min: float | None, clip_max: fl
 
 
 def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float, is_ratio: torch.Tensor | None,
-                  max_len: int, opsm: tuple[float, torch.Tensor] | None = None, delta: float | None = None) -> torch.Tensor:
+                  max_len: int, opsm: tuple[float, torch.Tensor] | None = None, delta: float | None = None,
+                  entropy_mask: torch.Tensor | None = None) -> torch.Tensor:
     """TRL 1.16 ``GRPOTrainer._compute_loss`` for one mini-batch (token level, beta = 0), written as TRL does."""
     logp = x.logp.detach().clone().requires_grad_(True)
     mask = x.mask.float()
@@ -323,6 +324,8 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
         kl_div = opsm[1] - logp.detach()
         avg_seq_kl = (kl_div * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
         per_token_loss = per_token_loss * ((adv >= 0) | (avg_seq_kl <= opsm[0])).to(dtype=mask.dtype)
+    if entropy_mask is not None:  # top_entropy_quantile < 1
+        per_token_loss = per_token_loss * entropy_mask
     if is_ratio is not None:  # use_vllm with vllm_importance_sampling_correction
         per_token_loss = per_token_loss * is_ratio
     if loss_type in ("grpo", "sapo"):
@@ -447,7 +450,8 @@ def _trl_gdpo_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, 
 
 
 def test_trl_gdpo_is_minirls_decoupled_advantage():
-    from minirl.algo.advantages import STD_EPS, decoupled_advantages
+    from minirl.algo.advantages import STD_EPS
+    from minirl.algo.variants.gdpo import decoupled_advantages
 
     out = _trl(multi_objective_aggregation="normalize_then_sum", scale_rewards="batch")  # scale_rewards: unused there
     assert out.values["algo.multi_objective_aggregation"] == "normalize_then_sum" and "algo.adv_std_scope" not in out.values
@@ -462,6 +466,36 @@ def test_trl_gdpo_is_minirls_decoupled_advantage():
     ours = decoupled_advantages(parts.view(4, 4, 3), weights).reshape(-1)
     torch.testing.assert_close(ours, _trl_gdpo_advantages(parts, weights, 4, STD_EPS), rtol=1e-12, atol=1e-12)
     assert ours[5] == 0.0
+
+
+def _trl_high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """TRL 1.16's ``get_high_entropy_mask`` on one process, written as TRL does."""
+    local = entropies[mask.bool()].float()
+    entropy_threshold = torch.quantile(local, threshold)
+    masked_entropies = entropies * mask.float()
+    return (masked_entropies >= entropy_threshold) & mask.bool()
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "sapo", "dr_grpo"])
+def test_trl_top_entropy_quantile_gradient_is_trls(loss_type):
+    """``top_entropy_quantile=0.3`` over TRL's micro-batches of 4 rows (2 accumulation steps): each micro-batch's
+    entropy mask, the loss's denominators untouched."""
+    from minirl.algo.variants.entropy import high_entropy_tokens
+
+    out = from_trl(TRL_BATCH | {"loss_type": loss_type, "top_entropy_quantile": 0.3, "epsilon_high": 0.28})
+    assert out.values["algo.top_entropy_quantile"] == 0.3 and out.objective.startswith("your TRL loss")
+    cfg = out.config()
+    assert cfg.optim.micro_batch_sequences == 4  # the quantile's unit is TRL's per-device batch
+    x = _batch()
+    entropies = torch.rand(x.mask.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 3
+    theirs_mask = torch.cat([_trl_high_entropy_mask(entropies[r], x.mask[r], 1 - 0.3) for r in (slice(0, 4), slice(4, 8))])
+    ours_keep = torch.cat([high_entropy_tokens(entropies[r], x.mask[r], 0.3) for r in (slice(0, 4), slice(4, 8))])
+    assert torch.equal(ours_keep, theirs_mask) and 0 < int(ours_keep.sum()) < int(x.mask.sum())
+    kept = LossInputs(x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask, x.group_ids, token_keep=ours_keep)
+    _, ours = _losses(kept, cfg, batch=8)
+    theirs = _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6, entropy_mask=theirs_mask.to(torch.float64))
+    assert not torch.allclose(theirs, _trl_gradient(loss_type, x, 0.2, 0.28, None, max_len=6))
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 def test_trl_bnpo_is_the_token_mean_of_each_optimizer_step():

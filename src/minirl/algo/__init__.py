@@ -30,7 +30,7 @@ from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss
-from minirl.algo.sapo import sapo_loss
+from minirl.algo.variants.sapo import sapo_loss
 from minirl.loss_inputs import LossInputs
 from minirl.tensors import to_floats
 

@@ -10,9 +10,9 @@ also divide by the group std. [P] never states whether MiniRL divides, so the de
 mean-only and ``std_normalize=True`` gives the Appendix A form. The baseline is the plain group
 mean including the sample itself; the std is the unbiased (G - 1) one. Not in [P], for TRL's and verl's
 runs: RLOO's leave-one-out baseline (Ahmadian et al. 2024; verl ``adv_estimator=rloo``), the std of the
-whole batch's rewards (TRL ``scale_rewards="batch"``), REINFORCE++-baseline's whitening over the batch's
-tokens (Hu et al. 2025; verl ``adv_estimator=reinforce_plus_plus_baseline``, ``token_whiten``) and, for several
-reward functions, GDPO's decoupled normalisation (``decoupled_advantages``).
+whole batch's rewards (TRL ``scale_rewards="batch"``) and REINFORCE++-baseline's whitening over the batch's
+tokens (Hu et al. 2025; verl ``adv_estimator=reinforce_plus_plus_baseline``, ``token_whiten``). For several reward
+functions, GDPO's decoupled normalisation is ``minirl.algo.variants.gdpo``.
 """
 
 from __future__ import annotations
@@ -70,30 +70,3 @@ def token_whiten(advantages: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     variance = (n * (advantages - mean) ** 2).sum() / (tokens + 1e-8) * (tokens / (tokens - 1))
     return (advantages - mean) * torch.rsqrt(variance + 1e-8)
 
-
-def decoupled_advantages(parts_PGK: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """GDPO's advantages [P, G] (arXiv 2601.05242, TRL ``multi_objective_aggregation="normalize_then_sum"``) from
-    each reward function's rewards [P, G, K] (NaN where function k did not apply) and their weights [K]:
-
-        z_k = (R_k - mean_G(R_k)) / (std_G(R_k) + 1e-6)     each function over its group (NaN ignored)
-        S   = sum_k w_k z_k                                   (a response no function applied to: no S)
-        A   = (S - mean(S)) / (std(S) + 1e-6)                 over the whole batch; 0 for a response without S
-
-    Stds unbiased, as ``group_advantages``. A summed reward would let the function with the widest spread set
-    every group's ranking; normalising each first keeps every function's signal."""
-    if parts_PGK.ndim != 3 or weights.shape != parts_PGK.shape[2:]:
-        raise ValueError(f"parts_PGK must be [P, G, K] and weights [K], got {tuple(parts_PGK.shape)} and {tuple(weights.shape)}")
-    parts = parts_PGK.to(torch.promote_types(parts_PGK.dtype, torch.float32))
-    z = (parts - parts.nanmean(dim=1, keepdim=True)) / (_nanstd(parts, dim=1) + STD_EPS)
-    summed = (z * weights.to(parts.dtype)).nansum(dim=2)
-    summed = summed.masked_fill(torch.isnan(parts).all(dim=2), torch.nan)
-    return ((summed - summed.nanmean()) / (_nanstd(summed) + STD_EPS)).nan_to_num(0.0)
-
-
-def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """The unbiased std ignoring NaN (NaN with fewer than two values), keeping ``dim``."""
-    dims = dim if dim is not None else tuple(range(x.ndim))
-    mean = x.nanmean(dim=dims, keepdim=True)
-    count = (~torch.isnan(x)).sum(dim=dims, keepdim=True)
-    variance = ((x - mean) ** 2).nanmean(dim=dims, keepdim=True) * count / (count - 1)
-    return variance.sqrt()

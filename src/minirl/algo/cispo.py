@@ -76,7 +76,7 @@ def cispo_loss(
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     opsm = None if opsm_threshold is None else opsm_keep(  # mu as MiniRL's: pi_old without IS correction
         adv, lp, masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old, mask, opsm_threshold)
-    per_token = torch.where(mask & (True if opsm is None else opsm), weight * factor * adv * logp_m, zero)
+    per_token = torch.where(x.terms & (True if opsm is None else opsm), weight * factor * adv * logp_m, zero)
     if aggregation == "token_mean":
         loss = -per_token.sum() / (mask.sum().clamp(min=1).to(dtype) if normalizer is None else normalizer)
     else:

@@ -55,6 +55,8 @@ def gspo_loss(
     shape and NaN) and ``group_ids`` are accepted for the uniform signature and not used.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
+    if x.token_keep is not None:
+        raise ValueError("token_keep: GSPO weighs whole responses; it has no per-token terms to keep")
     x.raise_on_nan()
     logp, logp_old, advantages, mask = x.logp, x.logp_old, x.advantages, x.mask
 

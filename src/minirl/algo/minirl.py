@@ -112,7 +112,7 @@ def minirl_loss(
     if dual_clip is not None:  # dual clip (Ye et al. 2020; verl clip_ratio_c, TRL delta): A < 0 and r > c
         clipped = clipped | (neg & (ratio_old > dual_clip))
     opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
-    keep = mask & ~clipped & (True if opsm is None else opsm)
+    keep = x.terms & ~clipped & (True if opsm is None else opsm)
 
     log_is = lp - lp_mu if tis_placement == "full" else lp_old - lp_mu  # the ratio the bounds apply to
     is_factor, truncated = bounded_is_weight(log_is, mask, tis_cap=tis_cap, tis_floor=tis_floor, tis_mode=tis_mode,

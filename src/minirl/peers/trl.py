@@ -282,9 +282,10 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    for key, neutral in (("top_entropy_quantile", 1.0), ("use_adaptive_entropy", False), ("sync_ref_model", False)):
+    for key, neutral in (("use_adaptive_entropy", False), ("sync_ref_model", False)):
         if peer(key) != neutral:
             obj.blockers.append(peer.show(key))
+    _trl_entropy_tokens(peer, obj)
     if peer("multi_objective_aggregation") not in ("sum_then_normalize", "normalize_then_sum"):
         obj.blockers.append(peer.show("multi_objective_aggregation"))
     if peer("entropy_coef"):
@@ -374,6 +375,25 @@ def _trl_schedule(peer: Peer, out: Translation) -> None:
             out.set("optim.min_lr_ratio", float(rate), peer.show("lr_scheduler_kwargs"))
     if out.values.get("optim.warmup_updates"):
         out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
+
+
+def _trl_entropy_tokens(peer: Peer, obj: Objective) -> None:
+    """``top_entropy_quantile`` ("Beyond the 80/20 rule"): the quantile over each micro-batch, as TRL's over its
+    per-device batch (``optim.micro_batch_sequences`` is that batch); how TRL's differs with several processes or an
+    entropy bonus."""
+    quantile = float(peer("top_entropy_quantile"))
+    if quantile >= 1:
+        return
+    if peer("importance_sampling_level") == "sequence":
+        obj.blockers.append(peer.show("top_entropy_quantile") + " with importance_sampling_level='sequence' (GSPO)")
+        return
+    obj.set("top_entropy_quantile", quantile, peer.show("top_entropy_quantile"))
+    if peer("num_processes") > 1:
+        obj.differs.append(f"{peer.show('top_entropy_quantile')}: TRL's quantile is over every process's micro-batch, "
+                           "minirl's over each micro-batch")
+    if peer("entropy_coef") or peer("use_adaptive_entropy"):
+        obj.differs.append(f"{peer.show('top_entropy_quantile')} with an entropy bonus: TRL's bonus covers the kept "
+                           "tokens only, minirl's every trained token")
 
 
 def _trl_ppo_aggregation(peer: Peer, obj: Objective, loss: str, minibatches: int) -> None:

@@ -10,6 +10,9 @@ policy loss's ``loss_agg_mode``, token-mean by default) and TRL (``entropy_coef`
 with H_bt the full-vocabulary entropy of pi_theta at position t of row b
 (``minirl.algo.logprobs.token_entropy_with_grad``). The gradient flows through H (through the logits
 of every vocabulary entry, not only the sampled token's).
+
+``high_entropy_tokens``: the other use of that entropy, "Beyond the 80/20 rule" (Wang et al. 2025, arXiv
+2506.01939; TRL's ``top_entropy_quantile``): only the top fraction of tokens by entropy keep their policy-gradient term.
 """
 
 from __future__ import annotations
@@ -29,3 +32,14 @@ def entropy_bonus_loss(
     kept = torch.where(mask, entropy, 0.0)
     loss = -entropy_coef * kept.sum() / normalizer
     return loss, {"entropy": kept.detach().sum() / mask.sum().clamp(min=1)}
+
+
+def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """bool [B, T]: the trained tokens (``mask``) whose detached entropy is at least the (1 - ``quantile``)
+    quantile of the trained tokens' entropies (linear interpolation, as ``torch.quantile``): TRL's
+    ``get_high_entropy_mask``. No host sync (the quantile of the masked values ignores the others as NaN)."""
+    if not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
+    values = entropy.detach().float().masked_fill(~mask, torch.nan).flatten()
+    threshold = torch.nanquantile(values, 1 - quantile)  # NaN when no token is trained: nothing kept
+    return mask & (entropy.detach() >= threshold)

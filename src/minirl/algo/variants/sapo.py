@@ -67,7 +67,7 @@ def sapo_loss(
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     opsm = None if opsm_threshold is None else opsm_keep(  # mu as GRPO's
         adv, logp_m.detach(), masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old, mask, opsm_threshold)
-    per_token = torch.where(mask & (True if opsm is None else opsm), factor * gate * (4 / tau) * adv, zero)
+    per_token = torch.where(x.terms & (True if opsm is None else opsm), factor * gate * (4 / tau) * adv, zero)
     lengths = mask.sum(dim=1).clamp(min=1).to(dtype)
     denom = logp.shape[0] if normalizer is None else normalizer
     loss = -(per_token.sum(dim=1) / lengths).sum() / denom
