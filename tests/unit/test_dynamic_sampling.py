@@ -94,3 +94,21 @@ def test_reward_stats_of_rounds_merge_counts_by_sum_and_means_by_mean():
 
 def test_no_round_limit_means_one_pass_over_the_training_prompts():
     assert round_limit(0, 100, 8) == 13 and round_limit(0, 5, 8) == 1 and round_limit(4, 100, 8) == 4
+
+
+def test_each_reward_functions_values_follow_their_kept_groups():
+    """For GDPO (``algo.multi_objective_aggregation``) a score may also give each function's values [n, K]: the
+    kept groups' rows, in the batch's order; a round without them leaves the batch without them."""
+    draw, generate, score, _ = _fakes()
+
+    def with_parts(prompts, completions):
+        rewards, stats, columns = score(prompts, completions)
+        return rewards, stats, columns, torch.stack([rewards, 10 + rewards], dim=1)
+
+    out = sample_groups(draw, generate, with_parts, groups=3, prompts_per_round=2, max_rounds=10, metric="reward",
+                        accuracy_threshold=1.0)
+    expected = torch.tensor(REWARDS[1] + REWARDS[3] + REWARDS[4])
+    assert torch.equal(out.reward_parts, torch.stack([expected, 10 + expected], dim=1))
+    plain = sample_groups(*_fakes()[:3], groups=3, prompts_per_round=2, max_rounds=10, metric="reward",
+                          accuracy_threshold=1.0)
+    assert plain.reward_parts is None
