@@ -342,7 +342,8 @@ class LossConfig(Section):
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     """Train the policy term on the top this fraction of each micro-batch's tokens by pi_theta's entropy ("Beyond
     the 80/20 rule", arXiv 2506.01939, recommends 0.2; TRL's ``top_entropy_quantile``); the others still count in
-    the loss's denominators. 1 = every token, the paper's. Not for gspo (no per-token terms)."""
+    the loss's denominators. The quantile is each micro-batch's (on FSDP ranks each rank's share of it, so W ranks
+    select otherwise than one process). 1 = every token, the paper's. Not for gspo (no per-token terms)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: minus this x pi_theta's token-mean full-vocabulary entropy, added to the loss
     (``minirl.algo.variants.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
