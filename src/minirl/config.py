@@ -347,6 +347,17 @@ class LossConfig(Section):
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: minus this x pi_theta's token-mean full-vocabulary entropy, added to the loss
     (``minirl.algo.variants.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
+    entropy_target: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Adaptive entropy control (Skywork-OR1, arXiv 2505.22312; TRL's ``use_adaptive_entropy``): after each update the
+    coefficient rises by ``entropy_coef_delta`` when pi_theta's token-mean entropy was <= this target (nats), else
+    falls by it, within [``entropy_coef_min``, ``entropy_coef_max``], starting from ``entropy_coef``; an update applies
+    it only when the last update's entropy was <= the target (not the first). ``null``: ``entropy_coef`` is fixed."""
+    entropy_coef_min: float = Field(0.0, ge=0)
+    """Adaptive entropy control: the lowest coefficient (TRL's ``entropy_coef_min``)."""
+    entropy_coef_max: float = Field(1.0, ge=0)
+    """Adaptive entropy control: the highest coefficient (TRL's ``entropy_coef_max``)."""
+    entropy_coef_delta: float = Field(0.005, ge=0)
+    """Adaptive entropy control: the step of the coefficient per update (TRL's ``entropy_coef_delta``)."""
     mask_truncated: bool = False
     """Leave completions cut by max_new_tokens out of the loss (TRL's ``mask_truncated_completions``, DAPO's
     overlong filtering); their rewards still count in their group's baseline. Off: the paper's setting."""
@@ -365,6 +376,9 @@ class LossConfig(Section):
     def _reject_bounds(self) -> LossConfig:
         if self.reject_low >= self.reject_high:
             raise ValueError(f"reject_low ({self.reject_low}) must be below reject_high ({self.reject_high})")
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"entropy_coef_min ({self.entropy_coef_min}) must not exceed entropy_coef_max "
+                             f"({self.entropy_coef_max})")
         if self.top_entropy_quantile < 1 and getattr(self, "name", None) == "gspo":
             raise ValueError("top_entropy_quantile < 1: gspo weighs whole responses, it has no per-token terms to keep")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
@@ -381,7 +395,8 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "entropy_coef", "top_entropy_quantile",
+                                        "kl_coef", "kl_loss_type", "entropy_coef", "top_entropy_quantile", "entropy_target",
+                                        "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
                                         "mask_truncated", "reject",
                                         "reject_low", "reject_high"})
 

@@ -42,6 +42,7 @@ import torch
 
 from minirl.algo import group_advantages
 from minirl.algo.advantages import token_whiten
+from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.batching import collate, split
@@ -104,6 +105,7 @@ class Run:
     order: DataOrder
     faults: list[str] = field(default_factory=list)  # why updates of the last global step were skipped
     samples: list[dict] = field(default_factory=list)  # a few (prompt, completion, reward) of the last step
+    entropy_control: dict[str, float] = field(default_factory=dict)  # algo.entropy_target: coefficient, last entropy
     placement: Any = None  # minirl.distributed.Placement: the workers to stop at the end
     rollouts: RolloutSource | None = None  # None: the engine samples (``EngineRollouts``)
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
@@ -165,6 +167,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "rng": checkpoint.capture_rng(),
         "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
         "data_order": {"epoch": run.order.epoch, "position": run.order.position},
+        "entropy_control": dict(run.entropy_control),
         "metrics_bytes": logger.size(),
         "eval_before": dict(eval_before),
         "eval_metrics": dict(eval_metrics),
@@ -194,6 +197,7 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     if hasattr(run.engine, "set_rng_state"):
         run.engine.set_rng_state(state["engine_rng"])
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
+    run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
     checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
     return state
 
@@ -343,8 +347,27 @@ def update_objective(run: Run, minibatch: Batch) -> Objective:
     """What one update differentiates: the configured policy loss (``run.make_objective``; on its high-entropy tokens
     with ``algo.top_entropy_quantile`` < 1), plus the KL penalty to the reference (``algo.kl_coef``) and minus the
     entropy bonus (``algo.entropy_coef``) when they are on."""
-    policy = with_high_entropy_tokens(run.cfg.algo, run.make_objective(run.cfg.algo, minibatch))
-    return with_entropy_bonus(run.cfg.algo, minibatch, with_reference_kl(run.cfg.algo, minibatch, policy))
+    a = run.cfg.algo
+    policy = with_high_entropy_tokens(a, run.make_objective(a, minibatch))
+    coef = None
+    if a.entropy_target is not None:  # adaptive control: the coefficient as the last update left it, gated
+        control = run.entropy_control
+        control.setdefault("coef", float(a.entropy_coef))
+        control.setdefault("last", math.inf)  # TRL's start: no entropy seen, no bonus in the first update
+        coef = control["coef"] if control["last"] <= a.entropy_target else 0.0
+    return with_entropy_bonus(a, minibatch, with_reference_kl(a, minibatch, policy), coef)
+
+
+def observe_entropy(run: Run, update: Any) -> None:
+    """Adaptive entropy control (``algo.entropy_target``): the coefficient after ``update`` (not after a skipped one)."""
+    a = run.cfg.algo
+    if a.entropy_target is None or update.fault is not None:
+        return
+    entropy = float(update.metrics["entropy"])
+    run.entropy_control["coef"] = adaptive_entropy_coef(run.entropy_control["coef"], entropy, target=a.entropy_target,
+                                                        delta=a.entropy_coef_delta, low=a.entropy_coef_min,
+                                                        high=a.entropy_coef_max)
+    run.entropy_control["last"] = entropy
 
 
 def global_step(run: Run, step: int) -> dict[str, float]:
@@ -388,6 +411,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                         diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n * epochs,
                                                                      run.faults, replay_routes=routing.kwargs["replay_routes"]))
                 updates.append(trainer.update(minibatch, objective, **routing.kwargs))
+                observe_entropy(run, updates[-1])
             routing.waive(any(u.fault for u in updates[epoch * n:]))  # a skipped update may stop before its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)

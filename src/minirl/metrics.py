@@ -27,7 +27,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                the rejection left out of the loss (the other mismatch/* still cover every token)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
                                weight mean/max, truncated- or masked-IS fraction, OPSM's), mean over the N x E updates
-``policy/entropy``             ``algo.entropy_coef`` > 0: pi_theta's token-mean entropy in the updates (the bonus's)
+``policy/entropy``             ``algo.entropy_coef`` > 0 or ``entropy_target``: pi_theta's token-mean entropy in the
+                               updates (the bonus's); ``policy/entropy_coef`` the coefficient they applied
 ``policy/loss``                loss, mean over the N x E updates
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update

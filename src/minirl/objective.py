@@ -67,14 +67,17 @@ class EntropyBonus:
         loss, metrics = self.objective(logp, micro, **_entropy_for(self.objective, entropy))
         bonus, entropy_metrics = entropy_bonus_loss(entropy, micro.mask, entropy_coef=self.entropy_coef,
                                                     normalizer=self.normalizer)
-        return loss + bonus, {**metrics, **entropy_metrics}
+        coef = torch.tensor(self.entropy_coef, dtype=torch.float64, device=loss.device)
+        return loss + bonus, {**metrics, **entropy_metrics, "entropy_coef": coef}
 
 
-def with_entropy_bonus(algo: AlgoConfig, minibatch: Batch, objective: Objective) -> Objective:
-    """``objective`` with the entropy bonus when ``algo.entropy_coef`` > 0, else ``objective`` itself."""
-    if not algo.entropy_coef:
+def with_entropy_bonus(algo: AlgoConfig, minibatch: Batch, objective: Objective, coef: float | None = None) -> Objective:
+    """``objective`` with the entropy bonus (``coef``, default ``algo.entropy_coef``) when it is > 0 or adaptive
+    entropy control measures the entropy (``algo.entropy_target``), else ``objective`` itself."""
+    coef = float(algo.entropy_coef if coef is None else coef)
+    if not coef and algo.entropy_target is None:
         return objective
-    return EntropyBonus(objective, float(algo.entropy_coef), float(max(int(minibatch.mask.sum()), 1)))
+    return EntropyBonus(objective, coef, float(max(int(minibatch.mask.sum()), 1)))
 
 
 @dataclass(frozen=True)

@@ -172,9 +172,10 @@ def test_a_nan_input_on_one_rank_skips_the_update_on_every_rank_without_a_hang(t
 
 def test_the_entropy_bonus_on_two_ranks_matches_one_process(tmp_path):
     """``algo.entropy_coef``: each rank passes its forward's entropy to the bonus, whose normaliser is the whole
-    mini-batch's tokens; N = 2 (separate pi_old pass) and N = 1 (pi_old from the update's own forward)."""
-    for n in (2, 1):
-        mode = ["moe.routing_replay=R3", f"optim.minibatches_per_step={n}", "algo.entropy_coef=0.05"]
+    mini-batch's tokens; N = 2 (separate pi_old pass) and N = 1 (pi_old from the update's own forward, with adaptive
+    entropy control reading each update's entropy from the ranks)."""
+    for n, extra in ((2, []), (1, ["algo.entropy_target=10.0"])):
+        mode = ["moe.routing_replay=R3", f"optim.minibatches_per_step={n}", "algo.entropy_coef=0.05", *extra]
         single = run_steps(tmp_path / f"single{n}", *mode)
         sharded = run_steps(tmp_path / f"fsdp{n}", *mode, "cluster.trainer_ranks=2")
         loss_diff, weight_diff = max_differences(single, sharded)

@@ -134,3 +134,18 @@ def test_high_entropy_tokens_reach_the_loss_beside_the_kl_penalty_and_the_entrop
     assert top["policy/loss"] != plain["policy/loss"]
     assert "policy/kl_ref" in every and every["policy/entropy"] > 0
     assert every["policy/loss"] == pytest.approx(top["policy/loss"] - 0.01 * every["policy/entropy"], rel=1e-5)
+
+
+def test_adaptive_entropy_control_moves_the_coefficient_update_by_update(tmp_path):
+    """``algo.entropy_target`` (Skywork-OR1, TRL's ``use_adaptive_entropy``), one update per step: no bonus in the
+    first update, then the coefficient the last update left, up by the delta while the entropy (~4.6 nats for this
+    untrained model) stays under a target of 10, down to the floor under a target of 1."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=3", f"run.output_dir={tmp_path}",
+            "algo.entropy_coef=0.01", "algo.entropy_coef_delta=0.02"]
+    assert main([*base, "run.name=under", "algo.entropy_target=10.0"]) == 0
+    assert main([*base, "run.name=over", "algo.entropy_target=1.0"]) == 0
+    under, over = (_rows(tmp_path / name)[1:] for name in ("under", "over"))
+    assert [row["policy/entropy_coef"] for row in under] == pytest.approx([0.0, 0.03, 0.05])
+    assert [row["policy/entropy_coef"] for row in over] == [0.0, 0.0, 0.0]
+    assert all(1.0 < row["policy/entropy"] < 10.0 for row in under + over)

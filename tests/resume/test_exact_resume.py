@@ -35,11 +35,14 @@ MODES = {"none": ["moe.routing_replay=none"],
          # a resume skips the SFT cold start: the checkpoint holds the RL weights
          "cold_start": ["moe.routing_replay=R3", "cold_start.enabled=true", "cold_start.steps=5", "cold_start.examples=32",
                         "cold_start.batch_sequences=8"],
-         # TRL's and verl's practices: dynamic sampling's rounds move the data order and seeds, rejection and
-         # whitening shape the update; a resume must land on the same numbers
+         # TRL's and verl's practices: dynamic sampling's rounds move the data order and seeds, rejection,
+         # whitening, the entropy bonus and token selection shape the update; a resume must land on the same numbers
          "practices": ["rollout.filter_groups=true", "rollout.filter_groups_metric=accuracy",
                        "rollout.filter_groups_max_rounds=2", "algo.reject=token_k1", "algo.reject_low=0.99",
-                       "algo.reject_high=1.01", "algo.adv_whiten=true", "algo.dual_clip=1.5"]}
+                       "algo.reject_high=1.01", "algo.adv_whiten=true", "algo.dual_clip=1.5",
+                       # adaptive entropy control's state (coefficient, last entropy) must survive the kill
+                       "algo.entropy_coef=0.01", "algo.entropy_target=10.0", "algo.entropy_coef_delta=0.05",
+                       "algo.top_entropy_quantile=0.5"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:

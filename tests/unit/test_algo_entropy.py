@@ -143,3 +143,29 @@ def test_token_keep_drops_terms_not_denominators(name):
         POLICY_LOSSES["gspo"](LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep))
     with pytest.raises(ValueError, match="token_keep must be a bool tensor"):
         LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep.float())
+
+
+def test_adaptive_entropy_coefficient_follows_trls_controller():
+    """Skywork-OR1's rule as TRL 1.16's ``_compute_loss`` runs it, one optimizer step per update: the coefficient an
+    update applies (0 while the last entropy was above the target, the first update included) and the one it leaves."""
+    from minirl.algo.variants.entropy import adaptive_entropy_coef
+
+    def trl(entropies, coef, target, delta, low, high):  # TRL's state machine, written as TRL does
+        applied, last = [], float("inf")
+        for world_entropy in entropies:
+            applied.append(coef if last <= target else 0.0)
+            coef = min(coef + delta, high) if world_entropy <= target else max(coef - delta, low)
+            last = world_entropy
+        return applied, coef
+
+    entropies = [0.5, 0.1, 0.15, 0.3, 0.05, 0.05, 0.05, 0.25]
+    knobs = {"target": 0.2, "delta": 0.01, "low": 0.0, "high": 0.025}
+    coef, last, ours = 0.005, math.inf, []
+    for entropy in entropies:
+        ours.append(coef if last <= knobs["target"] else 0.0)
+        coef, last = adaptive_entropy_coef(coef, entropy, **knobs), entropy
+    expected_applied, expected_coef = trl(entropies, 0.005, **knobs)
+    assert ours == expected_applied and coef == expected_coef
+    # by hand: 0.5 > 0.2 lowers 0.005 to 0 (and gates the next update), 0.1 and 0.15 raise it to 0.02, 0.3 lowers it
+    # to 0.01 (gating the next), the 0.05s raise it to 0.02 and the 0.025 cap, 0.25 lowers it to 0.015
+    assert ours == pytest.approx([0.0, 0.0, 0.01, 0.02, 0.0, 0.02, 0.025, 0.025]) and coef == pytest.approx(0.015)

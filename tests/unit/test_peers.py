@@ -174,7 +174,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
 
 
 @pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo"}, {"scale_rewards": "median"},
-                                   {"use_adaptive_entropy": True},
+                                   {"sync_ref_model": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
     out = _trl(**given)

@@ -34,6 +34,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "scale_rewards": "group", "reward_weights": None,
     "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
     "sync_ref_model": False, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
+    "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2,
     "off_policy_mask_threshold": None, "use_bias_correction_kl": True, "use_vllm": False, "vllm_mode": "colocate",
     "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": None,
@@ -282,13 +283,17 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    for key, neutral in (("use_adaptive_entropy", False), ("sync_ref_model", False)):
-        if peer(key) != neutral:
-            obj.blockers.append(peer.show(key))
+    if peer("sync_ref_model"):
+        obj.blockers.append(peer.show("sync_ref_model"))
+    if peer("use_adaptive_entropy"):  # Skywork-OR1's control; entropy_coef is its starting value
+        obj.set("entropy_target", float(peer("entropy_target")), peer.show("use_adaptive_entropy", "entropy_target"))
+        for theirs, ours in (("entropy_coef_min", "entropy_coef_min"), ("entropy_coef_max", "entropy_coef_max"),
+                             ("entropy_coef_delta", "entropy_coef_delta")):
+            obj.set(ours, float(peer(theirs)), peer.show(theirs))
     _trl_entropy_tokens(peer, obj)
     if peer("multi_objective_aggregation") not in ("sum_then_normalize", "normalize_then_sum"):
         obj.blockers.append(peer.show("multi_objective_aggregation"))
-    if peer("entropy_coef"):
+    if peer("entropy_coef") or peer("use_adaptive_entropy"):
         obj.set("entropy_coef", float(peer("entropy_coef")), peer.show("entropy_coef"))
         if peer("gradient_accumulation_steps") > 1:
             obj.differs.append(f"{peer.show('entropy_coef')}: TRL's bonus is each micro-batch's token-mean entropy over "

@@ -43,3 +43,10 @@ def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: flo
     values = entropy.detach().float().masked_fill(~mask, torch.nan).flatten()
     threshold = torch.nanquantile(values, 1 - quantile)  # NaN when no token is trained: nothing kept
     return mask & (entropy.detach() >= threshold)
+
+
+def adaptive_entropy_coef(coef: float, entropy: float, *, target: float, delta: float, low: float, high: float) -> float:
+    """Skywork-OR1's adaptive entropy control (arXiv 2505.22312, §4; TRL's ``use_adaptive_entropy``): the coefficient
+    after an update whose token-mean entropy was ``entropy``: ``coef + delta`` (at most ``high``) when ``entropy`` <=
+    ``target``, else ``coef - delta`` (at least ``low``). The next update applies it only while ``entropy`` <= ``target``."""
+    return min(coef + delta, high) if entropy <= target else max(coef - delta, low)
