@@ -173,7 +173,8 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo"}, {"scale_rewards": "median"},
+@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+                                   {"scale_rewards": "median"},
                                    {"sync_ref_model": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -332,6 +333,8 @@ def _trl_gradient(loss_type: str, x: LossInputs, eps_low: float, eps_high: float
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "dr_grpo":
         loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_len)
+    elif loss_type == "luspo":  # each response's token sum, the mean over responses
+        loss = (per_token_loss * mask).sum(-1).mean()
     else:  # dapo, cispo: tokens of the accumulation window; bnpo: tokens of the micro-batch (here the whole window)
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -406,7 +409,7 @@ VLLM_MODES = [None, ("token_truncate", None, 2.0), ("token_mask", 0.5, 2.0), ("s
               ("sequence_mask", None, 3.0), ("token_mask", None, None)]
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "luspo"])
 @pytest.mark.parametrize("vllm", VLLM_MODES)
 def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Path):
     given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,

@@ -303,8 +303,8 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
     name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
-            ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "cispo"): "cispo",
-            ("token", "sapo"): "sapo"}.get((level, loss))
+            ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "luspo"): "minirl",
+            ("token", "cispo"): "cispo", ("token", "sapo"): "sapo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
@@ -402,13 +402,16 @@ def _trl_entropy_tokens(peer: Peer, obj: Objective) -> None:
 
 
 def _trl_ppo_aggregation(peer: Peer, obj: Objective, loss: str, minibatches: int) -> None:
-    """TRL's PPO-clipped losses as MiniRL's clip mask: ``dapo`` / ``bnpo`` a token mean, ``dr_grpo`` a constant divisor."""
+    """TRL's PPO-clipped losses as MiniRL's clip mask: ``dapo`` / ``bnpo`` a token mean, ``luspo`` MiniRL's own sum
+    (responses per step the divisor), ``dr_grpo`` a constant divisor."""
     obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
     if loss == "bnpo":  # each micro-batch's token mean over the accumulation steps
         obj.set("aggregation", "token_mean", "loss_type='bnpo': tokens of the micro-batch")
         if peer("gradient_accumulation_steps") > 1:
             obj.differs.append("loss_type='bnpo' with gradient_accumulation_steps > 1: TRL divides each micro-batch "
                                "by its own tokens (and the steps), minirl the optimizer step by all its tokens")
+    elif loss == "luspo":  # each response's token sum, the mean over the optimizer step's responses
+        obj.set("aggregation", "seq_sum", "loss_type='luspo': sum over tokens, mean over responses")
     elif loss == "dapo":
         obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
         if minibatches > 1:
