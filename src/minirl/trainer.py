@@ -373,8 +373,11 @@ class Trainer:
         # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs); on the
         # device, like everything the loop writes, so no micro-batch waits for a copy to the host
         logp_all = scores.logp if scores is not None else torch.zeros(minibatch.mask.shape, dtype=torch.float32, device=self.device)
-        # an objective with an entropy term (``EntropyBonus``) is given the differentiable entropy of each forward
-        entropy_all = torch.zeros_like(logp_all) if getattr(objective, "wants_entropy", False) else None
+        # an objective with an entropy term (``EntropyBonus``) is given the differentiable entropy of each forward;
+        # its detached values fill the scores' entropy too (no second full-vocabulary pass for pi_old's metrics)
+        entropy_all = None
+        if getattr(objective, "wants_entropy", False):
+            entropy_all = scores.entropy if scores is not None and scores.entropy is not None else torch.zeros_like(logp_all)
         drift = natural_drift and replay_routes
         natural: list | None = [] if drift or (scores is not None and record_routes) else None
         differing = counted = torch.zeros((), dtype=torch.long, device=self.device)
@@ -394,7 +397,7 @@ class Trainer:
                 pairs = route_diff_counts(micro.routes, routes, micro.attention_mask, self.replay.num_experts)
                 differing, counted = differing + pairs[0], counted + pairs[1]
             if scores is not None:
-                scores.add(rows, micro, logits, logp, routes if record_routes else None)
+                scores.add(rows, micro, logits, logp, routes if record_routes else None, entropy_done=entropy_all is not None)
             else:
                 logp_all[rows, : logp.shape[1]] = logp.detach().float()
             loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
@@ -484,12 +487,13 @@ class _Scores:
 
     @torch.no_grad()
     def add(self, rows: slice | torch.Tensor, micro: Batch, logits: torch.Tensor, logp: torch.Tensor,
-            routes: torch.Tensor | None) -> None:
+            routes: torch.Tensor | None, entropy_done: bool = False) -> None:
         """Rows ``rows`` of the batch from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp``
-        [b, T-1]; ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding)."""
+        [b, T-1]; ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding). ``entropy_done``:
+        the update already wrote these rows' entropies into ``self.entropy``."""
         cols = micro.input_ids.shape[1]
         self.logp[rows, : cols - 1] = logp.detach()
-        if self.entropy is not None:
+        if self.entropy is not None and not entropy_done:
             self.entropy[rows, : cols - 1] = token_entropy(logits.detach())
         if routes is not None:
             recorded = routes.to(torch.int16)

@@ -101,6 +101,7 @@ def test_the_entropy_bonus_reaches_the_loss(tmp_path):
     (plain, plain2), (bonus, bonus2) = (_rows(tmp_path / name)[1:3] for name in ("plain", "bonus"))
     assert plain["train/reward_mean"] == bonus["train/reward_mean"] and "policy/entropy" not in plain
     assert bonus["policy/entropy"] == pytest.approx(plain["train/entropy"], rel=1e-5)
+    assert bonus["train/entropy"] == pytest.approx(bonus["policy/entropy"], rel=1e-5)  # the fused pass reuses it
     assert bonus["policy/loss"] == pytest.approx(plain["policy/loss"] - 0.05 * bonus["policy/entropy"], rel=1e-5)
     assert bonus2["policy/loss"] != plain2["policy/loss"]
 

@@ -287,9 +287,8 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
         obj.blockers.append(peer.show("sync_ref_model"))
     if peer("use_adaptive_entropy"):  # Skywork-OR1's control; entropy_coef is its starting value
         obj.set("entropy_target", float(peer("entropy_target")), peer.show("use_adaptive_entropy", "entropy_target"))
-        for theirs, ours in (("entropy_coef_min", "entropy_coef_min"), ("entropy_coef_max", "entropy_coef_max"),
-                             ("entropy_coef_delta", "entropy_coef_delta")):
-            obj.set(ours, float(peer(theirs)), peer.show(theirs))
+        for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):  # the same names as TRL's
+            obj.set(key, float(peer(key)), peer.show(key))
     _trl_entropy_tokens(peer, obj)
     if peer("multi_objective_aggregation") not in ("sum_then_normalize", "normalize_then_sum"):
         obj.blockers.append(peer.show("multi_objective_aggregation"))
