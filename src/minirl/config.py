@@ -832,8 +832,8 @@ def format_error(err: ValidationError, source: str) -> str:
         from minirl.config_docs import did_you_mean, section_type
 
         msg = "unknown key" + did_you_mean(section_type(Config, [str(p) for p in loc[:-1]]), str(loc[-1]))
-    elif first["type"] != "missing" and "got" not in msg:
-        msg += f" (got {first['input']!r})"
+    elif first["type"] != "missing" and "got" not in msg and not isinstance(first["input"], dict):
+        msg += f" (got {first['input']!r})"  # a whole section's rule names its values itself
     return f"{where}{key}: {msg}" if key else f"{where}{msg}"
 
 

@@ -90,6 +90,12 @@ def test_gdpo_refuses_the_advantage_variants_it_replaces():
             load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum", other])
 
 
+def test_a_section_rule_says_its_values_without_dumping_the_section():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algo.entropy_coef_min=2"])
+    assert str(err.value) == "algo: entropy_coef_min (2.0) must not exceed entropy_coef_max (1.0)"
+
+
 def test_toml_configs_load(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlr = 0.002\nminibatches_per_step = 4\n")
