@@ -83,7 +83,7 @@ def chunks(batch: Batch, max_sequences: int) -> list[Batch]:
     return [trim(batch.select(slice(i, i + max_sequences))) for i in range(0, batch.size, max_sequences)]
 
 
-def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int) -> list[list[int]]:
+def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *, padded: bool = True) -> list[list[int]]:
     """Dynamic micro-batches (verl's ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``, slime's
     ``--use-dynamic-batch-size --max-tokens-per-gpu``): the row indices of each micro-batch.
 
@@ -92,28 +92,33 @@ def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int) -
     ``max_sequences``; a row longer than ``max_tokens`` goes alone. Similar lengths share a
     micro-batch, so the padding a single right-padded batch carries mostly disappears. Each
     micro-batch lists its rows in ascending order; together they cover every row once.
+    ``padded=False`` (``optim.padding_free``: the forward runs on real tokens only) bounds the sum of
+    the rows' lengths instead, as verl does with ``use_remove_padding``.
     """
     order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
     groups: list[list[int]] = []
     current: list[int] = []
-    width = 0
+    width = total = 0
     for row in order:
-        if current and (len(current) + 1 > max_sequences or (len(current) + 1) * width > max_tokens):
+        size = (len(current) + 1) * width if padded else total + lengths[row]
+        if current and (len(current) + 1 > max_sequences or size > max_tokens):
             groups.append(sorted(current))
-            current = []
+            current, total = [], 0
         if not current:
             width = lengths[row]  # the longest row of the micro-batch: it comes first
         current.append(row)
+        total += lengths[row]
     if current:
         groups.append(sorted(current))
     return groups
 
 
-def token_budget_chunks(batch: Batch, max_sequences: int, max_tokens: int) -> list[tuple[torch.Tensor, Batch]]:
+def token_budget_chunks(batch: Batch, max_sequences: int, max_tokens: int, *,
+                        padded: bool = True) -> list[tuple[torch.Tensor, Batch]]:
     """``token_budget_rows`` of ``batch``: (row indices into ``batch``, the trimmed micro-batch)."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
     out = []
-    for rows in token_budget_rows(lengths, max_sequences, max_tokens):
+    for rows in token_budget_rows(lengths, max_sequences, max_tokens, padded=padded):
         index = torch.tensor(rows, dtype=torch.long)
         out.append((index, trim(batch.select(index))))
     return out

@@ -78,6 +78,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [ConfigError]
     for module, name in (
         ("minirl.models.io", "ModelLoadError"),
+        ("minirl.models.padding_free", "PaddingFreeError"),
         ("minirl.tasks.jsonl", "TaskDataError"),
         ("minirl.tasks.chat", "ChatTemplateError"),
         ("minirl.tasks.rewards", "RewardSpecError"),

@@ -267,6 +267,11 @@ class OptimConfig(Section):
     a poisoned step back (skipped and counted like a non-finite gradient; costs one more copy of
     weights + optimizer state in memory); ``check``: no copy, a poisoned step stops the run at once
     (exit 3) before any checkpoint holds it — for models whose copy does not fit; ``off``: no check."""
+    padding_free: bool = False
+    """Every trainer forward (the update's, pi_old's, the reference's) on the real tokens only: the rows packed
+    into one [1, T] row with their own positions, attention run per row (verl's ``use_remove_padding``, TRL's
+    ``padding_free``; ``minirl.models.padding_free``). Log-probs as the padded forward's, gradients to float
+    rounding; ``micro_batch_max_tokens`` then counts real tokens. Needs attention ``sdpa`` or ``flash_attention_*``."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them (less
     memory, about one more forward); routing replay replays the same routes in the recomputation."""

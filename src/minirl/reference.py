@@ -31,7 +31,8 @@ class Reference:
         if not has_lora(trainer.model):
             model = copy.deepcopy(trainer.model).eval()
             self.frozen = Trainer(model, lr=0.0, micro_batch_sequences=trainer.micro_batch_sequences,
-                                  micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision)
+                                  micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
+                                  padding_free=trainer.padding_free)
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
 
     @torch.no_grad()

@@ -211,6 +211,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         precision=o.precision,
         update_guard=o.update_guard,
         adamw_impl=o.adamw_impl,
+        padding_free=o.padding_free,
     )
 
 

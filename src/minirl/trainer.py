@@ -9,6 +9,8 @@ Two entry points, both over a ``Batch`` laid out by ``minirl.batching``:
   rows (or, with ``micro_batch_max_tokens``, rows of similar length up to a token budget: the
   padding of one right-padded batch is not computed), gradient accumulation, gradient-norm
   clipping, AdamW and the learning-rate schedule.
+  With ``padding_free`` (``optim.padding_free``) every forward runs on the micro-batch's real tokens
+  only (``minirl.models.padding_free``); log-probs come back [B, T] as before.
   The caller passes ``objective(logp, micro_batch) -> (loss, metrics)``; the trainer only
   differentiates what it is given.
 
@@ -33,6 +35,8 @@ from minirl.algo.logprobs import token_entropy_with_grad
 from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
 from minirl.models.lora import merged_state_dict
+from minirl.models.padding_free import Packing, check_supported
+from minirl.models.padding_free import forward as padding_free_forward
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
@@ -174,6 +178,7 @@ class Trainer:
         precision: str = "fp32",
         update_guard: str = "undo",
         adamw_impl: str = "default",
+        padding_free: bool = False,
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -186,6 +191,9 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
         self.micro_batch_max_tokens = micro_batch_max_tokens
+        self.padding_free = padding_free  # ``optim.padding_free``: forwards on the real tokens only
+        if padding_free:
+            check_supported(model)  # one line now, not at the first forward
         self.adamw_impl = adamw_impl
         flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(
@@ -212,10 +220,13 @@ class Trainer:
         block is entered on it and closes (appending to ``natural``) when the caller closes it,
         after its backward: gradient checkpointing recomputes the routers during backward."""
         context: AbstractContextManager[Any] = nullcontext()
+        # ``optim.padding_free``: the model sees the real tokens as one row [1, T]; routes in and out follow
+        packing = Packing.of(micro.attention_mask, self.device) if self.padding_free else None
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
-            context = self.replay.replay(micro.routes.long(), capture_natural=natural is not None)
+            routes = micro.routes.long() if packing is None else packing.pack(micro.routes.long())
+            context = self.replay.replay(routes, capture_natural=natural is not None)
         elif natural is not None:
             if self.replay is None:
                 raise ValueError("recording routes needs an MoE model with a RoutingReplay")
@@ -227,7 +238,8 @@ class Trainer:
 
                 def append_routes() -> None:  # the handle's routes are filled when its block exits
                     if handles:
-                        sink.append(handles[0].natural_routes if replay_routes else handles[0].routes)
+                        routes = handles[0].natural_routes if replay_routes else handles[0].routes
+                        sink.append(routes if packing is None else packing.unpack(routes, fill=-1))
 
                 stack.callback(append_routes)
             handles.append(stack.enter_context(context))
@@ -235,8 +247,10 @@ class Trainer:
                 # Rows are right-padded, so the causal mask alone keeps real tokens from attending to
                 # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
                 # the attention path). Padding positions' outputs are garbage and are masked out.
-                out = self.model(input_ids=to_device(micro.input_ids, self.device), use_cache=False)
-        return out.logits
+                input_ids = to_device(micro.input_ids, self.device)
+                if packing is not None:  # zeros at padding
+                    return padding_free_forward(self.model, input_ids, packing, stack, use_cache=False)
+                return self.model(input_ids=input_ids, use_cache=False).logits
 
     @torch.no_grad()
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
@@ -263,7 +277,7 @@ class Trainer:
         gradient does not depend on how the rows are grouped."""
         size = self.micro_batch_sequences
         if self.micro_batch_max_tokens is not None:
-            return token_budget_chunks(batch, size, self.micro_batch_max_tokens)
+            return token_budget_chunks(batch, size, self.micro_batch_max_tokens, padded=not self.padding_free)
         return [(slice(start, start + size), micro) for start, micro in zip(range(0, batch.size, size), chunks(batch, size))]
 
     # ------------------------------------------------------------------ the update
@@ -385,8 +399,9 @@ class Trainer:
             micro = host_micro.to(self.device)
             rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             with ExitStack() as block:  # the routing block stays open through backward (recomputation)
-                # the replay checks the routes it is given: the host's copy, as in ``score`` (no device wait)
-                fed = dataclasses.replace(micro, routes=host_micro.routes)
+                # the replay checks the routes it is given: the host's copy, as in ``score`` (no device wait); the
+                # padding-free packing is read off the host's mask too
+                fed = dataclasses.replace(micro, routes=host_micro.routes, attention_mask=host_micro.attention_mask)
                 logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block)
                 logits = logits[:, :-1].float()
                 logp, loss = _micro_loss(objective, logits, micro, rows, entropy_all)

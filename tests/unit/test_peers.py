@@ -81,6 +81,15 @@ def test_verl_top_k_minus_one_is_off():
     assert (v["rollout.top_k"], v["eval.top_k"]) == (20, 5)
 
 
+def test_verl_remove_padding_is_padding_free():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    out = from_verl(base)
+    assert out.values["optim.padding_free"] is True  # verl's default (hf_model.yaml: use_remove_padding: True)
+    off = from_verl(base | {"actor_rollout_ref.model.use_remove_padding": False})
+    assert off.values["optim.padding_free"] is False
+    assert not any("use_remove_padding" in line for line in off.ignored + off.not_translated)
+
+
 @pytest.mark.parametrize("given, expected", [
     # P = per_device x steps_per_generation / G; N = steps_per_generation / gradient_accumulation_steps
     ({"per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "steps_per_generation": 4}, (8, 2, 16)),

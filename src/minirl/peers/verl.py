@@ -49,6 +49,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
+    M + "use_remove_padding": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
@@ -81,7 +82,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
     r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
     r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
-    r"actor_rollout_ref\.model\.use_remove_padding|reward_model\.enable|"
+    r"reward_model\.enable|"
     # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
     r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
     r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
@@ -351,6 +352,7 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
         out.differs.append("the warm-up: verl's starts at 0 (update k at k/W of the rate), minirl's at 1/W ((k + 1)/W)")
     out.set("optim.gradient_checkpointing", bool(peer(M + "enable_gradient_checkpointing")),
             peer.show(M + "enable_gradient_checkpointing"))
+    out.set("optim.padding_free", bool(peer(M + "use_remove_padding")), peer.show(M + "use_remove_padding"))
     out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
     for key in (A + "megatron.router_replay.mode", A + "router_replay.mode", A + "veomni.router_replay.mode"):
         if peer(key) in ("R2", "R3"):

@@ -1,0 +1,175 @@
+"""Padding-free forward passes (verl's ``use_remove_padding``, TRL's ``padding_free``): ``optim.padding_free``.
+
+A right-padded batch [B, S] runs through the model as one row of its T real tokens [1, T] with each
+token's own position (``position_ids``), so the embeddings, norms, projections, MoE routers and
+experts and the LM head do no work on padding. Only attention needs the rows apart: a custom
+attention implementation (registered with transformers' ``AttentionInterface``, switched on for the
+one forward) spreads each layer's query, key and value back to [B, heads, S, d], runs the model's
+own attention function on them (causal, no mask: the padded path's exact call) and gathers the T
+real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
+
+On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs and every
+gradient equal the padded forward's (bitwise on the machines tested; ``tests/unit/test_padding_free.py``).
+Routing replay sees the packed call ([1, T, L, K] routes); ``Trainer`` packs the routes it replays
+and spreads the routes it records (-1 at padding).
+
+Refused in one line: an attention implementation other than ``sdpa`` / ``flash_attention_*`` (``eager``
+would need a mask), a row whose real tokens are not a prefix, and a model in which not every layer's
+token mixing goes through the attention interface (a linear-attention or state-space layer would mix
+the packed rows), the last checked on every forward by counting the attention calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+ATTENTION = "minirl_padding_free"
+SUPPORTED = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+class PaddingFreeError(ValueError):
+    """A model padding-free forwards cannot run (reported in one line by the CLI)."""
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a right-padded [B, S] batch sit: ``index`` holds b * S + t for each."""
+
+    rows: int
+    width: int
+    index: torch.Tensor  # [T] long, on the model's device
+    positions: torch.Tensor  # [1, T] long: t of each real token
+    calls: int = 0  # attention calls seen (every layer must call once per forward)
+    original: str = "sdpa"  # the model's own attention implementation, run on the spread rows
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor, device: torch.device | str = "cpu") -> Packing:
+        """The packing of a host [B, S] mask whose real tokens are each row's prefix (``ValueError`` if not)."""
+        mask = attention_mask.bool().cpu()
+        rows, width = mask.shape
+        lengths = mask.sum(dim=1)
+        columns = torch.arange(width)
+        if not torch.equal(mask, columns[None, :] < lengths[:, None]):
+            bad = int((mask != (columns[None, :] < lengths[:, None])).any(dim=1).nonzero()[0, 0])
+            raise ValueError(f"optim.padding_free: row {bad}'s real tokens are not a prefix of the row (right padding only)")
+        flat = mask.reshape(-1).nonzero().squeeze(1)
+        positions = (flat % width).unsqueeze(0)
+        return cls(rows, width, flat.to(device), positions.to(device))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.index.numel())
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, S, ...] -> [1, T, ...]: the real tokens in row order."""
+        return x.reshape(self.rows * self.width, *x.shape[2:]).index_select(0, self.index.to(x.device)).unsqueeze(0)
+
+    def unpack(self, x: torch.Tensor, fill: float = 0) -> torch.Tensor:
+        """[1, T, ...] -> [B, S, ...], ``fill`` at padding (differentiable in ``x``)."""
+        base = x.new_full((self.rows * self.width, *x.shape[2:]), fill)
+        return base.index_copy(0, self.index.to(x.device), x[0]).view(self.rows, self.width, *x.shape[2:])
+
+    def spread_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """An attention input [1, H, T, d] -> [B, H, S, d] (zeros at padding), laid out as the padded
+        forward lays it out (a transposed [B, S, H, d])."""
+        return self.unpack(x.transpose(1, 2)).transpose(1, 2)
+
+
+def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, *, minirl_packing: Packing | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The registered attention: the model's own implementation on the packed call's rows spread apart."""
+    if minirl_packing is None:
+        raise RuntimeError(f"the {ATTENTION} attention ran without its packing: this layer ({type(module).__name__}) "
+                           "does not pass the model's keyword arguments on to its attention; turn optim.padding_free off")
+    packing = minirl_packing
+    packing.calls += 1
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    own = ALL_ATTENTION_FUNCTIONS[packing.original]
+    q, k, v = (packing.spread_heads(x) for x in (query, key, value))
+    kwargs.pop("position_ids", None)  # the spread rows are plain 0..S-1 again
+    out, _ = own(module, q, k, v, None, **kwargs)  # [B, S, H, d], causal (no mask: the padded forward's call)
+    return packing.pack(out), None
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    from transformers import PretrainedConfig
+
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def check_supported(model: nn.Module) -> str:
+    """The model's attention implementation, if padding-free forwards support it; else ``ValueError`` in one line."""
+    configs = _configs(model)
+    if not configs:
+        raise PaddingFreeError("optim.padding_free needs a Hugging Face transformers model (no PretrainedConfig found)")
+    implementation = getattr(configs[0], "_attn_implementation", None)
+    if implementation not in SUPPORTED:
+        raise PaddingFreeError(f"optim.padding_free: this model's attention runs as '{implementation}' (it needs a mask over "
+                               "padding); padding-free forwards need 'sdpa' or 'flash_attention_*': set optim.padding_free=false")
+    _register()
+    return str(implementation)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    if ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION, attention)
+
+
+def expected_attention_calls(model: nn.Module) -> int:
+    """Attention calls in one forward: one per decoder layer (``num_hidden_layers`` of the text config)."""
+    for config in _configs(model):
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = getattr(text, "num_hidden_layers", None)
+        if layers:
+            return int(layers)
+    raise PaddingFreeError("optim.padding_free: the model's config has no num_hidden_layers")
+
+
+@contextmanager
+def packed_attention(model: nn.Module, packing: Packing) -> Iterator[None]:
+    """Inside: the model's attention runs as ``ATTENTION`` (its own implementation recorded in ``packing``)."""
+    packing.original = check_supported(model)
+    configs = _configs(model)
+    before = [config._attn_implementation for config in configs]
+    for config in configs:
+        config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        for config, implementation in zip(configs, before):
+            config._attn_implementation = implementation
+
+
+def forward(model: nn.Module, input_ids: torch.Tensor, packing: Packing, stack: ExitStack | None = None,
+            **kwargs: Any) -> torch.Tensor:
+    """``model``'s logits [B, S, V] for the right-padded ``input_ids`` [B, S], computed on its real tokens only
+    (zeros at padding). ``kwargs`` go to the model call (e.g. ``use_cache=False``). With ``stack``, the packed
+    attention stays switched on until the caller closes it: after a backward that recomputes checkpointed
+    layers (gradient checkpointing)."""
+    with ExitStack() as own:
+        (stack or own).enter_context(packed_attention(model, packing))
+        out = model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing, **kwargs)
+    expected = expected_attention_calls(model)
+    if packing.calls != expected:
+        raise PaddingFreeError(f"optim.padding_free: {packing.calls} of the model's {expected} layers ran their attention through "
+                         f"transformers' attention interface ({type(model).__name__}); the others would mix the packed "
+                         "rows: set optim.padding_free=false")
+    return packing.unpack(out.logits)
+
+
+__all__ = ["ATTENTION", "Packing", "PaddingFreeError", "attention", "check_supported", "forward", "packed_attention"]

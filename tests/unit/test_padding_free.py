@@ -1,0 +1,166 @@
+"""Padding-free forwards (``optim.padding_free``, ``minirl.models.padding_free``): the real tokens of a
+right-padded batch as one packed row, attention per row; the same log-probs, gradients and routes."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from minirl.batching import collate, token_budget_rows
+from minirl.config import MiniRLConfig
+from minirl.models import padding_free as pf
+from minirl.models.lora import enable_gradient_checkpointing
+from minirl.models.presets import build_model
+from minirl.moe import RoutingReplay
+from minirl.objective import make_objective
+from minirl.trainer import Trainer
+from minirl.types import Completion
+from tests.conftest import make_tiny_moe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_packing_hand_computed():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    packing = pf.Packing.of(mask)
+    assert packing.index.tolist() == [0, 1, 2, 4, 5, 8, 9, 10, 11]
+    assert packing.positions.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    x = torch.arange(12.0).reshape(3, 4) + 1
+    packed = packing.pack(x)
+    assert packed.tolist() == [[1.0, 2.0, 3.0, 5.0, 6.0, 9.0, 10.0, 11.0, 12.0]]
+    assert packing.unpack(packed, fill=-1).tolist() == [[1, 2, 3, -1], [5, 6, -1, -1], [9, 10, 11, 12]]
+    heads = torch.arange(2 * 9 * 1.0).reshape(1, 2, 9, 1)  # [1, H=2, T=9, d=1]
+    spread = packing.spread_heads(heads)  # [B=3, H=2, S=4, d=1]
+    assert spread.shape == (3, 2, 4, 1)
+    assert spread[1, 1, :, 0].tolist() == [12.0, 13.0, 0.0, 0.0]  # head 1 of row 1: packed tokens 3, 4
+    assert packing.pack(spread.transpose(1, 2)).transpose(1, 2).equal(heads)  # the attention output's way back
+
+
+def test_a_row_with_a_hole_is_refused_in_one_line():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"optim.padding_free: row 1's real tokens are not a prefix"):
+        pf.Packing.of(mask)
+
+
+def test_token_budget_counts_real_tokens_when_padding_free():
+    lengths = [5, 9, 3, 4, 8, 2]
+    # longest first: 9 | 8 | 5+4+3 = 12 | 2 with a budget of 12 real tokens (padded: 9 | 8 | 5,4 | 3,2)
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=12, padded=False) == [[1], [4], [0, 2, 3], [5]]
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=12) == [[1], [4], [0, 3], [2, 5]]
+
+
+def _ragged(rows: int = 8, width: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
+    lengths[0] = width
+    return torch.randint(3, 40, (rows, width), generator=g), torch.arange(width)[None] < lengths[:, None]
+
+
+def _logp_and_grads(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, packed: bool):
+    model.zero_grad(set_to_none=True)
+    if packed:
+        logits = pf.forward(model, ids, pf.Packing.of(mask), use_cache=False)
+    else:
+        logits = model(input_ids=ids, use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+    (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+    return logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("preset", ["qwen3-moe-tiny", "qwen2-moe-tiny", "olmoe-tiny", "mixtral-tiny", "qwen3-dense-2m"])
+def test_padding_free_forward_matches_the_padded_forward(preset):
+    """Every family the presets cover: the real tokens' log-probs (bitwise on the machines tested) and every
+    gradient (weight gradients sum over fewer rows: float rounding) as in the padded forward."""
+    model = build_model(preset, 48, 0, 1, seed=0)
+    ids, mask = _ragged()
+    logp_a, grads_a = _logp_and_grads(model, ids, mask, packed=False)
+    logp_b, grads_b = _logp_and_grads(model, ids, mask, packed=True)
+    assert (logp_a - logp_b).abs().max().item() <= 1e-6
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        assert torch.allclose(grad, grads_b[name], atol=1e-6, rtol=1e-5), name
+    assert model.config._attn_implementation == "sdpa"  # switched back after the forward
+
+
+def _batch(rows: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    comps = []
+    for i in range(rows):
+        prompt = torch.randint(2, 40, (3 + i % 3,), generator=g).tolist()
+        completion = torch.randint(2, 40, (1 + (i * 5) % 7,), generator=g).tolist()
+        comps.append(Completion(i // 2, i % 2, prompt, completion, -torch.rand(len(completion), generator=g), "eos"))
+    return collate(comps, torch.randn(rows, generator=g), pad_token_id=0)
+
+
+def _trainers(**kwargs):
+    model_a = make_tiny_moe()
+    model_b = copy.deepcopy(model_a)
+    for model in (model_a, model_b) if kwargs.pop("checkpointing", False) else ():
+        enable_gradient_checkpointing(model)
+    return (Trainer(model_a, lr=1e-2, replay=RoutingReplay(model_a), **kwargs),
+            Trainer(model_b, lr=1e-2, replay=RoutingReplay(model_b), padding_free=True, **kwargs))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_trainer_update_with_r3_replay_is_the_padded_update(checkpointing):
+    """R3 as the loop runs it: routes recorded by one scoring, replayed in an update that also scores (pi_old
+    from the update's forward) and captures the routers' own choices; padding-free changes float rounding only."""
+    trainer_a, trainer_b = _trainers(micro_batch_sequences=3, checkpointing=checkpointing)
+    batch = _batch()
+    recorded_a, recorded_b = (t.score(batch, record_routes=True) for t in (trainer_a, trainer_b))
+    assert torch.equal(recorded_a.routes, recorded_b.routes)  # -1 at padding on both
+    assert (recorded_b.routes[~batch.attention_mask] == -1).all()
+    assert (recorded_a.logp - recorded_b.logp).abs().max().item() <= 1e-6
+    assert torch.allclose(recorded_a.entropy, recorded_b.entropy, atol=1e-6)
+    noise = 0.05 * torch.randn(batch.mask.shape, generator=torch.Generator().manual_seed(3)) * batch.mask
+    batch = replace(batch.with_logp_old(recorded_a.logp), logp_rollout=recorded_a.logp + noise, routes=recorded_a.routes)
+    objective = make_objective(MiniRLConfig(), batch)
+    out_a, out_b = (t.update(batch, objective, replay_routes=True, natural_drift=True, score=True, record_routes=True)
+                    for t in (trainer_a, trainer_b))
+    assert abs(out_a.loss - out_b.loss) < 1e-6 and abs(out_a.grad_norm - out_b.grad_norm) < 1e-5
+    assert out_a.metrics.keys() == out_b.metrics.keys()
+    for key in out_a.metrics:
+        assert abs(out_a.metrics[key] - out_b.metrics[key]) < 1e-6, key
+    assert out_b.natural_diff_frac == out_a.natural_diff_frac == 0.0  # the replayed routes are the routers' own
+    assert torch.equal(out_a.scores.routes, out_b.scores.routes)
+    for (name, p), q in zip(trainer_a.model.named_parameters(), trainer_b.model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name  # (AdamW would amplify float noise)
+
+
+def test_replayed_routes_reach_the_packed_tokens():
+    """Replaying routes that differ from the natural ones changes the log-probs the same way packed or not
+    (the packed call is fed each real token's own routes, not a shifted row's)."""
+    trainer_a, trainer_b = _trainers(micro_batch_sequences=8)
+    batch = _batch()
+    routes = trainer_a.score(batch, record_routes=True).routes
+    forced = torch.where(routes >= 0, (routes + 1) % 4, routes)  # another expert everywhere: still a valid top-2
+    forced = torch.where((forced[..., :1] == forced[..., 1:]).expand_as(forced), routes, forced)
+    batch = replace(batch, routes=forced)
+    natural = trainer_a.score(batch).logp
+    replayed_a, replayed_b = (t.score(batch, replay_routes=True).logp for t in (trainer_a, trainer_b))
+    assert (replayed_a - natural).abs().max().item() > 1e-3  # the forced routes matter
+    assert (replayed_a - replayed_b).abs().max().item() <= 1e-6
+
+
+def test_unsupported_models_are_refused_in_one_line():
+    model = make_tiny_moe()
+    model.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match=r"optim.padding_free: this model's attention runs as 'eager'.*'sdpa'"):
+        Trainer(model, lr=1e-2, padding_free=True)
+
+    model = make_tiny_moe()
+    trainer = Trainer(model, lr=1e-2, padding_free=True)
+    attention = model.model.layers[1].self_attn
+    attention.forward = lambda hidden_states, *args, **kwargs: (torch.zeros_like(hidden_states), None)  # mixes on its own
+    with pytest.raises(pf.PaddingFreeError, match=r"optim.padding_free: 1 of the model's 2 layers ran their attention"):
+        trainer.score(_batch())
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_cli_reports_an_unsupported_model_in_one_line():
+    from minirl.cli import _user_errors
+
+    assert issubclass(pf.PaddingFreeError, _user_errors())
