@@ -147,6 +147,11 @@ def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
     add_trl_sft(trl_default, {"dataset_name": str(rows), "completion_only_loss": False, "dataset_text_field": "content",
                               "chat_template_path": "templates/chatml.jinja"})
     assert trl_default.values["cold_start.loss_on"] == "all"
+    assert "optim.padding_free" not in trl_default.values  # TRL's SFT default; its GRPO has no such option
+    padding_free = _trl()
+    add_trl_sft(padding_free, {"dataset_name": str(rows), "padding_free": True})
+    assert padding_free.values["optim.padding_free"] is True
+    assert not any("padding_free" in line for line in padding_free.not_translated + padding_free.ignored)
     assert trl_default.values["task.chat_template"] == "templates/chatml.jinja"  # SFT and RL render alike
     assert any("dataset_text_field='content'" in line for line in trl_default.not_translated)
 

@@ -4,9 +4,9 @@ A right-padded batch [B, S] runs through the model as one row of its T real toke
 token's own position (``position_ids``), so the embeddings, norms, projections, MoE routers and
 experts and the LM head do no work on padding. Only attention needs the rows apart: a custom
 attention implementation (registered with transformers' ``AttentionInterface``, switched on for the
-one forward) spreads each layer's query, key and value back to [B, heads, S, d], runs the model's
-own attention function on them (causal, no mask: the padded path's exact call) and gathers the T
-real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
+one forward) spreads each layer's query, key and value back to padded rows, in blocks of rows of
+similar length ([rows, heads, width, d] each), runs the model's own attention function on them
+(causal, no mask: the padded path's call) and gathers the T real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
 
 On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs and every
 gradient equal the padded forward's (bitwise on the machines tested; ``tests/unit/test_padding_free.py``).
@@ -37,14 +37,35 @@ class PaddingFreeError(ValueError):
     """A model padding-free forwards cannot run (reported in one line by the CLI)."""
 
 
+# Rows attend in blocks of similar length: a row joins the block of longer rows before it while it holds at least
+# GROUP_RATIO of the block's longest row (or the block is at most GROUP_MIN_WIDTH long), so attention's padded work
+# stays near its real work without one call per row.
+GROUP_RATIO = 0.8
+GROUP_MIN_WIDTH = 32
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows of similar length whose attention runs as one padded [rows, heads, width, d] call: their tokens are
+    ``start:end`` of the packed row, and ``place`` holds i * width + t of each (row i of the block, position t)."""
+
+    start: int
+    end: int
+    rows: int
+    width: int
+    place: torch.Tensor
+
+
 @dataclass
 class Packing:
-    """Where the real tokens of a right-padded [B, S] batch sit: ``index`` holds b * S + t for each."""
+    """Where the real tokens of a right-padded [B, S] batch sit in the packed row: ``index`` holds b * S + t of
+    each, rows longest first (so each attention block's tokens are contiguous), positions 0.. within a row."""
 
     rows: int
     width: int
     index: torch.Tensor  # [T] long, on the model's device
     positions: torch.Tensor  # [1, T] long: t of each real token
+    blocks: list[Block]
     calls: int = 0  # attention calls seen (every layer must call once per forward)
     original: str = "sdpa"  # the model's own attention implementation, run on the spread rows
 
@@ -58,16 +79,29 @@ class Packing:
         if not torch.equal(mask, columns[None, :] < lengths[:, None]):
             bad = int((mask != (columns[None, :] < lengths[:, None])).any(dim=1).nonzero()[0, 0])
             raise ValueError(f"optim.padding_free: row {bad}'s real tokens are not a prefix of the row (right padding only)")
-        flat = mask.reshape(-1).nonzero().squeeze(1)
-        positions = (flat % width).unsqueeze(0)
-        return cls(rows, width, flat.to(device), positions.to(device))
+        sizes = lengths.tolist()
+        order = sorted(range(rows), key=lambda row: (-sizes[row], row))
+        groups: list[list[int]] = []
+        for row in order:
+            if groups and (sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]] or sizes[groups[-1][0]] <= GROUP_MIN_WIDTH):
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        blocks, start = [], 0
+        for group in groups:
+            block_width = sizes[group[0]]
+            place = torch.cat([i * block_width + torch.arange(sizes[row]) for i, row in enumerate(group)])
+            blocks.append(Block(start, start + len(place), len(group), block_width, place.to(device)))
+            start += len(place)
+        flat = torch.cat([row * width + torch.arange(sizes[row]) for row in order])
+        return cls(rows, width, flat.to(device), (flat % width).unsqueeze(0).to(device), blocks)
 
     @property
     def tokens(self) -> int:
         return int(self.index.numel())
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, S, ...] -> [1, T, ...]: the real tokens in row order."""
+        """[B, S, ...] -> [1, T, ...]: the real tokens, rows longest first."""
         return x.reshape(self.rows * self.width, *x.shape[2:]).index_select(0, self.index.to(x.device)).unsqueeze(0)
 
     def unpack(self, x: torch.Tensor, fill: float = 0) -> torch.Tensor:
@@ -75,10 +109,22 @@ class Packing:
         base = x.new_full((self.rows * self.width, *x.shape[2:]), fill)
         return base.index_copy(0, self.index.to(x.device), x[0]).view(self.rows, self.width, *x.shape[2:])
 
-    def spread_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """An attention input [1, H, T, d] -> [B, H, S, d] (zeros at padding), laid out as the padded
-        forward lays it out (a transposed [B, S, H, d])."""
-        return self.unpack(x.transpose(1, 2)).transpose(1, 2)
+    def spread_heads(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+        """``block``'s part of an attention input [1, H, T, d] -> [rows, H, width, d] (zeros at padding), laid out
+        as the padded forward lays it out (a transposed [rows, width, H, d])."""
+        part = x[0, :, block.start:block.end].transpose(0, 1)  # [n, H, d]
+        base = part.new_zeros((block.rows * block.width, *part.shape[1:]))
+        return base.index_copy(0, block.place, part).view(block.rows, block.width, *part.shape[1:]).transpose(1, 2)
+
+    def attend(self, own: Any, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               **kwargs: Any) -> torch.Tensor:
+        """``own`` attention (causal, no mask: the padded forward's call) block by block: [1, T, H, d]."""
+        outs = []
+        for block in self.blocks:
+            q, k, v = (self.spread_heads(x, block) for x in (query, key, value))
+            out, _ = own(module, q, k, v, None, **kwargs)  # [rows, width, H, d]
+            outs.append(out.reshape(block.rows * block.width, *out.shape[2:]).index_select(0, block.place))
+        return torch.cat(outs).unsqueeze(0)
 
 
 def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -92,11 +138,8 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     packing.calls += 1
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    own = ALL_ATTENTION_FUNCTIONS[packing.original]
-    q, k, v = (packing.spread_heads(x) for x in (query, key, value))
     kwargs.pop("position_ids", None)  # the spread rows are plain 0..S-1 again
-    out, _ = own(module, q, k, v, None, **kwargs)  # [B, S, H, d], causal (no mask: the padded forward's call)
-    return packing.pack(out), None
+    return packing.attend(ALL_ATTENTION_FUNCTIONS[packing.original], module, query, key, value, **kwargs), None
 
 
 def _configs(model: nn.Module) -> list[Any]:

@@ -489,7 +489,7 @@ def read_trl(path: str | None, words: list[str]) -> dict[str, Any]:
 
 TRL_SFT_DEFAULTS: dict[str, Any] = {
     # SFTConfig (TRL 1.16) over the TrainingArguments it keeps, and the script's arguments
-    "learning_rate": 2e-5, "max_length": 1024, "packing": False, "packing_strategy": "bfd",
+    "learning_rate": 2e-5, "max_length": 1024, "packing": False, "packing_strategy": "bfd", "padding_free": False,
     "completion_only_loss": None, "assistant_only_loss": False, "dataset_text_field": "text", "loss_type": "nll",
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_processes": 1, "max_steps": -1,
     "num_train_epochs": 3.0, "warmup_steps": 0, "warmup_ratio": None, "lr_scheduler_type": "linear", "seed": 42,
@@ -521,6 +521,8 @@ def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
     if peer("packing") and peer("packing_strategy") != "wrapped":
         out.differs.append(f"SFT {peer.show('packing_strategy')}: minirl joins whole examples in order, each "
                            "attending to the ones before it in its row (TRL's 'wrapped' without cutting)")
+    if peer("padding_free"):  # the same forward without padding; minirl's switch covers the RL trainer's forwards too
+        out.set("optim.padding_free", True, f"SFT {peer.show('padding_free')}")
     steps, rows = peer("max_steps"), count_rows(out.values.get("cold_start.data"))
     if steps and steps > 0:
         out.set("cold_start.steps", int(steps), f"SFT {peer.show('max_steps')}")
