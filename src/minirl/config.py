@@ -344,6 +344,12 @@ class LossConfig(Section):
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
+    ref_sync_every_updates: int | None = Field(None, ge=1)
+    """Move the reference toward the policy every this many optimizer steps: pi_ref <- alpha pi_theta + (1 - alpha)
+    pi_ref (TR-DPO, arXiv 2404.09656; TRL's ``sync_ref_model`` with ``ref_model_sync_steps``). ``null``: the
+    reference stays the starting policy. Needs ``kl_coef`` > 0 and no LoRA; the reference is checkpointed."""
+    ref_sync_alpha: float = Field(0.6, ge=0, le=1)
+    """The mix of each reference sync (TRL's ``ref_model_mixup_alpha``): 1 copies the policy."""
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     """Train the policy term on the top this fraction of each micro-batch's tokens by pi_theta's entropy ("Beyond
     the 80/20 rule", arXiv 2506.01939, recommends 0.2; TRL's ``top_entropy_quantile``); the others still count in
@@ -400,7 +406,7 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "entropy_coef", "top_entropy_quantile", "entropy_target",
+                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
                                         "mask_truncated", "reject",
                                         "reject_low", "reject_high"})
@@ -795,6 +801,12 @@ class Config(Section):
                 f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
             )
         distributed = ranks > 1 or self.cluster.backend == "ray"
+        if self.algo.ref_sync_every_updates is not None and not self.algo.kl_coef:
+            raise ValueError("algo.ref_sync_every_updates: a reference sync needs the KL penalty (algo.kl_coef > 0); "
+                             "set it to null")
+        if self.algo.ref_sync_every_updates is not None and self.model.lora is not None:
+            raise ValueError("algo.ref_sync_every_updates: with LoRA the reference is the base model (adapters off), "
+                             "there is no copy to sync (as in TRL); set it to null")
         if distributed and self.algo.kl_coef:
             raise ValueError("algo.kl_coef: the KL penalty runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set 0")

@@ -168,6 +168,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
         "data_order": {"epoch": run.order.epoch, "position": run.order.position},
         "entropy_control": dict(run.entropy_control),
+        **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
         "metrics_bytes": logger.size(),
         "eval_before": dict(eval_before),
         "eval_metrics": dict(eval_metrics),
@@ -198,6 +199,8 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
         run.engine.set_rng_state(state["engine_rng"])
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
     run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
+    if run.reference is not None and "reference" in state:  # a synced reference (algo.ref_sync_every_updates)
+        run.reference.load_state_dict(state["reference"])
     checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
     return state
 
@@ -370,6 +373,14 @@ def observe_entropy(run: Run, update: Any) -> None:
     run.entropy_control["last"] = entropy
 
 
+def sync_reference(run: Run, update: Any) -> None:
+    """``algo.ref_sync_every_updates``: after every that many optimizer steps taken (skipped ones do not count, as
+    TRL counts its ``global_step``), the reference moves toward the policy by ``algo.ref_sync_alpha``."""
+    every = run.cfg.algo.ref_sync_every_updates
+    if every and run.reference is not None and update.fault is None and run.trainer.updates_done % every == 0:
+        run.reference.sync(run.cfg.algo.ref_sync_alpha)
+
+
 def global_step(run: Run, step: int) -> dict[str, float]:
     """One global step, the design's data flow: rollout, rewards, pi_old, N updates, weight sync."""
     cfg, trainer, n, clock = run.cfg, run.trainer, run.cfg.optim.minibatches_per_step, _Clock()
@@ -412,6 +423,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                                                                      run.faults, replay_routes=routing.kwargs["replay_routes"]))
                 updates.append(trainer.update(minibatch, objective, **routing.kwargs))
                 observe_entropy(run, updates[-1])
+                sync_reference(run, updates[-1])
             routing.waive(any(u.fault for u in updates[epoch * n:]))  # a skipped update may stop before its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)

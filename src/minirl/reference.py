@@ -2,7 +2,8 @@
 
 ``Reference.logprobs(batch)`` scores a global batch with the reference, once per global step, into
 ``batch.logp_ref``; ``ReferenceKL`` adds ``kl_coef`` x the KL estimate to the policy objective on
-every micro-batch. With LoRA the reference is the base model with the adapters disabled (no second
+every micro-batch; ``Reference.sync`` moves the reference toward the policy (``algo.ref_sync_every_updates``,
+TR-DPO). With LoRA the reference is the base model with the adapters disabled (no second
 copy, as TRL and verl do); without, a frozen copy of the model as the run started (``deepcopy``:
 one more set of weights in memory). The reference routes naturally: it is another policy, not the
 one whose routes R2/R3 replay.
@@ -34,6 +35,23 @@ class Reference:
                                   micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
                                   padding_free=trainer.padding_free)
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
+
+    @torch.no_grad()
+    def sync(self, alpha: float) -> None:
+        """pi_ref <- alpha pi_theta + (1 - alpha) pi_ref, parameter by parameter (``algo.ref_sync_every_updates``;
+        TR-DPO's soft update, written as TRL's ``SyncRefModelCallback`` writes it)."""
+        if self.frozen is None:
+            raise ValueError("algo.ref_sync_every_updates: the LoRA reference (adapters off) has no copy to sync")
+        for ref, param in zip(self.frozen.model.parameters(), self.trainer.model.parameters(), strict=True):
+            ref.mul_(1.0 - alpha).add_(param, alpha=alpha)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The frozen copy's weights (a synced reference is checkpointed with the run); empty with LoRA."""
+        return {} if self.frozen is None else {k: v.detach().clone() for k, v in self.frozen.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.frozen is not None and state:
+            self.frozen.model.load_state_dict(state)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:

@@ -57,3 +57,51 @@ def test_the_reference_is_the_starting_policy_in_the_loop(tmp_path, lora):
     metrics, _ = run_steps(tmp_path, "algo.kl_coef=0.5", "moe.routing_replay=R3", "optim.lr=3e-2", *extra, steps=2)
     assert metrics[0]["policy/kl_ref"] == pytest.approx(0.0, abs=1e-6)
     assert metrics[1]["policy/kl_ref"] > 1e-6
+
+
+def test_a_reference_sync_is_trls_soft_update():
+    """pi_ref <- alpha pi_theta + (1 - alpha) pi_ref, written as TRL's ``SyncRefModelCallback._sync_target_model``."""
+    from minirl.reference import Reference
+    from minirl.trainer import Trainer
+    from tests.conftest import make_tiny_moe
+
+    model = make_tiny_moe()
+    reference = Reference(Trainer(model, lr=1e-2))
+    start = {name: p.detach().clone() for name, p in reference.frozen.model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    reference.sync(0.6)
+    for (name, ref), policy in zip(reference.frozen.model.named_parameters(), model.parameters()):
+        assert torch.equal(ref, start[name].clone().mul_(1.0 - 0.6).add_(policy, alpha=0.6)), name  # TRL's two ops
+        torch.testing.assert_close(ref, start[name] + 0.6, rtol=0, atol=1e-6)  # by hand: 0.4 r + 0.6 (r + 1)
+        torch.testing.assert_close(policy, start[name] + 1.0, rtol=0, atol=0)  # the policy is not touched
+
+
+def test_the_reference_syncs_every_k_optimizer_steps_in_the_loop(tmp_path):
+    """Every 3 updates with N = 2 updates per global step: after updates 3 and 6. With alpha 1 and a sync after
+    every update the reference is the policy at each step's start, so ``policy/kl_ref`` stays 0 (without it,
+    step 2's is positive: the test above)."""
+    from tests.distributed.common import run_steps
+
+    calls = []
+
+    def count_syncs(run):
+        sync = run.reference.sync
+        run.reference.sync = lambda alpha: (calls.append((run.trainer.updates_done, alpha)), sync(alpha))
+
+    run_steps(tmp_path / "a", "algo.kl_coef=0.5", "optim.minibatches_per_step=2", "algo.ref_sync_every_updates=3",
+              "algo.ref_sync_alpha=0.25", steps=3, on_setup=count_syncs)
+    assert calls == [(3, 0.25), (6, 0.25)]
+    metrics, _ = run_steps(tmp_path / "b", "algo.kl_coef=0.5", "moe.routing_replay=R3", "optim.lr=3e-2",
+                           "algo.ref_sync_every_updates=1", "algo.ref_sync_alpha=1.0", steps=3)
+    assert all(m["policy/kl_ref"] == pytest.approx(0.0, abs=1e-6) for m in metrics)
+
+
+def test_a_reference_sync_without_its_penalty_or_with_lora_is_one_config_line():
+    from minirl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"algo.ref_sync_every_updates: a reference sync needs the KL penalty"):
+        load_config("configs/demo.yaml", ["algo.ref_sync_every_updates=4"])
+    with pytest.raises(ConfigError, match=r"algo.ref_sync_every_updates: with LoRA the reference is the base model"):
+        load_config("configs/demo.yaml", ["algo.ref_sync_every_updates=4", "algo.kl_coef=0.1", "model.lora={rank: 4}"])

@@ -189,13 +189,22 @@ def test_trl_losses_minirl_has(loss_type, level, name):
 
 @pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo", "importance_sampling_level": "sequence"},
                                    {"scale_rewards": "median"},
-                                   {"sync_ref_model": True},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
     out = _trl(**given)
     assert not [key for key in out.values if key.startswith("algo.")]
     assert out.objective.startswith("minirl's MiniRL") and any("trains with MiniRL instead" in line for line in out.not_translated)
     assert not any("1e-4" in line for line in out.differs)  # the dropped loss's differences are not listed
+
+
+def test_trl_sync_ref_model_is_the_reference_sync():
+    v = _trl(beta=0.04, sync_ref_model=True, ref_model_sync_steps=64, ref_model_mixup_alpha=0.9).values
+    assert (v["algo.kl_coef"], v["algo.ref_sync_every_updates"], v["algo.ref_sync_alpha"]) == (0.04, 64, 0.9)
+    v = _trl(beta=0.04, sync_ref_model=True).values  # TRL's defaults: every 512 optimizer steps, alpha 0.6
+    assert (v["algo.ref_sync_every_updates"], v["algo.ref_sync_alpha"]) == (512, 0.6)
+    _trl(beta=0.04, sync_ref_model=True).config()
+    with pytest.raises(ConfigError, match=r"sync_ref_model=True, beta=0.0: there is no reference model to sync"):
+        _trl(sync_ref_model=True)
 
 
 def test_keep_objective_translates_the_setup_only():

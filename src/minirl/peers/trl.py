@@ -33,7 +33,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
     "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "scale_rewards": "group", "reward_weights": None,
     "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
-    "sync_ref_model": False, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
+    "sync_ref_model": False, "ref_model_mixup_alpha": 0.6, "ref_model_sync_steps": 512, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
     "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2,
     "off_policy_mask_threshold": None, "use_bias_correction_kl": True, "use_vllm": False, "vllm_mode": "colocate",
     "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "sequence_mask",
@@ -283,8 +283,12 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    if peer("sync_ref_model"):
-        obj.blockers.append(peer.show("sync_ref_model"))
+    if peer("sync_ref_model"):  # TR-DPO's soft update every ref_model_sync_steps optimizer steps (= minirl updates)
+        if not peer("beta"):
+            raise ConfigError(f"{peer.show('sync_ref_model', 'beta')}: there is no reference model to sync (TRL refuses "
+                              "this too); set beta > 0 or sync_ref_model=False")
+        obj.set("ref_sync_every_updates", int(peer("ref_model_sync_steps")), peer.show("sync_ref_model", "ref_model_sync_steps"))
+        obj.set("ref_sync_alpha", float(peer("ref_model_mixup_alpha")), peer.show("ref_model_mixup_alpha"))
     if peer("use_adaptive_entropy"):  # Skywork-OR1's control; entropy_coef is its starting value
         obj.set("entropy_target", float(peer("entropy_target")), peer.show("use_adaptive_entropy", "entropy_target"))
         for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):  # the same names as TRL's
