@@ -350,6 +350,17 @@ class LossConfig(Section):
     reference stays the starting policy. Needs ``kl_coef`` > 0 and no LoRA; the reference is checkpointed."""
     ref_sync_alpha: float = Field(0.6, ge=0, le=1)
     """The mix of each reference sync (TRL's ``ref_model_mixup_alpha``): 1 copies the policy."""
+    kl_in_reward_coef: float = Field(0.0, ge=0)
+    """KL penalty in the reward (verl's ``use_kl_in_reward`` with ``kl_ctrl.kl_coef``): each response's reward less
+    this x its summed KL estimate of pi_old against the reference, before the advantages
+    (``minirl.algo.variants.kl_reward``). 0 = none, as in the paper. Not with ``normalize_then_sum``."""
+    kl_in_reward_type: Literal["k1", "k2", "k3"] = "k1"
+    """Its per-token estimator (verl's ``algorithm.kl_penalty``: kl = k1, its default; mse = k2; low_var_kl = k3)."""
+    kl_in_reward_target: float | None = Field(None, gt=0)
+    """Adapt the coefficient toward this KL per step (verl's ``kl_ctrl.type: adaptive`` with ``target_kl``; Ziegler et
+    al. 2019); ``null``: fixed."""
+    kl_in_reward_horizon: int = Field(10000, ge=1)
+    """The adaptive controller's horizon, in responses (verl's ``kl_ctrl.horizon``)."""
     top_entropy_quantile: float = Field(1.0, gt=0, le=1)
     """Train the policy term on the top this fraction of each micro-batch's tokens by pi_theta's entropy ("Beyond
     the 80/20 rule", arXiv 2506.01939, recommends 0.2; TRL's ``top_entropy_quantile``); the others still count in
@@ -406,7 +417,9 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha", "entropy_coef", "top_entropy_quantile", "entropy_target",
+                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
+                                        "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
+                                        "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
                                         "mask_truncated", "reject",
                                         "reject_low", "reject_high"})
@@ -770,6 +783,23 @@ class Config(Section):
             data["algo"] = {"name": "minirl", **data["algo"]}
         return data
 
+    def _check_reference(self, distributed: bool) -> None:
+        """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
+        a = self.algo
+        if a.kl_in_reward_coef and a.multi_objective_aggregation == "normalize_then_sum":
+            raise ValueError("algo.kl_in_reward_coef: GDPO's advantages (normalize_then_sum) are formed from each reward "
+                             "function's values; the KL in the reward has no place there: set it to 0")
+        for key in ("kl_coef", "kl_in_reward_coef"):
+            if distributed and getattr(a, key):
+                raise ValueError(f"algo.{key}: the reference policy runs only with the single-process trainer "
+                                 "(cluster.backend=local, cluster.trainer_ranks=1); set 0")
+        if a.ref_sync_every_updates is not None and not (a.kl_coef or a.kl_in_reward_coef):
+            raise ValueError("algo.ref_sync_every_updates: a reference sync needs a reference (algo.kl_coef or "
+                             "algo.kl_in_reward_coef > 0); set it to null")
+        if a.ref_sync_every_updates is not None and self.model.lora is not None:
+            raise ValueError("algo.ref_sync_every_updates: with LoRA the reference is the base model (adapters off), "
+                             "there is no copy to sync (as in TRL); set it to null")
+
     @model_validator(mode="after")
     def _batch_sizes(self) -> Config:
         total, n = self.global_batch_sequences, self.optim.minibatches_per_step
@@ -801,15 +831,7 @@ class Config(Section):
                 f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
             )
         distributed = ranks > 1 or self.cluster.backend == "ray"
-        if self.algo.ref_sync_every_updates is not None and not self.algo.kl_coef:
-            raise ValueError("algo.ref_sync_every_updates: a reference sync needs the KL penalty (algo.kl_coef > 0); "
-                             "set it to null")
-        if self.algo.ref_sync_every_updates is not None and self.model.lora is not None:
-            raise ValueError("algo.ref_sync_every_updates: with LoRA the reference is the base model (adapters off), "
-                             "there is no copy to sync (as in TRL); set it to null")
-        if distributed and self.algo.kl_coef:
-            raise ValueError("algo.kl_coef: the KL penalty runs only with the single-process trainer (cluster.backend=local, "
-                             "cluster.trainer_ranks=1); set 0")
+        self._check_reference(distributed)
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

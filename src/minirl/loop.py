@@ -27,6 +27,7 @@ seams (``minirl.sources``): ``train(cfg, rollouts=..., rewards=...)``, ``--dump-
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import math
@@ -44,6 +45,7 @@ from minirl.algo import group_advantages
 from minirl.algo.advantages import token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
+from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
@@ -106,6 +108,7 @@ class Run:
     faults: list[str] = field(default_factory=list)  # why updates of the last global step were skipped
     samples: list[dict] = field(default_factory=list)  # a few (prompt, completion, reward) of the last step
     entropy_control: dict[str, float] = field(default_factory=dict)  # algo.entropy_target: coefficient, last entropy
+    kl_control: dict[str, float] = field(default_factory=dict)  # algo.kl_in_reward_target: the coefficient
     placement: Any = None  # minirl.distributed.Placement: the workers to stop at the end
     rollouts: RolloutSource | None = None  # None: the engine samples (``EngineRollouts``)
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
@@ -147,7 +150,7 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         placement.close()
         raise
     reference = None
-    if cfg.algo.kl_coef:
+    if cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef:
         from minirl.reference import Reference
 
         reference = Reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
@@ -168,6 +171,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
         "data_order": {"epoch": run.order.epoch, "position": run.order.position},
         "entropy_control": dict(run.entropy_control),
+        "kl_control": dict(run.kl_control),
         **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
         "metrics_bytes": logger.size(),
         "eval_before": dict(eval_before),
@@ -199,6 +203,7 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
         run.engine.set_rng_state(state["engine_rng"])
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
     run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
+    run.kl_control = {key: float(value) for key, value in state.get("kl_control", {}).items()}
     if run.reference is not None and "reference" in state:  # a synced reference (algo.ref_sync_every_updates)
         run.reference.load_state_dict(state["reference"])
     checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
@@ -346,6 +351,32 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     return advantages
 
 
+def reference_pass(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    """With a reference (``algo.kl_coef`` or ``kl_in_reward_coef`` > 0): its log-probs of the batch (natural routing)
+    and, with the KL in the reward (verl's ``use_kl_in_reward``), the advantages of the penalized rewards."""
+    if run.reference is None:
+        return batch, {}
+    batch = batch.with_logp_ref(run.reference.logprobs(batch))
+    return penalized_advantages(run, sampled, batch) if run.cfg.algo.kl_in_reward_coef else (batch, {})
+
+
+def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    """``algo.kl_in_reward_coef``: the batch with the advantages of R - beta x each response's summed KL estimate
+    (``minirl.algo.variants.kl_reward``), and ``train/reward_kl_penalty`` (verl's ``actor/reward_kl_penalty``) and
+    ``train/reward_kl_coef`` (the beta used); beta adapts after the step with ``algo.kl_in_reward_target``."""
+    a = run.cfg.algo
+    assert batch.logp_old is not None and batch.logp_ref is not None  # the old and reference passes ran
+    coef = run.kl_control.setdefault("coef", float(a.kl_in_reward_coef))
+    shaped, current = kl_penalized_rewards(sampled.rewards, batch.logp_old, batch.logp_ref, batch.mask, coef=coef,
+                                           kind=a.kl_in_reward_type)
+    if a.kl_in_reward_target is not None:
+        run.kl_control["coef"] = adaptive_kl_coef(coef, float(current), target=a.kl_in_reward_target,
+                                                  horizon=a.kl_in_reward_horizon, n_steps=batch.size)
+    advantages = step_advantages(run.cfg, dataclasses.replace(sampled, rewards=shaped), None)
+    return dataclasses.replace(batch, advantages=advantages), {"train/reward_kl_penalty": float(current),
+                                                               "train/reward_kl_coef": coef}
+
+
 def update_objective(run: Run, minibatch: Batch) -> Objective:
     """What one update differentiates: the configured policy loss (``run.make_objective``; on its high-entropy tokens
     with ``algo.top_entropy_quantile`` < 1), plus the KL penalty to the reference (``algo.kl_coef``) and minus the
@@ -400,14 +431,14 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
     epochs = cfg.optim.epochs_per_step
     rejecting = cfg.algo.reject != "none"  # needs pi_old before the update: no fused pass
-    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not rejecting
+    before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
+    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
     if not fused:
         with plan.old_pass() as routing:
             old = trainer.score(batch, **routing.kwargs)
         batch = plan.scored(batch.with_logp_old(old.logp), old)
     clock.lap("old_logprobs")
-    if run.reference is not None:  # the KL penalty's log pi_ref (algo.kl_coef > 0; natural routing)
-        batch = batch.with_logp_ref(run.reference.logprobs(batch))
+    batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
     trained, rejection = reject_out_of_bounds(cfg.algo, batch) if rejecting else (batch, {})
     # 4. N gradient updates on mini-batches, routes replayed per the plan; E passes over them
@@ -438,7 +469,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     metrics = step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
                                       plan.engine_routes, plan.metrics, diagnostics, clock.laps,
                                       cfg.eval.accuracy_threshold, sampled.generated_tokens))
-    return {key: float(value) for key, value in rejection.items()} | metrics  # read once the step is done
+    return {key: float(value) for key, value in rejection.items()} | kl_reward | metrics  # read once the step is done
 
 
 def reject_out_of_bounds(algo: Any, batch: Batch) -> tuple[Batch, dict[str, torch.Tensor]]:

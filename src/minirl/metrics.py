@@ -18,6 +18,9 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                batch), ``reward_mean_generated`` (every sample generated; ``train/*``
                                covers the kept groups)
 ``reward/<name>/mean``         each user reward function's mean (``task.reward_functions``)
+``train/reward_kl_penalty``    ``algo.kl_in_reward_coef`` > 0: the step's mean of each response's token-mean KL
+                               estimate in the reward (verl's ``actor/reward_kl_penalty``); ``train/reward_kl_coef``
+                               the coefficient it was weighed by (``train/reward_mean`` stays the verifier's)
 ``reward/{errors,timeouts,fallback_frac}``  user reward problems (``task.reward_on_error``)
 ``train/entropy``              token-mean full-vocabulary entropy of pi_old at rollout prefixes
 ``mismatch/kl_k1``             training–inference KL(mu_old || pi_old), sampled-token k1 estimator

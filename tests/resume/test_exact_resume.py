@@ -44,7 +44,9 @@ MODES = {"none": ["moe.routing_replay=none"],
                        "algo.entropy_coef=0.01", "algo.entropy_target=10.0", "algo.entropy_coef_delta=0.05",
                        "algo.top_entropy_quantile=0.5",
                        # a reference synced every 2 updates (TRL's sync_ref_model) is checkpointed with the run
-                       "algo.kl_coef=0.05", "algo.ref_sync_every_updates=2", "algo.ref_sync_alpha=0.5"]}
+                       "algo.kl_coef=0.05", "algo.ref_sync_every_updates=2", "algo.ref_sync_alpha=0.5",
+                       # verl's KL in the reward with its adaptive coefficient (state that must survive the kill)
+                       "algo.kl_in_reward_coef=0.05", "algo.kl_in_reward_target=0.01", "algo.kl_in_reward_horizon=8"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:

@@ -101,7 +101,7 @@ def test_the_reference_syncs_every_k_optimizer_steps_in_the_loop(tmp_path):
 def test_a_reference_sync_without_its_penalty_or_with_lora_is_one_config_line():
     from minirl.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"algo.ref_sync_every_updates: a reference sync needs the KL penalty"):
+    with pytest.raises(ConfigError, match=r"algo.ref_sync_every_updates: a reference sync needs a reference \(algo.kl_coef or"):
         load_config("configs/demo.yaml", ["algo.ref_sync_every_updates=4"])
     with pytest.raises(ConfigError, match=r"algo.ref_sync_every_updates: with LoRA the reference is the base model"):
         load_config("configs/demo.yaml", ["algo.ref_sync_every_updates=4", "algo.kl_coef=0.1", "model.lora={rank: 4}"])

@@ -786,11 +786,28 @@ def test_verl_losses_minirl_has(given, name, aggregation):
     assert v["algo.name"] == name and v.get("algo.aggregation") == aggregation
 
 
-@pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True},
+@pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True,
+                                        "algorithm.kl_penalty": "full"},
                                    {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "batch"}])
 def test_verl_losses_minirl_lacks(given):  # {}: verl's default estimator is GAE (a critic)
     out = from_verl({"actor_rollout_ref.rollout.n": 4} | given)
     assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
+
+
+def test_verl_kl_in_reward_fixed_and_adaptive():
+    base = {"algorithm.adv_estimator": "reinforce_plus_plus_baseline", "actor_rollout_ref.rollout.n": 4,
+            "algorithm.use_kl_in_reward": True}
+    v = from_verl(base).values  # verl's defaults: kl_penalty "kl", a fixed controller at 0.001
+    assert (v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"], v["algo.adv_whiten"]) == (0.001, "k1", True)
+    assert "algo.kl_in_reward_target" not in v and "algo.kl_coef" not in v
+    adaptive = from_verl(base | {"algorithm.kl_penalty": "low_var_kl", "algorithm.kl_ctrl.type": "adaptive",
+                                 "algorithm.kl_ctrl.kl_coef": 0.02, "algorithm.kl_ctrl.target_kl": 6.0,
+                                 "algorithm.kl_ctrl.horizon": 500})
+    v = adaptive.values
+    assert (v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (0.02, "k3")
+    assert (v["algo.kl_in_reward_target"], v["algo.kl_in_reward_horizon"]) == (6.0, 500)
+    assert not any("kl_ctrl" in line for line in adaptive.ignored + adaptive.not_translated)
+    adaptive.config()
 
 
 def test_entropy_coefficients_of_trl_and_verl_are_the_entropy_bonus():

@@ -54,6 +54,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
+    "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": 0.001,
+    "algorithm.kl_ctrl.horizon": 10000, "algorithm.kl_ctrl.target_kl": 0.1,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": "2.0",  # a number or "lower_upper"
     "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
     "algorithm.rollout_correction.rollout_rs_threshold": None,
@@ -292,8 +294,8 @@ def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
 def _verl_cluster(peer: Peer, out: Translation) -> None:
     ranks = peer("trainer.n_gpus_per_node") * peer("trainer.nnodes")
     out.set("cluster.device", "cpu" if peer("trainer.device") == "cpu" else "cuda", peer.show("trainer.device"))
-    single = [why for key, why in (("model.lora.rank", "LoRA"), ("algo.kl_coef", "the KL penalty"))
-              if out.values.get(key)]
+    single = [why for key, why in (("model.lora.rank", "LoRA"), ("algo.kl_coef", "the KL penalty"),
+                                   ("algo.kl_in_reward_coef", "the KL in the reward")) if out.values.get(key)]
     if ranks > 1 and single:
         out.set("cluster.trainer_ranks", 1, f"{' and '.join(single)}: one trainer process in minirl")
         out.differs.append(f"{peer.show('trainer.n_gpus_per_node', 'trainer.nnodes')}: minirl runs "
@@ -395,9 +397,10 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
     """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
     obj = Objective()
     _verl_advantage(peer, obj)
-    for key, neutral in (("algorithm.use_kl_in_reward", False), ("algorithm.rollout_correction.bypass_mode", False)):
-        if peer(key) != neutral:
-            obj.blockers.append(peer.show(key))
+    if peer("algorithm.rollout_correction.bypass_mode"):
+        obj.blockers.append(peer.show("algorithm.rollout_correction.bypass_mode"))
+    if peer("algorithm.use_kl_in_reward"):
+        _verl_kl_in_reward(peer, obj)
     if peer(A + "entropy_coeff"):
         obj.set("entropy_coef", float(peer(A + "entropy_coeff")), peer.show(A + "entropy_coeff"))
         if peer(A + "loss_agg_mode") != "token-mean":
@@ -433,13 +436,31 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
     if peer("algorithm.rollout_correction.rollout_rs") is not None:
         _verl_rejection(peer, obj)
     if peer(A + "use_kl_loss"):
-        kind = {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"}.get(peer(A + "kl_loss_type"))
+        kind = VERL_KL_KINDS.get(peer(A + "kl_loss_type"))
         if kind is None:
             obj.blockers.append(peer.show(A + "kl_loss_type"))
         else:
             obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
             obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
     return obj
+
+
+VERL_KL_KINDS = {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"}
+
+
+def _verl_kl_in_reward(peer: Peer, obj: Objective) -> None:
+    """``algorithm.use_kl_in_reward`` (``apply_kl_penalty``, fixed or adaptive ``kl_ctrl``) as algo.kl_in_reward_*."""
+    kind, control = VERL_KL_KINDS.get(peer("algorithm.kl_penalty")), peer("algorithm.kl_ctrl.type")
+    if kind is None or control not in ("fixed", "adaptive"):
+        obj.blockers.append(peer.show("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type"))
+        return
+    obj.set("kl_in_reward_coef", float(peer("algorithm.kl_ctrl.kl_coef")),
+            peer.show("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef"))
+    obj.set("kl_in_reward_type", kind, peer.show("algorithm.kl_penalty"))
+    if control == "adaptive":
+        obj.set("kl_in_reward_target", float(peer("algorithm.kl_ctrl.target_kl")),
+                peer.show("algorithm.kl_ctrl.type", "algorithm.kl_ctrl.target_kl"))
+        obj.set("kl_in_reward_horizon", int(peer("algorithm.kl_ctrl.horizon")), peer.show("algorithm.kl_ctrl.horizon"))
 
 
 def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | None:
