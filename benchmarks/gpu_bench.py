@@ -15,7 +15,9 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
   same routes and log-probs within bf16 tolerance (0.05) until a row's samples part (``ok``).
 * ``trainer`` one bf16 update (``optim.precision=bf16``) of micro-batches of >= 16k tokens: tokens/s
   and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
-  measured bf16 matmul peak of an H200).
+  measured bf16 matmul peak of an H200); and ``padding_free``: the padded update against
+  ``optim.padding_free`` on the same rows cut to ~5/8 real tokens, alternating, their log-probs' gap and the
+  padding-free update's host syncs.
 * ``lean``    fp32 forward + backward of one micro-batch, transformers vs ``benchmarks/lean_forward.py`` (no module
   stack, no mask plumbing), with each one's host syncs.
 * ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``,
@@ -41,7 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("engine", "trainer", "lean", "rl_step", "trace")
-TIMEOUT_S = {"engine": 240, "trainer": 90, "lean": 60, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 40, 20?, 60, 130
+TIMEOUT_S = {"engine": 240, "trainer": 120, "lean": 60, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 60, 20?, 60, 130
 
 
 def model_config(tiny: bool) -> Any:
@@ -202,7 +204,40 @@ def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
     tokens = rows * width
     flops = 6 * active_parameters(model.config) * tokens / seconds
     return {"tokens_per_update": tokens, "update_s": seconds, "tok_s": tokens / seconds,
-            "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS}
+            "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS,
+            "padding_free": padding_free_arm(model, batch, objective, tiny, device)}
+
+
+def padding_free_arm(model: Any, full: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
+    """``optim.padding_free`` against the padded update on the same rows cut to lengths from a quarter to all of
+    the width (~5/8 real tokens): update times side by side, the log-probs' largest gap, a padding-free update's
+    host syncs (CUDA)."""
+    import dataclasses
+
+    import torch
+
+    from minirl.trainer import Trainer
+
+    rows, width = full.input_ids.shape
+    lengths = torch.linspace(width // 4, width, rows).round().long()
+    real = torch.arange(width)[None] < lengths[:, None]
+    batch = dataclasses.replace(full, attention_mask=real, mask=real[:, 1:].clone())
+    trainers = {free: Trainer(model, lr=1e-6, micro_batch_sequences=rows, precision="bf16", padding_free=free)
+                for free in (False, True)}
+    gap = float((trainers[False].score(batch).logp - trainers[True].score(batch).logp).abs().max())
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
+        for free, trainer in trainers.items():
+            sync(device)
+            start = time.perf_counter()
+            trainer.update(batch, objective)
+            sync(device)
+            if round_:
+                times[free].append(time.perf_counter() - start)
+    padded, packed = statistics.median(times[False]), statistics.median(times[True])
+    syncs = host_sync_census(lambda: trainers[True].update(batch, objective)) if device == "cuda" else None
+    return {"real_frac": float(real.float().mean()), "padded_update_s": padded, "padding_free_update_s": packed,
+            "speedup": padded / packed, "max_logp_gap": gap, "host_syncs": syncs}
 
 
 def part_lean(tiny: bool, device: str) -> dict[str, Any]:
@@ -411,6 +446,10 @@ def summary(results: dict[str, Any]) -> str:
     if "mfu" in trainer:
         lines.append(f"  trainer bf16: {trainer['tok_s']:,.0f} tok/s, {trainer['model_tflop_s']:.1f} TFLOP/s, "
                      f"MFU {100 * trainer['mfu']:.1f} % of {trainer['peak_tflops']:.0f}")
+        free = trainer["padding_free"]
+        lines.append(f"  padding-free update ({100 * free['real_frac']:.0f} % real tokens): padded {free['padded_update_s']:.3f} s, "
+                     f"padding-free {free['padding_free_update_s']:.3f} s ({free['speedup']:.2f}x), max |logp gap| "
+                     f"{free['max_logp_gap']:.1e}; host syncs {free['host_syncs']['total'] if free['host_syncs'] else 'n/a'}")
     lean = results.get("lean", {})
     if "lean_speedup" in lean:
         syncs = {k: v["total"] for k, v in lean.items() if k.endswith("_host_syncs") and v}

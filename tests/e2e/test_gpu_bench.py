@@ -37,6 +37,9 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     agreement = results["engine"]["agreement"]  # on the CPU the bucketed path runs eagerly
     assert agreement["ok"] and agreement["routes_equal_frac"] == 1.0 and agreement["rows"] == 8
     assert results["trainer"]["tokens_per_update"] == 128 and 0 < results["trainer"]["mfu"] < 1
+    free = results["trainer"]["padding_free"]
+    assert free["padding_free_update_s"] > 0 and free["max_logp_gap"] <= 1e-2 and 0.5 < free["real_frac"] < 0.8
+    assert "padding-free update" in done.stdout
     assert results["lean"]["max_logp_gap"] == 0.0 and results["lean"]["lean_s"] > 0  # bitwise on the CPU
     assert results["rl_step"]["global_step_s"] > 0 and results["rl_step"]["rows"] == 8
     assert results["trace"]["wall_s"] > 0

@@ -215,3 +215,27 @@ def test_a_linear_attention_family_is_refused_at_its_first_forward():
     ids, mask = _ragged(rows=3, width=10)
     with pytest.raises(pf.PaddingFreeError, match=r"1 of the model's 4 layers ran their attention .* set optim.padding_free=false"):
         pf.forward(model, ids, pf.Packing.of(mask), use_cache=False)
+
+
+@pytest.mark.parametrize("kind", ["lora", "bf16"])
+def test_lora_adapters_and_bf16_autocast_pack_the_same_way(kind):
+    """LoRA on every linear layer (peft's injected modules see the packed row) and bf16 mixed precision: the same
+    log-probs, routes and loss as the padded update, gradients to float rounding."""
+    from minirl.models.lora import add_lora
+
+    model_a = make_tiny_moe()
+    if kind == "lora":
+        add_lora(model_a, rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
+    model_b = copy.deepcopy(model_a)
+    precision = "bf16" if kind == "bf16" else "fp32"
+    trainers = [Trainer(m, lr=1e-2, replay=RoutingReplay(m), precision=precision, micro_batch_sequences=3, padding_free=free)
+                for m, free in ((model_a, False), (model_b, True))]
+    batch = _batch()
+    scores = [t.score(batch, record_routes=True) for t in trainers]
+    assert (scores[0].logp - scores[1].logp).abs().max().item() <= 1e-6 and torch.equal(scores[0].routes, scores[1].routes)
+    batch = replace(batch.with_logp_old(scores[0].logp), logp_rollout=scores[0].logp, routes=scores[0].routes)
+    objective = make_objective(MiniRLConfig(), batch)
+    out_a, out_b = (t.update(batch, objective, replay_routes=True) for t in trainers)
+    assert abs(out_a.loss - out_b.loss) < 1e-6
+    _same_gradients({n: p.grad for n, p in model_a.named_parameters() if p.grad is not None},
+                    {n: p.grad for n, p in model_b.named_parameters() if p.grad is not None})

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minirl.types import to_device
+
 ATTENTION = "minirl_padding_free"
 SUPPORTED = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
@@ -91,10 +93,11 @@ class Packing:
         for group in groups:
             block_width = sizes[group[0]]
             place = torch.cat([i * block_width + torch.arange(sizes[row]) for i, row in enumerate(group)])
-            blocks.append(Block(start, start + len(place), len(group), block_width, place.to(device)))
+            blocks.append(Block(start, start + len(place), len(group), block_width, to_device(place, device)))
             start += len(place)
         flat = torch.cat([row * width + torch.arange(sizes[row]) for row in order])
-        return cls(rows, width, flat.to(device), (flat % width).unsqueeze(0).to(device), blocks)
+        # pinned, non-blocking copies to a GPU: building the packing never waits for the device's queue
+        return cls(rows, width, to_device(flat, device), to_device((flat % width).unsqueeze(0), device), blocks)
 
     @property
     def tokens(self) -> int:
