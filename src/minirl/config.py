@@ -417,7 +417,8 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
+                                        "length_weighted", "kl_coef", "kl_loss_type", "ref_sync_every_updates",
+                                        "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
                                         "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
@@ -531,6 +532,9 @@ class GSPOConfig(LossConfig):
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(4e-4, ge=0)
     """Clip range above 1 of the ratio pi_theta/pi_old."""
+    length_weighted: bool = False
+    """LUSPO (arXiv 2602.05261; TRL's ``loss_type='luspo'`` with ``importance_sampling_level='sequence'``): each
+    response's term weighed by its length |y_i|, so that long responses are not down-weighted. False: GSPO's."""
     adv_std_normalize: bool = True
 
 

@@ -187,7 +187,7 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "cispo", "importance_sampling_level": "sequence"},
                                    {"scale_rewards": "median"},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -451,6 +451,34 @@ def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Pat
     # TRL's micro-batches of 4 rows, each loss divided by the 2 accumulation steps, sum to the whole batch's
     theirs = _trl_gradient(loss_type, x, 0.2, 0.28, is_ratio, max_len=6)
     assert ours.abs().max() > 1e-3  # the check has something to compare
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_trl_sequence_level_luspo_is_length_weighted_gspo_with_trls_gradient():
+    """LUSPO as TRL recommends it (``importance_sampling_level="sequence"``): GSPO's sequence ratio and clip, each
+    response's loss times its length, the mean over the step's responses; TRL's micro-batches of 4 rows over 2
+    accumulation steps written as one mean over the 8 rows."""
+    from minirl.objective import make_objective
+    from minirl.types import Batch
+
+    cfg = from_trl(TRL_BATCH | {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": 0.2,
+                                "epsilon_high": 0.28}).config()
+    assert (cfg.algo.name, cfg.algo.length_weighted, cfg.algo.eps_low, cfg.algo.eps_high) == ("gspo", True, 0.2, 0.28)
+    x = _batch()
+    batch = Batch(input_ids=torch.zeros(8, 7, dtype=torch.long), attention_mask=torch.ones(8, 7, dtype=torch.bool),
+                  mask=x.mask, logp_rollout=x.logp_rollout, advantages=x.advantages, group_ids=x.group_ids,
+                  logp_old=x.logp_old)
+    logp = x.logp.detach().clone().requires_grad_(True)
+    (ours,) = torch.autograd.grad(make_objective(cfg.algo, batch)(logp, batch)[0], logp)
+    logp = x.logp.detach().clone().requires_grad_(True)  # TRL 1.16's _compute_loss, sequence level, "luspo"
+    mask = x.mask.float()
+    log_importance_weights = (((logp - x.logp_old) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.28)
+    per_token_loss = -torch.min(coef_1 * x.advantages[:, None], coef_2 * x.advantages[:, None])
+    (theirs,) = torch.autograd.grad((per_token_loss * mask).sum(-1).mean(), logp)
+    assert ours.abs().max() > 1e-3 and not torch.equal(ours, torch.autograd.grad(  # differs from plain GSPO
+        make_objective(cfg.algo.model_copy(update={"length_weighted": False}), batch)(logp, batch)[0], logp)[0])
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 

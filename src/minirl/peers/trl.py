@@ -283,12 +283,7 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
 def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
-    if peer("sync_ref_model"):  # TR-DPO's soft update every ref_model_sync_steps optimizer steps (= minirl updates)
-        if not peer("beta"):
-            raise ConfigError(f"{peer.show('sync_ref_model', 'beta')}: there is no reference model to sync (TRL refuses "
-                              "this too); set beta > 0 or sync_ref_model=False")
-        obj.set("ref_sync_every_updates", int(peer("ref_model_sync_steps")), peer.show("sync_ref_model", "ref_model_sync_steps"))
-        obj.set("ref_sync_alpha", float(peer("ref_model_mixup_alpha")), peer.show("ref_model_mixup_alpha"))
+    _trl_reference(peer, obj, n)
     if peer("use_adaptive_entropy"):  # Skywork-OR1's control; entropy_coef is its starting value
         obj.set("entropy_target", float(peer("entropy_target")), peer.show("use_adaptive_entropy", "entropy_target"))
         for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):  # the same names as TRL's
@@ -305,13 +300,15 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     loss, level = peer("loss_type"), peer("importance_sampling_level")
     eps_low = float(peer("epsilon"))
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
-    name = {("sequence", "grpo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
+    name = {("sequence", "grpo"): "gspo", ("sequence", "luspo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
             ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "luspo"): "minirl",
             ("token", "cispo"): "cispo", ("token", "sapo"): "sapo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
     obj.set("name", name, peer.show("loss_type", "importance_sampling_level"))
+    if (level, loss) == ("sequence", "luspo"):  # LUSPO: GSPO's sequence term times the response's length
+        obj.set("length_weighted", True, peer.show("loss_type", "importance_sampling_level"))
     _trl_clip_range(peer, obj, name, eps_low, eps_high, minibatches)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         _trl_ppo_aggregation(peer, obj, loss, minibatches)
@@ -332,13 +329,23 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
             _trl_is_bounds(peer, obj, mode)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: TRL's weight")
+    return obj
+
+
+def _trl_reference(peer: Peer, obj: Objective, n: int) -> None:
+    """TRL's reference model: the KL term (``beta``) and TR-DPO's sync (``sync_ref_model``)."""
     if peer("beta"):
         obj.set("kl_coef", float(peer("beta")), peer.show("beta"))
         obj.set("kl_loss_type", "k3", "TRL's per-token KL is k3")
         if peer("use_bias_correction_kl") and n > 1:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
-    return obj
+    if peer("sync_ref_model"):  # TR-DPO's soft update every ref_model_sync_steps optimizer steps (= minirl updates)
+        if not peer("beta"):
+            raise ConfigError(f"{peer.show('sync_ref_model', 'beta')}: there is no reference model to sync (TRL refuses "
+                              "this too); set beta > 0 or sync_ref_model=False")
+        obj.set("ref_sync_every_updates", int(peer("ref_model_sync_steps")), peer.show("sync_ref_model", "ref_model_sync_steps"))
+        obj.set("ref_sync_alpha", float(peer("ref_model_mixup_alpha")), peer.show("ref_model_mixup_alpha"))
 
 
 def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
