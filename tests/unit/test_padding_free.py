@@ -239,3 +239,22 @@ def test_lora_adapters_and_bf16_autocast_pack_the_same_way(kind):
     assert abs(out_a.loss - out_b.loss) < 1e-6
     _same_gradients({n: p.grad for n, p in model_a.named_parameters() if p.grad is not None},
                     {n: p.grad for n, p in model_b.named_parameters() if p.grad is not None})
+
+
+def test_a_token_budget_counts_real_tokens_when_padding_free():
+    """``micro_batch_max_tokens`` with padding-free forwards cuts micro-batches by real tokens (verl's dynamic batch
+    size with ``use_remove_padding``): fewer micro-batches than the padded count would give, the same update."""
+    trainer_a, trainer_b = _trainers(micro_batch_sequences=8)
+    budgeted = Trainer(copy.deepcopy(trainer_a.model), lr=1e-2, micro_batch_sequences=8, micro_batch_max_tokens=34,
+                       padding_free=True)
+    padded_budget = Trainer(copy.deepcopy(trainer_a.model), lr=1e-2, micro_batch_sequences=8, micro_batch_max_tokens=34)
+    batch = _batch()
+    micros = budgeted._micro_batches(batch)
+    assert all(int(m.attention_mask.sum()) <= 34 or len(rows) == 1 for rows, m in micros)
+    assert len(micros) < len(padded_budget._micro_batches(batch))
+    batch = batch.with_logp_old(trainer_a.score(batch).logp)
+    objective = make_objective(MiniRLConfig(), batch)
+    out_a, out_b = trainer_a.update(batch, objective), budgeted.update(batch, objective)
+    assert abs(out_a.loss - out_b.loss) < 1e-6
+    _same_gradients({n: p.grad for n, p in trainer_a.model.named_parameters()},
+                    {n: p.grad for n, p in budgeted.model.named_parameters()})
