@@ -435,7 +435,7 @@ class MiniRLConfig(LossConfig):
     """MiniRL (paper Eq. 7) and its ablations, as values."""
 
     name: Literal["minirl"] = "minirl"
-    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
@@ -472,7 +472,7 @@ class GRPOConfig(LossConfig):
     """GRPO as written in the paper's Appendix A (1/|y| per response, PPO min/clip on pi/pi_old)."""
 
     name: Literal["grpo"]
-    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
     eps_low: float = Field(0.2, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(0.27, ge=0)
@@ -494,7 +494,7 @@ class CISPOConfig(LossConfig):
     """CISPO (paper Appendix A): detached clipped ratio x log pi, per-group token normalisation, no mask."""
 
     name: Literal["cispo"]
-    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
     eps_low: float = Field(0.2, ge=0)
     """Clip range below 1 of the ratio pi_theta/pi_old (>= 1: no lower clip, as the CISPO paper and TRL's)."""
     eps_high: float = Field(0.27, ge=0)
@@ -527,7 +527,7 @@ class GSPOConfig(LossConfig):
     """GSPO (arXiv 2507.18071): length-normalised sequence ratio, sequence-level clipping."""
 
     name: Literal["gspo"]
-    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
     eps_low: float = Field(3e-4, ge=0, lt=1)
     """Clip range below 1 of the ratio pi_theta/pi_old."""
     eps_high: float = Field(4e-4, ge=0)
@@ -542,7 +542,7 @@ class SAPOConfig(LossConfig):
     """SAPO (arXiv 2511.20347): GRPO with a smooth, temperature-controlled gate instead of the hard clip."""
 
     name: Literal["sapo"]
-    """The objective: minirl | grpo | cispo | gspo | sapo."""
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
     tau_pos: float = Field(1.0, gt=0)
     """Gate temperature of tokens with A > 0 (TRL's ``sapo_temperature_pos``)."""
     tau_neg: float = Field(1.05, gt=0)
@@ -559,8 +559,36 @@ class SAPOConfig(LossConfig):
     adv_std_normalize: bool = True
 
 
-OBJECTIVES = ("minirl", "grpo", "cispo", "gspo", "sapo")
-AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig | SAPOConfig, Field(discriminator="name")]
+class VESPOConfig(LossConfig):
+    """VESPO (arXiv 2602.10693): REINFORCE weighed by a Gamma kernel of each response's sequence ratio, no clip."""
+
+    name: Literal["vespo"]
+    """The objective: minirl | grpo | cispo | gspo | sapo | vespo."""
+    k_pos: float = Field(2.0, ge=0)
+    """Shape k of the kernel e^lambda w^k e^(-lambda w) for A >= 0 (TRL's ``vespo_k_pos``)."""
+    lambda_pos: float = Field(3.0, ge=1e-4)
+    """Its rate lambda for A >= 0 (``vespo_lambda_pos``)."""
+    k_neg: float = Field(3.0, ge=0)
+    """Shape k for A < 0 (``vespo_k_neg``)."""
+    lambda_neg: float = Field(2.0, ge=1e-4)
+    """Rate lambda for A < 0 (``vespo_lambda_neg``)."""
+    is_correction: bool = False
+    """Put the bounded training–inference factor pi_old/mu_old of each token into the sequence ratio (TRL with vLLM)."""
+    tis_cap: float = Field(5.0, gt=0)
+    """Upper bound of that factor."""
+    tis_floor: TisFloor = 0.0
+    tis_mode: TisMode = "truncate"
+    _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
+    adv_std_normalize: bool = True
+
+    def minibatch_normalizer(self, minibatch: Any) -> float:
+        """The mini-batch's trained tokens (TRL divides VESPO's token sum by ``num_items_in_batch``)."""
+        return float(max(int(minibatch.mask.sum()), 1))
+
+
+OBJECTIVES = ("minirl", "grpo", "cispo", "gspo", "sapo", "vespo")
+AlgoConfig = Annotated[MiniRLConfig | GRPOConfig | CISPOConfig | GSPOConfig | SAPOConfig | VESPOConfig,
+                       Field(discriminator="name")]
 
 
 class MoEConfig(Section):
@@ -860,7 +888,7 @@ def format_error(err: ValidationError, source: str) -> str:
 
             where = f"{source}: " if source else ""
             variants: dict[str, type[BaseModel]] = {"minirl": MiniRLConfig, "grpo": GRPOConfig, "cispo": CISPOConfig, "gspo": GSPOConfig,
-                                                      "sapo": SAPOConfig}
+                                                      "sapo": SAPOConfig, "vespo": VESPOConfig}
             hint = did_you_mean(variants[str(variant)], str(loc[-1]))  # the tag is a str
             return f"{where}{'.'.join(map(str, loc))}: not a knob of algo.name={variant}{hint}"
     if first["type"] == "union_tag_invalid":

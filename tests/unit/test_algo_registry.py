@@ -12,7 +12,7 @@ import torch
 from minirl.algo import POLICY_LOSSES, LossInputs, minirl_loss, to_floats
 
 F64 = torch.float64
-NAMES = ["minirl", "grpo", "cispo", "gspo", "sapo"]
+NAMES = ["minirl", "grpo", "cispo", "gspo", "sapo", "vespo"]
 
 
 def _random_batch(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """The layout rules of docs/architecture.md that a refactor could quietly break.
 
-``algo/`` holds the paper's math (640 lines with docstrings; what peers add, in ``algo/variants/``, 330), and it imports nothing of
+``algo/`` holds the paper's math (640 lines with docstrings; what peers add, in ``algo/variants/``, 400), and it imports nothing of
 minirl but the checked inputs and the masked helpers (no config, no monitoring, no I/O).
 """
 
@@ -20,12 +20,12 @@ def test_algo_fits_its_line_budget():
     log-probs, with the options TRL and verl put on those same losses (masked / sequence-level IS bounds, OPSM, the
     dual clip, RLOO's baseline, REINFORCE++'s whitening): 640 lines. 600 when the budget was set (the math alone,
     599); it grew to 870 before what is not the paper's moved to ``algo/variants/`` (SAPO, the entropy bonus and
-    token selection, verl's rejection, the KL penalty, GDPO): 280 lines there, 330 since verl's KL in the reward
-    joined them (one peer's variant a file, ~40-80 lines each). A new variant goes to ``variants/``."""
+    token selection, verl's rejection, the KL penalty, GDPO): 280 lines there, 400 since verl's KL in the reward and
+    VESPO joined them (one peer's variant a file, ~40-80 lines each). A new variant goes to ``variants/``."""
     paper = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
     variants = sum(len(p.read_text().splitlines()) for p in (ALGO / "variants").glob("*.py"))
     assert paper <= 640, f"minirl/algo/ has {paper} lines (budget 640): put what is not the paper's math in algo/variants/"
-    assert variants <= 330, f"minirl/algo/variants/ has {variants} lines (budget 330)"
+    assert variants <= 400, f"minirl/algo/variants/ has {variants} lines (budget 400)"
 
 
 def test_algo_imports_only_the_math_helpers():

@@ -133,7 +133,7 @@ def test_cli_subprocess_has_no_traceback():
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["algo.name=ppo"], "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo', 'sapo' (got 'ppo')"),
+        (["algo.name=ppo"], "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo', 'sapo', 'vespo' (got 'ppo')"),
         (["algo.name=gspo", "algo.clip=false"], "algo.clip: not a knob of algo.name=gspo"),
         (["algo.name=cispo", "optim.micro_batch_sequences=5"], "optim.micro_batch_sequences: CISPO"),
         (["algo.name=cispo", "optim.micro_batch_max_tokens=512"], "optim.micro_batch_max_tokens: CISPO"),

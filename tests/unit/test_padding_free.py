@@ -244,7 +244,7 @@ def test_lora_adapters_and_bf16_autocast_pack_the_same_way(kind):
 def test_a_token_budget_counts_real_tokens_when_padding_free():
     """``micro_batch_max_tokens`` with padding-free forwards cuts micro-batches by real tokens (verl's dynamic batch
     size with ``use_remove_padding``): fewer micro-batches than the padded count would give, the same update."""
-    trainer_a, trainer_b = _trainers(micro_batch_sequences=8)
+    trainer_a, _ = _trainers(micro_batch_sequences=8)
     budgeted = Trainer(copy.deepcopy(trainer_a.model), lr=1e-2, micro_batch_sequences=8, micro_batch_max_tokens=34,
                        padding_free=True)
     padded_budget = Trainer(copy.deepcopy(trainer_a.model), lr=1e-2, micro_batch_sequences=8, micro_batch_max_tokens=34)

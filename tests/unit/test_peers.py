@@ -187,7 +187,8 @@ def test_trl_losses_minirl_has(loss_type, level, name):
     assert out.objective.startswith("your TRL loss")
 
 
-@pytest.mark.parametrize("given", [{"loss_type": "vespo"}, {"loss_type": "cispo", "importance_sampling_level": "sequence"},
+@pytest.mark.parametrize("given", [{"loss_type": "vespo", "off_policy_mask_threshold": 0.5},
+                                   {"loss_type": "cispo", "importance_sampling_level": "sequence"},
                                    {"scale_rewards": "median"},
                                    {"use_vllm": True, "importance_sampling_level": "sequence", "loss_type": "grpo"}])
 def test_trl_losses_minirl_lacks_leave_minirl_and_say_so(given):
@@ -479,6 +480,48 @@ def test_trl_sequence_level_luspo_is_length_weighted_gspo_with_trls_gradient():
     (theirs,) = torch.autograd.grad((per_token_loss * mask).sum(-1).mean(), logp)
     assert ours.abs().max() > 1e-3 and not torch.equal(ours, torch.autograd.grad(  # differs from plain GSPO
         make_objective(cfg.algo.model_copy(update={"length_weighted": False}), batch)(logp, batch)[0], logp)[0])
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def _trl_vespo_gradient(x: LossInputs, is_ratio: torch.Tensor | None, normalizer: float) -> torch.Tensor:
+    """TRL 1.16's ``get_gamma_weights`` and its ``loss_type="vespo"`` branch (default k / lambda), written as TRL does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    mask = x.mask.float()
+    with torch.no_grad():
+        lower_clamp = math.log(1e-8)
+        seq_log_ratio = torch.sum(torch.clamp(logp - x.logp_old, -20.0, 20.0) * mask, dim=-1, keepdim=True)
+        if is_ratio is not None:
+            seq_log_ratio += torch.sum(torch.clamp(torch.log(is_ratio), lower_clamp, 20.0), dim=-1, keepdim=True)
+        log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
+        w_seq = torch.exp(log_w_seq)
+        is_nonneg_adv = x.advantages[:, None] >= 0
+        k_seq = torch.where(is_nonneg_adv, 2.0, 3.0)
+        lambda_seq = torch.where(is_nonneg_adv, 3.0, 2.0).clamp(min=1e-4)
+        phi_seq = torch.exp(lambda_seq + k_seq * log_w_seq - lambda_seq * w_seq).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    per_token_loss = -phi_seq * x.advantages[:, None] * logp
+    (grad,) = torch.autograd.grad((per_token_loss * mask).sum() / normalizer, logp)
+    return grad
+
+
+@pytest.mark.parametrize("vllm", [None, ("token_truncate", None, 2.0), ("token_truncate", 0.5, 1.5), ("token_mask", 0.5, 2.0)])
+def test_trl_vespo_has_trls_gradient(vllm):
+    """TRL's micro-batches of 4 rows over 2 accumulation steps, each divided by num_items_in_batch (the generation's
+    tokens) x 2 / 2, sum to one token sum over the 8 rows divided by their tokens: minirl's normaliser."""
+    given = TRL_BATCH | {"loss_type": "vespo"}
+    x = _batch()
+    x = LossInputs(x.logp_old + 0.05 * (x.logp - x.logp_old), x.logp_old, x.logp_rollout, x.advantages, x.mask,
+                   x.group_ids)  # ratios near 1: phi far from 0
+    is_ratio = None
+    if vllm:
+        mode, clip_min, clip_max = vllm
+        given |= {"use_vllm": True, "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
+                  "vllm_importance_sampling_clip_max": clip_max}
+        is_ratio = _trl_is_ratio(x, mode, clip_min, clip_max)
+    cfg = from_trl(given).config()
+    assert cfg.algo.name == "vespo" and cfg.algo.is_correction is bool(vllm)
+    _, ours = _losses(x, cfg, batch=8)
+    theirs = _trl_vespo_gradient(x, is_ratio, normalizer=float(x.mask.sum()))
+    assert ours.abs().max() > 1e-3
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 

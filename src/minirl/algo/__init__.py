@@ -31,15 +31,16 @@ from minirl.algo.gspo import gspo_loss
 from minirl.algo.logprobs import token_logprobs
 from minirl.algo.minirl import minirl_loss
 from minirl.algo.variants.sapo import sapo_loss
+from minirl.algo.variants.vespo import vespo_loss
 from minirl.loss_inputs import LossInputs
 from minirl.tensors import to_floats
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss, "cispo": cispo_loss, "gspo": gspo_loss,
-                                         "sapo": sapo_loss}
+                                         "sapo": sapo_loss, "vespo": vespo_loss}
 
 __all__ = [
     "POLICY_LOSSES", "LossInputs", "PolicyLoss", "cispo_loss", "group_advantages", "grpo_loss", "gspo_loss",
-    "minirl_loss", "sapo_loss", "to_floats", "token_logprobs",
+    "minirl_loss", "sapo_loss", "to_floats", "token_logprobs", "vespo_loss",
 ]

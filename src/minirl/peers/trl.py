@@ -31,7 +31,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_steps": 1, "generation_batch_size": None, "steps_per_generation": None,
     "num_iterations": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
     "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
-    "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "scale_rewards": "group", "reward_weights": None,
+    "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "scale_rewards": "group", "reward_weights": None,
     "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
     "sync_ref_model": False, "ref_model_mixup_alpha": 0.6, "ref_model_sync_steps": 512, "top_entropy_quantile": 1.0, "entropy_coef": 0.0, "use_adaptive_entropy": False,
     "entropy_coef_min": 0.0, "entropy_coef_max": 1.0, "entropy_coef_delta": 0.005, "entropy_target": 0.2,
@@ -302,7 +303,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     eps_high = float(peer("epsilon_high") if peer("epsilon_high") is not None else eps_low)
     name = {("sequence", "grpo"): "gspo", ("sequence", "luspo"): "gspo", ("token", "grpo"): "grpo", ("token", "dr_grpo"): "minirl",
             ("token", "dapo"): "minirl", ("token", "bnpo"): "minirl", ("token", "luspo"): "minirl",
-            ("token", "cispo"): "cispo", ("token", "sapo"): "sapo"}.get((level, loss))
+            ("token", "cispo"): "cispo", ("token", "sapo"): "sapo", ("token", "vespo"): "vespo"}.get((level, loss))
     if name is None:
         obj.blockers.append(peer.show("loss_type", "importance_sampling_level"))
         return obj
@@ -320,13 +321,14 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
     mode = peer("vllm_importance_sampling_mode")
     _trl_opsm(peer, obj, name, correction)
-    if correction and (mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask") or name == "gspo"):
-        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + (" with GSPO (no IS factor in minirl's)"
-                                                                          if name == "gspo" else ""))
+    if correction and (mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask") or name == "gspo"
+                       or (name == "vespo" and not mode.startswith("token_"))):  # TRL refuses VESPO's sequence modes
+        obj.blockers.append(peer.show("vllm_importance_sampling_mode") + {"gspo": " with GSPO (no IS factor in minirl's)",
+                                                                          "vespo": " with VESPO (token modes only)"}.get(name, ""))
     if name != "gspo":  # TRL multiplies each token by its bounded pi_old / mu_old, detached; without vLLM by nothing
         obj.set("is_correction", correction, peer.show("use_vllm", "vllm_importance_sampling_correction"))
         if correction:
-            _trl_is_bounds(peer, obj, mode)
+            _trl_is_bounds(peer, obj, mode, name)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: TRL's weight")
     return obj
@@ -441,6 +443,13 @@ def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_h
         obj.set("tau_pos", float(peer("sapo_temperature_pos")), peer.show("sapo_temperature_pos"))
         obj.set("tau_neg", float(peer("sapo_temperature_neg")), peer.show("sapo_temperature_neg"))
         return
+    if name == "vespo":  # a Gamma kernel of the sequence ratio instead of the clip; epsilon and delta play no part
+        for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg"):
+            obj.set(key, float(peer(f"vespo_{key}")), peer.show(f"vespo_{key}"))
+        if minibatches > 1:
+            obj.differs.append("loss_type='vespo' with several optimizer steps per generation: TRL divides each step "
+                               "by the generation's mean tokens per step, minirl by the step's own tokens")
+        return
     if name == "cispo":
         if eps_high < 1:
             obj.blockers.append(peer.show("epsilon_high") + " with loss_type='cispo' (a cap on r below 1)")
@@ -467,8 +476,8 @@ def _trl_opsm(peer: Peer, obj: Objective, name: str, correction: bool) -> None:
     threshold = peer("off_policy_mask_threshold")
     if threshold is None:
         return
-    if name == "gspo":
-        obj.blockers.append(peer.show("off_policy_mask_threshold") + " with GSPO (minirl's gspo has no OPSM)")
+    if name in ("gspo", "vespo"):
+        obj.blockers.append(peer.show("off_policy_mask_threshold") + f" with {name.upper()} (minirl's {name} has no OPSM)")
         return
     obj.set("opsm_threshold", float(threshold), peer.show("off_policy_mask_threshold"))
     if peer("use_vllm") and not correction:
@@ -476,10 +485,11 @@ def _trl_opsm(peer: Peer, obj: Objective, name: str, correction: bool) -> None:
                            "with vLLM's log-probs, minirl's (is_correction off) with pi_old's")
 
 
-def _trl_is_bounds(peer: Peer, obj: Objective, mode: str) -> None:
+def _trl_is_bounds(peer: Peer, obj: Objective, mode: str, name: str = "minirl") -> None:
     """TRL's ``vllm_importance_sampling_mode`` (level x truncate / mask) and its clip bounds as minirl's tis_* keys."""
     level, kind = mode.split("_")
-    obj.set("tis_level", level, peer.show("vllm_importance_sampling_mode"))
+    if name != "vespo":  # VESPO's factor is per token (it enters the sequence ratio as a product)
+        obj.set("tis_level", level, peer.show("vllm_importance_sampling_mode"))
     obj.set("tis_mode", kind, peer.show("vllm_importance_sampling_mode"))
     cap = peer("vllm_importance_sampling_cap") or peer("vllm_importance_sampling_clip_max")
     obj.set("tis_cap", float(cap) if cap is not None else math.inf, peer.show("vllm_importance_sampling_clip_max"))
