@@ -258,3 +258,23 @@ def test_a_token_budget_counts_real_tokens_when_padding_free():
     assert abs(out_a.loss - out_b.loss) < 1e-6
     _same_gradients({n: p.grad for n, p in trainer_a.model.named_parameters()},
                     {n: p.grad for n, p in budgeted.model.named_parameters()})
+
+
+def test_a_sliding_window_layer_keeps_its_window():
+    """Mixtral with a 4-token window: the padded forward's mask carries the window, so each attention block gets
+    the same causal window (rows of up to 12 tokens, wider than it); without it the log-probs would move by ~0.2."""
+    from transformers import AutoModelForCausalLM
+
+    from minirl.models.presets import preset_config
+
+    config = preset_config("mixtral-tiny", 48, 0, 1)
+    config.sliding_window = 4
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    ids, mask = _ragged(rows=6, width=12)
+    logp_a, grads_a = _logp_and_grads(model, ids, mask, packed=False)
+    logp_b, grads_b = _logp_and_grads(model, ids, mask, packed=True)
+    assert (logp_a - logp_b).abs().max().item() <= 1e-6
+    _same_gradients(grads_a, grads_b)
+    model.config.sliding_window = None
+    assert (_logp_and_grads(model, ids, mask, packed=False)[0] - logp_a).abs().max().item() > 1e-2  # the window matters

@@ -6,7 +6,8 @@ experts and the LM head do no work on padding. Only attention needs the rows apa
 attention implementation (registered with transformers' ``AttentionInterface``, switched on for the
 one forward) spreads each layer's query, key and value back to padded rows, in blocks of rows of
 similar length ([rows, heads, width, d] each), runs the model's own attention function on them
-(causal, no mask: the padded path's call) and gathers the T real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
+(causal, no mask: the padded path's call; a sliding-window layer's window as the padded path's mask
+carries it) and gathers the T real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
 
 On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs and every
 gradient equal the padded forward's (bitwise on the machines tested; ``tests/unit/test_padding_free.py``).
@@ -121,11 +122,18 @@ class Packing:
 
     def attend(self, own: Any, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                **kwargs: Any) -> torch.Tensor:
-        """``own`` attention (causal, no mask: the padded forward's call) block by block: [1, T, H, d]."""
+        """``own`` attention block by block: [1, T, H, d]. Causal and unmasked (the padded forward's call), but for a
+        sliding-window layer (``sliding_window`` given) under sdpa, whose window the padded forward's mask carries:
+        there the block gets that causal window mask (flash attention applies the window itself)."""
+        window = kwargs.get("sliding_window") if self.original == "sdpa" else None
         outs = []
         for block in self.blocks:
             q, k, v = (self.spread_heads(x, block) for x in (query, key, value))
-            out, _ = own(module, q, k, v, None, **kwargs)  # [rows, width, H, d]
+            mask = None
+            if window is not None and block.width > window:  # transformers' sliding_window_overlay: q - kv < window
+                i = torch.arange(block.width, device=query.device)
+                mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window))[None, None]
+            out, _ = own(module, q, k, v, mask, **kwargs)  # [rows, width, H, d]
             outs.append(out.reshape(block.rows * block.width, *out.shape[2:]).index_select(0, block.place))
         return torch.cat(outs).unsqueeze(0)
 
