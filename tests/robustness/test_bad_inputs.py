@@ -56,7 +56,7 @@ CONFIG_FILES = [
     ("zero_temperature.yaml", "rollout.temperature: must be greater than 0 (got 0)"),
     ("steps_not_int.yaml", "optim.global_steps: must be a valid integer, unable to parse string as an integer (got 'ten')"),
     ("jsonl_without_path.yaml", "task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)"),
-    ("unknown_objective.yaml", "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo', 'sapo' (got 'ppo')"),
+    ("unknown_objective.yaml", "algo.name: must be one of 'minirl', 'grpo', 'cispo', 'gspo', 'sapo', 'vespo' (got 'ppo')"),
     ("knob_of_other_objective.yaml", "algo.tis_cap: not a knob of algo.name=gspo"),
     ("minibatches_do_not_divide.yaml",
      "optim.minibatches_per_step: must divide the global batch prompts_per_step x samples_per_prompt = 9 (got 2)"),
