@@ -239,7 +239,8 @@ class Trainer:
                 def append_routes() -> None:  # the handle's routes are filled when its block exits
                     if handles:
                         routes = handles[0].natural_routes if replay_routes else handles[0].routes
-                        sink.append(routes if packing is None else packing.unpack(routes, fill=-1))
+                        # (None when the forward was interrupted: the routing block closes on the way out)
+                        sink.append(routes if packing is None or routes is None else packing.unpack(routes, fill=-1))
 
                 stack.callback(append_routes)
             handles.append(stack.enter_context(context))

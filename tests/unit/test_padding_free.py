@@ -278,3 +278,18 @@ def test_a_sliding_window_layer_keeps_its_window():
     _same_gradients(grads_a, grads_b)
     model.config.sliding_window = None
     assert (_logp_and_grads(model, ids, mask, packed=False)[0] - logp_a).abs().max().item() > 1e-2  # the window matters
+
+
+def test_an_interrupted_forward_raises_its_own_exception():
+    """A signal (or any error) inside a packed forward that records routes closes the routing block on the way out
+    with no routes: the caller sees the interruption (Ctrl-C's clean stop), not a follow-on error."""
+    model = make_tiny_moe()
+    trainer = Trainer(model, lr=1e-2, replay=RoutingReplay(model), padding_free=True)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    model.model.layers[1].mlp.forward = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        trainer.score(_batch(), record_routes=True)
+    assert model.config._attn_implementation == "sdpa"
