@@ -4,15 +4,17 @@ A right-padded batch [B, S] runs through the model as one row of its T real toke
 token's own position (``position_ids``), so the embeddings, norms, projections, MoE routers and
 experts and the LM head do no work on padding. Only attention needs the rows apart: a custom
 attention implementation (registered with transformers' ``AttentionInterface``, switched on for the
-one forward) spreads each layer's query, key and value back to padded rows, in blocks of rows of
-similar length ([rows, heads, width, d] each), runs the model's own attention function on them
-(causal, no mask: the padded path's call; a sliding-window layer's window as the padded path's mask
-carries it) and gathers the T real outputs again. Logits come back as [B, S, V] (zeros at padding), so nothing downstream changes.
+forward and kept on through its backward) spreads each layer's query, key and value back to padded
+rows, in blocks of rows of similar length ([rows, heads, width, d] each), runs the model's own
+attention function on them (causal and unmasked, the padded path's call; a sliding-window layer gets
+the window the padded path's mask carries) and gathers the T real outputs again. Logits come back as
+[B, S, V] (zeros at padding), so nothing downstream changes.
 
-On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs and every
-gradient equal the padded forward's (bitwise on the machines tested; ``tests/unit/test_padding_free.py``).
-Routing replay sees the packed call ([1, T, L, K] routes); ``Trainer`` packs the routes it replays
-and spreads the routes it records (-1 at padding).
+On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs equal the
+padded forward's (bitwise on the machines tested) and the gradients do to float rounding (the weight
+gradients sum over fewer rows, in another order); ``tests/unit/test_padding_free.py``. Routing replay
+sees the packed call ([1, T, L, K] routes); ``Trainer`` packs the routes it replays and spreads the
+routes it records (-1 at padding).
 
 Refused in one line: an attention implementation other than ``sdpa`` / ``flash_attention_*`` (``eager``
 would need a mask), a row whose real tokens are not a prefix, and a model in which not every layer's
