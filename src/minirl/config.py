@@ -417,8 +417,7 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "multi_objective_aggregation",
-                                        "length_weighted", "kl_coef", "kl_loss_type", "ref_sync_every_updates",
-                                        "ref_sync_alpha",
+                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
                                         "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",

@@ -31,17 +31,12 @@ class PolicyObjective:
     name: str
     knobs: dict
     check_nan: bool = True
-    length_weighted: bool = False  # gspo's ``length_weighted`` (LUSPO): A_i x |y_i|
 
     def __call__(self, logp: torch.Tensor, micro: Batch, *, token_keep: torch.Tensor | None = None,
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_old is None:
             raise ValueError("the old-log-prob pass must run before an update (batch.logp_old is None)")
-        advantages = micro.advantages
-        if self.length_weighted:  # LUSPO (arXiv 2602.05261): GSPO's term of response i times |y_i|, exactly (the
-            # surrogate min(s A, clip(s) A) is positively homogeneous in A, and its clipping depends on A's sign only)
-            advantages = advantages * micro.mask.sum(dim=1).to(advantages.dtype)
-        inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, advantages, micro.mask, micro.group_ids,
+        inputs = LossInputs(logp, micro.logp_old, micro.logp_rollout, micro.advantages, micro.mask, micro.group_ids,
                             check_nan=self.check_nan, token_keep=token_keep)
         loss, metrics = POLICY_LOSSES[self.name](inputs, **self.knobs)
         return loss, {key: value for key, value in metrics.items() if key != "loss"}  # tensors: the trainer syncs once
@@ -51,7 +46,7 @@ def make_objective(algo: AlgoConfig, minibatch: Batch) -> Objective:
     """``POLICY_LOSSES[algo.name]`` with the configured knobs, for micro-batches of ``minibatch``."""
     knobs = algo.loss_knobs()
     knobs["normalizer"] = algo.minibatch_normalizer(minibatch)  # each variant owns its denominator
-    return PolicyObjective(algo.name, knobs, check_nan=False, length_weighted=bool(getattr(algo, "length_weighted", False)))
+    return PolicyObjective(algo.name, knobs, check_nan=False)
 
 
 @dataclass(frozen=True)

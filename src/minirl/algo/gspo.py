@@ -44,6 +44,7 @@ def gspo_loss(
     eps_low: float = GSPO_EPS_LOW,
     eps_high: float = GSPO_EPS_HIGH,
     normalizer: float | None = None,
+    length_weighted: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO loss, the negative of GSPO Eq. (5) with the sequence ratio of GSPO Eq. (7) (arXiv:2507.18071).
 
@@ -53,6 +54,7 @@ def gspo_loss(
     N = ``normalizer`` or B. d loss / d logp_{i,t} = -s_i A_i / (|y_i| N) for trained tokens of
     unclipped responses (GSPO Eq. (10)), 0 for clipped ones. ``logp_rollout`` (still checked for
     shape and NaN) and ``group_ids`` are accepted for the uniform signature and not used.
+    ``length_weighted``: LUSPO (arXiv:2602.05261), each response's term times |y_i|.
     """
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
     if x.token_keep is not None:
@@ -70,6 +72,7 @@ def gspo_loss(
     log_seq_ratio = (logp_m - lp_old).sum(dim=1) / counts.clamp(min=1).to(dtype)
     seq_ratio = torch.exp(log_seq_ratio)  # s_i with gradient; 1 for rows without tokens
     surrogate = torch.minimum(seq_ratio * adv, seq_ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    surrogate = surrogate * counts.to(dtype) if length_weighted else surrogate  # LUSPO's length weight
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     denom = logp.shape[0] if normalizer is None else normalizer
     loss = -torch.where(has_tokens, surrogate, zero).sum() / denom
