@@ -23,6 +23,21 @@ def make_tiny_moe(seed: int = 0, vocab: int = 48, layers: int = 2):
     return Qwen3MoeForCausalLM(cfg).float()
 
 
+def ragged_batch(rows: int, seed: int = 0, *, completion_tokens=lambda i: 2 + (i * 5) % 4):
+    """A collated batch of ``rows`` completions in groups of 2: prompts of 3-5 random tokens, row i's completion of
+    ``completion_tokens(i)`` tokens, random rollout log-probs and advantages (pad id 0)."""
+    from minirl.batching import collate
+    from minirl.types import Completion
+
+    g = torch.Generator().manual_seed(seed)
+    comps = []
+    for i in range(rows):
+        prompt = torch.randint(2, 40, (3 + i % 3,), generator=g).tolist()
+        completion = torch.randint(2, 40, (completion_tokens(i),), generator=g).tolist()
+        comps.append(Completion(i // 2, i % 2, prompt, completion, -torch.rand(len(completion), generator=g), "eos"))
+    return collate(comps, torch.randn(rows, generator=g), pad_token_id=0)
+
+
 @pytest.fixture
 def tiny_moe():
     return make_tiny_moe()

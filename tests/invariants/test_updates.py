@@ -7,24 +7,16 @@ from dataclasses import replace
 
 import torch
 
-from minirl.batching import collate, split
+from minirl.batching import split
 from minirl.config import CISPOConfig, GRPOConfig, GSPOConfig, MiniRLConfig, SAPOConfig
 from minirl.moe import RoutingReplay
 from minirl.objective import make_objective
 from minirl.trainer import Trainer
-from minirl.types import Completion
-from tests.conftest import make_tiny_moe
+from tests.conftest import make_tiny_moe, ragged_batch
 
 
 def _batch(rows: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    comps = []
-    for i in range(rows):
-        prompt = torch.randint(2, 40, (3 + i % 3,), generator=g).tolist()
-        completion = torch.randint(2, 40, (2 + (i * 5) % 4,), generator=g).tolist()
-        comps.append(Completion(i // 2, i % 2, prompt, completion, -torch.rand(len(completion), generator=g), "eos"))
-    adv = torch.randn(rows, generator=g)
-    return collate(comps, adv, pad_token_id=0)
+    return ragged_batch(rows, seed)
 
 
 def _with_old(trainer: Trainer, batch):

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minirl.batching import collate, token_budget_rows
+from minirl.batching import token_budget_rows
 from minirl.config import MiniRLConfig
 from minirl.models import padding_free as pf
 from minirl.models.lora import enable_gradient_checkpointing
@@ -17,8 +17,7 @@ from minirl.models.presets import build_model
 from minirl.moe import RoutingReplay
 from minirl.objective import make_objective
 from minirl.trainer import Trainer
-from minirl.types import Completion
-from tests.conftest import make_tiny_moe
+from tests.conftest import make_tiny_moe, ragged_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -122,13 +121,7 @@ def test_long_rows_in_several_attention_blocks_match_the_padded_forward():
 
 
 def _batch(rows: int = 8, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    comps = []
-    for i in range(rows):
-        prompt = torch.randint(2, 40, (3 + i % 3,), generator=g).tolist()
-        completion = torch.randint(2, 40, (1 + (i * 5) % 7,), generator=g).tolist()
-        comps.append(Completion(i // 2, i % 2, prompt, completion, -torch.rand(len(completion), generator=g), "eos"))
-    return collate(comps, torch.randn(rows, generator=g), pad_token_id=0)
+    return ragged_batch(rows, seed, completion_tokens=lambda i: 1 + (i * 5) % 7)  # 1-7 tokens: varied padding
 
 
 def _trainers(**kwargs):

@@ -376,6 +376,16 @@ def _batch(batch: int = 8, width: int = 6, seed: int = 0) -> LossInputs:
     return LossInputs(logp, logp_old, logp_rollout, advantages, mask, torch.arange(batch) // 4)
 
 
+def _with_vllm(given: dict, x: LossInputs, vllm: tuple | None) -> tuple[dict, torch.Tensor | None]:
+    """TRL settings with vLLM's IS correction in ``vllm`` = (mode, clip_min, clip_max) (None: without vLLM), and the
+    ``importance_sampling_ratio`` TRL computes for ``x`` then."""
+    if not vllm:
+        return given, None
+    mode, clip_min, clip_max = vllm
+    return given | {"use_vllm": True, "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
+                    "vllm_importance_sampling_clip_max": clip_max}, _trl_is_ratio(x, mode, clip_min, clip_max)
+
+
 TRL_BATCH = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
              "max_completion_length": 6}
 
@@ -439,14 +449,9 @@ def test_trl_loss_translations_have_trls_gradient(loss_type, vllm, tmp_path: Pat
     given = {"loss_type": loss_type, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
              "num_generations": 4, "max_completion_length": 6, "epsilon": 0.2, "epsilon_high": 0.28}
     x = _batch()
-    is_ratio = None
-    if vllm:
-        mode, clip_min, clip_max = vllm
-        given |= {"use_vllm": True, "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
-                  "vllm_importance_sampling_clip_max": clip_max}
-        is_ratio = _trl_is_ratio(x, mode, clip_min, clip_max)
-        if clip_min is not None or clip_max is not None:  # the bounds act on this batch: a real check
-            assert not torch.equal(is_ratio, _trl_is_ratio(x, mode.replace("truncate", "mask"), None, None))
+    given, is_ratio = _with_vllm(given, x, vllm)
+    if vllm and (vllm[1] is not None or vllm[2] is not None):  # the bounds act on this batch: a real check
+        assert not torch.equal(is_ratio, _trl_is_ratio(x, vllm[0].replace("truncate", "mask"), None, None))
     cfg = from_trl(given).config()
     _, ours = _losses(x, cfg, batch=8)
     # TRL's micro-batches of 4 rows, each loss divided by the 2 accumulation steps, sum to the whole batch's
@@ -511,12 +516,7 @@ def test_trl_vespo_has_trls_gradient(vllm):
     x = _batch()
     x = LossInputs(x.logp_old + 0.05 * (x.logp - x.logp_old), x.logp_old, x.logp_rollout, x.advantages, x.mask,
                    x.group_ids)  # ratios near 1: phi far from 0
-    is_ratio = None
-    if vllm:
-        mode, clip_min, clip_max = vllm
-        given |= {"use_vllm": True, "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
-                  "vllm_importance_sampling_clip_max": clip_max}
-        is_ratio = _trl_is_ratio(x, mode, clip_min, clip_max)
+    given, is_ratio = _with_vllm(given, x, vllm)
     cfg = from_trl(given).config()
     assert cfg.algo.name == "vespo" and cfg.algo.is_correction is bool(vllm)
     _, ours = _losses(x, cfg, batch=8)
