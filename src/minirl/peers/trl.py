@@ -426,9 +426,7 @@ def _trl_ppo_aggregation(peer: Peer, obj: Objective, loss: str, minibatches: int
         obj.set("aggregation", "seq_sum", "loss_type='luspo': sum over tokens, mean over responses")
     elif loss == "dapo":
         obj.set("aggregation", "token_mean", "loss_type='dapo': tokens of the mini-batch")
-        if minibatches > 1:
-            obj.differs.append("loss_type='dapo' with several optimizer steps per generation: TRL divides each "
-                               "step by the generation's mean tokens per step, minirl by the step's own tokens")
+        _per_step_tokens(obj, "dapo", minibatches)
     else:
         obj.set("aggregation", "seq_sum", "loss_type='dr_grpo': sum over tokens")
         responses = peer("per_device_train_batch_size") * peer("gradient_accumulation_steps") * peer("num_processes")
@@ -446,9 +444,7 @@ def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_h
     if name == "vespo":  # a Gamma kernel of the sequence ratio instead of the clip; epsilon and delta play no part
         for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg"):
             obj.set(key, float(peer(f"vespo_{key}")), peer.show(f"vespo_{key}"))
-        if minibatches > 1:
-            obj.differs.append("loss_type='vespo' with several optimizer steps per generation: TRL divides each step "
-                               "by the generation's mean tokens per step, minirl by the step's own tokens")
+        _per_step_tokens(obj, "vespo", minibatches)
         return
     if name == "cispo":
         if eps_high < 1:
@@ -457,9 +453,7 @@ def _trl_clip_range(peer: Peer, obj: Objective, name: str, eps_low: float, eps_h
         obj.set("eps_low", 1.0, "loss_type='cispo': no lower clip")
         obj.set("eps_high", eps_high - 1, f"loss_type='cispo': r capped at epsilon_high={eps_high}")
         obj.set("aggregation", "token_mean", "loss_type='cispo': tokens of the mini-batch")
-        if minibatches > 1:
-            obj.differs.append("loss_type='cispo' with several optimizer steps per generation: TRL divides each step "
-                               "by the generation's mean tokens per step, minirl by the step's own tokens")
+        _per_step_tokens(obj, "cispo", minibatches)
         return
     obj.set("eps_low", eps_low, peer.show("epsilon"))
     obj.set("eps_high", eps_high, peer.show("epsilon_high") if peer("epsilon_high") is not None else "epsilon_high unset: = epsilon")
@@ -483,6 +477,13 @@ def _trl_opsm(peer: Peer, obj: Objective, name: str, correction: bool) -> None:
     if peer("use_vllm") and not correction:
         obj.differs.append("off_policy_mask_threshold without vllm_importance_sampling_correction: TRL's mask compares "
                            "with vLLM's log-probs, minirl's (is_correction off) with pi_old's")
+
+
+def _per_step_tokens(obj: Objective, loss: str, minibatches: int) -> None:
+    """How TRL's ``num_items_in_batch`` divisor (dapo, cispo, vespo) differs from minirl's with N > 1."""
+    if minibatches > 1:
+        obj.differs.append(f"loss_type='{loss}' with several optimizer steps per generation: TRL divides each step "
+                           "by the generation's mean tokens per step, minirl by the step's own tokens")
 
 
 def _trl_is_bounds(peer: Peer, obj: Objective, mode: str, name: str = "minirl") -> None:
