@@ -35,8 +35,7 @@ from minirl.algo.logprobs import token_entropy_with_grad
 from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
 from minirl.models.lora import merged_state_dict
-from minirl.models.padding_free import Packing, check_supported
-from minirl.models.padding_free import forward as padding_free_forward
+from minirl.models.padding_free import PackedForward, Packing
 from minirl.monitor.mismatch import token_entropy
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
@@ -192,8 +191,7 @@ class Trainer:
         self.micro_batch_sequences = micro_batch_sequences
         self.micro_batch_max_tokens = micro_batch_max_tokens
         self.padding_free = padding_free  # ``optim.padding_free``: forwards on the real tokens only
-        if padding_free:
-            check_supported(model)  # one line now, not at the first forward
+        self._packed = PackedForward(model) if padding_free else None  # refuses a model in one line now
         self.adamw_impl = adamw_impl
         flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(
@@ -221,7 +219,7 @@ class Trainer:
         after its backward: gradient checkpointing recomputes the routers during backward."""
         context: AbstractContextManager[Any] = nullcontext()
         # ``optim.padding_free``: the model sees the real tokens as one row [1, T]; routes in and out follow
-        packing = Packing.of(micro.attention_mask, self.device) if self.padding_free else None
+        packing = Packing.of(micro.attention_mask, self.device) if self._packed is not None else None
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
@@ -249,8 +247,8 @@ class Trainer:
                 # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
                 # the attention path). Padding positions' outputs are garbage and are masked out.
                 input_ids = to_device(micro.input_ids, self.device)
-                if packing is not None:  # zeros at padding
-                    return padding_free_forward(self.model, input_ids, packing, stack, use_cache=False)
+                if self._packed is not None and packing is not None:  # zeros at padding
+                    return self._packed(input_ids, packing, stack, use_cache=False)
                 return self.model(input_ids=input_ids, use_cache=False).logits
 
     @torch.no_grad()

@@ -166,17 +166,58 @@ def _configs(model: nn.Module) -> list[Any]:
     return list(seen.values())
 
 
-def check_supported(model: nn.Module) -> str:
-    """The model's attention implementation, if padding-free forwards support it; else ``ValueError`` in one line."""
-    configs = _configs(model)
-    if not configs:
-        raise PaddingFreeError("optim.padding_free needs a Hugging Face transformers model (no PretrainedConfig found)")
-    implementation = getattr(configs[0], "_attn_implementation", None)
-    if implementation not in SUPPORTED:
-        raise PaddingFreeError(f"optim.padding_free: this model's attention runs as '{implementation}' (it needs a mask over "
-                               "padding); padding-free forwards need 'sdpa' or 'flash_attention_*': set optim.padding_free=false")
-    _register()
-    return str(implementation)
+class PackedForward:
+    """The padding-free forwards of one model; what they need of it is read once: its configs (whose attention
+    implementation a packed forward switches), its own attention implementation and its layer count.
+    ``PaddingFreeError`` in one line when the model cannot run them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.configs = _configs(model)
+        if not self.configs:
+            raise PaddingFreeError("optim.padding_free needs a Hugging Face transformers model (no PretrainedConfig found)")
+        implementation = getattr(self.configs[0], "_attn_implementation", None)
+        if implementation not in SUPPORTED:
+            raise PaddingFreeError(f"optim.padding_free: this model's attention runs as '{implementation}' (it needs a mask "
+                                   "over padding); padding-free forwards need 'sdpa' or 'flash_attention_*': set "
+                                   "optim.padding_free=false")
+        self.original = str(implementation)
+        self.layers = _attention_layers(self.configs)
+        _register()
+
+    @contextmanager
+    def packed_attention(self, packing: Packing) -> Iterator[None]:
+        """Inside: the model's attention runs as ``ATTENTION`` (its own implementation recorded in ``packing``)."""
+        packing.original = self.original
+        before = [config._attn_implementation for config in self.configs]
+        for config in self.configs:
+            config._attn_implementation = ATTENTION
+        try:
+            yield
+        finally:
+            for config, implementation in zip(self.configs, before):
+                config._attn_implementation = implementation
+
+    def __call__(self, input_ids: torch.Tensor, packing: Packing, stack: ExitStack | None = None,
+                 **kwargs: Any) -> torch.Tensor:
+        """The model's logits [B, S, V] for the right-padded ``input_ids`` [B, S], computed on its real tokens only
+        (zeros at padding). ``kwargs`` go to the model call (e.g. ``use_cache=False``). With ``stack``, the packed
+        attention stays switched on until the caller closes it: after a backward that recomputes checkpointed
+        layers (gradient checkpointing)."""
+        with ExitStack() as own:
+            (stack or own).enter_context(self.packed_attention(packing))
+            out = self.model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing,
+                             **kwargs)
+        if packing.calls != self.layers:
+            raise PaddingFreeError(f"optim.padding_free: {packing.calls} of the model's {self.layers} layers ran their "
+                                   f"attention through transformers' attention interface ({type(self.model).__name__}); "
+                                   "the others would mix the packed rows: set optim.padding_free=false")
+        return packing.unpack(out.logits)
+
+
+def forward(model: nn.Module, input_ids: torch.Tensor, packing: Packing, **kwargs: Any) -> torch.Tensor:
+    """One padding-free forward of ``model`` (``PackedForward(model)(input_ids, packing, **kwargs)``)."""
+    return PackedForward(model)(input_ids, packing, **kwargs)
 
 
 def _register() -> None:
@@ -186,9 +227,9 @@ def _register() -> None:
         AttentionInterface.register(ATTENTION, attention)
 
 
-def expected_attention_calls(model: nn.Module) -> int:
+def _attention_layers(configs: list[Any]) -> int:
     """Attention calls in one forward: one per decoder layer (``num_hidden_layers`` of the text config)."""
-    for config in _configs(model):
+    for config in configs:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         layers = getattr(text, "num_hidden_layers", None)
         if layers:
@@ -196,36 +237,4 @@ def expected_attention_calls(model: nn.Module) -> int:
     raise PaddingFreeError("optim.padding_free: the model's config has no num_hidden_layers")
 
 
-@contextmanager
-def packed_attention(model: nn.Module, packing: Packing) -> Iterator[None]:
-    """Inside: the model's attention runs as ``ATTENTION`` (its own implementation recorded in ``packing``)."""
-    packing.original = check_supported(model)
-    configs = _configs(model)
-    before = [config._attn_implementation for config in configs]
-    for config in configs:
-        config._attn_implementation = ATTENTION
-    try:
-        yield
-    finally:
-        for config, implementation in zip(configs, before):
-            config._attn_implementation = implementation
-
-
-def forward(model: nn.Module, input_ids: torch.Tensor, packing: Packing, stack: ExitStack | None = None,
-            **kwargs: Any) -> torch.Tensor:
-    """``model``'s logits [B, S, V] for the right-padded ``input_ids`` [B, S], computed on its real tokens only
-    (zeros at padding). ``kwargs`` go to the model call (e.g. ``use_cache=False``). With ``stack``, the packed
-    attention stays switched on until the caller closes it: after a backward that recomputes checkpointed
-    layers (gradient checkpointing)."""
-    with ExitStack() as own:
-        (stack or own).enter_context(packed_attention(model, packing))
-        out = model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing, **kwargs)
-    expected = expected_attention_calls(model)
-    if packing.calls != expected:
-        raise PaddingFreeError(f"optim.padding_free: {packing.calls} of the model's {expected} layers ran their attention through "
-                         f"transformers' attention interface ({type(model).__name__}); the others would mix the packed "
-                         "rows: set optim.padding_free=false")
-    return packing.unpack(out.logits)
-
-
-__all__ = ["ATTENTION", "Packing", "PaddingFreeError", "attention", "check_supported", "forward", "packed_attention"]
+__all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward"]
