@@ -102,10 +102,6 @@ class Packing:
         # pinned, non-blocking copies to a GPU: building the packing never waits for the device's queue
         return cls(rows, width, to_device(flat, device), to_device((flat % width).unsqueeze(0), device), blocks)
 
-    @property
-    def tokens(self) -> int:
-        return int(self.index.numel())
-
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, ...] -> [1, T, ...]: the real tokens, rows longest first."""
         return x.reshape(self.rows * self.width, *x.shape[2:]).index_select(0, self.index.to(x.device)).unsqueeze(0)
