@@ -183,6 +183,11 @@ class RolloutConfig(Section):
     """Sample among the k most probable tokens (0 = off); ``logp_rollout`` is of that truncated law."""
     min_p: float = Field(0.0, ge=0, lt=1)
     """Drop tokens less probable than min_p x the most probable one (0 = off; vLLM's order: min-p, top-k, top-p)."""
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """CTRL's repetition penalty on the raw logits, before the temperature (TRL's and verl's ``repetition_penalty``,
+    as Hugging Face and vLLM apply it): a token already in the row's prompt or completion has its logit divided by
+    this where positive, multiplied where not (1 = off). ``logp_rollout`` is of the penalised law, so the
+    importance weight sees the gap it opens between engine and trainer (``mismatch/*``)."""
     precision: Literal["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"] = "fp32"
     """The engine's own weight precision: the controlled training–inference mismatch, from none
     (fp32) to fp4 (``minirl.rollout.precision``)."""
@@ -625,6 +630,8 @@ class EvalConfig(Section):
     """Top-k at evaluation (0 = off)."""
     min_p: float = Field(0.0, ge=0, lt=1)
     """Min-p at evaluation (0 = off)."""
+    repetition_penalty: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Repetition penalty at evaluation (1 = off; ``rollout.repetition_penalty``)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Defaults to rollout.max_new_tokens."""
 

@@ -579,7 +579,8 @@ def rollout_sampling(cfg: Config, step: int, round_index: int = 0) -> SamplingPa
     """The rollout's sampling law and seed at ``step`` (``round_index``: dynamic sampling's later rounds)."""
     r = cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          min_p=r.min_p, seed=cfg.run.seed * 100_003 + step + round_index * 1_000_003)
+                          min_p=r.min_p, repetition_penalty=r.repetition_penalty,
+                          seed=cfg.run.seed * 100_003 + step + round_index * 1_000_003)
 
 
 def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:
@@ -605,7 +606,7 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     prompts = task.eval_prompts()[: e.num_prompts]
     sampling = SamplingParams(
         max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
-        top_k=e.top_k, min_p=e.min_p, seed=cfg.run.seed * 7919 + 1_000_000 + step,
+        top_k=e.top_k, min_p=e.min_p, repetition_penalty=e.repetition_penalty, seed=cfg.run.seed * 7919 + 1_000_000 + step,
     )
     completions = engine.generate(prompts, e.samples_per_prompt, sampling)
     rewards, _ = score_completions(rewards, prompts, completions)

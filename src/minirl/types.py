@@ -29,8 +29,8 @@ FinishReason = Literal["eos", "length"]
 
 @dataclass
 class SamplingParams:
-    """How the rollout engine samples. ``logp_rollout`` is of the tempered, min-p / top-k / top-p-truncated law
-    (``top_k`` 0 and ``min_p`` 0: off)."""
+    """How the rollout engine samples. ``logp_rollout`` is of the repetition-penalised, tempered, min-p / top-k /
+    top-p-truncated law (``top_k`` 0, ``min_p`` 0 and ``repetition_penalty`` 1: off; ``minirl.rollout.sampling``)."""
 
     max_new_tokens: int = 32
     temperature: float = 1.0
@@ -38,6 +38,7 @@ class SamplingParams:
     seed: int = 0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass

@@ -51,11 +51,17 @@ def test_trl_evaluates_with_its_sampling_temperature():
 
 
 def test_trl_generation_kwargs_override_the_law_and_name_the_rest():
-    out = _trl(temperature=0.9, generation_kwargs={"top_k": 20, "temperature": 0.6, "repetition_penalty": 1.05})
+    out = _trl(temperature=0.9, repetition_penalty=1.2,
+               generation_kwargs={"top_k": 20, "temperature": 0.6, "repetition_penalty": 1.05, "typical_p": 0.9})
     v = out.values
     assert (v["rollout.temperature"], v["rollout.top_k"], v["eval.temperature"], v["eval.top_k"]) == (0.6, 20, 0.6, 20)
+    assert (v["rollout.repetition_penalty"], v["eval.repetition_penalty"]) == (1.05, 1.05)
     assert [line for line in out.not_translated if line.startswith("generation_kwargs")] == [
-        "generation_kwargs: repetition_penalty=1.05 (minirl samples with temperature, min-p, top-k and top-p only)"]
+        "generation_kwargs: typical_p=0.9 (minirl samples with temperature, min-p, top-k, top-p and a repetition "
+        "penalty only)"]
+    v = _trl(repetition_penalty=1.1).values
+    assert (v["rollout.repetition_penalty"], v["eval.repetition_penalty"]) == (1.1, 1.1)
+    assert _trl().values["rollout.repetition_penalty"] == 1.0
     assert _trl(generation_kwargs='{"min_p": 0.1}').values["rollout.min_p"] == 0.1  # TRL's JSON text form
     with pytest.raises(ConfigError, match="generation_kwargs='top_k': not a JSON object"):
         _trl(generation_kwargs="top_k")
@@ -79,6 +85,9 @@ def test_verl_top_k_minus_one_is_off():
     assert (v["rollout.top_k"], v["eval.top_k"]) == (0, 0)
     v = from_verl(base | {"actor_rollout_ref.rollout.top_k": 20, "actor_rollout_ref.rollout.val_kwargs.top_k": 5}).values
     assert (v["rollout.top_k"], v["eval.top_k"]) == (20, 5)
+    assert (v["rollout.repetition_penalty"], v["eval.repetition_penalty"]) == (1.0, 1.0)
+    v = from_verl(base | {"actor_rollout_ref.rollout.repetition_penalty": 1.1}).values  # its vLLM server's, both
+    assert (v["rollout.repetition_penalty"], v["eval.repetition_penalty"]) == (1.1, 1.1)
 
 
 def test_verl_remove_padding_is_padding_free():
@@ -292,12 +301,12 @@ def test_trl_rewards_models_peft_and_leftovers():
 
 def test_rendered_file_is_the_translation_and_names_each_origin(tmp_path: Path):
     out = _trl(per_device_train_batch_size=16, steps_per_generation=2, learning_rate=2e-6, use_peft=True,
-               repetition_penalty=1.1)
+               max_prompt_length=64)
     path = tmp_path / "m.yaml"
     path.write_text(out.render("grpo.yaml"))
     assert load_config(path) == out.config()
     text = path.read_text()
-    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "#   - repetition_penalty=1.1: minirl samples" in text
+    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "#   - max_prompt_length=64: TRL cuts" in text
     assert "  lora:\n    rank: 16  # use_peft=True, lora_r=16" in text
 
 

@@ -142,16 +142,17 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
 
 
 def _trl_law(peer: Peer, out: Translation) -> dict[str, tuple[Any, str]]:
-    """The sampling law: ``temperature``, ``top_p``, ``top_k``, ``min_p``, each overridden by ``generation_kwargs``
+    """The sampling law: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, each overridden by
+    ``generation_kwargs``
     as TRL lets it override them (a mapping, or JSON text); its other keys are named as not translated (once)."""
     extra = peer.json_mapping("generation_kwargs")
     law: dict[str, tuple[Any, str]] = {}
-    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float)):
+    for key, cast in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float), ("repetition_penalty", float)):
         value, origin = (extra[key], f"generation_kwargs.{key}={extra[key]}") if key in extra else (peer(key), peer.show(key))
-        value = cast(value or 0) if key in ("top_k", "min_p") else cast(value)
+        value = cast(value or 0) if key in ("top_k", "min_p") else cast(1.0 if value is None else value)
         law[key] = (max(0, value) if key == "top_k" else value, origin)
     rest = sorted(set(extra) - set(law))
-    line = f"generation_kwargs: {', '.join(f'{k}={extra[k]!r}' for k in rest)} (minirl samples with temperature, min-p, top-k and top-p only)"
+    line = f"generation_kwargs: {', '.join(f'{k}={extra[k]!r}' for k in rest)} (minirl samples with temperature, min-p, top-k, top-p and a repetition penalty only)"
     if rest and line not in out.not_translated:
         out.not_translated.append(line)
     return law
@@ -189,9 +190,6 @@ def _trl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
     for key, (value, origin) in _trl_law(peer, out).items():
         out.set(f"rollout.{key}", value, origin)
-    if peer("repetition_penalty") not in (1.0, None):
-        out.not_translated.append(f"{peer.show('repetition_penalty')}: minirl samples with temperature, min-p, top-k "
-                                  "and top-p only")
     if peer("use_vllm"):
         out.set("cluster.engine_backend", "vllm", peer.show("use_vllm"))
         if peer("vllm_mode") != "colocate":

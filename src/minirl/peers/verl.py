@@ -35,7 +35,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
     "data.train_files": None, "data.val_files": None, "data.seed": None,
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
-    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "name": None,
+    R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
     R + "enable_rollout_routing_replay": False,
     A + "ppo_mini_batch_size": 256, A + "ppo_micro_batch_size_per_gpu": None, A + "use_dynamic_bsz": False,
@@ -256,6 +256,9 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.temperature", float(peer(R + "temperature")), peer.show(R + "temperature"))
     out.set("rollout.top_p", float(peer(R + "top_p")), peer.show(R + "top_p"))
     out.set("rollout.top_k", max(0, int(peer(R + "top_k") or 0)), peer.show(R + "top_k"))  # verl's -1 is off
+    penalty = float(peer(R + "repetition_penalty"))  # verl's vLLM server applies it to validation too
+    out.set("rollout.repetition_penalty", penalty, peer.show(R + "repetition_penalty"))
+    out.set("eval.repetition_penalty", penalty, peer.show(R + "repetition_penalty") + " (validation samples with it too)")
     if peer("algorithm.filter_groups.enable"):
         _verl_filter_groups(peer, out, prompts)
     quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")

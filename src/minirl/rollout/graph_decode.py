@@ -18,7 +18,7 @@
   read from a count copied to the host without blocking (``non_blocking`` + an event on CUDA), so it
   may be seen a step late; only a bucket change (at most ``log2(B)`` per rollout) waits.
 
-Sampling stays eager (``minirl.rollout.sampling.sample_next``), so ``logp_rollout`` is exactly the
+Sampling stays eager (``minirl.rollout.sampling.Draw``; a repetition penalty's seen tokens kept by row), so ``logp_rollout`` is exactly the
 law the token was drawn from. With ``per_sample`` seeding every row owns its stream and the samples
 are those of the dynamic loop; with ``per_batch`` seeding one noise tensor covers the whole bucket
 (finished rows included), so the draws are exact but not the dynamic loop's random numbers.
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from minirl.rollout.fast_decode import FastDecoder, StaticKVCache
-from minirl.rollout.sampling import sample_next
+from minirl.rollout.sampling import Draw
 
 
 def bucket_sizes(rows: int) -> list[int]:
@@ -119,11 +119,12 @@ class BucketDecoder:
 
     # ------------------------------------------------------------------ the loop
 
-    def decode(self, running: Any, logits: torch.Tensor, out: Any, sampling: Any, generator: Any, eos_ids: torch.Tensor,
+    def decode(self, running: Any, logits: torch.Tensor, out: Any, draw: Draw, generator: Any, eos_ids: torch.Tensor,
                record_routes: bool, max_new: int) -> None:
         """Decode ``max_new`` tokens for the prefilled ``running`` rows (``NativeEngine._Running``, its
         cache a ``StaticKVCache`` of ``width + max_new`` columns) from their first ``logits`` [B, V]
-        into ``out`` (``NativeEngine._Outputs``, routes started when recorded)."""
+        into ``out`` (``NativeEngine._Outputs``, routes started when recorded); ``draw`` samples (a spare row for
+        the scratch slot)."""
         # Over 60 lines: the whole decode loop (sample, record, finish, shrink to a smaller bucket) in one place,
         # so the order of the steps that must not sync the host is visible.
         fast, device = self.fast, logits.device
@@ -151,8 +152,7 @@ class BucketDecoder:
             step_generator = generator
             if streams is not None:
                 step_generator = [streams[row] for row in bucket.row_list]
-            tokens, logp = sample_next(step_logits, sampling.temperature, sampling.top_p, step_generator,
-                                       top_k=sampling.top_k, min_p=sampling.min_p)
+            tokens, logp = draw(step_logits, bucket.rows, step_generator)
             slots = torch.where(bucket.alive, bucket.rows, scratch)
             tokens_out[slots, step] = tokens
             logp_out[slots, step] = logp

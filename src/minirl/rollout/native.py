@@ -38,7 +38,7 @@ import hashlib
 import inspect
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ from minirl.rollout.precision import (
     fake_quantize,
     quantized_input_dims,
 )
-from minirl.rollout.sampling import sample_next, validate_sampling
+from minirl.rollout.sampling import Draw, validate_sampling
 from minirl.tasks.chat import cut_at_stop_strings, encode_prompt
 from minirl.types import Completion, Prompt, SamplingParams
 
@@ -271,7 +271,7 @@ class NativeEngine:
         ``sampling.temperature`` 0 is greedy (``logp_rollout`` 0, evaluation only; ``minirl.rollout.sampling``). ``prompt_offset``:
         the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only).
         """
-        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
         if samples_per_prompt < 1 or sampling.max_new_tokens < 1:
             raise ValueError("samples_per_prompt and sampling.max_new_tokens must be >= 1")
         out = self._decode(
@@ -296,7 +296,7 @@ class NativeEngine:
         drawing them, under the law ``sampling`` describes (temperature, min-p, top-k, top-p). A token the
         truncations drop gets ``-inf``. For diagnostics (engine vs trainer on fixed tokens) and tests.
         """
-        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+        validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
         if len(prompt_ids) != len(completion_ids) or any(len(c) == 0 for c in completion_ids):
             raise ValueError("score_ids needs one non-empty completion per prompt")
         max_new = max(len(c) for c in completion_ids)
@@ -304,8 +304,7 @@ class NativeEngine:
         for row, ids in enumerate(completion_ids):
             forced[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         forced_lengths = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
-        params = SamplingParams(max_new_tokens=max_new, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k, min_p=sampling.min_p)
+        params = replace(sampling, max_new_tokens=max_new, seed=0)
         out = self._decode(
             prompt_ids, 1, params, generator=None, forced=(forced.to(self.device), forced_lengths.to(self.device))
         )
@@ -340,15 +339,16 @@ class NativeEngine:
         if prefill_routes is not None:
             out.start_routes(prefill_routes, max_new)
         if self._buckets is not None and forced is None and max_new > 1:  # static buckets (graph_decode)
-            self._buckets.decode(running, logits, out, sampling, generator, self.eos_ids, record_routes, max_new)
+            draw = Draw(sampling, prompt_ids, samples_per_prompt, spare_rows=1)  # the buckets' scratch slot
+            self._buckets.decode(running, logits, out, draw, generator, self.eos_ids, record_routes, max_new)
             return out
+        draw = Draw(sampling, prompt_ids, samples_per_prompt)
         for step in range(max_new):
             step_forced = None if forced is None else forced[0][running.rows, step]
             step_generator = generator  # per_sample: the streams of the rows still running
             if isinstance(generator, list):
                 step_generator = [generator[row] for row in running.rows.tolist()]
-            tokens, logp = sample_next(logits, sampling.temperature, sampling.top_p, step_generator, step_forced,
-                                       top_k=sampling.top_k, min_p=sampling.min_p)
+            tokens, logp = draw(logits, running.rows, step_generator, step_forced)
             out.tokens[running.rows, step] = tokens
             out.logp[running.rows, step] = logp
             if step == max_new - 1:

@@ -1,7 +1,9 @@
-"""One sampling step: temperature, min-p, top-k and top-p (nucleus) truncation, a draw, and its log-probability.
+"""One sampling step: a repetition penalty, temperature, min-p, top-k and top-p (nucleus) truncation, a draw, and
+its log-probability.
 
 The log-probability returned is of the distribution the token was actually drawn from,
-``mu(y) = softmax(logits / temperature)`` restricted to the tokens the truncations keep and renormalised, because
+``mu(y) = softmax(logits / temperature)`` (of the penalised logits, when a repetition penalty is on) restricted to
+the tokens the truncations keep and renormalised, because
 that is the ``mu_old`` of the paper's importance weight (design.md, "Contracts"). A log-prob of
 the untruncated or untempered law would make the IS weight wrong.
 
@@ -9,6 +11,12 @@ Truncations, in vLLM's order (v1 sampler: temperature, then min-p, then top-k an
 tokens whose tempered probability is below ``min_p`` times the largest one; top-k keeps the ``top_k`` most
 probable (ties at the k-th value all kept, as a threshold on the logit); top-p is then taken over what is left,
 renormalised. ``top_k`` 0 and ``min_p`` 0 are off.
+
+The repetition penalty (Keskar et al. 2019, CTRL, Sec. 4.1; Hugging Face's ``RepetitionPenaltyLogitsProcessor``,
+vLLM's ``repetition_penalty``, TRL's and verl's setting of that name) comes first, on the raw logits, as in both: a
+token already seen in the row (its prompt or its completion so far) has its logit divided by the penalty when
+positive and multiplied by it otherwise. 1 is off. It makes ``mu`` differ from the trainer's ``pi`` on purpose;
+``logp_rollout`` is of the penalised law, so the importance weight ``pi/mu`` sees that gap as it sees any other.
 
 Top-p rule (as vLLM and Hugging Face): sort tokens by probability, keep the smallest prefix whose
 mass reaches ``top_p`` (a token is kept when the mass strictly before it is below ``top_p``), so
@@ -31,8 +39,11 @@ import math
 
 import torch
 
+from minirl.types import SamplingParams
 
-def validate_sampling(temperature: float, top_p: float, top_k: int = 0, min_p: float = 0.0) -> None:
+
+def validate_sampling(temperature: float, top_p: float, top_k: int = 0, min_p: float = 0.0,
+                      repetition_penalty: float = 1.0) -> None:
     """Raise ``ValueError`` on a temperature, top-p, top-k or min-p the sampler cannot honour.
 
     ``temperature`` must be >= 0 (0 = greedy, whose point-mass law gives no usable ``mu_old``: the
@@ -46,6 +57,27 @@ def validate_sampling(temperature: float, top_p: float, top_k: int = 0, min_p: f
         raise ValueError(f"sampling.top_k must be >= 0 (got {top_k}; 0 is off)")
     if not 0.0 <= min_p < 1.0:
         raise ValueError(f"sampling.min_p must be in [0, 1) (got {min_p}; 0 is off)")
+    if not (repetition_penalty > 0.0 and math.isfinite(repetition_penalty)):
+        raise ValueError(f"sampling.repetition_penalty must be > 0 (got {repetition_penalty}; 1 is off)")
+
+
+def seen_tokens(prompt_ids: list[list[int]], group: int, vocab: int, device: torch.device | str,
+                spare_rows: int = 0) -> torch.Tensor:
+    """The repetition penalty's memory: bool [len(prompt_ids) x group + spare_rows, vocab], True where a row's
+    prompt holds the token (rows grouped by prompt, ``group`` each; spare rows empty). Ids at or past ``vocab``
+    (tokens the LM head cannot produce) are ignored."""
+    seen = torch.zeros(len(prompt_ids) * group + spare_rows, vocab, dtype=torch.bool)
+    for index, ids in enumerate(prompt_ids):
+        kept = [token for token in ids if 0 <= token < vocab]
+        seen[index * group: (index + 1) * group, kept] = True
+    return seen.to(device)
+
+
+def penalize_repetitions(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019, Sec. 4.1; as Hugging Face and vLLM write it): ``logits`` [B, V]
+    with each ``seen`` [B, V] token's logit divided by ``penalty`` where positive, multiplied where not."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
 
 
 def sample_next(
@@ -56,6 +88,8 @@ def sample_next(
     forced_tokens: torch.Tensor | None = None,
     top_k: int = 0,
     min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` [B, V]; return ``(tokens long [B], logp float32 [B])``.
 
@@ -63,7 +97,12 @@ def sample_next(
     the same tempered, truncated law (used to score given completions through the engine's path).
     A forced token outside the nucleus gets ``-inf``. ``generator`` is one stream for the whole
     batch, or a list of one stream per row (each row's draw then depends on its own stream only).
+    ``seen`` [B, V] (bool, ``seen_tokens``): the tokens a ``repetition_penalty`` other than 1 penalises per row.
     """
+    if repetition_penalty != 1.0:
+        if seen is None:
+            raise ValueError("a repetition_penalty needs the rows' seen tokens")
+        logits = penalize_repetitions(logits.float(), seen, repetition_penalty)
     if temperature == 0.0:
         return _greedy(logits, forced_tokens)
     scaled = logits.float()
@@ -89,6 +128,30 @@ def sample_next(
     # log mu(y) = scaled[y] - logsumexp(scaled over the kept tokens); masked entries are -inf
     logp = scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return tokens, logp
+
+
+class Draw:
+    """One rollout's sampling steps: ``sample_next`` under the law of ``sampling`` and, with a repetition penalty,
+    each row's seen tokens (its prompt, then every token drawn or forced for it), kept by original row (prompt-major,
+    ``group`` per prompt; ``spare_rows`` more for a caller's scratch slots)."""
+
+    def __init__(self, sampling: SamplingParams, prompt_ids: list[list[int]], group: int, spare_rows: int = 0) -> None:
+        self.sampling, self.prompt_ids, self.group, self.spare_rows = sampling, prompt_ids, group, spare_rows
+        self.seen: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor, rows: torch.Tensor, generator: torch.Generator | list[torch.Generator] | None,
+                 forced_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sample_next`` for ``logits`` [b, V] of the original ``rows`` [b]."""
+        s, seen = self.sampling, None
+        if s.repetition_penalty != 1.0:
+            if self.seen is None:  # the LM head's width is known at the first step
+                self.seen = seen_tokens(self.prompt_ids, self.group, logits.shape[-1], logits.device, self.spare_rows)
+            seen = self.seen[rows]
+        tokens, logp = sample_next(logits, s.temperature, s.top_p, generator, forced_tokens, top_k=s.top_k, min_p=s.min_p,
+                                   repetition_penalty=s.repetition_penalty, seen=seen)
+        if self.seen is not None:
+            self.seen[rows, tokens] = True
+        return tokens, logp
 
 
 def _greedy(logits: torch.Tensor, forced_tokens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

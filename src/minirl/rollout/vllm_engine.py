@@ -7,7 +7,7 @@ cannot be imported, a config selecting it stops with one line (``require_vllm`` 
 What minirl needs from the engine, and how vLLM gives it:
 
 * ``logp_rollout`` of the distribution actually sampled from: ``LLM(logprobs_mode=
-  "processed_logprobs")`` (log-probs after temperature and top-p, not of the raw logits) and
+  "processed_logprobs")`` (log-probs after the repetition penalty, temperature and top-p, not of the raw logits) and
   ``SamplingParams(logprobs=0)`` (the sampled token's log-prob only).
 * Routes for R3: ``LLM(enable_return_routed_experts=True)`` (vLLM's routed-experts return; it needs
   prefix caching, on by default). Each ``CompletionOutput.routed_experts`` is ``[gen_len, L, K]``;
@@ -308,7 +308,7 @@ class VLLMEngine:
                 requests.append({"prompt_token_ids": ids})
                 params.append(VLLMSampling(
                     n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
-                    min_p=sampling.min_p,
+                    min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
                     max_tokens=sampling.max_new_tokens,
                     seed=request_seed(int(sampling.seed), prompt_offset + index, sample), logprobs=0,
                     **stop_params(self.eos_ids, self.stop_strings),
