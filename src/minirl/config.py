@@ -156,8 +156,15 @@ class TaskConfig(Section):
     """JSONL: a row whose prompt is longer than this many characters is a bad row."""
     max_prompt_tokens: int | None = Field(None, ge=1)
     """JSONL: a row whose prompt encodes to more tokens is a bad row (verl's ``data.max_prompt_length``; with
-    ``on_bad_row: skip``, its ``filter_overlong_prompts``). The model's context less ``rollout.max_new_tokens``
-    always bounds it."""
+    ``on_bad_row: skip``, its ``filter_overlong_prompts``), unless ``task.prompt_truncation`` cuts it. The model's
+    context less ``rollout.max_new_tokens`` always bounds it."""
+    prompt_truncation: Literal["none", "left", "right", "middle"] = "none"
+    """A prompt longer than ``task.max_prompt_tokens`` and the model's context less ``rollout.max_new_tokens``
+    allow: ``none`` = a bad row (``task.on_bad_row``); ``left`` = keep its last tokens (TRL's ``max_prompt_length``;
+    verl's ``data.truncation: left``, which verl 0.9's agent loop applies whatever that key says); ``right`` = keep its
+    first; ``middle`` = its first n // 2 and its last n - n // 2 tokens (verl's ``middle``). The cut is of the
+    token ids after the chat template, so the engine, the trainer and SFT's task prompts see the same ids; reward
+    functions still get the whole prompt."""
 
     @model_validator(mode="after")
     def _jsonl_needs_path(self) -> TaskConfig:

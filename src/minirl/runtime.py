@@ -71,7 +71,7 @@ def set_threads(threads: int) -> None:
 def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, Any]:
     """The trainer's fp32 model and its tokenizer (a preset, or a local HF directory)."""
     from minirl.models.io import load_model_and_tokenizer
-    from minirl.tasks.chat import ChatTemplateError, apply_chat_setting
+    from minirl.tasks.chat import ChatTemplateError, apply_chat_setting, apply_prompt_truncation
 
     source = path or cfg.model.path or cfg.model.preset
     model, tokenizer = load_model_and_tokenizer(source, seed=cfg.run.seed, trust_remote_code=cfg.model.trust_remote_code)
@@ -79,26 +79,44 @@ def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, 
         apply_chat_setting(tokenizer, cfg.task.chat_template, cfg.task.chat_template_kwargs)  # a template file: saved
     except ChatTemplateError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.task.prompt_truncation != "none":
+        apply_prompt_truncation(tokenizer, prompt_token_limit(cfg, model), cfg.task.prompt_truncation)
     return model, tokenizer
 
 
-def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None) -> Task:
-    """The configured task; with a model and tokenizer, prompts too long for its context are bad rows."""
+def prompt_token_limit(cfg: Config, model: torch.nn.Module | None) -> int | None:
+    """The most tokens a prompt may have: ``task.max_prompt_tokens``, and the model's context less
+    ``rollout.max_new_tokens``."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    limits = [n for n in (context and context - cfg.rollout.max_new_tokens, cfg.task.max_prompt_tokens) if n]
+    return min(limits) if limits else None
+
+
+def build_task(cfg: Config, model: torch.nn.Module | None = None, tokenizer: Any = None, log=print) -> Task:
+    """The configured task; with a model and tokenizer, prompts too long for its context are bad rows, or cut
+    (``task.prompt_truncation``, said in one line)."""
     from minirl.tasks import build_task_from_config
     from minirl.tasks.chat import ChatTemplateError, encode_prompt
 
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    limits = [n for n in (context and context - cfg.rollout.max_new_tokens, cfg.task.max_prompt_tokens) if n]
+    limit = prompt_token_limit(cfg, model)
     device, trust = cfg.cluster.device, cfg.model.trust_remote_code  # a reward model's
+    cutting = cfg.task.prompt_truncation != "none"
     try:
-        if limits and tokenizer is not None:
+        if limit and tokenizer is not None and not cutting:
             return build_task_from_config(
                 cfg.task,
-                max_prompt_tokens=min(limits),
+                max_prompt_tokens=limit,
                 count_tokens=lambda prompt: len(encode_prompt(tokenizer, prompt)),
                 reward_device=device, trust_remote_code=trust,
             )
-        return build_task_from_config(cfg.task, reward_device=device, trust_remote_code=trust)
+        task = build_task_from_config(cfg.task, reward_device=device, trust_remote_code=trust)
+        if cutting and limit and tokenizer is not None:
+            prompts = task.train_prompts() + task.eval_prompts()
+            cut = sum(len(encode_prompt(tokenizer, prompt, cut=False)) > limit for prompt in prompts)
+            if cut:
+                log(f"task: {cut} of {len(prompts)} prompts are longer than {limit} tokens; each is cut from the "
+                    f"{cfg.task.prompt_truncation} (task.prompt_truncation)")
+        return task
     except ChatTemplateError as exc:  # a chat row and a tokenizer without a template
         raise ConfigError(f"task.chat_template: {exc}") from None
 

@@ -97,7 +97,7 @@ def row_to_example(row: Any, where: str, tokenizer: Any, *, chat_prompts: bool =
         if not prompt.strip() or not completion.strip():
             raise TaskDataError(f'{where}: field "{"prompt" if not prompt.strip() else "completion"}" is empty')
         user = [{"role": "user", "content": prompt}] if chat_prompts else None
-        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer="", messages=user))
+        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer="", messages=user), cut=False)
         completion_ids = list(tokenizer.encode(completion, add_special_tokens=False)) + [tokenizer.eos_token_id]
         return SFTExample(prompt_ids + completion_ids, [False] * len(prompt_ids) + [True] * len(completion_ids))
     if isinstance(prompt, list) and isinstance(completion, list):

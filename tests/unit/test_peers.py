@@ -69,14 +69,25 @@ def test_trl_generation_kwargs_override_the_law_and_name_the_rest():
 
 def test_verl_prompt_length_refused_dropped_or_cut():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
-    v = from_verl(base).values  # verl's defaults: 512 tokens, truncation 'error' -> a longer prompt stops the run
-    assert v["task.max_prompt_tokens"] == 512 and "task.on_bad_row" not in v
+    refused = from_verl(base)  # verl's defaults: 512 tokens, truncation 'error' -> a longer prompt stops the run
+    v = refused.values
+    assert v["task.max_prompt_tokens"] == 512 and "task.on_bad_row" not in v and "task.prompt_truncation" not in v
+    assert any(line.startswith("data.truncation='error': minirl stops at a longer prompt") for line in refused.differs)
     v = from_verl(base | {"data.max_prompt_length": 1024, "data.filter_overlong_prompts": True}).values
     assert (v["task.max_prompt_tokens"], v["task.on_bad_row"]) == (1024, "skip")
-    cut = from_verl(base | {"data.truncation": "left"})
-    assert "task.max_prompt_tokens" not in cut.values
-    assert any(line.startswith("data.truncation='left', data.max_prompt_length=512: verl cuts") for line in cut.differs)
-    assert not any("max_prompt_length" in key for key in cut.ignored)
+    for side in ("left", "right", "middle"):
+        cut = from_verl(base | {"data.truncation": side, "data.max_prompt_length": 256})
+        assert (cut.values["task.max_prompt_tokens"], cut.values["task.prompt_truncation"]) == (256, side)
+        assert not any("truncation" in line for line in cut.differs)
+        assert not any("max_prompt_length" in key for key in cut.ignored)
+    with pytest.raises(ConfigError, match=r"data\.truncation='both': must be error, left, right or middle"):
+        from_verl(base | {"data.truncation": "both"})
+
+
+def test_trl_max_prompt_length_cuts_from_the_left():
+    v = _trl(max_prompt_length=64).values  # TRL before 0.24: prompt_ids[:, -max_prompt_length:]
+    assert (v["task.max_prompt_tokens"], v["task.prompt_truncation"]) == (64, "left")
+    assert "task.prompt_truncation" not in _trl().values and "task.max_prompt_tokens" not in _trl().values
 
 
 def test_verl_top_k_minus_one_is_off():
@@ -301,12 +312,12 @@ def test_trl_rewards_models_peft_and_leftovers():
 
 def test_rendered_file_is_the_translation_and_names_each_origin(tmp_path: Path):
     out = _trl(per_device_train_batch_size=16, steps_per_generation=2, learning_rate=2e-6, use_peft=True,
-               max_prompt_length=64)
+               repetition_penalty=1.1, max_prompt_length=64)
     path = tmp_path / "m.yaml"
     path.write_text(out.render("grpo.yaml"))
     assert load_config(path) == out.config()
     text = path.read_text()
-    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "#   - max_prompt_length=64: TRL cuts" in text
+    assert "lr: 2.0e-06  # learning_rate=2e-06" in text and "max_prompt_tokens: 64  # max_prompt_length=64" in text
     assert "  lora:\n    rank: 16  # use_peft=True, lora_r=16" in text
 
 

@@ -183,9 +183,9 @@ def _trl_batch(peer: Peer, out: Translation) -> int:
     out.set("rollout.samples_per_prompt", group, peer.show("num_generations"))
     out.set("optim.minibatches_per_step", n, f"steps_per_generation / gradient_accumulation_steps = {steps} / {accumulation}")
     out.set("optim.micro_batch_sequences", per_device, peer.show("per_device_train_batch_size"))
-    if peer.set_by_user("max_prompt_length") and peer("max_prompt_length"):
-        out.not_translated.append(f"{peer.show('max_prompt_length')}: TRL cuts longer prompts from the left; minirl "
-                                  "keeps prompts whole (task.max_prompt_tokens with task.on_bad_row: skip drops them)")
+    if peer.set_by_user("max_prompt_length") and peer("max_prompt_length"):  # TRL before 0.24 cut prompts from the left
+        out.set("task.max_prompt_tokens", int(peer("max_prompt_length")), peer.show("max_prompt_length"))
+        out.set("task.prompt_truncation", "left", peer.show("max_prompt_length") + " (TRL keeps the last tokens)")
     out.set("optim.epochs_per_step", int(peer("num_iterations")), peer.show("num_iterations"))
     out.set("rollout.max_new_tokens", peer("max_completion_length"), peer.show("max_completion_length"))
     for key, (value, origin) in _trl_law(peer, out).items():

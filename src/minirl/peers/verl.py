@@ -164,17 +164,23 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
 
 
 def _verl_prompt_length(peer: Peer, out: Translation) -> None:
-    """verl drops (``filter_overlong_prompts``), refuses (``truncation: error``, its default) or cuts a prompt over
-    ``max_prompt_length`` tokens; minirl drops or refuses it (``task.max_prompt_tokens``, ``task.on_bad_row``)."""
+    """verl drops (``filter_overlong_prompts``), refuses (``truncation: error``, its default) or cuts (``left`` /
+    ``right`` / ``middle``) a prompt over ``max_prompt_length`` tokens; so does minirl (``task.max_prompt_tokens``,
+    ``task.on_bad_row``, ``task.prompt_truncation``)."""
     length, truncation = peer("data.max_prompt_length"), peer("data.truncation")
     if peer("data.filter_overlong_prompts"):
         out.set("task.max_prompt_tokens", int(length), peer.show("data.max_prompt_length", "data.filter_overlong_prompts"))
         out.set("task.on_bad_row", "skip", peer.show("data.filter_overlong_prompts"))
-    elif truncation == "error":
-        out.set("task.max_prompt_tokens", int(length), peer.show("data.max_prompt_length", "data.truncation"))
+        return
+    out.set("task.max_prompt_tokens", int(length), peer.show("data.max_prompt_length", "data.truncation"))
+    if truncation == "error":
+        out.differs.append(f"{peer.show('data.truncation')}: minirl stops at a longer prompt, as verl's loader did; "
+                           "verl 0.9's agent loop cuts it from the left instead (task.prompt_truncation: left)")
+    elif truncation in ("left", "right", "middle"):
+        out.set("task.prompt_truncation", truncation, peer.show("data.truncation"))
     else:
-        out.differs.append(f"{peer.show('data.truncation', 'data.max_prompt_length')}: verl cuts longer prompts; minirl "
-                           "keeps every prompt whole (task.max_prompt_tokens with task.on_bad_row: skip drops them)")
+        raise ConfigError(f"verl setting {peer.show('data.truncation')}: must be error, left, right or middle")
+
 
 def _verl_rewards(peer: Peer, out: Translation) -> None:
     for prefix in ("", "reward."):

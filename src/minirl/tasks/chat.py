@@ -20,6 +20,11 @@ which becomes the tokenizer's ``chat_template`` (and is saved with every checkpo
 ``task.chat_template_kwargs`` (``{enable_thinking: false}``) are extra template variables of every
 rendering, held by the run's tokenizer object (``apply_chat_setting``), never saved with it.
 
+``task.prompt_truncation`` (``left`` / ``right`` / ``middle``) cuts the encoded ids of a longer prompt to
+``task.max_prompt_tokens`` (``cut_prompt``, as verl's and TRL's loaders cut them); the limit rides on the
+tokenizer object as the template kwargs do (``apply_prompt_truncation``), so every ``encode_prompt`` of the run
+cuts alike. SFT rows of ``cold_start.data`` are never cut (``cut=False``; ``cold_start.max_length`` bounds them).
+
 ``stop_token_ids(tokenizer, model)``: generation ends at any of the tokenizer's EOS and the
 model's ``generation_config.eos_token_id`` (an int or a list, as instruct models ship it).
 ``cut_at_stop_strings``: optional stop strings, applied to the decoded completion.
@@ -36,17 +41,41 @@ if TYPE_CHECKING:
 
 CHAT_MODES = ("auto", "plain")
 KWARGS_ATTRIBUTE = "minirl_chat_template_kwargs"
+TRUNCATION_ATTRIBUTE = "minirl_prompt_truncation"
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer cannot render a conversational prompt; one line naming the fix."""
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
-    """The token ids of ``prompt`` as the model sees it (module docstring)."""
+def encode_prompt(tokenizer: Any, prompt: Prompt, *, cut: bool = True) -> list[int]:
+    """The token ids of ``prompt`` as the model sees it (module docstring); ``cut``: as the run's
+    ``task.prompt_truncation`` cuts them."""
     if prompt.messages is not None:
-        return encode_text(tokenizer, render_chat(tokenizer, prompt.messages), add_special_tokens=False)
-    return encode_text(tokenizer, prompt.text, add_special_tokens=True)
+        ids = encode_text(tokenizer, render_chat(tokenizer, prompt.messages), add_special_tokens=False)
+    else:
+        ids = encode_text(tokenizer, prompt.text, add_special_tokens=True)
+    return cut_prompt(ids, *getattr(tokenizer, TRUNCATION_ATTRIBUTE, (None, "none"))) if cut else ids
+
+
+def cut_prompt(ids: list[int], max_tokens: int | None, side: str) -> list[int]:
+    """``ids`` cut to ``max_tokens`` from the ``side`` given (``task.prompt_truncation``; verl's ``left`` / ``right`` /
+    ``middle``, whose middle keeps the first ``max_tokens // 2`` and the rest from the end); unchanged if it fits."""
+    if side == "none" or max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    if side == "left":
+        return ids[len(ids) - max_tokens:]
+    if side == "right":
+        return ids[:max_tokens]
+    if side == "middle":
+        head = max_tokens // 2
+        return ids[:head] + ids[len(ids) - (max_tokens - head):]
+    raise ValueError(f"prompt truncation side must be none, left, right or middle (got {side!r})")
+
+
+def apply_prompt_truncation(tokenizer: Any, max_tokens: int | None, side: str) -> None:
+    """``task.prompt_truncation``: every later ``encode_prompt`` with ``tokenizer`` cuts to ``max_tokens``."""
+    setattr(tokenizer, TRUNCATION_ATTRIBUTE, (max_tokens, side))
 
 
 def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
