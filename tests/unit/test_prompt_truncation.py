@@ -30,7 +30,7 @@ def test_cut_by_hand():
 
 
 def test_an_unknown_side_is_one_line():
-    with pytest.raises(ConfigError, match="task.prompt_truncation: must be 'none', 'left', 'right' or 'middle'"):
+    with pytest.raises(ConfigError, match=r"task\.prompt_truncation: must be 'none', 'left', 'right' or 'middle'"):
         load_config(None, ["task.prompt_truncation=top"])
 
 
