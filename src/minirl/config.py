@@ -405,6 +405,13 @@ class LossConfig(Section):
     """k1 rules: the lowest ratio kept (0 = no lower bound)."""
     reject_high: float = Field(math.inf, gt=0)
     """k1 rules: the highest ratio kept; k2 / k3: the largest divergence kept (inf = no bound)."""
+    logp_old_source: Literal["trainer", "rollout"] = "trainer"
+    """Where ``logp_old`` (pi_old) comes from: ``trainer`` = the trainer's pass at theta_old (the paper's: the clip
+    mask measures staleness, the weight pi_old/mu_old the training–inference gap); ``rollout`` = the engine's
+    ``logp_rollout`` (verl's ``rollout_correction.bypass_mode``: pi_old := mu_old, no old-log-prob pass, so the
+    clip mask and ratios see both gaps at once). With ``rollout`` the monitor's pi_old (``mismatch/*``,
+    ``train/entropy``, ``routing/train_infer_*``) is the first update's forward, at theta_old, on the first
+    mini-batch (the whole batch when N = 1). Not with R2 (it records its routes in that pass) nor ``reject``."""
 
     @model_validator(mode="after")
     def _reject_bounds(self) -> LossConfig:
@@ -434,7 +441,7 @@ class LossConfig(Section):
                                         "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
                                         "mask_truncated", "reject",
-                                        "reject_low", "reject_high"})
+                                        "reject_low", "reject_high", "logp_old_source"})
 
     def minibatch_normalizer(self, minibatch: Any) -> float:
         """The loss's denominator over a whole mini-batch (a ``Batch``), so that the losses of its
@@ -828,6 +835,17 @@ class Config(Section):
             data["algo"] = {"name": "minirl", **data["algo"]}
         return data
 
+    def _check_bypass(self) -> None:
+        """``algo.logp_old_source: rollout`` (verl's bypass mode) skips the pass R2 and the rejection need."""
+        if self.algo.logp_old_source != "rollout":
+            return
+        if self.moe.routing_replay == "R2":
+            raise ValueError("algo.logp_old_source=rollout: R2 records the trainer's routes in the old-log-prob pass, "
+                             "which bypassing it skips; use moe.routing_replay=R3 (the engine's routes) or trainer")
+        if self.algo.reject != "none":
+            raise ValueError("algo.reject: it bounds pi_old/mu_old, which algo.logp_old_source=rollout makes 1 "
+                             "(verl's bypass mode rejects on pi_theta/mu inside its loss instead); set none")
+
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
         a = self.algo
@@ -877,6 +895,7 @@ class Config(Section):
             )
         distributed = ranks > 1 or self.cluster.backend == "ray"
         self._check_reference(distributed)
+        self._check_bypass()
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

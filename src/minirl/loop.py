@@ -11,7 +11,8 @@ One global step:
        (R2 records the trainer's routes here; R3 replays the engine's routes here, so
        ``mismatch/*`` measures the mismatch with the routing actually used). With N = E = 1 (and no
        R2, no diagnostics this step) theta_old is theta and the pass is skipped: pi_old is taken,
-       bitwise the same, from the single update's own forward (``Trainer.update(old_pass=True)``);
+       bitwise the same, from the single update's own forward (``Trainer.update(old_pass=True)``).
+       ``algo.logp_old_source: rollout`` (verl's bypass mode) skips it: ``logp_old`` is ``logp_rollout``;
     4. N = ``minibatches_per_step`` gradient updates (routes replayed in every one under R2/R3;
        the step's ``RoutePlan`` checks that every recorded route is consumed exactly once per pass),
        repeated over the same mini-batches for E = ``epochs_per_step`` passes (verl's ``ppo_epochs``);
@@ -432,11 +433,10 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     epochs = cfg.optim.epochs_per_step
     rejecting = cfg.algo.reject != "none"  # needs pi_old before the update: no fused pass
     before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
-    fused = run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
-    if not fused:
-        with plan.old_pass() as routing:
-            old = trainer.score(batch, **routing.kwargs)
-        batch = plan.scored(batch.with_logp_old(old.logp), old)
+    bypass = cfg.algo.logp_old_source == "rollout"  # verl's bypass mode: pi_old := mu_old, no pass
+    fused = (run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
+             and not bypass)
+    batch, old = old_log_probs(run, plan, batch, skip=fused or bypass)
     clock.lap("old_logprobs")
     batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
@@ -452,7 +452,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                     with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
                         diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n * epochs,
                                                                      run.faults, replay_routes=routing.kwargs["replay_routes"]))
-                updates.append(trainer.update(minibatch, objective, **routing.kwargs))
+                updates.append(trainer.update(minibatch, objective, score=bypass and index == 0, **routing.kwargs))
+                if bypass and index == 0:  # the monitor's pi_old: this update's forward at theta_old
+                    old = bypass_monitor_scores(run, minibatch, updates[-1], routing)
                 observe_entropy(run, updates[-1])
                 sync_reference(run, updates[-1])
             routing.waive(any(u.fault for u in updates[epoch * n:]))  # a skipped update may stop before its routes
@@ -468,8 +470,33 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     clock.lap("sync")
     metrics = step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
                                       plan.engine_routes, plan.metrics, diagnostics, clock.laps,
-                                      cfg.eval.accuracy_threshold, sampled.generated_tokens))
+                                      cfg.eval.accuracy_threshold, sampled.generated_tokens,
+                                      pi_old_rows=slice(0, minibatches[0].size) if bypass else None))
     return {key: float(value) for key, value in rejection.items()} | kl_reward | metrics  # read once the step is done
+
+
+def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tuple[Batch, Any]:
+    """3. pi_old over the whole global batch (R3 replays, R2 records) and its scores; ``skip``: none here, when the
+    single update's forward gives it, or under ``algo.logp_old_source: rollout`` (verl's bypass mode), where
+    ``logp_old`` is the engine's ``logp_rollout``."""
+    if run.cfg.algo.logp_old_source == "rollout":
+        return batch.with_logp_old(batch.logp_rollout), None
+    if skip:
+        return batch, None
+    with plan.old_pass() as routing:
+        old = run.trainer.score(batch, **routing.kwargs)
+    return plan.scored(batch.with_logp_old(old.logp), old), old
+
+
+def bypass_monitor_scores(run: Run, first: Batch, update: Any, routing: Any) -> Any:
+    """Under ``algo.logp_old_source: rollout`` the monitor's pi_old: the first update's forward, at theta_old, on its
+    mini-batch ``first``; when that update was skipped, a pass over the weights it left unchanged (its routes
+    replayed as the updates replay them, not counted as theirs)."""
+    if update.scores is not None:
+        return update.scores
+    with routing.uncounted():
+        return run.trainer.score(first, replay_routes=routing.kwargs["replay_routes"],
+                                 record_routes=routing.kwargs["record_routes"])
 
 
 def reject_out_of_bounds(algo: Any, batch: Batch) -> tuple[Batch, dict[str, torch.Tensor]]:

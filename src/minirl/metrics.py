@@ -26,6 +26,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``mismatch/kl_k1``             training–inference KL(mu_old || pi_old), sampled-token k1 estimator
 ``mismatch/kl_k3``             the same KL, k3 estimator (non-negative, lower variance)
 ``mismatch/abs_dlogp_mean``    mean |log mu_old - log pi_old| (``..._max``: the largest)
+                               (``algo.logp_old_source: rollout``, verl's bypass mode: these three and
+                               ``train/entropy`` over the first mini-batch, pi_old from its update's forward)
 ``mismatch/rejected_*``        ``algo.reject`` only: ``token_frac`` of trained tokens and ``seq_frac`` of responses
                                the rejection left out of the loss (the other mismatch/* still cover every token)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
@@ -39,7 +41,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                gradient (no optimizer step; ``optim.max_consecutive_faults`` in a
                                row stop the run with exit code 3)
 ``time/{rollout,reward,old_logprobs,update,sync,step}_s``  wall time per phase (``old_logprobs`` ~0
-                               at N = 1: pi_old comes from the update's forward)
+                               at N = 1, where pi_old comes from the update's forward, and with
+                               ``algo.logp_old_source: rollout``)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``

@@ -999,6 +999,74 @@ def test_verl_sapo_gradient_is_verls(rollout_is):
     torch.testing.assert_close(ours, theirs, rtol=2e-8, atol=1e-12)
 
 
+BYPASS = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
+          "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "algorithm.rollout_correction.bypass_mode": True}
+
+
+def _bypassed(x: LossInputs) -> LossInputs:
+    """``x`` as the loop hands it to the loss under ``algo.logp_old_source: rollout``: logp_old = logp_rollout."""
+    return LossInputs(x.logp, x.logp_rollout, x.logp_rollout, x.advantages, x.mask, x.group_ids)
+
+
+@pytest.mark.parametrize("rollout_is", [None, "token"])  # ppo_clip computes verl's IS weights for metrics only
+def test_verl_bypass_ppo_clip_gradient_is_verls(rollout_is):
+    """verl's bypass mode, ``loss_type: ppo_clip`` (its default): vanilla PPO with old = rollout, no IS weight."""
+    given = BYPASS | {"actor_rollout_ref.actor.clip_ratio_c": 1.5, "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo"}
+    out = from_verl(given | ({"algorithm.rollout_correction.rollout_is": rollout_is} if rollout_is else {}))
+    v = out.values
+    assert out.objective.startswith("your verl loss") and v["algo.logp_old_source"] == "rollout"
+    assert (v["algo.name"], v["algo.is_correction"], v["algo.dual_clip"]) == ("minirl", False, 1.5)  # loss_mode ignored
+    x = _bypassed(_batch())
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _verl_gradient(x, 0.2, 0.2, 1.5, None)
+    assert not torch.equal(theirs, _verl_gradient(_batch(), 0.2, 0.2, 1.5, None))  # old = rollout matters here
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def _verl_reinforce_gradient(x: LossInputs, rollout_is: str, threshold: float | str, agg: str) -> torch.Tensor:
+    """verl 0.9.1's ``compute_policy_loss_reinforce`` under bypass, its IS weights of pi_theta / mu (detached) from
+    ``compute_rollout_correction_weights``, aggregated by ``agg_loss``, written as verl does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    current = LossInputs(x.logp, x.logp.detach(), x.logp_rollout, x.advantages, x.mask, x.group_ids)  # old_log_prob=log_prob
+    weights = _verl_is_weights(current, rollout_is, threshold)
+    pg_losses = -x.advantages[:, None] * logp * weights
+    mask = x.mask.to(logp.dtype)
+    if agg == "token-mean":
+        loss = (pg_losses * mask).sum() / mask.sum()
+    else:  # seq-mean-token-mean
+        loss = ((pg_losses * mask).sum(dim=-1) / (mask.sum(dim=-1) + 1e-8)).mean()
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad
+
+
+@pytest.mark.parametrize("rollout_is, threshold, agg", [
+    ("token", 1.6, "token-mean"), ("sequence", 1.6, "seq-mean-token-mean"),  # verl's bypass_pg_is preset: sequence
+    ("token", "0.6_1.6", "token-mean"),  # its bypass_pg_token_icepop preset: a mask
+])
+def test_verl_bypass_reinforce_gradient_is_verls(rollout_is, threshold, agg):
+    given = BYPASS | {"algorithm.rollout_correction.loss_type": "reinforce", "algorithm.rollout_correction.rollout_is": rollout_is,
+                      "algorithm.rollout_correction.rollout_is_threshold": threshold, "actor_rollout_ref.actor.loss_agg_mode": agg}
+    out = from_verl(given)
+    v = out.values
+    assert out.objective.startswith("your verl loss") and v["algo.logp_old_source"] == "rollout"
+    assert (v["algo.clip"], v["algo.tis_placement"], v["algo.tis_level"], v["algo.tis_cap"]) == (False, "full", rollout_is, 1.6)
+    assert "algo.dual_clip" not in v
+    x = _bypassed(_batch())
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _verl_reinforce_gradient(x, rollout_is, threshold, agg)
+    assert not torch.allclose(theirs, _verl_reinforce_gradient(x, rollout_is, 1e9, agg))  # the bound acts
+    # seq-mean-token-mean: verl divides each response by its length + 1e-8
+    torch.testing.assert_close(ours, theirs, rtol=2e-8 if agg != "token-mean" else 1e-12, atol=1e-12)
+
+
+def test_verl_bypass_without_an_equivalent_is_named():
+    for extra in ({"algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": 2},
+                  {"algorithm.rollout_correction.loss_type": "reinforce"}):  # REINFORCE with no IS weight at all
+        out = from_verl(BYPASS | extra)
+        assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
+        assert "bypass_mode=True" in out.objective
+
+
 def _verl_rejection_mask(x: LossInputs, option: str, threshold: float | str) -> torch.Tensor:
     """verl 0.9.1's ``compute_rollout_rejection_mask`` for one option, written as verl does."""
     log_ratio = torch.clamp(x.logp_old - x.logp_rollout, min=-20.0, max=20.0)

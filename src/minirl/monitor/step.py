@@ -33,6 +33,7 @@ class StepRecord:
     times: dict[str, float] = field(default_factory=dict)  # rollout, reward, old_logprobs, update, sync
     accuracy_threshold: float = 1.0  # eval.accuracy_threshold: a reward this high counts as correct
     rollout_tokens: int | None = None  # tokens the engine generated (None: those of ``completions``)
+    pi_old_rows: slice | None = None  # the rows ``old`` scored (algo.logp_old_source=rollout: the first mini-batch)
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -41,15 +42,19 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     batch, done = record.batch, [u for u in record.updates if u.fault is None]
     metrics = rollout_metrics(record.completions, record.rewards_PG, record.accuracy_threshold)
     metrics.update(record.reward_stats)
-    metrics["train/entropy"] = mean_over(record.old.entropy, batch.mask)
-    assert batch.logp_old is not None
-    metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(batch.logp_rollout, batch.logp_old, batch.mask).items()})
+    seen, engine_routes = batch, record.engine_routes  # where the monitor has pi_old
+    if record.pi_old_rows is not None:  # logp_old is mu_old there: pi_old is the first update's forward
+        seen = batch.select(record.pi_old_rows).with_logp_old(record.old.logp)
+        engine_routes = None if engine_routes is None else engine_routes[record.pi_old_rows]
+    metrics["train/entropy"] = mean_over(record.old.entropy, seen.mask)
+    assert seen.logp_old is not None
+    metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(seen.logp_rollout, seen.logp_old, seen.mask).items()})
     if done:
         metrics.update(update_metrics(done))
     metrics["faults/skipped_updates"] = float(len(record.updates) - len(done))
     if record.routing:
         drift = [u.natural_diff_frac for u in done if u.natural_diff_frac is not None]
-        metrics.update(routing_step_metrics(record.engine_routes, record.old.routes, batch.attention_mask, drift))
+        metrics.update(routing_step_metrics(engine_routes, record.old.routes, seen.attention_mask, drift))
     metrics.update(record.diagnostics)
     t = record.times
     generated = record.rollout_tokens if record.rollout_tokens is not None else sum(len(c.completion_ids) for c in record.completions)

@@ -58,6 +58,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "algorithm.kl_ctrl.horizon": 10000, "algorithm.kl_ctrl.target_kl": 0.1,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": "2.0",  # a number or "lower_upper"
     "algorithm.rollout_correction.rollout_rs": None, "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.loss_type": "ppo_clip",
     "algorithm.rollout_correction.rollout_rs_threshold": None,
     "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.project_name": "verl_examples",
     "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
@@ -88,7 +89,7 @@ VERL_IGNORED = re.compile(
     # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
     r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
     r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
-    r"pf_ppo\..*|filter_groups\.(?!enable$).*|rollout_correction\.loss_type)|"
+    r"pf_ppo\..*|filter_groups\.(?!enable$).*)|"
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
@@ -403,11 +404,10 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
 
 
 def _verl_objective(peer: Peer, n: int) -> Objective:
-    """verl's actor loss (``core_algos``: vanilla PPO or GSPO, ``agg_loss``) as algo.* values, or why not."""
+    """verl's actor loss (``core_algos``: vanilla PPO, GSPO or SAPO, ``agg_loss``; or its bypass mode's) as algo.*
+    values, or why not."""
     obj = Objective()
     _verl_advantage(peer, obj)
-    if peer("algorithm.rollout_correction.bypass_mode"):
-        obj.blockers.append(peer.show("algorithm.rollout_correction.bypass_mode"))
     if peer("algorithm.use_kl_in_reward"):
         _verl_kl_in_reward(peer, obj)
     if peer(A + "entropy_coeff"):
@@ -415,35 +415,12 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
         if peer(A + "loss_agg_mode") != "token-mean":
             obj.differs.append(f"{peer.show(A + 'entropy_coeff')}: verl aggregates the entropy like the policy loss "
                                f"({peer.show(A + 'loss_agg_mode')}), minirl's bonus is its token mean")
-    mode, agg = peer(A + "policy_loss.loss_mode"), peer(A + "loss_agg_mode")
-    name = _verl_loss_name(peer, obj, mode, agg)
-    if name is None:
-        return obj
-    if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
-        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
-        obj.set("aggregation", "token_mean" if agg == "token-mean" else "seq_sum", peer.show(A + "loss_agg_mode"))
-        responses = peer("data.train_batch_size") // n * peer(R + "n")
-        if agg == "seq-mean-token-sum-norm":
-            factor = peer(A + "loss_scale_factor") or peer("data.max_response_length")
-            obj.set("normalizer", float(responses * factor), f"{responses} responses per mini-batch x {factor}")
-            if not peer(A + "loss_scale_factor"):
-                obj.differs.append("loss_agg_mode='seq-mean-token-sum-norm' without loss_scale_factor: verl divides by "
-                                   "each micro-batch's padded width, minirl by data.max_response_length")
-        elif agg == "token-sum":
-            obj.set("normalizer", 1.0, "token-sum: no division")
-    if mode == "vanilla" and peer(A + "clip_ratio_c") and name in ("minirl", "grpo"):  # verl's dual clip, always on
-        obj.set("dual_clip", float(peer(A + "clip_ratio_c")), peer.show(A + "clip_ratio_c"))
-    rollout_is = peer("algorithm.rollout_correction.rollout_is")
-    if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
-        obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is") + (" with GSPO" if name == "gspo" else ""))
-    if name != "gspo":  # verl multiplies each token by its bounded pi_old / mu_old, detached
-        obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
-        if rollout_is in ("token", "sequence"):
-            _verl_is_bounds(peer, obj, rollout_is)
-        if name == "minirl":
-            obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
-    if peer("algorithm.rollout_correction.rollout_rs") is not None:
-        _verl_rejection(peer, obj)
+    if peer(BYPASS):
+        _verl_bypass(peer, obj, n)
+    else:
+        _verl_loss(peer, obj, n, peer(A + "policy_loss.loss_mode"), peer("algorithm.rollout_correction.rollout_is"))
+        if peer("algorithm.rollout_correction.rollout_rs") is not None:
+            _verl_rejection(peer, obj)
     if peer(A + "use_kl_loss"):
         kind = VERL_KL_KINDS.get(peer(A + "kl_loss_type"))
         if kind is None:
@@ -452,6 +429,75 @@ def _verl_objective(peer: Peer, n: int) -> Objective:
             obj.set("kl_coef", float(peer(A + "kl_loss_coef")), peer.show(A + "use_kl_loss", A + "kl_loss_coef"))
             obj.set("kl_loss_type", kind, peer.show(A + "kl_loss_type"))
     return obj
+
+
+BYPASS = "algorithm.rollout_correction.bypass_mode"
+
+
+def _verl_loss(peer: Peer, obj: Objective, n: int, mode: str, rollout_is: str | None) -> None:
+    """The policy loss of ``policy_loss.loss_mode`` ``mode`` with ``loss_agg_mode``, its dual clip and its IS weights
+    (``rollout_is``: None, token or sequence, of pi_old / mu_old)."""
+    agg = peer(A + "loss_agg_mode")
+    name = _verl_loss_name(peer, obj, mode, agg)
+    if name is None:
+        return
+    if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
+        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
+        obj.set("aggregation", "token_mean" if agg == "token-mean" else "seq_sum", peer.show(A + "loss_agg_mode"))
+        _verl_normalizer(peer, obj, n, agg)
+    if mode == "vanilla" and peer(A + "clip_ratio_c") and name in ("minirl", "grpo"):  # verl's dual clip, always on
+        obj.set("dual_clip", float(peer(A + "clip_ratio_c")), peer.show(A + "clip_ratio_c"))
+    if rollout_is not in (None, "token", "sequence") or (rollout_is and name == "gspo"):
+        obj.blockers.append(peer.show("algorithm.rollout_correction.rollout_is") + (" with GSPO" if name == "gspo" else ""))
+    if name != "gspo":  # verl multiplies each token by its bounded pi_old / mu_old, detached
+        obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
+        if rollout_is in ("token", "sequence"):
+            _verl_is_bounds(peer, obj, rollout_is)
+        if name == "minirl":
+            obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
+
+
+def _verl_normalizer(peer: Peer, obj: Objective, n: int, agg: str) -> None:
+    """The constant denominators of verl's summing aggregations."""
+    responses = peer("data.train_batch_size") // n * peer(R + "n")
+    if agg == "seq-mean-token-sum-norm":
+        factor = peer(A + "loss_scale_factor") or peer("data.max_response_length")
+        obj.set("normalizer", float(responses * factor), f"{responses} responses per mini-batch x {factor}")
+        if not peer(A + "loss_scale_factor"):
+            obj.differs.append("loss_agg_mode='seq-mean-token-sum-norm' without loss_scale_factor: verl divides by "
+                               "each micro-batch's padded width, minirl by data.max_response_length")
+    elif agg == "token-sum":
+        obj.set("normalizer", 1.0, "token-sum: no division")
+
+
+def _verl_bypass(peer: Peer, obj: Objective, n: int) -> None:
+    """verl's bypass mode (``apply_bypass_mode``, ``compute_policy_loss_bypass_mode``): pi_old := mu_old (no
+    old-log-prob pass) and, whatever ``policy_loss.loss_mode`` says, ``loss_type: ppo_clip`` = vanilla PPO on
+    pi_theta/mu_old with no IS weight, or ``reinforce`` = REINFORCE weighed by the bounded, detached pi_theta/mu_old
+    (``rollout_is``, of pi_theta there). Its rejection (``rollout_rs``) is of pi_theta/mu_old inside the loss: none
+    in minirl."""
+    loss_type, rollout_is = peer("algorithm.rollout_correction.loss_type"), peer("algorithm.rollout_correction.rollout_is")
+    obj.set("logp_old_source", "rollout", peer.show(BYPASS) + " (pi_old := mu_old)")
+    if peer("algorithm.rollout_correction.rollout_rs") is not None:
+        obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.rollout_rs") + " (a rejection on pi_theta/mu_old)")
+    if loss_type == "ppo_clip":  # verl computes the IS weights for its metrics only
+        _verl_loss(peer, obj, n, "vanilla", None)
+        return
+    agg = peer(A + "loss_agg_mode")
+    aggregation = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_sum", "seq-mean-token-mean": "seq_mean",
+                   "token-sum": "seq_sum", "seq-mean-token-sum-norm": "seq_sum"}.get(agg)
+    if loss_type != "reinforce" or rollout_is not in ("token", "sequence") or aggregation is None:
+        obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.loss_type", "algorithm.rollout_correction.rollout_is",
+                                      A + "loss_agg_mode"))  # REINFORCE without a weight: minirl's is pi_theta/mu_old
+        return
+    origin = peer.show("algorithm.rollout_correction.loss_type")
+    obj.set("name", "minirl", origin + ": REINFORCE weighed by the bounded pi_theta/mu_old, MiniRL's Eq. (7) unclipped")
+    obj.set("clip", False, origin + " (no clipping)")
+    obj.set("aggregation", aggregation, peer.show(A + "loss_agg_mode"))
+    _verl_normalizer(peer, obj, n, agg)
+    obj.set("is_correction", True, peer.show("algorithm.rollout_correction.rollout_is"))
+    obj.set("tis_placement", "full", origin + ": w = bounded pi_theta/mu_old")
+    _verl_is_bounds(peer, obj, rollout_is)
 
 
 VERL_KL_KINDS = {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"}
