@@ -28,6 +28,14 @@ from minirl.types import SamplingParams
 PHASES = ("rollout", "old_logprobs", "update", "sync", "step")
 
 
+def step_config(path: str, steps: int, output_dir: str, overrides: list[str]):
+    """The benchmarked run: ``path`` without its cold start and held-out evaluations, ``steps`` global steps."""
+    return load_config(path, [
+        "cold_start.enabled=false", f"optim.global_steps={steps}", "eval.every_steps=0", "eval.num_prompts=1",
+        "eval.samples_per_prompt=1", "log.console=false", f"run.output_dir={output_dir}", "run.name=bench", *overrides,
+    ])
+
+
 def phase_table(cfg, steps: int) -> None:
     rows = [r for r in read_metrics(cfg.run_dir) if r["step"] >= 2]  # step 1 includes warm-up
     print(f"\nglobal step of {cfg.global_batch_sequences} sequences (P={cfg.rollout.prompts_per_step} x "
@@ -81,10 +89,7 @@ def main() -> None:
 
     _quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(args.config, [
-            "cold_start.enabled=false", f"optim.steps={args.steps}", "eval.every_steps=0", "eval.num_prompts=1",
-            "eval.samples_per_prompt=1", "log.console=false", f"run.output_dir={tmp}", "run.name=bench", *args.overrides,
-        ])
+        cfg = step_config(args.config, args.steps, tmp, args.overrides)
         start = time.perf_counter()
         train(cfg)
         print(f"{args.steps} global steps in {time.perf_counter() - start:.1f}s")

@@ -12,6 +12,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_micro_batches  # noqa: E402
+import bench_step  # noqa: E402
 import bench_scaling  # noqa: E402
 import compare_trl  # noqa: E402
 import gpu_bench  # noqa: E402
@@ -166,6 +167,12 @@ def test_quick_overrides_make_a_valid_config():
 
 
 # ----------------------------------------------------------------------------- peak_memory
+
+
+def test_bench_step_config_loads(tmp_path):
+    """The step benchmark's own overrides are current config keys (it once spelled a renamed one)."""
+    cfg = bench_step.step_config("configs/demo.yaml", 5, str(tmp_path), ["optim.minibatches_per_step=4"])
+    assert (cfg.optim.global_steps, cfg.cold_start.enabled, cfg.optim.minibatches_per_step) == (5, False, 4)
 
 
 def test_peak_memory_arguments():
