@@ -12,8 +12,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_micro_batches  # noqa: E402
-import bench_step  # noqa: E402
 import bench_scaling  # noqa: E402
+import bench_step  # noqa: E402
 import compare_trl  # noqa: E402
 import gpu_bench  # noqa: E402
 import lean_forward  # noqa: E402
