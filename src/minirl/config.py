@@ -116,6 +116,14 @@ class TaskConfig(Section):
     """Data task: a separate held-out file (else ``eval_fraction`` of ``path``)."""
     eval_fraction: float = Field(0.1, gt=0, lt=1)
     """Data task without ``eval_path``: fraction of rows held out (seeded by ``task.seed``)."""
+    dataset_config: str | None = None
+    """A dataset repository directory's config (subset), as ``load_dataset(path, name)`` reads it (TRL's
+    ``dataset_config``, e.g. gsm8k's ``main``); null: its only or default one."""
+    train_split: str = "train"
+    """The split of a dataset directory ``path`` to train on (TRL's ``dataset_train_split``)."""
+    eval_split: str | None = None
+    """Held-out prompts from this split of ``eval_path`` or, without one, of ``path`` (TRL's ``dataset_test_split``);
+    null: ``eval_path`` whole, or ``eval_fraction`` of the training rows."""
     reward: Literal["exact", "math_verify"] = "exact"
     """Built-in verifier of a data task: exact (string match) or math_verify (mathematical equality)."""
     reward_function: str | None = None
@@ -695,6 +703,10 @@ class ColdStartConfig(Section):
     """Your SFT data (.jsonl, .json, .parquet or a datasets directory) in TRL's shapes: rows
     ``{"prompt", "completion"}`` (strings or chat messages), ``{"messages": [...]}`` or ``{"text": ...}``
     (trained whole); null = the task's teacher traces in ``style``."""
+    dataset_config: str | None = None
+    """A dataset repository directory ``data``'s config (TRL SFT's ``dataset_config``); null: its only or default one."""
+    split: str = "train"
+    """The split of a dataset directory ``data`` to train on (TRL SFT's ``dataset_train_split``)."""
     prompt_column: str = "prompt"
     """Column of ``data`` holding the prompt (TRL's ``prompt``; verl's SFT ``data.prompt_key``); a dotted name
     reads a field of an object column (verl's ``prompt_dict_keys``: ``extra_info.question``)."""

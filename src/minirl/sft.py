@@ -72,7 +72,7 @@ def sft_examples(cfg: Config, task: Task, tokenizer: Any, seed: int) -> tuple[li
         from minirl.sft_data import pack, read_sft_examples, sft_batch
 
         rows = read_sft_examples(c.data, tokenizer, loss_on=c.loss_on, columns=(c.prompt_column, c.completion_column),
-                                 chat_prompts=c.chat_prompts)
+                                 chat_prompts=c.chat_prompts, split=c.split, config=c.dataset_config)
         if c.packing:
             rows = pack(rows, c.max_length)
         return rows, lambda picked: sft_batch(picked, tokenizer.pad_token_id, c.max_length)
@@ -176,6 +176,8 @@ def sft_cache_key(cfg: Config) -> str:
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
             ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ()), *(
             ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ()), *(
+            ("dataset_config", "split") if (cfg.cold_start.dataset_config, cfg.cold_start.split) == (None, "train")
+            else ()), *(
             ("prompt_column", "completion_column", "chat_prompts") if cfg.cold_start.data is None or (
                 (cfg.cold_start.prompt_column, cfg.cold_start.completion_column, cfg.cold_start.chat_prompts)
                 == ("prompt", "completion", False)) else ())}),  # keys of earlier caches
@@ -196,7 +198,7 @@ def sft_cache_key(cfg: Config) -> str:
 
 NEW_KEYS_AT_DEFAULT = ("reward_functions", "prompt_column", "answer_column", "chat_template", "stop_strings",
                        "accuracy_threshold", "lora", "chat_template_kwargs", "top_k", "min_p", "max_prompt_tokens",
-                       "repetition_penalty", "prompt_truncation")
+                       "repetition_penalty", "prompt_truncation", "dataset_config", "train_split", "eval_split")
 """Keys added after SFT caches were first made: left out of the key while at their default, so earlier caches still match."""
 
 

@@ -47,14 +47,16 @@ class SFTExample:
 
 
 def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "completion",
-                      columns: tuple[str, str] = ("prompt", "completion"), chat_prompts: bool = False) -> list[SFTExample]:
-    """Every row of ``path`` (any format ``minirl.tasks.data`` reads) as an ``SFTExample``. ``columns``: where
-    the prompt and the completion are (``cold_start.prompt_column`` / ``completion_column``, dotted names
-    read nested fields); ``chat_prompts``: a string prompt becomes a user message (verl's SFT)."""
+                      columns: tuple[str, str] = ("prompt", "completion"), chat_prompts: bool = False,
+                      split: str = "train", config: str | None = None) -> list[SFTExample]:
+    """Every row of ``path`` (any format ``minirl.tasks.data`` reads; ``split`` / ``config`` of a dataset directory)
+    as an ``SFTExample``. ``columns``: where the prompt and the completion are (``cold_start.prompt_column`` /
+    ``completion_column``, dotted names read nested fields); ``chat_prompts``: a string prompt becomes a user
+    message (verl's SFT)."""
     from minirl.tasks.data import iter_rows
 
     examples = []
-    for where, row in iter_rows(Path(path)):
+    for where, row in iter_rows(Path(path), split=split, config=config):
         if isinstance(row, TaskDataError):
             raise row
         example = row_to_example(_renamed(row, where, columns), where, tokenizer, chat_prompts=chat_prompts)

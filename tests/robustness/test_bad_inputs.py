@@ -213,9 +213,16 @@ FILE_ERRORS = [
      "no usable rows (2 bad row(s) skipped; the first: {path}:1: expected a JSON object with \"prompt\" and \"answer\", got an array)",
      "skip"),
     ("no_such_file.jsonl", "no such file", "error"),
-    (".", "a directory, but not a datasets directory (no state.json or dataset_dict.json from save_to_disk); "
-          "give a .jsonl, .json or .parquet file or such a directory", "error"),
 ]
+
+
+def test_a_directory_load_dataset_cannot_read_is_one_line() -> None:
+    """The corpus directory holds JSONL files of every bad shape: as a dataset repository it cannot be read."""
+    with pytest.raises(TaskDataError) as error:
+        JsonlTask(CORPUS)
+    message = str(error.value)
+    assert message.startswith(f"{CORPUS}: a directory, but neither a save_to_disk directory nor a dataset repository "
+                              "load_dataset reads with config None, split 'train' (") and "\n" not in message
 
 
 @pytest.mark.parametrize("name, message, on_bad_row", FILE_ERRORS)

@@ -84,6 +84,25 @@ def test_verl_prompt_length_refused_dropped_or_cut():
         from_verl(base | {"data.truncation": "both"})
 
 
+def test_trl_dataset_config_and_splits_name_the_directorys(tmp_path: Path):
+    """TRL loads load_dataset(dataset_name, name=dataset_config) and evaluates on dataset_test_split when it evaluates."""
+    root = tmp_path / "gsm8k"
+    root.mkdir()
+    out = _trl(dataset_name=str(root), dataset_config="main", dataset_train_split="train_sft", eval_strategy="steps",
+               eval_steps=10)
+    v = out.values
+    assert (v["task.path"], v["task.dataset_config"], v["task.train_split"], v["task.eval_split"]) == (
+        str(root), "main", "train_sft", "test")
+    assert not any("dataset_" in line for line in out.differs + out.not_translated)
+    v = _trl(dataset_name=str(root)).values  # TRL's defaults: the train split, no evaluation
+    assert "task.dataset_config" not in v and "task.train_split" not in v and "task.eval_split" not in v
+    file = tmp_path / "train.jsonl"
+    file.write_text("")
+    out = _trl(dataset_name=str(file), eval_strategy="steps", eval_steps=10)  # one file: no test split in it
+    assert "task.eval_split" not in out.values
+    assert any(line.startswith("dataset_test_split='test': one data file has no other split") for line in out.differs)
+
+
 def test_trl_max_prompt_length_cuts_from_the_left():
     v = _trl(max_prompt_length=64).values  # TRL before 0.24: prompt_ids[:, -max_prompt_length:]
     assert (v["task.max_prompt_tokens"], v["task.prompt_truncation"]) == (64, "left")
@@ -174,6 +193,36 @@ def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
     assert not any("padding_free" in line for line in padding_free.not_translated + padding_free.ignored)
     assert trl_default.values["task.chat_template"] == "templates/chatml.jinja"  # SFT and RL render alike
     assert any("dataset_text_field='content'" in line for line in trl_default.not_translated)
+
+
+def test_a_trl_sft_dataset_directory_with_config_and_split(tmp_path: Path):
+    """TRL SFT's load_dataset(dataset_name, name=dataset_config)[dataset_train_split]: the cold start reads the same
+    rows, and the epochs count that split's rows."""
+    import datasets
+
+    from minirl.sft_data import read_sft_examples
+    from tests.unit.test_tasks_data import _repository
+
+    root = _repository(tmp_path)  # configs main / socratic; socratic's test split has 2 rows
+    out = _trl()
+    add_trl_sft(out, {"dataset_name": str(root), "dataset_config": "socratic", "dataset_train_split": "test",
+                      "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "num_train_epochs": 3})
+    v = out.values
+    assert (v["cold_start.data"], v["cold_start.dataset_config"], v["cold_start.split"]) == (str(root), "socratic", "test")
+    assert v["cold_start.steps"] == 6  # 3 epochs x 2 rows / 1
+    cfg = out.config()
+    rows = datasets.load_dataset(str(root), "socratic", split="test")
+    assert [r["prompt"] for r in rows] == ["socratic-test 0", "socratic-test 1"]
+
+    class Tokenizer:  # one id per character
+        eos_token_id, bos_token, chat_template = 0, None, None
+
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    examples = read_sft_examples(root, Tokenizer(), columns=("prompt", "answer"), split=cfg.cold_start.split,
+                                 config=cfg.cold_start.dataset_config)
+    assert [len(e.input_ids) for e in examples] == [len("socratic-test 0") + 2] * 2  # the answer "0" / "1" and EOS
 
 
 def test_trl_batch_that_splits_a_group_or_an_optimizer_step_is_one_line():

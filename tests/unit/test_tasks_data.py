@@ -59,7 +59,7 @@ def test_unreadable_files_are_one_line(tmp_path: Path) -> None:
     assert str(error.value).startswith(f"{broken}: cannot read as PARQUET (") and "\n" not in str(error.value)
     empty_dir = tmp_path / "plain_dir"
     empty_dir.mkdir()
-    with pytest.raises(TaskDataError, match="not a datasets directory"):
+    with pytest.raises(TaskDataError, match="a directory, but neither a save_to_disk directory nor a dataset repository"):
         JsonlTask(empty_dir)
     with pytest.raises(TaskDataError, match=r"^openai/gsm8k: no such file; minirl does not download: `hf download "
                                             r"openai/gsm8k --repo-type dataset --local-dir DIR`"):
@@ -118,3 +118,75 @@ def test_a_structured_ground_truth_reaches_verl_functions_as_stored(tmp_path: Pa
     assert prompt.answer == '{"target": ["Paris", "paris"]}'
     with RewardRunner(task, timeout_s=5.0) as runner:
         assert runner.score([prompt], [(0, "paris"), (0, "Lyon")])[0].tolist() == [1.0, 0.0]
+
+
+# --- dataset directories: splits and configs (TRL's dataset_name / dataset_config / dataset_*_split) ---------------
+
+def _rows(tag: str, n: int) -> list[dict]:
+    return [{"prompt": f"{tag} {i}", "answer": str(i)} for i in range(n)]
+
+
+def _repository(tmp_path: Path) -> Path:
+    """A dataset repository as `hf download --repo-type dataset` leaves it: two configs declared in the README's
+    metadata (as gsm8k's main / socratic), each with its train and test files."""
+    root = tmp_path / "gsm8k"
+    for config, sizes in (("main", (5, 3)), ("socratic", (4, 2))):
+        (root / config).mkdir(parents=True)
+        for split, n in zip(("train", "test"), sizes):
+            datasets.Dataset.from_list(_rows(f"{config}-{split}", n)).to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
+    entries = "".join(f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*.parquet\n"
+                      f"  - split: test\n    path: {c}/test-*.parquet\n" for c in ("main", "socratic"))
+    (root / "README.md").write_text(f"---\nconfigs:\n{entries}---\n# a dataset\n")
+    return root
+
+
+def test_a_downloaded_repository_reads_its_config_and_splits(tmp_path: Path) -> None:
+    root = _repository(tmp_path)
+    task = JsonlTask(root, dataset_config="socratic", eval_split="test")
+    assert [p.text for p in task.train_prompts()] == [f"socratic-train {i}" for i in range(4)]
+    assert [p.text for p in task.eval_prompts()] == [f"socratic-test {i}" for i in range(2)]
+    held_out = JsonlTask(root, dataset_config="main", eval_fraction=0.2)  # no eval split: a fraction of train
+    assert len(held_out.train_prompts()) == 4 and held_out.eval_prompts()[0].text.startswith("main-train")
+    swapped = JsonlTask(root, dataset_config="main", train_split="test", eval_split="train")
+    assert (len(swapped.train_prompts()), len(swapped.eval_prompts())) == (3, 5)
+    with pytest.raises(TaskDataError, match=r"split 'validation' \(ValueError: Unknown split \"validation\""):
+        JsonlTask(root, dataset_config="main", eval_split="validation")
+    with pytest.raises(TaskDataError, match="with config 'mian', split 'train'"):
+        JsonlTask(root, dataset_config="mian")
+    plain = tmp_path / "plain"  # data files named by split, no metadata
+    (plain / "data").mkdir(parents=True)
+    for split, n in (("train", 3), ("test", 2)):
+        datasets.Dataset.from_list(_rows(split, n)).to_parquet(str(plain / "data" / f"{split}-00000-of-00001.parquet"))
+    task = JsonlTask(plain, eval_split="test")
+    assert (len(task.train_prompts()), len(task.eval_prompts())) == (3, 2)
+    assert task.eval_prompts()[0].text == "test 0"
+
+
+def test_a_saved_dataset_dict_gives_the_split_asked_for(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(_rows("t", 3)),
+                          "validation": datasets.Dataset.from_list(_rows("v", 2))}).save_to_disk(str(saved))
+    task = JsonlTask(saved, eval_split="validation")
+    assert [p.text for p in task.eval_prompts()] == ["v 0", "v 1"] and len(task.train_prompts()) == 3
+    with pytest.raises(TaskDataError, match=r"a DatasetDict without a 'test' split \(splits: train, validation\)"):
+        JsonlTask(saved, eval_split="test")
+    with pytest.raises(TaskDataError, match="a save_to_disk directory has no configs"):
+        JsonlTask(saved, dataset_config="main")
+    one = tmp_path / "one"
+    datasets.Dataset.from_list(_rows("o", 3)).save_to_disk(str(one))
+    with pytest.raises(TaskDataError, match=r"one saved Dataset, without splits \(asked for 'test'\)"):
+        JsonlTask(one, eval_split="test")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows("j", 3)))
+    with pytest.raises(TaskDataError, match=r"d.jsonl: a file holds one split; a split \('test'\)"):
+        JsonlTask(data, eval_split="test")
+
+
+def test_the_config_keys_reach_the_task(tmp_path: Path) -> None:
+    from minirl.config import load_config
+    from minirl.runtime import build_task
+
+    root = _repository(tmp_path)
+    cfg = load_config(None, ["task.kind=jsonl", f"task.path={root}", "task.dataset_config=main", "task.eval_split=test"])
+    task = build_task(cfg)
+    assert (len(task.train_prompts()), len(task.eval_prompts())) == (5, 3)

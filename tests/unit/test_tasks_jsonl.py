@@ -125,7 +125,7 @@ def test_jsonl_missing_empty_or_directory(tmp_path: Path) -> None:
     empty.write_text("\n\n", encoding="utf-8")
     with pytest.raises(TaskDataError, match=r"empty.jsonl: no rows"):
         JsonlTask(empty)
-    with pytest.raises(TaskDataError, match="not a datasets directory"):
+    with pytest.raises(TaskDataError, match="a directory, but neither a save_to_disk directory nor a dataset repository"):
         JsonlTask(tmp_path)
     with pytest.raises(ValueError, match="unknown JSONL reward 'fuzzy'"):
         JsonlTask(empty, reward="fuzzy")  # type: ignore[arg-type]

@@ -184,7 +184,7 @@ def note_local_path(out: Translation, key: str, value: str, what: str, target: s
     elif what in ("model", "reward model"):
         how = f"{download_command(value)}, then set {target} to DIR"
     else:
-        how = f"{download_command(value, 'dataset')}, then set {target} to its training file"
+        how = f"{download_command(value, 'dataset')}, then set {target} to DIR"
     out.differs.append(f"{key}={value!r} is not on this machine: minirl reads the {what} from disk only ({how})")
 
 
@@ -236,15 +236,16 @@ def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str], prefix: st
             out.not_translated.append(f"{prefix}{key}={shown}: not a setting minirl knows how to carry over")
 
 
-def count_rows(path: str | None) -> int | None:
-    """Rows of a local data file (what verl's loader counts), or None when it is not here or unreadable."""
+def count_rows(path: str | None, split: str = "train", config: str | None = None) -> int | None:
+    """Rows of a local data file or of a dataset directory's ``split`` (what verl's and TRL's loaders count), or None
+    when it is not here or unreadable."""
     if not path or not Path(os.path.expanduser(path)).exists():
         return None
     from minirl.tasks.data import iter_rows
     from minirl.tasks.jsonl import TaskDataError
 
     try:
-        return sum(1 for _ in iter_rows(Path(os.path.expanduser(path))))
+        return sum(1 for _ in iter_rows(Path(os.path.expanduser(path)), split=split, config=config))
     except TaskDataError:
         return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -101,10 +102,10 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
         out.set("task.kind", "jsonl", "dataset_name given")
         out.set("task.path", peer("dataset_name"), peer.show("dataset_name"))
         note_local_path(out, "dataset_name", peer("dataset_name"), "data")
-    if peer("dataset_config"):
-        out.not_translated.append(f"{peer.show('dataset_config')}: minirl reads a file or a saved directory")
+    if peer("dataset_config"):  # a dataset directory's, as TRL's load_dataset(dataset_name, name=dataset_config)
+        out.set("task.dataset_config", str(peer("dataset_config")), peer.show("dataset_config"))
     if peer("dataset_train_split") != "train":
-        out.not_translated.append(f"{peer.show('dataset_train_split')}: minirl reads a DatasetDict's 'train' split")
+        out.set("task.train_split", str(peer("dataset_train_split")), peer.show("dataset_train_split"))
     peer("dataset_test_split")
     template_kwargs(peer, out, "chat_template_kwargs")
     _trl_rewards(peer, out)
@@ -158,6 +159,17 @@ def _trl_law(peer: Peer, out: Translation) -> dict[str, tuple[Any, str]]:
     return law
 
 
+def _trl_test_split(peer: Peer, out: Translation) -> None:
+    """TRL evaluates on ``dataset_test_split`` of ``dataset_name``: the same split of the same dataset directory (a
+    single data file has no other split: minirl holds out ``task.eval_fraction`` of it then)."""
+    name = peer("dataset_name")
+    if name and not Path(os.path.expanduser(str(name))).is_file():
+        out.set("task.eval_split", str(peer("dataset_test_split")), peer.show("dataset_test_split"))
+    else:
+        out.differs.append(f"{peer.show('dataset_test_split')}: one data file has no other split; minirl holds out "
+                           "task.eval_fraction of it, or reads task.eval_path")
+
+
 def _trl_batch(peer: Peer, out: Translation) -> int:
     """P, G, N, E and the micro-batch from TRL's per-device counts (``GRPOConfig.__post_init__``); returns
     the optimizer steps per generation (N x E).
@@ -208,7 +220,8 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
         out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / (N x E) = {n}")
         if max_steps % n:
             out.differs.append(f"max_steps={max_steps} is not a multiple of N x E = {n}: rounded up to whole global steps")
-    elif (rows := count_rows(out.values.get("task.path"))) and rows >= out.values["rollout.prompts_per_step"]:
+    elif (rows := count_rows(out.values.get("task.path"), out.values.get("task.train_split", "train"),
+                                      out.values.get("task.dataset_config"))) and rows >= out.values["rollout.prompts_per_step"]:
         steps = int(peer("num_train_epochs") * rows) // out.values["rollout.prompts_per_step"]
         out.set("optim.global_steps", steps, f"{peer.show('num_train_epochs')} x {rows} rows / prompts per step")
         max_steps = steps * n  # what warm-up ratios refer to
@@ -263,8 +276,7 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
     else:
         out.not_translated.append(f"{peer.show('eval_strategy')}: give eval.every_steps in global steps")
     if peer("eval_strategy") != "no":
-        out.differs.append(f"{peer.show('dataset_test_split')}: minirl holds out task.eval_fraction of the data, "
-                           "or reads task.eval_path (save the split to a file)")
+        _trl_test_split(peer, out)
     if peer("num_generations_eval"):
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
     for key, (value, origin) in _trl_law(peer, out).items():
@@ -519,15 +531,24 @@ TRL_SFT_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _trl_sft_data(peer: Peer, out: Translation) -> None:
+    """TRL SFT's ``load_dataset(dataset_name, name=dataset_config)[dataset_train_split]`` as ``cold_start.data``."""
+    if not peer("dataset_name"):
+        out.not_translated.append("SFT config without dataset_name: cold_start.data is the task's teacher traces")
+        return
+    out.set("cold_start.data", peer("dataset_name"), f"SFT {peer.show('dataset_name')}")
+    note_local_path(out, "SFT dataset_name", peer("dataset_name"), "data", "cold_start.data")
+    if peer("dataset_config"):
+        out.set("cold_start.dataset_config", str(peer("dataset_config")), f"SFT {peer.show('dataset_config')}")
+    if peer("dataset_train_split") != "train":
+        out.set("cold_start.split", str(peer("dataset_train_split")), f"SFT {peer.show('dataset_train_split')}")
+
+
 def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a ``trl sft --config`` file: SFT on its data before RL (``cold_start.*``)."""
     peer = Peer(given, TRL_DEFAULTS | TRL_SFT_DEFAULTS)  # a TrainingArguments key the RL file reads is no SFT leftover
     out.set("cold_start.enabled", True, "an SFT config given (--sft)")
-    if peer("dataset_name"):
-        out.set("cold_start.data", peer("dataset_name"), f"SFT {peer.show('dataset_name')}")
-        note_local_path(out, "SFT dataset_name", peer("dataset_name"), "data", "cold_start.data")
-    else:
-        out.not_translated.append("SFT config without dataset_name: cold_start.data is the task's teacher traces")
+    _trl_sft_data(peer, out)
     rl_model = out.values.get("model.path")
     if peer("model_name_or_path") and rl_model and peer("model_name_or_path") != rl_model:
         out.differs.append(f"SFT {peer.show('model_name_or_path')}: minirl's cold start fine-tunes model.path "
@@ -543,7 +564,8 @@ def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
                            "attending to the ones before it in its row (TRL's 'wrapped' without cutting)")
     if peer("padding_free"):  # the same forward without padding; minirl's switch covers the RL trainer's forwards too
         out.set("optim.padding_free", True, f"SFT {peer.show('padding_free')}")
-    steps, rows = peer("max_steps"), count_rows(out.values.get("cold_start.data"))
+    steps, rows = peer("max_steps"), count_rows(out.values.get("cold_start.data"), out.values.get("cold_start.split", "train"),
+                                                out.values.get("cold_start.dataset_config"))
     if steps and steps > 0:
         out.set("cold_start.steps", int(steps), f"SFT {peer.show('max_steps')}")
     elif rows:

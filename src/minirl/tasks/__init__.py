@@ -119,6 +119,7 @@ def build_task_from_config(
             on_bad_row=t.on_bad_row, max_prompt_chars=t.max_prompt_chars,
             max_prompt_tokens=max_prompt_tokens, count_tokens=count_tokens,
             prompt_column=t.prompt_column, answer_column=t.answer_column, plain_chat=t.chat_template == "plain",
+            dataset_config=t.dataset_config, train_split=t.train_split, eval_split=t.eval_split,
             answer_required=not (t.reward_function or t.reward_functions),  # a user's reward may need no answer
         )
     else:

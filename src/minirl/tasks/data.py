@@ -8,8 +8,11 @@ of the row's columns or a ``TaskDataError`` for a line that is not a JSON object
   own one-line error with its line number (blank lines hold no row; a UTF-8 BOM is accepted);
 * ``.json`` and ``.parquet`` are read with the ``datasets`` library (``load_dataset("json" |
   "parquet", data_files=...)``; a JSON file may hold JSON lines or one array of objects);
-* a directory is a ``datasets`` directory written by ``save_to_disk`` (``load_from_disk``); a
-  ``DatasetDict`` gives its ``train`` split (or its only one).
+* a directory written by ``save_to_disk`` is read with ``load_from_disk``; a ``DatasetDict`` gives the ``split``
+  asked for (``train`` by default, or its only one);
+* any other directory is a dataset repository as ``hf download --repo-type dataset`` leaves it (data files, and the
+  README's ``configs`` when it has several), read as TRL reads ``dataset_name``: ``load_dataset(directory,
+  config, split=split)`` (``task.dataset_config``, ``task.train_split`` / ``task.eval_split``), offline.
 
 A file that cannot be read at all is one ``TaskDataError`` naming it.
 """
@@ -27,18 +30,24 @@ from minirl.tasks.jsonl import TaskDataError
 DATASETS_SUFFIXES = {".json": "json", ".parquet": "parquet"}
 
 
-def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """``(where, row dict or TaskDataError)`` for every row of ``path`` (module docstring)."""
+def iter_rows(path: Path, *, split: str = "train", config: str | None = None) -> Iterator[tuple[str, Any]]:
+    """``(where, row dict or TaskDataError)`` for every row of ``path`` (module docstring); ``split`` and ``config``
+    choose among a dataset directory's."""
     path = Path(path)
     if not path.exists():
-        hint = (f"; minirl does not download: {download_command(path, 'dataset')}, then point to its data file"
+        hint = (f"; minirl does not download: {download_command(path, 'dataset')}, then point to the directory"
                 if is_hub_id(path) else "")
         raise TaskDataError(f"{path}: no such file{hint}")
     if path.is_dir():
-        yield from _dataset_rows(path, _load_from_disk(path))
+        saved = any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json"))
+        dataset = _load_from_disk(path, split, config) if saved else _load_repository(path, split, config)
+        yield from _dataset_rows(path if split == "train" else Path(f"{path}[{split}]"), dataset)
         return
     if not path.is_file():
         raise TaskDataError(f"{path}: not a file (expected a JSONL, JSON or Parquet file, or a datasets directory)")
+    if (split, config) != ("train", None):
+        raise TaskDataError(f"{path}: a file holds one split; a split ({split!r}) or a config ({config!r}) names one of "
+                            "a dataset directory's")
     builder = DATASETS_SUFFIXES.get(path.suffix.lower())
     if builder is not None:
         yield from _dataset_rows(path, _load_file(path, builder))
@@ -82,12 +91,9 @@ def _load_file(path: Path, builder: str) -> Any:
         raise TaskDataError(f"{path}: cannot read as {builder.upper()} ({_reason(error)})") from None
 
 
-def _load_from_disk(path: Path) -> Any:
-    if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
-        raise TaskDataError(
-            f"{path}: a directory, but not a datasets directory (no state.json or dataset_dict.json from "
-            "save_to_disk); give a .jsonl, .json or .parquet file or such a directory"
-        )
+def _load_from_disk(path: Path, split: str, config: str | None) -> Any:
+    if config is not None:
+        raise TaskDataError(f"{path}: a save_to_disk directory has no configs (got {config!r}); its splits are its own")
     datasets = _quiet_datasets()
     try:
         loaded = datasets.load_from_disk(str(path))
@@ -96,12 +102,26 @@ def _load_from_disk(path: Path) -> Any:
             f"{path}: cannot read the datasets directory ({_reason(error)})"
         ) from None
     if isinstance(loaded, datasets.DatasetDict):
-        if "train" in loaded:
-            return loaded["train"]
-        if len(loaded) == 1:
+        if split in loaded:
+            return loaded[split]
+        if len(loaded) == 1 and split == "train":
             return next(iter(loaded.values()))
-        raise TaskDataError(f"{path}: a DatasetDict without a 'train' split (splits: {', '.join(loaded)})")
+        raise TaskDataError(f"{path}: a DatasetDict without a {split!r} split (splits: {', '.join(loaded)})")
+    if split != "train":
+        raise TaskDataError(f"{path}: one saved Dataset, without splits (asked for {split!r})")
     return loaded
+
+
+def _load_repository(path: Path, split: str, config: str | None) -> Any:
+    """A directory of data files (a downloaded dataset repository): ``load_dataset`` as TRL calls it."""
+    datasets = _quiet_datasets()
+    try:
+        return datasets.load_dataset(str(path), config, split=split)
+    except Exception as error:
+        raise TaskDataError(
+            f"{path}: a directory, but neither a save_to_disk directory nor a dataset repository load_dataset reads "
+            f"with config {config!r}, split {split!r} ({_reason(error)})"
+        ) from None
 
 
 def _dataset_rows(path: Path, dataset: Any) -> Iterator[tuple[str, Any]]:

@@ -147,6 +147,9 @@ class JsonlTask:
         answer_column: str = "answer",
         answer_required: bool = True,
         plain_chat: bool = False,
+        dataset_config: str | None = None,
+        train_split: str = "train",
+        eval_split: str | None = None,
     ) -> None:
         if reward not in REWARD_KINDS:
             raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
@@ -162,9 +165,11 @@ class JsonlTask:
             count_tokens=count_tokens, skipped=self.skipped_reasons,
             columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat),
         )
-        rows = read_jsonl_prompts(self.path, **read)
-        if eval_path is not None:
-            self._train, self._eval = rows, read_jsonl_prompts(Path(eval_path), **read)
+        rows = read_jsonl_prompts(self.path, split=train_split, config=dataset_config, **read)
+        if eval_path is not None or eval_split is not None:  # a held-out file, or split of a dataset directory
+            held_out = Path(eval_path) if eval_path is not None else self.path
+            self._train = rows
+            self._eval = read_jsonl_prompts(held_out, split=eval_split or "train", config=dataset_config, **read)
         else:
             self._train, self._eval = _split(rows, eval_fraction, seed, self.path)
 
@@ -226,13 +231,15 @@ def read_jsonl_prompts(
     count_tokens: Callable[[Prompt], int] | None = None,
     skipped: list[str] | None = None,
     columns: ColumnMap | None = None,
+    split: str = "train",
+    config: str | None = None,
 ) -> list[Prompt]:
     """Every row of ``path`` (JSONL, JSON, Parquet or a ``datasets`` directory, ``minirl.tasks.data``)
     as a ``Prompt``; ``TaskDataError`` naming file and line (or row) otherwise.
 
     With ``on_bad_row="skip"`` a bad row's message is appended to ``skipped`` instead. A prompt
     longer than ``max_prompt_chars`` characters, or ``max_prompt_tokens`` tokens as counted by
-    ``count_tokens(prompt)``, makes a bad row.
+    ``count_tokens(prompt)``, makes a bad row. ``split`` / ``config``: which of a dataset directory's.
     """
     from minirl.tasks.data import iter_rows
 
@@ -243,7 +250,7 @@ def read_jsonl_prompts(
     columns = columns or ColumnMap()
     prompts: list[Prompt] = []
     bad: list[str] = []
-    for where, row in iter_rows(path):
+    for where, row in iter_rows(path, split=split, config=config):
         try:
             if isinstance(row, TaskDataError):
                 raise row
