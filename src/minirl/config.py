@@ -109,11 +109,12 @@ class TaskConfig(Section):
     """Synthetic tasks: held-out prompts generated."""
     seed: int = 1234
     """Seed of the synthetic data (separate from ``run.seed``)."""
-    path: str | None = None
-    """Data task (kind jsonl): training data, a .jsonl, .json or .parquet file or a ``datasets``
-    directory (``save_to_disk``), with a prompt and an answer column; other columns pass through."""
-    eval_path: str | None = None
-    """Data task: a separate held-out file (else ``eval_fraction`` of ``path``)."""
+    path: str | list[str] | None = None
+    """Data task (kind jsonl): training data, a .jsonl, .json or .parquet file or a dataset directory, with a prompt
+    and an answer column; other columns pass through. A list: their rows one after another (verl's list of
+    ``data.train_files``; a ``data_source`` column tells their rows apart)."""
+    eval_path: str | list[str] | None = None
+    """Data task: separate held-out data, a file or directory or a list of them (else ``eval_fraction`` of ``path``)."""
     eval_fraction: float = Field(0.1, gt=0, lt=1)
     """Data task without ``eval_path``: fraction of rows held out (seeded by ``task.seed``)."""
     dataset_config: str | None = None

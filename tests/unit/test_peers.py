@@ -19,6 +19,7 @@ from minirl.algo import POLICY_LOSSES, LossInputs, group_advantages
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
 from minirl.peers import Translation, add_trl_sft, from_trl, from_verl, read_verl, script_overrides
+from minirl.tasks import build_task_from_config
 
 
 def _trl(**given):
@@ -1219,3 +1220,11 @@ def test_verl_epochs_become_global_steps_when_the_data_is_here(tmp_path: Path):
     assert (cosine["optim.lr_schedule"], cosine["optim.min_lr_ratio"]) == ("cosine", 0.1)
     away = from_verl(given | {"data.train_files": str(tmp_path / "elsewhere.parquet")})
     assert "optim.global_steps" not in away.values and any("total_epochs=3" in line for line in away.not_translated)
+    # verl's list of train files (gsm8k + MATH in its examples): their rows one after another, all counted
+    datasets.Dataset.from_list([{"prompt": "q", "answer": "b"}] * 6).to_parquet(str(tmp_path / "math.parquet"))
+    files = [str(tmp_path / "train.parquet"), str(tmp_path / "math.parquet")]
+    both = from_verl(given | {"data.train_files": files, "data.val_files": files[:1], "actor_rollout_ref.rollout.n": 4})
+    assert (both.values["task.path"], both.values["task.eval_path"]) == (files, files[0])
+    assert both.values["optim.global_steps"] == 3 * (16 // 4)
+    task = build_task_from_config(both.config().task)
+    assert [p.text for p in task.train_prompts()] == ["p"] * 10 + ["q"] * 6

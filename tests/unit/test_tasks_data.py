@@ -190,3 +190,22 @@ def test_the_config_keys_reach_the_task(tmp_path: Path) -> None:
     cfg = load_config(None, ["task.kind=jsonl", f"task.path={root}", "task.dataset_config=main", "task.eval_split=test"])
     task = build_task(cfg)
     assert (len(task.train_prompts()), len(task.eval_prompts())) == (5, 3)
+
+
+def test_several_files_are_one_dataset_in_order(tmp_path: Path) -> None:
+    """``task.path`` as a list (verl's ``data.train_files`` list): their rows one after another; a held-out list too."""
+    from minirl.config import load_config
+    from minirl.runtime import build_task
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.parquet"
+    first.write_text("".join(json.dumps(r) + "\n" for r in _rows("a", 3)))
+    datasets.Dataset.from_list(_rows("b", 2)).to_parquet(str(second))
+    task = JsonlTask([first, second], eval_path=[second, first])
+    assert [p.text for p in task.train_prompts()] == ["a 0", "a 1", "a 2", "b 0", "b 1"]
+    assert [p.text for p in task.eval_prompts()] == ["b 0", "b 1", "a 0", "a 1", "a 2"]
+    cfg = load_config(None, ["task.kind=jsonl", f"task.path=[{first}, {second}]", "task.eval_fraction=0.4"])
+    assert cfg.task.path == [str(first), str(second)]
+    task = build_task(cfg)
+    assert (len(task.train_prompts()), len(task.eval_prompts())) == (3, 2)  # 40 % of the five rows held out
+    with pytest.raises(TaskDataError, match=r"task.path: an empty list"):
+        JsonlTask([])

@@ -236,9 +236,12 @@ def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str], prefix: st
             out.not_translated.append(f"{prefix}{key}={shown}: not a setting minirl knows how to carry over")
 
 
-def count_rows(path: str | None, split: str = "train", config: str | None = None) -> int | None:
-    """Rows of a local data file or of a dataset directory's ``split`` (what verl's and TRL's loaders count), or None
-    when it is not here or unreadable."""
+def count_rows(path: str | list[str] | None, split: str = "train", config: str | None = None) -> int | None:
+    """Rows of a local data file or of a dataset directory's ``split`` (what verl's and TRL's loaders count; a list:
+    all of theirs), or None when one is not here or unreadable."""
+    if isinstance(path, list):
+        counts = [count_rows(one, split, config) for one in path]
+        return None if not counts or None in counts else sum(c for c in counts if c is not None)
     if not path or not Path(os.path.expanduser(path)).exists():
         return None
     from minirl.tasks.data import iter_rows

@@ -151,12 +151,11 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
     if peer("data.train_files"):
         out.set("task.kind", "jsonl", "data.train_files given")
     for theirs, ours in (("data.train_files", "task.path"), ("data.val_files", "task.eval_path")):
-        value = _one_file(peer(theirs))
-        if isinstance(value, list):
-            out.not_translated.append(f"{peer.show(theirs)}: minirl reads one file per split (join them first)")
-        elif value:
-            out.set(ours, value, peer.show(theirs))
-            note_local_path(out, theirs, value, "data", ours)
+        value = _one_file(peer(theirs))  # several files: their rows one after another, as verl's RLHFDataset
+        if value:
+            out.set(ours, [str(v) for v in value] if isinstance(value, list) else value, peer.show(theirs))
+            for one in value if isinstance(value, list) else [value]:
+                note_local_path(out, theirs, str(one), "data", ours)
     if peer.set_by_user("data.prompt_key"):
         out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
     template_kwargs(peer, out, "data.apply_chat_template_kwargs")

@@ -39,7 +39,7 @@ import math
 import random
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -133,8 +133,8 @@ class JsonlTask:
 
     def __init__(
         self,
-        path: str | Path,
-        eval_path: str | Path | None = None,
+        path: str | Path | Sequence[str | Path],
+        eval_path: str | Path | Sequence[str | Path] | None = None,
         eval_fraction: float = 0.1,
         reward: RewardKind = "exact",
         seed: int = 0,
@@ -155,7 +155,8 @@ class JsonlTask:
             raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
         if not 0.0 <= eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-        self.path = Path(path)
+        paths = _paths(path)
+        self.path = paths[0]
         self.name = name or self.path.stem
         self.reward_kind = reward
         self.skipped_reasons: list[str] = []
@@ -165,11 +166,12 @@ class JsonlTask:
             count_tokens=count_tokens, skipped=self.skipped_reasons,
             columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat),
         )
-        rows = read_jsonl_prompts(self.path, split=train_split, config=dataset_config, **read)
-        if eval_path is not None or eval_split is not None:  # a held-out file, or split of a dataset directory
-            held_out = Path(eval_path) if eval_path is not None else self.path
+        rows = [row for p in paths for row in read_jsonl_prompts(p, split=train_split, config=dataset_config, **read)]
+        if eval_path is not None or eval_split is not None:  # held-out files, or a split of the dataset directories
+            held_out = _paths(eval_path) if eval_path is not None else paths
             self._train = rows
-            self._eval = read_jsonl_prompts(held_out, split=eval_split or "train", config=dataset_config, **read)
+            self._eval = [row for p in held_out
+                          for row in read_jsonl_prompts(p, split=eval_split or "train", config=dataset_config, **read)]
         else:
             self._train, self._eval = _split(rows, eval_fraction, seed, self.path)
 
@@ -204,6 +206,14 @@ def exact_reward(prompt: Any, completion: Any, answer: str, **kwargs: Any) -> fl
 def math_verify_reward(prompt: Any, completion: Any, answer: str, **kwargs: Any) -> float:
     """``task.reward: math_verify`` as a reward function: 1.0 when the final answer equals the reference mathematically."""
     return 1.0 if math_equivalent(extract_answer(_completion_text(completion)), answer) else 0.0
+
+
+def _paths(given: str | Path | Sequence[str | Path]) -> list[Path]:
+    """One data path or several (``task.path`` as a list: their rows one after another)."""
+    paths = [Path(given)] if isinstance(given, (str, Path)) else [Path(p) for p in given]
+    if not paths:
+        raise TaskDataError("task.path: an empty list (give a data file or directory)")
+    return paths
 
 
 def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> tuple[list[Prompt], list[Prompt]]:
