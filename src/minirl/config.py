@@ -409,7 +409,8 @@ class LossConfig(Section):
     """Leave out of the loss tokens (token_*) or whole responses (seq_*) whose training–inference divergence,
     from rho = pi_old/mu_old, is out of bounds (verl's ``rollout_rs``; ``minirl.algo.variants.rejection``): k1 keeps
     reject_low <= rho (seq_sum: the product, seq_mean: the geometric mean) <= reject_high; k2 / k3 keep the
-    divergence <= reject_high. ``none``: the paper's setting (the weight is truncated, nothing rejected)."""
+    divergence <= reject_high. ``none``: the paper's setting (the weight is truncated, nothing rejected). With
+    ``logp_old_source: rollout`` it bounds pi_theta/mu_old in each update's loss instead, the denominators unchanged."""
     reject_low: float = Field(0.0, ge=0)
     """k1 rules: the lowest ratio kept (0 = no lower bound)."""
     reject_high: float = Field(math.inf, gt=0)
@@ -420,7 +421,8 @@ class LossConfig(Section):
     ``logp_rollout`` (verl's ``rollout_correction.bypass_mode``: pi_old := mu_old, no old-log-prob pass, so the
     clip mask and ratios see both gaps at once). With ``rollout`` the monitor's pi_old (``mismatch/*``,
     ``train/entropy``, ``routing/train_infer_*``) is the first update's forward, at theta_old, on the first
-    mini-batch (the whole batch when N = 1). Not with R2 (it records its routes in that pass) nor ``reject``."""
+    mini-batch (the whole batch when N = 1); ``reject`` then bounds each update's pi_theta/mu_old in its loss (verl's
+    bypass-mode rejection). Not with R2 (it records its routes in that pass)."""
 
     @model_validator(mode="after")
     def _reject_bounds(self) -> LossConfig:
@@ -849,15 +851,12 @@ class Config(Section):
         return data
 
     def _check_bypass(self) -> None:
-        """``algo.logp_old_source: rollout`` (verl's bypass mode) skips the pass R2 and the rejection need."""
+        """``algo.logp_old_source: rollout`` (verl's bypass mode) skips the pass R2 records its routes in."""
         if self.algo.logp_old_source != "rollout":
             return
         if self.moe.routing_replay == "R2":
             raise ValueError("algo.logp_old_source=rollout: R2 records the trainer's routes in the old-log-prob pass, "
                              "which bypassing it skips; use moe.routing_replay=R3 (the engine's routes) or trainer")
-        if self.algo.reject != "none":
-            raise ValueError("algo.reject: it bounds pi_old/mu_old, which algo.logp_old_source=rollout makes 1 "
-                             "(verl's bypass mode rejects on pi_theta/mu inside its loss instead); set none")
 
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""

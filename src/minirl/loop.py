@@ -55,7 +55,7 @@ from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
-from minirl.objective import make_objective, with_entropy_bonus, with_high_entropy_tokens
+from minirl.objective import make_objective, with_current_rejection, with_entropy_bonus, with_high_entropy_tokens
 from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
@@ -383,7 +383,7 @@ def update_objective(run: Run, minibatch: Batch) -> Objective:
     with ``algo.top_entropy_quantile`` < 1), plus the KL penalty to the reference (``algo.kl_coef``) and minus the
     entropy bonus (``algo.entropy_coef``) when they are on."""
     a = run.cfg.algo
-    policy = with_high_entropy_tokens(a, run.make_objective(a, minibatch))
+    policy = with_high_entropy_tokens(a, with_current_rejection(a, run.make_objective(a, minibatch)))
     coef = None
     if a.entropy_target is not None:  # adaptive control: the coefficient as the last update left it, gated
         control = run.entropy_control
@@ -431,9 +431,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     #    single update's own forward instead, unless R2 or the diagnostics need it first
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
     epochs = cfg.optim.epochs_per_step
-    rejecting = cfg.algo.reject != "none"  # needs pi_old before the update: no fused pass
-    before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
     bypass = cfg.algo.logp_old_source == "rollout"  # verl's bypass mode: pi_old := mu_old, no pass
+    rejecting = cfg.algo.reject != "none" and not bypass  # needs pi_old before the update: no fused pass
+    before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
     fused = (run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
              and not bypass)
     batch, old = old_log_probs(run, plan, batch, skip=fused or bypass)

@@ -30,6 +30,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                ``train/entropy`` over the first mini-batch, pi_old from its update's forward)
 ``mismatch/rejected_*``        ``algo.reject`` only: ``token_frac`` of trained tokens and ``seq_frac`` of responses
                                the rejection left out of the loss (the other mismatch/* still cover every token)
+                               (``algo.logp_old_source: rollout``: ``policy/rejected_token_frac`` instead, the
+                               trained tokens each update's in-loss rejection on pi_theta/mu_old left out)
 ``policy/*``                   the objective's metrics (clip fractions by advantage sign, IS
                                weight mean/max, truncated- or masked-IS fraction, OPSM's), mean over the N x E updates
 ``policy/entropy``             ``algo.entropy_coef`` > 0 or ``entropy_target``: pi_theta's token-mean entropy in the

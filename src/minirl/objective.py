@@ -14,6 +14,7 @@ import torch
 
 from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.algo.variants.entropy import entropy_bonus_loss, high_entropy_tokens
+from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import AlgoConfig
 from minirl.trainer import Objective
 from minirl.types import Batch
@@ -96,6 +97,35 @@ class HighEntropyTokens:
             raise ValueError("algo.top_entropy_quantile < 1 needs the forward's entropy (objective(logp, micro, entropy=...))")
         keep = high_entropy_tokens(entropy, micro.mask, self.quantile)
         return self.objective(logp, micro, token_keep=keep)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class CurrentRejection:
+    """``algo.reject`` under ``algo.logp_old_source: rollout`` (verl's bypass-mode rejection, its ``rollout_rs`` with
+    ``bypass_mode``): the rule bounds this forward's pi_theta/mu_old (detached), so the tokens or responses out of
+    bounds keep no loss term in each update; the loss's denominators still count them, as verl's token count of the
+    mini-batch does. ``rejected_token_frac``: the trained tokens left out."""
+
+    objective: Objective  # a PolicyObjective: it takes token_keep
+    rule: str
+    low: float
+    high: float
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, *, token_keep: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        mask = micro.mask
+        keep = rejection_keep(logp.detach(), micro.logp_rollout, mask, rule=self.rule, low=self.low, high=self.high)
+        loss, metrics = self.objective(logp, micro, token_keep=keep if token_keep is None else keep & token_keep)  # type: ignore[call-arg]
+        rejected = (mask & ~keep).sum().double() / mask.sum().clamp(min=1).double()
+        return loss, {**metrics, "rejected_token_frac": rejected}
+
+
+def with_current_rejection(algo: AlgoConfig, objective: Objective) -> Objective:
+    """``objective`` with verl's bypass-mode rejection when ``algo.reject`` is on and ``logp_old`` is mu_old, else
+    itself (the rejection then runs once, on pi_old/mu_old, before the updates: ``minirl.loop``)."""
+    if algo.reject == "none" or algo.logp_old_source != "rollout":
+        return objective
+    return CurrentRejection(objective, algo.reject, float(algo.reject_low), float(algo.reject_high))
 
 
 def with_high_entropy_tokens(algo: AlgoConfig, objective: Objective) -> Objective:

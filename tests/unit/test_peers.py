@@ -1109,8 +1109,45 @@ def test_verl_bypass_reinforce_gradient_is_verls(rollout_is, threshold, agg):
     torch.testing.assert_close(ours, theirs, rtol=2e-8 if agg != "token-mean" else 1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("loss_type, rollout_is", [("ppo_clip", None), ("reinforce", "token")])
+def test_verl_bypass_rejection_gradient_is_verls(loss_type, rollout_is):
+    """verl's bypass presets with a rejection (bypass_ppo_clip_geo_rs, bypass_pg_geo_rs_token_tis): the rule bounds
+    pi_theta/mu_old inside the loss, which drops the rejected tokens' terms and keeps the mini-batch's token count."""
+    from minirl.objective import make_objective, with_current_rejection
+
+    given = BYPASS | {"algorithm.rollout_correction.loss_type": loss_type, "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+                      "algorithm.rollout_correction.rollout_rs_threshold": "0.7_1.3", "actor_rollout_ref.actor.clip_ratio_c": 1e9}
+    if rollout_is:
+        given |= {"algorithm.rollout_correction.rollout_is": rollout_is, "algorithm.rollout_correction.rollout_is_threshold": 1.6}
+    out = from_verl(given)
+    assert out.objective.startswith("your verl loss") and out.values["algo.reject"] == "seq_mean_k1"
+    cfg = out.config()
+    x = _bypassed(_batch())
+    current = LossInputs(x.logp, x.logp.detach(), x.logp_rollout, x.advantages, x.mask, x.group_ids)  # verl: pi_theta
+    kept = _verl_rejection_mask(current, "seq_mean_k1", "0.7_1.3")
+    assert 0 < int(kept.sum()) < int(x.mask.sum())  # the rule rejects some responses of this batch, not all
+    logp = x.logp.detach().clone().requires_grad_(True)
+    adv = x.advantages[:, None].expand_as(logp)
+    if loss_type == "ppo_clip":
+        ratio = torch.exp(torch.clamp(logp - x.logp_old, min=-20.0, max=20.0))
+        pg_losses = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
+    else:
+        pg_losses = -adv * logp * _verl_is_weights(current, rollout_is, 1.6)  # of the whole response mask
+    loss = (pg_losses * kept).sum() / x.mask.sum()  # token-mean over the mini-batch's tokens (batch_num_tokens)
+    (theirs,) = torch.autograd.grad(loss, logp)
+    micro = SimpleNamespace(size=8, logp_old=x.logp_old, logp_rollout=x.logp_rollout, advantages=x.advantages,
+                            mask=x.mask, group_ids=x.group_ids)
+    objective = with_current_rejection(cfg.algo, make_objective(cfg.algo, micro))
+    ours_logp = x.logp.detach().clone().requires_grad_(True)
+    ours_loss, metrics = objective(ours_logp, micro)
+    (ours,) = torch.autograd.grad(ours_loss, ours_logp)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert float(metrics["rejected_token_frac"]) == pytest.approx(1 - float(kept.sum()) / float(x.mask.sum()))
+
+
 def test_verl_bypass_without_an_equivalent_is_named():
-    for extra in ({"algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": 2},
+    for extra in ({"algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": 2,
+                   "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"},
                   {"algorithm.rollout_correction.loss_type": "reinforce"}):  # REINFORCE with no IS weight at all
         out = from_verl(BYPASS | extra)
         assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")

@@ -478,7 +478,10 @@ def _verl_bypass(peer: Peer, obj: Objective, n: int) -> None:
     loss_type, rollout_is = peer("algorithm.rollout_correction.loss_type"), peer("algorithm.rollout_correction.rollout_is")
     obj.set("logp_old_source", "rollout", peer.show(BYPASS) + " (pi_old := mu_old)")
     if peer("algorithm.rollout_correction.rollout_rs") is not None:
-        obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.rollout_rs") + " (a rejection on pi_theta/mu_old)")
+        if peer(A + "loss_agg_mode") == "seq-mean-token-mean":  # verl's per-response mean over the kept tokens
+            obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.rollout_rs", A + "loss_agg_mode"))
+        else:  # on pi_theta/mu_old in each update's loss, the mini-batch's token count unchanged: minirl's in bypass
+            _verl_rejection(peer, obj, in_loss=True)
     if loss_type == "ppo_clip":  # verl computes the IS weights for its metrics only
         _verl_loss(peer, obj, n, "vanilla", None)
         return
@@ -575,10 +578,11 @@ def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:
                            "to +-20 before exp, minirl does not (the same whenever the bound is below e^20)")
 
 
-def _verl_rejection(peer: Peer, obj: Objective) -> None:
+def _verl_rejection(peer: Peer, obj: Objective, *, in_loss: bool = False) -> None:
     """verl's ``rollout_rs`` (one option) and ``rollout_rs_threshold`` as minirl's algo.reject / reject_low /
     reject_high. verl bounds k1 on mu/pi_old ("lower_upper", or upper alone with lower = 1/upper), minirl on
-    pi_old/mu: the bounds swap and invert."""
+    pi_old/mu: the bounds swap and invert. ``in_loss``: bypass mode's, on pi_theta (the IS weights of the whole
+    response mask, as verl's)."""
     rule_key, key = "algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold"
     rule, threshold = str(peer(rule_key)).strip(), peer(key)
     if rule not in get_args(MiniRLConfig.model_fields["reject"].annotation)[1:] or threshold is None:
@@ -601,7 +605,7 @@ def _verl_rejection(peer: Peer, obj: Objective) -> None:
     obj.set("reject_high", high, peer.show(key))
     obj.differs.append(f"{peer.show(rule_key)}: verl clamps each token's log-ratio to +-20 before the statistic, minirl "
                        "does not (the same unless a token's ratio passes e^20)")
-    if rule.startswith("token") and peer("algorithm.rollout_correction.rollout_is") == "sequence":
+    if rule.startswith("token") and peer("algorithm.rollout_correction.rollout_is") == "sequence" and not in_loss:
         obj.differs.append(f"{peer.show(rule_key, 'algorithm.rollout_correction.rollout_is')}: verl's sequence weight "
                            "multiplies every token's ratio, minirl's those of the tokens the rejection kept")
 
