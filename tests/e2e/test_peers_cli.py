@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import torch
 import yaml
 
 WORDS = ["abc", "bca", "cab", "acb", "bac", "cba", "aab", "bba"]
@@ -179,3 +180,53 @@ def test_verl_bypass_mode_data_list_and_prompt_cut_translate_and_train(tmp_path:
     metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "policy/loss" in m]
     assert len(steps) == 2 and all(m["time/old_logprobs_s"] < 0.05 and m["mismatch/kl_k3"] >= 0 for m in steps)
+
+
+OPEN_R1_FILE = """\
+# an open-r1 recipe (recipes/*/grpo/config_demo.yaml's keys)
+dataset_name: {data}
+dataset_config: default
+dataset_prompt_column: problem
+system_prompt: "Reverse the word."
+reward_funcs: [accuracy, format, tag_count, cosine]
+reward_weights: [1.0, 0.5, 0.5, 1.0]
+cosine_max_len: 64
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+num_generations: 4
+max_completion_length: 8
+max_steps: 2
+learning_rate: 1.0e-4
+bf16: false
+gradient_checkpointing: false
+output_dir: {runs}/open-r1-run
+logging_steps: 1
+"""
+
+
+def test_an_open_r1_recipe_translates_and_trains(tmp_path: Path):
+    """open-r1's script arguments: a dataset repository directory, its prompt column as a user message after the
+    system prompt, its registry's rewards (rewritten) with their arguments."""
+    data = tmp_path / "math"
+    (data / "data").mkdir(parents=True)
+    rows = [{"problem": w, "solution": f"${i}$"} for i, w in enumerate(WORDS)]
+    datasets.Dataset.from_list(rows).to_parquet(str(data / "data" / "train-00000-of-00001.parquet"))
+    (tmp_path / "grpo.yaml").write_text(OPEN_R1_FILE.format(data=data, runs=tmp_path))
+    proc = _minirl("config", "from-trl", "grpo.yaml", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
+    task = cfg["task"]
+    assert (task["prompt_column"], task["system_prompt"], task["chat_prompts"]) == ("problem", "Reverse the word.", True)
+    assert [f["function"].split(":")[1] for f in task["reward_functions"]] == [
+        "accuracy_reward", "format_reward", "tag_count_reward", "cosine_scaled_reward"]
+    assert task["reward_functions"][3]["kwargs"] == {"min_value_wrong": 0.0, "max_value_wrong": -0.5, "min_value_correct": 0.5,
+                                                     "max_value_correct": 1.0, "max_len": 64}
+
+    train = _minirl("train", "minirl.yaml", *TINY_RUN, "--dump-rollouts", "dump", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "open-r1-run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("reward/cosine_scaled_reward/mean" in m for m in metrics) == 2
+    dumped = torch.load(tmp_path / "dump" / "step_000001.pt", weights_only=True)
+    assert all(text.startswith("Reverse the word.\n") and text.split("\n")[1] in WORDS for text in dumped["prompts"])
+    rendered = "Reverse the word.\n" + dumped["prompts"][0].split("\n")[1] + "\n"  # chat.jinja: each message's content
+    assert len(dumped["completions"][0]["prompt_ids"]) == len(rendered)  # one id a character: both messages rendered

@@ -104,6 +104,25 @@ def test_trl_dataset_config_and_splits_name_the_directorys(tmp_path: Path):
     assert any(line.startswith("dataset_test_split='test': one data file has no other split") for line in out.differs)
 
 
+def test_open_r1_script_arguments_and_reward_names():
+    """open-r1's grpo.py: its registry's names with its script's arguments (their defaults where unset)."""
+    out = _trl(reward_funcs=["accuracy", "repetition_penalty", "soft_overlong_punishment", "accuracy_reward"],
+               repetition_n_grams=4, max_completion_len=2048, dataset_prompt_column="problem")
+    v = out.values
+    specs = [(f["function"].split(":")[1], f.get("kwargs")) for f in v["task.reward_functions"]]
+    assert specs == [("accuracy_reward", None), ("repetition_penalty_reward", {"ngram_size": 4, "max_penalty": -1.0}),
+                     ("soft_overlong_punishment_reward", {"max_completion_len": 2048, "soft_punish_cache": 4096}),
+                     ("accuracy_reward", None)]
+    assert v["task.reward_functions"][0]["function"].startswith("minirl.tasks.open_r1_rewards")
+    assert v["task.reward_functions"][3]["function"].startswith("minirl.tasks.trl_rewards")  # TRL's own name
+    assert (v["task.prompt_column"], v["task.chat_prompts"]) == ("problem", True) and "task.system_prompt" not in v
+    assert not any("repetition_n_grams" in line or "dataset_prompt_column" in line for line in out.not_translated)
+    plain = _trl(reward_funcs=["accuracy_reward"]).values  # a TRL config: text prompts stay text
+    assert "task.chat_prompts" not in plain and "task.prompt_column" not in plain
+    unknown = _trl(reward_funcs=["frobnicate"])
+    assert any("nor open-r1's (accuracy, format, tag_count" in line for line in unknown.not_translated)
+
+
 def test_trl_max_prompt_length_cuts_from_the_left():
     v = _trl(max_prompt_length=64).values  # TRL before 0.24: prompt_ids[:, -max_prompt_length:]
     assert (v["task.max_prompt_tokens"], v["task.prompt_truncation"]) == (64, "left")

@@ -209,3 +209,22 @@ def test_several_files_are_one_dataset_in_order(tmp_path: Path) -> None:
     assert (len(task.train_prompts()), len(task.eval_prompts())) == (3, 2)  # 40 % of the five rows held out
     with pytest.raises(TaskDataError, match=r"task.path: an empty list"):
         JsonlTask([])
+
+
+def test_system_prompt_and_chat_prompts(tmp_path: Path) -> None:
+    """open-r1's make_conversation: a text prompt becomes [system, user]; a chat keeps its own system message."""
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "2+2?", "answer": "4"},
+            {"prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "3+3?"}], "answer": "6"},
+            {"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    system = "Think first."
+    first, second, third = JsonlTask(path, eval_fraction=0.0, system_prompt=system).train_prompts()
+    assert first.messages == [{"role": "system", "content": system}, {"role": "user", "content": "2+2?"}]
+    assert second.messages == rows[1]["prompt"]  # not a second system message
+    assert third.messages == [{"role": "system", "content": system}, {"role": "user", "content": "1+1?"}]
+    assert first.text == "Think first.\n2+2?"
+    plain, *_ = JsonlTask(path, eval_fraction=0.0).train_prompts()
+    assert plain.messages is None and plain.text == "2+2?"  # TRL's rule: a text prompt is plain text
+    chat, *_ = JsonlTask(path, eval_fraction=0.0, chat_prompts=True).train_prompts()
+    assert chat.messages == [{"role": "user", "content": "2+2?"}]

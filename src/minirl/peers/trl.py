@@ -25,6 +25,7 @@ from minirl.peers.common import (
     report_to,
     template_kwargs,
 )
+from minirl.tasks.open_r1_rewards import REGISTRY as OPEN_R1_REWARDS
 
 TRL_DEFAULTS: dict[str, Any] = {
     # GRPOConfig (TRL 1.16) and the TrainingArguments defaults it keeps or overrides
@@ -54,6 +55,9 @@ TRL_DEFAULTS: dict[str, Any] = {
     "model_name_or_path": None, "dataset_name": None, "dataset_config": None, "dataset_train_split": "train",
     "dataset_test_split": "test", "reward_funcs": None, "reward_model_name_or_path": None,
     "num_processes": 1, "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
+    # open-r1's GRPO script (open_r1/grpo.py, configs.py): its prompt column, system prompt and rewards' arguments
+    "dataset_prompt_column": "prompt", "system_prompt": None,
+    **{key: default for _, arguments in OPEN_R1_REWARDS.values() for key, (_, default) in arguments.items()},
 }
 
 TRL_IGNORED = re.compile(
@@ -102,6 +106,7 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
         out.set("task.kind", "jsonl", "dataset_name given")
         out.set("task.path", peer("dataset_name"), peer.show("dataset_name"))
         note_local_path(out, "dataset_name", peer("dataset_name"), "data")
+    _open_r1_prompts(peer, out)
     if peer("dataset_config"):  # a dataset directory's, as TRL's load_dataset(dataset_name, name=dataset_config)
         out.set("task.dataset_config", str(peer("dataset_config")), peer.show("dataset_config"))
     if peer("dataset_train_split") != "train":
@@ -109,6 +114,21 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     peer("dataset_test_split")
     template_kwargs(peer, out, "chat_template_kwargs")
     _trl_rewards(peer, out)
+
+
+def _open_r1_prompts(peer: Peer, out: Translation) -> None:
+    """open-r1's ``make_conversation``: the ``dataset_prompt_column`` text as a user message, after its
+    ``system_prompt`` when given (set by an open-r1 recipe; its reward names are open-r1's too)."""
+    column, system = peer("dataset_prompt_column"), peer("system_prompt")
+    names = peer("reward_funcs") or []
+    open_r1 = (peer.set_by_user("dataset_prompt_column") or system is not None
+               or any(n in OPEN_R1_REWARDS and n not in TRL_REWARDS for n in ([names] if isinstance(names, str) else names)))
+    if column != "prompt":
+        out.set("task.prompt_column", str(column), peer.show("dataset_prompt_column"))
+    if system is not None:
+        out.set("task.system_prompt", str(system), peer.show("system_prompt"))
+    if open_r1:
+        out.set("task.chat_prompts", True, "open-r1's make_conversation: each prompt a user message")
 
 
 def _trl_rewards(peer: Peer, out: Translation) -> None:
@@ -130,13 +150,17 @@ def _trl_rewards(peer: Peer, out: Translation) -> None:
         elif name == "get_soft_overlong_punishment":  # `trl grpo`'s registry binds these lengths (trl/scripts/grpo.py)
             functions.append({"function": "minirl.tasks.trl_rewards:soft_overlong_punishment_reward", "weight": float(weight),
                               "kwargs": {"max_completion_len": 1280, "soft_punish_cache": 256}})
+        elif name in OPEN_R1_REWARDS:  # open-r1's registry name: its function rewritten, its script's arguments
+            function, arguments = OPEN_R1_REWARDS[name]
+            kwargs = {ours: peer(theirs) for theirs, (ours, _) in arguments.items()}
+            functions.append({"function": function, "weight": float(weight), **({"kwargs": kwargs} if kwargs else {})})
         elif "." in name:
             module, function = name.rsplit(".", 1)
             functions.append({"function": f"{module}:{function}", "weight": float(weight)})
         else:
             out.not_translated.append(f"reward_funcs: {name!r} is none of `trl grpo`'s built-ins ({', '.join(TRL_REWARDS)}, "
-                                      "get_soft_overlong_punishment; another script's registry name?): give it as a "
-                                      "dotted module.function")
+                                      "get_soft_overlong_punishment) nor open-r1's (" + ", ".join(OPEN_R1_REWARDS) +
+                                      "): give it as a dotted module.function")
     if functions:
         given = [key for key in ("reward_model_name_or_path", "reward_funcs", "reward_weights") if peer.set_by_user(key)]
         out.set("task.reward_functions", functions, ", ".join(given))

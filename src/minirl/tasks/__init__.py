@@ -120,6 +120,7 @@ def build_task_from_config(
             max_prompt_tokens=max_prompt_tokens, count_tokens=count_tokens,
             prompt_column=t.prompt_column, answer_column=t.answer_column, plain_chat=t.chat_template == "plain",
             dataset_config=t.dataset_config, train_split=t.train_split, eval_split=t.eval_split,
+            system_prompt=t.system_prompt, chat_prompts=t.chat_prompts,
             answer_required=not (t.reward_function or t.reward_functions),  # a user's reward may need no answer
         )
     else:

@@ -150,6 +150,8 @@ class JsonlTask:
         dataset_config: str | None = None,
         train_split: str = "train",
         eval_split: str | None = None,
+        system_prompt: str | None = None,
+        chat_prompts: bool = False,
     ) -> None:
         if reward not in REWARD_KINDS:
             raise ValueError(f"unknown JSONL reward {reward!r}; choose one of: {', '.join(REWARD_KINDS)}")
@@ -164,7 +166,7 @@ class JsonlTask:
         read: dict[str, Any] = dict(
             on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
             count_tokens=count_tokens, skipped=self.skipped_reasons,
-            columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat),
+            columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat, system_prompt, chat_prompts),
         )
         rows = [row for p in paths for row in read_jsonl_prompts(p, split=train_split, config=dataset_config, **read)]
         if eval_path is not None or eval_split is not None:  # held-out files, or a split of the dataset directories
@@ -303,12 +305,15 @@ def _check_length(
 class ColumnMap:
     """Which data columns hold the prompt and the answer (``task.prompt_column`` / ``answer_column``);
     ``answer_required=False`` lets rows without one through (user reward functions may not need it);
-    ``plain_chat``: chat prompts become their plain text (``task.chat_template=plain``)."""
+    ``plain_chat``: chat prompts become their plain text (``task.chat_template=plain``); ``system_prompt`` /
+    ``chat_prompts``: text prompts become chats (with that system message first; ``task.system_prompt``)."""
 
     prompt: str = "prompt"
     answer: str = "answer"
     answer_required: bool = True
     plain_chat: bool = False
+    system_prompt: str | None = None
+    chat_prompts: bool = False
 
 
 def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Prompt:
@@ -323,17 +328,8 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     found, answer = lookup_column(row, answer_key)
     if not found and columns.answer_required:
         raise TaskDataError(f'{where}: field "{answer_key}" is missing')
-    prompt = row[prompt_key]
-    messages = None
-    if isinstance(prompt, list):
-        messages = check_messages(prompt, where, prompt_key)
-        prompt = "\n".join(message["content"] for message in messages)
-    elif not isinstance(prompt, str):
-        raise TaskDataError(
-            f'{where}: field "{prompt_key}" must be a string or a list of chat messages, got {_json_type(prompt)}'
-        )
-    if not prompt.strip():
-        raise TaskDataError(f'{where}: field "{prompt_key}" is empty')
+    messages = _prompt_messages(row[prompt_key], where, prompt_key, columns)
+    prompt = row[prompt_key] if messages is None else "\n".join(message["content"] for message in messages)
     if not columns.answer_required and (answer is None or isinstance(answer, (list, dict))):
         # only user reward functions read it: a structured reference (verl's ground_truth may be a list or an
         # object, e.g. {"target": [...]}) is kept whole in its column and shown to them as JSON text here
@@ -343,6 +339,25 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
     return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra},
                   messages=None if columns.plain_chat else messages)
+
+
+def _prompt_messages(prompt: Any, where: str, key: str, columns: ColumnMap) -> list[dict] | None:
+    """A row's prompt as chat messages (None: plain text), with ``task.system_prompt`` first where it has none."""
+    if isinstance(prompt, list):
+        messages = check_messages(prompt, where, key)
+        if not "\n".join(message["content"] for message in messages).strip():
+            raise TaskDataError(f'{where}: field "{key}" is empty')
+    elif isinstance(prompt, str):
+        if not prompt.strip():
+            raise TaskDataError(f'{where}: field "{key}" is empty')
+        if columns.system_prompt is None and not columns.chat_prompts:
+            return None
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        raise TaskDataError(f'{where}: field "{key}" must be a string or a list of chat messages, got {_json_type(prompt)}')
+    if columns.system_prompt is not None and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": columns.system_prompt}, *messages]
+    return messages
 
 
 VERL_ANSWER = "reward_model.ground_truth"
