@@ -230,3 +230,26 @@ def test_an_open_r1_recipe_translates_and_trains(tmp_path: Path):
     assert all(text.startswith("Reverse the word.\n") and text.split("\n")[1] in WORDS for text in dumped["prompts"])
     rendered = "Reverse the word.\n" + dumped["prompts"][0].split("\n")[1] + "\n"  # chat.jinja: each message's content
     assert len(dumped["completions"][0]["prompt_ids"]) == len(rendered)  # one id a character: both messages rendered
+
+
+def test_a_verl_run_without_a_reward_function_scores_with_verls_default(tmp_path: Path):
+    """No custom_reward_function: verl's default_compute_score by data_source (gsm8k's and DAPO's here), rewritten."""
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": w}],
+             "reward_model": {"style": "rule", "ground_truth": "7"}}
+            for w, source in zip(WORDS, ["openai/gsm8k", "math_dapo"] * 4)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    script = SCRIPT.format(data=tmp_path / "train.parquet", reward="x", runs=tmp_path)
+    script = "\n".join(line for line in script.splitlines() if "custom_reward_function" not in line)
+    (tmp_path / "run.sh").write_text(script.replace("router_replay.mode=R2", "router_replay.mode=R3"))
+    proc = _minirl("config", "from-verl", "run.sh", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
+    assert cfg["task"]["reward_function"] == "minirl.tasks.verl_scores:default_compute_score"
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "policy/loss" in m]
+    # gsm8k's scorer gives 0 to a response without "#### 7", DAPO's -1: a tiny random model's rewards lie in [-1, 0]
+    assert len(steps) == 2 and all(-1.0 <= m["train/reward_mean"] <= 0.0 for m in steps)
+    assert any(m["train/reward_mean"] < 0 for m in steps) and any("reward/default_compute_score/acc" in m for m in steps)

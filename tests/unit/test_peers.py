@@ -870,9 +870,10 @@ def test_verl_dapo_overlong_buffer_is_the_soft_overlong_punishment_weighed_by_it
     assert "task.reward_function" not in out.values and not any("reward manager" in line for line in out.not_translated)
     assert not any("overlong" in key for key in out.ignored) and not any("overlong" in line for line in out.not_translated)
     out.config()
-    # without a custom function, verl's default_compute_score becomes the built-in verifier as a function
+    # without a custom function, verl's default_compute_score (rewritten) beside the penalty
     builtin = from_verl({k: v for k, v in base.items() if k != "custom_reward_function.path"} | form)
-    assert builtin.values["task.reward_functions"] == [{"function": "minirl.tasks.jsonl:exact_reward"}, penalty]
+    assert builtin.values["task.reward_functions"] == [{"function": "minirl.tasks.verl_scores:default_compute_score"},
+                                                       penalty]
 
 
 def test_chat_template_kwargs_from_trl_and_verl_in_every_shape(tmp_path: Path):

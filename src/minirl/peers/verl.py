@@ -197,9 +197,9 @@ def _verl_rewards(peer: Peer, out: Translation) -> None:
     if manager not in ("naive", "batch", "dapo"):
         out.not_translated.append(f"verl's {manager!r} reward manager (its own shaping): minirl calls your "
                                   "compute_score per sample or batched, as naive / batch")
-    if not ({"task.reward_function", "task.reward_functions"} & set(out.values)) and "task.path" in out.values:
-        out.differs.append("no custom_reward_function: verl scores with default_compute_score by data_source; minirl "
-                           "uses its built-in task.reward (exact: the answer after ####, in \\boxed{} or after 'answer:')")
+    if not ({"task.reward_function", "task.reward_functions"} & set(out.values)):  # verl's default, by data_source
+        out.set("task.reward_function", "minirl.tasks.verl_scores:default_compute_score",
+                "no custom_reward_function: verl's default_compute_score (gsm8k, MATH, DAPO sources)")
     if manager == "dapo":
         _dapo_overlong_buffer(peer, out)
     for enable, path in (("reward.reward_model.enable", "reward.reward_model.model_path"),
@@ -232,8 +232,8 @@ def _dapo_overlong_buffer(peer: Peer, out: Translation) -> None:
         elif "task.reward_function" in out.values:
             functions = [{"function": out.values.pop("task.reward_function")}]
             out.origin["task.reward_functions"] = out.origin.pop("task.reward_function")
-        else:  # default_compute_score's stand-in, weighed beside the penalty
-            functions = [{"function": f"minirl.tasks.jsonl:{out.values.get('task.reward', 'exact')}_reward"}]
+        else:  # verl's default scorer, weighed beside the penalty
+            functions = [{"function": "minirl.tasks.verl_scores:default_compute_score"}]
         origin = out.origin.get("task.reward_functions")
         out.set("task.reward_functions", functions + [entry],
                 "; ".join(filter(None, [origin, peer.show(cfg + ".enable", cfg + ".len", cfg + ".penalty_factor", limit)])))
