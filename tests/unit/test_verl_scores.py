@@ -1,6 +1,6 @@
 """minirl's rewrite of verl's default rewards (``verl.utils.reward_score``, verl 0.9.1): gsm8k's, MATH's and DAPO's
 scorers by ``data_source``, on cases computed by hand. (Checked against verl 0.9.1's own functions on 350,000
-generated strings when written: no difference; the closing note of that session says how.)"""
+generated strings when written: no difference; `python scripts/compare_verl_scores.py VERL_REWARD_SCORE_DIR`.)"""
 
 from __future__ import annotations
 
