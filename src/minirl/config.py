@@ -151,11 +151,11 @@ class TaskConfig(Section):
     name reads a field of an object column. A verl data file needs none: without an ``answer`` column
     the default reads verl's ``reward_model.ground_truth``."""
     system_prompt: str | None = None
-    """A system message before every prompt: a text prompt becomes the chat [system, user], a chat prompt without a
-    system message gets it first (open-r1's GRPO ``system_prompt``); null: none."""
+    """Data task: a system message before every prompt, a text prompt becoming the chat [system, user] and a chat
+    prompt without a system message getting it first (open-r1's GRPO ``system_prompt``); null: none."""
     chat_prompts: bool = False
-    """A text prompt becomes a user message, rendered with the chat template (open-r1's ``make_conversation``;
-    ``cold_start.chat_prompts`` for SFT data). False: TRL's rule, a text prompt is plain text."""
+    """Data task: a text prompt becomes a user message, rendered with the chat template (open-r1's
+    ``make_conversation``; ``cold_start.chat_prompts`` for SFT data). False: TRL's rule, a text prompt is plain text."""
     chat_template: str = "auto"
     """Chat prompts: ``auto`` = the tokenizer's chat template (``add_generation_prompt=True``);
     ``plain`` = their contents as plain text; else a Jinja template file to use (and save) instead."""
