@@ -7,6 +7,7 @@ below as they compute, so "the same gradient" is a measured claim.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,6 +122,20 @@ def test_open_r1_script_arguments_and_reward_names():
     assert "task.chat_prompts" not in plain and "task.prompt_column" not in plain
     unknown = _trl(reward_funcs=["frobnicate"])
     assert any("nor open-r1's (accuracy, format, tag_count" in line for line in unknown.not_translated)
+
+
+def test_trls_moe_load_balancing_loss_is_named(tmp_path: Path):
+    """TRL adds an MoE model's router_aux_loss_coef (its config's when unset); minirl has no such term: said."""
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    moe.mkdir()
+    dense.mkdir()
+    (moe / "config.json").write_text(json.dumps({"output_router_logits": False, "router_aux_loss_coef": 0.001}))
+    (dense / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    line = "router_aux_loss_coef=0.001: TRL adds the MoE load-balancing loss"
+    assert any(d.startswith(line) for d in _trl(model_name_or_path=str(moe)).differs)
+    assert not any("router_aux" in d for d in _trl(model_name_or_path=str(moe), router_aux_loss_coef=0.0).differs)
+    assert not any("router_aux" in d for d in _trl(model_name_or_path=str(dense)).differs + _trl().differs)
+    assert any(d.startswith("router_aux_loss_coef=0.01") for d in _trl(router_aux_loss_coef=0.01).differs)
 
 
 def test_trl_max_prompt_length_cuts_from_the_left():

@@ -54,6 +54,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     # the script's arguments and ModelConfig
     "model_name_or_path": None, "dataset_name": None, "dataset_config": None, "dataset_train_split": "train",
     "dataset_test_split": "test", "reward_funcs": None, "reward_model_name_or_path": None,
+    "router_aux_loss_coef": None,
     "num_processes": 1, "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
     # open-r1's GRPO script (open_r1/grpo.py, configs.py): its prompt column, system prompt and rewards' arguments
     "dataset_prompt_column": "prompt", "system_prompt": None,
@@ -89,6 +90,7 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     if peer("model_name_or_path"):
         out.set("model.path", peer("model_name_or_path"), peer.show("model_name_or_path"))
         note_local_path(out, "model_name_or_path", peer("model_name_or_path"), "model")
+    _trl_router_aux_loss(peer, out)
     if peer.set_by_user("trust_remote_code"):
         out.set("model.trust_remote_code", bool(peer("trust_remote_code")), peer.show("trust_remote_code"))
     if peer("use_peft"):
@@ -114,6 +116,23 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     peer("dataset_test_split")
     template_kwargs(peer, out, "chat_template_kwargs")
     _trl_rewards(peer, out)
+
+
+def _trl_router_aux_loss(peer: Peer, out: Translation) -> None:
+    """TRL adds an MoE model's load-balancing loss to its loss (``router_aux_loss_coef``; unset: the model config's
+    coefficient when the model returns router logits). minirl has no such term: named where it is on."""
+    coef = peer("router_aux_loss_coef")
+    if coef is None:  # the model's own, when its config is here to read
+        config = Path(os.path.expanduser(str(peer("model_name_or_path") or ""))) / "config.json"
+        try:
+            text = json.loads(config.read_text()) if config.is_file() else {}
+        except (OSError, ValueError):
+            text = {}
+        text = text.get("text_config", text)
+        coef = text.get("router_aux_loss_coef") if "output_router_logits" in text else None
+    if coef:
+        out.differs.append(f"router_aux_loss_coef={coef}: TRL adds the MoE load-balancing loss to its loss with this "
+                           "weight; minirl trains without one (the paper's RL has none)")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:
