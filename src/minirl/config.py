@@ -393,6 +393,10 @@ class LossConfig(Section):
     the 80/20 rule", arXiv 2506.01939, recommends 0.2; TRL's ``top_entropy_quantile``); the others still count in
     the loss's denominators. The quantile is each micro-batch's (on FSDP ranks each rank's share of it, so W ranks
     select otherwise than one process). 1 = every token, the paper's. Not for gspo (no per-token terms)."""
+    router_aux_loss_coef: float = Field(0.0, ge=0)
+    """MoE load-balancing loss (Switch Transformer's, ``minirl.moe.balance``) added to the loss with this weight, over
+    each micro-batch's real tokens (TRL's ``router_aux_loss_coef``, on by default there with the model config's
+    coefficient). 0 = none, as in the paper's RL. Needs a model that returns its router logits."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: minus this x pi_theta's token-mean full-vocabulary entropy, added to the loss
     (``minirl.algo.variants.entropy``; verl ``entropy_coeff``, TRL ``entropy_coef``). 0 = none, as in the paper."""
@@ -456,6 +460,7 @@ class LossConfig(Section):
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
                                         "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
+                                        "router_aux_loss_coef",
                                         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
                                         "mask_truncated", "reject",
                                         "reject_low", "reject_high", "logp_old_source"})

@@ -55,7 +55,13 @@ from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
-from minirl.objective import make_objective, with_current_rejection, with_entropy_bonus, with_high_entropy_tokens
+from minirl.objective import (
+    make_objective,
+    with_current_rejection,
+    with_entropy_bonus,
+    with_high_entropy_tokens,
+    with_load_balance,
+)
 from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
@@ -141,6 +147,9 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
+    if cfg.algo.router_aux_loss_coef and router_top_k(model) is None:
+        raise ConfigError(f"algo.router_aux_loss_coef: {type(model).__name__} returns no router logits (not an MoE "
+                          "model with output_router_logits); set it to 0")
     task = build_task(cfg, model, tokenizer)
     replay = build_replay(cfg, model)
     placement = build_placement(cfg, model, tokenizer, replay, start_from=start_from)
@@ -390,7 +399,18 @@ def update_objective(run: Run, minibatch: Batch) -> Objective:
         control.setdefault("coef", float(a.entropy_coef))
         control.setdefault("last", math.inf)  # TRL's start: no entropy seen, no bonus in the first update
         coef = control["coef"] if control["last"] <= a.entropy_target else 0.0
-    return with_entropy_bonus(a, minibatch, with_reference_kl(a, minibatch, policy), coef)
+    objective = with_entropy_bonus(a, minibatch, with_reference_kl(a, minibatch, policy), coef)
+    return with_load_balance(a, minibatch, router_top_k(run.model), objective)
+
+
+def router_top_k(model: torch.nn.Module) -> int | None:
+    """The experts per token of an MoE model that returns its router logits (``output_router_logits`` in its
+    config, as TRL checks for its load-balancing loss), else None."""
+    config: Any = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not hasattr(config, "output_router_logits"):
+        return None
+    return getattr(config, "num_experts_per_tok", None) or getattr(config, "moe_topk", None)
 
 
 def observe_entropy(run: Run, update: Any) -> None:

@@ -36,6 +36,7 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                weight mean/max, truncated- or masked-IS fraction, OPSM's), mean over the N x E updates
 ``policy/entropy``             ``algo.entropy_coef`` > 0 or ``entropy_target``: pi_theta's token-mean entropy in the
                                updates (the bonus's); ``policy/entropy_coef`` the coefficient they applied
+``policy/aux_loss``            ``algo.router_aux_loss_coef`` > 0: the MoE load-balancing loss of the updates' forwards
 ``policy/loss``                loss, mean over the N x E updates
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update

@@ -8,7 +8,7 @@ micro-batch size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,7 @@ from minirl.algo import POLICY_LOSSES, LossInputs
 from minirl.algo.variants.entropy import entropy_bonus_loss, high_entropy_tokens
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import AlgoConfig
+from minirl.moe.balance import load_balancing_loss
 from minirl.trainer import Objective
 from minirl.types import Batch
 
@@ -126,6 +127,46 @@ def with_current_rejection(algo: AlgoConfig, objective: Objective) -> Objective:
     if algo.reject == "none" or algo.logp_old_source != "rollout":
         return objective
     return CurrentRejection(objective, algo.reject, float(algo.reject_low), float(algo.reject_high))
+
+
+@dataclass(frozen=True)
+class LoadBalance:
+    """``objective`` plus ``coef`` x the MoE load-balancing loss of each forward (``algo.router_aux_loss_coef``; TRL's
+    ``router_aux_loss_coef``): the trainer passes each micro-batch's router logits; its loss weighs ``rows / total``
+    (TRL's mean over equal micro-batches). ``aux_loss``: the update's, weighed alike."""
+
+    objective: Objective
+    coef: float
+    total_rows: int
+    top_k: int
+    seen: list = field(default_factory=list)  # this update's (loss, weight) per micro-batch
+    wants_router_logits: bool = True
+
+    @property
+    def wants_entropy(self) -> bool:  # passed through
+        return bool(getattr(self.objective, "wants_entropy", False))
+
+    def __call__(self, logp: torch.Tensor, micro: Batch, *, router_logits: tuple[torch.Tensor, ...] | None = None,
+                 **kwargs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        loss, metrics = self.objective(logp, micro, **kwargs)
+        if router_logits is None:  # the metrics pass over the mini-batch, after its micro-batches
+            value = sum(aux * share for aux, share in self.seen) if self.seen else torch.zeros(())
+            return loss, {**metrics, "aux_loss": torch.as_tensor(value, dtype=torch.float64)}
+        rows = micro.attention_mask.to(router_logits[0].device)
+        mask = rows if rows.numel() == router_logits[0].shape[0] else torch.ones(router_logits[0].shape[0], dtype=torch.bool)
+        aux = load_balancing_loss(router_logits, mask.to(router_logits[0].device), self.top_k)
+        share = micro.input_ids.shape[0] / self.total_rows
+        self.seen.append((aux.detach().double(), share))
+        return loss + self.coef * share * aux.to(loss.dtype), metrics
+
+
+def with_load_balance(algo: AlgoConfig, minibatch: Batch, top_k: int | None, objective: Objective) -> Objective:
+    """``objective`` with the load-balancing loss when ``algo.router_aux_loss_coef`` > 0, else itself."""
+    if not algo.router_aux_loss_coef:
+        return objective
+    if top_k is None:
+        raise ValueError("algo.router_aux_loss_coef needs an MoE model that returns its router logits")
+    return LoadBalance(objective, float(algo.router_aux_loss_coef), minibatch.input_ids.shape[0], top_k)
 
 
 def with_high_entropy_tokens(algo: AlgoConfig, objective: Objective) -> Objective:

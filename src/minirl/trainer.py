@@ -82,6 +82,10 @@ class OnPolicy:
     def wants_entropy(self) -> bool:  # passed through: an entropy bonus inside still gets its entropy
         return bool(getattr(self.objective, "wants_entropy", False))
 
+    @property
+    def wants_router_logits(self) -> bool:  # passed through: the load-balancing loss inside gets its router logits
+        return bool(getattr(self.objective, "wants_router_logits", False))
+
     def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask), **given)
 
@@ -212,11 +216,12 @@ class Trainer:
     # ------------------------------------------------------------------ forward passes
 
     def _logits(self, micro: Batch, replay_routes: bool, natural: list | None = None,
-                block: ExitStack | None = None) -> torch.Tensor:
+                block: ExitStack | None = None, router_logits: list | None = None) -> torch.Tensor:
         """Logits of ``micro``; with ``natural`` (a list) the routers' own top-k [B, S, L, K] of this
         forward is appended to it: captured under replay, else recorded. With ``block``, the routing
         block is entered on it and closes (appending to ``natural``) when the caller closes it,
-        after its backward: gradient checkpointing recomputes the routers during backward."""
+        after its backward: gradient checkpointing recomputes the routers during backward. With
+        ``router_logits`` (a list), the model's router logits (one [tokens, E] per MoE layer) go into it."""
         context: AbstractContextManager[Any] = nullcontext()
         # ``optim.padding_free``: the model sees the real tokens as one row [1, T]; routes in and out follow
         packing = Packing.of(micro.attention_mask, self.device) if self._packed is not None else None
@@ -247,9 +252,13 @@ class Trainer:
                 # padding, and positions are plain arange: no attention mask needed (it costs ~3x in
                 # the attention path). Padding positions' outputs are garbage and are masked out.
                 input_ids = to_device(micro.input_ids, self.device)
+                extra = {} if router_logits is None else {"output_router_logits": True}
                 if self._packed is not None and packing is not None:  # zeros at padding
-                    return self._packed(input_ids, packing, stack, use_cache=False)
-                return self.model(input_ids=input_ids, use_cache=False).logits
+                    return self._packed(input_ids, packing, stack, use_cache=False, router_logits=router_logits, **extra)
+                out = self.model(input_ids=input_ids, use_cache=False, **extra)
+                if router_logits is not None:
+                    router_logits.extend(out.router_logits)
+                return out.logits
 
     @torch.no_grad()
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
@@ -401,9 +410,10 @@ class Trainer:
                 # the replay checks the routes it is given: the host's copy, as in ``score`` (no device wait); the
                 # padding-free packing is read off the host's mask too
                 fed = dataclasses.replace(micro, routes=host_micro.routes, attention_mask=host_micro.attention_mask)
-                logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block)
+                router: list | None = [] if getattr(objective, "wants_router_logits", False) else None
+                logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block, router_logits=router)
                 logits = logits[:, :-1].float()
-                logp, loss = _micro_loss(objective, logits, micro, rows, entropy_all)
+                logp, loss = _micro_loss(objective, logits, micro, rows, entropy_all, router)
                 loss.backward()
             routes = natural.pop() if natural is not None else None
             if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
@@ -465,15 +475,17 @@ class Trainer:
 
 
 def _micro_loss(objective: Objective, logits: torch.Tensor, micro: Batch, rows: Any,
-                entropy_all: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                entropy_all: torch.Tensor | None, router: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The log-probs of ``micro``'s targets and ``objective``'s loss on them; with ``entropy_all`` (an
-    objective that ``wants_entropy``), also pi_theta's differentiable entropy, kept detached in its rows."""
+    objective that ``wants_entropy``), also pi_theta's differentiable entropy, kept detached in its rows; with
+    ``router`` (an objective that ``wants_router_logits``), the forward's router logits."""
     logp = token_logprobs(logits, micro.input_ids[:, 1:])
+    given: dict[str, Any] = {} if router is None else {"router_logits": tuple(router)}
     if entropy_all is None:
-        return logp, objective(logp, micro)[0]
+        return logp, objective(logp, micro, **given)[0]
     entropy = token_entropy_with_grad(logits)
     entropy_all[rows, : entropy.shape[1]] = entropy.detach()
-    return logp, objective(logp, micro, entropy=entropy)[0]  # type: ignore[call-arg]
+    return logp, objective(logp, micro, entropy=entropy, **given)[0]  # type: ignore[call-arg]
 
 
 class NaNLoss:

@@ -124,18 +124,22 @@ def test_open_r1_script_arguments_and_reward_names():
     assert any("nor open-r1's (accuracy, format, tag_count" in line for line in unknown.not_translated)
 
 
-def test_trls_moe_load_balancing_loss_is_named(tmp_path: Path):
-    """TRL adds an MoE model's router_aux_loss_coef (its config's when unset); minirl has no such term: said."""
+def test_trls_moe_load_balancing_loss_is_carried_over(tmp_path: Path):
+    """TRL adds an MoE model's load-balancing loss, router_aux_loss_coef (its config's when unset): minirl's
+    algo.router_aux_loss_coef, read off the local model's config; named when the model is not here to read."""
     moe, dense = tmp_path / "moe", tmp_path / "dense"
     moe.mkdir()
     dense.mkdir()
     (moe / "config.json").write_text(json.dumps({"output_router_logits": False, "router_aux_loss_coef": 0.001}))
     (dense / "config.json").write_text(json.dumps({"hidden_size": 8}))
-    line = "router_aux_loss_coef=0.001: TRL adds the MoE load-balancing loss"
-    assert any(d.startswith(line) for d in _trl(model_name_or_path=str(moe)).differs)
-    assert not any("router_aux" in d for d in _trl(model_name_or_path=str(moe), router_aux_loss_coef=0.0).differs)
-    assert not any("router_aux" in d for d in _trl(model_name_or_path=str(dense)).differs + _trl().differs)
-    assert any(d.startswith("router_aux_loss_coef=0.01") for d in _trl(router_aux_loss_coef=0.01).differs)
+    out = _trl(model_name_or_path=str(moe))
+    assert out.values["algo.router_aux_loss_coef"] == 0.001 and out.objective.startswith("your TRL loss")
+    assert "algo.router_aux_loss_coef" not in _trl(model_name_or_path=str(moe), router_aux_loss_coef=0.0).values
+    assert "algo.router_aux_loss_coef" not in _trl(model_name_or_path=str(dense)).values
+    assert _trl(router_aux_loss_coef=0.01).values["algo.router_aux_loss_coef"] == 0.01
+    away = _trl(model_name_or_path="Qwen/Qwen3-30B-A3B")
+    assert any(d.startswith("router_aux_loss_coef unset: on an MoE model TRL adds") for d in away.differs)
+    assert not any("router_aux" in d for d in _trl().differs)
 
 
 def test_trl_max_prompt_length_cuts_from_the_left():

@@ -195,11 +195,12 @@ class PackedForward:
                 config._attn_implementation = implementation
 
     def __call__(self, input_ids: torch.Tensor, packing: Packing, stack: ExitStack | None = None,
-                 **kwargs: Any) -> torch.Tensor:
+                 router_logits: list | None = None, **kwargs: Any) -> torch.Tensor:
         """The model's logits [B, S, V] for the right-padded ``input_ids`` [B, S], computed on its real tokens only
         (zeros at padding). ``kwargs`` go to the model call (e.g. ``use_cache=False``). With ``stack``, the packed
         attention stays switched on until the caller closes it: after a backward that recomputes checkpointed
-        layers (gradient checkpointing)."""
+        layers (gradient checkpointing). ``router_logits`` (a list): the model's, one [real tokens, E] per MoE layer.
+        """
         with ExitStack() as own:
             (stack or own).enter_context(self.packed_attention(packing))
             out = self.model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing,
@@ -208,6 +209,8 @@ class PackedForward:
             raise PaddingFreeError(f"optim.padding_free: {packing.calls} of the model's {self.layers} layers ran their "
                                    f"attention through transformers' attention interface ({type(self.model).__name__}); "
                                    "the others would mix the packed rows: set optim.padding_free=false")
+        if router_logits is not None:  # [real tokens, E] per MoE layer
+            router_logits.extend(out.router_logits)
         return packing.unpack(out.logits)
 
 

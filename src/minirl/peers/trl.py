@@ -90,7 +90,6 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     if peer("model_name_or_path"):
         out.set("model.path", peer("model_name_or_path"), peer.show("model_name_or_path"))
         note_local_path(out, "model_name_or_path", peer("model_name_or_path"), "model")
-    _trl_router_aux_loss(peer, out)
     if peer.set_by_user("trust_remote_code"):
         out.set("model.trust_remote_code", bool(peer("trust_remote_code")), peer.show("trust_remote_code"))
     if peer("use_peft"):
@@ -118,21 +117,30 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
     _trl_rewards(peer, out)
 
 
-def _trl_router_aux_loss(peer: Peer, out: Translation) -> None:
+def _trl_router_aux_loss(peer: Peer, obj: Objective) -> None:
     """TRL adds an MoE model's load-balancing loss to its loss (``router_aux_loss_coef``; unset: the model config's
-    coefficient when the model returns router logits). minirl has no such term: named where it is on."""
+    coefficient when the model returns router logits): ``algo.router_aux_loss_coef``, read off the local model's
+    config when unset (named as a difference when the model is not here to read)."""
     coef = peer("router_aux_loss_coef")
-    if coef is None:  # the model's own, when its config is here to read
-        config = Path(os.path.expanduser(str(peer("model_name_or_path") or ""))) / "config.json"
-        try:
-            text = json.loads(config.read_text()) if config.is_file() else {}
-        except (OSError, ValueError):
-            text = {}
-        text = text.get("text_config", text)
-        coef = text.get("router_aux_loss_coef") if "output_router_logits" in text else None
-    if coef:
-        out.differs.append(f"router_aux_loss_coef={coef}: TRL adds the MoE load-balancing loss to its loss with this "
-                           "weight; minirl trains without one (the paper's RL has none)")
+    if coef is not None:
+        if coef:
+            obj.set("router_aux_loss_coef", float(coef), peer.show("router_aux_loss_coef"))
+        return
+    config = Path(os.path.expanduser(str(peer("model_name_or_path") or ""))) / "config.json"
+    try:
+        text = json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        text = None
+    if text is None:
+        if peer("model_name_or_path"):
+            obj.differs.append("router_aux_loss_coef unset: on an MoE model TRL adds its load-balancing loss with the "
+                               "model config's coefficient; set algo.router_aux_loss_coef to it (the model is not here "
+                               "to read)")
+        return
+    text = text.get("text_config", text)
+    if "output_router_logits" in text and text.get("router_aux_loss_coef"):
+        obj.set("router_aux_loss_coef", float(text["router_aux_loss_coef"]),
+                "router_aux_loss_coef unset: the model config's, as TRL takes it")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:
@@ -338,6 +346,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     """TRL's loss (``GRPOTrainer._compute_loss``) as algo.* values, or the reasons it has no exact equivalent."""
     obj = Objective()
     _trl_reference(peer, obj, n)
+    _trl_router_aux_loss(peer, obj)
     if peer("use_adaptive_entropy"):  # Skywork-OR1's control; entropy_coef is its starting value
         obj.set("entropy_target", float(peer("entropy_target")), peer.show("use_adaptive_entropy", "entropy_target"))
         for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):  # the same names as TRL's
