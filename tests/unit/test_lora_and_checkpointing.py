@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minirl.batching import collate
-from minirl.config import ConfigError, load_config
+from minirl.config import ConfigError, LoRAConfig, load_config
 from minirl.models.io import save_checkpoint
 from minirl.models.lora import ADAPTER_DIR, adapters_disabled, add_lora, has_lora, merged_state_dict
 from minirl.models.tokenizer import build_char_tokenizer
@@ -60,9 +60,9 @@ def test_gradient_checkpointing_replays_the_same_routes_in_the_recomputation():
     assert not torch.allclose(natural.model.layers[0].mlp.gate.weight, model.model.layers[0].mlp.gate.weight)
 
 
-def lora_model(seed: int = 0):
+def lora_model(seed: int = 0, targets: list[str] = ATTENTION):
     model = make_tiny_moe(seed)
-    add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=ATTENTION)
+    add_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=targets)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # B = 0 at init makes the adapter a no-op: give it a value to test merging
         for name, p in model.named_parameters():
@@ -96,11 +96,16 @@ def test_all_linear_is_pefts_every_linear_but_the_head_and_never_a_router():
     assert adapted == {f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
 
 
-def test_merged_weights_are_the_adapted_forward_and_the_engine_samples_from_them():
-    model = lora_model().eval()
+@pytest.mark.parametrize("targets", [ATTENTION, LoRAConfig().target_modules], ids=["attention", "default"])
+def test_merged_weights_are_the_adapted_forward_and_the_engine_samples_from_them(targets):
+    """The default targets' gate/up/down names make peft (>= 0.17) adapt the fused expert tensors too, through nested
+    parameter wrappers: merged under the base key names all the same (a KeyError at the engine's sync before)."""
+    model = lora_model(targets=targets).eval()
     merged = merged_state_dict(model)
     plain = make_tiny_moe(0)
     assert set(merged) == set(plain.state_dict())
+    experts = "model.layers.0.mlp.experts.gate_up_proj"
+    assert torch.equal(merged[experts], plain.state_dict()[experts]) == (targets == ATTENTION)
     q = "model.layers.0.self_attn.q_proj"
     layer = model.get_submodule(q)
     expected = layer.base_layer.weight + (8.0 / 4) * layer.lora_B["default"].weight @ layer.lora_A["default"].weight

@@ -18,12 +18,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+BASE_LAYERS = re.compile(r"(\.base_layer)+\.")
+"""peft's wrapper levels in a state-dict key (nested once per adapted parameter of one module)."""
 
 ADAPTER_DIR = "adapter"
 """A LoRA checkpoint's adapter (``adapter_config.json`` + ``adapter_model.safetensors``), beside the merged weights."""
@@ -96,19 +100,23 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if not has_lora(model):
         return state
     deltas: dict[str, torch.Tensor] = {}
+    names = {id(module): name for name, module in model.named_modules()}
     for name, layer in _lora_layers(model):
         if layer.disable_adapters:  # inside ``adapters_disabled``: the base weights
             continue
+        # a linear layer's weight, or the parameter a ``ParamWrapper`` adapts (peft >= 0.17 wraps an MoE's fused
+        # expert tensors so, one wrapper per parameter, nested: ``experts.base_layer.base_layer.gate_up_proj``)
+        parameter = getattr(layer, "parameter_name", None)
+        key = f"{name}.base_layer.weight" if parameter is None else f"{names[id(layer.get_base_layer())]}.{parameter}"
         for adapter in layer.active_adapters:
             if adapter in layer.lora_A:
-                key = f"{name}.base_layer.weight"
                 delta = layer.get_delta_weight(adapter)
                 deltas[key] = deltas[key] + delta if key in deltas else delta
     merged: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if ".lora_" in key:
             continue
-        merged[key.replace(".base_layer.", ".")] = (value + deltas[key].to(value.dtype)) if key in deltas else value
+        merged[BASE_LAYERS.sub(".", key)] = (value + deltas[key].to(value.dtype)) if key in deltas else value
     return merged
 
 
