@@ -456,7 +456,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
     fused = (run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
              and not bypass)
-    batch, old = old_log_probs(run, plan, batch, skip=fused or bypass)
+    batch, old = old_log_probs(run, plan, batch, skip=fused)
     clock.lap("old_logprobs")
     batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
@@ -496,9 +496,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 
 
 def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tuple[Batch, Any]:
-    """3. pi_old over the whole global batch (R3 replays, R2 records) and its scores; ``skip``: none here, when the
-    single update's forward gives it, or under ``algo.logp_old_source: rollout`` (verl's bypass mode), where
-    ``logp_old`` is the engine's ``logp_rollout``."""
+    """3. pi_old over the whole global batch (R3 replays, R2 records) and its scores; none under
+    ``algo.logp_old_source: rollout`` (verl's bypass mode), where ``logp_old`` is the engine's ``logp_rollout``, nor
+    with ``skip`` (the single update's forward gives it)."""
     if run.cfg.algo.logp_old_source == "rollout":
         return batch.with_logp_old(batch.logp_rollout), None
     if skip:

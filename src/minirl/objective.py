@@ -152,8 +152,8 @@ class LoadBalance:
         if router_logits is None:  # the metrics pass over the mini-batch, after its micro-batches
             value = sum(aux * share for aux, share in self.seen) if self.seen else torch.zeros(())
             return loss, {**metrics, "aux_loss": torch.as_tensor(value, dtype=torch.float64)}
-        rows = micro.attention_mask.to(router_logits[0].device)
-        mask = rows if rows.numel() == router_logits[0].shape[0] else torch.ones(router_logits[0].shape[0], dtype=torch.bool)
+        tokens = router_logits[0].shape[0]  # the padded rows' positions, or the packed real tokens (padding-free)
+        mask = micro.attention_mask if micro.attention_mask.numel() == tokens else torch.ones(tokens, dtype=torch.bool)
         aux = load_balancing_loss(router_logits, mask.to(router_logits[0].device), self.top_k)
         share = micro.input_ids.shape[0] / self.total_rows
         self.seen.append((aux.detach().double(), share))

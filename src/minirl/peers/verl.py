@@ -473,8 +473,8 @@ def _verl_bypass(peer: Peer, obj: Objective, n: int) -> None:
     """verl's bypass mode (``apply_bypass_mode``, ``compute_policy_loss_bypass_mode``): pi_old := mu_old (no
     old-log-prob pass) and, whatever ``policy_loss.loss_mode`` says, ``loss_type: ppo_clip`` = vanilla PPO on
     pi_theta/mu_old with no IS weight, or ``reinforce`` = REINFORCE weighed by the bounded, detached pi_theta/mu_old
-    (``rollout_is``, of pi_theta there). Its rejection (``rollout_rs``) is of pi_theta/mu_old inside the loss: none
-    in minirl."""
+    (``rollout_is``, of pi_theta there). Its rejection (``rollout_rs``) is of pi_theta/mu_old inside the loss, as
+    minirl's ``algo.reject`` is under this setting (not with seq-mean-token-mean, whose per-response means it changes)."""
     loss_type, rollout_is = peer("algorithm.rollout_correction.loss_type"), peer("algorithm.rollout_correction.rollout_is")
     obj.set("logp_old_source", "rollout", peer.show(BYPASS) + " (pi_old := mu_old)")
     if peer("algorithm.rollout_correction.rollout_rs") is not None:
