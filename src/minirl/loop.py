@@ -469,9 +469,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
             for index, minibatch in enumerate(minibatches, start=epoch * n):
                 objective = update_objective(run, minibatch)
                 if diagnose and index in (0, n * epochs - 1):  # first-order approximation, fresh vs stalest
-                    with routing.uncounted():  # the diagnostics' own forwards are not the updates' consumption
-                        diagnostics.update(approximation_diagnostics(trainer, minibatch, objective, index, n * epochs,
-                                                                     run.faults, replay_routes=routing.kwargs["replay_routes"]))
+                    with routing.uncounted():  # own forwards, own objective (the balance loss logs the update's)
+                        diagnostics.update(approximation_diagnostics(trainer, minibatch, update_objective(run, minibatch),
+                                           index, n * epochs, run.faults, replay_routes=routing.kwargs["replay_routes"]))
                 updates.append(trainer.update(minibatch, objective, score=bypass and index == 0, **routing.kwargs))
                 if bypass and index == 0:  # the monitor's pi_old: this update's forward at theta_old
                     old = bypass_monitor_scores(run, minibatch, updates[-1], routing)

@@ -60,9 +60,25 @@ def test_the_update_differentiates_the_policy_loss_plus_the_balance(micro_rows, 
     assert not torch.allclose(got, without, atol=1e-6)  # the balance moves the routers
 
 
-def test_a_run_logs_it_and_a_dense_model_is_one_line(tmp_path):
+def test_a_dense_model_is_one_line(tmp_path):
     from minirl.loop import setup
 
     with pytest.raises(ConfigError, match=r"algo\.router_aux_loss_coef: Qwen3ForCausalLM returns no router logits"):
         setup(load_config(None, ["model.preset=qwen3-dense-2m", "algo.router_aux_loss_coef=0.01", "moe.routing_replay=none",
                                  "moe.routing_metrics=false", f"run.output_dir={tmp_path}"]))
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_logged_balance_is_the_updates_alone(tmp_path, minibatches):
+    """``policy/aux_loss`` is the loss the updates added: the diagnostics' gradients at the same weights (their own
+    forwards) leave it, the weights and the policy loss as they are."""
+    from tests.distributed.common import run_steps
+
+    settings = ("algo.router_aux_loss_coef=0.01", f"optim.minibatches_per_step={minibatches}")
+    plain = run_steps(tmp_path / "plain", *settings, steps=2)
+    diagnosed = run_steps(tmp_path / "diagnosed", *settings, "diagnostics.every_steps=1", steps=2)
+    for a, b in zip(plain[0], diagnosed[0]):
+        assert a["policy/aux_loss"] > 0 and "fidelity/first_grad_cosine" in b
+        assert {k: b[k] for k in ("policy/aux_loss", "policy/loss")} == {k: a[k] for k in ("policy/aux_loss", "policy/loss")}
+    for name, tensor in plain[1].items():
+        assert torch.equal(diagnosed[1][name], tensor), name
