@@ -235,6 +235,13 @@ class RolloutConfig(Section):
     gradient, as without filtering), counted by ``filter/topped_up_groups``; verl stops with an error instead."""
     filter_groups_prompts_per_round: int = Field(0, ge=0)
     """Prompts drawn per round (verl's ``data.gen_batch_size``; 0 = ``prompts_per_step``)."""
+    async_steps: int = Field(0, ge=0, le=1)
+    """One-step-off asynchronous RL (verl's ``one_step_off_policy``; TRL's ``AsyncGRPOTrainer`` at a staleness of 1):
+    1 = the next step's rollout and rewards run in a thread beside this step's update, on the weights before it, so
+    the rollout's time hides behind the update's and every batch after the first is one step stale (mu_old is
+    theta_{t-1}, pi_old theta_t: the IS weight and the clip mask see the gap; R3 replays the stale engine's routes).
+    ``rollout/policy_lag_steps`` gives each batch's lag (``minirl.async_rollout``). 0 = synchronous, the paper's
+    setting. On a CPU, ``run.threads`` = half the cores gives each side its own."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
@@ -869,6 +876,12 @@ class Config(Section):
             raise ValueError("algo.logp_old_source=rollout: R2 records the trainer's routes in the old-log-prob pass, "
                              "which bypassing it skips; use moe.routing_replay=R3 (the engine's routes) or trainer")
 
+    def _check_async(self) -> None:
+        """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels on the device."""
+        if self.rollout.async_steps and self.rollout.cuda_graphs and self.cluster.device == "cuda":
+            raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs (a capture "
+                             "forbids other work on the device); set rollout.cuda_graphs=false or async_steps=0")
+
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
         a = self.algo
@@ -919,6 +932,7 @@ class Config(Section):
         distributed = ranks > 1 or self.cluster.backend == "ray"
         self._check_reference(distributed)
         self._check_bypass()
+        self._check_async()
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

@@ -51,6 +51,9 @@ class Sampled:
     columns: list[dict[str, Any]]
     generated_tokens: int
     reward_parts: torch.Tensor | None = None  # float32 [P x G, K]: each reward function's values, when known
+    part_weights: torch.Tensor | None = None  # float32 [K]: their weights (GDPO's advantages), when known
+    times: dict[str, float] | None = None  # rollout.async_steps: its rollout's and rewards' seconds, in their thread
+    policy_lag_steps: int | None = None  # rollout.async_steps: global steps between its engine weights and pi_old
 
 
 def has_spread(rewards_PG: torch.Tensor, metric: str, accuracy_threshold: float) -> torch.Tensor:

@@ -48,6 +48,7 @@ from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards
 from minirl.algo.variants.rejection import rejection_keep
+from minirl.async_rollout import RolloutAhead
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
@@ -121,14 +122,19 @@ class Run:
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
+    ahead: RolloutAhead | None = None  # rollout.async_steps: the next step's rollout, beside this step's update
 
     def __post_init__(self) -> None:
         if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
             self.rollouts = EngineRollouts(self.engine)
+        if self.ahead is None and self.cfg.rollout.async_steps:
+            self.ahead = RolloutAhead()
 
     def close(self) -> None:
-        """Stop the reward workers and any trainer ranks or engine actors."""
+        """Stop the reward workers and any trainer ranks or engine actors (after a rollout still running)."""
         try:
+            if self.ahead is not None:
+                self.ahead.stop()
             self.rewards.close()
         finally:
             if self.placement is not None:
@@ -180,6 +186,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "rng": checkpoint.capture_rng(),
         "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
         "data_order": {"epoch": run.order.epoch, "position": run.order.position},
+        "rollout_ahead": run.ahead.state(run.prompts) if run.ahead is not None else {},  # after the order's draw
         "entropy_control": dict(run.entropy_control),
         "kl_control": dict(run.kl_control),
         **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
@@ -212,6 +219,8 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     if hasattr(run.engine, "set_rng_state"):
         run.engine.set_rng_state(state["engine_rng"])
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
+    if run.ahead is not None:  # the next step's batch, sampled beside the saved step's update
+        run.ahead.load_state(state.get("rollout_ahead", {}), run.prompts)
     run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
     run.kl_control = {key: float(value) for key, value in state.get("kl_control", {}).items()}
     if run.reference is not None and "reference" in state:  # a synced reference (algo.ref_sync_every_updates)
@@ -440,11 +449,11 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     run.faults = []
     # 1. rollout with mu_old (the engine's routes: replayed under R3, compared for routing/*), and 2. rewards;
     #    with rollout.filter_groups, rounds of both until P groups whose rewards differ are kept
-    sampled = rollout_and_score(run, step, plan.engine_records, clock)
+    sampled = step_rollout(run, step, plan.engine_records, clock)  # and the next step's, beside this one's update
     prompts, completions, rewards = sampled.prompts, sampled.completions, sampled.rewards
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step, sampled.columns)
-    advantages = step_advantages(cfg, sampled, getattr(run.rewards, "part_weights", None))  # group baselines
+    advantages = step_advantages(cfg, sampled, sampled.part_weights)  # group baselines
     batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id,
                                mask_truncated=cfg.algo.mask_truncated))
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the
@@ -485,14 +494,44 @@ def global_step(run: Run, step: int) -> dict[str, float]:
         old = fused_old
         batch = batch.with_logp_old(old.logp)
     clock.lap("update")
-    # 5. weight sync to the rollout engine
-    run.engine.load_weights(trainer.state_dict())
-    clock.lap("sync")
+    sync_weights(run, clock)  # 5. weight sync to the rollout engine
     metrics = step_metrics(StepRecord(completions, rewards_PG, sampled.reward_stats, batch, old, updates,
                                       plan.engine_routes, plan.metrics, diagnostics, clock.laps,
                                       cfg.eval.accuracy_threshold, sampled.generated_tokens,
-                                      pi_old_rows=slice(0, minibatches[0].size) if bypass else None))
+                                      pi_old_rows=slice(0, minibatches[0].size) if bypass else None,
+                                      sampled_times=sampled.times))
     return {key: float(value) for key, value in rejection.items()} | kl_reward | metrics  # read once the step is done
+
+
+def step_rollout(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sampled:
+    """1 and 2. The step's groups and rewards, sampled now, or with ``rollout.async_steps`` sampled beside the
+    last step's update (``minirl.async_rollout``), which then starts the next step's beside this one's."""
+    ahead = run.ahead
+    sampled = ahead.take(step) if ahead is not None else None
+    if sampled is None:  # in line: a synchronous run, or the first step of an asynchronous one
+        sampled = rollout_and_score(run, step, record_routes, clock)
+        lag = None if ahead is None else 0
+        sampled = dataclasses.replace(sampled, part_weights=getattr(run.rewards, "part_weights", None),
+                                      policy_lag_steps=lag)
+    if ahead is not None and step < run.cfg.optim.global_steps:
+        def sample_ahead() -> Sampled:  # on the engine's weights before this step's update: one step stale
+            own = _Clock()
+            following = rollout_and_score(run, step + 1, record_routes, own)
+            return dataclasses.replace(following, part_weights=getattr(run.rewards, "part_weights", None),
+                                       times=dict(own.laps), policy_lag_steps=1)
+        ahead.start(step + 1, sample_ahead)
+    if sampled.policy_lag_steps is not None:
+        sampled.reward_stats["rollout/policy_lag_steps"] = float(sampled.policy_lag_steps)
+    return sampled
+
+
+def sync_weights(run: Run, clock: _Clock) -> None:
+    """5. The trainer's weights to the engine, once a rollout beside the update (``rollout.async_steps``) is done."""
+    if run.ahead is not None:
+        run.ahead.wait()
+        clock.lap("rollout_wait")
+    run.engine.load_weights(run.trainer.state_dict())
+    clock.lap("sync")
 
 
 def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tuple[Batch, Any]:

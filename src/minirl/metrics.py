@@ -45,7 +45,11 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                row stop the run with exit code 3)
 ``time/{rollout,reward,old_logprobs,update,sync,step}_s``  wall time per phase (``old_logprobs`` ~0
                                at N = 1, where pi_old comes from the update's forward, and with
-                               ``algo.logp_old_source: rollout``)
+                               ``algo.logp_old_source: rollout``); with ``rollout.async_steps``, ``rollout`` and
+                               ``reward`` are the batch's own, which ran beside the last step's update (``step``
+                               leaves them out), and ``time/rollout_wait_s`` the update's wait for the next one
+``rollout/policy_lag_steps``   ``rollout.async_steps`` only: global steps between the weights that sampled the
+                               batch and pi_old (0 at the first step, then 1)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``

@@ -9,7 +9,8 @@
 
 A rollout source has ``rollouts(step, prompts, n, sampling, record_routes) -> list[Completion]``;
 a reward source ``score(prompts, completions) -> (rewards [n], stats)`` and ``close()`` (the
-task's ``RewardRunner`` is one). ``minirl.loop.train(cfg, rollouts=..., rewards=...)`` takes both.
+task's ``RewardRunner`` is one). ``minirl.loop.train(cfg, rollouts=..., rewards=...)`` takes both. Under
+``rollout.async_steps`` both are called from a thread beside the update (never two calls at once).
 """
 
 from __future__ import annotations

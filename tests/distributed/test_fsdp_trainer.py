@@ -190,3 +190,14 @@ def test_padding_free_ranks_match_one_padded_process(tmp_path):
     sharded = run_steps(tmp_path / "fsdp", *MODE, "optim.padding_free=true", "cluster.trainer_ranks=2")
     loss_diff, weight_diff = max_differences(single, sharded)
     assert loss_diff < TOL and weight_diff < TOL
+
+
+def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path):
+    """rollout.async_steps=1 with the trainer ranks and the engine workers in their own processes: the next step's
+    rollout, beside the update, goes to the engine group while the update goes to the ranks."""
+    mode = [*MODE, "rollout.async_steps=1", "cluster.sample_seeding=per_sample"]
+    single = run_steps(tmp_path / "single", *mode)
+    spread = run_steps(tmp_path / "spread", *mode, "cluster.trainer_ranks=2", "cluster.rollout_engines=2")
+    loss_diff, weight_diff = max_differences(single, spread)
+    assert loss_diff < TOL and weight_diff < TOL
+    assert [row["rollout/policy_lag_steps"] for row in spread[0]] == [0.0] + [1.0] * (len(spread[0]) - 1)

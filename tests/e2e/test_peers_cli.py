@@ -152,18 +152,19 @@ def test_a_broken_peer_file_is_one_line(tmp_path: Path):
     assert proc.returncode == 2 and "missing.sh" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_verl_bypass_mode_data_list_and_prompt_cut_translate_and_train(tmp_path: Path):
-    """verl's bypass mode (R3, no old-log-prob pass), a list of train files, a left prompt cut and a repetition
-    penalty: translated, and trained from the CLI."""
+def test_verl_one_step_off_bypass_data_list_and_prompt_cut_translate_and_train(tmp_path: Path):
+    """verl's one-step-off trainer with its bypass mode (R3, no old-log-prob pass, the next batch sampled beside the
+    update), a list of train files, a left prompt cut and a repetition penalty: translated, and trained from the CLI."""
     rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w * 5}],
              "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
     half = len(rows) // 2
     datasets.Dataset.from_list(rows[:half]).to_parquet(str(tmp_path / "a.parquet"))
     datasets.Dataset.from_list(rows[half:]).to_parquet(str(tmp_path / "b.parquet"))
     (tmp_path / "reward.py").write_text(VERL_REWARD)
-    (tmp_path / "run.sh").write_text(SCRIPT.format(data="x", reward=tmp_path / "reward.py", runs=tmp_path))
+    script = SCRIPT.format(data="x", reward=tmp_path / "reward.py", runs=tmp_path)
+    (tmp_path / "run.sh").write_text(script.replace("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo"))
     files = f"data.train_files=[{tmp_path / 'a.parquet'},{tmp_path / 'b.parquet'}]"
-    extra = [files, "actor_rollout_ref.actor.megatron.router_replay.mode=R3", "algorithm.rollout_correction.bypass_mode=True",
+    extra = [files, "actor_rollout_ref.actor.megatron.router_replay.mode=R3",  # its config turns the bypass on
              "data.max_prompt_length=12", "data.truncation=left", "+actor_rollout_ref.rollout.repetition_penalty=1.2"]
     proc = _minirl("config", "from-verl", "run.sh", *extra, "-o", "minirl.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -171,7 +172,7 @@ def test_verl_bypass_mode_data_list_and_prompt_cut_translate_and_train(tmp_path:
     assert cfg["task"]["path"] == [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
     assert (cfg["task"]["max_prompt_tokens"], cfg["task"]["prompt_truncation"]) == (12, "left")
     assert (cfg["algo"]["logp_old_source"], cfg["moe"]["routing_replay"]) == ("rollout", "R3")
-    assert cfg["rollout"]["repetition_penalty"] == 1.2
+    assert (cfg["rollout"]["repetition_penalty"], cfg["rollout"]["async_steps"]) == (1.2, 1)
 
     tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
     train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
@@ -180,6 +181,7 @@ def test_verl_bypass_mode_data_list_and_prompt_cut_translate_and_train(tmp_path:
     metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "policy/loss" in m]
     assert len(steps) == 2 and all(m["time/old_logprobs_s"] < 0.05 and m["mismatch/kl_k3"] >= 0 for m in steps)
+    assert [m["rollout/policy_lag_steps"] for m in steps] == [0.0, 1.0]
 
 
 OPEN_R1_FILE = """\

@@ -46,7 +46,10 @@ MODES = {"none": ["moe.routing_replay=none"],
                        # a reference synced every 2 updates (TRL's sync_ref_model) is checkpointed with the run
                        "algo.kl_coef=0.05", "algo.ref_sync_every_updates=2", "algo.ref_sync_alpha=0.5",
                        # verl's KL in the reward with its adaptive coefficient (state that must survive the kill)
-                       "algo.kl_in_reward_coef=0.05", "algo.kl_in_reward_target=0.01", "algo.kl_in_reward_horizon=8"]}
+                       "algo.kl_in_reward_coef=0.05", "algo.kl_in_reward_target=0.01", "algo.kl_in_reward_horizon=8"],
+         # one-step-off: a checkpoint holds the next step's batch, sampled beside the saved step's update
+         "async": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.async_steps=1",
+                   "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:
@@ -137,6 +140,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     ("R2", [("tmp", 3)]),
     ("R3", [("lines", 6)]),
     ("practices", [("lines", 4)]),
+    ("async", [("lines", 3), ("tmp", 0)]),
 ])
 def test_killed_and_resumed_run_is_bitwise_identical(tmp_path, mode, kills):
     _check_same(tmp_path, mode, kills)

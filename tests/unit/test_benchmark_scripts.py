@@ -11,6 +11,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench_async  # noqa: E402
 import bench_micro_batches  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_step  # noqa: E402
@@ -173,6 +174,14 @@ def test_bench_step_config_loads(tmp_path):
     """The step benchmark's own overrides are current config keys (it once spelled a renamed one)."""
     cfg = bench_step.step_config("configs/demo.yaml", 5, str(tmp_path), ["optim.minibatches_per_step=4"])
     assert (cfg.optim.global_steps, cfg.cold_start.enabled, cfg.optim.minibatches_per_step) == (5, False, 4)
+
+
+def test_bench_async_runs_each_arm_and_reads_its_phases(tmp_path):
+    """One arm of the asynchronous benchmark on the tiny model: every phase it prints is in the run's metrics."""
+    tiny = ["model.preset=qwen3-moe-tiny", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=4", "run.threads=1"]
+    phases = bench_async.one_run("configs/demo.yaml", 4, [*tiny, "rollout.async_steps=1"])
+    assert set(phases) == set(bench_async.PHASES) and phases["step"] > 0 and phases["rollout"] > 0
 
 
 def test_peak_memory_arguments():

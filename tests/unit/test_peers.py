@@ -168,6 +168,23 @@ def test_verl_remove_padding_is_padding_free():
     assert not any("use_remove_padding" in line for line in off.ignored + off.not_translated)
 
 
+def test_verls_one_step_off_trainer_is_one_step_async_with_its_bypass(tmp_path: Path):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.experimental.one_step_off_policy.main_ppo \\\n  algorithm.adv_estimator=grpo \\\n"
+                      "  actor_rollout_ref.rollout.n=4 rollout.nnodes=1 rollout.n_gpus_per_node=2\n")
+    out = from_verl(read_verl([str(script)], []))
+    assert out.values["rollout.async_steps"] == 1
+    assert out.values["algo.logp_old_source"] == "rollout"  # its config's bypass_mode: True
+    assert not any("rollout.n" in line for line in out.not_translated)
+    kept = from_verl(read_verl([str(script)], ["algorithm.rollout_correction.bypass_mode=false"]))
+    assert kept.values["rollout.async_steps"] == 1 and "algo.logp_old_source" not in kept.values
+    plain = from_verl({"algorithm.adv_estimator": "grpo", "-m": "verl.trainer.main_ppo"})
+    assert "rollout.async_steps" not in plain.values and "algo.logp_old_source" not in plain.values
+    fully = from_verl({"-m": "verl.experimental.fully_async_policy.fully_async_main",
+                       "async_training.staleness_threshold": 0.1})
+    assert any("fully asynchronous" in line for line in fully.not_translated)
+
+
 @pytest.mark.parametrize("given, expected", [
     # P = per_device x steps_per_generation / G; N = steps_per_generation / gradient_accumulation_steps
     ({"per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "steps_per_generation": 4}, (8, 2, 16)),

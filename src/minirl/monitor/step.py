@@ -34,6 +34,7 @@ class StepRecord:
     accuracy_threshold: float = 1.0  # eval.accuracy_threshold: a reward this high counts as correct
     rollout_tokens: int | None = None  # tokens the engine generated (None: those of ``completions``)
     pi_old_rows: slice | None = None  # the rows ``old`` scored (algo.logp_old_source=rollout: the first mini-batch)
+    sampled_times: dict[str, float] | None = None  # rollout, reward: where they ran beside the last step's update
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -56,14 +57,18 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
         drift = [u.natural_diff_frac for u in done if u.natural_diff_frac is not None]
         metrics.update(routing_step_metrics(engine_routes, record.old.routes, seen.attention_mask, drift))
     metrics.update(record.diagnostics)
-    t = record.times
+    t = record.times  # this step's own, in line; its batch's rollout and rewards may have run beside the last step
+    sampled = record.sampled_times if record.sampled_times is not None else t
     generated = record.rollout_tokens if record.rollout_tokens is not None else sum(len(c.completion_ids) for c in record.completions)
     metrics.update({
-        "time/rollout_s": t["rollout"], "time/reward_s": t.get("reward", 0.0), "time/old_logprobs_s": t["old_logprobs"],
-        "time/update_s": t["update"], "time/sync_s": t["sync"], "time/step_s": sum(t.values()),
-        "perf/rollout_tokens_per_s": generated / max(t["rollout"], 1e-9),
+        "time/rollout_s": sampled["rollout"], "time/reward_s": sampled.get("reward", 0.0),
+        "time/old_logprobs_s": t["old_logprobs"], "time/update_s": t["update"], "time/sync_s": t["sync"],
+        "time/step_s": sum(t.values()),  # the step's wall time, without what ran beside the last one
+        "perf/rollout_tokens_per_s": generated / max(sampled["rollout"], 1e-9),
         "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t["old_logprobs"] + t["update"], 1e-9),
     })
+    if "rollout_wait" in t:  # rollout.async_steps: the update's wait for the next step's rollout, before the sync
+        metrics["time/rollout_wait_s"] = t["rollout_wait"]
     return metrics
 
 

@@ -85,7 +85,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.(ref\..*|hybrid_engine)|critic\..*|ray_kwargs\..*|ray_init\..*|"
     r"actor_rollout_ref\.actor\.(optim\.total_training_steps|data_loader_seed)|"
     r"actor_rollout_ref\.rollout\.(log_prob_micro_batch_size_per_gpu|prompt_length|response_length|seed)|"
-    r"reward_model\.enable|"
+    r"reward_model\.enable|rollout\.(nnodes|n_gpus_per_node)|async_training\..*|"
     # the parameters of subsystems minirl has not (each one's switch is read, and is an untranslated line when on)
     r"(distillation|transfer_queue|global_profiler|skip|reward\.reward_model|reward\.sandbox_fusion|trainer\.v1)\..*|"
     r"reward\.(num_workers|reward_manager\..*)|trainer\.use_v1|algorithm\.(gamma|lam|kl_penalty|kl_ctrl\..*|"
@@ -106,10 +106,18 @@ MEGATRON_MODULES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj":
 """Megatron's fused projections and the transformers modules they hold."""
 
 
+ONE_STEP_OFF_DEFAULTS = {"algorithm.rollout_correction.bypass_mode": True, "rollout.nnodes": 1,
+                         "rollout.n_gpus_per_node": 8}
+"""What verl's one-step-off trainer's config (``one_step_off_ppo_trainer.yaml``) sets over ``ppo_trainer.yaml``."""
+
+
 def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
-    """Translate verl ``main_ppo`` settings (flat dotted Hydra keys)."""
+    """Translate verl ``main_ppo`` settings (flat dotted Hydra keys; ``-m``: the module a script runs)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
-    peer, out = Peer(given, VERL_DEFAULTS), Translation("verl")
+    module = str(given.pop("-m", "verl.trainer.main_ppo"))
+    one_step_off = "one_step_off_policy" in module or bool({"rollout.nnodes", "rollout.n_gpus_per_node"} & set(given))
+    peer, out = Peer(given, {**VERL_DEFAULTS, **(ONE_STEP_OFF_DEFAULTS if one_step_off else {})}), Translation("verl")
+    _verl_async(peer, out, module, one_step_off)
     _verl_model_and_data(peer, out)
     n = _verl_batch(peer, out)
     _verl_optimizer(peer, out)
@@ -118,6 +126,19 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
     _verl_cluster(peer, out)
     leftovers(peer, out, VERL_IGNORED)
     return out
+
+
+def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -> None:
+    """verl's one-step-off trainer (``verl.experimental.one_step_off_policy.main_ppo``: the next step's batch sampled
+    beside the update on the engine's own GPUs, ``rollout.nnodes`` x ``rollout.n_gpus_per_node``; its config turns
+    the bypass on) is ``rollout.async_steps: 1``. Its fully asynchronous trainer (a stream of partial rollouts under
+    ``async_training.staleness_threshold``) has no minirl equivalent."""
+    if one_step_off:
+        origin = module if "one_step_off_policy" in module else peer.show("rollout.nnodes", "rollout.n_gpus_per_node")
+        out.set("rollout.async_steps", 1, f"{origin}: the next step's batch sampled beside the update")
+    if "fully_async_policy" in module or any(key.startswith("async_training.") for key in peer.given):
+        out.not_translated.append(f"{module}: verl's fully asynchronous trainer (partial rollouts, "
+                                  "async_training.*); minirl has the one-step-off form, rollout.async_steps: 1")
 
 
 def _one_file(value: Any) -> Any:
@@ -622,13 +643,17 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
-    """verl settings from run scripts (``.sh``), YAML configs (flattened) and ``key=value`` words."""
+    """verl settings from run scripts (``.sh``; ``-m``: the module one runs), YAML configs (flattened) and
+    ``key=value`` words."""
     given: dict[str, Any] = {}
     for path in paths:
         if path.endswith((".yaml", ".yml")):
             given.update(_flatten(read_yaml(path)))
         else:
             given.update(script_overrides(Path(path)))
+            module = re.search(r"-m\s+((?:verl|recipe)\.[\w.]+)", Path(path).read_text(encoding="utf-8"))
+            if module:  # main_ppo, or one of verl's asynchronous trainers
+                given["-m"] = module.group(1)
     for word in words:
         key, _, value = word.partition("=")
         given[key] = parse_value(value)
