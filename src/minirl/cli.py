@@ -79,6 +79,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     for module, name in (
         ("minirl.models.io", "ModelLoadError"),
         ("minirl.models.padding_free", "PaddingFreeError"),
+        ("minirl.models.logprob_head", "LogprobHeadError"),
         ("minirl.tasks.jsonl", "TaskDataError"),
         ("minirl.tasks.chat", "ChatTemplateError"),
         ("minirl.tasks.rewards", "RewardSpecError"),

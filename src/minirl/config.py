@@ -309,6 +309,11 @@ class OptimConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them (less
     memory, about one more forward); routing replay replays the same routes in the recomputation."""
+    logprob_chunk_tokens: int | None = Field(None, ge=1)
+    """The LM head and log-softmax on the completion tokens only, this many at a time, each chunk's logits
+    recomputed in the backward (verl's ``use_fused_kernels``, TRL's ``use_liger_kernel``): the [tokens, vocabulary]
+    logits never exist whole, the largest tensors of an update with a big vocabulary (``minirl.models.logprob_head``).
+    Log-probs and entropies as the whole-tensor path's, to float rounding. null = the model's own forward."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """The trainer's compute: fp32, or bf16 mixed precision (autocast; float32 master weights,
     gradients and AdamW state; FSDP2 ranks all-gather bf16 and reduce in fp32). ``minirl.precision``.
@@ -933,6 +938,9 @@ class Config(Section):
         self._check_reference(distributed)
         self._check_bypass()
         self._check_async()
+        if ranks > 1 and self.optim.logprob_chunk_tokens:
+            raise ValueError("optim.logprob_chunk_tokens: the chunked LM head runs only with one trainer rank (under FSDP2 "
+                             "the head's recomputation would run outside its sharded forward); set it to null")
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

@@ -49,7 +49,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                ``reward`` are the batch's own, which ran beside the last step's update (``step``
                                leaves them out), and ``time/rollout_wait_s`` the update's wait for the next one
 ``rollout/policy_lag_steps``   ``rollout.async_steps`` only: global steps between the weights that sampled the
-                               batch and pi_old (0 at the first step, then 1)
+                               batch and pi_old (0 at the first step, then 1); ``mismatch/*`` then measure the
+                               engine's gap and that lag together (mu_old at theta_{t-1}, pi_old at theta_t)
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``

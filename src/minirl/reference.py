@@ -33,7 +33,7 @@ class Reference:
             model = copy.deepcopy(trainer.model).eval()
             self.frozen = Trainer(model, lr=0.0, micro_batch_sequences=trainer.micro_batch_sequences,
                                   micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
-                                  padding_free=trainer.padding_free)
+                                  padding_free=trainer.padding_free, logprob_chunk_tokens=trainer.logprob_chunk_tokens)
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
 
     @torch.no_grad()

@@ -230,6 +230,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         update_guard=o.update_guard,
         adamw_impl=o.adamw_impl,
         padding_free=o.padding_free,
+        logprob_chunk_tokens=o.logprob_chunk_tokens,
     )
 
 

@@ -34,6 +34,7 @@ from minirl.algo import to_floats, token_logprobs
 from minirl.algo.logprobs import token_entropy_with_grad
 from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
+from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
 from minirl.models.padding_free import PackedForward, Packing
 from minirl.monitor.mismatch import token_entropy
@@ -182,6 +183,7 @@ class Trainer:
         update_guard: str = "undo",
         adamw_impl: str = "default",
         padding_free: bool = False,
+        logprob_chunk_tokens: int | None = None,
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -196,6 +198,11 @@ class Trainer:
         self.micro_batch_max_tokens = micro_batch_max_tokens
         self.padding_free = padding_free  # ``optim.padding_free``: forwards on the real tokens only
         self._packed = PackedForward(model) if padding_free else None  # refuses a model in one line now
+        # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.head = LogprobHead(model, logprob_chunk_tokens) if logprob_chunk_tokens else None
+        if self.head is not None:
+            self.head.check(self.device)  # refuses a model whose logits are not its head's, in one line
         self.adamw_impl = adamw_impl
         flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(
@@ -236,6 +243,8 @@ class Trainer:
             context = self.replay.record()
         with ExitStack() as own:
             stack, handles = block or own, list[Any]()
+            if self.head is not None:  # the forward's "logits" are its final hidden states (``_token_terms``)
+                own.enter_context(self.head.hidden_states())
             if natural is not None:  # registered first, so it runs after the routing block has closed
                 sink = natural
 
@@ -273,10 +282,25 @@ class Trainer:
         for rows, micro in self._micro_batches(batch):
             rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             natural: list | None = [] if record_routes else None
-            logits = self._logits(micro, replay_routes=replay_routes, natural=natural)[:, :-1].float()
-            logp = token_logprobs(logits, to_device(micro.input_ids[:, 1:], self.device))
-            scores.add(rows, micro, logits, logp, natural[0] if natural else None)
+            out = self._logits(micro, replay_routes=replay_routes, natural=natural)
+            logp, entropies = self._token_terms(out, micro, "detached" if entropy else None)
+            scores.add(rows, micro, logp, entropies, natural[0] if natural else None)
         return scores.result()
+
+    def _token_terms(self, out: torch.Tensor, micro: Batch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi(y_t) [b, T-1] of ``micro``'s targets from a forward's ``out`` (logits [b, T, V], or with
+        ``optim.logprob_chunk_tokens`` hidden states, through the chunked head at the completion tokens: ``micro``
+        is then the host's copy, whose mask sizes the chunks without a device sync), and with ``entropy``
+        ``"detached"`` / ``"grad"`` the full-vocabulary entropy (differentiable with ``"grad"``)."""
+        targets = to_device(micro.input_ids[:, 1:], self.device)
+        if self.head is not None:
+            return self.head.terms(out[:, :-1], targets, micro.mask, entropy,
+                                   context=functools.partial(compute_context, self.precision, self.device))
+        logits = out[:, :-1].float()
+        logp = token_logprobs(logits, targets)
+        if entropy == "grad":
+            return logp, token_entropy_with_grad(logits)
+        return logp, None if entropy is None else token_entropy(logits.detach())
 
     def _micro_batches(self, batch: Batch) -> Sequence[tuple[slice | torch.Tensor, Batch]]:
         """(the rows of ``batch`` it holds, micro-batch): contiguous slices of ``micro_batch_sequences``
@@ -411,9 +435,11 @@ class Trainer:
                 # padding-free packing is read off the host's mask too
                 fed = dataclasses.replace(micro, routes=host_micro.routes, attention_mask=host_micro.attention_mask)
                 router: list | None = [] if getattr(objective, "wants_router_logits", False) else None
-                logits = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block, router_logits=router)
-                logits = logits[:, :-1].float()
-                logp, loss = _micro_loss(objective, logits, micro, rows, entropy_all, router)
+                out = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block, router_logits=router)
+                wanted = "detached" if scores is not None and scores.entropy is not None else None
+                logp, entropy = self._token_terms(out, micro if self.head is None else host_micro,
+                                                  "grad" if entropy_all is not None else wanted)
+                loss = _micro_loss(objective, logp, entropy, micro, rows, entropy_all, router)
                 loss.backward()
             routes = natural.pop() if natural is not None else None
             if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
@@ -421,7 +447,7 @@ class Trainer:
                 pairs = route_diff_counts(micro.routes, routes, micro.attention_mask, self.replay.num_experts)
                 differing, counted = differing + pairs[0], counted + pairs[1]
             if scores is not None:
-                scores.add(rows, micro, logits, logp, routes if record_routes else None, entropy_done=entropy_all is not None)
+                scores.add(rows, micro, logp, None if entropy_all is not None else entropy, routes if record_routes else None)
             else:
                 logp_all[rows, : logp.shape[1]] = logp.detach().float()
             loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
@@ -474,18 +500,17 @@ class Trainer:
         return merged_state_dict(self.model)
 
 
-def _micro_loss(objective: Objective, logits: torch.Tensor, micro: Batch, rows: Any,
-                entropy_all: torch.Tensor | None, router: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The log-probs of ``micro``'s targets and ``objective``'s loss on them; with ``entropy_all`` (an
-    objective that ``wants_entropy``), also pi_theta's differentiable entropy, kept detached in its rows; with
-    ``router`` (an objective that ``wants_router_logits``), the forward's router logits."""
-    logp = token_logprobs(logits, micro.input_ids[:, 1:])
+def _micro_loss(objective: Objective, logp: torch.Tensor, entropy: torch.Tensor | None, micro: Batch, rows: Any,
+                entropy_all: torch.Tensor | None, router: list | None = None) -> torch.Tensor:
+    """``objective``'s loss on ``micro``'s log-probs; with ``entropy_all`` (an objective that ``wants_entropy``),
+    also given pi_theta's differentiable ``entropy``, kept detached in its rows; with ``router`` (an objective that
+    ``wants_router_logits``), the forward's router logits."""
     given: dict[str, Any] = {} if router is None else {"router_logits": tuple(router)}
     if entropy_all is None:
-        return logp, objective(logp, micro, **given)[0]
-    entropy = token_entropy_with_grad(logits)
+        return objective(logp, micro, **given)[0]
+    assert entropy is not None  # _token_terms(..., "grad")
     entropy_all[rows, : entropy.shape[1]] = entropy.detach()
-    return logp, objective(logp, micro, entropy=entropy, **given)[0]  # type: ignore[call-arg]
+    return objective(logp, micro, entropy=entropy, **given)[0]  # type: ignore[call-arg]
 
 
 class NaNLoss:
@@ -512,15 +537,15 @@ class _Scores:
         self.routes: torch.Tensor | None = None
 
     @torch.no_grad()
-    def add(self, rows: slice | torch.Tensor, micro: Batch, logits: torch.Tensor, logp: torch.Tensor,
-            routes: torch.Tensor | None, entropy_done: bool = False) -> None:
-        """Rows ``rows`` of the batch from a micro-batch's float32 ``logits`` [b, T-1, V] and ``logp``
-        [b, T-1]; ``routes`` [b, T, L, K] the routers' own choices (-1 written at padding). ``entropy_done``:
-        the update already wrote these rows' entropies into ``self.entropy``."""
+    def add(self, rows: slice | torch.Tensor, micro: Batch, logp: torch.Tensor, entropy: torch.Tensor | None,
+            routes: torch.Tensor | None) -> None:
+        """Rows ``rows`` of the batch from a micro-batch's ``logp`` and ``entropy`` [b, T-1] (``entropy`` None:
+        not wanted, or already written by the update into ``self.entropy``); ``routes`` [b, T, L, K] the routers'
+        own choices (-1 written at padding)."""
         cols = micro.input_ids.shape[1]
         self.logp[rows, : cols - 1] = logp.detach()
-        if self.entropy is not None and not entropy_done:
-            self.entropy[rows, : cols - 1] = token_entropy(logits.detach())
+        if self.entropy is not None and entropy is not None:
+            self.entropy[rows, : cols - 1] = entropy.detach()
         if routes is not None:
             recorded = routes.to(torch.int16)
             if self.routes is None:

@@ -201,3 +201,8 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
     loss_diff, weight_diff = max_differences(single, spread)
     assert loss_diff < TOL and weight_diff < TOL
     assert [row["rollout/policy_lag_steps"] for row in spread[0]] == [0.0] + [1.0] * (len(spread[0]) - 1)
+
+
+def test_the_chunked_logprob_head_is_refused_on_several_ranks():
+    with pytest.raises(ConfigError, match=r"optim\.logprob_chunk_tokens: the chunked LM head runs only with one trainer"):
+        load_config(None, ["optim.logprob_chunk_tokens=64", "cluster.trainer_ranks=2"])

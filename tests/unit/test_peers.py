@@ -142,6 +142,21 @@ def test_trls_moe_load_balancing_loss_is_carried_over(tmp_path: Path):
     assert not any("router_aux" in d for d in _trl().differs)
 
 
+def test_trls_fused_lm_head_and_verls_fused_kernels_are_the_chunked_head(tmp_path: Path):
+    """TRL's GRPOTrainer always scores through its fused LM head; verl with use_fused_kernels: the chunked head,
+    except on a model that soft-caps its logits (minirl's chunked head refuses it; named)."""
+    capped = tmp_path / "gemma"
+    capped.mkdir()
+    (capped / "config.json").write_text(json.dumps({"text_config": {"final_logit_softcapping": 30.0}}))
+    assert _trl().values["optim.logprob_chunk_tokens"] == 1024
+    out = _trl(model_name_or_path=str(capped))
+    assert "optim.logprob_chunk_tokens" not in out.values
+    assert any(d.startswith("the model's final_logit_softcapping: TRL's fused LM head") for d in out.differs)
+    assert from_verl({"actor_rollout_ref.model.use_fused_kernels": True}).values["optim.logprob_chunk_tokens"] == 1024
+    plain = from_verl({})
+    assert "optim.logprob_chunk_tokens" not in plain.values and not any("fused" in line for line in plain.ignored)
+
+
 def test_trl_max_prompt_length_cuts_from_the_left():
     v = _trl(max_prompt_length=64).values  # TRL before 0.24: prompt_ids[:, -max_prompt_length:]
     assert (v["task.max_prompt_tokens"], v["task.prompt_truncation"]) == (64, "left")

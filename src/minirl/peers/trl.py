@@ -80,6 +80,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation
     _trl_model_and_data(peer, out)
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n)
+    _trl_logprob_head(peer, out)
     _trl_runs(peer, out, n)
     apply_objective(out, keep_objective, _trl_objective(peer, n, out.values["optim.minibatches_per_step"]))
     leftovers(peer, out, TRL_IGNORED)
@@ -126,21 +127,43 @@ def _trl_router_aux_loss(peer: Peer, obj: Objective) -> None:
         if coef:
             obj.set("router_aux_loss_coef", float(coef), peer.show("router_aux_loss_coef"))
         return
-    config = Path(os.path.expanduser(str(peer("model_name_or_path") or ""))) / "config.json"
-    try:
-        text = json.loads(config.read_text()) if config.is_file() else None
-    except (OSError, ValueError):
-        text = None
+    text = _model_config(peer)
     if text is None:
         if peer("model_name_or_path"):
             obj.differs.append("router_aux_loss_coef unset: on an MoE model TRL adds its load-balancing loss with the "
                                "model config's coefficient; set algo.router_aux_loss_coef to it (the model is not here "
                                "to read)")
         return
-    text = text.get("text_config", text)
     if "output_router_logits" in text and text.get("router_aux_loss_coef"):
         obj.set("router_aux_loss_coef", float(text["router_aux_loss_coef"]),
                 "router_aux_loss_coef unset: the model config's, as TRL takes it")
+
+
+def _model_config(peer: Peer) -> dict[str, Any] | None:
+    """The local model's (text) ``config.json`` as a mapping, or None when the model is not here to read."""
+    config = Path(os.path.expanduser(str(peer("model_name_or_path") or ""))) / "config.json"
+    try:
+        text = json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return None if not isinstance(text, dict) else text.get("text_config", text)
+
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier", "output_multiplier")
+
+
+def _trl_logprob_head(peer: Peer, out: Translation) -> None:
+    """TRL's GRPOTrainer always scores with its fused LM head (``add_fused_lm_head``: per-token log-probs in tiles,
+    never the whole logits): ``optim.logprob_chunk_tokens``, unless the local model soft-caps or scales its logits
+    after the head, which minirl's chunked head refuses (named as a difference)."""
+    text = _model_config(peer) or {}
+    transforms = [key for key in LOGIT_TRANSFORMS if text.get(key) not in (None, 1, 1.0)]
+    if transforms:
+        out.differs.append(f"the model's {', '.join(transforms)}: TRL's fused LM head applies it, minirl's chunked head "
+                           "does not run on such a model; the whole logits are computed (optim.logprob_chunk_tokens: null)")
+        return
+    out.set("optim.logprob_chunk_tokens", 1024, "TRL's GRPOTrainer: per-token log-probs from its fused LM head, never "
+                                                 "the whole logits")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:

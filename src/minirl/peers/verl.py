@@ -48,7 +48,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
     A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
-    M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True,
+    M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True, M + "use_fused_kernels": False,
     M + "use_remove_padding": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
@@ -151,6 +151,8 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
         note_local_path(out, M + "path", peer(M + "path"), "model")
     if peer.set_by_user(M + "trust_remote_code"):
         out.set("model.trust_remote_code", bool(peer(M + "trust_remote_code")), peer.show(M + "trust_remote_code"))
+    if peer(M + "use_fused_kernels"):  # log-probs and entropy from the hidden states, never the whole logits
+        out.set("optim.logprob_chunk_tokens", 1024, peer.show(M + "use_fused_kernels"))
     if peer(M + "lora_rank"):  # the FSDP backend's keys
         out.set("model.lora.rank", int(peer(M + "lora_rank")), peer.show(M + "lora_rank"))
         out.set("model.lora.alpha", float(peer(M + "lora_alpha")), peer.show(M + "lora_alpha"))
