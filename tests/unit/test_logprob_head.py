@@ -69,6 +69,18 @@ def test_the_trainers_scores_and_gradients_are_the_whole_logits_ones(settings):
     assert sum(shape[0] for shape in calls) >= 2 * int(batch.mask.sum())  # scores, gradient, recomputed gradient
 
 
+def test_a_micro_batch_with_no_completion_token_trains_nothing_and_does_not_fail():
+    """Every completion masked out (mask_truncated, a rejection): no chunk to run; the backward still goes through
+    and leaves zero gradients, as the whole path's masked terms do."""
+    model = make_tiny_moe()
+    batch = ragged_batch(6)
+    batch = batch.with_logp_old(batch.logp_rollout).with_mask(torch.zeros_like(batch.mask))
+    objective = make_objective(MiniRLConfig(), batch)
+    chunked = _trainer(copy.deepcopy(model), 4).gradient(batch, objective)
+    assert torch.equal(chunked, torch.zeros_like(chunked))
+    assert torch.equal(chunked, _trainer(model, None).gradient(batch, objective))
+
+
 def test_routes_replayed_and_recorded_through_the_chunked_head():
     """R3's replay and the fused pi_old scores (N = 1) go through the same forward: routes, log-probs and the
     update's gradient are the whole-logits path's."""

@@ -72,8 +72,10 @@ class LogprobHead:
     def terms(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, entropy: str | None,
               context: Callable[[], AbstractContextManager[Any]] = nullcontext) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(y_t) [b, T] float32 at the ``mask`` positions (0 elsewhere; a host tensor sizes the chunks without
-        a device sync) from ``hidden`` [b, T, H] (the states before each target of ``targets`` [b, T]); with ``entropy`` ``"detached"`` or ``"grad"``, the full-vocabulary
-        entropy there too (differentiable with ``"grad"``). ``context``: the compute context the head runs in."""
+        a device sync) from ``hidden`` [b, T, H], the states before each target of ``targets`` [b, T]; with
+        ``entropy`` ``"detached"`` or ``"grad"``, the full-vocabulary entropy there too (differentiable with
+        ``"grad"``). ``context``: the compute context the head runs in. No position on the mask: zeros that still
+        reach ``hidden`` (a backward through them gives zero gradients, as the whole path's masked terms do)."""
         b, t = targets.shape
         where = mask.reshape(-1).nonzero().squeeze(1).to(hidden.device)  # a host mask: no device sync
         states = hidden.reshape(b * t, -1).index_select(0, where)
@@ -106,7 +108,8 @@ class LogprobHead:
 
 
 def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    return torch.cat(parts) if parts else like.new_zeros(0, dtype=torch.float32)
+    """The chunks' values in order; none: an empty slice of ``like``, so the result stays in its graph."""
+    return torch.cat(parts) if parts else like.reshape(-1)[:0].float()
 
 
 def _holder(model: nn.Module, head: nn.Module) -> tuple[nn.Module, str]:
