@@ -17,7 +17,7 @@ from minirl.algo.variants.entropy import entropy_bonus_loss, high_entropy_tokens
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import AlgoConfig
 from minirl.moe.balance import load_balancing_loss
-from minirl.trainer import Objective
+from minirl.trainer import Objective, Wraps
 from minirl.types import Batch
 
 
@@ -130,7 +130,7 @@ def with_current_rejection(algo: AlgoConfig, objective: Objective) -> Objective:
 
 
 @dataclass(frozen=True)
-class LoadBalance:
+class LoadBalance(Wraps):
     """``objective`` plus ``coef`` x the MoE load-balancing loss of each forward (``algo.router_aux_loss_coef``; TRL's
     ``router_aux_loss_coef``): the trainer passes each micro-batch's router logits; its loss weighs ``rows / total``
     (TRL's mean over equal micro-batches). ``aux_loss``: the update's, weighed alike."""
@@ -140,17 +140,16 @@ class LoadBalance:
     total_rows: int
     top_k: int
     seen: list = field(default_factory=list)  # this update's (loss, weight) per micro-batch
-    wants_router_logits: bool = True
-
-    @property
-    def wants_entropy(self) -> bool:  # passed through
-        return bool(getattr(self.objective, "wants_entropy", False))
+    wants_router_logits: bool = True  # its own (not passed through)
 
     def __call__(self, logp: torch.Tensor, micro: Batch, *, router_logits: tuple[torch.Tensor, ...] | None = None,
                  **kwargs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         loss, metrics = self.objective(logp, micro, **kwargs)
         if router_logits is None:  # the metrics pass over the mini-batch, after its micro-batches
-            value = sum(aux * share for aux, share in self.seen) if self.seen else torch.zeros(())
+            # the mean over the micro-batches it saw, by rows: the mini-batch's (an FSDP rank: its shard's, which
+            # the group averages over equal shards)
+            value = sum(aux * share for aux, share in self.seen) / sum(share for _, share in self.seen) if self.seen \
+                else torch.zeros(())
             return loss, {**metrics, "aux_loss": torch.as_tensor(value, dtype=torch.float64)}
         tokens = router_logits[0].shape[0]  # the padded rows' positions, or the packed real tokens (padding-free)
         mask = micro.attention_mask if micro.attention_mask.numel() == tokens else torch.ones(tokens, dtype=torch.bool)

@@ -19,7 +19,7 @@ import torch
 
 from minirl.algo.variants.reference_kl import reference_kl_loss
 from minirl.models.lora import adapters_disabled, has_lora
-from minirl.trainer import Objective, Trainer
+from minirl.trainer import Objective, Trainer, Wraps
 from minirl.types import Batch
 
 
@@ -63,7 +63,7 @@ class Reference:
 
 
 @dataclass(frozen=True)
-class ReferenceKL:
+class ReferenceKL(Wraps):
     """``objective`` plus ``kl_coef`` x the token-mean reference KL over the mini-batch (``normalizer``:
     the mini-batch's trained tokens, so micro-batch losses add up to it)."""
 
@@ -71,10 +71,6 @@ class ReferenceKL:
     kl_coef: float
     kind: str
     normalizer: float
-
-    @property
-    def wants_entropy(self) -> bool:  # passed through to a policy objective that wants it (top_entropy_quantile)
-        return bool(getattr(self.objective, "wants_entropy", False))
 
     def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_ref is None:

@@ -69,8 +69,24 @@ class UpdateResult:
     fault: str | None = None
 
 
+class Wraps:
+    """A wrapper of an objective (its ``objective``) asks the trainer for what the objective inside wants of each
+    forward: pi_theta's differentiable entropy (``wants_entropy``, an entropy bonus or token selection) and the
+    router logits (``wants_router_logits``, the load-balancing loss)."""
+
+    objective: Any
+
+    @property
+    def wants_entropy(self) -> bool:
+        return bool(getattr(self.objective, "wants_entropy", False))
+
+    @property
+    def wants_router_logits(self) -> bool:
+        return bool(getattr(self.objective, "wants_router_logits", False))
+
+
 @dataclass(frozen=True)
-class OnPolicy:
+class OnPolicy(Wraps):
     """An objective whose pi_old is the update's own forward, detached: with one update per global
     step (N = 1) theta_old *is* theta, so ``logp_old = logp.detach()`` is the old-log-prob pass, and
     the step skips that pass (TRL's GRPOTrainer does the same when it takes one step per generation).
@@ -78,14 +94,6 @@ class OnPolicy:
     pi_old/mu_old uses the same numbers the separate pass would give (the same forward)."""
 
     objective: Objective
-
-    @property
-    def wants_entropy(self) -> bool:  # passed through: an entropy bonus inside still gets its entropy
-        return bool(getattr(self.objective, "wants_entropy", False))
-
-    @property
-    def wants_router_logits(self) -> bool:  # passed through: the load-balancing loss inside gets its router logits
-        return bool(getattr(self.objective, "wants_router_logits", False))
 
     def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         return self.objective(logp, micro.with_logp_old(logp.detach() * micro.mask), **given)

@@ -206,3 +206,16 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
 def test_the_chunked_logprob_head_is_refused_on_several_ranks():
     with pytest.raises(ConfigError, match=r"optim\.logprob_chunk_tokens: the chunked LM head runs only with one trainer"):
         load_config(None, ["optim.logprob_chunk_tokens=64", "cluster.trainer_ranks=2"])
+
+
+def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
+    """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
+    with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights
+    and logged balance. (The ranks' wrapper once hid the router logits from it: no balance loss at all.)"""
+    mode = [*MODE, "algo.router_aux_loss_coef=0.5", "optim.micro_batch_sequences=2"]
+    single = run_steps(tmp_path / "single", *mode)
+    sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2")
+    loss_diff, weight_diff = max_differences(single, sharded)
+    assert loss_diff < TOL and weight_diff < TOL
+    for a, b in zip(single[0], sharded[0]):
+        assert b["policy/aux_loss"] == pytest.approx(a["policy/aux_loss"], rel=1e-6) and a["policy/aux_loss"] > 0

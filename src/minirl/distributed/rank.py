@@ -29,7 +29,7 @@ from typing import Any, cast
 import torch
 
 from minirl.config import Config
-from minirl.trainer import NaNLoss, ScoreResult, keep_adamw_impl
+from minirl.trainer import NaNLoss, ScoreResult, Wraps, keep_adamw_impl
 from minirl.types import Batch
 
 
@@ -203,14 +203,13 @@ def _shard(model: torch.nn.Module, device: torch.device, world: int, precision: 
             module.set_force_sum_reduction_for_comms(True)
 
 
-class _KeepCollectives:
+class _KeepCollectives(Wraps):
     """An objective that turns the objective's ``FloatingPointError`` (a NaN log-prob at a trained
     token) into a NaN loss, so this rank still runs its backward (the other ranks wait in FSDP's
     reduce-scatter) and the NaN global gradient norm makes every rank skip the update together."""
 
     def __init__(self, objective: Any, faults: list[str]) -> None:
         self.objective, self.faults = objective, faults
-        self.wants_entropy = bool(getattr(objective, "wants_entropy", False))  # an entropy bonus inside gets it
 
     def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, float]]:
         try:
