@@ -285,9 +285,21 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
         plain=cfg.log.plain,
     )
-    if changed:
-        logger.print(changed)
+    for line in (changed, uncorrected_lag(cfg)):
+        if line:
+            logger.print(line)
     return state, logger
+
+
+def uncorrected_lag(cfg: Config) -> str | None:
+    """One line when ``rollout.async_steps`` makes every batch a step stale and the objective has nothing that sees
+    it: no mu_old factor (``algo.is_correction``) and pi_old from the trainer (the clip bounds pi_theta/pi_old only)."""
+    if not cfg.rollout.async_steps or cfg.algo.logp_old_source == "rollout" or getattr(cfg.algo, "is_correction", False):
+        return None
+    fixes = ["algo.is_correction=true"] if hasattr(cfg.algo, "is_correction") else []
+    fixes.append("algo.logp_old_source=rollout (the clip then bounds pi_theta/mu_old)")
+    return (f"rollout.async_steps=1: each batch is one step stale (mu_old at theta_(t-1), pi_old at theta_t) and "
+            f"nothing in algo.name={cfg.algo.name} as configured corrects for it; set {' or '.join(fixes)}")
 
 
 def _train(run: Run, *, resume_from: Path | None) -> RunSummary:

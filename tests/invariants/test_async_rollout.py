@@ -93,3 +93,18 @@ def test_what_it_cannot_do_is_one_line():
         load_config(None, ["rollout.async_steps=2"])
     with pytest.raises(ConfigError, match=r"rollout\.async_steps: the rollout beside the update cannot capture CUDA"):
         load_config(None, ["rollout.async_steps=1", "rollout.cuda_graphs=true", "cluster.device=cuda"])
+
+
+def test_a_lag_nothing_corrects_is_said_in_one_line():
+    from minirl.loop import uncorrected_lag
+
+    def line(*overrides):
+        return uncorrected_lag(load_config(None, ["rollout.async_steps=1", *overrides]))
+
+    assert line() is None  # MiniRL's IS weight pi_theta/mu_old sees the lag
+    assert line("algo.logp_old_source=rollout", "algo.is_correction=false") is None  # the clip sees it
+    assert line("algo.is_correction=false").endswith("set algo.is_correction=true or algo.logp_old_source=rollout "
+                                                     "(the clip then bounds pi_theta/mu_old)")
+    gspo = line("algo.name=gspo")  # no mu_old factor to turn on
+    assert "algo.name=gspo" in gspo and "is_correction" not in gspo
+    assert uncorrected_lag(load_config(None, ["algo.is_correction=false"])) is None  # synchronous: no lag
