@@ -882,10 +882,14 @@ class Config(Section):
                              "which bypassing it skips; use moe.routing_replay=R3 (the engine's routes) or trainer")
 
     def _check_async(self) -> None:
-        """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels on the device."""
-        if self.rollout.async_steps and self.rollout.cuda_graphs and self.cluster.device == "cuda":
-            raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs (a capture "
-                             "forbids other work on the device); set rollout.cuda_graphs=false or async_steps=0")
+        """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels in one process (the
+        single-process placement; spawned trainer ranks and Ray actors run the update elsewhere)."""
+        c = self.cluster
+        shared = c.backend == "local" and c.trainer_ranks == 1
+        if self.rollout.async_steps and self.rollout.cuda_graphs and c.device == "cuda" and shared:
+            raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs in the "
+                             "trainer's process (a capture forbids other work on the device); set "
+                             "rollout.cuda_graphs=false or async_steps=0, or run the trainer as ranks")
 
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
