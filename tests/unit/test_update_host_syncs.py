@@ -110,6 +110,18 @@ def test_the_fused_old_pass_keeps_its_scores_on_the_device_until_the_update_ends
     assert scores.logp.device.type == "cpu" and torch.equal(scores.logp, scores.logp * batch.mask)
 
 
+def test_the_chunked_head_sizes_its_chunks_off_the_host_mask(monkeypatch):
+    """optim.logprob_chunk_tokens: where the completion tokens are, and so how many chunks run, is read off the
+    micro-batch's host mask; nothing of the device is read back inside the update (fused pi_old pass included)."""
+    trainer, batch, objective = r3_setup(entropy_coef=0.01)
+    chunked = Trainer(trainer.model, lr=1e-3, micro_batch_sequences=2, replay=trainer.replay, logprob_chunk_tokens=3)
+    results = []
+    work = lambda: results.append(chunked.update(batch, objective, replay_routes=True, score=True, record_routes=True))  # noqa: E731
+    counts = census(monkeypatch, chunked, work, sites=("minirl/trainer.py", "minirl/models/logprob_head.py", *LOSS_SIDE))
+    assert not counts, f"host copies or conversions inside the update's loop: {dict(counts)}"
+    assert results[0].fault is None and results[0].scores is not None and results[0].scores.entropy is not None
+
+
 def test_the_r2_drift_metric_is_counted_on_the_device(monkeypatch):
     """R2 with routing metrics: every micro-batch compares the replayed routes with the routers' own
     choices; the counts stay tensors and reach the host with the update's other numbers."""
