@@ -157,6 +157,14 @@ def test_trls_fused_lm_head_and_verls_fused_kernels_are_the_chunked_head(tmp_pat
     assert "optim.logprob_chunk_tokens" not in plain.values and not any("fused" in line for line in plain.ignored)
 
 
+def test_an_async_grpo_config_is_one_step_off_with_its_difference_named():
+    out = _trl(max_staleness=2, weight_sync_steps=1, token_budget=4096, queue_maxsize=64)
+    assert (out.values["rollout.async_steps"], out.values["optim.micro_batch_max_tokens"]) == (1, 4096)
+    assert any(d.startswith("AsyncGRPOTrainer streams samples up to max_staleness=2") for d in out.differs)
+    assert not any("max_staleness" in line or "queue_maxsize" in line for line in out.not_translated)
+    assert "rollout.async_steps" not in _trl().values  # GRPOTrainer's config: synchronous
+
+
 def test_trl_max_prompt_length_cuts_from_the_left():
     v = _trl(max_prompt_length=64).values  # TRL before 0.24: prompt_ids[:, -max_prompt_length:]
     assert (v["task.max_prompt_tokens"], v["task.prompt_truncation"]) == (64, "left")

@@ -69,7 +69,11 @@ TRL_IGNORED = re.compile(
     r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|per_device_eval_batch_size|disable_dropout|"
     r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
     r"gradient_checkpointing_kwargs|activation_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu|"
-    r"accelerator_config|parallelism_config)$")
+    r"accelerator_config|parallelism_config|queue_maxsize|max_inflight_tasks|heartbeat_stale_after_s|request_timeout|"
+    r"weight_sync_timeout|vllm_server_timeout)$")
+
+ASYNC_GRPO_KEYS = ("max_staleness", "weight_sync_steps", "max_inflight_tasks", "queue_maxsize", "token_budget")
+"""Keys only ``trl.experimental.async_grpo.AsyncGRPOConfig`` has: a config of TRL's asynchronous trainer."""
 
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
 
@@ -81,6 +85,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n)
     _trl_logprob_head(peer, out)
+    _trl_async(peer, out)
     _trl_runs(peer, out, n)
     apply_objective(out, keep_objective, _trl_objective(peer, n, out.values["optim.minibatches_per_step"]))
     leftovers(peer, out, TRL_IGNORED)
@@ -164,6 +169,23 @@ def _trl_logprob_head(peer: Peer, out: Translation) -> None:
         return
     out.set("optim.logprob_chunk_tokens", 1024, "TRL's GRPOTrainer: per-token log-probs from its fused LM head, never "
                                                  "the whole logits")
+
+
+def _trl_async(peer: Peer, out: Translation) -> None:
+    """TRL's ``AsyncGRPOTrainer`` (its config has ``max_staleness`` and the like) samples beside the update:
+    minirl's one-step-off form, ``rollout.async_steps: 1``, with the difference named (TRL streams samples up to
+    ``max_staleness`` weight updates old and drops older ones; minirl's batches are all exactly one step old)."""
+    if not any(key in peer.given for key in ASYNC_GRPO_KEYS):
+        return
+    staleness, every = peer.given.get("max_staleness", 4), peer.given.get("weight_sync_steps", 1)
+    peer("max_staleness"), peer("weight_sync_steps")
+    budget = peer("token_budget")  # its token-budgeted micro-batches (<= 0: fixed rows; unset: the server's context)
+    if isinstance(budget, int) and budget > 0:
+        out.set("optim.micro_batch_max_tokens", budget, peer.show("token_budget"))
+    out.set("rollout.async_steps", 1, "an AsyncGRPOTrainer config (max_staleness and the like): sampling beside the update")
+    out.differs.append(f"AsyncGRPOTrainer streams samples up to max_staleness={staleness} weight updates old (weights "
+                       f"synced every weight_sync_steps={every}) and drops older ones; minirl's one-step-off batches "
+                       "are each exactly one global step old, none dropped")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:
