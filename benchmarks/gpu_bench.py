@@ -17,7 +17,8 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
   and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
   measured bf16 matmul peak of an H200); and ``padding_free``: the padded update against
   ``optim.padding_free`` on the same rows cut to ~5/8 real tokens, alternating, their log-probs' gap and the
-  padding-free update's host syncs.
+  padding-free update's host syncs; and ``chunked_head``: the whole logits against ``optim.logprob_chunk_tokens``
+  (4096) on the same update, alternating, with each one's peak device memory.
 * ``lean``    fp32 forward + backward of one micro-batch, transformers vs ``benchmarks/lean_forward.py`` (no module
   stack, no mask plumbing), with each one's host syncs.
 * ``rl_step`` one MiniRL global step (R3, N = 2, bf16 trainer and engine) of the same model through ``minirl.loop``,
@@ -205,7 +206,38 @@ def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
     flops = 6 * active_parameters(model.config) * tokens / seconds
     return {"tokens_per_update": tokens, "update_s": seconds, "tok_s": tokens / seconds,
             "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS,
-            "padding_free": padding_free_arm(model, batch, objective, tiny, device)}
+            "padding_free": padding_free_arm(model, batch, objective, tiny, device),
+            "chunked_head": chunked_head_arm(model, batch, objective, tiny, device)}
+
+
+def chunked_head_arm(model: Any, batch: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
+    """``optim.logprob_chunk_tokens`` against the whole logits on the same update (every position scored, so the
+    arms differ in the head alone): update times side by side, each arm's peak device memory (CUDA), the
+    log-probs' largest gap."""
+    import torch
+
+    from minirl.trainer import Trainer
+
+    chunk = 64 if tiny else 4096
+    trainers = {size: Trainer(model, lr=1e-6, micro_batch_sequences=batch.size, precision="bf16", logprob_chunk_tokens=size)
+                for size in (None, chunk)}
+    gap = float((trainers[None].score(batch).logp - trainers[chunk].score(batch).logp).abs().max())
+    times: dict[Any, list[float]] = {None: [], chunk: []}
+    peaks: dict[Any, float | None] = {None: None, chunk: None}
+    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
+        for size, trainer in trainers.items():
+            sync(device)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            trainer.update(batch, objective)
+            sync(device)
+            if round_:
+                times[size].append(time.perf_counter() - start)
+                peaks[size] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    whole, chunked = statistics.median(times[None]), statistics.median(times[chunk])
+    return {"chunk_tokens": chunk, "whole_update_s": whole, "chunked_update_s": chunked, "speedup": whole / chunked,
+            "whole_peak_gib": peaks[None], "chunked_peak_gib": peaks[chunk], "max_logp_gap": gap}
 
 
 def padding_free_arm(model: Any, full: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
@@ -450,6 +482,12 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(f"  padding-free update ({100 * free['real_frac']:.0f} % real tokens): padded {free['padded_update_s']:.3f} s, "
                      f"padding-free {free['padding_free_update_s']:.3f} s ({free['speedup']:.2f}x), max |logp gap| "
                      f"{free['max_logp_gap']:.1e}; host syncs {free['host_syncs']['total'] if free['host_syncs'] else 'n/a'}")
+        head = trainer["chunked_head"]
+        memory = (f"; peak {head['whole_peak_gib']:.1f} -> {head['chunked_peak_gib']:.1f} GiB"
+                  if head["whole_peak_gib"] is not None else "")
+        lines.append(f"  chunked LM head ({head['chunk_tokens']} tokens a chunk): whole logits {head['whole_update_s']:.3f} s, "
+                     f"chunked {head['chunked_update_s']:.3f} s ({head['speedup']:.2f}x){memory}, max |logp gap| "
+                     f"{head['max_logp_gap']:.1e}")
     lean = results.get("lean", {})
     if "lean_speedup" in lean:
         syncs = {k: v["total"] for k, v in lean.items() if k.endswith("_host_syncs") and v}

@@ -39,6 +39,8 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     assert results["trainer"]["tokens_per_update"] == 128 and 0 < results["trainer"]["mfu"] < 1
     free = results["trainer"]["padding_free"]
     assert free["padding_free_update_s"] > 0 and free["max_logp_gap"] <= 1e-2 and 0.5 < free["real_frac"] < 0.8
+    head = results["trainer"]["chunked_head"]
+    assert head["chunked_update_s"] > 0 and head["max_logp_gap"] <= 1e-2 and head["whole_peak_gib"] is None  # no CUDA
     assert "padding-free update" in done.stdout
     assert results["lean"]["max_logp_gap"] == 0.0 and results["lean"]["lean_s"] > 0  # bitwise on the CPU
     assert results["rl_step"]["global_step_s"] > 0 and results["rl_step"]["rows"] == 8
