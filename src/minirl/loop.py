@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import json
 import math
 import os
@@ -521,20 +522,20 @@ def step_rollout(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sam
     ahead = run.ahead
     sampled = ahead.take(step) if ahead is not None else None
     if sampled is None:  # in line: a synchronous run, or the first step of an asynchronous one
-        sampled = rollout_and_score(run, step, record_routes, clock)
-        lag = None if ahead is None else 0
-        sampled = dataclasses.replace(sampled, part_weights=getattr(run.rewards, "part_weights", None),
-                                      policy_lag_steps=lag)
-    if ahead is not None and step < run.cfg.optim.global_steps:
-        def sample_ahead() -> Sampled:  # on the engine's weights before this step's update: one step stale
-            own = _Clock()
-            following = rollout_and_score(run, step + 1, record_routes, own)
-            return dataclasses.replace(following, part_weights=getattr(run.rewards, "part_weights", None),
-                                       times=dict(own.laps), policy_lag_steps=1)
-        ahead.start(step + 1, sample_ahead)
+        sampled = sampled_with_weights(run, step, record_routes, clock, lag=None if ahead is None else 0)
+    if ahead is not None and step < run.cfg.optim.global_steps:  # on the weights before this step's update
+        ahead.start(step + 1, functools.partial(sampled_with_weights, run, step + 1, record_routes, _Clock(), lag=1))
     if sampled.policy_lag_steps is not None:
         sampled.reward_stats["rollout/policy_lag_steps"] = float(sampled.policy_lag_steps)
     return sampled
+
+
+def sampled_with_weights(run: Run, step: int, record_routes: bool, clock: _Clock, *, lag: int | None) -> Sampled:
+    """``rollout_and_score`` with the reward functions' weights (GDPO's) and ``lag``; one sampled beside the last
+    update (``lag`` 1) keeps its own timings, read off its own ``clock``."""
+    sampled = rollout_and_score(run, step, record_routes, clock)
+    return dataclasses.replace(sampled, part_weights=getattr(run.rewards, "part_weights", None), policy_lag_steps=lag,
+                               times=dict(clock.laps) if lag else None)
 
 
 def sync_weights(run: Run, clock: _Clock) -> None:

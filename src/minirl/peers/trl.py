@@ -177,8 +177,7 @@ def _trl_async(peer: Peer, out: Translation) -> None:
     ``max_staleness`` weight updates old and drops older ones; minirl's batches are all exactly one step old)."""
     if not any(key in peer.given for key in ASYNC_GRPO_KEYS):
         return
-    staleness, every = peer.given.get("max_staleness", 4), peer.given.get("weight_sync_steps", 1)
-    peer("max_staleness"), peer("weight_sync_steps")
+    staleness, every = peer("max_staleness") or 4, peer("weight_sync_steps") or 1  # unset: TRL's defaults
     budget = peer("token_budget")  # its token-budgeted micro-batches (<= 0: fixed rows; unset: the server's context)
     if isinstance(budget, int) and budget > 0:
         out.set("optim.micro_batch_max_tokens", budget, peer.show("token_budget"))
