@@ -368,8 +368,14 @@ class LossConfig(Section):
     adv_std_scope: Literal["group", "batch"] = "group"
     """Whose std adv_std_normalize divides by: each group's (GRPO), or all the step's rewards' (TRL's
     ``scale_rewards="batch"``)."""
-    adv_baseline: Literal["group_mean", "leave_one_out"] = "group_mean"
-    """The group mean (the paper's), or the mean of the other G - 1 rewards (RLOO; verl's ``adv_estimator=rloo``)."""
+    adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k"] = "group_mean"
+    """What each reward is less: the group mean (the paper's); the mean of the other G - 1 rewards (RLOO; verl's
+    ``adv_estimator=rloo``); the group's mean weighted by response length (OPO, arXiv 2505.23585; verl's ``opo``);
+    nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); or ``pass_at_k``: only each group's best
+    response keeps an advantage, its lead over the second best (arXiv 2503.19595; verl's ``grpo_passk``)."""
+    adv_nonzero_rescale: bool = False
+    """Then multiply the advantages by the step's responses over those with a non-zero reward (GPG's alpha, arXiv
+    2504.02546; verl's ``adv_estimator=gpg``). Off: the paper's."""
     adv_whiten: bool = False
     """Then whiten the advantages over the step's tokens (token-weighted mean and std: REINFORCE++-baseline, verl's
     ``adv_estimator=reinforce_plus_plus_baseline``). Off: the paper's."""
@@ -456,9 +462,10 @@ class LossConfig(Section):
         if self.top_entropy_quantile < 1 and getattr(self, "name", None) == "gspo":
             raise ValueError("top_entropy_quantile < 1: gspo weighs whole responses, it has no per-token terms to keep")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
-                self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten):
+                self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten
+                or self.adv_nonzero_rescale):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
-                             "adv_baseline, adv_std_scope and adv_whiten at their defaults")
+                             "adv_baseline, adv_std_scope, adv_whiten and adv_nonzero_rescale at their defaults")
         return self
 
     whole_groups: ClassVar[bool] = False
@@ -468,6 +475,7 @@ class LossConfig(Section):
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
+                                        "adv_nonzero_rescale",
                                         "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",

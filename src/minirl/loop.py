@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.advantages import token_whiten
+from minirl.algo.variants.baselines import token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards
@@ -367,8 +367,9 @@ def last_good_phrase(last_good: Path | None) -> str:
 
 
 def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None) -> torch.Tensor:
-    """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``), or GDPO's from
-    each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s whitening after it."""
+    """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``: the response lengths
+    for OPO's), or GDPO's from each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s
+    whitening after it."""
     a, rewards_PG = cfg.algo, sampled.rewards.view(len(sampled.prompts), -1)
     if a.multi_objective_aggregation == "normalize_then_sum":
         if sampled.reward_parts is None or part_weights is None:
@@ -376,10 +377,12 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
                               "these rollouts have only their sum (a --rollouts-from dump written before they were kept?)")
         parts = sampled.reward_parts.view(*rewards_PG.shape, -1)
         return decoupled_advantages(parts, part_weights).reshape(-1)
+    lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
-                                  std_scope=a.adv_std_scope).reshape(-1)
-    if a.adv_whiten:  # REINFORCE++-baseline: over the step's tokens
-        advantages = token_whiten(advantages, torch.tensor([len(c.completion_ids) for c in sampled.completions]))
+                                  std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),
+                                  nonzero_rescale=a.adv_nonzero_rescale).reshape(-1)
+    if a.adv_whiten:  # REINFORCE++(-baseline): over the step's tokens
+        advantages = token_whiten(advantages, lengths)
     return advantages
 
 

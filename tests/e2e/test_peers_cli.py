@@ -255,3 +255,33 @@ def test_a_verl_run_without_a_reward_function_scores_with_verls_default(tmp_path
     # gsm8k's scorer gives 0 to a response without "#### 7", DAPO's -1: a tiny random model's rewards lie in [-1, 0]
     assert len(steps) == 2 and all(-1.0 <= m["train/reward_mean"] <= 0.0 for m in steps)
     assert any(m["train/reward_mean"] < 0 for m in steps) and any("reward/default_compute_score/acc" in m for m in steps)
+
+
+def test_verls_gpg_and_reinforce_plus_plus_scripts_translate_and_train(tmp_path: Path):
+    """verl's GPG recipe (``adv_estimator=gpg`` with ``loss_mode=gpg``, one update per batch) and REINFORCE++
+    (``adv_estimator=reinforce_plus_plus``): each translated with its loss and trained from the CLI."""
+    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
+             "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "reward.py").write_text(VERL_REWARD)
+    script = SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path)
+    (tmp_path / "run.sh").write_text(script.replace("ppo_mini_batch_size=1", "ppo_mini_batch_size=2"))
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    for name, extra in (("gpg", ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"]),
+                        ("rpp", ["algorithm.adv_estimator=reinforce_plus_plus"])):
+        proc = _minirl("config", "from-verl", "run.sh", *extra, f"trainer.default_local_dir={tmp_path}/{name}",
+                       "-o", f"{name}.yaml", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "# Objective: your verl loss as minirl's algo.name=minirl" in (tmp_path / f"{name}.yaml").read_text()
+        algo = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())["algo"]
+        if name == "gpg":
+            assert (algo["adv_nonzero_rescale"], algo["clip"], algo["aggregation"]) == (True, False, "token_mean")
+        else:
+            assert (algo["adv_baseline"], algo["adv_whiten"], algo["clip"]) == ("none", True, True)
+        train = _minirl("train", f"{name}.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
+        assert train.returncode == 0, train.stderr[-3000:]
+        metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        steps = [m for m in metrics if "policy/loss" in m]
+        assert len(steps) == 2 and all(m["policy/loss"] == m["policy/loss"] for m in steps)  # finite, not NaN
+        if name == "gpg":
+            assert all(m["policy/clip_frac"] == 0.0 for m in steps)

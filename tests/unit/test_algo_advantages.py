@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.advantages import token_whiten
+from minirl.algo.variants.baselines import token_whiten
 
 F64 = torch.float64
 
@@ -61,7 +61,7 @@ def test_leave_one_out_baseline_is_the_mean_of_the_other_rewards() -> None:
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]], dtype=torch.float64)
     expected = torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [3 - 5 / 3, 1 - 7 / 3, 0.0, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(group_advantages(r, baseline="leave_one_out"), expected, atol=1e-12, rtol=0)
-    with pytest.raises(ValueError, match="leave-one-out"):
+    with pytest.raises(ValueError, match="leave_one_out baseline needs G >= 2"):
         group_advantages(torch.tensor([[3.0], [1.0]]), baseline="leave_one_out")
 
 
@@ -72,6 +72,77 @@ def test_batch_scope_divides_by_the_std_of_every_reward_of_the_step() -> None:
     expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [1.0, -1.0, 0.0, 0.0]], dtype=torch.float64) / (std + 1e-6)
     torch.testing.assert_close(group_advantages(r, std_normalize=True, std_scope="batch"), expected, atol=1e-12, rtol=0)
     assert torch.equal(group_advantages(r, std_scope="batch"), group_advantages(r))  # no std: nothing to scope
+
+
+def test_length_weighted_baseline_by_hand() -> None:
+    # OPO: rewards [1, 0, 0, 1] over 2, 4, 1 and 3 tokens: baseline (2 + 3) / 10 = 0.5 -> [0.5, -0.5, -0.5, 0.5];
+    # rewards [1, 1, 0, 0] over 1, 1, 6 and 2 tokens: baseline 2 / 10 = 0.2 -> [0.8, 0.8, -0.2, -0.2];
+    # a group whose responses are all empty falls back to the plain mean
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0], [2.0, 0.0, 1.0, 1.0]], dtype=F64)
+    lengths = torch.tensor([[2, 4, 1, 3], [1, 1, 6, 2], [0, 0, 0, 0]])
+    expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.8, 0.8, -0.2, -0.2], [1.0, -1.0, 0.0, 0.0]], dtype=F64)
+    out = group_advantages(r, baseline="length_weighted", lengths_PG=lengths)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="lengths_PG of the rewards' shape"):
+        group_advantages(r, baseline="length_weighted")
+    with pytest.raises(ValueError, match="lengths_PG of the rewards' shape"):
+        group_advantages(r, baseline="length_weighted", lengths_PG=lengths[:2])
+
+
+def test_pass_at_k_gives_only_the_best_its_lead_over_the_second_best() -> None:
+    # [0.2, 0.9, 0.5, 0.1]: only 0.9, by 0.9 - 0.5 = 0.4; a tie at the top: 0 for all
+    r = torch.tensor([[0.2, 0.9, 0.5, 0.1], [1.0, 0.0, 1.0, 0.0]], dtype=F64)
+    expected = torch.tensor([[0.0, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(group_advantages(r, baseline="pass_at_k"), expected, atol=1e-12, rtol=0)
+    # with the std: 0.4 / (unbiased std of the group + 1e-6); mean 0.425, squared deviations sum 0.3875
+    std = math.sqrt(0.3875 / 3)
+    out = group_advantages(r, std_normalize=True, baseline="pass_at_k")
+    torch.testing.assert_close(out[0], torch.tensor([0.0, 0.4 / (std + 1e-6), 0.0, 0.0], dtype=F64), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="pass_at_k baseline needs G >= 2"):
+        group_advantages(torch.tensor([[3.0], [1.0]]), baseline="pass_at_k")
+
+
+def test_no_baseline_and_gpgs_rescaling_by_hand() -> None:
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]], dtype=F64)
+    assert torch.equal(group_advantages(r, baseline="none"), r)
+    # GPG: 3 non-zero rewards among 8 -> alpha 8/3 times the group-centred reward
+    expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [-0.25, -0.25, -0.25, 0.75]], dtype=F64) * (8 / 3)
+    torch.testing.assert_close(group_advantages(r, nonzero_rescale=True), expected, atol=1e-12, rtol=0)
+    assert torch.equal(group_advantages(torch.zeros(2, 2), nonzero_rescale=True), torch.zeros(2, 2))  # alpha 4/1
+    with pytest.raises(ValueError, match="baseline='median'"):
+        group_advantages(r, baseline="median")
+
+
+def test_verls_opo_passk_gpg_and_reinforce_plus_plus_as_verl_writes_them() -> None:
+    """verl 0.9.1's ``compute_opo_outcome_advantage``, ``compute_grpo_passk_outcome_advantage``,
+    ``compute_gpg_outcome_advantage`` and ``compute_reinforce_plus_plus_outcome_advantage`` (gamma 1), their loops
+    written out on 3 groups of 4 with an outcome reward on each response's last token."""
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.randint(0, 3, (3, 4), generator=g).double() / 2
+    rewards[2] = torch.tensor([0.0, 1.0, 0.5, 0.25], dtype=F64)  # a group with a strict best
+    lengths = torch.randint(1, 7, (3, 4), generator=g)
+    scores, n = rewards.reshape(-1), lengths.reshape(-1).double()
+    opo, passk, gpg = torch.zeros(12, dtype=F64), torch.zeros(12, dtype=F64), torch.zeros(12, dtype=F64)
+    alpha = 12 / max(int(torch.count_nonzero(scores)), 1)
+    for k in range(3):
+        rows = slice(4 * k, 4 * k + 4)
+        opo[rows] = scores[rows] - (n[rows] * scores[rows]).sum() / n[rows].sum()
+        top, top_idx = torch.topk(scores[rows], 2)
+        passk[4 * k + int(top_idx[0])] = (top[0] - top[1]) / (torch.std(scores[rows]) + 1e-6)
+        gpg[rows] = alpha * (scores[rows] - scores[rows].mean())
+    ours = {"opo": group_advantages(rewards, baseline="length_weighted", lengths_PG=lengths),
+            "passk": group_advantages(rewards, std_normalize=True, baseline="pass_at_k"),
+            "gpg": group_advantages(rewards, nonzero_rescale=True)}
+    for name, verl in (("opo", opo), ("passk", passk), ("gpg", gpg)):
+        torch.testing.assert_close(ours[name].reshape(-1), verl, atol=1e-12, rtol=0, msg=name)
+    # REINFORCE++ (gamma 1): each valid token's return is the response's reward; masked_whiten over the batch's tokens
+    mask = (torch.arange(6)[None, :] < n[:, None]).double()
+    returns = scores[:, None] * mask
+    mean = (returns * mask).sum() / (mask.sum() + 1e-8)
+    var = (((returns - mean) ** 2) * mask).sum() / (mask.sum() + 1e-8) * (mask.sum() / (mask.sum() - 1))
+    verl = ((returns - mean) * torch.rsqrt(var + 1e-8) * mask)[:, 0]
+    ours_rpp = token_whiten(group_advantages(rewards, baseline="none").reshape(-1), lengths.reshape(-1))
+    torch.testing.assert_close(ours_rpp, verl, atol=1e-12, rtol=0)
 
 
 def test_token_whiten_weighs_each_response_by_its_tokens() -> None:
@@ -125,3 +196,26 @@ def test_decoupled_advantages_by_hand():
     torch.testing.assert_close(one, (z - z.mean()) / z.std(), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match=r"parts_PGK must be \[P, G, K\]"):
         decoupled_advantages(parts, torch.tensor([1.0]))
+
+
+def test_the_loop_hands_each_completions_length_to_its_reward() -> None:
+    """``minirl.loop.step_advantages`` under OPO's baseline: completions are group-major, so completion i's length
+    weighs reward i (a transposed [G, P] view would pair them wrongly); then REINFORCE++'s whitening by the same
+    lengths, and GPG's rescaling."""
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.loop import step_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    lengths = [2, 4, 1, 3, 1, 1, 6, 2]  # the by-hand groups of test_length_weighted_baseline_by_hand
+    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None,
+                              completions=[SimpleNamespace(completion_ids=[7] * n) for n in lengths])
+    cfg = load_config(None, ["algo.adv_baseline=length_weighted"])
+    out = step_advantages(cfg, sampled, None)
+    torch.testing.assert_close(out, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.8, 0.8, -0.2, -0.2]), atol=1e-6, rtol=0)
+    cfg = load_config(None, ["algo.adv_baseline=none", "algo.adv_whiten=true"])
+    torch.testing.assert_close(step_advantages(cfg, sampled, None), token_whiten(rewards, torch.tensor(lengths)))
+    cfg = load_config(None, ["algo.adv_nonzero_rescale=true"])
+    torch.testing.assert_close(step_advantages(cfg, sampled, None),
+                               group_advantages(rewards.view(2, 4)).reshape(-1) * 2)  # 8 responses, 4 non-zero

@@ -18,14 +18,15 @@ ALLOWED = {"minirl.algo", "minirl.loss_inputs", "minirl.tensors"}
 def test_algo_fits_its_line_budget():
     """``algo/`` is the paper's MiniRL and the objectives it compares with (GRPO, CISPO, GSPO), their advantages and
     log-probs, with the options TRL and verl put on those same losses (masked / sequence-level IS bounds, OPSM, the
-    dual clip, RLOO's baseline, REINFORCE++'s whitening): 640 lines. 600 when the budget was set (the math alone,
-    599); it grew to 870 before what is not the paper's moved to ``algo/variants/`` (SAPO, the entropy bonus and
-    token selection, verl's rejection, the KL penalty, GDPO): 280 lines there, 400 since verl's KL in the reward and
-    VESPO joined them (one peer's variant a file, ~40-80 lines each). A new variant goes to ``variants/``."""
+    dual clip): 640 lines. 600 when the budget was set (the math alone, 599); it grew to 870 before what is not the
+    paper's moved to ``algo/variants/`` (SAPO, the entropy bonus and token selection, verl's rejection, the KL
+    penalty, GDPO): 280 lines there, 400 since verl's KL in the reward and VESPO joined them, 460 since verl's other
+    advantage baselines did (RLOO, OPO, REINFORCE++, Pass@k, with the token whitening: one peer's variant a file,
+    ~40-80 lines each). A new variant goes to ``variants/``."""
     paper = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
     variants = sum(len(p.read_text().splitlines()) for p in (ALGO / "variants").glob("*.py"))
     assert paper <= 640, f"minirl/algo/ has {paper} lines (budget 640): put what is not the paper's math in algo/variants/"
-    assert variants <= 400, f"minirl/algo/variants/ has {variants} lines (budget 400)"
+    assert variants <= 460, f"minirl/algo/variants/ has {variants} lines (budget 460)"
 
 
 def test_algo_imports_only_the_math_helpers():

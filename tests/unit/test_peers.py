@@ -1344,3 +1344,75 @@ def test_verl_epochs_become_global_steps_when_the_data_is_here(tmp_path: Path):
     assert both.values["optim.global_steps"] == 3 * (16 // 4)
     task = build_task_from_config(both.config().task)
     assert [p.text for p in task.train_prompts()] == ["p"] * 10 + ["q"] * 6
+
+
+def test_verls_outcome_estimators_are_minirls_advantages():
+    """verl's opo, grpo_passk, gpg, reinforce_plus_plus and the vectorized grpo / rloo as algo.adv_* (their values
+    against verl's code: tests/unit/test_algo_advantages.py); what minirl has no form of stays a named blocker."""
+    def advantage(estimator, **given):
+        return from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.rollout.n": 4, **given})
+
+    v = advantage("opo").values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("length_weighted", False)
+    v = advantage("grpo_passk").values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("pass_at_k", True)
+    assert advantage("grpo_passk", **{"algorithm.norm_adv_by_std_in_grpo": False}).values["algo.adv_std_normalize"] is False
+    v = advantage("gpg").values
+    assert (v["algo.adv_nonzero_rescale"], v["algo.adv_std_normalize"]) == (True, False) and "algo.adv_baseline" not in v
+    out = advantage("reinforce_plus_plus")
+    assert (out.values["algo.adv_baseline"], out.values["algo.adv_whiten"], out.values["algo.adv_std_normalize"]) == (
+        "none", True, False)
+    assert out.objective.startswith("your verl loss") and not any("KL of that token" in line for line in out.differs)
+    assert advantage("grpo_vectorized").values == advantage("grpo").values
+    assert advantage("rloo_vectorized").values == advantage("rloo").values
+    # a discounted return per token, and a per-token KL in the reward, are not one number per response
+    out = advantage("reinforce_plus_plus", **{"algorithm.gamma": 0.99})
+    assert any("algorithm.gamma=0.99" in line and "discounted" in line for line in out.not_translated)
+    out = advantage("reinforce_plus_plus", **{"algorithm.use_kl_in_reward": True})
+    assert any("KL of that token and those after it" in line for line in out.differs)
+    for estimator, need in (("gae", "a learned critic"), ("remax", "a greedy rollout"), ("gdpo", "compute_score's dict"),
+                            ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
+        out = advantage(estimator)
+        assert any(f"algorithm.adv_estimator={estimator!r}" in line and need in line for line in out.not_translated)
+        assert not out.objective.startswith("your verl loss")
+
+
+def _verl_gpg_gradient(x: LossInputs, is_weights: torch.Tensor | None) -> torch.Tensor:
+    """verl 0.9.1's ``compute_policy_loss_gpg`` with ``agg_loss(token-mean)``, written as verl does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    pg_losses = -logp * x.advantages[:, None]
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights
+    mask = x.mask.to(logp.dtype)
+    (grad,) = torch.autograd.grad((pg_losses * mask).sum() / mask.sum(), logp)
+    return grad
+
+
+@pytest.mark.parametrize("rollout_is", [None, "token"])
+def test_verl_gpg_loss_gradient_is_verls_at_the_update_after_sampling(rollout_is):
+    """verl's ``policy_loss.loss_mode: gpg``: -A log pi_theta, no clip, token-mean, times the bounded pi_old/mu_old with
+    ``rollout_is``. minirl's unclipped Eq. (7) has the same gradient where pi_theta = pi_old (one update per batch);
+    with several, the translation says that minirl's keeps the pi_theta/pi_old weight verl's drops."""
+    given = {"algorithm.adv_estimator": "gpg", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
+             "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg"}
+    if rollout_is:
+        given |= {"algorithm.rollout_correction.rollout_is": rollout_is,
+                  "algorithm.rollout_correction.rollout_is_threshold": 1.6}
+    out = from_verl(given)
+    v = out.values
+    assert out.objective.startswith("your verl loss") and not any("updates per batch" in line for line in out.differs)
+    assert (v["algo.name"], v["algo.clip"], v["algo.aggregation"], v["algo.is_correction"]) == (
+        "minirl", False, "token_mean", rollout_is is not None)
+    if rollout_is:  # the bound on pi_old/mu_old, as verl's weight (at pi_theta = pi_old "full" would agree too)
+        assert v["algo.tis_placement"] == "train_infer"
+    x = _batch()
+    x = LossInputs(x.logp, x.logp.detach(), x.logp_rollout, x.advantages, x.mask, x.group_ids)  # pi_old = pi_theta
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _verl_gpg_gradient(x, _verl_is_weights(x, rollout_is, 1.6) if rollout_is else None)
+    if rollout_is:
+        assert not torch.allclose(theirs, _verl_gpg_gradient(x, None))  # the weights act
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    several = from_verl(given | {"actor_rollout_ref.actor.ppo_epochs": 2})
+    assert any("2 updates per batch" in line and "pi_theta/pi_old" in line for line in several.differs)
+    assert any("loss_mode='gpg'" in line for line in from_verl(given | {
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean-x"}).not_translated)

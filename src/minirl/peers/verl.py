@@ -53,7 +53,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-    "algorithm.adv_estimator": "gae", "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False,
+    "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.use_kl_in_reward": False,
     "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.horizon": 10000, "algorithm.kl_ctrl.target_kl": 0.1,
     "algorithm.rollout_correction.rollout_is": None, "algorithm.rollout_correction.rollout_is_threshold": "2.0",  # a number or "lower_upper"
@@ -460,6 +461,9 @@ def _verl_loss(peer: Peer, obj: Objective, n: int, mode: str, rollout_is: str | 
     """The policy loss of ``policy_loss.loss_mode`` ``mode`` with ``loss_agg_mode``, its dual clip and its IS weights
     (``rollout_is``: None, token or sequence, of pi_old / mu_old)."""
     agg = peer(A + "loss_agg_mode")
+    if mode == "gpg":
+        _verl_gpg_loss(peer, obj, n, agg, rollout_is)
+        return
     name = _verl_loss_name(peer, obj, mode, agg)
     if name is None:
         return
@@ -477,6 +481,34 @@ def _verl_loss(peer: Peer, obj: Objective, n: int, mode: str, rollout_is: str | 
             _verl_is_bounds(peer, obj, rollout_is)
         if name == "minirl":
             obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old: verl's weight")
+
+
+VERL_AGGREGATION = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_sum", "seq-mean-token-mean": "seq_mean",
+                    "token-sum": "seq_sum", "seq-mean-token-sum-norm": "seq_sum"}
+"""verl's ``loss_agg_mode`` as MiniRL's aggregation (with ``_verl_normalizer``'s constants)."""
+
+
+def _verl_gpg_loss(peer: Peer, obj: Objective, n: int, agg: str, rollout_is: str | None) -> None:
+    """verl's ``policy_loss.loss_mode: gpg`` (``compute_policy_loss_gpg``, GPG arXiv 2504.02546): -A log pi_theta with
+    no clip, times the bounded pi_old/mu_old under ``rollout_is``: MiniRL's Eq. (7) unclipped, whose pi_theta/pi_old
+    factor is 1 at the update that follows the sampling and is not in verl's after it."""
+    mode, aggregation = peer.show(A + "policy_loss.loss_mode"), VERL_AGGREGATION.get(agg)
+    if aggregation is None or rollout_is not in (None, "token", "sequence"):
+        obj.blockers.append(peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode",
+                                      "algorithm.rollout_correction.rollout_is"))
+        return
+    obj.set("name", "minirl", mode + ": -A log pi_theta, MiniRL's Eq. (7) unclipped")
+    obj.set("clip", False, mode + " (no clipping)")
+    obj.set("aggregation", aggregation, peer.show(A + "loss_agg_mode"))
+    _verl_normalizer(peer, obj, n, agg)
+    obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
+    if rollout_is is not None:
+        _verl_is_bounds(peer, obj, rollout_is)
+        obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old")
+    updates = n * int(peer(A + "ppo_epochs"))
+    if updates > 1:
+        obj.differs.append(f"{mode} with {updates} updates per batch: verl's GPG gradient -A grad log pi_theta has no "
+                           "pi_theta/pi_old weight; minirl's weighs each token by it (1 at the first update)")
 
 
 def _verl_normalizer(peer: Peer, obj: Objective, n: int, agg: str) -> None:
@@ -509,8 +541,7 @@ def _verl_bypass(peer: Peer, obj: Objective, n: int) -> None:
         _verl_loss(peer, obj, n, "vanilla", None)
         return
     agg = peer(A + "loss_agg_mode")
-    aggregation = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_sum", "seq-mean-token-mean": "seq_mean",
-                   "token-sum": "seq_sum", "seq-mean-token-sum-norm": "seq_sum"}.get(agg)
+    aggregation = VERL_AGGREGATION.get(agg)
     if loss_type != "reinforce" or rollout_is not in ("token", "sequence") or aggregation is None:
         obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.loss_type", "algorithm.rollout_correction.rollout_is",
                                       A + "loss_agg_mode"))  # REINFORCE without a weight: minirl's is pi_theta/mu_old
@@ -564,21 +595,57 @@ def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | No
     return name
 
 
+VERL_NO_ADVANTAGE = {"gae": "a learned critic (minirl is critic-free, as the paper)",
+                     "remax": "a greedy rollout per prompt as the baseline",
+                     "gdpo": "the reward keys of compute_score's dict (minirl's GDPO splits task.reward_functions: "
+                             "algo.multi_objective_aggregation=normalize_then_sum)",
+                     "optimal_token_baseline": "a per-token baseline", "tir_optimal_token_baseline": "a per-token baseline"}
+"""verl's estimators minirl has no form of, and what each would need."""
+
+
 def _verl_advantage(peer: Peer, obj: Objective) -> None:
-    """verl's outcome advantage estimators minirl has: grpo, rloo, reinforce_plus_plus_baseline."""
-    estimator, key = peer("algorithm.adv_estimator"), "algorithm.adv_estimator"
-    if estimator not in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
-        obj.blockers.append(peer.show(key) + " (minirl's advantage is a group baseline: grpo, rloo, "
-                            "reinforce_plus_plus_baseline)")
-    elif estimator == "grpo":
+    """verl's outcome advantage estimators (``core_algos``) as minirl's ``algo.adv_*``: grpo, rloo, opo, grpo_passk,
+    gpg, reinforce_plus_plus(_baseline) and the two vectorized forms; the others are blockers (``VERL_NO_ADVANTAGE``)."""
+    key = "algorithm.adv_estimator"
+    estimator = str(peer(key)).removesuffix("_vectorized")
+    if estimator in ("grpo", "grpo_passk"):
         obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
                 peer.show("algorithm.norm_adv_by_std_in_grpo"))
-    else:  # verl's RLOO and REINFORCE++-baseline never divide by the group's std
-        obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
-        if estimator == "rloo":
-            obj.set("adv_baseline", "leave_one_out", peer.show(key))
-        else:
-            obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
+        if estimator == "grpo_passk":
+            obj.set("adv_baseline", "pass_at_k", peer.show(key) + ": only each group's best, its lead over the second")
+        return
+    if estimator not in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "opo", "gpg"):
+        need = VERL_NO_ADVANTAGE.get(estimator, "an estimator minirl does not know")
+        obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: grpo, rloo, opo, grpo_passk, gpg, "
+                            "reinforce_plus_plus, reinforce_plus_plus_baseline)")
+        return
+    obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
+    if estimator == "rloo":
+        obj.set("adv_baseline", "leave_one_out", peer.show(key))
+    elif estimator == "opo":
+        obj.set("adv_baseline", "length_weighted", peer.show(key) + ": the group's length-weighted mean reward")
+    elif estimator == "gpg":
+        obj.set("adv_nonzero_rescale", True, peer.show(key) + ": the group mean, x responses / non-zero rewards")
+    elif estimator == "reinforce_plus_plus_baseline":
+        obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
+    else:
+        _verl_reinforce_plus_plus(peer, obj)
+
+
+def _verl_reinforce_plus_plus(peer: Peer, obj: Objective) -> None:
+    """REINFORCE++ (no baseline): each token's discounted return, whitened over the batch's tokens; with an outcome
+    reward and gamma = 1 the return is the response's reward at every token (minirl's ``none`` + ``adv_whiten``)."""
+    key = "algorithm.adv_estimator"
+    if float(peer("algorithm.gamma")) != 1.0:
+        obj.blockers.append(peer.show(key, "algorithm.gamma") + " (a return discounted per token; minirl's "
+                            "advantage is one per response)")
+        return
+    obj.set("adv_baseline", "none", peer.show(key) + ": no baseline")
+    obj.set("adv_whiten", True, peer.show(key) + ": the reward, whitened over tokens")
+    if peer("algorithm.use_kl_in_reward"):
+        obj.differs.append(f"{peer.show(key, 'algorithm.use_kl_in_reward')}: verl's return at a token subtracts the "
+                           "KL of that token and those after it; minirl subtracts each response's summed KL at all "
+                           "its tokens")
 
 
 def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:
