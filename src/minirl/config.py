@@ -513,6 +513,10 @@ class MiniRLConfig(LossConfig):
     tis_level: TisLevel = "token"
     opsm_threshold: OpsmThreshold = None
     dual_clip: DualClip = None
+    staleness_weight: bool = True
+    """Weigh each token by pi_theta/pi_old (times pi_old/mu_old: Eq. 7's pi_theta/mu_old). false: by the bounded
+    pi_old/mu_old alone (1 without is_correction): REINFORCE on stale samples with no correction for the updates since
+    they were drawn (GPG's loss, verl's bypass REINFORCE without IS weights). Not in the paper; on-policy the same."""
     _tis_bounds = model_validator(mode="after")(_check_tis_bounds)
     aggregation: Literal["seq_sum", "seq_mean", "token_mean"] = "seq_sum"
     """seq_sum = MiniRL (no length normalisation); seq_mean = '+ length normalisation' arm."""

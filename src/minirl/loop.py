@@ -294,8 +294,12 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
 
 def uncorrected_lag(cfg: Config) -> str | None:
     """One line when ``rollout.async_steps`` makes every batch a step stale and the objective has nothing that sees
-    it: no mu_old factor (``algo.is_correction``) and pi_old from the trainer (the clip bounds pi_theta/pi_old only)."""
-    if not cfg.rollout.async_steps or cfg.algo.logp_old_source == "rollout" or getattr(cfg.algo, "is_correction", False):
+    it: no mu_old factor (``algo.is_correction``), and pi_old from the trainer (the clip and the weight see
+    pi_theta/pi_old only) or from the rollout with neither a clip nor a pi_theta/pi_old weight on it."""
+    a = cfg.algo
+    if not cfg.rollout.async_steps or getattr(a, "is_correction", False):
+        return None
+    if a.logp_old_source == "rollout" and (getattr(a, "clip", True) or getattr(a, "staleness_weight", True)):
         return None
     fixes = ["algo.is_correction=true"] if hasattr(cfg.algo, "is_correction") else []
     fixes.append("algo.logp_old_source=rollout (the clip then bounds pi_theta/mu_old)")

@@ -275,7 +275,7 @@ def test_verls_gpg_and_reinforce_plus_plus_scripts_translate_and_train(tmp_path:
         assert "# Objective: your verl loss as minirl's algo.name=minirl" in (tmp_path / f"{name}.yaml").read_text()
         algo = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())["algo"]
         if name == "gpg":
-            assert (algo["adv_nonzero_rescale"], algo["clip"], algo["aggregation"]) == (True, False, "token_mean")
+            assert (algo["adv_nonzero_rescale"], algo["clip"], algo["staleness_weight"]) == (True, False, False)
         else:
             assert (algo["adv_baseline"], algo["adv_whiten"], algo["clip"]) == ("none", True, True)
         train = _minirl("train", f"{name}.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)

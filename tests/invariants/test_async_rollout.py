@@ -105,6 +105,11 @@ def test_a_lag_nothing_corrects_is_said_in_one_line():
 
     assert line() is None  # MiniRL's IS weight pi_theta/mu_old sees the lag
     assert line("algo.logp_old_source=rollout", "algo.is_correction=false") is None  # the clip sees it
+    # ... and the weight pi_theta/mu_old without the clip; but plain REINFORCE (neither) sees nothing
+    assert line("algo.logp_old_source=rollout", "algo.is_correction=false", "algo.clip=false") is None
+    assert "algo.is_correction=true" in line("algo.logp_old_source=rollout", "algo.is_correction=false", "algo.clip=false",
+                                             "algo.staleness_weight=false")
+    assert line("algo.staleness_weight=false") is None  # pi_old/mu_old still weighs each token
     assert line("algo.is_correction=false").endswith("set algo.is_correction=true or algo.logp_old_source=rollout "
                                                      "(the clip then bounds pi_theta/mu_old)")
     gspo = line("algo.name=gspo")  # no mu_old factor to turn on

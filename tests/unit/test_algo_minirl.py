@@ -100,6 +100,25 @@ def test_no_is_correction_uses_pi_old_in_place_of_mu() -> None:
     torch.testing.assert_close(grad2, grad, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("tis_placement", ["full", "train_infer"])
+def test_without_the_staleness_weight_w_is_the_bounded_train_infer_factor_alone(tis_placement: str) -> None:
+    # w = min(Q/Mu, 5), whatever the placement: row 0 [2, 1.25, 4.5], row 1 [5/6, 5/9]; same clip mask as default
+    # sum M w A logp = 2*2 ln0.5 + 4.5*2 ln0.54 + (5/9)*(-1) ln0.45
+    loss, grad, m = _run(staleness_weight=False, tis_placement=tis_placement)
+    assert loss == pytest.approx(-(4 * L(0.5) + 9 * L(0.54) - 5 / 9 * L(0.45)) / 2, abs=1e-9)
+    _close(grad, [[-2.0, 0.0, -4.5], [0.0, 5 / 18, 0.0]])
+    assert m["is_weight_mean"] == pytest.approx((2 + 1.25 + 4.5 + 5 / 6 + 5 / 9) / 5, abs=1e-9)
+    # the cap acts on Q/Mu: at 3, row 0's 4.5 becomes 3
+    loss, grad, m = _run(staleness_weight=False, tis_placement=tis_placement, tis_cap=3.0)
+    _close(grad, [[-2.0, 0.0, -3.0], [0.0, 5 / 18, 0.0]])
+    assert m["is_truncated_frac"] == pytest.approx(1 / 5, abs=1e-12)
+    # and without the train-infer factor either: plain REINFORCE, w = 1 -> grad = -M A / 2
+    loss, grad, m = _run(staleness_weight=False, is_correction=False, tis_placement=tis_placement)
+    assert loss == pytest.approx(-(2 * L(0.5) + 2 * L(0.54) - L(0.45)) / 2, abs=1e-9)
+    _close(grad, [[-1.0, 0.0, -1.0], [0.0, 0.5, 0.0]])
+    assert m["is_weight_mean"] == m["is_weight_max"] == 1.0
+
+
 def test_seq_mean_divides_each_response_by_its_length() -> None:
     # |y_0| = 3, |y_1| = 2; loss = -[(4 ln0.5 + 10 ln0.54)/3 + (-0.5 ln0.45)/2] / 2
     loss, grad, _ = _run(aggregation="seq_mean")

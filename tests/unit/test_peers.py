@@ -1227,10 +1227,23 @@ def test_verl_bypass_rejection_gradient_is_verls(loss_type, rollout_is):
 def test_verl_bypass_without_an_equivalent_is_named():
     for extra in ({"algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": 2,
                    "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"},
-                  {"algorithm.rollout_correction.loss_type": "reinforce"}):  # REINFORCE with no IS weight at all
+                  {"algorithm.rollout_correction.loss_type": "reinforce", "algorithm.rollout_correction.rollout_is": "geo"}):
         out = from_verl(BYPASS | extra)
         assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
         assert "bypass_mode=True" in out.objective
+
+
+def test_verl_bypass_reinforce_without_is_weights_is_plain_reinforce():
+    """verl's bypass ``loss_type: reinforce`` with no ``rollout_is``: -A log pi_theta on the rollout's samples, unweighted
+    (``compute_policy_loss_reinforce`` without weights): MiniRL unclipped with neither factor of its weight."""
+    out = from_verl(BYPASS | {"algorithm.rollout_correction.loss_type": "reinforce"})
+    v = out.values
+    assert out.objective.startswith("your verl loss") and v["algo.logp_old_source"] == "rollout"
+    assert (v["algo.clip"], v["algo.is_correction"], v["algo.staleness_weight"]) == (False, False, False)
+    x = _bypassed(_batch())
+    _, ours = _losses(x, out.config(), batch=8)
+    mask = x.mask.to(x.logp.dtype)
+    torch.testing.assert_close(ours, -x.advantages[:, None] * mask / mask.sum(), rtol=1e-12, atol=1e-12)
 
 
 def _verl_rejection_mask(x: LossInputs, option: str, threshold: float | str) -> torch.Tensor:
@@ -1389,10 +1402,9 @@ def _verl_gpg_gradient(x: LossInputs, is_weights: torch.Tensor | None) -> torch.
 
 
 @pytest.mark.parametrize("rollout_is", [None, "token"])
-def test_verl_gpg_loss_gradient_is_verls_at_the_update_after_sampling(rollout_is):
+def test_verl_gpg_loss_gradient_is_verls(rollout_is):
     """verl's ``policy_loss.loss_mode: gpg``: -A log pi_theta, no clip, token-mean, times the bounded pi_old/mu_old with
-    ``rollout_is``. minirl's unclipped Eq. (7) has the same gradient where pi_theta = pi_old (one update per batch);
-    with several, the translation says that minirl's keeps the pi_theta/pi_old weight verl's drops."""
+    ``rollout_is``: MiniRL unclipped without its pi_theta/pi_old factor, the same gradient at any update."""
     given = {"algorithm.adv_estimator": "gpg", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 2,
              "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg"}
     if rollout_is:
@@ -1400,19 +1412,14 @@ def test_verl_gpg_loss_gradient_is_verls_at_the_update_after_sampling(rollout_is
                   "algorithm.rollout_correction.rollout_is_threshold": 1.6}
     out = from_verl(given)
     v = out.values
-    assert out.objective.startswith("your verl loss") and not any("updates per batch" in line for line in out.differs)
-    assert (v["algo.name"], v["algo.clip"], v["algo.aggregation"], v["algo.is_correction"]) == (
-        "minirl", False, "token_mean", rollout_is is not None)
-    if rollout_is:  # the bound on pi_old/mu_old, as verl's weight (at pi_theta = pi_old "full" would agree too)
-        assert v["algo.tis_placement"] == "train_infer"
-    x = _batch()
-    x = LossInputs(x.logp, x.logp.detach(), x.logp_rollout, x.advantages, x.mask, x.group_ids)  # pi_old = pi_theta
+    assert out.objective.startswith("your verl loss") and out.objective.endswith("the same gradient")
+    assert (v["algo.name"], v["algo.clip"], v["algo.aggregation"], v["algo.is_correction"], v["algo.staleness_weight"]) == (
+        "minirl", False, "token_mean", rollout_is is not None, False)
+    x = _batch()  # pi_theta != pi_old: a later update of the same batch
     _, ours = _losses(x, out.config(), batch=8)
     theirs = _verl_gpg_gradient(x, _verl_is_weights(x, rollout_is, 1.6) if rollout_is else None)
     if rollout_is:
         assert not torch.allclose(theirs, _verl_gpg_gradient(x, None))  # the weights act
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-    several = from_verl(given | {"actor_rollout_ref.actor.ppo_epochs": 2})
-    assert any("2 updates per batch" in line and "pi_theta/pi_old" in line for line in several.differs)
     assert any("loss_mode='gpg'" in line for line in from_verl(given | {
         "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean-x"}).not_translated)

@@ -30,11 +30,7 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
     std_normalize=False: A = R - mean_G(R)                          ([P] §4.1, with Eq. (7))
     std_normalize=True:  A = (R - mean_G(R)) / (std_G(R) + 1e-6)    ([P] Appendix A, GRPO/CISPO;
                          std is unbiased, i.e. divides by G - 1)
-    In place of R - mean_G(R) (``baseline``, none of them in [P]):
-      "leave_one_out"    R - mean of the other G - 1 = G/(G - 1) (R - mean_G(R))                  (RLOO)
-      "length_weighted"  R - sum_G(L R) / sum_G(L), L = ``lengths_PG`` (the plain mean if sum_G(L) = 0)  (OPO)
-      "none"             R                                                                     (REINFORCE++)
-      "pass_at_k"        R - max of the others for a group's best response, 0 for the others   (Pass@k training)
+    ``baseline`` other than "group_mean": in place of R - mean_G(R), ``variants.baselines.less_baseline`` (not in [P])
     std_scope="batch": the std of all P x G rewards in place of each group's
     nonzero_rescale: then x P G / (number of non-zero rewards, at least 1)      (GPG's alpha; verl ``gpg``)
 

@@ -59,7 +59,7 @@ def minirl_loss(
     tis_cap: float = 5.0,
     tis_placement: str = "full",
     tis_floor: float = 0.0, tis_mode: str = "truncate", tis_level: str = "token",
-    opsm_threshold: float | None = None, dual_clip: float | None = None,
+    opsm_threshold: float | None = None, dual_clip: float | None = None, staleness_weight: bool = True,
     aggregation: str = "seq_sum",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -76,6 +76,9 @@ def minirl_loss(
 
     ``is_correction=False`` replaces ``logp_rollout`` by ``logp_old`` in w (drops the
     training–inference factor: the "w/o train-infer-IS" ablation of [P] §4.3; on-policy w = 1).
+    ``staleness_weight=False`` drops the other factor, pi_theta/pi_old: w = the bounded pi_old/mu_old alone (1 with
+    ``is_correction=False``), either placement: REINFORCE on stale samples with nothing for the updates since they
+    were drawn (GPG's loss, verl's bypass REINFORCE without IS weights; not in [P], whose Eq. (5) needs the factor).
     ``tis_mode="mask"`` zeroes a ratio outside [tis_floor, tis_cap] instead of truncating it, ``tis_level=
     "sequence"`` bounds the product of a response's ratios and weighs all its tokens by it (``bounded_is_weight``).
     ``opsm_threshold``: also M = 0 on every token of a response with A < 0 whose mean log(mu/pi_theta) exceeds it
@@ -114,10 +117,11 @@ def minirl_loss(
     opsm = None if opsm_threshold is None else opsm_keep(adv, lp, lp_mu, mask, opsm_threshold)
     keep = x.terms & ~clipped & (True if opsm is None else opsm)
 
-    log_is = lp - lp_mu if tis_placement == "full" else lp_old - lp_mu  # the ratio the bounds apply to
+    whole = tis_placement == "full" and staleness_weight  # the bounds on pi_theta/mu_old, else on pi_old/mu_old
+    log_is = lp - lp_mu if whole else lp_old - lp_mu
     is_factor, truncated = bounded_is_weight(log_is, mask, tis_cap=tis_cap, tis_floor=tis_floor, tis_mode=tis_mode,
                                              tis_level=tis_level)
-    weight = is_factor if tis_placement == "full" else is_factor * ratio_old  # "train_infer": x pi_theta/pi_old
+    weight = is_factor if whole or not staleness_weight else is_factor * ratio_old  # "train_infer": x pi_theta/pi_old
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     per_token = torch.where(keep, weight * adv * logp_m, zero)  # [B, T]

@@ -490,8 +490,8 @@ VERL_AGGREGATION = {"token-mean": "token_mean", "seq-mean-token-sum": "seq_sum",
 
 def _verl_gpg_loss(peer: Peer, obj: Objective, n: int, agg: str, rollout_is: str | None) -> None:
     """verl's ``policy_loss.loss_mode: gpg`` (``compute_policy_loss_gpg``, GPG arXiv 2504.02546): -A log pi_theta with
-    no clip, times the bounded pi_old/mu_old under ``rollout_is``: MiniRL's Eq. (7) unclipped, whose pi_theta/pi_old
-    factor is 1 at the update that follows the sampling and is not in verl's after it."""
+    no clip, times the bounded pi_old/mu_old under ``rollout_is``: MiniRL's Eq. (7) unclipped without its
+    pi_theta/pi_old factor (``staleness_weight: false``)."""
     mode, aggregation = peer.show(A + "policy_loss.loss_mode"), VERL_AGGREGATION.get(agg)
     if aggregation is None or rollout_is not in (None, "token", "sequence"):
         obj.blockers.append(peer.show(A + "policy_loss.loss_mode", A + "loss_agg_mode",
@@ -501,14 +501,10 @@ def _verl_gpg_loss(peer: Peer, obj: Objective, n: int, agg: str, rollout_is: str
     obj.set("clip", False, mode + " (no clipping)")
     obj.set("aggregation", aggregation, peer.show(A + "loss_agg_mode"))
     _verl_normalizer(peer, obj, n, agg)
+    obj.set("staleness_weight", False, mode + ": no pi_theta/pi_old in the weight")
     obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
     if rollout_is is not None:
         _verl_is_bounds(peer, obj, rollout_is)
-        obj.set("tis_placement", "train_infer", "w = min(pi_old/mu_old, cap) x pi_theta/pi_old")
-    updates = n * int(peer(A + "ppo_epochs"))
-    if updates > 1:
-        obj.differs.append(f"{mode} with {updates} updates per batch: verl's GPG gradient -A grad log pi_theta has no "
-                           "pi_theta/pi_old weight; minirl's weighs each token by it (1 at the first update)")
 
 
 def _verl_normalizer(peer: Peer, obj: Objective, n: int, agg: str) -> None:
@@ -542,16 +538,19 @@ def _verl_bypass(peer: Peer, obj: Objective, n: int) -> None:
         return
     agg = peer(A + "loss_agg_mode")
     aggregation = VERL_AGGREGATION.get(agg)
-    if loss_type != "reinforce" or rollout_is not in ("token", "sequence") or aggregation is None:
+    if loss_type != "reinforce" or rollout_is not in (None, "token", "sequence") or aggregation is None:
         obj.blockers.append(peer.show(BYPASS, "algorithm.rollout_correction.loss_type", "algorithm.rollout_correction.rollout_is",
-                                      A + "loss_agg_mode"))  # REINFORCE without a weight: minirl's is pi_theta/mu_old
+                                      A + "loss_agg_mode"))
         return
     origin = peer.show("algorithm.rollout_correction.loss_type")
-    obj.set("name", "minirl", origin + ": REINFORCE weighed by the bounded pi_theta/mu_old, MiniRL's Eq. (7) unclipped")
+    obj.set("name", "minirl", origin + ": REINFORCE, MiniRL's Eq. (7) unclipped")
     obj.set("clip", False, origin + " (no clipping)")
     obj.set("aggregation", aggregation, peer.show(A + "loss_agg_mode"))
     _verl_normalizer(peer, obj, n, agg)
-    obj.set("is_correction", True, peer.show("algorithm.rollout_correction.rollout_is"))
+    obj.set("is_correction", rollout_is is not None, peer.show("algorithm.rollout_correction.rollout_is"))
+    if rollout_is is None:  # verl's -A log pi_theta, unweighted
+        obj.set("staleness_weight", False, origin + " without rollout_is: w = 1")
+        return
     obj.set("tis_placement", "full", origin + ": w = bounded pi_theta/mu_old")
     _verl_is_bounds(peer, obj, rollout_is)
 

@@ -15,7 +15,14 @@ BASELINES = ("group_mean", "leave_one_out", "length_weighted", "none", "pass_at_
 
 
 def less_baseline(rewards: torch.Tensor, baseline: str, lengths_PG: torch.Tensor | None) -> torch.Tensor:
-    """Rewards [P, G] less ``baseline`` (one of ``BASELINES``; ``group_advantages`` documents each)."""
+    """Rewards [P, G] less ``baseline`` (``group_advantages``' step in place of R - mean_G(R)):
+
+      "group_mean"       R - mean_G(R)                                                         ([P] §4.1)
+      "leave_one_out"    R - mean of the other G - 1 = G/(G - 1) (R - mean_G(R))                  (RLOO)
+      "length_weighted"  R - sum_G(L R) / sum_G(L), L = ``lengths_PG`` (the plain mean if sum_G(L) = 0)  (OPO)
+      "none"             R                                                                     (REINFORCE++)
+      "pass_at_k"        R - max of the others for a group's best response, 0 for the others   (Pass@k training)
+    """
     group = rewards.shape[1]
     if baseline == "none":
         return rewards.clone()
