@@ -12,7 +12,7 @@
                            reward_funcs=[correct, "rewards:fmt"], reward_weights=[1.0, 0.2])
     summary.eval_before, summary.eval_after, summary.run_dir
 
-TRL's ``args=GRPOConfig(...)`` may stand in for the config (translated as ``minirl config from-trl`` does, the
+TRL's ``args=GRPOConfig(...)`` (or ``RLOOConfig``) may stand in for the config (translated as ``minirl config from-trl`` does, the
 settings it changed read against TRL's defaults, what differs printed). Everything else is the config, and the
 run is the CLI's: the same cold start, checkpoints, resume
 (``resume=True``) and run directory, whose ``config.yaml`` repeats it. In-memory datasets are saved once
@@ -150,7 +150,7 @@ def _from_trl_args(args: Any) -> Config:
     from minirl.peers import from_trl
 
     if not (dataclasses.is_dataclass(args) and hasattr(args, "to_dict")):
-        raise ConfigError(f"args: expected TRL's GRPOConfig, got {type(args).__name__}")
+        raise ConfigError(f"args: expected TRL's GRPOConfig or RLOOConfig, got {type(args).__name__}")
     settings = args.to_dict()
     declared = {}  # the dataclass's own defaults (a fresh GRPOConfig() may refuse to build on a CPU: bf16)
     for spec in dataclasses.fields(args):
@@ -159,7 +159,7 @@ def _from_trl_args(args: Any) -> Config:
         elif spec.default_factory is not dataclasses.MISSING:
             declared[spec.name] = spec.default_factory()
     given = {key: value for key, value in settings.items() if key not in declared or declared[key] != value}
-    translation = from_trl(given)
+    translation = from_trl(given, trainer="rloo" if type(args).__name__ == "RLOOConfig" else "grpo")
     for line in [f"objective: {translation.objective}", *translation.differs, *translation.not_translated]:
         print(f"minirl: TRL args: {line}", file=sys.stderr)
     return translation.config()

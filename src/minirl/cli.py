@@ -5,7 +5,8 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl train configs/demo.yaml optim.lr=3e-4 moe.routing_replay=R2
     minirl config defaults            # every key, its default and what it does
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
-    minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`) or verl run (from-verl run.sh)
+    minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`; `from-trl rloo FILE`: `trl rloo`)
+                                                   # or verl run (from-verl run.sh)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2; so is a run directory that cannot
@@ -209,9 +210,10 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
         what = "a trl grpo config file" if action == "from-trl" else "a verl run script, a verl YAML"
         raise ConfigError(f"config {action}: give {what} and/or key=value settings to translate")
     if action == "from-trl":
+        trainer = files.pop(0) if files and files[0] in ("grpo", "rloo") and not Path(files[0]).is_file() else None
         if len(files) > 1:
             raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")
-        translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective)
+        translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective, trainer)
         if args.sft:  # the cold start from a `trl sft --config` file
             peers.add_trl_sft(translation, peers.read_trl(args.sft, []))
     else:
@@ -345,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL or verl run's settings")
     p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl] [CONFIG] [key=value ...]",
                    help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
-                        "from-trl FILE: a `trl grpo --config` file as a minirl config; from-verl [run.sh|config.yaml] "
+                        "from-trl [rloo] FILE: a `trl grpo --config` (or `trl rloo --config`) file as a minirl config; "
+                        "from-verl [run.sh|config.yaml] "
                         "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config")
     p.add_argument("-o", "--output", default=None, help="from-trl / from-verl: write the minirl config here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",

@@ -373,6 +373,12 @@ class LossConfig(Section):
     ``adv_estimator=rloo``); the group's mean weighted by response length (OPO, arXiv 2505.23585; verl's ``opo``);
     nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); or ``pass_at_k``: only each group's best
     response keeps an advantage, its lead over the second best (arXiv 2503.19595; verl's ``grpo_passk``)."""
+    adv_whiten_over: Literal["tokens", "responses"] = "tokens"
+    """What ``adv_whiten`` weighs: each response by its tokens (verl's ``masked_whiten``, 1e-8 inside the root), or
+    each response once ((A - mean) / (std + 1e-4): TRL's ``RLOOTrainer`` with ``normalize_advantages``)."""
+    reward_clip_range: tuple[float, float] | None = None
+    """Clamp each response's (weighted-sum) reward into [low, high] before the KL in the reward and the advantages
+    (TRL's ``RLOOTrainer`` ``reward_clip_range``); the reward metrics stay unclipped. ``null``: no clamp, the paper's."""
     adv_nonzero_rescale: bool = False
     """Then multiply the advantages by the step's responses over those with a non-zero reward (GPG's alpha, arXiv
     2504.02546; verl's ``adv_estimator=gpg``). Off: the paper's."""
@@ -463,9 +469,12 @@ class LossConfig(Section):
             raise ValueError("top_entropy_quantile < 1: gspo weighs whole responses, it has no per-token terms to keep")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
                 self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten
-                or self.adv_nonzero_rescale):
+                or self.adv_nonzero_rescale or self.reward_clip_range is not None):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
-                             "adv_baseline, adv_std_scope, adv_whiten and adv_nonzero_rescale at their defaults")
+                             "adv_baseline, adv_std_scope, adv_whiten, adv_nonzero_rescale and reward_clip_range at "
+                             "their defaults")
+        if self.reward_clip_range is not None and self.reward_clip_range[0] >= self.reward_clip_range[1]:
+            raise ValueError(f"reward_clip_range {list(self.reward_clip_range)}: the low bound must be below the high")
         return self
 
     whole_groups: ClassVar[bool] = False
@@ -475,7 +484,7 @@ class LossConfig(Section):
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
-                                        "adv_nonzero_rescale",
+                                        "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
                                         "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
@@ -599,6 +608,9 @@ class GSPOConfig(LossConfig):
     length_weighted: bool = False
     """LUSPO (arXiv 2602.05261; TRL's ``loss_type='luspo'`` with ``importance_sampling_level='sequence'``): each
     response's term weighed by its length |y_i|, so that long responses are not down-weighted. False: GSPO's."""
+    sequence_ratio: Literal["mean", "sum"] = "mean"
+    """The response's log-ratio: its tokens' mean (GSPO's length-normalised ratio) or sum (the response's own
+    pi_theta(y)/pi_old(y), clipped as one: TRL's ``RLOOTrainer``)."""
     adv_std_normalize: bool = True
 
 

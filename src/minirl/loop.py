@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.variants.baselines import token_whiten
+from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards
@@ -370,11 +370,13 @@ def last_good_phrase(last_good: Path | None) -> str:
     return f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
 
 
-def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None) -> torch.Tensor:
+def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None, *,
+                    clip: bool = True) -> torch.Tensor:
     """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``: the response lengths
     for OPO's), or GDPO's from each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s
-    whitening after it."""
-    a, rewards_PG = cfg.algo, sampled.rewards.view(len(sampled.prompts), -1)
+    or RLOO's whitening after it. ``clip``: the rewards still need ``algo.reward_clip_range``."""
+    a = cfg.algo
+    rewards_PG = (clipped_rewards(a, sampled.rewards) if clip else sampled.rewards).view(len(sampled.prompts), -1)
     if a.multi_objective_aggregation == "normalize_then_sum":
         if sampled.reward_parts is None or part_weights is None:
             raise ConfigError("algo.multi_objective_aggregation=normalize_then_sum needs each reward function's values; "
@@ -385,9 +387,15 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),
                                   nonzero_rescale=a.adv_nonzero_rescale).reshape(-1)
-    if a.adv_whiten:  # REINFORCE++(-baseline): over the step's tokens
-        advantages = token_whiten(advantages, lengths)
+    if a.adv_whiten:  # REINFORCE++(-baseline): over the step's tokens; TRL's RLOO: over its responses
+        advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
     return advantages
+
+
+def clipped_rewards(algo: Any, rewards: torch.Tensor) -> torch.Tensor:
+    """``algo.reward_clip_range`` (TRL RLOO's ``reward_clip_range``): the rewards clamped into it, or as they are."""
+    bounds = algo.reward_clip_range
+    return rewards if bounds is None else rewards.clamp(min=bounds[0], max=bounds[1])
 
 
 def reference_pass(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -406,12 +414,12 @@ def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batc
     a = run.cfg.algo
     assert batch.logp_old is not None and batch.logp_ref is not None  # the old and reference passes ran
     coef = run.kl_control.setdefault("coef", float(a.kl_in_reward_coef))
-    shaped, current = kl_penalized_rewards(sampled.rewards, batch.logp_old, batch.logp_ref, batch.mask, coef=coef,
-                                           kind=a.kl_in_reward_type)
+    shaped, current = kl_penalized_rewards(clipped_rewards(a, sampled.rewards), batch.logp_old, batch.logp_ref,
+                                           batch.mask, coef=coef, kind=a.kl_in_reward_type)
     if a.kl_in_reward_target is not None:
         run.kl_control["coef"] = adaptive_kl_coef(coef, float(current), target=a.kl_in_reward_target,
                                                   horizon=a.kl_in_reward_horizon, n_steps=batch.size)
-    advantages = step_advantages(run.cfg, dataclasses.replace(sampled, rewards=shaped), None)
+    advantages = step_advantages(run.cfg, dataclasses.replace(sampled, rewards=shaped), None, clip=False)
     return dataclasses.replace(batch, advantages=advantages), {"train/reward_kl_penalty": float(current),
                                                                "train/reward_kl_coef": coef}
 

@@ -124,6 +124,47 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert sum("eval/accuracy" in m for m in metrics) >= 2  # before and after, greedy
 
 
+RLOO_FILE = """\
+# trl rloo --config rloo.yaml
+dataset_name: {data}
+reward_funcs: [my_rewards.reverse_match]
+per_device_train_batch_size: 8
+num_generations: 4
+max_completion_length: 8
+max_steps: 2
+learning_rate: 1.0e-4
+beta: 0.02
+normalize_advantages: true
+reward_clip_range: [0.0, 0.5]
+bf16: false
+gradient_checkpointing: false
+output_dir: {runs}/rloo-run
+"""
+
+
+def test_a_trl_rloo_config_translates_and_trains(tmp_path: Path):
+    """`trl rloo --config rloo.yaml` typed as `minirl config from-trl rloo --config rloo.yaml`: TRL RLOOTrainer's loss
+    (the response's own clipped ratio), its leave-one-out advantage whitened over responses, the clamped reward and
+    the KL in the reward; trained from the CLI (the reference pass runs: its KL metric is logged)."""
+    rows = [{"prompt": [{"role": "user", "content": w}], "solution": w[::-1]} for w in WORDS]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    (tmp_path / "rloo.yaml").write_text(RLOO_FILE.format(data=tmp_path / "train.jsonl", runs=tmp_path))
+    proc = _minirl("config", "from-trl", "rloo", "--config", "rloo.yaml", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "minirl.yaml").read_text()
+    assert "by `minirl config from-trl rloo`" in text and "your TRL RLOO loss as minirl's algo.name=gspo, the same" in text
+    algo = yaml.safe_load(text)["algo"]
+    assert (algo["sequence_ratio"], algo["adv_baseline"], algo["adv_whiten_over"]) == ("sum", "leave_one_out", "responses")
+    assert (algo["reward_clip_range"], algo["kl_in_reward_coef"]) == ([0.0, 0.5], 0.02)
+
+    train = _minirl("train", "minirl.yaml", *TINY_RUN, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "rloo-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "policy/loss" in m]
+    assert len(steps) == 2 and all(m["train/reward_kl_coef"] == 0.02 and "policy/seq_clip_frac" in m for m in steps)
+
+
 def test_a_trl_command_line_is_taken_as_trl_users_type_it(tmp_path: Path):
     from minirl.cli import trl_command_line
 

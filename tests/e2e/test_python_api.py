@@ -135,5 +135,28 @@ def test_trls_grpo_config_object_is_translated_as_from_trl_does(tmp_path: Path, 
     assert "not translated" not in err and "not a setting" not in err  # only what the user set is read
     with pytest.raises(ConfigError, match=r"^minirl.train: give a minirl config or TRL's args"):
         train("configs/demo.yaml", args=args)
-    with pytest.raises(ConfigError, match=r"^args: expected TRL's GRPOConfig, got dict$"):
+    with pytest.raises(ConfigError, match=r"^args: expected TRL's GRPOConfig or RLOOConfig, got dict$"):
         _from_trl_args({"learning_rate": 1e-6})
+
+
+@dataclasses.dataclass
+class RLOOConfig:
+    """The shape of TRL's RLOOConfig that matters here (its class name tells the trainer): declared defaults, to_dict."""
+
+    output_dir: str = "trainer_output"
+    num_generations: int = 2
+    beta: float = 0.05
+    normalize_advantages: bool = False
+    max_steps: int = -1
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def test_trls_rloo_config_object_is_translated_as_rloo(tmp_path: Path, capsys):
+    cfg = _from_trl_args(RLOOConfig(output_dir=str(tmp_path / "run"), num_generations=4, normalize_advantages=True,
+                                    max_steps=3))
+    a = cfg.algo
+    assert (a.name, a.sequence_ratio, a.adv_baseline, a.adv_whiten_over, a.kl_in_reward_coef) == (
+        "gspo", "sum", "leave_one_out", "responses", 0.05)  # RLOO's default beta, in the reward
+    assert "objective: your TRL RLOO loss as minirl's algo.name=gspo" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minirl.algo import group_advantages
-from minirl.algo.variants.baselines import token_whiten
+from minirl.algo.variants.baselines import response_whiten, token_whiten
 
 F64 = torch.float64
 
@@ -219,3 +219,60 @@ def test_the_loop_hands_each_completions_length_to_its_reward() -> None:
     cfg = load_config(None, ["algo.adv_nonzero_rescale=true"])
     torch.testing.assert_close(step_advantages(cfg, sampled, None),
                                group_advantages(rewards.view(2, 4)).reshape(-1) * 2)  # 8 responses, 4 non-zero
+
+
+def test_response_whiten_by_hand_and_as_trl_rloo_writes_it() -> None:
+    # [1, -1, 0, 2]: mean 0.5, unbiased variance (0.25 + 2.25 + 0.25 + 2.25) / 3 = 5/3
+    a = torch.tensor([1.0, -1.0, 0.0, 2.0], dtype=F64)
+    torch.testing.assert_close(response_whiten(a), (a - 0.5) / (math.sqrt(5 / 3) + 1e-4), atol=1e-12, rtol=0)
+    # TRL 1.16 RLOOTrainer: (advantages - nanmean) / (nanstd + 1e-4), nanstd = sqrt(nanmean((x - m)^2) * n / (n - 1))
+    g = torch.Generator().manual_seed(1)
+    rloo = group_advantages(torch.randint(0, 2, (3, 4), generator=g).double(), baseline="leave_one_out").reshape(-1)
+    nanstd = torch.sqrt(torch.nanmean((rloo - torch.nanmean(rloo)) ** 2) * 12 / 11)
+    torch.testing.assert_close(response_whiten(rloo), (rloo - torch.nanmean(rloo)) / (nanstd + 1e-4), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="at least 2 responses"):
+        response_whiten(torch.tensor([1.0]))
+
+
+def test_the_loop_clamps_rewards_before_the_advantages_and_whitens_per_response() -> None:
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.loop import step_advantages
+
+    rewards = torch.tensor([3.0, -2.0, 0.5, 0.0, 1.0, 1.0, 0.0, 4.0])
+    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None,
+                              completions=[SimpleNamespace(completion_ids=[7] * 3) for _ in rewards])
+    cfg = load_config(None, ["algo.reward_clip_range=[-1, 1]"])
+    clamped = torch.tensor([1.0, -1.0, 0.5, 0.0, 1.0, 1.0, 0.0, 1.0])
+    torch.testing.assert_close(step_advantages(cfg, sampled, None), group_advantages(clamped.view(2, 4)).reshape(-1))
+    unclamped = step_advantages(cfg, sampled, None, clip=False)  # the KL-penalised rewards arrive clamped already
+    torch.testing.assert_close(unclamped, group_advantages(rewards.view(2, 4)).reshape(-1))
+    cfg = load_config(None, ["algo.adv_baseline=leave_one_out", "algo.adv_whiten=true", "algo.adv_whiten_over=responses"])
+    expected = response_whiten(group_advantages(rewards.view(2, 4), baseline="leave_one_out").reshape(-1))
+    torch.testing.assert_close(step_advantages(cfg, sampled, None), expected)
+
+
+def test_with_the_kl_in_the_reward_the_clamp_comes_first() -> None:
+    """TRL's RLOOTrainer clamps the rewards into ``reward_clip_range``, then subtracts beta x the summed k1 KL: a KL
+    penalty can take a reward below the low bound (clamping after it would not)."""
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.dynamic_sampling import Sampled
+    from minirl.loop import penalized_advantages
+    from minirl.types import Batch
+
+    rewards = torch.tensor([3.0, 0.0, 0.0, 0.0])  # one group of 4; 3 is clamped to 1
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    logp_old = torch.zeros(4, 2)
+    logp_ref = torch.tensor([[-1.0, -1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])  # k1 = 1 + 1 on row 0
+    batch = Batch(torch.zeros(4, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.bool), mask, torch.zeros(4, 2),
+                  torch.zeros(4), torch.zeros(4, dtype=torch.long), logp_old=logp_old, logp_ref=logp_ref)
+    cfg = load_config(None, ["algo.reward_clip_range=[-1, 1]", "algo.kl_in_reward_coef=0.5", "algo.kl_in_reward_type=k1"])
+    completions = [SimpleNamespace(completion_ids=[7, 7]) for _ in rewards]
+    sampled = Sampled(prompts=[0], completions=completions, rewards=rewards, reward_stats={}, columns=[], generated_tokens=8)
+    run = SimpleNamespace(cfg=cfg, kl_control={})
+    out, _ = penalized_advantages(run, sampled, batch)
+    shaped = torch.tensor([1.0 - 0.5 * 2, 0.0, 0.0, 0.0])  # clamp to 1, then less 0.5 x 2
+    torch.testing.assert_close(out.advantages, group_advantages(shaped.view(1, 4)).reshape(-1))

@@ -97,3 +97,25 @@ def test_gspo_ratio_exactly_on_the_boundary_is_not_clipped() -> None:
     # just past the boundary: clipped, no gradient
     _, grad, m = _call([[math.log(2.0)]], [1.0], [[True]], eps_low=0.2, eps_high=0.99)
     assert grad.item() == 0.0 and m["seq_clip_frac"] == 1.0
+
+
+def test_summed_sequence_ratio_is_the_product_of_the_token_ratios() -> None:
+    # sequence_ratio="sum" (TRL's RLOOTrainer): s_i = exp(sum of row i's trained deltas), no 1/|y_i|
+    # row 0: A = +1, deltas [0.1, -0.05, 0.05] -> s0 = e^0.1 in [0.8, 1.27]: term s0, grad -s0 / N on each token
+    # row 1: A = -2, deltas [-0.1, -0.05], t2 masked -> s1 = e^-0.15 = 0.861 >= 0.8: unclipped, term -2 s1
+    #        (GSPO's mean would give e^-0.075; the sum differs)
+    # row 2: A = +1, deltas [0.2, 0.1, 0.05] -> s2 = e^0.35 = 1.419 > 1.27: clipped, term 1.27, no gradient
+    loss, grad, m = _call(
+        [[0.1, -0.05, 0.05], [-0.1, -0.05, 9.0], [0.2, 0.1, 0.05]],
+        [1.0, -2.0, 1.0],
+        [[True, True, True], [True, True, False], [True, True, True]],
+        eps_low=0.2, eps_high=0.27, sequence_ratio="sum",
+    )
+    s0, s1 = math.exp(0.1), math.exp(-0.15)
+    assert loss == pytest.approx(-(s0 - 2 * s1 + 1.27) / 3, abs=1e-12)
+    expected = torch.tensor([[-s0 / 3] * 3, [2 * s1 / 3, 2 * s1 / 3, 0.0], [0.0] * 3], dtype=F64)
+    torch.testing.assert_close(grad, expected, atol=1e-12, rtol=0)
+    assert m["seq_clip_frac"] == pytest.approx(1 / 3, abs=1e-12)
+    assert m["seq_ratio_mean"] == pytest.approx((s0 + s1 + math.exp(0.35)) / 3, abs=1e-12)
+    with pytest.raises(ValueError, match="sequence_ratio='median'"):
+        _call([[0.0]], [1.0], [[True]], sequence_ratio="median")

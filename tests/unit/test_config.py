@@ -85,9 +85,16 @@ def test_off_on_yes_no_are_strings_where_a_string_is_expected(tmp_path):
 def test_gdpo_refuses_the_advantage_variants_it_replaces():
     assert load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum"]).algo.multi_objective_aggregation \
         == "normalize_then_sum"
-    for other in ("algo.adv_whiten=true", "algo.adv_baseline=leave_one_out", "algo.adv_std_scope=batch"):
+    for other in ("algo.adv_whiten=true", "algo.adv_baseline=leave_one_out", "algo.adv_std_scope=batch",
+                  "algo.adv_nonzero_rescale=true", "algo.reward_clip_range=[0, 1]"):
         with pytest.raises(ConfigError, match="normalize_then_sum normalises the rewards itself"):
             load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum", other])
+
+
+def test_a_reward_clip_range_is_low_then_high():
+    assert load_config(None, ["algo.reward_clip_range=[-1, 1]"]).algo.reward_clip_range == (-1.0, 1.0)
+    with pytest.raises(ConfigError, match=r"reward_clip_range \[1.0, -1.0\]: the low bound must be below the high"):
+        load_config(None, ["algo.reward_clip_range=[1, -1]"])
 
 
 def test_a_section_rule_says_its_values_without_dumping_the_section():

@@ -1423,3 +1423,80 @@ def test_verl_gpg_loss_gradient_is_verls(rollout_is):
     torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     assert any("loss_mode='gpg'" in line for line in from_verl(given | {
         "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean-x"}).not_translated)
+
+
+
+def _trl_rloo_gradient(x: LossInputs, eps_low: float, eps_high: float) -> torch.Tensor:
+    """TRL 1.16 ``RLOOTrainer._compute_loss``, written as TRL does: the response's summed log-ratio, PPO's clip on it,
+    the mean over responses."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    mask = x.mask.to(logp.dtype)
+    logps, old_logps = (logp * mask).sum(1), (x.logp_old * mask).sum(1)
+    coef_1 = torch.exp(logps - old_logps)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    loss = -torch.min(coef_1 * x.advantages, coef_2 * x.advantages).mean()
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad
+
+
+def test_trl_rloo_loss_gradient_is_trls():
+    out = from_trl({"per_device_train_batch_size": 8, "num_generations": 4, "epsilon_high": 0.28}, trainer="rloo")
+    v = out.values
+    assert out.source == "TRL RLOO" and out.objective.startswith("your TRL RLOO loss as minirl's algo.name=gspo")
+    assert (v["algo.name"], v["algo.sequence_ratio"], v["algo.eps_low"], v["algo.eps_high"]) == ("gspo", "sum", 0.2, 0.28)
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["rollout.samples_per_prompt"]) == ("leave_one_out", False, 4)
+    assert (v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (0.05, "k1")  # RLOOConfig's beta, in the reward
+    g = torch.Generator().manual_seed(5)
+    x = _batch()
+    x = LossInputs(x.logp_old + 0.15 * torch.randn(x.logp.shape, generator=g, dtype=x.logp.dtype), x.logp_old,
+                   x.logp_rollout, x.advantages, x.mask, x.group_ids)  # summed ratios near 1: some clip, some not
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _trl_rloo_gradient(x, 0.2, 0.28)
+    assert (theirs != 0).any() and not torch.equal(theirs, _trl_rloo_gradient(x, 1e9, 1e9))  # the clip acts
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_trl_rloo_advantages_are_trls():
+    """TRL 1.16 ``RLOOTrainer._generate_and_score_completions``: the rewards clamped, less beta x the summed k1 KL of
+    pi_old to the reference, leave-one-out, then whitened over the batch (``normalize_advantages``), written as TRL
+    does, against minirl's step with the translated config."""
+    from minirl.dynamic_sampling import Sampled
+    from minirl.loop import penalized_advantages
+    from minirl.types import Batch
+
+    out = from_trl({"per_device_train_batch_size": 8, "num_generations": 4, "beta": 0.1, "normalize_advantages": True,
+                    "reward_clip_range": [-1.0, 2.0]})  # RLOO-only keys: a `trl rloo` config
+    assert out.source == "TRL RLOO" and out.values["algo.reward_clip_range"] == [-1.0, 2.0]
+    g = torch.Generator().manual_seed(2)
+    rewards = torch.randn(8, generator=g, dtype=torch.float64) * 2
+    old, ref = (-torch.rand(8, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.arange(5)[None, :] < torch.tensor([5, 3, 4, 1, 5, 2, 5, 4])[:, None]
+    kl = ((old - ref) * mask).sum(-1)
+    shaped = rewards.clamp(min=-1.0, max=2.0) - 0.1 * kl
+    grouped = shaped.view(-1, 4)
+    advantages = (shaped - ((grouped.sum(1, keepdim=True) - grouped) / 3).view(-1))
+    std = torch.sqrt(torch.nanmean((advantages - torch.nanmean(advantages)) ** 2) * 8 / 7)
+    trl = (advantages - torch.nanmean(advantages)) / (std + 1e-4)
+
+    batch = Batch(torch.zeros(8, 6, dtype=torch.long), torch.ones(8, 6, dtype=torch.bool), mask, torch.zeros(8, 5),
+                  torch.zeros(8, dtype=torch.float64), torch.arange(8) // 4, logp_old=old, logp_ref=ref)
+    sampled = Sampled(prompts=[0, 1], completions=[SimpleNamespace(completion_ids=[7] * 5) for _ in range(8)],
+                      rewards=rewards, reward_stats={}, columns=[], generated_tokens=40)
+    ours, _ = penalized_advantages(SimpleNamespace(cfg=out.config(), kl_control={}), sampled, batch)
+    torch.testing.assert_close(ours.advantages, trl, rtol=1e-12, atol=1e-12)
+
+
+def test_which_trl_trainer_a_config_is():
+    assert from_trl({"num_generations": 4, "per_device_train_batch_size": 8}).source == "TRL"
+    assert from_trl({"num_generations": 4, "per_device_train_batch_size": 8, "normalize_advantages": False}).source == "TRL RLOO"
+    with pytest.raises(ConfigError, match=r"^normalize_advantages: RLOOConfig settings in a `trl grpo` config; translate "
+                                          r"it with `minirl config from-trl rloo FILE`$"):
+        from_trl({"normalize_advantages": True}, trainer="grpo")
+    with pytest.raises(ConfigError, match="minirl translates `trl grpo` and `trl rloo` configs"):
+        from_trl({}, trainer="ppo")
+    out = from_trl({"num_generations": 4, "per_device_train_batch_size": 8, "loss_type": "grpo", "scale_rewards": "batch"},
+                   trainer="rloo")  # GRPO's loss options: TRL's RLOOConfig has none of them
+    assert any(line.startswith("loss_type='grpo': not a setting") for line in out.not_translated)
+    assert any(line.startswith("scale_rewards='batch': not a setting") for line in out.not_translated)
+    assert out.values["rollout.samples_per_prompt"] == 4 and from_trl({"per_device_train_batch_size": 8},
+                                                                      trainer="rloo").values["rollout.samples_per_prompt"] == 2

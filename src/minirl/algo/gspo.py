@@ -45,17 +45,20 @@ def gspo_loss(
     eps_high: float = GSPO_EPS_HIGH,
     normalizer: float | None = None,
     length_weighted: bool = False,
+    sequence_ratio: str = "mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO loss, the negative of GSPO Eq. (5) with the sequence ratio of GSPO Eq. (7) (arXiv:2507.18071).
 
     loss = -(1/N) sum_{i: |y_i| > 0} min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
     s_i  = exp( sum_t mask (logp - logp_old) / |y_i| )   (gradient through logp)
 
-    N = ``normalizer`` or B. d loss / d logp_{i,t} = -s_i A_i / (|y_i| N) for trained tokens of
-    unclipped responses (GSPO Eq. (10)), 0 for clipped ones. ``logp_rollout`` (still checked for
-    shape and NaN) and ``group_ids`` are accepted for the uniform signature and not used.
-    ``length_weighted``: LUSPO (arXiv:2602.05261), each response's term times |y_i|.
+    N = ``normalizer`` or B. d loss / d logp_{i,t} = -s_i A_i / (|y_i| N) for trained tokens of unclipped responses
+    (GSPO Eq. (10)), 0 for clipped ones. ``logp_rollout`` (checked) and ``group_ids`` are not used.
+    ``length_weighted``: LUSPO (arXiv:2602.05261), each response's term times |y_i|. ``sequence_ratio="sum"``: s_i =
+    pi_theta(y_i)/pi_old(y_i), the product of the token ratios (no 1/|y_i|: TRL's ``RLOOTrainer``; not GSPO's).
     """
+    if sequence_ratio not in ("mean", "sum"):
+        raise ValueError(f"sequence_ratio={sequence_ratio!r}: 'mean' (GSPO's) or 'sum'")
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
     if x.token_keep is not None:
         raise ValueError("token_keep: GSPO weighs whole responses; it has no per-token terms to keep")
@@ -69,7 +72,7 @@ def gspo_loss(
 
     counts = mask.sum(dim=1)
     has_tokens = counts > 0
-    log_seq_ratio = (logp_m - lp_old).sum(dim=1) / counts.clamp(min=1).to(dtype)
+    log_seq_ratio = (logp_m - lp_old).sum(dim=1) / (counts.clamp(min=1).to(dtype) if sequence_ratio == "mean" else 1)
     seq_ratio = torch.exp(log_seq_ratio)  # s_i with gradient; 1 for rows without tokens
     surrogate = torch.minimum(seq_ratio * adv, seq_ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
     surrogate = surrogate * counts.to(dtype) if length_weighted else surrogate  # LUSPO's length weight

@@ -1,6 +1,7 @@
 """TRL: the settings of ``trl grpo --config FILE`` (``GRPOConfig`` + ``ModelConfig`` + the script's
 ``model_name_or_path`` / ``dataset_name`` / ``reward_funcs``), read against TRL 1.16's defaults
-(``grpo_config.py``; transformers' ``TrainingArguments`` for the rest)."""
+(``grpo_config.py``; transformers' ``TrainingArguments`` for the rest), and of ``trl rloo --config FILE``
+(``RLOOConfig``: the same keys less GRPO's loss options, plus ``normalize_advantages`` and ``reward_clip_range``)."""
 
 from __future__ import annotations
 
@@ -78,18 +79,51 @@ ASYNC_GRPO_KEYS = ("max_staleness", "weight_sync_steps", "max_inflight_tasks", "
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
 
 
-def from_trl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
-    """Translate the settings of ``trl grpo --config FILE`` (a flat mapping)."""
-    peer, out = Peer(given, TRL_DEFAULTS), Translation("TRL")
+RLOO_ONLY = {"normalize_advantages": False, "reward_clip_range": None}
+"""What ``RLOOConfig`` (TRL 1.16) has and ``GRPOConfig`` has not, with its defaults."""
+
+GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level", "delta", "top_entropy_quantile", "entropy_coef",
+             "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+             "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+             "vespo_lambda_neg", "off_policy_mask_threshold", "use_bias_correction_kl", "multi_objective_aggregation",
+             "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")
+"""``GRPOConfig``'s keys that ``RLOOConfig`` has not (a TRL RLOO run refuses them; here they are not translated)."""
+
+
+def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str | None = None) -> Translation:
+    """Translate the settings of ``trl grpo --config FILE`` or ``trl rloo --config FILE`` (a flat mapping;
+    ``trainer`` None: RLOO when a key only ``RLOOConfig`` has is set, else GRPO)."""
+    trainer = _trl_trainer(given, trainer)
+    if trainer == "rloo":  # RLOOConfig's own defaults over GRPOConfig's (beta 0.05, num_generations 2)
+        defaults = {key: value for key, value in TRL_DEFAULTS.items() if key not in GRPO_ONLY}
+        peer, out = Peer(given, {**defaults, "beta": 0.05, "num_generations": 2, **RLOO_ONLY}), Translation("TRL RLOO")
+    else:
+        peer, out = Peer(given, TRL_DEFAULTS), Translation("TRL")
     _trl_model_and_data(peer, out)
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n)
     _trl_logprob_head(peer, out)
     _trl_async(peer, out)
     _trl_runs(peer, out, n)
-    apply_objective(out, keep_objective, _trl_objective(peer, n, out.values["optim.minibatches_per_step"]))
+    minibatches = out.values["optim.minibatches_per_step"]
+    objective = _trl_rloo_objective(peer) if trainer == "rloo" else _trl_objective(peer, n, minibatches)
+    apply_objective(out, keep_objective, objective)
     leftovers(peer, out, TRL_IGNORED)
     return out
+
+
+def _trl_trainer(given: dict[str, Any], trainer: str | None) -> str:
+    """``grpo`` or ``rloo``: as asked, or RLOO when a key only ``RLOOConfig`` has is set."""
+    rloo_keys = sorted(set(RLOO_ONLY) & set(given))
+    if trainer is None:
+        return "rloo" if rloo_keys else "grpo"
+    if trainer not in ("grpo", "rloo"):
+        raise ConfigError(f"TRL trainer {trainer!r}: minirl translates `trl grpo` and `trl rloo` configs")
+    if trainer == "grpo" and rloo_keys:
+        raise ConfigError(f"{', '.join(rloo_keys)}: RLOOConfig settings in a `trl grpo` config; translate it with "
+                          "`minirl config from-trl rloo FILE`")
+    return trainer
 
 
 def _trl_model_and_data(peer: Peer, out: Translation) -> None:
@@ -419,10 +453,7 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     _trl_clip_range(peer, obj, name, eps_low, eps_high, minibatches)
     if name == "minirl":  # PPO's min/clip gradient is MiniRL's clip mask with the weight pi_theta/pi_old
         _trl_ppo_aggregation(peer, obj, loss, minibatches)
-    if peer("mask_truncated_completions"):
-        obj.set("mask_truncated", True, peer.show("mask_truncated_completions"))
-        obj.differs.append("mask_truncated_completions=True: TRL masks every completion not ending in EOS (one cut by a "
-                           "stop string too), minirl those cut by max_new_tokens")
+    _trl_mask_truncated(peer, obj)
     _trl_scale_rewards(peer, obj)
     correction = bool(peer("use_vllm") and peer("vllm_importance_sampling_correction"))
     mode = peer("vllm_importance_sampling_mode")
@@ -440,6 +471,37 @@ def _trl_objective(peer: Peer, n: int, minibatches: int) -> Objective:
     return obj
 
 
+def _trl_rloo_objective(peer: Peer) -> Objective:
+    """TRL 1.16 ``RLOOTrainer``'s loss (``_compute_loss``): PPO's clip on each response's own ratio pi_theta(y)/pi_old(y)
+    (its tokens' log-ratios summed), the mean over responses, no IS weight; RLOO's leave-one-out advantage of the
+    rewards clamped into ``reward_clip_range`` less beta x the summed k1 KL of pi_old to the reference, whitened over
+    the batch's responses with ``normalize_advantages``."""
+    obj, origin = Objective(), "RLOOTrainer's loss"
+    _trl_router_aux_loss(peer, obj)
+    obj.set("name", "gspo", origin + ": one clipped ratio per response, the mean over responses")
+    obj.set("sequence_ratio", "sum", origin + ": the response's log-ratio is its tokens' sum")
+    eps_low = float(peer("epsilon"))
+    obj.set("eps_low", eps_low, peer.show("epsilon"))
+    eps_key = "epsilon_high" if peer("epsilon_high") is not None else "epsilon"
+    obj.set("eps_high", float(peer(eps_key)), peer.show(eps_key))
+    obj.set("adv_baseline", "leave_one_out", "RLOOTrainer: the mean of the other G - 1 rewards")
+    obj.set("adv_std_normalize", False, "RLOOTrainer: no group std")
+    if peer("normalize_advantages"):
+        obj.set("adv_whiten", True, peer.show("normalize_advantages"))
+        obj.set("adv_whiten_over", "responses", peer.show("normalize_advantages") + ": (A - mean) / (std + 1e-4)")
+    bounds = peer("reward_clip_range")
+    if bounds is not None:
+        if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+            raise ConfigError(f"{peer.show('reward_clip_range')}: TRL reads two numbers, [low, high]")
+        obj.set("reward_clip_range", [float(bounds[0]), float(bounds[1])], peer.show("reward_clip_range"))
+    if peer("beta"):  # RLOO's KL is in the reward: k1 of pi_old to the reference, summed over each response
+        obj.set("kl_in_reward_coef", float(peer("beta")), peer.show("beta") + " (RLOOTrainer: in the reward)")
+        obj.set("kl_in_reward_type", "k1", "RLOOTrainer: the first-order log ratio, summed")
+    _trl_ref_sync(peer, obj)
+    _trl_mask_truncated(peer, obj)
+    return obj
+
+
 def _trl_reference(peer: Peer, obj: Objective, n: int) -> None:
     """TRL's reference model: the KL term (``beta``) and TR-DPO's sync (``sync_ref_model``)."""
     if peer("beta"):
@@ -448,12 +510,25 @@ def _trl_reference(peer: Peer, obj: Objective, n: int) -> None:
         if peer("use_bias_correction_kl") and n > 1:
             obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
                                "not (the same when N = 1)")
-    if peer("sync_ref_model"):  # TR-DPO's soft update every ref_model_sync_steps optimizer steps (= minirl updates)
-        if not peer("beta"):
-            raise ConfigError(f"{peer.show('sync_ref_model', 'beta')}: there is no reference model to sync (TRL refuses "
-                              "this too); set beta > 0 or sync_ref_model=False")
-        obj.set("ref_sync_every_updates", int(peer("ref_model_sync_steps")), peer.show("sync_ref_model", "ref_model_sync_steps"))
-        obj.set("ref_sync_alpha", float(peer("ref_model_mixup_alpha")), peer.show("ref_model_mixup_alpha"))
+    _trl_ref_sync(peer, obj)
+
+
+def _trl_ref_sync(peer: Peer, obj: Objective) -> None:
+    """TR-DPO's soft update of the reference every ``ref_model_sync_steps`` optimizer steps (= minirl updates)."""
+    if not peer("sync_ref_model"):
+        return
+    if not peer("beta"):
+        raise ConfigError(f"{peer.show('sync_ref_model', 'beta')}: there is no reference model to sync (TRL refuses "
+                          "this too); set beta > 0 or sync_ref_model=False")
+    obj.set("ref_sync_every_updates", int(peer("ref_model_sync_steps")), peer.show("sync_ref_model", "ref_model_sync_steps"))
+    obj.set("ref_sync_alpha", float(peer("ref_model_mixup_alpha")), peer.show("ref_model_mixup_alpha"))
+
+
+def _trl_mask_truncated(peer: Peer, obj: Objective) -> None:
+    if peer("mask_truncated_completions"):
+        obj.set("mask_truncated", True, peer.show("mask_truncated_completions"))
+        obj.differs.append("mask_truncated_completions=True: TRL masks every completion not ending in EOS (one cut by a "
+                           "stop string too), minirl those cut by max_new_tokens")
 
 
 def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:

@@ -2,7 +2,8 @@
 RLOO's leave-one-out mean (Ahmadian et al. 2024; verl ``adv_estimator=rloo``), OPO's length-weighted mean (Hao et al.
 2025, arXiv 2505.23585; verl ``opo``), none (REINFORCE++, Hu et al. 2025; verl ``reinforce_plus_plus``), Pass@k
 training's lead of a group's best response (Chen et al. 2025, arXiv 2503.19595; verl ``grpo_passk``), and
-REINFORCE++'s whitening over the batch's tokens (verl ``reinforce_plus_plus(_baseline)``). ``group_advantages``
+REINFORCE++'s whitening over the batch's tokens (verl ``reinforce_plus_plus(_baseline)``) or TRL RLOO's over its
+responses. ``group_advantages``
 (``minirl.algo.advantages``) calls them; each is off by default.
 """
 
@@ -57,3 +58,11 @@ def token_whiten(advantages: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     variance = (n * (advantages - mean) ** 2).sum() / (tokens + 1e-8) * (tokens / (tokens - 1))
     return (advantages - mean) * torch.rsqrt(variance + 1e-8)
 
+
+
+def response_whiten(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages [B] whitened over the batch's responses, each once: (A - mean) / (std + 1e-4), std unbiased (TRL's
+    ``RLOOTrainer`` with ``normalize_advantages``). Needs at least two responses."""
+    if advantages.numel() < 2:
+        raise ValueError("response_whiten needs at least 2 responses (an unbiased std)")
+    return (advantages - advantages.mean()) / (advantages.std(correction=1) + 1e-4)
