@@ -966,9 +966,6 @@ class Config(Section):
         self._check_reference(distributed)
         self._check_bypass()
         self._check_async()
-        if ranks > 1 and self.optim.logprob_chunk_tokens:
-            raise ValueError("optim.logprob_chunk_tokens: the chunked LM head runs only with one trainer rank (under FSDP2 "
-                             "the head's recomputation would run outside its sharded forward); set it to null")
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

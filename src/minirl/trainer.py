@@ -211,6 +211,10 @@ class Trainer:
         self.head = LogprobHead(model, logprob_chunk_tokens) if logprob_chunk_tokens else None
         if self.head is not None:
             self.head.check(self.device)  # refuses a model whose logits are not its head's, in one line
+            for module in model.modules():  # FSDP2's root stays gathered after the check's forward: the optimizer
+                reshard = getattr(module, "reshard", None)  # below must hold its shards, not the gathered weights
+                if callable(reshard):
+                    reshard()
         self.adamw_impl = adamw_impl
         flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(

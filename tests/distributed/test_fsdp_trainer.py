@@ -203,11 +203,6 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
     assert [row["rollout/policy_lag_steps"] for row in spread[0]] == [0.0] + [1.0] * (len(spread[0]) - 1)
 
 
-def test_the_chunked_logprob_head_is_refused_on_several_ranks():
-    with pytest.raises(ConfigError, match=r"optim\.logprob_chunk_tokens: the chunked LM head runs only with one trainer"):
-        load_config(None, ["optim.logprob_chunk_tokens=64", "cluster.trainer_ranks=2"])
-
-
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
     with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights
@@ -219,3 +214,38 @@ def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     assert loss_diff < TOL and weight_diff < TOL
     for a, b in zip(single[0], sharded[0]):
         assert b["policy/aux_loss"] == pytest.approx(a["policy/aux_loss"], rel=1e-6) and a["policy/aux_loss"] > 0
+
+
+def _untied_model(path):
+    """The tiny preset with an LM head of its own (the presets tie it to the embeddings; Qwen3-30B-A3B does not)."""
+    from transformers import AutoModelForCausalLM
+
+    from minirl.models.presets import preset_config
+    from minirl.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = preset_config("qwen3-moe-tiny", len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config.tie_word_embeddings = False
+    import torch
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), ("R2", 1, True), ("R3", 2, False)])
+def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, replay, n, tied):
+    """``optim.logprob_chunk_tokens`` under FSDP2: the head is a group of its own (with the embeddings when they share
+    its weight), gathered for each chunk and again for its recomputation in the backward; 2 ranks give one process's
+    losses, weights and global gradient norm."""
+    mode = [f"moe.routing_replay={replay}", f"optim.minibatches_per_step={n}", "optim.logprob_chunk_tokens=7"]
+    if not tied:
+        mode.append(f"model.path={_untied_model(tmp_path / 'untied')}")
+    single = run_steps(tmp_path / "single", *mode)
+    sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2")
+    loss_diff, weight_diff = max_differences(single, sharded)
+    print(f"chunked head, fsdp W=2 vs single: max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
+    assert loss_diff < TOL and weight_diff < TOL
+    for a, b in zip(*(m for m, _ in (single, sharded))):
+        assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)

@@ -152,7 +152,9 @@ def test_trls_fused_lm_head_and_verls_fused_kernels_are_the_chunked_head(tmp_pat
     out = _trl(model_name_or_path=str(capped))
     assert "optim.logprob_chunk_tokens" not in out.values
     assert any(d.startswith("the model's final_logit_softcapping: TRL's fused LM head") for d in out.differs)
-    assert from_verl({"actor_rollout_ref.model.use_fused_kernels": True}).values["optim.logprob_chunk_tokens"] == 1024
+    fused = from_verl({"actor_rollout_ref.model.use_fused_kernels": True, "actor_rollout_ref.rollout.n": 4})  # 8 GPUs
+    assert fused.values["optim.logprob_chunk_tokens"] == 1024 and fused.values["cluster.trainer_ranks"] == 8
+    assert fused.config().optim.logprob_chunk_tokens == 1024  # a valid config (it was refused with several ranks)
     plain = from_verl({})
     assert "optim.logprob_chunk_tokens" not in plain.values and not any("fused" in line for line in plain.ignored)
 

@@ -13,6 +13,10 @@ Each chunk's log-probs and entropies are ``minirl.algo.token_logprobs`` / ``toke
 ``token_entropy`` of its logits, as on the whole tensor; the head runs in the trainer's compute context (bf16
 logits upcast after it, as before). A model whose forward changes its logits after the head (a soft cap, a scale)
 is refused in one line when the trainer is built.
+
+Under FSDP2 ranks the head stays in the root's group, which FSDP2 keeps gathered from the root's forward to the end of
+its backward: the chunks, and their recomputation in the backward, use the gathered weight, and its gradient joins
+the root's reduce-scatter; no collective is added, so the ranks' differing chunk counts cannot desynchronise them.
 """
 
 from __future__ import annotations
