@@ -84,6 +84,7 @@ class RolloutAhead:
                 "completions": [dataclasses.asdict(c) for c in s.completions], "rewards": s.rewards,
                 "reward_stats": dict(s.reward_stats), "columns": json.dumps(s.columns, default=str),
                 "generated_tokens": s.generated_tokens, "reward_parts": s.reward_parts, "part_weights": s.part_weights,
+                "greedy_rewards": s.greedy_rewards,
                 "times": dict(s.times or {}), "policy_lag_steps": s.policy_lag_steps}
 
     def load_state(self, state: dict[str, Any], prompts: list[Prompt]) -> None:
@@ -97,4 +98,5 @@ class RolloutAhead:
             prompts=[prompts[n] for n in state["prompts"]], completions=[Completion(**c) for c in state["completions"]],
             rewards=state["rewards"], reward_stats=dict(state["reward_stats"]), columns=json.loads(state["columns"]),
             generated_tokens=int(state["generated_tokens"]), reward_parts=state["reward_parts"],
-            part_weights=state["part_weights"], times=dict(state["times"]), policy_lag_steps=state["policy_lag_steps"])
+            part_weights=state["part_weights"], times=dict(state["times"]), policy_lag_steps=state["policy_lag_steps"],
+            greedy_rewards=state.get("greedy_rewards"))

@@ -368,11 +368,13 @@ class LossConfig(Section):
     adv_std_scope: Literal["group", "batch"] = "group"
     """Whose std adv_std_normalize divides by: each group's (GRPO), or all the step's rewards' (TRL's
     ``scale_rewards="batch"``)."""
-    adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k"] = "group_mean"
+    adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k", "greedy"] = "group_mean"
     """What each reward is less: the group mean (the paper's); the mean of the other G - 1 rewards (RLOO; verl's
     ``adv_estimator=rloo``); the group's mean weighted by response length (OPO, arXiv 2505.23585; verl's ``opo``);
-    nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); or ``pass_at_k``: only each group's best
-    response keeps an advantage, its lead over the second best (arXiv 2503.19595; verl's ``grpo_passk``)."""
+    nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); ``pass_at_k``: only each group's best
+    response keeps an advantage, its lead over the second best (arXiv 2503.19595; verl's ``grpo_passk``); or
+    ``greedy``: the reward of one greedy completion of the prompt, sampled each step beside the group (ReMax, arXiv
+    2310.10505; verl's ``remax``; ``train/greedy_reward_mean``)."""
     adv_whiten_over: Literal["tokens", "responses"] = "tokens"
     """What ``adv_whiten`` weighs: each response by its tokens (verl's ``masked_whiten``, 1e-8 inside the root), or
     each response once ((A - mean) / (std + 1e-4): TRL's ``RLOOTrainer`` with ``normalize_advantages``)."""
@@ -914,6 +916,9 @@ class Config(Section):
             raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs in the "
                              "trainer's process (a capture forbids other work on the device); set "
                              "rollout.cuda_graphs=false or async_steps=0, or run the trainer as ranks")
+        if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
+            raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
+                             "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")
 
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""

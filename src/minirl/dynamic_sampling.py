@@ -54,6 +54,7 @@ class Sampled:
     part_weights: torch.Tensor | None = None  # float32 [K]: their weights (GDPO's advantages), when known
     times: dict[str, float] | None = None  # rollout.async_steps: its rollout's and rewards' seconds, in their thread
     policy_lag_steps: int | None = None  # rollout.async_steps: global steps between its engine weights and pi_old
+    greedy_rewards: torch.Tensor | None = None  # float32 [P]: each prompt's greedy completion's reward (ReMax's baseline)
 
 
 def has_spread(rewards_PG: torch.Tensor, metric: str, accuracy_threshold: float) -> torch.Tensor:

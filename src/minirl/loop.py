@@ -248,6 +248,9 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
         run = run or setup(cfg, start_from=start_from, rewards=rewards, rollouts=rollouts)
         try:
             if rollouts_from is not None:
+                if cfg.algo.adv_baseline == "greedy":
+                    raise ConfigError("--rollouts-from with algo.adv_baseline=greedy: a dump holds no greedy "
+                                      "completions for ReMax's baseline")
                 run.rewards = run.rollouts = RolloutReplay(rollouts_from, run.rewards)
             if dump_rollouts is not None:
                 assert run.rollouts is not None
@@ -384,9 +387,10 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
         parts = sampled.reward_parts.view(*rewards_PG.shape, -1)
         return decoupled_advantages(parts, part_weights).reshape(-1)
     lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
+    greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),
-                                  nonzero_rescale=a.adv_nonzero_rescale).reshape(-1)
+                                  nonzero_rescale=a.adv_nonzero_rescale, greedy_P=greedy).reshape(-1)
     if a.adv_whiten:  # REINFORCE++(-baseline): over the step's tokens; TRL's RLOO: over its responses
         advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
     return advantages
@@ -623,13 +627,27 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
     if not r.filter_groups:
         prompts = draw(r.prompts_per_step)
         completions = generate(prompts, 0)
-        rewards, stats, columns, parts = score(prompts, completions)
+        greedy = greedy_rewards(run, step, prompts, clock) if cfg.algo.adv_baseline == "greedy" else None
+        rewards, stats, columns, parts = score(prompts, completions)  # last: the reward source keeps its columns
+        if greedy is not None:
+            stats["train/greedy_reward_mean"] = float(greedy.mean())
         return Sampled(prompts, completions, rewards, stats, columns or [],
-                       sum(len(c.completion_ids) for c in completions), parts)
+                       sum(len(c.completion_ids) for c in completions), parts, greedy_rewards=greedy)
     per_round = r.filter_groups_prompts_per_round or r.prompts_per_step
     return sample_groups(draw, generate, score, groups=r.prompts_per_step, prompts_per_round=per_round,
                          max_rounds=round_limit(r.filter_groups_max_rounds, len(run.prompts), per_round),
                          metric=r.filter_groups_metric, accuracy_threshold=cfg.eval.accuracy_threshold)
+
+
+def greedy_rewards(run: Run, step: int, prompts: list[Prompt], clock: _Clock) -> torch.Tensor:
+    """ReMax's baseline (``algo.adv_baseline: greedy``; verl's ``remax``): one greedy completion of each prompt from
+    the engine, on the weights that sample the step, scored by the step's reward functions; float32 [P]."""
+    sampling = dataclasses.replace(rollout_sampling(run.cfg, step), temperature=0.0)
+    completions = run.engine.generate(prompts, 1, sampling)
+    clock.lap("rollout")
+    rewards, _ = score_completions(run.rewards, prompts, completions)
+    clock.lap("reward")
+    return rewards.to(torch.float32)
 
 
 class _Clock:

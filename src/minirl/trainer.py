@@ -211,10 +211,7 @@ class Trainer:
         self.head = LogprobHead(model, logprob_chunk_tokens) if logprob_chunk_tokens else None
         if self.head is not None:
             self.head.check(self.device)  # refuses a model whose logits are not its head's, in one line
-            for module in model.modules():  # FSDP2's root stays gathered after the check's forward: the optimizer
-                reshard = getattr(module, "reshard", None)  # below must hold its shards, not the gathered weights
-                if callable(reshard):
-                    reshard()
+            reshard_all(model)  # FSDP2's root stays gathered after the check's forward: AdamW must hold the shards
         self.adamw_impl = adamw_impl
         flags = adamw_flags(adamw_impl)
         self.optimizer = torch.optim.AdamW(
@@ -537,6 +534,14 @@ def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.
     """Metrics as 0-dim tensors on ``like``'s device (an objective may return python floats)."""
     return {k: v if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64, device=like.device)
             for k, v in metrics.items()}
+
+
+def reshard_all(model: torch.nn.Module) -> None:
+    """Every FSDP2 group of ``model`` back to its shards (a forward leaves the root's gathered); else nothing."""
+    for module in model.modules():
+        reshard = getattr(module, "reshard", None)
+        if callable(reshard):
+            reshard()
 
 
 class _Scores:

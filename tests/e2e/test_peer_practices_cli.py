@@ -150,3 +150,17 @@ def test_adaptive_entropy_control_moves_the_coefficient_update_by_update(tmp_pat
     assert [row["policy/entropy_coef"] for row in under] == pytest.approx([0.0, 0.03, 0.05])
     assert [row["policy/entropy_coef"] for row in over] == [0.0, 0.0, 0.0]
     assert all(1.0 < row["policy/entropy"] < 10.0 for row in under + over)
+
+
+def test_remaxs_greedy_baseline_is_sampled_and_reaches_the_loss(tmp_path):
+    """``algo.adv_baseline: greedy`` (verl's remax): each step also samples one greedy completion per prompt, logs
+    its mean reward, and the first step's loss (same rollouts: the greedy draw takes no sampling seed) is no longer
+    the group mean's."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=1", f"run.output_dir={tmp_path}"]
+    assert main([*base, "run.name=plain"]) == 0
+    assert main([*base, "run.name=remax", "algo.adv_baseline=greedy"]) == 0
+    plain, remax = (_rows(tmp_path / name)[1] for name in ("plain", "remax"))
+    assert plain["train/reward_mean"] == remax["train/reward_mean"]
+    assert "train/greedy_reward_mean" in remax and "train/greedy_reward_mean" not in plain
+    assert math.isfinite(remax["policy/loss"]) and remax["policy/loss"] != plain["policy/loss"]

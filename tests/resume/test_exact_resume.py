@@ -49,7 +49,10 @@ MODES = {"none": ["moe.routing_replay=none"],
                        "algo.kl_in_reward_coef=0.05", "algo.kl_in_reward_target=0.01", "algo.kl_in_reward_horizon=8"],
          # one-step-off: a checkpoint holds the next step's batch, sampled beside the saved step's update
          "async": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.async_steps=1",
-                   "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2"]}
+                   "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2"],
+         # ReMax's greedy baseline, sampled ahead beside the update: the checkpoint holds its greedy rewards too
+         "remax": ["moe.routing_replay=R3", "rollout.async_steps=1", "algo.adv_baseline=greedy",
+                   "algo.reward_clip_range=[0.0, 0.8]"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:
@@ -141,6 +144,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     ("R3", [("lines", 6)]),
     ("practices", [("lines", 4)]),
     ("async", [("lines", 3), ("tmp", 0)]),
+    ("remax", [("lines", 3)]),
 ])
 def test_killed_and_resumed_run_is_bitwise_identical(tmp_path, mode, kills):
     _check_same(tmp_path, mode, kills)

@@ -209,7 +209,7 @@ def test_the_loop_hands_each_completions_length_to_its_reward() -> None:
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     lengths = [2, 4, 1, 3, 1, 1, 6, 2]  # the by-hand groups of test_length_weighted_baseline_by_hand
-    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None,
+    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None, greedy_rewards=None,
                               completions=[SimpleNamespace(completion_ids=[7] * n) for n in lengths])
     cfg = load_config(None, ["algo.adv_baseline=length_weighted"])
     out = step_advantages(cfg, sampled, None)
@@ -241,7 +241,7 @@ def test_the_loop_clamps_rewards_before_the_advantages_and_whitens_per_response(
     from minirl.loop import step_advantages
 
     rewards = torch.tensor([3.0, -2.0, 0.5, 0.0, 1.0, 1.0, 0.0, 4.0])
-    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None,
+    sampled = SimpleNamespace(prompts=[0, 1], rewards=rewards, reward_parts=None, greedy_rewards=None,
                               completions=[SimpleNamespace(completion_ids=[7] * 3) for _ in rewards])
     cfg = load_config(None, ["algo.reward_clip_range=[-1, 1]"])
     clamped = torch.tensor([1.0, -1.0, 0.5, 0.0, 1.0, 1.0, 0.0, 1.0])
@@ -276,3 +276,43 @@ def test_with_the_kl_in_the_reward_the_clamp_comes_first() -> None:
     out, _ = penalized_advantages(run, sampled, batch)
     shaped = torch.tensor([1.0 - 0.5 * 2, 0.0, 0.0, 0.0])  # clamp to 1, then less 0.5 x 2
     torch.testing.assert_close(out.advantages, group_advantages(shaped.view(1, 4)).reshape(-1))
+
+
+def test_remaxs_greedy_baseline_by_hand() -> None:
+    # each prompt's rewards less its greedy completion's reward: [1, 0, 0, 1] - 0.5 and [1, 1, 0, 0] - 1
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]], dtype=F64)
+    out = group_advantages(r, baseline="greedy", greedy_P=torch.tensor([0.5, 1.0]))
+    torch.testing.assert_close(out, torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0, 0.0, -1.0, -1.0]], dtype=F64),
+                               atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"one greedy reward per prompt \(2\), got None"):
+        group_advantages(r, baseline="greedy")
+
+
+def test_the_greedy_rollout_is_one_temperature_0_sample_per_prompt_on_the_steps_seed() -> None:
+    """``minirl.loop.greedy_rewards``: the engine samples each prompt once at temperature 0 with the step's other
+    settings, and the step's reward source scores those completions."""
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.loop import _Clock, greedy_rewards, rollout_sampling
+
+    calls = []
+
+    class Engine:
+        def generate(self, prompts, n, sampling, record_routes=False):
+            calls.append((list(prompts), n, sampling))
+            return [SimpleNamespace(completion_ids=[1, 2]) for _ in prompts]
+
+    class Rewards:
+        def score(self, prompts, completions):
+            return torch.tensor([0.25 * (i + 1) for i in range(len(completions))]), {}
+
+    cfg = load_config(None, ["algo.adv_baseline=greedy", "rollout.temperature=0.9", "rollout.max_new_tokens=5"])
+    run = SimpleNamespace(cfg=cfg, engine=Engine(), rewards=Rewards())
+    out = greedy_rewards(run, 3, ["p", "q"], _Clock())
+    assert out.tolist() == [0.25, 0.5] and out.dtype == torch.float32
+    (prompts, n, sampling), = calls
+    assert (prompts, n, sampling.temperature, sampling.max_new_tokens) == (["p", "q"], 1, 0.0, 5)
+    assert sampling.seed == rollout_sampling(cfg, 3).seed
+    with pytest.raises(Exception, match=r"rollout\.filter_groups"):
+        load_config(None, ["algo.adv_baseline=greedy", "rollout.filter_groups=true"])

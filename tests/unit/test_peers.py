@@ -1385,7 +1385,10 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert any("algorithm.gamma=0.99" in line and "discounted" in line for line in out.not_translated)
     out = advantage("reinforce_plus_plus", **{"algorithm.use_kl_in_reward": True})
     assert any("KL of that token and those after it" in line for line in out.differs)
-    for estimator, need in (("gae", "a learned critic"), ("remax", "a greedy rollout"), ("gdpo", "compute_score's dict"),
+    v = advantage("remax").values  # the reward of a greedy completion, each step
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("greedy", False)
+    assert any("KL of that token" in line for line in advantage("remax", **{"algorithm.use_kl_in_reward": True}).differs)
+    for estimator, need in (("gae", "a learned critic"), ("gdpo", "compute_score's dict"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)
         assert any(f"algorithm.adv_estimator={estimator!r}" in line and need in line for line in out.not_translated)

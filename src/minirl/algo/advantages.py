@@ -24,7 +24,7 @@ STD_EPS: float = 1e-6
 
 def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, baseline: str = "group_mean",
                      std_scope: str = "group", lengths_PG: torch.Tensor | None = None,
-                     nonzero_rescale: bool = False) -> torch.Tensor:
+                     nonzero_rescale: bool = False, greedy_P: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages [P, G] from rewards [P, G] (row = one prompt's group of G responses).
 
     std_normalize=False: A = R - mean_G(R)                          ([P] §4.1, with Eq. (7))
@@ -46,7 +46,7 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
         what = "std_normalize=True" if std_normalize else f"a {baseline} baseline"
         raise ValueError(f"{what} needs G >= 2 samples per prompt")
     centred = rewards - rewards.mean(dim=1, keepdim=True) if baseline == "group_mean" else \
-        less_baseline(rewards, baseline, lengths_PG)
+        less_baseline(rewards, baseline, lengths_PG, greedy_P)
     if std_normalize:
         std = rewards.std(correction=1) if std_scope == "batch" else rewards.std(dim=1, keepdim=True, correction=1)
         centred = centred / (std + STD_EPS)

@@ -595,7 +595,6 @@ def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | No
 
 
 VERL_NO_ADVANTAGE = {"gae": "a learned critic (minirl is critic-free, as the paper)",
-                     "remax": "a greedy rollout per prompt as the baseline",
                      "gdpo": "the reward keys of compute_score's dict (minirl's GDPO splits task.reward_functions: "
                              "algo.multi_objective_aggregation=normalize_then_sum)",
                      "optimal_token_baseline": "a per-token baseline", "tir_optimal_token_baseline": "a per-token baseline"}
@@ -613,9 +612,9 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         if estimator == "grpo_passk":
             obj.set("adv_baseline", "pass_at_k", peer.show(key) + ": only each group's best, its lead over the second")
         return
-    if estimator not in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "opo", "gpg"):
+    if estimator not in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "opo", "gpg", "remax"):
         need = VERL_NO_ADVANTAGE.get(estimator, "an estimator minirl does not know")
-        obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: grpo, rloo, opo, grpo_passk, gpg, "
+        obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: grpo, rloo, opo, grpo_passk, gpg, remax, "
                             "reinforce_plus_plus, reinforce_plus_plus_baseline)")
         return
     obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
@@ -625,6 +624,9 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         obj.set("adv_baseline", "length_weighted", peer.show(key) + ": the group's length-weighted mean reward")
     elif estimator == "gpg":
         obj.set("adv_nonzero_rescale", True, peer.show(key) + ": the group mean, x responses / non-zero rewards")
+    elif estimator == "remax":
+        obj.set("adv_baseline", "greedy", peer.show(key) + ": the reward of a greedy completion of the prompt")
+        _verl_token_kl_differs(peer, obj)
     elif estimator == "reinforce_plus_plus_baseline":
         obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
     else:
@@ -641,10 +643,15 @@ def _verl_reinforce_plus_plus(peer: Peer, obj: Objective) -> None:
         return
     obj.set("adv_baseline", "none", peer.show(key) + ": no baseline")
     obj.set("adv_whiten", True, peer.show(key) + ": the reward, whitened over tokens")
+    _verl_token_kl_differs(peer, obj)
+
+
+def _verl_token_kl_differs(peer: Peer, obj: Objective) -> None:
+    """REINFORCE++ and ReMax take each token's return: with the KL in the reward, that of the tokens from it on."""
     if peer("algorithm.use_kl_in_reward"):
-        obj.differs.append(f"{peer.show(key, 'algorithm.use_kl_in_reward')}: verl's return at a token subtracts the "
-                           "KL of that token and those after it; minirl subtracts each response's summed KL at all "
-                           "its tokens")
+        obj.differs.append(f"{peer.show('algorithm.adv_estimator', 'algorithm.use_kl_in_reward')}: verl's return at a "
+                           "token subtracts the KL of that token and those after it; minirl subtracts each response's "
+                           "summed KL at all its tokens")
 
 
 def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:

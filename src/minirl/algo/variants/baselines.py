@@ -1,7 +1,8 @@
 """Advantage baselines of TRL's and verl's runs that are not the paper's group mean ([P] = arXiv:2512.01374, §4.1):
 RLOO's leave-one-out mean (Ahmadian et al. 2024; verl ``adv_estimator=rloo``), OPO's length-weighted mean (Hao et al.
 2025, arXiv 2505.23585; verl ``opo``), none (REINFORCE++, Hu et al. 2025; verl ``reinforce_plus_plus``), Pass@k
-training's lead of a group's best response (Chen et al. 2025, arXiv 2503.19595; verl ``grpo_passk``), and
+training's lead of a group's best response (Chen et al. 2025, arXiv 2503.19595; verl ``grpo_passk``), ReMax's reward
+of a greedy completion (Li et al. 2023, arXiv 2310.10505; verl ``remax``), and
 REINFORCE++'s whitening over the batch's tokens (verl ``reinforce_plus_plus(_baseline)``) or TRL RLOO's over its
 responses. ``group_advantages``
 (``minirl.algo.advantages``) calls them; each is off by default.
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
-BASELINES = ("group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k")
+BASELINES = ("group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k", "greedy")
 """What ``group_advantages`` subtracts from each reward (``algo.adv_baseline``)."""
 
 
-def less_baseline(rewards: torch.Tensor, baseline: str, lengths_PG: torch.Tensor | None) -> torch.Tensor:
+def less_baseline(rewards: torch.Tensor, baseline: str, lengths_PG: torch.Tensor | None,
+                  greedy_P: torch.Tensor | None = None) -> torch.Tensor:
     """Rewards [P, G] less ``baseline`` (``group_advantages``' step in place of R - mean_G(R)):
 
       "group_mean"       R - mean_G(R)                                                         ([P] §4.1)
@@ -23,6 +25,7 @@ def less_baseline(rewards: torch.Tensor, baseline: str, lengths_PG: torch.Tensor
       "length_weighted"  R - sum_G(L R) / sum_G(L), L = ``lengths_PG`` (the plain mean if sum_G(L) = 0)  (OPO)
       "none"             R                                                                     (REINFORCE++)
       "pass_at_k"        R - max of the others for a group's best response, 0 for the others   (Pass@k training)
+      "greedy"           R - the reward of the prompt's greedy completion, ``greedy_P`` [P]       (ReMax)
     """
     group = rewards.shape[1]
     if baseline == "none":
@@ -40,6 +43,11 @@ def less_baseline(rewards: torch.Tensor, baseline: str, lengths_PG: torch.Tensor
         total = lengths.sum(dim=1, keepdim=True)
         weighted = (lengths * rewards).sum(dim=1, keepdim=True) / total.clamp(min=1)
         return rewards - torch.where(total > 0, weighted, rewards.mean(dim=1, keepdim=True))
+    if baseline == "greedy":
+        if greedy_P is None or tuple(greedy_P.shape) != (rewards.shape[0],):
+            raise ValueError(f"a greedy baseline needs one greedy reward per prompt ({rewards.shape[0]}), got "
+                             f"{None if greedy_P is None else tuple(greedy_P.shape)}")
+        return rewards - greedy_P.to(rewards.dtype)[:, None]
     if baseline not in BASELINES:
         raise ValueError(f"baseline={baseline!r}: one of {', '.join(BASELINES)}")
     centred = rewards - rewards.mean(dim=1, keepdim=True)
