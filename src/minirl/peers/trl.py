@@ -201,8 +201,8 @@ def _trl_logprob_head(peer: Peer, out: Translation) -> None:
         out.differs.append(f"the model's {', '.join(transforms)}: TRL's fused LM head applies it, minirl's chunked head "
                            "does not run on such a model; the whole logits are computed (optim.logprob_chunk_tokens: null)")
         return
-    out.set("optim.logprob_chunk_tokens", 1024, "TRL's GRPOTrainer: per-token log-probs from its fused LM head, never "
-                                                 "the whole logits")
+    out.set("optim.logprob_chunk_tokens", 1024, "TRL's GRPOTrainer and RLOOTrainer: per-token log-probs from their "
+                                                 "fused LM head, never the whole logits")
 
 
 def _trl_async(peer: Peer, out: Translation) -> None:
