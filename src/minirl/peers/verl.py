@@ -603,7 +603,8 @@ VERL_NO_ADVANTAGE = {"gae": "a learned critic (minirl is critic-free, as the pap
 
 def _verl_advantage(peer: Peer, obj: Objective) -> None:
     """verl's outcome advantage estimators (``core_algos``) as minirl's ``algo.adv_*``: grpo, rloo, opo, grpo_passk,
-    gpg, reinforce_plus_plus(_baseline) and the two vectorized forms; the others are blockers (``VERL_NO_ADVANTAGE``)."""
+    gpg, remax, reinforce_plus_plus(_baseline) and the two vectorized forms; the others are blockers
+    (``VERL_NO_ADVANTAGE``)."""
     key = "algorithm.adv_estimator"
     estimator = str(peer(key)).removesuffix("_vectorized")
     if estimator in ("grpo", "grpo_passk"):
