@@ -23,16 +23,23 @@ def test_two_fsdp_ranks_match_one_process(tmp_path, replay, n):
     """R3 replays the engine's routes on the ranks; R2 records routes on the ranks (old-log-prob
     pass, each rank its shard), gathers them in row order and replays them in both updates.
     N = 1: pi_old comes from the update's forward on each rank, gathered in row order."""
-    mode = [f"moe.routing_replay={replay}", f"optim.minibatches_per_step={n}"]
+    single, sharded = _two_ranks_match_one_process(tmp_path, f"moe.routing_replay={replay}",
+                                                   f"optim.minibatches_per_step={n}")
+    for a, b in zip(*(m for m, _ in (single, sharded))):
+        assert abs(a["mismatch/kl_k1"] - b["mismatch/kl_k1"]) < TOL  # logp_old gathered in row order
+
+
+def _two_ranks_match_one_process(tmp_path, *mode):
+    """Runs of ``mode`` in one process and on 2 FSDP ranks: the same losses and final weights (``TOL``) and global
+    gradient norms; returns both runs."""
     single = run_steps(tmp_path / "single", *mode)
     sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2")
     loss_diff, weight_diff = max_differences(single, sharded)
-    print(f"fsdp W=2 vs single: max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
+    print(f"fsdp W=2 vs single ({' '.join(mode)}): max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
     assert loss_diff < TOL and weight_diff < TOL
     for a, b in zip(*(m for m, _ in (single, sharded))):
-        assert abs(a["mismatch/kl_k1"] - b["mismatch/kl_k1"]) < TOL  # logp_old gathered in row order
         assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)  # the global norm
-
+    return single, sharded
 
 def test_ranks_must_divide_the_minibatch():
     with pytest.raises(ConfigError, match=r"cluster\.trainer_ranks: must divide the mini-batch of 4 sequences"):
@@ -236,16 +243,10 @@ def _untied_model(path):
 
 @pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), ("R2", 1, True), ("R3", 2, False)])
 def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, replay, n, tied):
-    """``optim.logprob_chunk_tokens`` under FSDP2: the head is a group of its own (with the embeddings when they share
-    its weight), gathered for each chunk and again for its recomputation in the backward; 2 ranks give one process's
-    losses, weights and global gradient norm."""
+    """``optim.logprob_chunk_tokens`` under FSDP2: the head stays in the root's group, gathered from the root's forward
+    to the end of its backward, so the chunks and their recomputation use the gathered weight (no collective added);
+    2 ranks give one process's losses, weights and global gradient norm, with a tied and an untied head."""
     mode = [f"moe.routing_replay={replay}", f"optim.minibatches_per_step={n}", "optim.logprob_chunk_tokens=7"]
     if not tied:
         mode.append(f"model.path={_untied_model(tmp_path / 'untied')}")
-    single = run_steps(tmp_path / "single", *mode)
-    sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2")
-    loss_diff, weight_diff = max_differences(single, sharded)
-    print(f"chunked head, fsdp W=2 vs single: max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
-    assert loss_diff < TOL and weight_diff < TOL
-    for a, b in zip(*(m for m, _ in (single, sharded))):
-        assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)
+    _two_ranks_match_one_process(tmp_path, *mode)
