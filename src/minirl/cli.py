@@ -394,8 +394,9 @@ def _quiet_libraries() -> None:
 
 def trl_command_line(words: list[str]) -> list[str]:
     """The rest of a ``trl grpo`` command line as ``config from-trl`` words: ``--config FILE`` -> FILE,
-    ``--key value`` / ``--key=value`` -> ``key=value``, a bare ``--flag`` -> ``flag=true`` (HfArgumentParser's
-    booleans); minirl's own ``-o`` / ``--output`` / ``--sft`` / ``--keep-objective`` stay as they are."""
+    ``--key value`` / ``--key=value`` -> ``key=value``, ``--key a b`` -> ``key=[a, b]`` (HfArgumentParser's nargs),
+    a bare ``--flag`` -> ``flag=true`` (its booleans); minirl's own ``-o`` / ``--output`` / ``--sft`` /
+    ``--keep-objective`` stay as they are."""
     out: list[str] = []
     i = 0
     while i < len(words):
@@ -410,11 +411,23 @@ def trl_command_line(words: list[str]) -> list[str]:
             continue
         key, eq, value = word[2:].partition("=")
         if not eq:
-            takes_value = i + 1 < len(words) and not words[i + 1].startswith("--")
-            value, i = (words[i + 1], i + 1) if takes_value else ("true", i)
+            values = _flag_values(words, i + 1, one=key == "config")
+            value = "true" if not values else values[0] if len(values) == 1 else f"[{', '.join(values)}]"
+            i += len(values)
         out.append(value if key == "config" else f"{key}={value}")
         i += 1
     return out
+
+
+def _flag_values(words: list[str], start: int, *, one: bool) -> list[str]:
+    """The values of a ``--flag`` at ``words[start:]``: the words up to the next flag (``--...``, minirl's ``-o``) or
+    ``key=value`` word (HfArgumentParser's nargs: ``--reward_clip_range -1 1``); ``one``: at most one."""
+    values: list[str] = []
+    for word in words[start:]:
+        if word.startswith("--") or word == "-o" or "=" in word or (one and values):
+            break
+        values.append(word)
+    return values
 
 
 def _stacks_on_sigusr1() -> None:

@@ -172,6 +172,9 @@ def test_a_trl_command_line_is_taken_as_trl_users_type_it(tmp_path: Path):
              "--keep-objective", "--vllm_mode", "colocate"]
     assert trl_command_line(words) == ["grpo.yaml", "learning_rate=5e-6", "use_vllm=true", "num_generations=4", "-o",
                                        "out.yaml", "--keep-objective", "vllm_mode=colocate"]
+    # `trl rloo --config rloo.yaml --reward_clip_range -1 1`: the trainer word stays, two values make a list
+    assert trl_command_line(["rloo", "--config", "rloo.yaml", "--reward_clip_range", "-1", "1", "-o", "x.yaml"]) == [
+        "rloo", "rloo.yaml", "reward_clip_range=[-1, 1]", "-o", "x.yaml"]
     (tmp_path / "grpo.yaml").write_text("max_steps: 10\n")
     (tmp_path / "sft.yaml").write_text("max_steps: 30\nlearning_rate: 1e-5\n")
     proc = _minirl("config", "from-trl", "--config", "grpo.yaml", "--learning_rate", "5e-6", "--num_generations", "4",
