@@ -916,9 +916,6 @@ class Config(Section):
             raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs in the "
                              "trainer's process (a capture forbids other work on the device); set "
                              "rollout.cuda_graphs=false or async_steps=0, or run the trainer as ranks")
-        if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
-            raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
-                             "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")
 
     def _check_reference(self, distributed: bool) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
@@ -971,6 +968,9 @@ class Config(Section):
         self._check_reference(distributed)
         self._check_bypass()
         self._check_async()
+        if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
+            raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
+                             "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")
         if distributed and self.model.lora is not None:
             raise ValueError("model.lora: LoRA runs only with the single-process trainer (cluster.backend=local, "
                              "cluster.trainer_ranks=1); set it to null")

@@ -480,8 +480,7 @@ def _trl_rloo_objective(peer: Peer) -> Objective:
     _trl_router_aux_loss(peer, obj)
     obj.set("name", "gspo", origin + ": one clipped ratio per response, the mean over responses")
     obj.set("sequence_ratio", "sum", origin + ": the response's log-ratio is its tokens' sum")
-    eps_low = float(peer("epsilon"))
-    obj.set("eps_low", eps_low, peer.show("epsilon"))
+    obj.set("eps_low", float(peer("epsilon")), peer.show("epsilon"))
     eps_key = "epsilon_high" if peer("epsilon_high") is not None else "epsilon"
     obj.set("eps_high", float(peer(eps_key)), peer.show(eps_key))
     obj.set("adv_baseline", "leave_one_out", "RLOOTrainer: the mean of the other G - 1 rewards")

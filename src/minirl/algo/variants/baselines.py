@@ -1,11 +1,10 @@
 """Advantage baselines of TRL's and verl's runs that are not the paper's group mean ([P] = arXiv:2512.01374, §4.1):
 RLOO's leave-one-out mean (Ahmadian et al. 2024; verl ``adv_estimator=rloo``), OPO's length-weighted mean (Hao et al.
 2025, arXiv 2505.23585; verl ``opo``), none (REINFORCE++, Hu et al. 2025; verl ``reinforce_plus_plus``), Pass@k
-training's lead of a group's best response (Chen et al. 2025, arXiv 2503.19595; verl ``grpo_passk``), ReMax's reward
-of a greedy completion (Li et al. 2023, arXiv 2310.10505; verl ``remax``), and
-REINFORCE++'s whitening over the batch's tokens (verl ``reinforce_plus_plus(_baseline)``) or TRL RLOO's over its
-responses. ``group_advantages``
-(``minirl.algo.advantages``) calls them; each is off by default.
+training's lead of a group's best response (Chen et al. 2025, arXiv 2503.19595; verl ``grpo_passk``) and ReMax's
+reward of a greedy completion (Li et al. 2023, arXiv 2310.10505; verl ``remax``); then the whitening of REINFORCE++
+over the batch's tokens (verl ``reinforce_plus_plus(_baseline)``) or of TRL's RLOO over its responses.
+``group_advantages`` (``minirl.algo.advantages``) calls them; each is off by default.
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ def token_whiten(advantages: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     mean = (n * advantages).sum() / (tokens + 1e-8)
     variance = (n * (advantages - mean) ** 2).sum() / (tokens + 1e-8) * (tokens / (tokens - 1))
     return (advantages - mean) * torch.rsqrt(variance + 1e-8)
-
 
 
 def response_whiten(advantages: torch.Tensor) -> torch.Tensor:
