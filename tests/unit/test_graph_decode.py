@@ -5,8 +5,13 @@ sampled; rows really move to smaller buckets. (The CUDA-graph capture itself run
 
 from __future__ import annotations
 
+import collections
+import inspect
+import sys
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import minirl.rollout.graph_decode as graph_decode
 from minirl.rollout.graph_decode import BucketDecoder, bucket_sizes
@@ -87,3 +92,96 @@ def test_the_switch_is_clean_on_a_cpu():
     with pytest.raises(ValueError, match="grouped GEMM"):
         BucketDecoder(NativeEngine(model, eos_token_id=1, pad_token_id=PAD)._fast, graphs=True)
     assert graph_decode.BucketDecoder is BucketDecoder
+
+
+# ----------------------------------------------------------------------------- what a capture forbids
+
+# aten ops that wait for the device (a value read on the host) or whose output shape depends on the data: each
+# breaks a CUDA-graph capture, and each syncs the host inside an eager CUDA decode loop
+WAITING_OPS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default", "aten.equal.default",
+               "aten.allclose.default", "aten.nonzero.default",
+               "aten.masked_select.default", "aten.bincount.default", "aten.repeat_interleave.Tensor",
+               "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default"}
+
+
+class _WaitCensus(TorchDispatchMode):
+    """Counts, by the minirl function and line that issued it, every waiting op (and every index by a boolean
+    mask, whose shape depends on the data) dispatched while ``on``, and every ``tolist`` / ``numpy`` / ``cpu`` (which
+    a CPU tensor answers without a dispatch; ``watch_host_copies``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: collections.Counter = collections.Counter()
+        self.on = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        indices = [index for arg in args if isinstance(arg, (list, tuple)) for index in arg]
+        masked = name.startswith("aten.index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+        if name in WAITING_OPS or masked:
+            self.count(name)
+        return func(*args, **(kwargs or {}))
+
+    def count(self, name: str) -> None:
+        if not self.on:
+            return
+        frame = sys._getframe(2)
+        while frame is not None and "/minirl/" not in frame.f_code.co_filename.replace("\\", "/"):
+            frame = frame.f_back
+        site = "?" if frame is None else f"{frame.f_code.co_name}:{frame.f_lineno}"
+        self.sites[f"{name} in {site}"] += 1
+
+    def watch_host_copies(self, monkeypatch) -> None:
+        for method in ("tolist", "numpy", "cpu"):
+            original = getattr(torch.Tensor, method)
+
+            def counted(tensor, *args, _original=original, _method=method, **kwargs):
+                self.count(f"Tensor.{_method}")
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, method, counted)
+
+
+@pytest.mark.parametrize("precision, kv_cache, penalty", [("bf16", "same", 1.0), ("fp8_e4m3", "fp8_e4m3", 1.0),
+                                                         ("fp4_e2m1", "same", 1.3)])
+def test_the_captured_step_and_the_decode_loop_never_wait_for_the_device(monkeypatch, precision, kv_cache, penalty):
+    """The CUDA path's shape of the loop on a CPU (the whole-length step, the device-side grouped GEMM experts, R3
+    routes recorded, top-p and a repetition penalty): no op of the step a bucket captures waits for the device or
+    has a data-dependent shape, and the loop around it waits only where the module says, reading the running count
+    (non-blocking on CUDA; read at once here) and moving to a smaller bucket."""
+    census = _WaitCensus()
+    census.watch_host_copies(monkeypatch)
+    steps: list[int] = []
+    for name in ("_step", "decode"):
+        original = getattr(BucketDecoder, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            census.on = True
+            steps.extend([1] if _name == "_step" else [])
+            before = collections.Counter(census.sites)
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                census.on = _name == "_step"  # back inside the loop after a step
+                if _name == "_step":
+                    assert census.sites == before, f"the captured step waits: {census.sites - before}"
+
+        monkeypatch.setattr(BucketDecoder, name, counted)
+    kwargs = {"precision": precision, "kv_cache_precision": kv_cache, **({"fp4_block_size": 16} if precision == "fp4_e2m1" else {})}
+    engine = NativeEngine(moe_model(std=0.3), eos_token_id=STOP, pad_token_id=PAD, decode_path="static", **kwargs)
+    engine._buckets.full_length = True
+    engine._buckets.fast.grouped_mm = True  # the experts a capture needs (the default only for bf16 on CUDA)
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, seed=5, repetition_penalty=penalty)
+    with census:
+        engine.generate_ids(PROMPTS, 8, params, record_routes=True)
+    census.on = False
+    assert len(steps) >= 20
+    reads = {site: n for site, n in census.sites.items() if site.endswith(f"in read:{_COUNT_READ_LINE}")}
+    changes = {site: n for site, n in census.sites.items()  # the rows kept, and the host's list of them
+               if "aten.nonzero.default in decode:" in site or "Tensor.tolist in _bucket:" in site}
+    assert set(census.sites) == set(reads) | set(changes), census.sites  # nothing else waits
+    assert sum(reads.values()) <= len(steps) and 2 <= sum(changes.values()) <= 2 * len(bucket_sizes(len(PROMPTS) * 8))
+
+
+_COUNT_READ_LINE = next(number for number, line in enumerate(inspect.getsource(graph_decode).splitlines(), start=1)
+                        if "return int(alive.sum())" in line)
