@@ -4,7 +4,6 @@ defaults and ``$((...))`` arithmetic expanded), a YAML config or ``key=value`` w
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shlex
@@ -27,6 +26,7 @@ from minirl.peers.common import (
     template_kwargs,
     unset,
 )
+from minirl.peers.shell import ASSIGNMENT, arithmetic, expand, logical_lines
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -736,7 +736,6 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
     return given
 
 
-_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
 
 
@@ -750,8 +749,8 @@ def script_overrides(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     variables = dict(os.environ)
     overrides: dict[str, Any] = {}
-    for number, physical in _logical_lines(text):
-        line = _arithmetic(" ".join(physical).strip(), variables)
+    for number, physical in logical_lines(text):
+        line = arithmetic(" ".join(physical).strip(), variables)
         if not line or line.startswith("#"):
             continue
         try:
@@ -759,113 +758,18 @@ def script_overrides(path: Path) -> dict[str, Any]:
         except ValueError as err:
             raise ConfigError(f"{path}:{number}: cannot read the shell line ({err})") from None
         for word in words:
-            assignment = _ASSIGNMENT.match(word)
+            assignment = ASSIGNMENT.match(word)
             override = _OVERRIDE.match(word)
             if override:
                 key, value = override.groups()
-                expanded = _expand(value, variables)
+                expanded = expand(value, variables)
                 at = number + next((i for i, part in enumerate(physical) if f"{key}=" in part), 0)
                 overrides[key] = Unresolved(value, f"{path}:{at}") if expanded is None else parse_value(expanded)
             elif assignment and words[0] in (word, "export"):
                 name, value = assignment.groups()
-                expanded = _expand(value, variables)
+                expanded = expand(value, variables)
                 if expanded is not None:  # else it stays unset: an override using it is the error line
                     variables[name] = expanded
     if not overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
     return overrides
-
-
-_ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)")
-
-
-def _arithmetic(line: str, variables: dict[str, str]) -> str:
-    """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``); one
-    it cannot evaluate is left as it is (an override using it is then unresolved)."""
-    def evaluate(match: re.Match[str]) -> str:
-        expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b",
-                      lambda v: variables.get(v.group(1) or v.group(2), v.group(0)), match.group(1))
-        if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
-            return match.group(0)
-        try:
-            return str(_integer(ast.parse(expr.strip().replace("/", "//"), mode="eval").body))
-        except (SyntaxError, ValueError, ZeroDivisionError):
-            return match.group(0)
-
-    return _ARITHMETIC.sub(evaluate, line)
-
-
-def _integer(node: ast.AST) -> int:
-    """An integer expression of + - * // % and parentheses (nothing else is evaluated)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_integer(node.operand)
-    operators = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__,
-                 ast.Mod: int.__mod__}
-    if isinstance(node, ast.BinOp) and type(node.op) in operators:
-        return operators[type(node.op)](_integer(node.left), _integer(node.right))
-    raise ValueError("not an integer expression")
-
-
-def _logical_lines(text: str) -> list[tuple[int, list[str]]]:
-    """Shell lines joined at a trailing backslash: (first line number, the physical lines)."""
-    lines: list[tuple[int, list[str]]] = []
-    pending: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not pending:
-            start = number
-        pending.append(raw[:-1] if raw.endswith("\\") else raw)
-        if not raw.endswith("\\"):
-            lines.append((start, pending))
-            pending = []
-    if pending:
-        lines.append((start, pending))
-    return lines
-
-
-def _expand(value: str, variables: dict[str, str]) -> str | None:
-    """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
-    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere."""
-    out, i, missing = [], 0, False
-    while i < len(value):
-        if value[i] != "$" or value.startswith("$((", i):
-            out.append(value[i])
-            i += 1
-            continue
-        bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)", value[i:])
-        if bare:
-            name = bare.group(1)
-            missing = missing or name not in variables
-            out.append(variables.get(name, ""))
-            i += bare.end()
-            continue
-        if not value.startswith("${", i):
-            out.append(value[i])
-            i += 1
-            continue
-        depth, j = 0, i + 1
-        while j < len(value):  # the matching brace
-            depth += {"{": 1, "}": -1}.get(value[j], 0)
-            if depth == 0:
-                break
-            j += 1
-        inner = value[i + 2:j]
-        parts = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", inner, re.S)
-        if parts is None or j == len(value):
-            return None
-        name, default = parts.group(1), parts.group(2)
-        if variables.get(name):
-            out.append(variables[name])
-        elif default is not None:
-            expanded_default = _expand(default, variables)
-            if expanded_default is None:
-                return None
-            out.append(expanded_default)
-        else:
-            missing = missing or name not in variables
-        i = j + 1
-    expanded = "".join(out)
-    if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
-        return None
-    return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
