@@ -314,6 +314,11 @@ class OptimConfig(Section):
     recomputed in the backward (verl's ``use_fused_kernels``, TRL's ``use_liger_kernel``): the [tokens, vocabulary]
     logits never exist whole, the largest tensors of an update with a big vocabulary (``minirl.models.logprob_head``).
     Log-probs and entropies as the whole-tensor path's, to float rounding. null = the model's own forward."""
+    score_at_rollout_temperature: bool = True
+    """The trainer's log-probs (pi_theta, pi_old, the reference's) and entropies are of logits / rollout.temperature,
+    the law the engine samples before its truncations, as TRL, verl and slime compute them, so ``mismatch/*`` and the
+    IS weight see the engine's gap, not the temperature. false: of the raw logits (the policy at temperature 1; the
+    IS weight pi_theta/mu_old, truncated, then also carries the temperature). No effect at rollout.temperature 1."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """The trainer's compute: fp32, or bf16 mixed precision (autocast; float32 master weights,
     gradients and AdamW state; FSDP2 ranks all-gather bf16 and reduce in fp32). ``minirl.precision``.

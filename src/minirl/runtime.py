@@ -201,10 +201,12 @@ def prepare_for_training(cfg: Config, model: torch.nn.Module) -> None:
         enable_gradient_checkpointing(model)
 
 
-def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True) -> Trainer:
+def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True,
+                  logits_temperature: float | None = None) -> Trainer:
     """The trainer of ``cfg.optim``; ``deterministic``: dropout and router jitter off (RL; see
     ``minirl.trainer.disable_stochastic_layers``). LoRA and gradient checkpointing are applied to
-    ``model`` first (``prepare_for_training``)."""
+    ``model`` first (``prepare_for_training``). ``logits_temperature``: what the trainer's logits are divided by
+    (None: ``rollout.temperature`` under ``optim.score_at_rollout_temperature``, else 1; SFT passes 1)."""
     from minirl.precision import set_tf32
 
     o = cfg.optim
@@ -231,6 +233,8 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         adamw_impl=o.adamw_impl,
         padding_free=o.padding_free,
         logprob_chunk_tokens=o.logprob_chunk_tokens,
+        logits_temperature=logits_temperature if logits_temperature is not None else
+        cfg.rollout.temperature if o.score_at_rollout_temperature else 1.0,
     )
 
 

@@ -106,7 +106,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     sft_cfg = cfg.model_copy(deep=True)
     sft_cfg.optim.lr, sft_cfg.optim.warmup_updates, sft_cfg.optim.weight_decay = c.lr, c.warmup_steps, 0.0
     sft_cfg.optim.lr_schedule = "constant"  # the RL schedule's horizon is RL's
-    trainer = build_trainer(sft_cfg, model, replay=None, deterministic=False)  # SFT keeps a model's dropout
+    trainer = build_trainer(sft_cfg, model, replay=None, deterministic=False, logits_temperature=1.0)  # SFT keeps a model's dropout
     rng = random.Random(seed + 1)
     started, last_print = time.perf_counter(), 0.0
     losses: list[float] = []

@@ -192,6 +192,7 @@ class Trainer:
         adamw_impl: str = "default",
         padding_free: bool = False,
         logprob_chunk_tokens: int | None = None,
+        logits_temperature: float = 1.0,
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -208,6 +209,9 @@ class Trainer:
         self._packed = PackedForward(model) if padding_free else None  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        if not (logits_temperature > 0 and math.isfinite(logits_temperature)):
+            raise ValueError(f"logits_temperature must be a positive number (got {logits_temperature})")
+        self.logits_temperature = logits_temperature  # log pi of logits / T: the law the engine samples at T
         self.head = LogprobHead(model, logprob_chunk_tokens) if logprob_chunk_tokens else None
         if self.head is not None:
             self.head.check(self.device)  # refuses a model whose logits are not its head's, in one line
@@ -304,8 +308,11 @@ class Trainer:
         targets = to_device(micro.input_ids[:, 1:], self.device)
         if self.head is not None:
             return self.head.terms(out[:, :-1], targets, micro.mask, entropy,
-                                   context=functools.partial(compute_context, self.precision, self.device))
+                                   context=functools.partial(compute_context, self.precision, self.device),
+                                   temperature=self.logits_temperature)
         logits = out[:, :-1].float()
+        if self.logits_temperature != 1.0:  # (skipped at 1: the logits bitwise as they were)
+            logits = logits / self.logits_temperature
         logp = token_logprobs(logits, targets)
         if entropy == "grad":
             return logp, token_entropy_with_grad(logits)

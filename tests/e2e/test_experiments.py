@@ -354,6 +354,7 @@ def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
     assert read_run_config(tmp_path / "s2" / "onpolicy_no_is" / "seed0" / "config.yaml").rollout.fp4_block_size == 64
 
 
+@pytest.mark.slow  # the device tool's script, smoke-tested on the CPU (as benchmarks/gpu_bench.py --tiny)
 def test_the_gpu_study_command_runs_and_collects_every_run(tmp_path):
     """``experiments/studies/gpu_sweep.sh`` (the device tool's prepared command), smoke-tested on the CPU:
     every arm runs, and each run's record (not its checkpoints) lands in $OUT/<study>/<arm>/seed<s>/."""

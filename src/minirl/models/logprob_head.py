@@ -74,11 +74,12 @@ class LogprobHead:
                                    "head (a soft cap or a scale); set it to null")
 
     def terms(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, entropy: str | None,
-              context: Callable[[], AbstractContextManager[Any]] = nullcontext) -> tuple[torch.Tensor, torch.Tensor | None]:
+              context: Callable[[], AbstractContextManager[Any]] = nullcontext,
+              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(y_t) [b, T] float32 at the ``mask`` positions (0 elsewhere; a host tensor sizes the chunks without
         a device sync) from ``hidden`` [b, T, H], the states before each target of ``targets`` [b, T]; with
         ``entropy`` ``"detached"`` or ``"grad"``, the full-vocabulary entropy there too (differentiable with
-        ``"grad"``). ``context``: the compute context the head runs in. No position on the mask: zeros that still
+        ``"grad"``). ``context``: the compute context the head runs in; ``temperature``: the logits' divisor. No position on the mask: zeros that still
         reach ``hidden`` (a backward through them gives zero gradients, as the whole path's masked terms do)."""
         b, t = targets.shape
         where = mask.reshape(-1).nonzero().squeeze(1).to(hidden.device)  # a host mask: no device sync
@@ -88,9 +89,9 @@ class LogprobHead:
         for start in range(0, len(where), self.chunk_tokens):
             part = (states[start:start + self.chunk_tokens], wanted[start:start + self.chunk_tokens])
             if torch.is_grad_enabled() and states.requires_grad:  # the chunk's logits recomputed in the backward
-                logp, ent = checkpoint(self._chunk, *part, entropy, context, use_reentrant=False)
+                logp, ent = checkpoint(self._chunk, *part, entropy, context, temperature, use_reentrant=False)
             else:
-                logp, ent = self._chunk(*part, entropy, context)
+                logp, ent = self._chunk(*part, entropy, context, temperature)
             logps.append(logp)
             entropies.append(ent)
         logp = hidden.new_zeros(b * t, dtype=torch.float32).index_copy(0, where, _cat(logps, hidden)).view(b, t)
@@ -99,10 +100,12 @@ class LogprobHead:
         return logp, hidden.new_zeros(b * t, dtype=torch.float32).index_copy(0, where, _cat(entropies, hidden)).view(b, t)
 
     def _chunk(self, states: torch.Tensor, wanted: torch.Tensor, entropy: str | None,
-               context: Callable[[], AbstractContextManager[Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+               context: Callable[[], AbstractContextManager[Any]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         with context():
             logits = self.head(states)
         logits = logits.float()[None]  # [1, n, V], as the whole-tensor path upcasts it
+        if temperature != 1.0:
+            logits = logits / temperature
         logp = token_logprobs(logits, wanted[None])[0]
         if entropy == "grad":
             return logp, token_entropy_with_grad(logits)[0]
