@@ -169,6 +169,13 @@ def keep_adamw_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
         group.update(adamw_flags(impl))
 
 
+
+def _positive_temperature(value: float) -> float:
+    """``Trainer(logits_temperature=...)``, checked: a positive, finite divisor of the logits."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"logits_temperature must be a positive number (got {value})")
+    return value
+
 class Trainer:
     def __init__(
         self,
@@ -209,9 +216,7 @@ class Trainer:
         self._packed = PackedForward(model) if padding_free else None  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
-        if not (logits_temperature > 0 and math.isfinite(logits_temperature)):
-            raise ValueError(f"logits_temperature must be a positive number (got {logits_temperature})")
-        self.logits_temperature = logits_temperature  # log pi of logits / T: the law the engine samples at T
+        self.logits_temperature = _positive_temperature(logits_temperature)  # log pi of logits / T: the engine's law
         self.head = LogprobHead(model, logprob_chunk_tokens) if logprob_chunk_tokens else None
         if self.head is not None:
             self.head.check(self.device)  # refuses a model whose logits are not its head's, in one line
