@@ -5,8 +5,8 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl train configs/demo.yaml optim.lr=3e-4 moe.routing_replay=R2
     minirl config defaults            # every key, its default and what it does
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
-    minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`; `from-trl rloo FILE`: `trl rloo`)
-                                                   # or verl run (from-verl run.sh)
+    minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`; `from-trl rloo FILE`: `trl rloo`),
+                                                   # verl (from-verl run.sh) or slime run (from-slime run.sh)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2; so is a run directory that cannot
@@ -189,7 +189,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     from minirl.config_docs import render
 
     words = [*args.words, *args.overrides]
-    action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl") else "show"
+    action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl", "from-slime") else "show"
     if action.startswith("from-"):
         return _config_from_peer(action, words, args)
     args.config = words.pop(0) if words and "=" not in words[0] else None
@@ -201,9 +201,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -> int:
-    """``config from-trl FILE [key=value]`` / ``config from-verl [run.sh|config.yaml ...] [key=value]``."""
+    """``config from-trl FILE [key=value]`` / ``config from-verl [run.sh|config.yaml ...] [key=value]`` /
+    ``config from-slime [run.sh|config.yaml ...] [--flag value ...]``."""
     from minirl import peers
 
+    if action == "from-slime":  # a launch script and / or slime's own --flag words
+        return _write_translation(_from_slime(words, args), args)
     files = [word for word in words if "=" not in word]
     settings = [word for word in words if "=" in word]
     if not words:
@@ -218,7 +221,26 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
             peers.add_trl_sft(translation, peers.read_trl(args.sft, []))
     else:
         translation = peers.from_verl(peers.read_verl(files, settings), args.keep_objective)
-    text = translation.render(" ".join(files + settings) or "the command line")
+    translation.source_name = " ".join(files + settings) or "the command line"
+    return _write_translation(translation, args)
+
+
+def _from_slime(words: list[str], args: argparse.Namespace) -> Any:
+    """``config from-slime [run.sh|config.yaml ...] [--flag value ...]``."""
+    from minirl import peers
+
+    flags = next((i for i, word in enumerate(words) if word.startswith("--")), len(words))
+    files, rest = words[:flags], words[flags:]
+    if not words:
+        raise ConfigError("config from-slime: give a slime launch script (its `python3 train.py ...` line), a "
+                          "--custom-config-path YAML and/or slime's --flag value words")
+    translation = peers.from_slime(peers.read_slime(files, rest), args.keep_objective)
+    translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
+    return translation
+
+
+def _write_translation(translation: Any, args: argparse.Namespace) -> int:
+    text = translation.render(translation.source_name)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"minirl: wrote {args.output}: {translation.summary()}; train with `minirl train {args.output}`", file=sys.stderr)
@@ -345,12 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL or verl run's settings")
-    p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl] [CONFIG] [key=value ...]",
+    p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl|from-slime] [CONFIG] [key=value ...]",
                    help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
                         "from-trl [rloo] FILE: a `trl grpo --config` (or `trl rloo --config`) file as a minirl config; "
                         "from-verl [run.sh|config.yaml] "
-                        "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config")
-    p.add_argument("-o", "--output", default=None, help="from-trl / from-verl: write the minirl config here (default: stdout)")
+                        "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config; from-slime "
+                        "[run.sh|config.yaml] [--flag value ...]: a slime launch script's train.py flags")
+    p.add_argument("-o", "--output", default=None,
+                   help="from-trl / from-verl / from-slime: write the minirl config here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
                    help="from-trl: a `trl sft --config` file, translated as the cold start (SFT before RL)")
     p.add_argument("--keep-objective", action="store_true",
@@ -419,6 +443,22 @@ def trl_command_line(words: list[str]) -> list[str]:
     return out
 
 
+def split_own_options(words: list[str]) -> tuple[list[str], list[str]]:
+    """minirl's ``-o FILE`` / ``--output FILE`` / ``--keep-objective`` out of a ``config from-slime`` command line, and
+    the rest (scripts, YAML files, slime's ``--flag value`` words) as they are."""
+    own: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(words):
+        if words[i] in ("-o", "--output") and i + 1 < len(words):
+            own += words[i:i + 2]
+            i += 2
+            continue
+        (own if words[i] == "--keep-objective" or words[i].startswith("--output=") else rest).append(words[i])
+        i += 1
+    return own, rest
+
+
 def _flag_values(words: list[str], start: int, *, one: bool) -> list[str]:
     """The values of a ``--flag`` at ``words[start:]``: the words up to the next flag (``--...``, minirl's ``-o``) or
     ``key=value`` word (HfArgumentParser's nargs: ``--reward_clip_range -1 1``); ``one``: at most one."""
@@ -446,7 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["config", "from-trl"]:  # `trl grpo --config FILE --learning_rate 1e-6 ...` as TRL users type it
         argv = argv[:2] + trl_command_line(argv[2:])
+    slime = None
+    if argv[:2] == ["config", "from-slime"]:  # slime's own --flag words pass through argparse untouched
+        own, slime = split_own_options(argv[2:])
+        argv = argv[:2] + own
     args, extra = parser.parse_known_args(argv)
+    if slime is not None:
+        args.words = ["from-slime", *slime]
     # key=value overrides may also follow an option (argparse stops a positional list at a flag)
     unknown = [item for item in extra if item.startswith("-") or "=" not in item]
     if unknown:

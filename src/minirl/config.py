@@ -947,7 +947,9 @@ class Config(Section):
                 f"optim.minibatches_per_step: must divide the global batch "
                 f"prompts_per_step x samples_per_prompt = {total} (got {n})"
             )
-        group, loss, whole_groups = self.rollout.samples_per_prompt, self.algo.name.upper(), self.algo.whole_groups
+        group, loss = self.rollout.samples_per_prompt, self.algo.name.upper()
+        # CISPO's per-group denominators need whole groups; its token mean (the mini-batch's tokens) does not
+        whole_groups = self.algo.whole_groups and getattr(self.algo, "aggregation", "group") == "group"
         if whole_groups and (self.minibatch_sequences % group or self.optim.micro_batch_sequences % group):
             raise ValueError(
                 f"optim.micro_batch_sequences: {loss} normalises by each group's token count, so mini- and "

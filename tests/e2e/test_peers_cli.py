@@ -329,3 +329,64 @@ def test_verls_gpg_and_reinforce_plus_plus_scripts_translate_and_train(tmp_path:
         assert len(steps) == 2 and all(m["policy/loss"] == m["policy/loss"] for m in steps)  # finite, not NaN
         if name == "gpg":
             assert all(m["policy/clip_frac"] == 0.0 for m in steps)
+
+
+SLIME_SCRIPT = """\
+#!/bin/bash
+set -ex
+source "${{SCRIPT_DIR}}/models/qwen3-30B-A3B.sh"
+DATA={data}
+ROLLOUT_ARGS=(
+   --prompt-data $DATA
+   --input-key prompt
+   --label-key label
+   --apply-chat-template
+   --custom-rm-path my_rm.score
+   --reward-key score
+   --num-rollout 2
+   --rollout-batch-size 2
+   --n-samples-per-prompt 4
+   --rollout-max-response-len 8
+   --rollout-temperature 0.9
+   --global-batch-size 4
+)
+GRPO_ARGS=(
+   --advantage-estimator grpo
+   --eps-clip 0.2
+   --eps-clip-high 0.28
+   --use-tis
+   # --use-opsm
+)
+ray job submit --address="http://127.0.0.1:8265" -- python3 train.py \\
+   --actor-num-nodes 1 --actor-num-gpus-per-node 1 --colocate \\
+   ${{MODEL_ARGS[@]}} ${{ROLLOUT_ARGS[@]}} ${{GRPO_ARGS[@]}} \\
+   --save {runs}/slime-run --save-interval 1
+"""
+
+SLIME_REWARD = '''\
+async def score(args, sample, **kwargs):  # slime's --custom-rm-path convention
+    assert args.reward_key == "score" and args.n_samples_per_prompt == 4
+    return {"score": float(sample.response.strip() == sample.label), "length": len(sample.response)}
+'''
+
+
+def test_a_slime_launch_script_translates_and_trains(tmp_path: Path):
+    """slime's shape: bash arrays expanded into `ray job submit ... -- python3 train.py`, a sourced model file, an
+    async (args, sample) reward with --reward-key, TIS; then `minirl train` on the tiny preset."""
+    rows = [{"prompt": [{"role": "user", "content": w}], "label": w[::-1]} for w in WORDS]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "my_rm.py").write_text(SLIME_REWARD)
+    (tmp_path / "run.sh").write_text(SLIME_SCRIPT.format(data=tmp_path / "train.jsonl", runs=tmp_path))
+    proc = _minirl("config", "from-slime", "run.sh", "--lr", "1e-4", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "minirl.yaml").read_text()
+    assert "lr: 0.0001  # --lr 0.0001" in text and "MODEL_ARGS" in text
+    cfg = yaml.safe_load(text)
+    assert (cfg["optim"]["minibatches_per_step"], cfg["algo"]["name"], cfg["algo"]["tis_cap"]) == (2, "grpo", 2.0)
+
+    train = _minirl("train", "minirl.yaml", *TINY_RUN, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "slime-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/score/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2] and all("policy/loss" in m for m in steps)
+    assert (tmp_path / "slime-run" / "checkpoint").is_dir()

@@ -1,4 +1,5 @@
-"""A TRL or verl run's settings as a minirl config: ``minirl config from-trl`` / ``from-verl``, ``minirl.train(args=...)``.
+"""A TRL, verl or slime run's settings as a minirl config: ``minirl config from-trl`` / ``from-verl`` / ``from-slime``,
+``minirl.train(args=...)``.
 
 * **TRL**: the YAML file of ``trl grpo --config FILE`` (``GRPOConfig`` + ``ModelConfig`` + the
   script's ``model_name_or_path`` / ``dataset_name`` / ``reward_funcs``), read against TRL 1.16's
@@ -20,12 +21,19 @@ differ, such as verl's dual clip, are listed). Otherwise — or with ``keep_obje
 minirl's MiniRL (paper Eq. 7); the header says which peer keys that drops. The mapping of each key is
 the table of ``docs/coming_from_trl_verl.md``.
 
-``minirl.peers.common`` holds the translation and its rendering, ``minirl.peers.trl`` and ``minirl.peers.verl``
-each peer's defaults and mapping (and how its files are read).
+* **slime**: the ``--flag value`` words of a launch script's ``python3 train.py`` command (its bash arrays and
+  variables expanded), a ``--custom-config-path`` YAML or flags given directly, read against slime's defaults
+  (``arguments.py``) and Megatron-LM's for its optimizer flags.
+
+``minirl.peers.common`` holds the translation and its rendering, ``minirl.peers.shell`` the shell-script readers,
+``minirl.peers.trl``, ``minirl.peers.verl`` and ``minirl.peers.slime`` each peer's defaults and mapping (and how its
+files are read).
 """
 
 from minirl.peers.common import Translation
+from minirl.peers.slime import from_slime, read_slime
 from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
 
-__all__ = ["Translation", "add_trl_sft", "from_trl", "from_verl", "read_trl", "read_verl", "script_overrides"]
+__all__ = ["Translation", "add_trl_sft", "from_slime", "from_trl", "from_verl", "read_slime", "read_trl", "read_verl",
+           "script_overrides"]

@@ -32,6 +32,8 @@ class Translation:
     differs: list[str] = field(default_factory=list)
     not_translated: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    source_name: str = "the command line"
+    """What was translated (files and settings), for the header."""
 
     def set(self, key: str, value: Any, origin: str) -> None:
         self.values[key] = value
@@ -126,7 +128,7 @@ class Peer:
         value = self.given.get(key, self.defaults.get(key))
         if isinstance(value, Unresolved):
             raise ConfigError(f"{value.where}: {key} uses a variable the script does not set ({value.text}); "
-                              f"set it in the environment or give {key}=... after the script")
+                              f"set it in the environment or give {self.override_hint(key)} after the script")
         default = self.defaults.get(key)
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
         if (numeric or default is None) and isinstance(value, str) and NUMBER.fullmatch(value.strip()):
@@ -163,6 +165,10 @@ class Peer:
         if not isinstance(parsed, dict):
             raise ConfigError(f"{key}={value!r}: not a mapping{what}")
         return parsed
+
+    def override_hint(self, key: str) -> str:
+        """How the user sets ``key`` on the command line after the file."""
+        return f"{key}=..."
 
     def set_by_user(self, key: str) -> bool:
         self.read.add(key)

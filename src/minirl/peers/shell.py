@@ -92,6 +92,8 @@ def expand(value: str, variables: dict[str, str]) -> str | None:
         if variables.get(name):
             out.append(variables[name])
         elif default is not None:
+            if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":  # ${X:-"a b"}
+                default = default[1:-1]
             expanded_default = expand(default, variables)
             if expanded_default is None:
                 return None
@@ -103,3 +105,116 @@ def expand(value: str, variables: dict[str, str]) -> str | None:
     if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
         return None
     return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
+
+
+OPEN, CLOSE = "\x00(", "\x00)"  # an array's parentheses among a command's words (no word holds a NUL)
+
+
+def commands(text: str) -> list[tuple[int, list[str]]]:
+    """A script's simple commands: (first line, words) with quotes removed and ``$...`` kept for ``expand``. Words
+    end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's ``( ... )``, whose parentheses
+    are the ``OPEN`` / ``CLOSE`` words). Quotes may span lines; ``${...}`` and ``$(...)`` stay whole (nested quotes
+    and parentheses included); a ``#`` starting a word comments out the rest of its line."""
+    out: list[tuple[int, list[str]]] = []
+    words: list[str] = []
+    word: list[str] | None = None
+    line, start, depth, i = 1, 1, 0, 0
+
+    def end_word() -> None:
+        nonlocal word
+        if word is not None:
+            words.append("".join(word))
+            word = None
+
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and text.startswith("\n", i + 1):  # a continued line
+            i, line = i + 2, line + 1
+            continue
+        if c in " \t\r" or (c in "\n;&|" and depth):
+            end_word()
+            line += c == "\n"
+            i += 1
+            continue
+        if c in "\n;&|":
+            end_word()
+            if words:
+                out.append((start, words))
+            words = []
+            line += c == "\n"
+            i += 1
+            start = line
+            continue
+        if c == "#" and word is None:
+            while i < len(text) and text[i] != "\n":
+                i += 1
+            continue
+        if c in "()" and (word is None or c == ")" or "".join(word).endswith("=")):
+            end_word()
+            words.append(OPEN if c == "(" else CLOSE)
+            depth = max(depth + (1 if c == "(" else -1), 0)
+            i += 1
+            continue
+        if word is None:
+            word, start = [], start if words else line
+        part, j = _word_part(text, i)
+        word.append(part)
+        line += text.count("\n", i, j + 1)
+        i = j + 1
+    end_word()
+    if words:
+        out.append((start, words))
+    return out
+
+
+def _word_part(text: str, i: int) -> tuple[str, int]:
+    """The part of a word starting at ``i`` (a quoted string unquoted, a whole ``${...}`` / ``$(...)``, an escaped or
+    plain character) and the index of its last character."""
+    c = text[i]
+    if c == "'":
+        j = text.find("'", i + 1)
+        j = len(text) if j < 0 else j
+        return text[i + 1:j], j
+    if c == '"':
+        j = _closing_quote(text, i)
+        return re.sub(r'\\(["\\$`])', r"\1", text[i + 1:j]), j
+    if c == "$" and text.startswith(("${", "$("), i):
+        j = _matching(text, i + 1)
+        return text[i:j + 1], j
+    if c == "\\" and i + 1 < len(text):
+        return text[i + 1], i + 1
+    return c, i
+
+
+def _closing_quote(text: str, i: int) -> int:
+    """The index of the ``"`` closing the one at ``i`` (skipping escapes, ``${...}`` and ``$(...)``)."""
+    j = i + 1
+    while j < len(text) and text[j] != '"':
+        if text[j] == "\\":
+            j += 2
+        elif text.startswith(("${", "$("), j):
+            j = _matching(text, j + 1) + 1
+        else:
+            j += 1
+    return min(j, len(text))
+
+
+def _matching(text: str, i: int) -> int:
+    """The index of the bracket closing the ``{`` or ``(`` at ``i`` (quotes inside skipped)."""
+    opening = text[i]
+    closing = "}" if opening == "{" else ")"
+    depth, j = 0, i
+    while j < len(text):
+        c = text[j]
+        if c == opening:
+            depth += 1
+        elif c == closing:
+            depth -= 1
+            if depth == 0:
+                return j
+        elif c == "'":
+            j = max(text.find("'", j + 1), j)
+        elif c == '"':
+            j = _closing_quote(text, j)
+        j += 1
+    return len(text) - 1

@@ -52,6 +52,7 @@ Like ``minirl.tasks.rewards`` this imports nothing heavy: the reward worker proc
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
 import math
@@ -172,19 +173,22 @@ class RewardFn:
     verl: bool = False
     """Called with verl's keywords (``data_source``, ``solution_str``, ``ground_truth``, ``extra_info``)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Fixed keyword arguments of every call (verl's ``custom_reward_function.reward_kwargs``, TRL's ``partial``)."""
+    """Fixed keyword arguments of every call (verl's ``custom_reward_function.reward_kwargs``, TRL's ``partial``); for a
+    slime function, the attributes of its ``args``."""
+    slime: bool = False
+    """Called as slime calls ``--custom-rm-path``: ``fn(args, sample)`` (``fn(args, samples)`` batched)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
         self.full_name = function_name(self.fn)
         self._accepts = _accepted_keywords(self.fn)
-        unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None else []
+        unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec,
-                "verl": self.verl, "kwargs": self.kwargs}
+                "verl": self.verl, "kwargs": self.kwargs, "slime": self.slime}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -204,7 +208,9 @@ class RewardFn:
 
     def _score_one(self, sample: Sample) -> float | None:
         try:
-            if self.verl:
+            if self.slime:
+                value = resolve(self.fn(SlimeArgs(self.kwargs), slime_sample(sample, self.kwargs)))
+            elif self.verl:
                 value = resolve(self.fn(**self.keywords(verl_keywords(sample))))
             else:
                 kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids,
@@ -219,6 +225,12 @@ class RewardFn:
         sample); verl's ``{"score": reward, ...}`` as a ``Scored`` reward."""
         if value is None:
             return None
+        if self.slime and isinstance(value, dict):  # slime's Sample.get_reward_value: reward[args.reward_key]
+            key = self.kwargs.get("reward_key") or "score"
+            if key not in value:
+                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} (slime's "
+                                          f"--reward-key; keys: {', '.join(map(str, value))})")
+            return check_reward_value(value[key], self.full_name)
         if not (self.verl and isinstance(value, dict)):
             return check_reward_value(value, self.full_name)
         if "score" not in value:
@@ -237,7 +249,10 @@ class RewardFn:
         else:
             available |= {"log_metric": logs.log_metric, "log_extra": logs.log_extra}
         try:
-            values = resolve(self.fn(**self.keywords(available)))
+            if self.slime:  # slime's --group-rm: the whole list at once
+                values = resolve(self.fn(SlimeArgs(self.kwargs), [slime_sample(s, self.kwargs) for s in samples]))
+            else:
+                values = resolve(self.fn(**self.keywords(available)))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -266,6 +281,57 @@ def verl_keywords(sample: Sample) -> dict[str, Any]:
             "data_source": sample.columns.get("data_source"), "solution_str": sample.completion,
             "ground_truth": reward_model["ground_truth"] if stored else sample.answer,  # type: ignore[index]
             "extra_info": extra_info if extra_info is not None else {}}
+
+
+class SlimeArgs(argparse.Namespace):
+    """slime's ``args`` for a reward function: the entry's ``kwargs`` as attributes (what ``minirl config from-slime``
+    carries over: ``hf_checkpoint``, ``reward_key``, ``rm_type``, ...); an attribute not given is None, as an unset
+    slime flag."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        super().__init__(**values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+@dataclass
+class SlimeSample:
+    """What slime's ``Sample`` gives a reward function (``slime/utils/types.py``): the prompt as the row has it, the
+    response text and token ids, the label and the row's metadata column."""
+
+    prompt: Any
+    response: str
+    label: Any
+    metadata: dict[str, Any]
+    response_length: int
+    tokens: list[int]
+    index: int = 0
+    group_index: int = 0
+    reward: Any = None
+    status: str = "completed"
+
+    def get_reward_value(self, args: Any) -> Any:
+        key = getattr(args, "reward_key", None)
+        return self.reward[key] if key and isinstance(self.reward, dict) else self.reward
+
+
+def slime_sample(sample: Sample, args: dict[str, Any]) -> SlimeSample:
+    metadata = sample.columns.get(args.get("metadata_key") or "metadata")
+    return SlimeSample(prompt=sample.prompt, response=sample.completion, label=sample.answer,
+                       metadata=dict(metadata) if isinstance(metadata, dict) else {},
+                       response_length=len(sample.completion_ids), tokens=list(sample.completion_ids))
+
+
+def looks_slime(fn: Callable[..., Any]) -> bool:
+    """slime's ``--custom-rm-path`` convention: ``(args, sample, **kwargs)`` or ``(args, samples, **kwargs)``."""
+    try:
+        names = [p.name for p in inspect.signature(fn).parameters.values()][:2]
+    except (TypeError, ValueError):
+        return False
+    return names in (["args", "sample"], ["args", "samples"])
 
 
 def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
@@ -358,6 +424,10 @@ def make_reward_fn(
     if not callable(fn):
         raise RewardSpecError(f"reward function {target!r} is not callable")
     spec = target if isinstance(target, str) else reward_spec(fn)
+    if looks_slime(fn):  # batched when the entry says so (slime's --group-rm) or its parameter is ``samples``
+        group = list(inspect.signature(fn).parameters)[1] == "samples"
+        return RewardFn(fn, float(weight), group if batched is None else bool(batched), name or "", spec,
+                        kwargs=dict(kwargs or {}), slime=True)
     verl = looks_verl(fn)
     if verl and batched is not None and batched != looks_batched(fn):
         raise RewardSpecError(f"reward function {function_name(fn)}: batched={batched} does not fit verl's signature "

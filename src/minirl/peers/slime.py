@@ -1,0 +1,622 @@
+"""slime: the ``--flag value`` arguments of a launch script's ``python3 train.py`` command (its bash arrays, variables
+and the ``ray job submit ... --`` before it expanded), a ``--custom-config-path`` YAML, or flags given directly, read
+against slime's defaults (``slime/utils/arguments.py``, THUDM/slime at 002fa9d) and, for the optimizer flags slime
+takes from it, Megatron-LM's (``megatron/training/arguments.py``).
+
+slime's loss (``slime/backends/megatron_utils/loss.py``, ``slime/utils/ppo_utils.py``): PPO's clip on pi_theta/pi_old
+(pi_old recomputed by Megatron, or the engine's with ``--use-rollout-logprobs``), GSPO's sequence ratio or CISPO's
+clamped weight; advantages from group-normalised rewards (``(r - mean) / (std + 1e-6)``, std unbiased) or REINFORCE++;
+TIS (``--use-tis``) multiplies each token's loss by clamp(pi_old/mu_old, tis_clip_low, tis_clip); each optimizer step
+is the mean over its samples of each sample's token mean, or with ``--calculate-per-token-loss`` a token mean."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from minirl.config import ConfigError
+from minirl.peers.common import (
+    Objective,
+    Peer,
+    Translation,
+    Unresolved,
+    apply_objective,
+    count_rows,
+    leftovers,
+    note_local_path,
+    parse_value,
+    read_yaml,
+    template_kwargs,
+)
+from minirl.peers.shell import ASSIGNMENT, CLOSE, OPEN, commands, expand
+
+SLIME_DEFAULTS: dict[str, Any] = {
+    # model, checkpoints, seeds
+    "hf-checkpoint": None, "load": None, "ref-load": None, "save": None, "save-interval": None, "seed": 1234,
+    "rollout-seed": 42,
+    # data
+    "prompt-data": None, "input-key": "input", "label-key": None, "metadata-key": "metadata", "apply-chat-template": False,
+    "apply-chat-template-kwargs": "{}", "rollout-shuffle": False, "num-epoch": None, "num-rollout": None,
+    "rollout-max-prompt-len": None,
+    # rollout and batches
+    "rollout-batch-size": None, "n-samples-per-prompt": 1, "over-sampling-batch-size": None,
+    "dynamic-sampling-filter-path": None, "partial-rollout": False, "rollout-max-response-len": None,
+    "rollout-temperature": 1.0, "rollout-top-p": 1.0, "rollout-top-k": -1, "rollout-stop": None,
+    "global-batch-size": None, "num-steps-per-rollout": None, "micro-batch-size": 1, "use-dynamic-batch-size": False,
+    "max-tokens-per-gpu": None,
+    # rewards
+    "rm-type": None, "rm-url": None, "custom-rm-path": None, "group-rm": False, "reward-key": None, "disable-rewards-normalization": False,
+    # the loss
+    "advantage-estimator": "grpo", "pg-loss-type": None, "eps-clip": 0.2, "eps-clip-high": None, "eps-clip-c": None,
+    "kl-coef": 0.0, "use-kl-loss": False, "kl-loss-coef": 0.0, "kl-loss-type": "k1", "use-unbiased-kl": False,
+    "entropy-coef": 0.0, "gamma": 1.0, "normalize-advantages": False, "disable-grpo-std-normalization": False,
+    "calculate-per-token-loss": False, "loss-type": "policy_loss", "use-rollout-logprobs": False, "use-tis": False,
+    "tis-clip": 2.0, "tis-clip-low": 0.0, "custom-tis-function-path": None, "get-mismatch-metrics": False,
+    "use-opsm": False, "opsm-delta": 1e-4, "custom-advantage-function-path": None,
+    "custom-pg-loss-reducer-function-path": None, "use-routing-replay": False, "use-rollout-routing-replay": False,
+    # evaluation and logs
+    "eval-interval": None, "eval-prompt-data": None, "n-samples-per-eval-prompt": 1, "eval-temperature": None,
+    "eval-top-p": None, "eval-top-k": None, "eval-max-response-len": None, "use-wandb": False, "wandb-project": None,
+    "use-tensorboard": False,
+    # the cluster (Megatron's parallel sizes divide the GPUs into data-parallel ranks)
+    "actor-num-nodes": 1, "actor-num-gpus-per-node": 8, "colocate": False, "tensor-model-parallel-size": 1,
+    "pipeline-model-parallel-size": 1, "context-parallel-size": 1,
+    # Megatron-LM's optimizer and schedule (slime resets lr to 1e-6; bf16 is on unless --fp16)
+    "optimizer": "adam", "lr": 1e-6, "min-lr": 0.0, "lr-decay-style": "linear", "lr-warmup-iters": 0,
+    "lr-warmup-fraction": None, "lr-warmup-init": 0.0, "lr-decay-iters": None, "weight-decay": 0.01, "adam-beta1": 0.9,
+    "adam-beta2": 0.999, "adam-eps": 1e-8, "clip-grad": 1.0, "fp16": False, "bf16": False, "recompute-granularity": None,
+}
+
+SLIME_IGNORED = re.compile(
+    r"^(sglang-.*|(tensor|pipeline|context|expert)-model-parallel-size|expert-tensor-parallel-size|sequence-parallel|"
+    r"recompute-(method|num-layers)|attention-(dropout|backend|softmax-in-fp32)|hidden-dropout|"
+    r"accumulate-allreduce-grads-in-fp32|balance-data|rollout-num-gpus.*|num-gpus-per-node|offload.*|no-offload.*|"
+    r"optimizer-cpu-offload|overlap-cpu-optimizer-d2h-h2d|use-precision-aware-optimizer|use-distributed-optimizer|"
+    r"wandb-(group|team|key|host|run-id|dir|mode)|disable-wandb-random-suffix|tb-.*|log-.*|use-dynamic-batch-size|"
+    r"log-probs-max-tokens-per-gpu|ref-ckpt-step|no-save-optim|no-load-.*|start-rollout-id|save-hf|"
+    r"distributed-.*|train-backend|megatron-to-hf-mode|update-weight-.*|keep-old-actor|skip-eval-before-train|"
+    r"rollout-skip-special-tokens|debug-.*|transformer-impl|tokenizer-.*|vocab-size|make-vocab-size-divisible-by|"
+    r"num-layers|hidden-size|ffn-hidden-size|num-attention-heads|group-query-attention|num-query-groups|kv-channels|"
+    r"seq-length|max-position-embeddings|position-embedding-type|rotary-.*|use-rotary-position-embeddings|"
+    r"normalization|norm-epsilon|swiglu|disable-bias-linear|add-qkv-bias|qk-layernorm|"
+    r"untie-embeddings-and-output-weights|num-experts|moe-.*|use-flash-attn|spec)$")
+"""slime and Megatron flags with no effect on what is trained here: parallelism, offloading, the SGLang server,
+logging details, the model's architecture (minirl reads it from --hf-checkpoint's config.json)."""
+
+SLIME_RM_ARGS = ("hf-checkpoint", "reward-key", "rm-type", "rm-url", "n-samples-per-prompt", "rollout-max-response-len",
+                 "input-key", "label-key", "metadata-key", "apply-chat-template")
+"""The flags a translated ``--custom-rm-path`` function finds on its ``args`` (``minirl.tasks.reward_functions.SlimeArgs``)."""
+
+RM_TYPES = {"dapo": "minirl.tasks.slime_rewards:dapo", "math": "minirl.tasks.slime_rewards:math",
+            "deepscaler": "minirl.tasks.slime_rewards:deepscaler"}
+"""slime's built-in ``--rm-type`` scorers minirl has (``minirl.tasks.slime_rewards``)."""
+
+
+class SlimePeer(Peer):
+    """slime's settings, shown as its flags (``--use-tis``, ``--eps-clip 0.2``)."""
+
+    def show(self, *keys: str) -> str:
+        return ", ".join(_flag(key, self(key)) for key in keys)
+
+    def override_hint(self, key: str) -> str:
+        return f"--{key} ..."
+
+    def number(self, key: str, cast: type[int] | type[float]) -> Any:
+        """The value of ``--key`` as ``cast``; anything else is one line naming the flag."""
+        value = self(key)
+        try:
+            if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return cast(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"slime setting {self.show(key)}: expected {'an integer' if cast is int else 'a number'}") from None
+
+
+def _flag(key: str, value: Any) -> str:
+    if value is True:
+        return f"--{key}"
+    if value is False or value is None:
+        return f"--{key} unset"
+    return f"--{key} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
+def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translation:
+    """Translate slime ``train.py`` flags (names without the leading ``--``; ``$sourced``: arrays a script expands but
+    sets in a file it sources)."""
+    given = dict(given)
+    sourced = given.pop("$sourced", [])
+    peer, out = SlimePeer(given, SLIME_DEFAULTS), Translation("slime")
+    if peer("rollout-batch-size") is None:
+        raise ConfigError("slime setting --rollout-batch-size is missing (slime requires it: prompts per rollout)")
+    if sourced:
+        out.ignored.append(f"{', '.join(sourced)} (arrays set in a file the script sources: Megatron's model flags, "
+                           "read here from --hf-checkpoint's config.json)")
+    _slime_model_and_data(peer, out)
+    _slime_rewards(peer, out)
+    n = _slime_batch(peer, out)
+    _slime_optimizer(peer, out, n)
+    _slime_runs(peer, out)
+    apply_objective(out, keep_objective, _slime_objective(peer))
+    _slime_cluster(peer, out)
+    leftovers(peer, out, SLIME_IGNORED, prefix="--")
+    return out
+
+
+def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
+    if peer("hf-checkpoint"):
+        out.set("model.path", peer("hf-checkpoint"), peer.show("hf-checkpoint"))
+        note_local_path(out, "--hf-checkpoint", peer("hf-checkpoint"), "model")
+    data = peer("prompt-data")
+    if data:
+        path, _, rows = str(data).partition("@")
+        out.set("task.kind", "jsonl", "--prompt-data given")
+        out.set("task.path", path, peer.show("prompt-data"))
+        note_local_path(out, "--prompt-data", path, "data")
+        if rows:
+            out.not_translated.append(f"--prompt-data {data}: the row slice @{rows} (give minirl a file of those rows)")
+    out.set("task.prompt_column", peer("input-key"), peer.show("input-key"))
+    if peer("label-key"):
+        out.set("task.answer_column", peer("label-key"), peer.show("label-key"))
+    if peer("apply-chat-template"):  # a text prompt as one user message, then the template (slime's data.py)
+        out.set("task.chat_prompts", True, peer.show("apply-chat-template"))
+    else:
+        out.set("task.chat_template", "plain", peer.show("apply-chat-template") + " (prompts as plain text)")
+    template_kwargs(peer, out, "apply-chat-template-kwargs")
+    if peer("rollout-max-prompt-len"):
+        out.set("task.max_prompt_tokens", peer.number("rollout-max-prompt-len", int), peer.show("rollout-max-prompt-len"))
+        out.set("task.on_bad_row", "skip", peer.show("rollout-max-prompt-len") + " (slime drops longer prompts)")
+    if peer("rollout-stop"):
+        stops = peer("rollout-stop")
+        out.set("task.stop_strings", [str(s) for s in stops] if isinstance(stops, list) else [str(stops)],
+                peer.show("rollout-stop"))
+    peer("metadata-key")  # its column reaches minirl's reward functions as a keyword, as every other column
+
+
+def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
+    """``--custom-rm-path module.function`` (called as slime calls it: ``minirl.tasks.reward_functions``) or a built-in
+    ``--rm-type``."""
+    custom, kind = peer("custom-rm-path"), peer("rm-type")
+    if custom:
+        module, _, name = str(custom).rpartition(".")
+        entry: dict[str, Any] = {"function": f"{module}:{name}"}
+        if peer("group-rm"):
+            entry["batched"] = True
+        args = {key.replace("-", "_"): peer(key) for key in SLIME_RM_ARGS if peer(key) is not None}
+        if args:  # what a slime reward function reads from its args
+            entry["kwargs"] = args
+        out.set("task.reward_functions", [entry], peer.show("custom-rm-path", "group-rm"))
+        out.differs.append(f"{peer.show('custom-rm-path')}: minirl calls it with slime's (args, sample); sample.prompt "
+                           "is the row's prompt as written (a chat stays a list of messages, not the templated text) and "
+                           "args holds the flags a reward function reads (hf_checkpoint, reward_key, rm_type, ...)")
+    elif kind in RM_TYPES:
+        out.set("task.reward_function", RM_TYPES[kind], peer.show("rm-type"))
+        if kind in ("math", "deepscaler"):
+            out.differs.append(f"{peer.show('rm-type')}: the boxed answer is graded with math-verify here, not "
+                               "DeepScaleR's mathd + sympy rules (the same on numbers and most LaTeX)")
+        if kind == "dapo" and peer("reward-key") not in (None, "score"):
+            out.not_translated.append(f"{peer.show('reward-key')} with --rm-type dapo: minirl's reward is its score")
+    elif kind:
+        out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's dapo, math and deepscaler scorers; "
+                                  "write this one as a reward function (task.reward_function)")
+
+
+def _slime_batch(peer: SlimePeer, out: Translation) -> int:
+    """Rollout size, sampling, and N: the optimizer steps per rollout (samples / ``--global-batch-size``)."""
+    prompts, group = peer.number("rollout-batch-size", int), peer.number("n-samples-per-prompt", int)
+    samples = prompts * group
+    out.set("rollout.prompts_per_step", prompts, peer.show("rollout-batch-size"))
+    out.set("rollout.samples_per_prompt", group, peer.show("n-samples-per-prompt"))
+    batch = peer.number("global-batch-size", int) if peer("global-batch-size") is not None else None
+    steps = peer.number("num-steps-per-rollout", int) if peer("num-steps-per-rollout") is not None else None
+    if steps:
+        n, origin = steps, peer.show("num-steps-per-rollout")
+    elif batch:
+        if samples % batch:
+            raise ConfigError(f"slime settings {peer.show('rollout-batch-size', 'n-samples-per-prompt', 'global-batch-size')}: "
+                              "the global batch must divide the rollout's samples")
+        n, origin = samples // batch, f"{samples} samples / {peer.show('global-batch-size')}"
+    else:  # Megatron's default: micro-batch size x data-parallel ranks
+        ranks = _data_parallel(peer)
+        size = peer.number("micro-batch-size", int) * ranks
+        if samples % size:
+            raise ConfigError(f"slime settings {peer.show('rollout-batch-size', 'n-samples-per-prompt')} without "
+                              f"--global-batch-size: Megatron's default batch ({size} = micro-batch x {ranks} data-parallel "
+                              "ranks) must divide the rollout's samples; give --global-batch-size")
+        n, origin = samples // size, f"no --global-batch-size: Megatron's micro-batch x data-parallel ranks = {size}"
+    out.set("optim.minibatches_per_step", n, origin)
+    out.set("optim.epochs_per_step", 1, "slime trains one pass over each rollout")
+    if peer("use-dynamic-batch-size") and peer("max-tokens-per-gpu"):
+        out.set("optim.micro_batch_max_tokens", peer.number("max-tokens-per-gpu", int),
+                peer.show("use-dynamic-batch-size", "max-tokens-per-gpu"))
+    elif peer.set_by_user("micro-batch-size"):  # slime's default 1 is a GPU memory setting: minirl's own default here
+        out.set("optim.micro_batch_sequences", peer.number("micro-batch-size", int), peer.show("micro-batch-size"))
+    if peer("rollout-max-response-len"):
+        out.set("rollout.max_new_tokens", peer.number("rollout-max-response-len", int), peer.show("rollout-max-response-len"))
+    else:
+        out.not_translated.append("--rollout-max-response-len unset (SGLang's default); set rollout.max_new_tokens")
+    out.set("rollout.temperature", peer.number("rollout-temperature", float), peer.show("rollout-temperature"))
+    out.set("rollout.top_p", peer.number("rollout-top-p", float), peer.show("rollout-top-p"))
+    out.set("rollout.top_k", max(0, peer.number("rollout-top-k", int)), peer.show("rollout-top-k"))
+    _slime_dynamic_sampling(peer, out, prompts)
+    if peer("partial-rollout"):
+        out.not_translated.append("--partial-rollout: minirl finishes every response within its step")
+    return n
+
+
+def _data_parallel(peer: SlimePeer) -> int:
+    gpus = peer.number("actor-num-nodes", int) * peer.number("actor-num-gpus-per-node", int)
+    split = peer.number("tensor-model-parallel-size", int) * peer.number("pipeline-model-parallel-size", int) * peer.number("context-parallel-size", int)
+    return max(gpus // max(split, 1), 1)
+
+
+def _slime_dynamic_sampling(peer: SlimePeer, out: Translation, prompts: int) -> None:
+    """DAPO's filter: slime's ``check_reward_nonzero_std`` keeps groups whose rewards differ, sampling
+    ``--over-sampling-batch-size`` prompts at a time until the rollout is full."""
+    path = peer("dynamic-sampling-filter-path")
+    if not path:
+        return
+    if not str(path).endswith("check_reward_nonzero_std"):
+        out.not_translated.append(f"{peer.show('dynamic-sampling-filter-path')}: minirl's rollout.filter_groups keeps "
+                                  "groups whose rewards differ (slime's check_reward_nonzero_std) only")
+        return
+    out.set("rollout.filter_groups", True, peer.show("dynamic-sampling-filter-path"))
+    out.set("rollout.filter_groups_metric", "reward", "check_reward_nonzero_std: the rewards' spread")
+    if peer("over-sampling-batch-size") and peer.number("over-sampling-batch-size", int) != prompts:
+        out.set("rollout.filter_groups_prompts_per_round", peer.number("over-sampling-batch-size", int),
+                peer.show("over-sampling-batch-size"))
+    out.differs.append(f"{peer.show('dynamic-sampling-filter-path')}: slime samples until the rollout is full; minirl "
+                       "stops after rollout.filter_groups_max_rounds rounds and fills it with zero-spread groups")
+
+
+def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
+    """Megatron's Adam (decoupled weight decay: AdamW) and its schedule, in optimizer steps (minirl's updates)."""
+    if peer("optimizer") != "adam":
+        out.not_translated.append(f"{peer.show('optimizer')}: minirl trains with AdamW")
+    lr = peer.number("lr", float)
+    out.set("optim.lr", lr, peer.show("lr"))
+    out.set("optim.weight_decay", peer.number("weight-decay", float), peer.show("weight-decay"))
+    out.set("optim.adam_beta1", peer.number("adam-beta1", float), peer.show("adam-beta1"))
+    out.set("optim.adam_beta2", peer.number("adam-beta2", float), peer.show("adam-beta2"))
+    out.set("optim.adam_eps", peer.number("adam-eps", float), peer.show("adam-eps"))
+    out.set("optim.grad_clip_norm", peer.number("clip-grad", float), peer.show("clip-grad"))
+    rollouts = _slime_rollouts(peer, out)
+    style = peer("lr-decay-style")
+    if style in ("constant", "linear", "cosine"):
+        out.set("optim.lr_schedule", style, peer.show("lr-decay-style"))
+        if style != "constant":
+            out.set("optim.min_lr_ratio", peer.number("min-lr", float) / lr if lr else 0.0, peer.show("min-lr", "lr"))
+            if peer("lr-decay-iters") is not None:
+                out.differs.append(f"{peer.show('lr-decay-iters')}: minirl decays over the whole run")
+    else:
+        out.not_translated.append(f"{peer.show('lr-decay-style')}: minirl's optim.lr_schedule is constant, linear or cosine")
+    if peer("lr-warmup-fraction"):
+        if rollouts:
+            out.set("optim.warmup_updates", round(peer.number("lr-warmup-fraction", float) * rollouts * n),
+                    f"{peer.show('lr-warmup-fraction')} x {rollouts * n} optimizer steps")
+    elif peer("lr-warmup-iters"):
+        out.set("optim.warmup_updates", peer.number("lr-warmup-iters", int), peer.show("lr-warmup-iters"))
+    if out.values.get("optim.warmup_updates"):
+        out.differs.append("the warm-up: Megatron's starts at --lr-warmup-init (update k at k/W of the rate), minirl's "
+                           "at 1/W ((k + 1)/W)")
+    out.set("optim.precision", "fp32" if peer("fp16") else "bf16",
+            peer.show("fp16") if peer("fp16") else "slime trains in bf16 (fp32 master weights) unless --fp16")
+    if peer("fp16"):
+        out.not_translated.append("--fp16: minirl trains in fp32 or bf16 (fp32 here)")
+    peer("bf16")
+    if peer("recompute-granularity"):
+        out.set("optim.gradient_checkpointing", True, peer.show("recompute-granularity"))
+    for key, mode in (("use-rollout-routing-replay", "R3"), ("use-routing-replay", "R2")):
+        if peer(key):
+            out.set("moe.routing_replay", mode, peer.show(key))
+            break
+
+
+def _slime_rollouts(peer: SlimePeer, out: Translation) -> int | None:
+    """``--num-rollout`` (or ``--num-epoch`` x the training rows // ``--rollout-batch-size``) as global steps."""
+    if peer("num-rollout"):
+        out.set("optim.global_steps", peer.number("num-rollout", int), peer.show("num-rollout"))
+        return peer.number("num-rollout", int)
+    rows = count_rows(out.values.get("task.path"))
+    epochs, prompts = peer("num-epoch"), peer.number("rollout-batch-size", int)
+    if epochs and rows is not None:
+        steps = peer.number("num-epoch", int) * (rows // prompts)
+        out.set("optim.global_steps", steps, f"{peer.show('num-epoch')} x ({rows} rows // {prompts})")
+        return steps
+    out.not_translated.append("--num-rollout / --num-epoch: set optim.global_steps (rollouts to train)")
+    return None
+
+
+def _slime_runs(peer: SlimePeer, out: Translation) -> None:
+    save = peer("save")
+    if save:
+        path = Path(str(save).rstrip("/"))
+        out.set("run.output_dir", str(path.parent), peer.show("save"))
+        out.set("run.name", path.name, peer.show("save"))
+    interval = peer("save-interval")
+    out.set("checkpoint.every_steps", peer.number("save-interval", int) if save and interval else 0,
+            peer.show("save", "save-interval"))
+    load = peer("load")
+    out.set("run.resume", "auto" if load and save and str(load).rstrip("/") == str(save).rstrip("/") else "never",
+            peer.show("load"))
+    if load and str(load).rstrip("/") != str(save or "").rstrip("/"):
+        out.differs.append(f"{peer.show('load')}: a Megatron checkpoint; minirl starts from --hf-checkpoint "
+                           "(resume a minirl run with run.resume=auto in its own directory)")
+    peer("ref-load")  # the reference is the starting weights, as in minirl
+    if peer("rollout-seed") != SLIME_DEFAULTS["rollout-seed"] or peer("seed") != SLIME_DEFAULTS["seed"]:
+        key = "rollout-seed" if peer("rollout-seed") != SLIME_DEFAULTS["rollout-seed"] else "seed"
+        out.set("run.seed", peer.number(key, int), peer.show("rollout-seed", "seed"))
+    _slime_eval(peer, out)
+    if peer("use-wandb"):
+        out.set("log.wandb", True, peer.show("use-wandb"))
+        if peer("wandb-project"):
+            out.set("log.wandb_project", str(peer("wandb-project")), peer.show("wandb-project"))
+    if peer("use-tensorboard"):
+        out.set("log.tensorboard", True, peer.show("use-tensorboard"))
+
+
+def _slime_eval(peer: SlimePeer, out: Translation) -> None:
+    """``--eval-prompt-data name path [name path ...]`` (one path alone: slime's "aime") and the ``--eval-*`` law,
+    each falling back to the rollout's."""
+    data = peer("eval-prompt-data")
+    if data:
+        words = [str(w) for w in (data if isinstance(data, list) else [data])]
+        paths = words[1::2] if len(words) > 1 else words
+        out.set("task.eval_path", paths[0] if len(paths) == 1 else paths, peer.show("eval-prompt-data"))
+        if len(paths) > 1:
+            out.differs.append(f"{peer.show('eval-prompt-data')}: minirl evaluates their rows together (eval/<data_source>/"
+                               "accuracy splits them when the rows carry a data_source column)")
+    interval = peer("eval-interval")
+    out.set("eval.every_steps", peer.number("eval-interval", int) if interval and data else 0, peer.show("eval-interval"))
+    out.set("eval.samples_per_prompt", peer.number("n-samples-per-eval-prompt", int), peer.show("n-samples-per-eval-prompt"))
+    for ours, theirs, fallback, cast in (("eval.temperature", "eval-temperature", "rollout-temperature", float),
+                                         ("eval.top_p", "eval-top-p", "rollout-top-p", float),
+                                         ("eval.top_k", "eval-top-k", "rollout-top-k", int),
+                                         ("eval.max_new_tokens", "eval-max-response-len", "rollout-max-response-len", int)):
+        key = theirs if peer(theirs) is not None else fallback
+        if peer(key) is not None:
+            value = cast(peer(key))
+            out.set(ours, max(value, 0) if ours == "eval.top_k" else value, peer.show(key))
+
+
+def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
+    """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes)."""
+    ranks = peer.number("actor-num-nodes", int) * peer.number("actor-num-gpus-per-node", int)
+    peer("colocate")
+    if ranks > 1 and not out.values.get("algo.kl_coef"):
+        out.set("cluster.trainer_ranks", ranks, f"{peer.show('actor-num-nodes', 'actor-num-gpus-per-node')}: one FSDP2 "
+                "rank per GPU")
+        out.set("cluster.backend", "ray", "slime runs its actors on Ray")
+        out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
+        out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
+        out.differs.append(f"slime splits its {ranks} GPUs with Megatron's parallel sizes and colocates SGLang on them; "
+                           "minirl shards the model over FSDP2 ranks and runs its engines as separate Ray actors: size "
+                           "cluster.* for your machine (docs/distributed.md)")
+    elif ranks > 1:
+        out.set("cluster.trainer_ranks", 1, "the KL penalty: one trainer process in minirl")
+        out.differs.append("minirl runs the KL penalty with a single-process trainer (one GPU)")
+    out.set("cluster.device", "cuda", "slime trains on GPUs")
+
+
+SLIME_KL_KINDS = {"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"}
+
+
+def _slime_objective(peer: SlimePeer) -> Objective:
+    """slime's loss as algo.* values, or why not."""
+    obj = Objective()
+    estimator, pg = peer("advantage-estimator"), peer("pg-loss-type")
+    if peer("loss-type") != "policy_loss" or peer("custom-advantage-function-path") or peer("custom-pg-loss-reducer-function-path"):
+        obj.blockers.append(peer.show("loss-type") + " or a custom advantage / loss reducer")
+        return obj
+    _slime_advantage(peer, obj, estimator)
+    if estimator == "ppo":
+        return obj
+    per_token = bool(peer("calculate-per-token-loss"))
+    if pg == "reinforce":
+        _slime_reinforce(peer, obj, per_token)
+    elif estimator == "gspo":  # each sample's (constant) token loss, the mean over samples: GSPO's Eq. (5)
+        obj.set("name", "gspo", peer.show("advantage-estimator"))
+        if per_token:  # |y_i| x each sample's loss over the step's tokens: no minirl GSPO divides so
+            obj.blockers.append(peer.show("advantage-estimator", "calculate-per-token-loss"))
+    elif estimator == "cispo":
+        obj.set("name", "cispo", peer.show("advantage-estimator"))
+        if not per_token:  # slime's per-sample token mean; minirl's CISPO divides by the group's or batch's tokens
+            obj.blockers.append(peer.show("advantage-estimator", "calculate-per-token-loss"))
+        obj.set("aggregation", "token_mean", peer.show("calculate-per-token-loss"))
+    elif per_token:  # PPO's min(r A, clip(r) A) as MiniRL's clip mask with the weight pi_theta/pi_old
+        obj.set("name", "minirl", peer.show("calculate-per-token-loss") + ": PPO's clip, one token mean")
+        obj.set("clip", True, "PPO's min(r A, clip(r) A): a token mask")
+        obj.set("aggregation", "token_mean", peer.show("calculate-per-token-loss"))
+        obj.set("tis_placement", "train_infer", "w = clamp(pi_old/mu_old) x pi_theta/pi_old: slime's weight")
+    else:
+        obj.set("name", "grpo", peer.show("calculate-per-token-loss") + ": PPO's clip, each sample's token mean")
+    if pg != "reinforce":
+        obj.set("eps_low", peer.number("eps-clip", float), peer.show("eps-clip"))
+        high = "eps-clip-high" if peer("eps-clip-high") is not None else "eps-clip"
+        obj.set("eps_high", peer.number(high, float), peer.show(high))
+    if peer("eps-clip-c") is not None:
+        if obj.values.get("algo.name", (None,))[0] in ("grpo", "minirl") and pg != "reinforce":
+            obj.set("dual_clip", peer.number("eps-clip-c", float), peer.show("eps-clip-c"))
+        else:
+            obj.blockers.append(peer.show("eps-clip-c", "advantage-estimator"))
+    _slime_corrections(peer, obj)
+    _slime_penalties(peer, obj)
+    return obj
+
+
+def _slime_reinforce(peer: SlimePeer, obj: Objective, per_token: bool) -> None:
+    """``--pg-loss-type reinforce``: -A log pi_theta with no ratio: MiniRL's Eq. (7) unclipped, no pi_theta/pi_old."""
+    origin = peer.show("pg-loss-type")
+    obj.set("name", "minirl", origin + ": REINFORCE, MiniRL's Eq. (7) unclipped")
+    obj.set("clip", False, origin + " (no clipping)")
+    obj.set("staleness_weight", False, origin + ": no pi_theta/pi_old")
+    obj.set("aggregation", "token_mean" if per_token else "seq_mean", peer.show("calculate-per-token-loss"))
+
+
+def _slime_advantage(peer: SlimePeer, obj: Objective, estimator: str) -> None:
+    """``_post_process_rewards`` then ``compute_advantages_and_returns``: group mean (and std) for grpo / gspo / cispo,
+    the group mean for reinforce_plus_plus_baseline, the reward itself for reinforce_plus_plus; whitened over the
+    batch's tokens with ``--normalize-advantages`` (required by both REINFORCE++)."""
+    normalize = not peer("disable-rewards-normalization")
+    if estimator in ("grpo", "gspo", "cispo"):
+        obj.set("adv_baseline", "group_mean" if normalize else "none", peer.show("disable-rewards-normalization"))
+        obj.set("adv_std_normalize", normalize and not peer("disable-grpo-std-normalization")
+                and peer.number("n-samples-per-prompt", int) > 1, peer.show("disable-grpo-std-normalization"))
+    elif estimator == "reinforce_plus_plus_baseline":
+        obj.set("adv_baseline", "group_mean" if normalize else "none", peer.show("advantage-estimator"))
+        obj.set("adv_std_normalize", False, peer.show("advantage-estimator") + " (no group std)")
+    elif estimator == "reinforce_plus_plus":
+        if peer.number("gamma", float) != 1.0:
+            obj.blockers.append(peer.show("advantage-estimator", "gamma") + " (a discounted per-token return)")
+        obj.set("adv_baseline", "none", peer.show("advantage-estimator"))
+        obj.set("adv_std_normalize", False, peer.show("advantage-estimator"))
+    else:
+        obj.blockers.append(f"{peer.show('advantage-estimator')} (needs "
+                            + ("a learned critic; minirl is critic-free, as the paper)" if estimator == "ppo"
+                               else "an estimator minirl does not know)"))
+        return
+    obj.set("adv_whiten", bool(peer("normalize-advantages")), peer.show("normalize-advantages"))
+    if peer("kl-coef") and estimator.startswith("reinforce"):
+        obj.blockers.append(peer.show("kl-coef", "advantage-estimator") + " (a per-token KL in the return)")
+    elif peer("kl-coef"):
+        obj.differs.append(f"{peer.show('kl-coef')}: slime ignores the reward's KL for {estimator}; so does minirl")
+
+
+def _slime_corrections(peer: SlimePeer, obj: Objective) -> None:
+    """TIS (``--use-tis``: clamp(pi_old/mu_old, tis_clip_low, tis_clip) on each token's loss), slime's IcePop mask,
+    ``--use-rollout-logprobs`` (pi_old := mu_old) and OPSM."""
+    name = obj.values.get("algo.name", (None,))[0]
+    custom = peer("custom-tis-function-path")
+    tis = bool(peer("use-tis") or peer("get-mismatch-metrics"))
+    if custom and not str(custom).endswith("icepop_function"):
+        obj.blockers.append(peer.show("custom-tis-function-path"))
+    if tis and name == "gspo":
+        obj.blockers.append(peer.show("use-tis", "advantage-estimator") + " (a token weight on GSPO's sequence loss)")
+    elif name != "gspo":
+        obj.set("is_correction", tis, peer.show("use-tis"))
+        if tis:
+            obj.set("tis_mode", "mask" if custom else "truncate", peer.show("custom-tis-function-path"))
+            obj.set("tis_cap", peer.number("tis-clip", float), peer.show("tis-clip"))
+            obj.set("tis_floor", peer.number("tis-clip-low", float), peer.show("tis-clip-low"))
+            obj.set("tis_level", "token", peer.show("use-tis"))
+        if tis and not peer("use-tis"):
+            obj.differs.append(f"{peer.show('get-mismatch-metrics')}: slime's code multiplies the loss by the TIS weight "
+                               "under this flag too, as translated (minirl logs mismatch/* always)")
+    if peer("use-rollout-logprobs"):
+        obj.set("logp_old_source", "rollout", peer.show("use-rollout-logprobs") + " (pi_old := mu_old)")
+    if peer("use-opsm") and name == "gspo":
+        obj.blockers.append(peer.show("use-opsm", "advantage-estimator"))
+    elif peer("use-opsm"):
+        obj.set("opsm_threshold", peer.number("opsm-delta", float), peer.show("use-opsm", "opsm-delta"))
+        if not peer("use-rollout-logprobs"):
+            obj.differs.append(f"{peer.show('use-opsm')}: slime's statistic is the mean log(pi_old/pi_theta), minirl's "
+                               "the mean log(mu_old/pi_theta) (the same under --use-rollout-logprobs)")
+
+
+def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:
+    """The KL loss to the reference (``--use-kl-loss``) and the entropy bonus."""
+    if peer("use-kl-loss") and peer("kl-loss-coef"):
+        kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
+        if kind is None or peer("use-unbiased-kl"):
+            obj.blockers.append(peer.show("kl-loss-type", "use-unbiased-kl"))
+        else:
+            obj.set("kl_coef", peer.number("kl-loss-coef", float), peer.show("use-kl-loss", "kl-loss-coef"))
+            obj.set("kl_loss_type", kind, peer.show("kl-loss-type"))
+            if peer("kl-loss-type") == "low_var_kl":
+                obj.differs.append("--kl-loss-type low_var_kl: slime clamps each token's k3 to [-10, 10], minirl does not")
+    if peer("entropy-coef"):
+        obj.set("entropy_coef", peer.number("entropy-coef", float), peer.show("entropy-coef"))
+        if not peer("calculate-per-token-loss"):
+            obj.differs.append(f"{peer.show('entropy-coef')}: slime averages the entropy per sample first, minirl over "
+                               "the tokens")
+
+
+# ------------------------------------------------------------------ reading slime's settings
+
+
+def read_slime(paths: list[str], words: list[str]) -> dict[str, Any]:
+    """slime flags from launch scripts (``.sh``: the ``train.py`` command's), ``--custom-config-path`` YAML files
+    (keys with ``_`` or ``-``) and the words of a command line (``--flag value ...``)."""
+    given: dict[str, Any] = {}
+    for path in paths:
+        if path.endswith((".yaml", ".yml")):
+            given.update({str(key).replace("_", "-"): value for key, value in read_yaml(path).items()})
+        else:
+            given.update(script_flags(Path(path)))
+    given.update(parse_flags(words))
+    return given
+
+
+def parse_flags(words: list[Any]) -> dict[str, Any]:
+    """``--flag`` words and their values: none = True (a store_true flag), one, or a list (nargs); ``--flag=value``
+    too. Words before the first flag are left out."""
+    given: dict[str, Any] = {}
+    key: str | None = None
+    values: list[Any] = []
+
+    def flush() -> None:
+        if key is not None:
+            given[key] = True if not values else values[0] if len(values) == 1 else values
+
+    for word in words:
+        if isinstance(word, str) and word.startswith("--") and len(word) > 2:
+            flush()
+            key, equals, value = word[2:].partition("=")
+            values = [parse_value(value)] if equals else []
+        elif key is not None:
+            values.append(word if isinstance(word, Unresolved) else parse_value(word))
+    flush()
+    return given
+
+
+TRAIN_SCRIPT = re.compile(r"(^|/)train(_async)?\.py$")
+
+
+def script_flags(path: Path) -> dict[str, Any]:
+    """The flags of a slime launch script's ``train.py`` / ``train_async.py`` command: its ``${ARRAY[@]}`` words
+    from the script's bash arrays, its ``$NAME`` from the script's variables (and the environment's). A word naming a
+    variable set nowhere is kept ``Unresolved``; an array set nowhere (a sourced model file's) is listed under
+    ``$sourced``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror or err}") from None
+    variables: dict[str, str] = dict(os.environ)
+    arrays: dict[str, list[Any]] = {}
+    flags: dict[str, Any] | None = None
+    for line, words in commands(text):
+        words = words[1:] if words[0] == "export" and len(words) > 1 else words
+        array = re.fullmatch(r"([A-Za-z_]\w*)(\+?)=", words[0])
+        if array and len(words) > 1 and words[1] == OPEN:
+            items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
+            expanded = [value for word in items for value in _word(word, variables, arrays, f"{path}:{line}")[0]]
+            arrays[array.group(1)] = (arrays.get(array.group(1), []) if array.group(2) else []) + expanded
+        elif all(ASSIGNMENT.match(word) for word in words):
+            for word in words:
+                name, value = ASSIGNMENT.match(word).groups()  # type: ignore[union-attr]
+                expanded_value = expand(value, variables)
+                if expanded_value is not None:
+                    variables[name] = expanded_value
+        elif any(TRAIN_SCRIPT.search(word) for word in words):
+            start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(word))
+            sourced: list[str] = []
+            expanded_words = []
+            for word in words[start + 1:]:
+                values, missing = _word(word, variables, arrays, f"{path}:{line}")
+                expanded_words += values
+                sourced += missing
+            flags = {**parse_flags(expanded_words), **({"$sourced": sourced} if sourced else {})}
+    if flags is None:
+        raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
+    return flags
+
+
+def _word(word: str, variables: dict[str, str], arrays: dict[str, list[Any]], where: str) -> tuple[list[Any], list[str]]:
+    """A script word as the words it expands to, and the arrays it names that the script never set."""
+    whole = re.fullmatch(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}", word)
+    if whole:
+        name = whole.group(1)
+        return (arrays[name], []) if name in arrays else ([], [name])
+    expanded = expand(word, variables)
+    return ([Unresolved(word, where)] if expanded is None else [expanded]), []

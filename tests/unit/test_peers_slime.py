@@ -1,0 +1,390 @@
+"""slime's launch scripts as minirl configs (``minirl.peers.slime``): the script reader on slime's own example shape,
+the translated settings, and each loss's gradient against slime's ``loss.py`` / ``ppo_utils.py`` written out."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from minirl.algo import LossInputs
+from minirl.config import ConfigError
+from minirl.peers import from_slime, read_slime
+from minirl.peers.common import Unresolved
+from minirl.peers.slime import parse_flags
+from minirl.tasks import slime_rewards
+from minirl.tasks.reward_functions import Sample, make_reward_fn
+from tests.unit.test_peers import _batch, _losses
+
+# slime's scripts/run-qwen3-4B.sh (THUDM/slime at 05a0752), the RL-relevant arrays verbatim, and its preamble
+SCRIPT = """\
+#!/bin/bash
+
+# for rerun the task
+pkill -9 sglang
+sleep 3
+ray stop --force
+pkill -9 ray
+pkill -9 python
+sleep 3
+
+set -ex
+
+export PYTHONBUFFERED=16
+
+NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)
+if [ "$NVLINK_COUNT" -gt 0 ]; then
+    HAS_NVLINK=1
+else
+    HAS_NVLINK=0
+fi
+echo "HAS_NVLINK: $HAS_NVLINK (detected $NVLINK_COUNT NVLink references)"
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+source "${SCRIPT_DIR}/models/qwen3-4B.sh"
+
+CKPT_ARGS=(
+   --hf-checkpoint /root/Qwen3-4B
+   #--hf-checkpoint /root/Qwen3-4B-FP8
+   --ref-load /root/Qwen3-4B_torch_dist
+   --load /root/Qwen3-4B_slime/
+   --save /root/Qwen3-4B_slime/
+   --save-interval 20
+)
+
+ROLLOUT_ARGS=(
+   --prompt-data /root/dapo-math-17k/dapo-math-17k.jsonl
+   --input-key prompt
+   --label-key label
+   --apply-chat-template
+   --rollout-shuffle
+   --rm-type deepscaler
+   --num-rollout 3000
+   --rollout-batch-size 32
+   --n-samples-per-prompt 8
+   --rollout-max-response-len 8192
+   --rollout-temperature 0.8
+
+   --global-batch-size 256
+   --balance-data
+)
+
+EVAL_ARGS=(
+   --eval-interval 20
+   --eval-prompt-data aime /root/aime-2024/aime-2024.jsonl
+   --n-samples-per-eval-prompt 16
+   --eval-max-response-len 16384
+   --eval-top-p 0.7
+)
+
+PERF_ARGS=(
+   --tensor-model-parallel-size 2
+   --sequence-parallel
+   --pipeline-model-parallel-size 1
+   --context-parallel-size 1
+   --expert-model-parallel-size 1
+   --expert-tensor-parallel-size 1
+
+   --recompute-granularity full
+   --recompute-method uniform
+   --recompute-num-layers 1
+
+   # --micro-batch-size 1
+   --use-dynamic-batch-size
+   --max-tokens-per-gpu 9216
+)
+
+GRPO_ARGS=(
+   --advantage-estimator grpo
+   --use-kl-loss
+   --kl-loss-coef 0.00
+   --kl-loss-type low_var_kl
+   --entropy-coef 0.00
+   --eps-clip 0.2
+   --eps-clip-high 0.28
+)
+
+OPTIMIZER_ARGS=(
+   --optimizer adam
+   --lr 1e-6
+   --lr-decay-style constant
+   --weight-decay 0.1
+   --adam-beta1 0.9
+   --adam-beta2 0.98
+)
+
+WANDB_ARGS=(
+   # --use-wandb
+   # --wandb-project slime-dev
+   # --wandb-group qwen3-4B-test
+   # --wandb-key ${WANDB_KEY}
+)
+
+SGLANG_ARGS=(
+   --rollout-num-gpus-per-engine 2
+   --sglang-mem-fraction-static 0.7
+   --sglang-cuda-graph-bs 1 2 4 8 $(seq 16 8 256)
+)
+
+MISC_ARGS=(
+   # default dropout in megatron is 0.1
+   --attention-dropout 0.0
+   --hidden-dropout 0.0
+   # should be good for model performance
+   --accumulate-allreduce-grads-in-fp32
+   --attention-softmax-in-fp32
+   # need to comment this when using model with MLA
+   --attention-backend flash
+)
+
+# launch the master node of ray in container
+export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
+ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus 8 --disable-usage-stats --dashboard-host=0.0.0.0 --dashboard-port=8265
+
+# Build the runtime environment JSON with proper variable substitution
+RUNTIME_ENV_JSON="{
+  \\"env_vars\\": {
+    \\"PYTHONPATH\\": \\"/root/Megatron-LM/\\",
+    \\"CUDA_DEVICE_MAX_CONNECTIONS\\": \\"1\\",
+    \\"NCCL_NVLS_ENABLE\\": \\"${HAS_NVLINK}\\"
+  }
+}"
+
+ray job submit --address="http://127.0.0.1:8265" \\
+   --runtime-env-json="${RUNTIME_ENV_JSON}" \\
+   -- python3 train.py \\
+   --actor-num-nodes 1 \\
+   --actor-num-gpus-per-node 8 \\
+   --colocate \\
+   ${MODEL_ARGS[@]} \\
+   ${CKPT_ARGS[@]} \\
+   ${ROLLOUT_ARGS[@]} \\
+   ${OPTIMIZER_ARGS[@]} \\
+   ${GRPO_ARGS[@]} \\
+   ${WANDB_ARGS[@]} \\
+   ${PERF_ARGS[@]} \\
+   ${EVAL_ARGS[@]} \\
+   ${SGLANG_ARGS[@]} \\
+   ${MISC_ARGS[@]}
+"""
+
+
+def test_slimes_example_script_reads_as_its_train_py_flags(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("WANDB_KEY", raising=False)
+    (tmp_path / "run.sh").write_text(SCRIPT)
+    flags = read_slime([str(tmp_path / "run.sh")], ["--lr", "2e-6", "--use-tis"])  # words after the script win
+    assert flags["$sourced"] == ["MODEL_ARGS"]  # set in the sourced model file: listed, not an error
+    assert flags["rollout-batch-size"] == 32 and flags["n-samples-per-prompt"] == 8 and flags["global-batch-size"] == 256
+    assert flags["apply-chat-template"] is True and flags["colocate"] is True and flags["use-tis"] is True
+    assert flags["hf-checkpoint"] == "/root/Qwen3-4B" and flags["lr"] == 2e-6  # the commented-out FP8 line is skipped
+    assert flags["eval-prompt-data"] == ["aime", "/root/aime-2024/aime-2024.jsonl"]  # nargs
+    assert flags["sglang-cuda-graph-bs"][:4] == [1, 2, 4, 8] and "micro-batch-size" not in flags
+    assert "wandb-key" not in flags and "runtime-env-json" not in flags  # before `-- python3 train.py`: ray's
+
+
+def test_words_a_script_leaves_unset_stay_unresolved_until_read(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    (tmp_path / "run.sh").write_text('ARGS=(\n  --prompt-data ${DATA_DIR}/train.jsonl\n  --rollout-batch-size 4\n)\n'
+                                     'python3 train_async.py "${ARGS[@]}" --save $HOME/ckpt\n')
+    flags = read_slime([str(tmp_path / "run.sh")], [])
+    assert isinstance(flags["prompt-data"], Unresolved) and flags["save"] == f"{Path.home()}/ckpt"
+    with pytest.raises(ConfigError, match=r"run.sh:1: prompt-data uses a variable the script does not set .* give "
+                                          r"--prompt-data \.\.\. after the script"):
+        from_slime(flags)
+    (tmp_path / "none.sh").write_text("echo hello\n")
+    with pytest.raises(ConfigError, match=r"no `python3 train\.py"):
+        read_slime([str(tmp_path / "none.sh")], [])
+    with pytest.raises(ConfigError, match="--rollout-batch-size is missing"):
+        from_slime({"lr": 1e-6})
+
+
+def test_flags_take_no_value_one_or_several():
+    assert parse_flags(["python3", "--a", "--b", "1", "--c", "x", "y", "--d=2", "--e", "-1"]) == {
+        "a": True, "b": 1, "c": ["x", "y"], "d": 2, "e": -1}
+
+
+def test_the_example_translates_to_its_run(tmp_path: Path):
+    (tmp_path / "run.sh").write_text(SCRIPT)
+    out = from_slime(read_slime([str(tmp_path / "run.sh")], []))
+    v = out.values
+    assert (v["rollout.prompts_per_step"], v["rollout.samples_per_prompt"], v["optim.minibatches_per_step"]) == (32, 8, 1)
+    assert (v["optim.global_steps"], v["optim.lr"], v["optim.adam_beta2"], v["optim.weight_decay"]) == (3000, 1e-6, 0.98, 0.1)
+    assert (v["rollout.temperature"], v["eval.top_p"], v["eval.temperature"], v["eval.max_new_tokens"]) == (0.8, 0.7, 0.8, 16384)
+    assert (v["task.prompt_column"], v["task.answer_column"], v["task.chat_prompts"]) == ("prompt", "label", True)
+    assert v["task.reward_function"] == "minirl.tasks.slime_rewards:deepscaler"
+    assert (v["optim.micro_batch_max_tokens"], v["optim.gradient_checkpointing"], v["optim.precision"]) == (9216, True, "bf16")
+    assert (v["algo.name"], v["algo.eps_low"], v["algo.eps_high"], v["algo.is_correction"]) == ("grpo", 0.2, 0.28, False)
+    assert "algo.kl_coef" not in v  # --kl-loss-coef 0.00: the KL only logged
+    assert (v["run.output_dir"], v["run.name"], v["run.resume"], v["checkpoint.every_steps"]) == ("/root", "Qwen3-4B_slime", "auto", 20)
+    assert (v["eval.every_steps"], v["task.eval_path"], v["cluster.trainer_ranks"]) == (20, "/root/aime-2024/aime-2024.jsonl", 8)
+    assert out.objective == "your slime loss as minirl's algo.name=grpo, the same gradient"
+    assert any("math-verify" in line for line in out.differs)
+    assert "--sequence-parallel" in out.ignored and "--sglang-mem-fraction-static" in out.ignored
+    assert not out.not_translated, out.not_translated
+    out.config()  # loads
+
+
+def test_batch_arithmetic_and_its_errors():
+    base = {"rollout-batch-size": 8, "n-samples-per-prompt": 4}
+    assert from_slime(base | {"global-batch-size": 8}).values["optim.minibatches_per_step"] == 4
+    assert from_slime(base | {"num-steps-per-rollout": 2}).values["optim.minibatches_per_step"] == 2
+    # neither: Megatron's micro-batch x data-parallel ranks (8 GPUs / TP 2 = 4 ranks)
+    assert from_slime(base | {"tensor-model-parallel-size": 2}).values["optim.minibatches_per_step"] == 8
+    with pytest.raises(ConfigError, match="must divide the rollout's samples"):
+        from_slime(base | {"global-batch-size": 12})
+    out = from_slime(base | {"num-epoch": 2, "lr-decay-style": "cosine", "min-lr": 1e-7, "lr": 1e-6,
+                             "lr-warmup-iters": 5, "partial-rollout": True, "rollout-stop": ["</answer>", "###"]})
+    v = out.values
+    assert (v["optim.lr_schedule"], v["optim.min_lr_ratio"], v["optim.warmup_updates"]) == ("cosine", pytest.approx(0.1), 5)
+    assert v["task.stop_strings"] == ["</answer>", "###"]
+    assert any("--partial-rollout" in line for line in out.not_translated)
+    assert any("--num-rollout / --num-epoch" in line for line in out.not_translated)  # no data file to count here
+
+
+def test_dynamic_sampling_r3_and_opsm():
+    out = from_slime({"rollout-batch-size": 8, "n-samples-per-prompt": 4, "global-batch-size": 32,
+                      "over-sampling-batch-size": 16, "use-rollout-routing-replay": True, "use-opsm": True,
+                      "opsm-delta": 1e-3, "use-rollout-logprobs": True,
+                      "dynamic-sampling-filter-path": "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"})
+    v = out.values
+    assert (v["rollout.filter_groups"], v["rollout.filter_groups_prompts_per_round"]) == (True, 16)
+    assert (v["moe.routing_replay"], v["algo.opsm_threshold"], v["algo.logp_old_source"]) == ("R3", 1e-3, "rollout")
+    assert not any("OPSM" in line or "use-opsm" in line for line in out.differs)  # mu_old is slime's pi_old here
+    assert from_slime({"rollout-batch-size": 8, "use-routing-replay": True}).values["moe.routing_replay"] == "R2"
+
+
+# ------------------------------------------------------------------ the losses' gradients, against slime's written out
+
+
+def _slime_gradient(x: LossInputs, *, eps: tuple[float, float] = (0.1, 0.3), per_token: bool = False,
+                    tis: tuple[float, float] | None = None, eps_c: float | None = None, kind: str = "ppo") -> torch.Tensor:
+    """slime's ``policy_loss_function`` for one optimizer step (``compute_policy_loss`` / ``compute_cispo_loss`` /
+    GSPO's ``compute_gspo_kl`` / REINFORCE, then the TIS weight, then ``sum_of_sample_mean`` or the token mean)."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    mask = x.mask.to(logp.dtype)
+    adv = x.advantages[:, None].expand_as(logp)
+    ppo_kl = x.logp_old - logp
+    if kind == "gspo":
+        ppo_kl = ((ppo_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1))[:, None].expand_as(logp)
+    ratio = (-ppo_kl).exp()
+    if kind == "reinforce":
+        pg_losses = -adv.detach() * logp
+    elif kind == "cispo":
+        pg_losses = -torch.clamp(ratio, 1 - eps[0], 1 + eps[1]).detach() * adv * logp
+    else:
+        pg_losses = torch.maximum(-ratio * adv, -ratio.clamp(1 - eps[0], 1 + eps[1]) * adv)
+        if eps_c is not None:
+            pg_losses = torch.where(adv < 0, torch.min(-eps_c * adv, pg_losses), pg_losses)
+    if tis is not None:  # vanilla_tis_function: clamp(exp(train - rollout), low, high), detached
+        pg_losses = pg_losses * torch.exp(x.logp_old - x.logp_rollout).clamp(min=tis[0], max=tis[1])
+    if per_token:
+        loss = (pg_losses * mask).sum() / mask.sum()
+    else:
+        loss = ((pg_losses * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad
+
+
+BASE = {"rollout-batch-size": 2, "n-samples-per-prompt": 4, "global-batch-size": 8, "eps-clip": 0.1, "eps-clip-high": 0.3}
+CASES = {
+    "ppo-sample-mean-tis-dual": ({"use-tis": True, "tis-clip": 1.5, "tis-clip-low": 0.5, "eps-clip-c": 1.3},
+                                 {"tis": (0.5, 1.5), "eps_c": 1.3}),
+    "ppo-token-mean-tis": ({"use-tis": True, "calculate-per-token-loss": True}, {"tis": (0.0, 2.0), "per_token": True}),
+    "ppo-token-mean-dual": ({"calculate-per-token-loss": True, "eps-clip-c": 1.3}, {"per_token": True, "eps_c": 1.3}),
+    "reinforce-tis": ({"pg-loss-type": "reinforce", "use-tis": True}, {"tis": (0.0, 2.0), "kind": "reinforce"}),
+    "reinforce-token-mean": ({"pg-loss-type": "reinforce", "calculate-per-token-loss": True},
+                             {"kind": "reinforce", "per_token": True}),
+    "cispo-token-mean-tis": ({"advantage-estimator": "cispo", "calculate-per-token-loss": True, "use-tis": True,
+                              "eps-clip": 1.0, "eps-clip-high": 0.5}, {"kind": "cispo", "per_token": True,
+                                                                       "eps": (1.0, 0.5), "tis": (0.0, 2.0)}),
+    "gspo": ({"advantage-estimator": "gspo", "eps-clip": 0.05, "eps-clip-high": 0.08}, {"kind": "gspo", "eps": (0.05, 0.08)}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_loss_has_slimes_gradient(case):
+    given, written = CASES[case]
+    out = from_slime(BASE | given)
+    assert out.objective.startswith("your slime loss"), out.objective
+    x = _batch()
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _slime_gradient(x, **written)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    if "tis" in written:  # the weights act on this batch
+        assert not torch.allclose(theirs, _slime_gradient(x, **{**written, "tis": None}))
+    low, high = written.get("eps", (0.1, 0.3))
+    if written.get("kind", "ppo") != "reinforce":  # the clip's upper end acts (and its lower one, but for GSPO's rows)
+        assert not torch.allclose(theirs, _slime_gradient(x, **{**written, "eps": (low, low)}))
+    if written.get("kind", "ppo") in ("ppo", "cispo"):
+        assert not torch.allclose(theirs, _slime_gradient(x, **{**written, "eps": (high, high)}))
+
+
+@pytest.mark.parametrize("given, blocker", [
+    ({"advantage-estimator": "ppo"}, "critic"),
+    ({"advantage-estimator": "cispo"}, "--calculate-per-token-loss unset"),
+    ({"advantage-estimator": "gspo", "use-tis": True}, "GSPO's sequence loss"),
+    ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
+    ({"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True, "kl-coef": 0.01}, "per-token KL"),
+    ({"use-kl-loss": True, "kl-loss-coef": 0.01, "use-unbiased-kl": True}, "--use-unbiased-kl"),
+    ({"custom-tis-function-path": "my.tis"}, "--custom-tis-function-path my.tis"),
+])
+def test_losses_minirl_lacks_train_minirl_and_say_so(given, blocker):
+    out = from_slime(BASE | given)
+    assert out.objective.startswith("minirl's MiniRL") and not any(key.startswith("algo.") for key in out.values)
+    assert any(blocker in line for line in out.not_translated), out.not_translated
+
+
+def test_advantages_kl_loss_and_entropy():
+    v = from_slime(BASE | {"disable-grpo-std-normalization": True, "use-kl-loss": True, "kl-loss-coef": 0.01,
+                           "kl-loss-type": "k2", "entropy-coef": 0.001}).values
+    assert (v["algo.adv_std_normalize"], v["algo.kl_coef"], v["algo.kl_loss_type"], v["algo.entropy_coef"]) == (False, 0.01, "k2", 0.001)
+    v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True}).values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"]) == ("group_mean", False, True)
+    v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True}).values
+    assert (v["algo.adv_baseline"], v["algo.adv_whiten"]) == ("none", True)
+    v = from_slime(BASE | {"disable-rewards-normalization": True}).values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("none", False)
+    v = from_slime(BASE | {"custom-tis-function-path": "slime.backends.megatron_utils.loss.icepop_function",
+                           "use-tis": True, "tis-clip-low": 0.5, "tis-clip": 2.0}).values
+    assert (v["algo.tis_mode"], v["algo.tis_floor"], v["algo.tis_cap"]) == ("mask", 0.5, 2.0)
+
+
+# ------------------------------------------------------------------ rewards
+
+
+def test_a_custom_reward_is_called_as_slime_calls_it(tmp_path: Path, monkeypatch):
+    """``--custom-rm-path my_rm.score``: ``async def score(args, sample)`` gets slime's args (from the translation's
+    kwargs) and a Sample with prompt, response, label and metadata; with ``--group-rm`` the list of samples."""
+    out = from_slime(BASE | {"custom-rm-path": "my_rm.score", "reward-key": "acc", "hf-checkpoint": "/m", "group-rm": True})
+    entry = out.values["task.reward_functions"][0]
+    assert entry["function"] == "my_rm:score" and entry["batched"] is True
+    assert entry["kwargs"] == {"hf_checkpoint": "/m", "reward_key": "acc", "n_samples_per_prompt": 4, "input_key": "input",
+                               "metadata_key": "metadata", "apply_chat_template": False}
+
+    async def score(args, sample, **kwargs):
+        assert args.reward_key == "acc" and args.rm_type is None  # unset flags are None, as in slime
+        return {"acc": float(sample.response == sample.label) + sample.metadata.get("bonus", 0)}
+
+    async def group(args, samples, **kwargs):
+        return [len(s.response) for s in samples]
+
+    samples = [Sample("q", "ab", "ab", [5, 6], {"metadata": {"bonus": 0.5}}), Sample("q", "x", "ab", [7])]
+    fn = make_reward_fn(score, kwargs={"reward_key": "acc"})
+    assert fn.slime and not fn.batched and fn.score(samples) == [1.5, 0.0]
+    batched = make_reward_fn(group, kwargs=entry["kwargs"])
+    assert batched.slime and batched.batched and batched.score(samples) == [2.0, 1.0]
+    assert asyncio.iscoroutinefunction(score)
+
+
+def test_built_in_rm_types():
+    assert slime_rewards.dapo(None, "so the sum is 12.\nAnswer: 12", "12") == {"score": 1.0, "acc": 1.0}
+    assert slime_rewards.dapo(None, "Answer: 13", 12)["score"] == -1.0  # a label stored as a number
+    assert slime_rewards.math(None, "it is \\boxed{\\frac{1}{2}}", "0.5") == 1.0
+    assert slime_rewards.math(None, "it is 1/2", "0.5") == 0.0  # no boxed answer
+    assert slime_rewards.math(None, "\\boxed{3}", "the answer is \\boxed{3}") == 1.0  # a boxed label
+    assert slime_rewards.deepscaler(None, "<think>\\boxed{2}</think> so \\boxed{3}", "3") == 1.0  # after </think>
+    assert slime_rewards.deepscaler(None, "\\boxed{3}", "3") == 0.0  # no </think>
+    out = from_slime(BASE | {"rm-type": "f1"})
+    assert any("--rm-type f1" in line for line in out.not_translated)
