@@ -201,3 +201,11 @@ def test_a_renamed_optim_key_is_one_line_naming_the_new_one(tmp_path, old, new):
     with pytest.raises(ConfigError, match=rf"^{path}: optim\.{old}: renamed to optim\.{new} "):
         load_config(path)
     assert getattr(load_config(None, [f"optim.{new}=3"]).optim, new) == 3
+
+
+def test_cispo_needs_whole_groups_in_a_micro_batch_only_for_its_group_denominators():
+    split = ["algo.name=cispo", "rollout.samples_per_prompt=4", "optim.micro_batch_sequences=3", "rollout.prompts_per_step=3"]
+    with pytest.raises(ConfigError, match="must hold whole groups"):
+        load_config(None, split)
+    assert load_config(None, [*split, "algo.aggregation=token_mean"]).algo.aggregation == "token_mean"  # the batch's tokens
+    assert load_config(None, ["algo.name=cispo", "algo.aggregation=token_mean", "optim.micro_batch_max_tokens=64"])
