@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL or verl run's settings")
+    p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL, verl or "
+                         "slime run's settings")
     p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl|from-slime] [CONFIG] [key=value ...]",
                    help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
                         "from-trl [rloo] FILE: a `trl grpo --config` (or `trl rloo --config`) file as a minirl config; "

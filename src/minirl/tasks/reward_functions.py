@@ -31,6 +31,12 @@ number or verl's dict, whose ``"score"`` is the reward; its other numeric entrie
 that carry them (``Scored``). A data file in verl's layout keeps its answer in
 ``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
 
+**slime's** ``--custom-rm-path`` functions work unchanged as well: one whose first parameters are ``(args, sample)``
+is awaited per sample as slime's rollout calls it, ``(args, samples)`` (or the entry's ``batched``: slime's
+``--group-rm``) with the list; ``sample`` is a ``SlimeSample`` (``prompt``, ``response``, ``label``, ``metadata``,
+``response_length``, ``tokens``), ``args`` a ``SlimeArgs`` holding the entry's ``kwargs`` (the flags ``minirl config
+from-slime`` carries over; None for any other). A dict it returns gives its ``reward_key`` entry (``score`` by default).
+
 Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
 updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps), for rewards
 shaped by training progress. A batched TRL function also gets TRL's ``log_metric(name, value)`` (its mean
