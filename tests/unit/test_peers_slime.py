@@ -241,6 +241,7 @@ def test_batch_arithmetic_and_its_errors():
     assert v["task.stop_strings"] == ["</answer>", "###"]
     assert any("--partial-rollout" in line for line in out.not_translated)
     assert any("--num-rollout / --num-epoch" in line for line in out.not_translated)  # no data file to count here
+    assert any("--rollout-shuffle unset" in line for line in from_slime(base | {"prompt-data": "p.jsonl"}).differs)
 
 
 def test_dynamic_sampling_r3_and_opsm():

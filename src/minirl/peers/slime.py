@@ -172,6 +172,9 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
         out.set("task.stop_strings", [str(s) for s in stops] if isinstance(stops, list) else [str(stops)],
                 peer.show("rollout-stop"))
     peer("metadata-key")  # its column reaches minirl's reward functions as a keyword, as every other column
+    if data and not peer("rollout-shuffle"):
+        out.differs.append("--rollout-shuffle unset: slime takes the prompts in the file's order, minirl in a seeded "
+                           "shuffle of them each epoch")
 
 
 def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
