@@ -387,5 +387,6 @@ def test_built_in_rm_types():
     assert slime_rewards.math(None, "\\boxed{3}", "the answer is \\boxed{3}") == 1.0  # a boxed label
     assert slime_rewards.deepscaler(None, "<think>\\boxed{2}</think> so \\boxed{3}", "3") == 1.0  # after </think>
     assert slime_rewards.deepscaler(None, "\\boxed{3}", "3") == 0.0  # no </think>
+    assert slime_rewards.deepscaler(None, "###Response \\boxed{3} ###Response \\boxed{4}", "3") == 1.0  # the first part
     out = from_slime(BASE | {"rm-type": "f1"})
     assert any("--rm-type f1" in line for line in out.not_translated)

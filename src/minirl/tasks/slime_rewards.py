@@ -9,7 +9,8 @@ Each is called the way verl calls a ``compute_score`` (``minirl.tasks.reward_fun
   ``--reward-key score``).
 * ``math``: slime's ``grade_answer_verl``: the last ``\\boxed{}`` answer of the response (and of the label, when it
   has one) against the label; 1 or 0, and 0 without a boxed answer or with an empty label.
-* ``deepscaler``: the same on the text after the response's last ``</think>`` (or ``###Response``); 0 without one.
+* ``deepscaler``: the same on the text after the response's last ``</think>`` (else after its first ``###Response``);
+  0 without either.
 
 slime grades ``math`` and ``deepscaler`` with DeepScaleR's rules (``mathd`` normalisation, then sympy); these use
 ``math_verify`` (``minirl.tasks.jsonl.math_equivalent``): the same verdict on numbers and on most LaTeX answers, not on
@@ -22,9 +23,6 @@ from typing import Any
 
 from minirl.tasks.jsonl import math_equivalent
 from minirl.tasks.verl_scores import dapo_score, last_boxed, unbox
-
-THINK_ENDS = ("</think>", "###Response")
-
 
 def dapo(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, Any]:
     """``--rm-type dapo``: 1.0 / -1.0 (and ``acc``)."""
@@ -39,10 +37,13 @@ def math(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any
 
 def deepscaler(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """``--rm-type deepscaler``: ``math`` on what follows the response's last ``</think>`` (0.0 without one)."""
-    end = next((marker for marker in THINK_ENDS if marker in solution_str), None)
-    if end is None:
+    if "</think>" in solution_str:
+        solution = solution_str.split("</think>")[-1]
+    elif "###Response" in solution_str:  # slime's: what follows the first marker, up to a second one
+        solution = solution_str.split("###Response")[1]
+    else:
         return 0.0
-    return 1.0 if _boxed_matches(solution_str.rsplit(end, 1)[1], ground_truth) else 0.0
+    return 1.0 if _boxed_matches(solution, ground_truth) else 0.0
 
 
 def _boxed_matches(response: str, label: Any) -> bool:
