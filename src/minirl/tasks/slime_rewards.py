@@ -24,6 +24,7 @@ from typing import Any
 from minirl.tasks.jsonl import math_equivalent
 from minirl.tasks.verl_scores import dapo_score, last_boxed, unbox
 
+
 def dapo(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, Any]:
     """``--rm-type dapo``: 1.0 / -1.0 (and ``acc``)."""
     scored = dapo_score(solution_str, str(ground_truth))
