@@ -192,7 +192,12 @@ def test_words_a_script_leaves_unset_stay_unresolved_until_read(tmp_path: Path, 
     assert isinstance(flags["prompt-data"], Unresolved) and flags["save"] == f"{Path.home()}/ckpt"
     with pytest.raises(ConfigError, match=r"run.sh:1: prompt-data uses a variable the script does not set .* give "
                                           r"--prompt-data \.\.\. after the script"):
-        from_slime(flags)
+        from_slime(flags | {"global-batch-size": 4})
+    assert flags["$script"] == "train_async.py"
+    flags |= {"prompt-data": "p.jsonl", "global-batch-size": 4}
+    assert from_slime(flags).config().rollout.async_steps == 1  # one step off
+    late = from_slime({**flags, "update-weights-interval": 2})
+    assert any("--update-weights-interval 2" in line for line in late.not_translated)
     (tmp_path / "none.sh").write_text("echo hello\n")
     with pytest.raises(ConfigError, match=r"no `python3 train\.py"):
         read_slime([str(tmp_path / "none.sh")], [])

@@ -54,7 +54,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "entropy-coef": 0.0, "gamma": 1.0, "normalize-advantages": False, "disable-grpo-std-normalization": False,
     "calculate-per-token-loss": False, "loss-type": "policy_loss", "use-rollout-logprobs": False, "use-tis": False,
     "tis-clip": 2.0, "tis-clip-low": 0.0, "custom-tis-function-path": None, "get-mismatch-metrics": False,
-    "use-opsm": False, "opsm-delta": 1e-4, "custom-advantage-function-path": None,
+    "update-weights-interval": 1, "use-opsm": False, "opsm-delta": 1e-4, "custom-advantage-function-path": None,
     "custom-pg-loss-reducer-function-path": None, "use-routing-replay": False, "use-rollout-routing-replay": False,
     # evaluation and logs
     "eval-interval": None, "eval-prompt-data": None, "n-samples-per-eval-prompt": 1, "eval-temperature": None,
@@ -126,7 +126,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     """Translate slime ``train.py`` flags (names without the leading ``--``; ``$sourced``: arrays a script expands but
     sets in a file it sources)."""
     given = dict(given)
-    sourced = given.pop("$sourced", [])
+    sourced, script = given.pop("$sourced", []), str(given.pop("$script", "train.py"))
     peer, out = SlimePeer(given, SLIME_DEFAULTS), Translation("slime")
     if peer("rollout-batch-size") is None:
         raise ConfigError("slime setting --rollout-batch-size is missing (slime requires it: prompts per rollout)")
@@ -138,6 +138,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     n = _slime_batch(peer, out)
     _slime_optimizer(peer, out, n)
     _slime_runs(peer, out)
+    _slime_async(peer, out, script)
     apply_objective(out, keep_objective, _slime_objective(peer))
     _slime_cluster(peer, out)
     leftovers(peer, out, SLIME_IGNORED, prefix="--")
@@ -246,6 +247,18 @@ def _slime_batch(peer: SlimePeer, out: Translation) -> int:
     if peer("partial-rollout"):
         out.not_translated.append("--partial-rollout: minirl finishes every response within its step")
     return n
+
+
+def _slime_async(peer: SlimePeer, out: Translation, script: str) -> None:
+    """``train_async.py`` samples rollout k + 1 while training on rollout k, on the weights before that step: minirl's
+    one-step-off ``rollout.async_steps: 1``. ``--update-weights-interval`` k > 1 leaves the engine's weights up to k
+    steps old, which minirl has no setting for."""
+    interval = peer.number("update-weights-interval", int)
+    if interval != 1:
+        out.not_translated.append(f"{peer.show('update-weights-interval')}: minirl syncs the engine's weights after "
+                                  "every step (one step stale at most, with rollout.async_steps: 1)")
+    if script.startswith("train_async"):
+        out.set("rollout.async_steps", 1, f"{script}: the next rollout beside this step's training, one step stale")
 
 
 def _data_parallel(peer: SlimePeer) -> int:
@@ -609,7 +622,8 @@ def script_flags(path: Path) -> dict[str, Any]:
                 values, missing = _word(word, variables, arrays, f"{path}:{line}")
                 expanded_words += values
                 sourced += missing
-            flags = {**parse_flags(expanded_words), **({"$sourced": sourced} if sourced else {})}
+            flags = {**parse_flags(expanded_words), **({"$sourced": sourced} if sourced else {}),
+                     "$script": Path(words[start]).name}
     if flags is None:
         raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
     return flags
