@@ -194,7 +194,7 @@ def test_words_a_script_leaves_unset_stay_unresolved_until_read(tmp_path: Path, 
                                           r"--prompt-data \.\.\. after the script"):
         from_slime(flags | {"global-batch-size": 4})
     assert flags["$script"] == "train_async.py"
-    flags |= {"prompt-data": "p.jsonl", "global-batch-size": 4}
+    flags |= {"prompt-data": "p.jsonl", "global-batch-size": 8, "n-samples-per-prompt": 2}
     assert from_slime(flags).config().rollout.async_steps == 1  # one step off
     late = from_slime({**flags, "update-weights-interval": 2})
     assert any("--update-weights-interval 2" in line for line in late.not_translated)
