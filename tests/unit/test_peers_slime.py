@@ -205,6 +205,16 @@ def test_words_a_script_leaves_unset_stay_unresolved_until_read(tmp_path: Path, 
         from_slime({"lr": 1e-6})
 
 
+def test_slimes_fsdp_backend_and_router_flags(tmp_path: Path):
+    """From slime's run-qwen3-30B-A3B-fsdp.sh and run-qwen3-30B-A3B-fp8-train-infer.sh: the FSDP backend's gradient
+    checkpointing is carried over, its attention choice and slime's router are ignored, fp8 training is named."""
+    out = from_slime({**BASE, "train-backend": "fsdp", "gradient-checkpointing": True,
+                      "attn-implementation": "flash_attention_3", "use-slime-router": True, "fp8-format": "e4m3"})
+    assert out.values["optim.gradient_checkpointing"] is True
+    assert {"--train-backend", "--attn-implementation", "--use-slime-router"} <= set(out.ignored)
+    assert any(line.startswith("--fp8-format") for line in out.not_translated)
+
+
 def test_flags_take_no_value_one_or_several():
     assert parse_flags(["python3", "--a", "--b", "1", "--c", "x", "y", "--d=2", "--e", "-1"]) == {
         "a": True, "b": 1, "c": ["x", "y"], "d": 2, "e": -1}

@@ -67,6 +67,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "optimizer": "adam", "lr": 1e-6, "min-lr": 0.0, "lr-decay-style": "linear", "lr-warmup-iters": 0,
     "lr-warmup-fraction": None, "lr-warmup-init": 0.0, "lr-decay-iters": None, "weight-decay": 0.01, "adam-beta1": 0.9,
     "adam-beta2": 0.999, "adam-eps": 1e-8, "clip-grad": 1.0, "fp16": False, "bf16": False, "recompute-granularity": None,
+    "gradient-checkpointing": False,
 }
 
 SLIME_IGNORED = re.compile(
@@ -81,7 +82,8 @@ SLIME_IGNORED = re.compile(
     r"num-layers|hidden-size|ffn-hidden-size|num-attention-heads|group-query-attention|num-query-groups|kv-channels|"
     r"seq-length|max-position-embeddings|position-embedding-type|rotary-.*|use-rotary-position-embeddings|"
     r"normalization|norm-epsilon|swiglu|disable-bias-linear|add-qkv-bias|qk-layernorm|"
-    r"untie-embeddings-and-output-weights|num-experts|moe-.*|use-flash-attn|spec)$")
+    r"untie-embeddings-and-output-weights|num-experts|moe-.*|use-flash-attn|spec|attn-implementation|use-slime-router|"
+    r"slime-router-.*|sglang-router-.*|router-.*)$")
 """slime and Megatron flags with no effect on what is trained here: parallelism, offloading, the SGLang server,
 logging details, the model's architecture (minirl reads it from --hf-checkpoint's config.json)."""
 
@@ -131,8 +133,8 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     if peer("rollout-batch-size") is None:
         raise ConfigError("slime setting --rollout-batch-size is missing (slime requires it: prompts per rollout)")
     if sourced:
-        out.ignored.append(f"{', '.join(sourced)} (arrays set in a file the script sources: Megatron's model flags, "
-                           "read here from --hf-checkpoint's config.json)")
+        out.ignored.append(f"{', '.join(sourced)} (arrays the script expands but does not set: a sourced file's, such as "
+                           "Megatron's model flags, which minirl reads from --hf-checkpoint's config.json, or empty ones)")
     _slime_model_and_data(peer, out)
     _slime_rewards(peer, out)
     n = _slime_batch(peer, out)
@@ -321,8 +323,9 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
     if peer("fp16"):
         out.not_translated.append("--fp16: minirl trains in fp32 or bf16 (fp32 here)")
     peer("bf16")
-    if peer("recompute-granularity"):
-        out.set("optim.gradient_checkpointing", True, peer.show("recompute-granularity"))
+    for key in ("recompute-granularity", "gradient-checkpointing"):  # Megatron's, slime's FSDP backend's
+        if peer(key):
+            out.set("optim.gradient_checkpointing", True, peer.show(key))
     for key, mode in (("use-rollout-routing-replay", "R3"), ("use-routing-replay", "R2")):
         if peer(key):
             out.set("moe.routing_replay", mode, peer.show(key))
@@ -406,7 +409,7 @@ def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
         out.set("cluster.backend", "ray", "slime runs its actors on Ray")
         out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
         out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
-        out.differs.append(f"slime splits its {ranks} GPUs with Megatron's parallel sizes and colocates SGLang on them; "
+        out.differs.append(f"slime shards the model over its {ranks} GPUs (Megatron's parallel sizes, or FSDP) next to SGLang; "
                            "minirl shards the model over FSDP2 ranks and runs its engines as separate Ray actors: size "
                            "cluster.* for your machine (docs/distributed.md)")
     elif ranks > 1:
