@@ -126,7 +126,7 @@ def _flag(key: str, value: Any) -> str:
 
 def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translation:
     """Translate slime ``train.py`` flags (names without the leading ``--``; ``$sourced``: arrays a script expands but
-    sets in a file it sources)."""
+    does not set; ``$script``: ``train.py`` or ``train_async.py``)."""
     given = dict(given)
     sourced, script = given.pop("$sourced", []), str(given.pop("$script", "train.py"))
     peer, out = SlimePeer(given, SLIME_DEFAULTS), Translation("slime")
@@ -395,12 +395,13 @@ def _slime_eval(peer: SlimePeer, out: Translation) -> None:
                                          ("eval.max_new_tokens", "eval-max-response-len", "rollout-max-response-len", int)):
         key = theirs if peer(theirs) is not None else fallback
         if peer(key) is not None:
-            value = cast(peer(key))
+            value = peer.number(key, cast)
             out.set(ours, max(value, 0) if ours == "eval.top_k" else value, peer.show(key))
 
 
 def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
-    """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes)."""
+    """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes); as
+    for verl, a run with the KL penalty keeps minirl's single-process trainer."""
     ranks = peer.number("actor-num-nodes", int) * peer.number("actor-num-gpus-per-node", int)
     peer("colocate")
     if ranks > 1 and not out.values.get("algo.kl_coef"):
