@@ -928,10 +928,6 @@ class Config(Section):
         if a.kl_in_reward_coef and a.multi_objective_aggregation == "normalize_then_sum":
             raise ValueError("algo.kl_in_reward_coef: GDPO's advantages (normalize_then_sum) are formed from each reward "
                              "function's values; the KL in the reward has no place there: set it to 0")
-        for key in ("kl_coef", "kl_in_reward_coef"):
-            if distributed and getattr(a, key):
-                raise ValueError(f"algo.{key}: the reference policy runs only with the single-process trainer "
-                                 "(cluster.backend=local, cluster.trainer_ranks=1); set 0")
         if a.ref_sync_every_updates is not None and not (a.kl_coef or a.kl_in_reward_coef):
             raise ValueError("algo.ref_sync_every_updates: a reference sync needs a reference (algo.kl_coef or "
                              "algo.kl_in_reward_coef > 0); set it to null")

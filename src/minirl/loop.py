@@ -168,9 +168,9 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         raise
     reference = None
     if cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef:
-        from minirl.reference import Reference
+        from minirl.reference import build_reference
 
-        reference = Reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
+        reference = build_reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
     return Run(cfg, model, tokenizer, task, rewards, placement.replay, placement.engine, placement.trainer, prompts,
                DataOrder(len(prompts), seed=cfg.run.seed), placement=placement,
                rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine), reference=reference)

@@ -6,31 +6,41 @@ every micro-batch; ``Reference.sync`` moves the reference toward the policy (``a
 TR-DPO). With LoRA the reference is the base model with the adapters disabled (no second
 copy, as TRL and verl do); without, a frozen copy of the model as the run started (``deepcopy``:
 one more set of weights in memory). The reference routes naturally: it is another policy, not the
-one whose routes R2/R3 replay.
+one whose routes R2/R3 replay. On FSDP2 trainer ranks each rank holds its shard of the frozen copy and scores
+its rows (``minirl.distributed``: ``TrainerRank``, ``GroupReference``); ``build_reference`` picks the one.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from minirl.algo.variants.reference_kl import reference_kl_loss
 from minirl.models.lora import adapters_disabled, has_lora
-from minirl.trainer import Objective, Trainer, Wraps
+from minirl.trainer import Objective, Trainer, Wraps, reshard_all
 from minirl.types import Batch
 
 
-class Reference:
-    """The reference policy of ``trainer`` (built when the run starts, before any update)."""
+def build_reference(trainer: Any) -> Any:
+    """The reference of a run's trainer: a ``Reference`` beside a ``Trainer``; the ranks' own, behind a
+    ``GroupReference``, for a trainer group."""
+    if isinstance(trainer, Trainer):
+        return Reference(trainer)
+    return trainer.reference()
 
-    def __init__(self, trainer: Trainer) -> None:
+
+class Reference:
+    """The reference policy of ``trainer`` (built when the run starts, before any update); ``frozen_model``: the
+    copy to freeze (a trainer rank's, sharded as its policy; default a ``deepcopy`` of ``trainer.model``)."""
+
+    def __init__(self, trainer: Trainer, frozen_model: torch.nn.Module | None = None) -> None:
         self.trainer = trainer
         self.frozen: Trainer | None = None
         if not has_lora(trainer.model):
-            model = copy.deepcopy(trainer.model).eval()
+            model = (frozen_model if frozen_model is not None else copy.deepcopy(trainer.model)).eval()
             self.frozen = Trainer(model, lr=0.0, micro_batch_sequences=trainer.micro_batch_sequences,
                                   micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
                                   padding_free=trainer.padding_free, logprob_chunk_tokens=trainer.logprob_chunk_tokens,
@@ -43,16 +53,32 @@ class Reference:
         TR-DPO's soft update, written as TRL's ``SyncRefModelCallback`` writes it)."""
         if self.frozen is None:
             raise ValueError("algo.ref_sync_every_updates: the LoRA reference (adapters off) has no copy to sync")
+        reshard_all(self.trainer.model)  # FSDP2 ranks: both models as their shards (a forward leaves the root gathered)
+        reshard_all(self.frozen.model)
         for ref, param in zip(self.frozen.model.parameters(), self.trainer.model.parameters(), strict=True):
-            ref.mul_(1.0 - alpha).add_(param, alpha=alpha)
+            _local(ref).mul_(1.0 - alpha).add_(_local(param), alpha=alpha)  # the same shard of both on a rank
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The frozen copy's weights (a synced reference is checkpointed with the run); empty with LoRA."""
-        return {} if self.frozen is None else {k: v.detach().clone() for k, v in self.frozen.model.state_dict().items()}
+        """The frozen copy's weights (a synced reference is checkpointed with the run); empty with LoRA. On a trainer
+        rank: the full weights, gathered from the shards (a collective: every rank calls it)."""
+        if self.frozen is None:
+            return {}
+        if self.trainer.collective:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.frozen.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {k: cast(torch.Tensor, v).detach().clone() for k, v in full.items()}  # full_state_dict: plain tensors
+        return {k: v.detach().clone() for k, v in self.frozen.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.frozen is not None and state:
-            self.frozen.model.load_state_dict(state)
+        if self.frozen is None or not state:
+            return
+        if self.trainer.collective:  # the full weights into this rank's shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.frozen.model, dict(state), options=StateDictOptions(full_state_dict=True))
+            return
+        self.frozen.model.load_state_dict(state)
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:
@@ -61,6 +87,12 @@ class Reference:
             return self.frozen.score(batch, entropy=False).logp
         with adapters_disabled(self.trainer.model):
             return self.trainer.score(batch, entropy=False).logp
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a view: in-place updates reach the parameter); a plain tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
 
 
 @dataclass(frozen=True)

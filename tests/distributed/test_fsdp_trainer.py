@@ -56,24 +56,32 @@ def _train(tmp_path, *overrides, resume=None):
     return cfg.run_dir
 
 
-def test_sharded_checkpoints_resume_like_one_process(tmp_path):
+REFERENCE_SYNC = ["algo.kl_coef=0.1", "algo.ref_sync_every_updates=1", "algo.ref_sync_alpha=0.5"]
+
+
+@pytest.mark.parametrize("extra", [[], pytest.param(REFERENCE_SYNC, marks=pytest.mark.slow)], ids=["plain", "reference"])
+def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
     """A W=2 run checkpoints the gathered model and the full optimizer state in the single-process
     format (step 2), and a W=2 resume loads them back into the shards: step 3 ends where an
-    uninterrupted single-process run ends."""
+    uninterrupted single-process run ends. With a synced KL reference its gathered weights are checkpointed too and
+    loaded back into the ranks' shards."""
     import torch
 
     from minirl import checkpoint
 
-    single = _train(tmp_path / "single", "optim.global_steps=3")
-    sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2")
-    want = checkpoint.load_state(single / "checkpoints" / "step_000002")["trainer"]
-    got = checkpoint.load_state(sharded / "checkpoints" / "step_000002")["trainer"]
+    single = _train(tmp_path / "single", "optim.global_steps=3", *extra)
+    sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2", *extra)
+    want_all = checkpoint.load_state(single / "checkpoints" / "step_000002")
+    got_all = checkpoint.load_state(sharded / "checkpoints" / "step_000002")
+    if extra:
+        assert max(float((want_all["reference"][k] - got_all["reference"][k]).abs().max()) for k in want_all["reference"]) < TOL
+    want, got = want_all["trainer"], got_all["trainer"]
     assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])  # parameter indices, as one process
     for index, state in want["optimizer"]["state"].items():
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.allclose(got["optimizer"]["state"][index][key], state[key], atol=1e-6)
     assert got["updates_done"] == want["updates_done"] == 4
-    _train(tmp_path / "fsdp", "optim.global_steps=3", "cluster.trainer_ranks=2", resume=True)
+    _train(tmp_path / "fsdp", "optim.global_steps=3", "cluster.trainer_ranks=2", *extra, resume=True)
     from minirl.models.io import load_model_and_tokenizer
 
     final_single, _ = load_model_and_tokenizer(str(single / "checkpoint"))
@@ -250,3 +258,29 @@ def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, rep
     if not tied:
         mode.append(f"model.path={_untied_model(tmp_path / 'untied')}")
     _two_ranks_match_one_process(tmp_path, *mode)
+
+
+def test_the_kl_penalty_and_its_reference_sync_on_two_ranks_match_one_process(tmp_path):
+    """``algo.kl_coef`` (the KL loss) and ``algo.kl_in_reward_coef`` on 2 FSDP ranks: each rank scores its rows with
+    its shard of a frozen copy of the starting weights; with TR-DPO's sync (every update, alpha 0.5) the ranks'
+    reference moves as the single process's, and its gathered state (a checkpoint's) is the same."""
+    mode = ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "algo.kl_coef=0.1", "algo.kl_in_reward_coef=0.05",
+            "algo.ref_sync_every_updates=1", "algo.ref_sync_alpha=0.5"]
+    runs = {}
+    for name, extra in (("single", []), ("fsdp", ["cluster.trainer_ranks=2"])):
+        cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, f"run.output_dir={tmp_path / name}", *mode, *extra])
+        run = loop.setup(cfg, rewards=DenseRewards())
+        try:
+            metrics = [loop.global_step(run, step) for step in range(1, 4)]
+            weights = {k: v.detach().clone() for k, v in run.trainer.state_dict().items()}
+            reference = run.reference.state_dict()
+        finally:
+            run.close()
+        runs[name] = (metrics, weights, reference)
+    (single_m, single_w, single_ref), (fsdp_m, fsdp_w, fsdp_ref) = runs["single"], runs["fsdp"]
+    loss_diff, weight_diff = max_differences((single_m, single_w), (fsdp_m, fsdp_w))
+    assert loss_diff < TOL and weight_diff < TOL
+    # the metric is the mean of each micro-batch's token mean (the ranks' micro-batches hold other rows): near only
+    assert all(a["policy/kl_ref"] == pytest.approx(b["policy/kl_ref"], rel=0.05) for a, b in zip(single_m, fsdp_m))
+    assert single_m[-1]["policy/kl_ref"] > 0  # the penalty acts: the policy has moved from its reference
+    assert set(single_ref) == set(fsdp_ref) and max(float((single_ref[k] - fsdp_ref[k]).abs().max()) for k in single_ref) < TOL

@@ -188,6 +188,7 @@ class TrainerGroup:
         self.ranks = ranks
         self.model = model  # the controller's mirror of the weights (checkpoints, resume)
         self.consecutive_faults = 0
+        self.updates_done = 0  # the ranks' optimizer steps taken (all alike)
         self._closed = False
 
     @property
@@ -213,6 +214,7 @@ class TrainerGroup:
         answers = self._all("update", [(s, objective) for s in shards], replay_routes=replay_routes, natural_drift=natural_drift,
                             score=score, record_routes=record_routes, old_pass=old_pass)
         self.consecutive_faults = answers[0]["consecutive_faults"]
+        self.updates_done = answers[0]["updates_done"]
         per_rank: list[UpdateResult] = [a["result"] for a in answers]
         parts = [r.scores for r in per_rank]
         scores = _joined(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
@@ -240,10 +242,15 @@ class TrainerGroup:
         weights = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
         self._all("load_checkpoint_state", [(state, weights)] * self.world)
         self.consecutive_faults = int(state.get("consecutive_faults", 0))
+        self.updates_done = int(state.get("updates_done", 0))
 
     def replayed_rows(self) -> list[int]:
         counts = self._all("replayed_rows")
         return [sum(column) for column in zip(*counts)]
+
+    def reference(self) -> GroupReference:
+        """The KL penalty's reference, held by the ranks (each its shard of a frozen copy of the starting weights)."""
+        return GroupReference(self)
 
     def close(self, graceful: bool = True) -> None:
         if self._closed:
@@ -254,6 +261,27 @@ class TrainerGroup:
                 rank.close(graceful)
             except Exception:  # closing after a failure: the worker may be gone already
                 pass
+
+
+class GroupReference:
+    """``minirl.reference.Reference`` of a trainer group: each rank scores its shard of the rows with its shard of the
+    frozen copy; the TR-DPO sync runs on every rank's shards; the state is the full weights (rank 0's gather)."""
+
+    def __init__(self, group: TrainerGroup) -> None:
+        self.group = group
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self.group._all("reference_logprobs", [(s,) for s in split(batch, self.group.world)]))
+
+    def sync(self, alpha: float) -> None:
+        self.group._all("reference_sync", [(alpha,)] * self.group.world)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.group._all("reference_state")[0]
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            self.group._all("load_reference_state", [(state,)] * self.group.world)
 
 
 class GroupReplay:

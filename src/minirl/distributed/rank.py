@@ -22,6 +22,7 @@ With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no pro
 
 from __future__ import annotations
 
+import copy
 import socket
 from dataclasses import replace
 from typing import Any, cast
@@ -47,6 +48,7 @@ class TrainerRank:
         self.cfg, self.rank, self.world, self.source = cfg, rank, world, source
         self.trainer: Any = None
         self.replay: Any = None
+        self.reference: Any = None
 
     def rendezvous_address(self) -> str:
         """``tcp://host:port`` on this rank's node, where rank 0 listens for the others."""
@@ -82,12 +84,20 @@ class TrainerRank:
             )
         model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
         model.to(device)
+        # the KL penalty's reference: the starting weights, copied before the replay's hooks (it routes naturally)
+        frozen = copy.deepcopy(model) if cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef else None
         self.names = [name for name, param in model.named_parameters() if param.requires_grad]
         self.replay = build_replay(cfg, model)  # hooks before fully_shard: they stay on the routers
         if self.world > 1:
             _shard(model, device, self.world, cfg.optim.precision)
+            if frozen is not None:
+                _shard(frozen, device, self.world, cfg.optim.precision)
         self.trainer = build_trainer(cfg, model, self.replay)
         self.trainer.collective = self.world > 1  # never skip alone: the peers wait in FSDP's collectives
+        if frozen is not None:
+            from minirl.reference import Reference
+
+            self.reference = Reference(self.trainer, frozen_model=frozen)
 
     # ------------------------------------------------------------------ the Trainer interface, on a shard
 
@@ -101,10 +111,27 @@ class TrainerRank:
         result = self.trainer.update(shard, objective, **kwargs)
         if result.fault is not None and faults:
             result = replace(result, fault=f"non-finite log-probs ({faults[0]})")
-        return {"result": result, "consecutive_faults": self.trainer.consecutive_faults}
+        return {"result": result, "consecutive_faults": self.trainer.consecutive_faults,
+                "updates_done": self.trainer.updates_done}
 
     def replayed_rows(self) -> list[int]:
         return list(self.replay.replayed_rows) if self.replay is not None else []
+
+    # ------------------------------------------------------------------ the KL penalty's reference, on a shard
+
+    def reference_logprobs(self, shard: Batch) -> torch.Tensor:
+        return self.reference.logprobs(shard)
+
+    def reference_sync(self, alpha: float) -> None:
+        self.reference.sync(alpha)
+
+    def reference_state(self) -> dict[str, torch.Tensor] | None:
+        """The reference's full weights (rank 0; others None)."""
+        state = self.reference.state_dict()
+        return state if self.rank == 0 else None
+
+    def load_reference_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.reference.load_state_dict(_owned(state))
 
     # ------------------------------------------------------------------ full (unsharded) state
 

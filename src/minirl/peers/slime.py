@@ -400,11 +400,10 @@ def _slime_eval(peer: SlimePeer, out: Translation) -> None:
 
 
 def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
-    """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes); as
-    for verl, a run with the KL penalty keeps minirl's single-process trainer."""
+    """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes)."""
     ranks = peer.number("actor-num-nodes", int) * peer.number("actor-num-gpus-per-node", int)
     peer("colocate")
-    if ranks > 1 and not out.values.get("algo.kl_coef"):
+    if ranks > 1:
         out.set("cluster.trainer_ranks", ranks, f"{peer.show('actor-num-nodes', 'actor-num-gpus-per-node')}: one FSDP2 "
                 "rank per GPU")
         out.set("cluster.backend", "ray", "slime runs its actors on Ray")
@@ -413,9 +412,6 @@ def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
         out.differs.append(f"slime shards the model over its {ranks} GPUs (Megatron's parallel sizes, or FSDP) next to SGLang; "
                            "minirl shards the model over FSDP2 ranks and runs its engines as separate Ray actors: size "
                            "cluster.* for your machine (docs/distributed.md)")
-    elif ranks > 1:
-        out.set("cluster.trainer_ranks", 1, "the KL penalty: one trainer process in minirl")
-        out.differs.append("minirl runs the KL penalty with a single-process trainer (one GPU)")
     out.set("cluster.device", "cuda", "slime trains on GPUs")
 
 
@@ -543,8 +539,9 @@ def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:
         else:
             obj.set("kl_coef", peer.number("kl-loss-coef", float), peer.show("use-kl-loss", "kl-loss-coef"))
             obj.set("kl_loss_type", kind, peer.show("kl-loss-type"))
-            if peer("kl-loss-type") == "low_var_kl":
-                obj.differs.append("--kl-loss-type low_var_kl: slime clamps each token's k3 to [-10, 10], minirl does not")
+            if peer("kl-loss-type") == "k3":  # minirl's k3 is low_var_kl's
+                obj.differs.append("--kl-loss-type k3: minirl clamps each token's k3 to [-10, 10] (slime's low_var_kl), "
+                                   "slime's k3 is not clamped (the same below 10)")
     if peer("entropy-coef"):
         obj.set("entropy_coef", peer.number("entropy-coef", float), peer.show("entropy-coef"))
         if not peer("calculate-per-token-loss"):

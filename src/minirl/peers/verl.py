@@ -327,13 +327,12 @@ def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
 def _verl_cluster(peer: Peer, out: Translation) -> None:
     ranks = peer("trainer.n_gpus_per_node") * peer("trainer.nnodes")
     out.set("cluster.device", "cpu" if peer("trainer.device") == "cpu" else "cuda", peer.show("trainer.device"))
-    single = [why for key, why in (("model.lora.rank", "LoRA"), ("algo.kl_coef", "the KL penalty"),
-                                   ("algo.kl_in_reward_coef", "the KL in the reward")) if out.values.get(key)]
+    single = [why for key, why in (("model.lora.rank", "LoRA"),) if out.values.get(key)]
     if ranks > 1 and single:
         out.set("cluster.trainer_ranks", 1, f"{' and '.join(single)}: one trainer process in minirl")
         out.differs.append(f"{peer.show('trainer.n_gpus_per_node', 'trainer.nnodes')}: minirl runs "
                            f"{' and '.join(single)} with a single-process trainer (one GPU); without it "
-                           f"(e.g. algo.kl_coef=0) set cluster.trainer_ranks={ranks}, cluster.backend=ray")
+                           f"(model.lora: null) set cluster.trainer_ranks={ranks}, cluster.backend=ray")
     elif ranks > 1:
         out.set("cluster.trainer_ranks", ranks, peer.show("trainer.n_gpus_per_node", "trainer.nnodes"))
         out.set("cluster.backend", "ray", "verl runs its workers on Ray")
