@@ -83,7 +83,7 @@ SLIME_IGNORED = re.compile(
     r"seq-length|max-position-embeddings|position-embedding-type|rotary-.*|use-rotary-position-embeddings|"
     r"normalization|norm-epsilon|swiglu|disable-bias-linear|add-qkv-bias|qk-layernorm|"
     r"untie-embeddings-and-output-weights|num-experts|moe-.*|use-flash-attn|spec|attn-implementation|use-slime-router|"
-    r"slime-router-.*|sglang-router-.*|router-.*)$")
+    r"slime-router-.*|sglang-router-.*|router-.*|decoder-(first|last)-pipeline-num-layers|num-layers-per-virtual-pipeline-stage)$")
 """slime and Megatron flags with no effect on what is trained here: parallelism, offloading, the SGLang server,
 logging details, the model's architecture (minirl reads it from --hf-checkpoint's config.json)."""
 
