@@ -188,7 +188,17 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, *, device:
 def prepare_for_training(cfg: Config, model: torch.nn.Module) -> None:
     """LoRA adapters and gradient checkpointing on the trainer's model (``minirl.models.lora``),
     after the engine and the routing replay were built from the plain model."""
-    from minirl.models.lora import add_lora, enable_gradient_checkpointing, has_lora
+    from minirl.models.lora import enable_gradient_checkpointing
+
+    add_configured_lora(cfg, model)
+    if cfg.optim.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+
+
+def add_configured_lora(cfg: Config, model: torch.nn.Module) -> None:
+    """``model.lora``'s adapters on ``model`` (once; none without ``model.lora``): the trainer's model, and on FSDP2
+    ranks also before sharding and on the controller's mirror of the weights."""
+    from minirl.models.lora import add_lora, has_lora
 
     lora = cfg.model.lora
     if lora is not None and not has_lora(model):
@@ -197,8 +207,6 @@ def prepare_for_training(cfg: Config, model: torch.nn.Module) -> None:
                      target_modules=lora.target_modules, adapt_routers=lora.adapt_routers)
         except ValueError as exc:
             raise ConfigError(f"model.lora.target_modules: {exc}") from None
-    if cfg.optim.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
 
 
 def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True,

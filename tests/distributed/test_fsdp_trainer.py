@@ -59,12 +59,17 @@ def _train(tmp_path, *overrides, resume=None):
 REFERENCE_SYNC = ["algo.kl_coef=0.1", "algo.ref_sync_every_updates=1", "algo.ref_sync_alpha=0.5"]
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(REFERENCE_SYNC, marks=pytest.mark.slow)], ids=["plain", "reference"])
+LORA = ["model.lora={rank: 4, alpha: 8.0}", "algo.kl_coef=0.1"]
+
+
+@pytest.mark.parametrize("extra", [[], pytest.param(REFERENCE_SYNC, marks=pytest.mark.slow),
+                                   pytest.param(LORA, marks=pytest.mark.slow)], ids=["plain", "reference", "lora"])
 def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
     """A W=2 run checkpoints the gathered model and the full optimizer state in the single-process
     format (step 2), and a W=2 resume loads them back into the shards: step 3 ends where an
     uninterrupted single-process run ends. With a synced KL reference its gathered weights are checkpointed too and
-    loaded back into the ranks' shards."""
+    loaded back into the ranks' shards; with LoRA the adapters' optimizer state and weights (the mirror's adapter,
+    beside the merged weights) go back into the ranks."""
     import torch
 
     from minirl import checkpoint
@@ -73,7 +78,7 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
     sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2", *extra)
     want_all = checkpoint.load_state(single / "checkpoints" / "step_000002")
     got_all = checkpoint.load_state(sharded / "checkpoints" / "step_000002")
-    if extra:
+    if "reference" in want_all:
         assert max(float((want_all["reference"][k] - got_all["reference"][k]).abs().max()) for k in want_all["reference"]) < TOL
     want, got = want_all["trainer"], got_all["trainer"]
     assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])  # parameter indices, as one process
@@ -284,3 +289,13 @@ def test_the_kl_penalty_and_its_reference_sync_on_two_ranks_match_one_process(tm
     assert all(a["policy/kl_ref"] == pytest.approx(b["policy/kl_ref"], rel=0.05) for a, b in zip(single_m, fsdp_m))
     assert single_m[-1]["policy/kl_ref"] > 0  # the penalty acts: the policy has moved from its reference
     assert set(single_ref) == set(fsdp_ref) and max(float((single_ref[k] - fsdp_ref[k]).abs().max()) for k in single_ref) < TOL
+
+
+def test_lora_on_two_fsdp_ranks_matches_one_process(tmp_path):
+    """``model.lora`` on 2 FSDP ranks: the adapters are injected before sharding (frozen base and trainable adapters in
+    the same FSDP2 groups), only they train, the engine gets the merged weights gathered from the ranks, and the KL
+    penalty's reference is the base model with the adapters off, on each rank's shard (R3, N = 2)."""
+    mode = ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "model.lora={rank: 4, alpha: 8.0}", "algo.kl_coef=0.1"]
+    _, sharded = _two_ranks_match_one_process(tmp_path, *mode)
+    assert not any(".lora_" in key for key in sharded[1])  # merged, under the base model's names
+    assert sharded[0][-1]["policy/kl_ref"] > 0  # the adapters have moved the policy from its base

@@ -982,13 +982,13 @@ def test_verl_overlong_buffer_edge_cases():
     assert any("below the response limit" in line for line in short.differs)
 
 
-def test_verl_lora_needs_the_single_process_trainer_the_kl_penalty_does_not():
+def test_verl_lora_and_the_kl_penalty_keep_the_gpus_as_trainer_ranks():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "data.train_batch_size": 8,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "trainer.total_training_steps": 3}
     v = from_verl(base | {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "mse"}).values
     assert (v["algo.kl_coef"], v["algo.kl_loss_type"], v["cluster.trainer_ranks"]) == (0.001, "k2", 8)  # ranks hold it
     v = from_verl(base | {"actor_rollout_ref.model.lora_rank": 32}).values
-    assert (v["model.lora.rank"], v["model.lora.alpha"], v["cluster.trainer_ranks"]) == (32, 16.0, 1)
+    assert (v["model.lora.rank"], v["model.lora.alpha"], v["cluster.trainer_ranks"]) == (32, 16.0, 8)
     assert v["model.lora.target_modules"] == ["all-linear"]  # verl's default, peft's keyword
     megatron = from_verl(base | {"actor_rollout_ref.model.lora.rank": 16, "actor_rollout_ref.model.lora.type": "lora",
                                  "actor_rollout_ref.model.lora.target_modules": ["linear_qkv", "linear_fc2", "router"]})

@@ -229,10 +229,13 @@ class TrainerGroup:
                             natural_diff_frac=drift, scores=scores)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights (gathered from the shards), also loaded into the mirror ``model``."""
+        """The full weights (gathered from the shards), also loaded into the mirror ``model``; with LoRA adapters
+        (on the mirror too) merged, as ``Trainer.state_dict`` gives them."""
+        from minirl.models.lora import has_lora, merged_state_dict
+
         full = self._all("state_dict")[0]
         self.model.load_state_dict(full)
-        return full
+        return {k: v.detach().clone() for k, v in merged_state_dict(self.model).items()} if has_lora(self.model) else full
 
     def checkpoint_state(self) -> dict[str, Any]:
         return self._all("checkpoint_state")[0]

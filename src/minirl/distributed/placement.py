@@ -61,7 +61,7 @@ def build_placement(cfg: Config, model: torch.nn.Module, tokenizer: Any, replay:
     """The engine(s) and trainer of a run; ``model`` is the controller's (the trainer's when local)."""
     from minirl.distributed.group import EngineGroup, GroupReplay, InProcess, Spawned, TrainerGroup, gather
     from minirl.distributed.rank import TrainerRank
-    from minirl.runtime import build_trainer
+    from minirl.runtime import add_configured_lora, build_trainer
 
     c = cfg.cluster
     if c.engine_backend == "vllm":
@@ -73,6 +73,7 @@ def build_placement(cfg: Config, model: torch.nn.Module, tokenizer: Any, replay:
     if c.backend == "ray":
         from minirl.distributed.ray_backend import place
 
+        add_configured_lora(cfg, model)  # the ranks train; ``model`` mirrors their weights, adapters too
         engine_handles, rank_handles, shutdown = place(cfg, source)
         trainer = TrainerGroup(rank_handles, model)
         engine = EngineGroup(engine_handles)
@@ -90,6 +91,7 @@ def build_placement(cfg: Config, model: torch.nn.Module, tokenizer: Any, replay:
     if c.trainer_ranks == 1:
         model.to(c.device)
         return Placement(engine, build_trainer(cfg, model, replay), replay)
+    add_configured_lora(cfg, model)  # after the engines (built from the plain model, as in one process): the mirror
     ranks = [Spawned(f"trainer rank {r}", TrainerRank, cfg, r, c.trainer_ranks, source) for r in range(c.trainer_ranks)]
     trainer = TrainerGroup(ranks, model)
     try:

@@ -66,7 +66,14 @@ class TrainerRank:
         return f"tcp://{host}:{port}"
 
     def start(self, init_method: str | None) -> None:
-        from minirl.runtime import build_model, build_replay, build_trainer, seed_everything, set_threads
+        from minirl.runtime import (
+            add_configured_lora,
+            build_model,
+            build_replay,
+            build_trainer,
+            seed_everything,
+            set_threads,
+        )
 
         cfg = self.cfg
         set_threads(cfg.run.threads or 1)
@@ -84,17 +91,20 @@ class TrainerRank:
             )
         model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
         model.to(device)
-        # the KL penalty's reference: the starting weights, copied before the replay's hooks (it routes naturally)
-        frozen = copy.deepcopy(model) if cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef else None
-        self.names = [name for name, param in model.named_parameters() if param.requires_grad]
+        # the KL penalty's reference: the starting weights, copied before the replay's hooks (it routes naturally);
+        # with LoRA it is the policy with its adapters off (no copy)
+        reference = bool(cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef)
+        frozen = copy.deepcopy(model) if reference and cfg.model.lora is None else None
         self.replay = build_replay(cfg, model)  # hooks before fully_shard: they stay on the routers
+        add_configured_lora(cfg, model)  # adapters before sharding too (the single process adds them after the hooks)
+        self.names = [name for name, param in model.named_parameters() if param.requires_grad]
         if self.world > 1:
             _shard(model, device, self.world, cfg.optim.precision)
             if frozen is not None:
                 _shard(frozen, device, self.world, cfg.optim.precision)
         self.trainer = build_trainer(cfg, model, self.replay)
         self.trainer.collective = self.world > 1  # never skip alone: the peers wait in FSDP's collectives
-        if frozen is not None:
+        if reference:
             from minirl.reference import Reference
 
             self.reference = Reference(self.trainer, frozen_model=frozen)

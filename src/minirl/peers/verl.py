@@ -327,13 +327,7 @@ def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
 def _verl_cluster(peer: Peer, out: Translation) -> None:
     ranks = peer("trainer.n_gpus_per_node") * peer("trainer.nnodes")
     out.set("cluster.device", "cpu" if peer("trainer.device") == "cpu" else "cuda", peer.show("trainer.device"))
-    single = [why for key, why in (("model.lora.rank", "LoRA"),) if out.values.get(key)]
-    if ranks > 1 and single:
-        out.set("cluster.trainer_ranks", 1, f"{' and '.join(single)}: one trainer process in minirl")
-        out.differs.append(f"{peer.show('trainer.n_gpus_per_node', 'trainer.nnodes')}: minirl runs "
-                           f"{' and '.join(single)} with a single-process trainer (one GPU); without it "
-                           f"(model.lora: null) set cluster.trainer_ranks={ranks}, cluster.backend=ray")
-    elif ranks > 1:
+    if ranks > 1:  # FSDP2 ranks, one per GPU (LoRA and the KL penalty's reference included)
         out.set("cluster.trainer_ranks", ranks, peer.show("trainer.n_gpus_per_node", "trainer.nnodes"))
         out.set("cluster.backend", "ray", "verl runs its workers on Ray")
         out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
