@@ -215,6 +215,21 @@ def test_slimes_fsdp_backend_and_router_flags(tmp_path: Path):
     assert any(line.startswith("--fp8-format") for line in out.not_translated)
 
 
+def test_slimes_lora_presets_regexes_and_rates():
+    """slime's Megatron LoRA (``--use-lora``): its default preset (dense_language) in transformers' module names, its
+    own learning rate and weight decay replacing --lr and --weight-decay; Megatron regexes mapped by their projection;
+    the routed-expert presets named not translated."""
+    v = from_slime(BASE | {"use-lora": True, "lora-learning-rate": 1e-5, "weight-decay": 0.1}).values
+    assert (v["model.lora.rank"], v["model.lora.alpha"], v["optim.lr"], v["optim.weight_decay"]) == (64, 128.0, 1e-5, 0.0)
+    assert v["model.lora.target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    regex = from_slime(BASE | {"use-lora": True, "lora-target-modules": [r"(?:^|\.)self_attention\.linear_qkv$", "router"]})
+    assert regex.values["model.lora.target_modules"] == ["q_proj", "k_proj", "v_proj"]
+    assert any("--lora-target-modules router" in line for line in regex.not_translated)
+    experts = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_routed_experts"})
+    assert "model.lora.rank" not in experts.values and any("moe_routed_experts" in line for line in experts.not_translated)
+    assert from_slime(BASE | {"use-lora": True, "actor-num-gpus-per-node": 4}).config().cluster.trainer_ranks == 4  # ranks
+
+
 def test_flags_take_no_value_one_or_several():
     assert parse_flags(["python3", "--a", "--b", "1", "--c", "x", "y", "--d=2", "--e", "-1"]) == {
         "a": True, "b": 1, "c": ["x", "y"], "d": 2, "e": -1}

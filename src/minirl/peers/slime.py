@@ -18,6 +18,7 @@ from typing import Any
 
 from minirl.config import ConfigError
 from minirl.peers.common import (
+    MEGATRON_MODULES,
     Objective,
     Peer,
     Translation,
@@ -68,6 +69,9 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "lr-warmup-fraction": None, "lr-warmup-init": 0.0, "lr-decay-iters": None, "weight-decay": 0.01, "adam-beta1": 0.9,
     "adam-beta2": 0.999, "adam-eps": 1e-8, "clip-grad": 1.0, "fp16": False, "bf16": False, "recompute-granularity": None,
     "gradient-checkpointing": False,
+    # LoRA (slime/utils/lora_config.py, Megatron backend)
+    "use-lora": False, "lora-rank": 64, "lora-alpha": 128.0, "lora-dropout": 0.0, "lora-target-preset": None,
+    "lora-target-modules": None, "lora-learning-rate": None, "lora-weight-decay": 0.0,
 }
 
 SLIME_IGNORED = re.compile(
@@ -139,6 +143,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     _slime_rewards(peer, out)
     n = _slime_batch(peer, out)
     _slime_optimizer(peer, out, n)
+    _slime_lora(peer, out)
     _slime_runs(peer, out)
     _slime_async(peer, out, script)
     apply_objective(out, keep_objective, _slime_objective(peer))
@@ -330,6 +335,48 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
         if peer(key):
             out.set("moe.routing_replay", mode, peer.show(key))
             break
+
+
+SLIME_LORA_PRESETS = {"dense_attention": ["linear_qkv", "linear_proj"], "moe_attention": ["linear_qkv", "linear_proj"],
+                      "dense_mlp": ["linear_fc1", "linear_fc2"],
+                      "dense_language": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                      "moe_language": ["linear_qkv", "linear_proj"]}
+"""slime's LoRA target presets as Megatron projections (``MEGATRON_MODULES`` names them in transformers' words); the
+routed-expert and hybrid-attention presets have no form here. ``moe_language``'s shared experts are left out (said)."""
+
+
+def _slime_lora(peer: SlimePeer, out: Translation) -> None:
+    """``--use-lora``: rank, alpha, dropout, the targets (a preset, default ``dense_language``, or Megatron regexes),
+    and slime's LoRA learning rate and weight decay, which replace ``--lr`` and ``--weight-decay``."""
+    if not peer("use-lora"):
+        return
+    explicit = peer("lora-target-modules")
+    if explicit:
+        patterns = [str(p) for p in (explicit if isinstance(explicit, list) else [explicit])]
+        megatron = [name for name in MEGATRON_MODULES if any(name in p for p in patterns)]
+        rest = [p for p in patterns if not any(name in p for name in MEGATRON_MODULES)]
+        origin = peer.show("lora-target-modules")
+        if rest:
+            out.not_translated.append(f"--lora-target-modules {' '.join(rest)} (modules minirl cannot map)")
+    else:
+        preset = str(peer("lora-target-preset") or "dense_language")
+        megatron, origin = SLIME_LORA_PRESETS.get(preset, []), peer.show("lora-target-preset") + f" ({preset})"
+        if preset not in SLIME_LORA_PRESETS:
+            out.not_translated.append(f"--lora-target-preset {preset}: its modules (routed experts or linear "
+                                      "attention) have no LoRA form here")
+        elif preset == "moe_language":
+            out.differs.append("--lora-target-preset moe_language: the shared experts' projections are not adapted "
+                               "(name them in model.lora.target_modules)")
+    if not megatron:
+        return
+    out.set("model.lora.rank", peer.number("lora-rank", int), peer.show("lora-rank"))
+    out.set("model.lora.alpha", peer.number("lora-alpha", float), peer.show("lora-alpha"))
+    out.set("model.lora.dropout", peer.number("lora-dropout", float), peer.show("lora-dropout"))
+    out.set("model.lora.target_modules", [hf for name in megatron for hf in MEGATRON_MODULES[name]], origin)
+    if peer("lora-learning-rate") is not None:
+        out.set("optim.lr", peer.number("lora-learning-rate", float), peer.show("lora-learning-rate"))
+    out.set("optim.weight_decay", peer.number("lora-weight-decay", float),
+            peer.show("lora-weight-decay") + " (slime's LoRA weight decay replaces --weight-decay)")
 
 
 def _slime_rollouts(peer: SlimePeer, out: Translation) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any, get_args
 
 from minirl.config import ConfigError, MiniRLConfig
 from minirl.peers.common import (
+    MEGATRON_MODULES,
     Objective,
     Peer,
     Translation,
@@ -100,11 +101,6 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.model\.lora\.(type|merge|dropout_position|lora_A_init_method|lora_B_init_method|freeze_.*|"
     r"dtype|a2a_experimental)|"
     r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
-
-
-MEGATRON_MODULES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
-                    "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"]}
-"""Megatron's fused projections and the transformers modules they hold."""
 
 
 ONE_STEP_OFF_DEFAULTS = {"algorithm.rollout_correction.bypass_mode": True, "rollout.nnodes": 1,
