@@ -974,11 +974,6 @@ class Config(Section):
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
             raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
                              "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")
-        if distributed and self.diagnostics.every_steps:
-            raise ValueError(
-                "diagnostics.every_steps: the first-order diagnostics run only with the single-process trainer "
-                "(cluster.backend=local, cluster.trainer_ranks=1); set 0"
-            )
         return self
 
 

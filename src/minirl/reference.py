@@ -20,7 +20,7 @@ import torch
 
 from minirl.algo.variants.reference_kl import reference_kl_loss
 from minirl.models.lora import adapters_disabled, has_lora
-from minirl.trainer import Objective, Trainer, Wraps, reshard_all
+from minirl.trainer import Objective, Trainer, Wraps, local_shard, reshard_all
 from minirl.types import Batch
 
 
@@ -56,7 +56,7 @@ class Reference:
         reshard_all(self.trainer.model)  # FSDP2 ranks: both models as their shards (a forward leaves the root gathered)
         reshard_all(self.frozen.model)
         for ref, param in zip(self.frozen.model.parameters(), self.trainer.model.parameters(), strict=True):
-            _local(ref).mul_(1.0 - alpha).add_(_local(param), alpha=alpha)  # the same shard of both on a rank
+            local_shard(ref).mul_(1.0 - alpha).add_(local_shard(param), alpha=alpha)  # the same shard of both on a rank
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The frozen copy's weights (a synced reference is checkpointed with the run); empty with LoRA. On a trainer
@@ -87,12 +87,6 @@ class Reference:
             return self.frozen.score(batch, entropy=False).logp
         with adapters_disabled(self.trainer.model):
             return self.trainer.score(batch, entropy=False).logp
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a view: in-place updates reach the parameter); a plain tensor as it is."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
 
 
 @dataclass(frozen=True)

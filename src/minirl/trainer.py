@@ -497,6 +497,7 @@ class Trainer:
         ``FloatingPointError`` (naming it) when a trained token's log-prob is NaN.
         """
         was_training = self.model.training
+        reshard_all(self.model)  # FSDP2: every parameter as its shard (a forward leaves the root's gathered)
         params = [p for p in self.model.parameters() if p.requires_grad]
         devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
         self.model.train()
@@ -508,8 +509,10 @@ class Trainer:
             bad_logp = nan_report(None, batch.mask, {"logp": logp})  # diagnostics: a sync here is fine
             if bad_logp is not None:
                 raise FloatingPointError(bad_logp)
+            # on an FSDP2 rank each parameter's local shard: the ranks' vectors, one after another, are a permutation of
+            # the whole gradient (norms and cosines, all the diagnostics take, do not depend on the order)
             flat = torch.cat(
-                [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1) for p in params]
+                [local_shard(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1) for p in params]
             )
         finally:
             self.optimizer.zero_grad(set_to_none=True)
@@ -546,6 +549,12 @@ def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.
     """Metrics as 0-dim tensors on ``like``'s device (an objective may return python floats)."""
     return {k: v if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64, device=like.device)
             for k, v in metrics.items()}
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a view: in-place updates reach the tensor); a plain tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
 
 
 def reshard_all(model: torch.nn.Module) -> None:

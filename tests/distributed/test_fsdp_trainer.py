@@ -299,3 +299,17 @@ def test_lora_on_two_fsdp_ranks_matches_one_process(tmp_path):
     _, sharded = _two_ranks_match_one_process(tmp_path, *mode)
     assert not any(".lora_" in key for key in sharded[1])  # merged, under the base model's names
     assert sharded[0][-1]["policy/kl_ref"] > 0  # the adapters have moved the policy from its base
+
+
+def test_the_first_order_diagnostics_on_two_ranks_match_one_process(tmp_path):
+    """``diagnostics.every_steps`` on 2 FSDP ranks: the surrogate's and the sequence-level gradients come back as the
+    ranks' local shards one after another (a permutation of the whole gradient), so their cosine, norms and relative
+    error are the single process's; the residual and IS statistics use the log-probs gathered in row order."""
+    mode = ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "diagnostics.every_steps=1"]
+    single, sharded = _two_ranks_match_one_process(tmp_path, *mode)
+    keys = [k for k in single[0][0] if k.startswith(("fidelity/", "residual/", "is/"))]
+    assert "fidelity/first_grad_cosine" in keys and "fidelity/last_grad_norm_seq" in keys
+    for a, b in zip(single[0], sharded[0]):
+        for key in keys:
+            # rel 1e-4; abs 1e-5 for the statistics that are float noise on-policy (chi2 ~ 1e-6, rel_err ~ 1e-6)
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (key, a[key], b[key])

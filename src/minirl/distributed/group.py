@@ -228,6 +228,20 @@ class TrainerGroup:
                             grad_norm=first.grad_norm, lr=first.lr, metrics=metrics,  # norm and lr: global already
                             natural_diff_frac=drift, scores=scores)
 
+    def gradient(self, batch: Batch, objective: Any, *, replay_routes: bool = False,
+                 with_logp: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``Trainer.gradient`` over the ranks: their local gradient shards one after another (a permutation of the
+        single process's flat gradient, the same norms and cosines) and, with ``with_logp``, the log-probs in row
+        order."""
+        shards = split(batch, self.world)
+        parts = self._all("gradient", [(s, objective) for s in shards], replay_routes=replay_routes, with_logp=with_logp)
+        faults = [part["fault"] for part in parts if isinstance(part, dict)]
+        if faults:
+            raise FloatingPointError(faults[0])
+        if not with_logp:
+            return torch.cat(parts)
+        return torch.cat([flat for flat, _ in parts]), torch.cat([logp for _, logp in parts])
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights (gathered from the shards), also loaded into the mirror ``model``; with LoRA adapters
         (on the mirror too) merged, as ``Trainer.state_dict`` gives them."""

@@ -114,6 +114,15 @@ class TrainerRank:
     def score(self, shard: Batch, **kwargs: Any) -> ScoreResult:
         return self.trainer.score(shard, **kwargs)
 
+    def gradient(self, shard: Batch, objective: Any, **kwargs: Any) -> Any:
+        """``Trainer.gradient`` on this rank's rows: its parameters' local gradient shards, flattened (and the
+        shard's log-probs with ``with_logp``). A NaN log-prob (after the backward: no peer waits) comes back as its
+        message, for the group to raise ``FloatingPointError`` as one process would."""
+        try:
+            return self.trainer.gradient(shard, objective, **kwargs)
+        except FloatingPointError as exc:
+            return {"fault": str(exc)}
+
     def update(self, shard: Batch, objective: Any, **kwargs: Any) -> dict[str, Any]:
         faults: list[str] = []
         if self.world > 1:  # every rank must run every backward (FSDP collectives), even on a NaN

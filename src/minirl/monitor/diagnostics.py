@@ -59,6 +59,7 @@ The diagnostics, and how to read them:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -86,15 +87,21 @@ def _key(name: str, tag: str | None) -> str:
 def sequence_objective(minibatch: Batch) -> Objective:
     """``sequence_is_loss`` (gradient = [P] Eq. (2)) as a trainer objective for ``minibatch``.
 
-    Divides by the mini-batch's B, so micro-batch gradients add up to the mini-batch gradient.
+    Divides by the mini-batch's B, so micro-batch gradients add up to the mini-batch gradient (and the shards' of FSDP
+    ranks to it; a dataclass, so it travels to the ranks).
     """
-    normalizer = float(minibatch.size)
+    return SequenceObjective(float(minibatch.size))
 
-    def objective(logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
-        loss, _ = sequence_is_loss(logp, micro.logp_rollout, micro.advantages, micro.mask, normalizer=normalizer)
+
+@dataclass(frozen=True)
+class SequenceObjective:
+    """``sequence_is_loss`` over a mini-batch of ``normalizer`` responses (``sequence_objective``)."""
+
+    normalizer: float
+
+    def __call__(self, logp: torch.Tensor, micro: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        loss, _ = sequence_is_loss(logp, micro.logp_rollout, micro.advantages, micro.mask, normalizer=self.normalizer)
         return loss, {}
-
-    return objective
 
 
 def gradient_fidelity(
