@@ -922,7 +922,7 @@ class Config(Section):
                              "trainer's process (a capture forbids other work on the device); set "
                              "rollout.cuda_graphs=false or async_steps=0, or run the trainer as ranks")
 
-    def _check_reference(self, distributed: bool) -> None:
+    def _check_reference(self) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""
         a = self.algo
         if a.kl_in_reward_coef and a.multi_objective_aggregation == "normalize_then_sum":
@@ -967,8 +967,7 @@ class Config(Section):
                 f"cluster.trainer_ranks: {loss} needs whole groups on every rank: mini-batch {self.minibatch_sequences} / "
                 f"{ranks} ranks is not a multiple of samples_per_prompt = {group}"
             )
-        distributed = ranks > 1 or self.cluster.backend == "ray"
-        self._check_reference(distributed)
+        self._check_reference()
         self._check_bypass()
         self._check_async()
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
