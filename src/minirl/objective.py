@@ -147,9 +147,11 @@ class LoadBalance(Wraps):
         loss, metrics = self.objective(logp, micro, **kwargs)
         if router_logits is None:  # the metrics pass over the mini-batch, after its micro-batches
             # the mean over the micro-batches it saw, by rows: the mini-batch's (an FSDP rank: its shard's, which
-            # the group averages over equal shards)
+            # the group averages over equal shards). None seen: a trainer group's controller, which ran no forward
             seen = self.seen
-            value = sum(aux * share for aux, share in seen) / sum(share for _, share in seen) if seen else torch.zeros(())
+            if not seen:
+                return loss, metrics
+            value = sum(aux * share for aux, share in seen) / sum(share for _, share in seen)
             return loss, {**metrics, "aux_loss": torch.as_tensor(value, dtype=torch.float64)}
         tokens = router_logits[0].shape[0]  # the padded rows' positions, or the packed real tokens (padding-free)
         mask = micro.attention_mask if micro.attention_mask.numel() == tokens else torch.ones(tokens, dtype=torch.bool)

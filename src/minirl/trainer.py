@@ -67,6 +67,46 @@ class UpdateResult:
     natural_diff_frac: float | None = None  # ``natural_drift``: replayed vs the router's own top-k sets
     scores: ScoreResult | None = None  # ``score``/``old_pass``: pi_old from this update's forward
     fault: str | None = None
+    metric_inputs: MetricInputs | None = None  # ``Trainer.share_metric_inputs``: what ``metrics`` are computed from
+
+
+@dataclass
+class MetricInputs:
+    """What an update's metrics are computed from, over its whole mini-batch: the detached float32 log-probs
+    [B, T-1] (0 at padding), pi_theta's entropy where the objective ``wants_entropy``, and R2's counts of fed
+    (token, layer) pairs whose replayed top-k set differs from the router's own (``natural_drift``).
+
+    Token means and maxima over the whole mini-batch are not the mean of the shards' own: an FSDP rank
+    (``Trainer.share_metric_inputs``) returns its shard's inputs and the group computes the metrics of the rows
+    joined back, the numbers one process reports."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    route_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # (differing, counted), integer tensors
+
+    def metrics(self, objective: Objective, minibatch: Batch) -> dict[str, Any]:
+        """``objective``'s metrics over ``minibatch`` (0-dim tensors on ``logp``'s device), and R2's drift."""
+        with torch.no_grad():
+            given = {} if self.entropy is None else {"entropy": self.entropy}
+            totals = dict(objective(self.logp, minibatch.to(self.logp.device), **given)[1])
+        if self.route_pairs is not None:  # a tensor: synced with the update's other numbers (exact integer counts)
+            differing, counted = self.route_pairs
+            totals["routing_natural_diff_frac"] = differing.double() / counted.double().clamp(min=1)
+        return _as_tensors(totals, self.logp)
+
+    def cpu(self) -> MetricInputs:
+        pairs = None if self.route_pairs is None else (self.route_pairs[0].cpu(), self.route_pairs[1].cpu())
+        return MetricInputs(self.logp.cpu(), None if self.entropy is None else self.entropy.cpu(), pairs)
+
+    @staticmethod
+    def joined(parts: Sequence[MetricInputs]) -> MetricInputs:
+        """The inputs of contiguous shards, joined back in row order (the shards keep the batch's width)."""
+        pairs = None
+        if parts[0].route_pairs is not None:
+            counts = [p.route_pairs for p in parts if p.route_pairs is not None]
+            pairs = (torch.stack([c[0] for c in counts]).sum(), torch.stack([c[1] for c in counts]).sum())
+        entropy = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])  # type: ignore[misc]
+        return MetricInputs(torch.cat([p.logp for p in parts]), entropy, pairs)
 
 
 class Wraps:
@@ -237,6 +277,9 @@ class Trainer:
         # a rank of an FSDP group (``minirl.distributed.rank`` sets it): every update runs every forward and
         # backward, even on bad inputs, so no collective waits for a rank that skipped alone
         self.collective = False
+        # a rank of a trainer group: an update also returns its shard's ``MetricInputs``, for the group to compute the
+        # metrics of the whole mini-batch
+        self.share_metric_inputs = False
 
     # ------------------------------------------------------------------ forward passes
 
@@ -364,8 +407,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scores = _Scores(minibatch, entropy=True, device=self.device) if score else None
         try:
-            totals, loss_total, logp = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
-                                                  scores=scores, record_routes=record_routes)
+            measured, loss_total = self._accumulate(minibatch, objective, replay_routes, natural_drift=natural_drift,
+                                                    scores=scores, record_routes=record_routes)
+            logp = measured.logp
+            totals = measured.metrics(objective, minibatch)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
@@ -391,7 +436,8 @@ class Trainer:
         self.updates_done += 1
         self.consecutive_faults = 0
         return UpdateResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, metrics=values, natural_diff_frac=drift,
-                            scores=None if scores is None else scores.result())
+                            scores=None if scores is None else scores.result(),
+                            metric_inputs=measured.cpu() if self.share_metric_inputs else None)
 
     def _skip(self, reason: str, minibatch: Batch, old_pass: bool, replay_routes: bool, record_routes: bool) -> UpdateResult:
         """A numerical fault: no optimizer or schedule step, gradients zeroed, the fault counted.
@@ -424,18 +470,17 @@ class Trainer:
 
     def _accumulate(
         self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False,
-        scores: _Scores | None = None, record_routes: bool = False, metrics: bool = True,
-    ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        scores: _Scores | None = None, record_routes: bool = False,
+    ) -> tuple[MetricInputs, torch.Tensor]:
         """Backward ``objective`` over the micro-batches of ``minibatch`` into ``.grad`` (summed).
 
-        Returns the objective's metrics (tensors; ``metrics=False``: none), the summed loss (a float64
-        0-dim tensor, summed in micro-batch order: no host sync) and the detached
-        float32 log-probs [B, T-1] of the mini-batch's rows in their own order (0 at padding); fills
-        ``scores`` (detached log-probs, entropies and, with ``record_routes``, routes) if given. The
-        metrics are the objective's over the whole mini-batch, from those log-probs: token means and
-        maxima do not depend on how the rows were grouped into micro-batches.
+        Returns what the metrics are computed from (``MetricInputs``: the detached float32 log-probs
+        [B, T-1] of the mini-batch's rows in their own order, 0 at padding, ...) and the summed loss (a
+        float64 0-dim tensor, summed in micro-batch order: no host sync); fills ``scores`` (detached
+        log-probs, entropies and, with ``record_routes``, routes) if given. The metrics, the objective's
+        over the whole mini-batch from those log-probs, do not depend on how the rows were grouped into
+        micro-batches (a micro-batch sum would round differently).
         """
-        totals: dict[str, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64)
         # the scores' buffer when there is one (``scores.add`` writes the same detached log-probs); on the
         # device, like everything the loop writes, so no micro-batch waits for a copy to the host
@@ -472,15 +517,7 @@ class Trainer:
             else:
                 logp_all[rows, : logp.shape[1]] = logp.detach().float()
             loss_sum = loss_sum.to(loss.device) + loss.detach().to(torch.float64)  # = python's float sum, no sync
-        if metrics:
-            # The objective's metrics over the whole mini-batch, from the detached log-probs: the same
-            # numbers whatever the micro-batching (a micro-batch sum would round differently).
-            with torch.no_grad():
-                given = {} if entropy_all is None else {"entropy": entropy_all}
-                totals.update(objective(logp_all, minibatch.to(self.device), **given)[1])
-        if drift:  # a tensor: synced with the update's other numbers (exact integer counts); R2's drift only
-            totals["routing_natural_diff_frac"] = differing.double() / counted.double().clamp(min=1)
-        return totals, loss_sum, logp_all
+        return MetricInputs(logp_all, entropy_all, (differing, counted) if drift else None), loss_sum
 
     def gradient(self, batch: Batch, objective: Objective, *, replay_routes: bool = False,
                  with_logp: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -504,8 +541,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
-                _, _, logp = self._accumulate(batch, objective, replay_routes, metrics=False)
-            logp = logp.cpu()
+                logp = self._accumulate(batch, objective, replay_routes)[0].logp.cpu()
             bad_logp = nan_report(None, batch.mask, {"logp": logp})  # diagnostics: a sync here is fine
             if bad_logp is not None:
                 raise FloatingPointError(bad_logp)

@@ -3,8 +3,10 @@
 
 * ``TrainerGroup`` splits every batch it is given into W equal, contiguous shards (routes travel
   with their rows), sends shard r to rank r (``minirl.distributed.rank.TrainerRank``) and joins the
-  answers: log-probs, entropies and routes are concatenated back in row order; update metrics are
-  averaged over ranks (each rank's are already row-weighted over an equal share), the loss summed.
+  answers: log-probs, entropies and routes are concatenated back in row order; an update's metrics are
+  computed here from the ranks' ``MetricInputs`` joined back (the whole mini-batch's token means and
+  maxima, as one process reports them); a metric only the forward knows (the load-balancing loss, a
+  row-weighted mean) is the mean of the ranks' own over their equal shares; the loss is summed.
   ``state_dict()`` gathers the full weights from the ranks and also loads them into ``model``, the
   controller's mirror, which checkpoints and evaluation of the run read.
 * ``EngineGroup`` splits the prompts of a call into E contiguous chunks, one per engine, and
@@ -30,7 +32,8 @@ from typing import Any
 import torch
 
 from minirl.batching import split
-from minirl.trainer import ScoreResult, UpdateResult
+from minirl.tensors import to_floats
+from minirl.trainer import MetricInputs, OnPolicy, ScoreResult, UpdateResult
 from minirl.types import Batch, Completion, Prompt, SamplingParams
 
 
@@ -222,8 +225,12 @@ class TrainerGroup:
         if faults:  # the global gradient norm decides: all skip together
             return UpdateResult(fault=next((f for f in faults if f.startswith("non-finite log-probs")), faults[0]), scores=scores)
         first = per_rank[0]
-        metrics = {key: sum(r.metrics[key] for r in per_rank) / len(per_rank) for key in first.metrics}  # equal shares
-        drift = None if first.natural_diff_frac is None else sum(r.natural_diff_frac or 0.0 for r in per_rank) / len(per_rank)
+        inputs = MetricInputs.joined([r.metric_inputs for r in per_rank])  # type: ignore[misc]
+        # what the rows' log-probs give, computed over the whole mini-batch; the rest (the forward's own: each rank's
+        # objective saw its micro-batches' router logits) the mean of the ranks' row-weighted values over equal shares
+        metrics = {key: sum(r.metrics[key] for r in per_rank) / len(per_rank) for key in first.metrics}
+        metrics.update(to_floats(inputs.metrics(OnPolicy(objective) if old_pass else objective, minibatch)))
+        drift = metrics.pop("routing_natural_diff_frac", None)
         return UpdateResult(loss=sum(r.loss for r in per_rank),  # each rank's share of the mini-batch loss
                             grad_norm=first.grad_norm, lr=first.lr, metrics=metrics,  # norm and lr: global already
                             natural_diff_frac=drift, scores=scores)
