@@ -243,7 +243,8 @@ def test_the_example_translates_to_its_run(tmp_path: Path):
     assert (v["optim.global_steps"], v["optim.lr"], v["optim.adam_beta2"], v["optim.weight_decay"]) == (3000, 1e-6, 0.98, 0.1)
     assert (v["rollout.temperature"], v["eval.top_p"], v["eval.temperature"], v["eval.max_new_tokens"]) == (0.8, 0.7, 0.8, 16384)
     assert (v["task.prompt_column"], v["task.answer_column"], v["task.chat_prompts"]) == ("prompt", "label", True)
-    assert v["task.reward_function"] == "minirl.tasks.slime_rewards:deepscaler"
+    assert v["task.reward_functions"] == [{"function": "minirl.tasks.slime_rewards:rm_hub",
+                                           "kwargs": {"rm_type": "deepscaler", "metadata_key": "metadata"}}]
     assert (v["optim.micro_batch_max_tokens"], v["optim.gradient_checkpointing"], v["optim.precision"]) == (9216, True, "bf16")
     assert (v["algo.name"], v["algo.eps_low"], v["algo.eps_high"], v["algo.is_correction"]) == ("grpo", 0.2, 0.28, False)
     assert "algo.kl_coef" not in v  # --kl-loss-coef 0.00: the KL only logged
@@ -418,5 +419,51 @@ def test_built_in_rm_types():
     assert slime_rewards.deepscaler(None, "<think>\\boxed{2}</think> so \\boxed{3}", "3") == 1.0  # after </think>
     assert slime_rewards.deepscaler(None, "\\boxed{3}", "3") == 0.0  # no </think>
     assert slime_rewards.deepscaler(None, "###Response \\boxed{3} ###Response \\boxed{4}", "3") == 1.0  # the first part
-    out = from_slime(BASE | {"rm-type": "f1"})
-    assert any("--rm-type f1" in line for line in out.not_translated)
+    assert slime_rewards.f1(None, "The Eiffel Tower, Paris", "Eiffel tower") == pytest.approx(0.8)  # P 2/3, R 1
+    assert slime_rewards.f1_precision_recall("No!", "no") == (1.0, 1.0, 1.0)
+    assert slime_rewards.f1(None, "an answer: no", "No.") == 0.0  # "answer no" is not "no"
+    assert slime_rewards.f1(None, "yes it is", "yes") == 0.0  # a yes / no / noanswer on either side must match exactly
+    assert slime_rewards.f1(None, "no", "maybe no") == 0.0
+    assert slime_rewards.f1(None, "yes it is", "it is") == pytest.approx(0.8)
+    assert slime_rewards.f1(None, "cat", "dog") == 0.0
+
+
+def test_gpqa_picks_the_letter_as_slime_does():
+    gpqa = slime_rewards.gpqa
+    assert gpqa(None, "<think>maybe A</think>The answer is C.", "C") == 1.0  # read after </think>
+    assert gpqa(None, "The answer is B", "C") == 0.0
+    assert gpqa(None, "I would go with D", "D") == 1.0  # the last standalone valid letter
+    assert gpqa(None, "B is correct, not A", "B") == 1.0
+    choices = {"choices": ["4", "5", "6"]}
+    assert gpqa(None, "Final answer: B", "5", metadata=choices) == 1.0  # the label is the text of choice B
+    assert gpqa(None, "Final answer: C", 2, metadata=choices) == 1.0  # a label index
+    assert gpqa(None, "Final answer: E", "D", metadata=choices) == 0.0  # neither is among A-C, nor "d" a word of it
+    assert gpqa(None, "Final answer: D", "D", metadata=choices) == 1.0  # ... but "d" is a word of this one (slime's)
+    assert gpqa(None, "so it is 6", 2, metadata=choices) == 1.0  # no letter: the correct choice's text, as words
+    assert gpqa(None, "so it is 16", 2, metadata=choices) == 0.0
+    assert gpqa(None, "It is the mitochondria.", "Mitochondria") == 1.0
+    assert gpqa(None, "The answer is B", "A", metadata={"correct_letter": "b"}) == 1.0  # the metadata's letter wins
+
+
+def test_rm_hub_dispatches_as_slimes_async_rm():
+    """``--rm-type`` becomes slime's dispatch, called with (args, sample): the row's metadata rm_type first, a boxed_
+    prefix, dapo's dict read at --reward-key (its other numbers logged), and one line for a scorer minirl lacks."""
+    out = from_slime(BASE | {"rm-type": "boxed_f1", "reward-key": "score"})
+    entry = out.values["task.reward_functions"][0]
+    assert entry == {"function": "minirl.tasks.slime_rewards:rm_hub", "kwargs": {"rm_type": "boxed_f1", "reward_key": "score",
+                                                                             "metadata_key": "metadata"}}
+    fn = make_reward_fn(slime_rewards.rm_hub, kwargs=entry["kwargs"])
+    assert fn.slime and not fn.batched
+    samples = [Sample("q", "Paris is it: \\boxed{Paris}", "Paris", [1]),  # boxed_f1: only the boxed answer
+               Sample("q", "Paris is it: \\boxed{Rome}", "Paris", [1]),
+               Sample("q", "Answer: 12", "12", [1], {"metadata": {"rm_type": "dapo"}}),  # the row's own rm_type
+               Sample("q", "Answer: C", "C", [1], {"metadata": {"rm_type": "gpqa"}})]
+    assert fn.score(samples) == [1.0, 0.0, 1.0, 1.0]
+    assert fn.score(samples[2:3])[0].extras == {"acc": 1.0}  # dapo's acc, logged beside the score
+    acc = make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "dapo", "reward_key": "acc"})
+    assert acc.score([Sample("q", "Answer: 13", "12", [1])]) == [0.0]  # --reward-key acc: dapo's acc, not its -1
+    assert set(make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "random"}).score(samples)) <= {0.0, 1.0}
+    with pytest.raises(Exception, match=r"rm_type 'remote_rm': minirl has slime's dapo, math, deepscaler, f1, gpqa, random"):
+        make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "remote_rm"}).score(samples[:1])
+    out = from_slime(BASE | {"rm-type": "ifbench"})
+    assert any("--rm-type ifbench" in line and "gpqa" in line for line in out.not_translated)

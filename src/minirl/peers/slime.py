@@ -32,6 +32,7 @@ from minirl.peers.common import (
     template_kwargs,
 )
 from minirl.peers.shell import ASSIGNMENT, CLOSE, OPEN, commands, expand
+from minirl.tasks.slime_rewards import SCORERS
 
 SLIME_DEFAULTS: dict[str, Any] = {
     # model, checkpoints, seeds
@@ -95,9 +96,8 @@ SLIME_RM_ARGS = ("hf-checkpoint", "reward-key", "rm-type", "rm-url", "n-samples-
                  "input-key", "label-key", "metadata-key", "apply-chat-template")
 """The flags a translated ``--custom-rm-path`` function finds on its ``args`` (``minirl.tasks.reward_functions.SlimeArgs``)."""
 
-RM_TYPES = {"dapo": "minirl.tasks.slime_rewards:dapo", "math": "minirl.tasks.slime_rewards:math",
-            "deepscaler": "minirl.tasks.slime_rewards:deepscaler"}
-"""slime's built-in ``--rm-type`` scorers minirl has (``minirl.tasks.slime_rewards``)."""
+RM_HUB = "minirl.tasks.slime_rewards:rm_hub"
+"""slime's ``async_rm`` dispatch over its built-in ``--rm-type`` scorers (``minirl.tasks.slime_rewards.SCORERS``)."""
 
 
 class SlimePeer(Peer):
@@ -201,16 +201,15 @@ def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
         out.differs.append(f"{peer.show('custom-rm-path')}: minirl calls it with slime's (args, sample); sample.prompt "
                            "is the row's prompt as written (a chat stays a list of messages, not the templated text) and "
                            "args holds the flags a reward function reads (hf_checkpoint, reward_key, rm_type, ...)")
-    elif kind in RM_TYPES:
-        out.set("task.reward_function", RM_TYPES[kind], peer.show("rm-type"))
-        if kind in ("math", "deepscaler"):
+    elif str(kind).removeprefix("boxed_") in SCORERS:
+        args = {key.replace("-", "_"): peer(key) for key in ("rm-type", "reward-key", "metadata-key") if peer(key) is not None}
+        out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type"))
+        if str(kind).removeprefix("boxed_") in ("math", "deepscaler"):
             out.differs.append(f"{peer.show('rm-type')}: the boxed answer is graded with math-verify here, not "
                                "DeepScaleR's mathd + sympy rules (the same on numbers and most LaTeX)")
-        if kind == "dapo" and peer("reward-key") not in (None, "score"):
-            out.not_translated.append(f"{peer.show('reward-key')} with --rm-type dapo: minirl's reward is its score")
     elif kind:
-        out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's dapo, math and deepscaler scorers; "
-                                  "write this one as a reward function (task.reward_function)")
+        out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's {', '.join(SCORERS)} scorers (and their "
+                                  "boxed_ forms); write this one as a reward function (task.reward_function)")
 
 
 def _slime_batch(peer: SlimePeer, out: Translation) -> int:

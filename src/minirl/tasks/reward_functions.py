@@ -231,20 +231,20 @@ class RewardFn:
         sample); verl's ``{"score": reward, ...}`` as a ``Scored`` reward."""
         if value is None:
             return None
+        key = "score"
         if self.slime and isinstance(value, dict):  # slime's Sample.get_reward_value: reward[args.reward_key]
             key = self.kwargs.get("reward_key") or "score"
             if key not in value:
                 raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} (slime's "
                                           f"--reward-key; keys: {', '.join(map(str, value))})")
-            return check_reward_value(value[key], self.full_name)
-        if not (self.verl and isinstance(value, dict)):
+        elif not (self.verl and isinstance(value, dict)):
             return check_reward_value(value, self.full_name)
-        if "score" not in value:
+        elif "score" not in value:
             raise RewardFunctionError(f"reward function {self.full_name} returned a dict without \"score\" "
                                       f"(keys: {', '.join(map(str, value))}); verl's convention puts the reward there")
-        extras = {str(key): float(number) for key, number in value.items()
-                  if key != "score" and isinstance(number, numbers.Real) and math.isfinite(number)}
-        reward = check_reward_value(value["score"], self.full_name)
+        extras = {str(name): float(number) for name, number in value.items()  # logged beside it (e.g. acc)
+                  if name != key and isinstance(number, numbers.Real) and math.isfinite(number)}
+        reward = check_reward_value(value[key], self.full_name)
         return Scored(reward, extras) if extras else reward
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float | None]:

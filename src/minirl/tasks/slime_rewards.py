@@ -1,7 +1,13 @@
-"""slime's built-in ``--rm-type`` scorers (``slime/rollout/rm_hub``), as minirl reward functions: what
-``minirl config from-slime`` writes for ``--rm-type dapo | math | deepscaler``.
+"""slime's built-in ``--rm-type`` scorers (``slime/rollout/rm_hub``), as minirl reward functions.
 
-Each is called the way verl calls a ``compute_score`` (``minirl.tasks.reward_functions``): the completion's text as
+``rm_hub(args, sample)`` is slime's ``async_rm`` dispatch, called with slime's convention
+(``minirl.tasks.reward_functions``): what ``minirl config from-slime`` writes for ``--rm-type``. The row's
+``metadata["rm_type"]`` overrides ``args.rm_type`` (slime's multi-domain data); a ``boxed_`` prefix scores the
+response's last ``\\boxed{}`` answer instead of the whole response (``boxed_f1``, ``boxed_gpqa``); then ``dapo``,
+``math``, ``deepscaler``, ``f1``, ``gpqa`` or ``random``. slime's ``remote_rm``, ``ifbench`` and ``opencua_click`` are not
+here: a row asking for one is one error line naming it.
+
+``dapo``, ``math``, ``deepscaler`` and ``f1`` are also verl-style ``compute_score`` functions: the completion's text as
 ``solution_str`` and the row's answer (slime's label) as ``ground_truth``.
 
 * ``dapo``: slime's ``math_dapo_utils.compute_score``, verl's ``math_dapo`` (``minirl.tasks.verl_scores.dapo_score``):
@@ -11,6 +17,14 @@ Each is called the way verl calls a ``compute_score`` (``minirl.tasks.reward_fun
   has one) against the label; 1 or 0, and 0 without a boxed answer or with an empty label.
 * ``deepscaler``: the same on the text after the response's last ``</think>`` (else after its first ``###Response``);
   0 without either.
+* ``f1``: HotpotQA's answer F1 over words (lower case, punctuation and articles removed): 0 when either side is
+  ``yes`` / ``no`` / ``noanswer`` and they differ, or nothing is shared.
+* ``gpqa``: a multiple-choice letter. The correct letter is the metadata's ``correct_letter``, a one-letter label, a
+  label index, or the choice (metadata ``choices``) whose text is the label; the response's letter is the first of
+  "answer is X", "X is correct", "final answer: X", else its last standalone capital letter among the valid ones
+  (metadata ``valid_letters``, else A.. for each choice, else A–J), read after ``</think>``. Without a letter on both
+  sides, 1 when the correct choice's text (or metadata ``correct_answer`` / ``answer_text``, or a longer label)
+  appears in the response as whole words.
 
 slime grades ``math`` and ``deepscaler`` with DeepScaleR's rules (``mathd`` normalisation, then sympy); these use
 ``math_verify`` (``minirl.tasks.jsonl.math_equivalent``): the same verdict on numbers and on most LaTeX answers, not on
@@ -19,6 +33,11 @@ every one. The translation says so in its header.
 
 from __future__ import annotations
 
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from minirl.tasks.jsonl import math_equivalent
@@ -59,3 +78,115 @@ def _boxed_matches(response: str, label: Any) -> bool:
     if boxed is None:
         return False
     return math_equivalent(unbox(boxed, spaced=False), label)
+
+
+def f1(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """``--rm-type f1``: HotpotQA's word F1 of the response against the label."""
+    return f1_precision_recall(solution_str, "" if ground_truth is None else str(ground_truth))[0]
+
+
+def f1_precision_recall(prediction: str, truth: str) -> tuple[float, float, float]:
+    """HotpotQA's answer (F1, precision, recall) over normalised words."""
+    said, meant = _normalised_answer(prediction), _normalised_answer(truth)
+    if said != meant and ({said, meant} & {"yes", "no", "noanswer"}):
+        return 0.0, 0.0, 0.0
+    said_words, meant_words = said.split(), meant.split()
+    shared = sum((Counter(said_words) & Counter(meant_words)).values())
+    if shared == 0:
+        return 0.0, 0.0, 0.0
+    precision, recall = shared / len(said_words), shared / len(meant_words)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def _normalised_answer(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (SQuAD's and HotpotQA's normalisation)."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+GPQA_LETTERS = tuple(string.ascii_uppercase[:10])
+_GPQA_PATTERNS = (r"(?:answer|option|choice)\s*(?:is|:)?\s*([A-Z])", r"([A-Z])\s*(?:is\s*(?:the)?\s*correct)",
+                  r"final\s*(?:answer|option)\s*(?:is|:)?\s*([A-Z])")
+
+
+def gpqa(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,
+         metadata: dict[str, Any] | None = None) -> float:
+    """``--rm-type gpqa``: 1.0 when the response picks the correct choice, else 0.0 (the module's docstring)."""
+    metadata = dict(metadata or {})
+    choices = metadata.get("choices")
+    choices = list(choices.values()) if isinstance(choices, dict) else list(choices) if choices is not None else []
+    if metadata.get("valid_letters"):
+        letters = [str(letter).upper() for letter in metadata["valid_letters"]]
+    else:
+        letters = list(string.ascii_uppercase[: len(choices)]) if choices else list(GPQA_LETTERS)
+    correct = metadata.get("correct_letter")
+    correct = correct.strip().upper() if isinstance(correct, str) else None
+    label = ground_truth.strip() if isinstance(ground_truth, str) else None
+    one_letter = label is not None and len(label) == 1 and label.upper() in letters
+    if one_letter and not correct:
+        correct = label.upper()  # type: ignore[union-attr]
+    elif isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool) and 0 <= int(ground_truth) < len(letters):
+        correct = letters[int(ground_truth)]
+    answers: list[str] = []
+    if not correct and choices and label:
+        for index, choice in enumerate(choices):
+            if _gpqa_text(str(choice)) == _gpqa_text(label):
+                correct = letters[index]
+                answers.append(str(choice))  # slime's metadata["correct_answer"], which it sets here
+                break
+    response = solution_str.rsplit("</think>", 1)[-1] if solution_str else ""
+    picked = _gpqa_letter(response, letters)
+    if picked and correct:
+        return 1.0 if picked == correct else 0.0
+    if correct and correct in letters and letters.index(correct) < len(choices):
+        answers.insert(0, str(choices[letters.index(correct)]))
+    answers += [str(metadata[key]) for key in ("correct_answer", "answer_text") if metadata.get(key)]
+    if label and not one_letter:
+        answers.append(label)
+    words = f" {_gpqa_text(response)} "
+    if any(target and f" {target} " in words for target in map(_gpqa_text, answers)):
+        return 1.0
+    if picked and not correct and label:
+        return 1.0 if picked == label.upper() else 0.0
+    return 0.0
+
+
+def _gpqa_text(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def _gpqa_letter(response: str, letters: list[str]) -> str | None:
+    """The option letter a response picks: the first pattern that matches a valid letter, else its last standalone
+    valid capital letter."""
+    for pattern in _GPQA_PATTERNS:
+        match = re.search(pattern, response, flags=re.IGNORECASE)
+        if match and match.group(1).upper() in letters:
+            return match.group(1).upper()
+    return next((letter for letter in reversed(re.findall(r"\b([A-Z])\b", response)) if letter in letters), None)
+
+
+SCORERS: dict[str, Callable[[str, Any, dict[str, Any]], Any]] = {
+    "dapo": lambda response, label, metadata: dapo(None, response, label),
+    "math": lambda response, label, metadata: math(None, response, label),
+    "deepscaler": lambda response, label, metadata: deepscaler(None, response, label),
+    "f1": lambda response, label, metadata: f1(None, response, label),
+    "gpqa": lambda response, label, metadata: gpqa(None, response, label, metadata=metadata),
+    "random": lambda response, label, metadata: float(random.randint(0, 1)),
+}
+"""slime's rule-based ``--rm-type`` scorers minirl has, by name: ``(response, label, metadata) -> reward``."""
+
+
+def rm_hub(args: Any, sample: Any) -> Any:
+    """slime's ``async_rm`` for a rule-based ``--rm-type`` (called as slime calls it: ``(args, sample)``)."""
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    kind = str(metadata.get("rm_type") or args.rm_type or "").strip()
+    response = sample.response
+    if kind.startswith("boxed_"):
+        boxed = last_boxed(response)
+        response = unbox(boxed, spaced=False) if boxed is not None else ""
+        kind = kind[len("boxed_"):]
+    if kind not in SCORERS:
+        asked = f"rm_type {kind!r}" if kind else "no rm_type (neither --rm-type nor the row's metadata names one)"
+        raise ValueError(f"{asked}: minirl has slime's {', '.join(SCORERS)} (boxed_ prefix allowed); "
+                         "write another as a reward function")
+    return SCORERS[kind](response, sample.label, metadata)
