@@ -467,3 +467,47 @@ def test_rm_hub_dispatches_as_slimes_async_rm():
         make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "remote_rm"}).score(samples[:1])
     out = from_slime(BASE | {"rm-type": "ifbench"})
     assert any("--rm-type ifbench" in line and "gpqa" in line for line in out.not_translated)
+
+
+def test_an_eval_config_gives_its_datasets_and_their_law(tmp_path: Path):
+    """``--eval-config``: slime's eval.datasets (a list or a mapping by name), each with eval.defaults and then the
+    --eval-* / --rollout-* flags filling what it leaves unset; one law for all, or a line where they differ."""
+    aime, math = tmp_path / "aime.jsonl", tmp_path / "math.jsonl"
+    aime.write_text("{}\n"), math.write_text("{}\n")
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"""eval:
+  defaults: {{n_samples_per_eval_prompt: 4, temperature: 0.6, max_response_len: 256}}  # a dataset's own wins
+  datasets:
+    - {{name: aime, path: {aime}, rm_type: math, max_response_len: 512}}
+    - {{name: math500, path: {math}, rm_type: math, max_response_len: 512, top_p: null}}
+""")
+    flags = BASE | {"eval-config": str(config), "eval-interval": 5, "rm-type": "math", "rollout-top-p": 0.9, "num-rollout": 10,
+                    "rollout-max-response-len": 1024}
+    out = from_slime(flags)
+    v = out.values
+    assert v["task.eval_path"] == [str(aime), str(math)] and v["eval.every_steps"] == 5
+    assert (v["eval.samples_per_prompt"], v["eval.temperature"], v["eval.max_new_tokens"]) == (4, 0.6, 512)
+    assert v["eval.top_p"] == 0.9  # neither dataset sets it (null is unset): the rollout's flag
+    assert not out.not_translated, out.not_translated
+    out.config()  # loads
+
+    config.write_text(f"""eval:
+  datasets:
+    aime: {{path: {aime}, temperature: 1.0, rm_type: gpqa, metadata_overrides: {{split: test}}}}
+    math500: {{path: {math}}}
+""")
+    out = from_slime(flags | {"eval-temperature": 0.7})
+    assert out.values["task.eval_path"] == [str(aime), str(math)] and out.values["eval.temperature"] == 0.7
+    assert any("temperature differs between datasets (aime 1.0, math500 0.7)" in line for line in out.not_translated)
+    assert any("dataset aime: rm_type 'gpqa'" in line for line in out.not_translated)
+    assert any("dataset aime: metadata_overrides" in line for line in out.not_translated)
+
+    out = from_slime(flags | {"eval-config": str(tmp_path / "elsewhere.yaml")})
+    assert "task.eval_path" not in out.values and out.values["eval.every_steps"] == 0
+    assert any("not on this machine" in line for line in out.not_translated)
+    config.write_text("eval:\n  datasets:\n    - {name: aime}\n")
+    with pytest.raises(ConfigError, match=r"--eval-config .*eval.yaml: expected eval.datasets, .* each with a name and a path"):
+        from_slime(flags)
+    config.write_text(f"eval:\n  datasets:\n    - {{name: aime, path: {aime}, top_k: 2.5}}\n")
+    with pytest.raises(ConfigError, match=r"top_k 2.5 is not an integer"):
+        from_slime(flags)

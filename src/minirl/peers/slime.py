@@ -59,7 +59,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "update-weights-interval": 1, "use-opsm": False, "opsm-delta": 1e-4, "custom-advantage-function-path": None,
     "custom-pg-loss-reducer-function-path": None, "use-routing-replay": False, "use-rollout-routing-replay": False,
     # evaluation and logs
-    "eval-interval": None, "eval-prompt-data": None, "n-samples-per-eval-prompt": 1, "eval-temperature": None,
+    "eval-interval": None, "eval-prompt-data": None, "eval-config": None, "n-samples-per-eval-prompt": 1, "eval-temperature": None,
     "eval-top-p": None, "eval-top-k": None, "eval-max-response-len": None, "use-wandb": False, "wandb-project": None,
     "use-tensorboard": False,
     # the cluster (Megatron's parallel sizes divide the GPUs into data-parallel ranks)
@@ -421,28 +421,101 @@ def _slime_runs(peer: SlimePeer, out: Translation) -> None:
         out.set("log.tensorboard", True, peer.show("use-tensorboard"))
 
 
+SLIME_EVAL_LAW = (("eval.samples_per_prompt", "n_samples_per_eval_prompt", ("n-samples-per-eval-prompt",), int),
+                  ("eval.temperature", "temperature", ("eval-temperature", "rollout-temperature"), float),
+                  ("eval.top_p", "top_p", ("eval-top-p", "rollout-top-p"), float),
+                  ("eval.top_k", "top_k", ("eval-top-k", "rollout-top-k"), int),
+                  ("eval.max_new_tokens", "max_response_len", ("eval-max-response-len", "rollout-max-response-len"), int))
+"""minirl's eval law, slime's ``--eval-config`` field for it and the flags it falls back to, in order."""
+
+
 def _slime_eval(peer: SlimePeer, out: Translation) -> None:
-    """``--eval-prompt-data name path [name path ...]`` (one path alone: slime's "aime") and the ``--eval-*`` law,
-    each falling back to the rollout's."""
+    """``--eval-config FILE`` (slime's ``eval.datasets``, each with ``eval.defaults`` and then the flags below filling
+    what it leaves unset) or ``--eval-prompt-data name path [name path ...]`` (one path alone: slime's "aime"), and the
+    ``--eval-*`` law, each falling back to the rollout's."""
+    datasets = _slime_eval_datasets(peer, out)
     data = peer("eval-prompt-data")
-    if data:
+    if datasets:
+        paths, origin, flag = [str(d["path"]) for d in datasets], peer.show("eval-config"), "--eval-config"
+        if data:
+            out.differs.append(f"{peer.show('eval-prompt-data')}: left for --eval-config's datasets")
+    elif data:
         words = [str(w) for w in (data if isinstance(data, list) else [data])]
-        paths = words[1::2] if len(words) > 1 else words
-        out.set("task.eval_path", paths[0] if len(paths) == 1 else paths, peer.show("eval-prompt-data"))
+        paths, origin, flag = (words[1::2] if len(words) > 1 else words), peer.show("eval-prompt-data"), "--eval-prompt-data"
+    if datasets or data:
+        out.set("task.eval_path", paths[0] if len(paths) == 1 else paths, origin)
+        for path in paths:
+            note_local_path(out, flag, path, "eval data", "task.eval_path")
         if len(paths) > 1:
-            out.differs.append(f"{peer.show('eval-prompt-data')}: minirl evaluates their rows together (eval/<data_source>/"
-                               "accuracy splits them when the rows carry a data_source column)")
+            out.differs.append(f"{origin}: minirl evaluates their rows together (eval/<data_source>/accuracy splits them "
+                               "when the rows carry a data_source column)")
     interval = peer("eval-interval")
-    out.set("eval.every_steps", peer.number("eval-interval", int) if interval and data else 0, peer.show("eval-interval"))
-    out.set("eval.samples_per_prompt", peer.number("n-samples-per-eval-prompt", int), peer.show("n-samples-per-eval-prompt"))
-    for ours, theirs, fallback, cast in (("eval.temperature", "eval-temperature", "rollout-temperature", float),
-                                         ("eval.top_p", "eval-top-p", "rollout-top-p", float),
-                                         ("eval.top_k", "eval-top-k", "rollout-top-k", int),
-                                         ("eval.max_new_tokens", "eval-max-response-len", "rollout-max-response-len", int)):
-        key = theirs if peer(theirs) is not None else fallback
-        if peer(key) is not None:
-            value = peer.number(key, cast)
-            out.set(ours, max(value, 0) if ours == "eval.top_k" else value, peer.show(key))
+    out.set("eval.every_steps", peer.number("eval-interval", int) if interval and (data or datasets) else 0,
+            peer.show("eval-interval"))
+    for ours, field, flags, cast in SLIME_EVAL_LAW:
+        key = next((flag for flag in flags if peer(flag) is not None), None)
+        flag_value = None if key is None else peer.number(key, cast)
+        value, origin = flag_value, "" if key is None else peer.show(key)
+        if datasets:
+            values = {str(d["name"]): d.get(field, flag_value) for d in datasets}
+            if len(set(map(str, values.values()))) > 1:
+                out.not_translated.append(f"--eval-config's {field} differs between datasets ({_listed(values)}): minirl "
+                                          f"evaluates them with one {ours}")
+            elif any(field in d for d in datasets):
+                given = next(d[field] for d in datasets if field in d)
+                value, origin = _eval_number(peer, given, field, cast), f"{peer.show('eval-config')}: {field}"
+        if value is not None:
+            out.set(ours, max(value, 0) if ours == "eval.top_k" else value, origin)
+
+
+def _slime_eval_datasets(peer: SlimePeer, out: Translation) -> list[dict[str, Any]] | None:
+    """``--eval-config``'s datasets (a list, or a mapping by name), each with ``eval.defaults`` filling what it leaves
+    unset (slime's ``apply_defaults``); what minirl cannot take per dataset is listed as not translated. None when
+    there is no file, or it is not on this machine (listed)."""
+    path = peer("eval-config")
+    if not path:
+        return None
+    if not Path(os.path.expanduser(str(path))).exists():
+        out.not_translated.append(f"{peer.show('eval-config')}: not on this machine, so its datasets are not read "
+                                  "(set task.eval_path and eval.*)")
+        return None
+    raw = read_yaml(os.path.expanduser(str(path)))
+    section = raw.get("eval", raw)
+    entries = section.get("datasets") if isinstance(section, dict) else None
+    if isinstance(entries, dict):
+        entries = [{"name": name, **(cfg or {})} for name, cfg in entries.items()]
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) and e.get("name") and e.get("path")
+                                                                for e in entries):
+        raise ConfigError(f"slime setting {peer.show('eval-config')}: expected eval.datasets, a list (or mapping) of "
+                          "datasets each with a name and a path")
+    defaults = section.get("defaults") or {}
+    datasets = [{**defaults, **{k: v for k, v in e.items() if v not in (None, [], {})}} for e in entries]
+    columns = {"prompt_key": peer("input-key"), "label_key": peer("label-key"), "metadata_key": peer("metadata-key"),
+               "rm_type": peer("rm-type") if not peer("custom-rm-path") else None}
+    for d in datasets:
+        for field, training in columns.items():
+            if d.get(field) is not None and d[field] != training:
+                what = ("its scorer (minirl scores held-out rows with the training reward; a row's metadata.rm_type "
+                        "still picks its own)") if field == "rm_type" else "its column (minirl reads the training's)"
+                out.not_translated.append(f"--eval-config dataset {d['name']}: {field} {d[field]!r}, {what}")
+        for field in ("tool_key", "metadata_overrides", "stop", "stop_token_ids", "min_new_tokens"):
+            if d.get(field) not in (None, [], {}):
+                out.not_translated.append(f"--eval-config dataset {d['name']}: {field} {d[field]!r}")
+    return datasets
+
+
+def _eval_number(peer: SlimePeer, value: Any, field: str, cast: type[int] | type[float]) -> Any:
+    try:
+        if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"slime setting {peer.show('eval-config')}: {field} {value!r} is not "
+                          f"{'an integer' if cast is int else 'a number'}") from None
+
+
+def _listed(values: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in values.items())
 
 
 def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
