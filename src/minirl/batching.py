@@ -62,7 +62,7 @@ def trim(batch: Batch) -> Batch:
         attention_mask=batch.attention_mask[:, :width],
         mask=batch.mask[:, : width - 1],
         logp_rollout=batch.logp_rollout[:, : width - 1],
-        advantages=batch.advantages,
+        advantages=batch.advantages if batch.advantages.ndim == 1 else batch.advantages[:, : width - 1],
         group_ids=batch.group_ids,
         routes=None if batch.routes is None else batch.routes[:, :width],
         logp_old=None if batch.logp_old is None else batch.logp_old[:, : width - 1],

@@ -383,6 +383,14 @@ class LossConfig(Section):
     adv_whiten_over: Literal["tokens", "responses"] = "tokens"
     """What ``adv_whiten`` weighs: each response by its tokens (verl's ``masked_whiten``, 1e-8 inside the root), or
     each response once ((A - mean) / (std + 1e-4): TRL's ``RLOOTrainer`` with ``normalize_advantages``)."""
+    adv_token_returns: bool = False
+    """One advantage per token instead of per response: each token's return, the response's reward at its last token
+    less the KL in the reward (``kl_in_reward_coef``) at every token, summed from that token on with ``adv_gamma``
+    (verl's ``reinforce_plus_plus`` and ``remax``; ``minirl.algo.variants.token_returns``), then less the greedy reward
+    (``adv_baseline: greedy``) or whitened over tokens (``adv_whiten``). Needs ``adv_baseline`` none or greedy, no
+    group std, a token-level loss (not gspo) and no OPSM. Off: the paper's one advantage per response."""
+    adv_gamma: float = Field(1.0, ge=0, le=1)
+    """The discount of ``adv_token_returns`` (verl's ``algorithm.gamma``); 1 = none."""
     reward_clip_range: tuple[float, float] | None = None
     """Clamp each response's (weighted-sum) reward into [low, high] before the KL in the reward and the advantages
     (TRL's ``RLOOTrainer`` ``reward_clip_range``); the reward metrics stay unclipped. ``null``: no clamp, the paper's."""
@@ -480,9 +488,25 @@ class LossConfig(Section):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
                              "adv_baseline, adv_std_scope, adv_whiten, adv_nonzero_rescale and reward_clip_range at "
                              "their defaults")
+        if self.adv_gamma != 1 and not self.adv_token_returns:
+            raise ValueError("algo.adv_gamma: it discounts token-level returns: set algo.adv_token_returns: true (or 1)")
+        if self.adv_token_returns:
+            self._check_token_returns()
         if self.reward_clip_range is not None and self.reward_clip_range[0] >= self.reward_clip_range[1]:
             raise ValueError(f"reward_clip_range {list(self.reward_clip_range)}: the low bound must be below the high")
         return self
+
+    def _check_token_returns(self) -> None:
+        off = {"adv_std_normalize": self.adv_std_normalize, "adv_nonzero_rescale": self.adv_nonzero_rescale,
+               "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum",
+               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
+               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None}
+        problems = ([f"adv_baseline={self.adv_baseline}"] if self.adv_baseline not in ("none", "greedy") else []) + [
+            name for name, on in off.items() if on] + (["name=gspo"] if getattr(self, "name", None) == "gspo" else [])
+        if problems:
+            raise ValueError(f"algo.adv_token_returns: verl's REINFORCE++ / ReMax token returns do not go with "
+                             f"{problems[0]}: they take adv_baseline none or greedy, no group std or rescale, a "
+                             "token-level loss (not gspo) and no OPSM")
 
     whole_groups: ClassVar[bool] = False
     """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
@@ -492,6 +516,7 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
+                                        "adv_token_returns", "adv_gamma",
                                         "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
@@ -970,6 +995,9 @@ class Config(Section):
         self._check_reference()
         self._check_bypass()
         self._check_async()
+        if self.algo.adv_token_returns and self.diagnostics.every_steps:
+            raise ValueError("diagnostics.every_steps: the first-order diagnostics compare with the sequence-level "
+                             "objective, one advantage per response; algo.adv_token_returns gives one per token (set 0)")
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
             raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
                              "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")

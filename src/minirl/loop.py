@@ -47,8 +47,9 @@ from minirl.algo import group_advantages
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gdpo import decoupled_advantages
-from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards
+from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.rejection import rejection_keep
+from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.async_rollout import RolloutAhead
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
@@ -396,6 +397,20 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     return advantages
 
 
+def token_advantages(cfg: Config, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
+    """``algo.adv_token_returns``: the batch with one advantage per token [B, T] (0 off its mask), each token's
+    discounted return (``minirl.algo.variants.token_returns``; ``token_rewards``: -beta x the KL in the reward), less
+    the greedy completion's reward (ReMax) or whitened over the batch's tokens (REINFORCE++)."""
+    a = cfg.algo
+    returns = token_returns(clipped_rewards(a, sampled.rewards).float(), batch.mask, gamma=a.adv_gamma,
+                            token_rewards_BT=token_rewards)
+    if a.adv_baseline == "greedy":
+        assert sampled.greedy_rewards is not None  # sampled beside the group (adv_baseline: greedy)
+        greedy = clipped_rewards(a, sampled.greedy_rewards).float()[batch.group_ids]
+        returns = (returns - greedy[:, None]) * batch.mask
+    return dataclasses.replace(batch, advantages=masked_whiten(returns, batch.mask) if a.adv_whiten else returns)
+
+
 def clipped_rewards(algo: Any, rewards: torch.Tensor) -> torch.Tensor:
     """``algo.reward_clip_range`` (TRL RLOO's ``reward_clip_range``): the rewards clamped into it, or as they are."""
     bounds = algo.reward_clip_range
@@ -404,11 +419,13 @@ def clipped_rewards(algo: Any, rewards: torch.Tensor) -> torch.Tensor:
 
 def reference_pass(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
     """With a reference (``algo.kl_coef`` or ``kl_in_reward_coef`` > 0): its log-probs of the batch (natural routing)
-    and, with the KL in the reward (verl's ``use_kl_in_reward``), the advantages of the penalized rewards."""
-    if run.reference is None:
-        return batch, {}
-    batch = batch.with_logp_ref(run.reference.logprobs(batch))
-    return penalized_advantages(run, sampled, batch) if run.cfg.algo.kl_in_reward_coef else (batch, {})
+    and, with the KL in the reward (verl's ``use_kl_in_reward``), the advantages of the penalized rewards; with
+    ``algo.adv_token_returns``, the token-level advantages (after this pass: the KL in the reward may enter them)."""
+    if run.reference is not None:
+        batch = batch.with_logp_ref(run.reference.logprobs(batch))
+        if run.cfg.algo.kl_in_reward_coef:
+            return penalized_advantages(run, sampled, batch)
+    return (token_advantages(run.cfg, sampled, batch) if run.cfg.algo.adv_token_returns else batch), {}
 
 
 def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -416,16 +433,21 @@ def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batc
     (``minirl.algo.variants.kl_reward``), and ``train/reward_kl_penalty`` (verl's ``actor/reward_kl_penalty``) and
     ``train/reward_kl_coef`` (the beta used); beta adapts after the step with ``algo.kl_in_reward_target``."""
     a = run.cfg.algo
-    assert batch.logp_old is not None and batch.logp_ref is not None  # the old and reference passes ran
+    logp_old, logp_ref = batch.logp_old, batch.logp_ref
+    assert logp_old is not None and logp_ref is not None  # the old and reference passes ran
     coef = run.kl_control.setdefault("coef", float(a.kl_in_reward_coef))
-    shaped, current = kl_penalized_rewards(clipped_rewards(a, sampled.rewards), batch.logp_old, batch.logp_ref,
-                                           batch.mask, coef=coef, kind=a.kl_in_reward_type)
+    if a.adv_token_returns:  # verl's REINFORCE++ / ReMax: the KL at each token, in the returns from it on
+        estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
+        batch = token_advantages(run.cfg, sampled, batch, token_rewards=-coef * estimate)
+    else:
+        shaped, current = kl_penalized_rewards(clipped_rewards(a, sampled.rewards), logp_old, logp_ref,
+                                               batch.mask, coef=coef, kind=a.kl_in_reward_type)
+        batch = dataclasses.replace(batch, advantages=step_advantages(
+            run.cfg, dataclasses.replace(sampled, rewards=shaped), None, clip=False))
     if a.kl_in_reward_target is not None:
         run.kl_control["coef"] = adaptive_kl_coef(coef, float(current), target=a.kl_in_reward_target,
                                                   horizon=a.kl_in_reward_horizon, n_steps=batch.size)
-    advantages = step_advantages(run.cfg, dataclasses.replace(sampled, rewards=shaped), None, clip=False)
-    return dataclasses.replace(batch, advantages=advantages), {"train/reward_kl_penalty": float(current),
-                                                               "train/reward_kl_coef": coef}
+    return batch, {"train/reward_kl_penalty": float(current), "train/reward_kl_coef": coef}
 
 
 def update_objective(run: Run, minibatch: Batch) -> Objective:
@@ -499,7 +521,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
              and not bypass)
     batch, old = old_log_probs(run, plan, batch, skip=fused)
     clock.lap("old_logprobs")
-    batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's advantages
+    batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's, token-level advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
     trained, rejection = reject_out_of_bounds(cfg.algo, batch) if rejecting else (batch, {})
     # 4. N gradient updates on mini-batches, routes replayed per the plan; E passes over them

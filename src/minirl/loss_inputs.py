@@ -25,7 +25,8 @@ class LossInputs:
         logp          float [B, T]  log pi_theta of the sampled tokens; the only input with gradient
         logp_old      float [B, T]  log pi_old (trainer at theta_old); treated as constant
         logp_rollout  float [B, T]  log mu_old (rollout engine); treated as constant
-        advantages    float [B]     one advantage per response; treated as constant
+        advantages    float [B]     one advantage per response; treated as constant (or [B, T]: one per
+                      token, token-level returns, ``minirl.algo.variants.token_returns``; not for GSPO)
         mask          bool  [B, T]  True = the token is trained on
         group_ids     int   [B] or None  which prompt each row answers (CISPO normalises per group)
         token_keep    bool  [B, T] or None  of the trained tokens, those whose loss term counts (TRL's
@@ -59,8 +60,9 @@ class LossInputs:
             raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}, got {_describe(mask)}")
         if mask.dtype != torch.bool:
             raise ValueError(f"mask must be a bool tensor (True = trained on), got dtype {mask.dtype}")
-        if not isinstance(adv, torch.Tensor) or adv.shape != logp.shape[:1]:
-            raise ValueError(f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(adv)}")
+        if not isinstance(adv, torch.Tensor) or adv.shape not in (logp.shape[:1], logp.shape):
+            raise ValueError(f"advantages must have shape [B] = {tuple(logp.shape[:1])} or [B, T] = {tuple(logp.shape)}, "
+                             f"got {_describe(adv)}")
         if not adv.is_floating_point():
             raise ValueError(f"advantages must be a floating-point tensor, got dtype {adv.dtype}")
         if logp.shape[0] == 0:
@@ -70,6 +72,11 @@ class LossInputs:
         keep = self.token_keep
         if keep is not None and (not isinstance(keep, torch.Tensor) or keep.shape != logp.shape or keep.dtype != torch.bool):
             raise ValueError(f"token_keep must be a bool tensor of the shape of logp {tuple(logp.shape)}, got {_describe(keep)}")
+
+    def advantages_BT(self, dtype: torch.dtype) -> torch.Tensor:
+        """The advantages, detached, in ``dtype``, broadcastable over tokens: [B, 1] (one per response) or [B, T]."""
+        adv = self.advantages.detach().to(dtype)
+        return adv[:, None] if adv.ndim == 1 else adv
 
     @property
     def terms(self) -> torch.Tensor:

@@ -271,15 +271,12 @@ class Trainer:
             lr_factor, warmup_updates=warmup_updates, total_updates=total_updates, schedule=lr_schedule,
             min_ratio=min_lr_ratio))
         self._guard = UpdateGuard(self.optimizer, update_guard)  # ``optim.update_guard``
-        self.updates_done = 0
+        self.updates_done = self.consecutive_faults = 0
         self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)
-        self.consecutive_faults = 0
         # a rank of an FSDP group (``minirl.distributed.rank`` sets it): every update runs every forward and
         # backward, even on bad inputs, so no collective waits for a rank that skipped alone
         self.collective = False
-        # a rank of a trainer group: an update also returns its shard's ``MetricInputs``, for the group to compute the
-        # metrics of the whole mini-batch
-        self.share_metric_inputs = False
+        self.share_metric_inputs = False  # a group's rank: updates also return MetricInputs (the group's metrics)
 
     # ------------------------------------------------------------------ forward passes
 

@@ -87,7 +87,7 @@ class Batch:
     attention_mask  bool [B, S]
     mask            bool [B, T]  True where the target ``input_ids[:, t+1]`` is a completion token
     logp_rollout    float [B, T] mu_old of each target token (0 where mask is False)
-    advantages      float [B]
+    advantages      float [B], or [B, T] with ``algo.adv_token_returns`` (0 where mask is False)
     group_ids       long [B]     which prompt each row belongs to
     routes          int [B, S, L, K] or None  routing to replay (-1 = natural)
     logp_old        float [B, T] or None, filled by the old-log-prob pass

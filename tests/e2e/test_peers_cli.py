@@ -124,6 +124,27 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert sum("eval/accuracy" in m for m in metrics) >= 2  # before and after, greedy
 
 
+def test_verls_reinforce_plus_plus_with_the_kl_in_each_return_translates_and_trains(tmp_path: Path):
+    """verl's REINFORCE++ with ``gamma`` < 1 and ``use_kl_in_reward``: minirl's token-level returns (one advantage per
+    token, the KL of that token and those after it, discounted), trained from the CLI with its reference pass."""
+    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
+             "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "reward.py").write_text(VERL_REWARD)
+    (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+    proc = _minirl("config", "from-verl", "run.sh", "algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.9",
+                   "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.05", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    algo = yaml.safe_load((tmp_path / "minirl.yaml").read_text())["algo"]
+    assert (algo["adv_token_returns"], algo["adv_gamma"], algo["kl_in_reward_coef"], algo["adv_whiten"]) == (True, 0.9, 0.05, True)
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "train/reward_kl_penalty" in m]
+    assert len(steps) == 2 and all(m["train/reward_kl_coef"] == 0.05 for m in steps)
+
+
 RLOO_FILE = """\
 # trl rloo --config rloo.yaml
 dataset_name: {data}

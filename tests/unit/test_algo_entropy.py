@@ -139,7 +139,7 @@ def test_token_keep_drops_terms_not_denominators(name):
     full, kept = grad(None), grad(keep)
     assert torch.all(kept[mask & ~keep] == 0) and torch.any(full[mask & ~keep] != 0)
     torch.testing.assert_close(kept[mask & keep], full[mask & keep], rtol=0, atol=1e-15)
-    with pytest.raises(ValueError, match="token_keep: GSPO weighs whole responses"):
+    with pytest.raises(ValueError, match="token_keep / advantages \\[B, T\\]: GSPO weighs whole responses"):
         POLICY_LOSSES["gspo"](LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep))
     with pytest.raises(ValueError, match="token_keep must be a bool tensor"):
         LossInputs(logp, logp_old, logp_old, adv, mask, token_keep=keep.float())

@@ -1380,14 +1380,23 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert out.objective.startswith("your verl loss") and not any("KL of that token" in line for line in out.differs)
     assert advantage("grpo_vectorized").values == advantage("grpo").values
     assert advantage("rloo_vectorized").values == advantage("rloo").values
-    # a discounted return per token, and a per-token KL in the reward, are not one number per response
+    assert "algo.adv_token_returns" not in out.values  # gamma 1, no KL in the reward: one return per response
+    # a discounted return per token, and a per-token KL in the reward: minirl's token-level returns
     out = advantage("reinforce_plus_plus", **{"algorithm.gamma": 0.99})
-    assert any("algorithm.gamma=0.99" in line and "discounted" in line for line in out.not_translated)
-    out = advantage("reinforce_plus_plus", **{"algorithm.use_kl_in_reward": True})
-    assert any("KL of that token and those after it" in line for line in out.differs)
+    assert (out.values["algo.adv_token_returns"], out.values["algo.adv_gamma"]) == (True, 0.99)
+    assert not any("gamma" in line for line in out.not_translated)
+    kl = {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed",
+          "algorithm.kl_ctrl.kl_coef": 0.01}
+    out = advantage("reinforce_plus_plus", **kl)
+    assert (out.values["algo.adv_token_returns"], out.values["algo.adv_gamma"], out.values["algo.kl_in_reward_coef"]) == (
+        True, 1.0, 0.01)
+    assert not any("kl" in line.lower() for line in out.not_translated + out.differs)
+    out.config()  # a valid minirl config
     v = advantage("remax").values  # the reward of a greedy completion, each step
-    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("greedy", False)
-    assert any("KL of that token" in line for line in advantage("remax", **{"algorithm.use_kl_in_reward": True}).differs)
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("greedy", False) and "algo.adv_token_returns" not in v
+    out = advantage("remax", **kl)
+    assert out.values["algo.adv_token_returns"] is True and "algo.adv_gamma" not in out.values  # verl's remax: no gamma
+    out.config()
     for estimator, need in (("gae", "a learned critic"), ("gdpo", "compute_score's dict"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)

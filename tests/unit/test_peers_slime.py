@@ -358,7 +358,8 @@ def test_each_loss_has_slimes_gradient(case):
     ({"advantage-estimator": "cispo"}, "--calculate-per-token-loss unset"),
     ({"advantage-estimator": "gspo", "use-tis": True}, "GSPO's sequence loss"),
     ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
-    ({"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True, "kl-coef": 0.01}, "per-token KL"),
+    ({"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True, "kl-coef": 0.01},
+     "the KL at each token in its advantage"),
     ({"use-kl-loss": True, "kl-loss-coef": 0.01, "use-unbiased-kl": True}, "--use-unbiased-kl"),
     ({"custom-tis-function-path": "my.tis"}, "--custom-tis-function-path my.tis"),
 ])
@@ -375,7 +376,15 @@ def test_advantages_kl_loss_and_entropy():
     v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True}).values
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"]) == ("group_mean", False, True)
     v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True}).values
-    assert (v["algo.adv_baseline"], v["algo.adv_whiten"]) == ("none", True)
+    assert (v["algo.adv_baseline"], v["algo.adv_whiten"]) == ("none", True) and "algo.adv_token_returns" not in v
+    out = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True, "kl-coef": 0.01,
+                             "kl-loss-type": "low_var_kl", "gamma": 0.99})  # the KL and the discount in each return
+    v = out.values
+    assert (v["algo.adv_token_returns"], v["algo.adv_gamma"], v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (
+        True, 0.99, 0.01, "k3")
+    assert not any("kl" in line.lower() or "gamma" in line for line in out.not_translated), out.not_translated
+    assert out.objective.startswith("your slime loss")
+    out.config()
     v = from_slime(BASE | {"disable-rewards-normalization": True}).values
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"]) == ("none", False)
     v = from_slime(BASE | {"custom-tis-function-path": "slime.backends.megatron_utils.loss.icepop_function",

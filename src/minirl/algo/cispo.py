@@ -60,13 +60,13 @@ def cispo_loss(
                 tis_mode=tis_mode, tis_level=tis_level)
     group_ids = x.require_groups()  # CISPO normalises per group: ValueError without them
     x.raise_on_nan()
-    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
+    logp, logp_old, logp_rollout, mask = x.logp, x.logp_old, x.logp_rollout, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)
     lp = logp_m.detach()
     lp_old = masked(logp_old.detach(), mask, dtype)
-    adv = advantages.detach().to(dtype)[:, None]
+    adv = x.advantages_BT(dtype)
 
     ratio = torch.exp(lp - lp_old)  # detached
     weight = ratio.clamp(1 - eps_low, 1 + eps_high)

@@ -56,12 +56,12 @@ def grpo_loss(
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_floor=tis_floor,
                 tis_mode=tis_mode, tis_level=tis_level)
     x.raise_on_nan()
-    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
+    logp, logp_old, logp_rollout, mask = x.logp, x.logp_old, x.logp_rollout, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)
     lp_old = masked(logp_old.detach(), mask, dtype)
-    adv = advantages.detach().to(dtype)[:, None]
+    adv = x.advantages_BT(dtype)
 
     ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)

@@ -60,8 +60,8 @@ def gspo_loss(
     if sequence_ratio not in ("mean", "sum"):
         raise ValueError(f"sequence_ratio={sequence_ratio!r}: 'mean' (GSPO's) or 'sum'")
     check_knobs(eps_low=eps_low, eps_high=eps_high, normalizer=normalizer)
-    if x.token_keep is not None:
-        raise ValueError("token_keep: GSPO weighs whole responses; it has no per-token terms to keep")
+    if x.token_keep is not None or x.advantages.ndim != 1:  # token_keep, or token-level returns' advantages [B, T]
+        raise ValueError("token_keep / advantages [B, T]: GSPO weighs whole responses; it has no per-token terms")
     x.raise_on_nan()
     logp, logp_old, advantages, mask = x.logp, x.logp_old, x.advantages, x.mask
 

@@ -96,14 +96,14 @@ def minirl_loss(
     check_knobs(eps_low=eps_low, eps_high=eps_high, tis_cap=tis_cap, normalizer=normalizer, tis_placement=tis_placement,
                 aggregation=aggregation, tis_floor=tis_floor, tis_mode=tis_mode, tis_level=tis_level)
     x.raise_on_nan()
-    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
+    logp, logp_old, logp_rollout, mask = x.logp, x.logp_old, x.logp_rollout, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)  # carries gradient, 0 at padding
     lp = logp_m.detach()
     lp_old = masked(logp_old.detach(), mask, dtype)
     lp_mu = masked(logp_rollout.detach(), mask, dtype) if is_correction else lp_old
-    adv = advantages.detach().to(dtype)[:, None]  # [B, 1]
+    adv = x.advantages_BT(dtype)  # [B, 1] or [B, T]
 
     ratio_old = torch.exp(lp - lp_old)  # r, detached
     pos = mask & (adv > 0)

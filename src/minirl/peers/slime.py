@@ -602,19 +602,18 @@ def _slime_advantage(peer: SlimePeer, obj: Objective, estimator: str) -> None:
         obj.set("adv_baseline", "group_mean" if normalize else "none", peer.show("advantage-estimator"))
         obj.set("adv_std_normalize", False, peer.show("advantage-estimator") + " (no group std)")
     elif estimator == "reinforce_plus_plus":
-        if peer.number("gamma", float) != 1.0:
-            obj.blockers.append(peer.show("advantage-estimator", "gamma") + " (a discounted per-token return)")
         obj.set("adv_baseline", "none", peer.show("advantage-estimator"))
         obj.set("adv_std_normalize", False, peer.show("advantage-estimator"))
+        _slime_token_returns(peer, obj)
     else:
         obj.blockers.append(f"{peer.show('advantage-estimator')} (needs "
                             + ("a learned critic; minirl is critic-free, as the paper)" if estimator == "ppo"
                                else "an estimator minirl does not know)"))
         return
     obj.set("adv_whiten", bool(peer("normalize-advantages")), peer.show("normalize-advantages"))
-    if peer("kl-coef") and estimator.startswith("reinforce"):
-        obj.blockers.append(peer.show("kl-coef", "advantage-estimator") + " (a per-token KL in the return)")
-    elif peer("kl-coef"):
+    if peer("kl-coef") and estimator == "reinforce_plus_plus_baseline":
+        obj.blockers.append(peer.show("kl-coef", "advantage-estimator") + " (the KL at each token in its advantage)")
+    elif peer("kl-coef") and estimator != "reinforce_plus_plus":
         obj.differs.append(f"{peer.show('kl-coef')}: slime ignores the reward's KL for {estimator}; so does minirl")
 
 
@@ -647,6 +646,25 @@ def _slime_corrections(peer: SlimePeer, obj: Objective) -> None:
         if not peer("use-rollout-logprobs"):
             obj.differs.append(f"{peer.show('use-opsm')}: slime's statistic is the mean log(pi_old/pi_theta), minirl's "
                                "the mean log(mu_old/pi_theta) (the same under --use-rollout-logprobs)")
+
+
+def _slime_token_returns(peer: SlimePeer, obj: Objective) -> None:
+    """REINFORCE++'s discounted return per token (``get_reinforce_plus_plus_returns``): the reward at the last token less
+    ``--kl-coef`` x the ``--kl-loss-type`` estimate of pi_old against the reference at each token, discounted by
+    ``--gamma``: minirl's ``adv_token_returns`` with the KL in the reward. gamma = 1 without it: one per response."""
+    gamma, coef = peer.number("gamma", float), peer.number("kl-coef", float)
+    if gamma == 1.0 and not coef:
+        return
+    origin = peer.show("advantage-estimator", "gamma", "kl-coef")
+    obj.set("adv_token_returns", True, origin + ": each token's return, the KL of that token and those after it")
+    obj.set("adv_gamma", gamma, peer.show("gamma"))
+    if coef:
+        kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
+        if kind is None:
+            obj.blockers.append(peer.show("kl-coef", "kl-loss-type"))
+            return
+        obj.set("kl_in_reward_coef", coef, peer.show("kl-coef"))
+        obj.set("kl_in_reward_type", kind, peer.show("kl-loss-type") + " (slime's compute_approx_kl for the reward too)")
 
 
 def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:

@@ -616,7 +616,9 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         obj.set("adv_nonzero_rescale", True, peer.show(key) + ": the group mean, x responses / non-zero rewards")
     elif estimator == "remax":
         obj.set("adv_baseline", "greedy", peer.show(key) + ": the reward of a greedy completion of the prompt")
-        _verl_token_kl_differs(peer, obj)
+        if peer("algorithm.use_kl_in_reward"):  # verl's remax sums the token rewards undiscounted (no gamma)
+            obj.set("adv_token_returns", True, peer.show(key, "algorithm.use_kl_in_reward") + ": each token's return, "
+                    "the KL of that token and those after it, less the greedy reward")
     elif estimator == "reinforce_plus_plus_baseline":
         obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
     else:
@@ -624,24 +626,17 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
 
 
 def _verl_reinforce_plus_plus(peer: Peer, obj: Objective) -> None:
-    """REINFORCE++ (no baseline): each token's discounted return, whitened over the batch's tokens; with an outcome
-    reward and gamma = 1 the return is the response's reward at every token (minirl's ``none`` + ``adv_whiten``)."""
+    """REINFORCE++ (no baseline): each token's discounted return, whitened over the batch's tokens. With an outcome
+    reward, gamma = 1 and no KL in the reward the return is the response's reward at every token (minirl's ``none`` +
+    ``adv_whiten``); otherwise minirl's token-level returns (``algo.adv_token_returns``, ``adv_gamma``)."""
     key = "algorithm.adv_estimator"
-    if float(peer("algorithm.gamma")) != 1.0:
-        obj.blockers.append(peer.show(key, "algorithm.gamma") + " (a return discounted per token; minirl's "
-                            "advantage is one per response)")
-        return
     obj.set("adv_baseline", "none", peer.show(key) + ": no baseline")
-    obj.set("adv_whiten", True, peer.show(key) + ": the reward, whitened over tokens")
-    _verl_token_kl_differs(peer, obj)
-
-
-def _verl_token_kl_differs(peer: Peer, obj: Objective) -> None:
-    """REINFORCE++ and ReMax take each token's return: with the KL in the reward, that of the tokens from it on."""
-    if peer("algorithm.use_kl_in_reward"):
-        obj.differs.append(f"{peer.show('algorithm.adv_estimator', 'algorithm.use_kl_in_reward')}: verl's return at a "
-                           "token subtracts the KL of that token and those after it; minirl subtracts each response's "
-                           "summed KL at all its tokens")
+    obj.set("adv_whiten", True, peer.show(key) + ": the returns, whitened over tokens")
+    gamma = float(peer("algorithm.gamma"))
+    if gamma != 1.0 or peer("algorithm.use_kl_in_reward"):
+        obj.set("adv_token_returns", True, peer.show(key, "algorithm.gamma", "algorithm.use_kl_in_reward") + ": each "
+                "token's return, the KL of that token and those after it")
+        obj.set("adv_gamma", gamma, peer.show("algorithm.gamma"))
 
 
 def _verl_is_bounds(peer: Peer, obj: Objective, level: str) -> None:

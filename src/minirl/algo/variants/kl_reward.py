@@ -26,12 +26,19 @@ def kl_penalized_rewards(rewards: torch.Tensor, logp_old: torch.Tensor, logp_ref
     """(R' [B], KL): the rewards less ``coef`` x each response's summed estimate, and verl's ``current_kl`` (the
     mean over responses of the masked token mean, 1e-8 in the denominator as verl's ``masked_mean``).
     ``FloatingPointError`` on a non-finite estimate at a response token."""
+    estimate, current = token_kl_estimate(logp_old, logp_ref, mask, kind)
+    return rewards - coef * estimate.sum(dim=1), current
+
+
+def token_kl_estimate(logp_old: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                      kind: KLEstimator = "k1") -> tuple[torch.Tensor, torch.Tensor]:
+    """(k [B, T], KL): the per-token estimate at the response tokens (0 elsewhere; -beta k is verl's token-level
+    reward, ``minirl.algo.variants.token_returns``) and verl's ``current_kl`` as above. ``FloatingPointError`` on a
+    non-finite estimate at a response token."""
     estimate = torch.where(mask, kl_estimate(logp_old, logp_ref, kind), 0.0)
     if not bool(torch.isfinite(estimate).all()):
         raise FloatingPointError("non-finite KL in the reward (a NaN log-prob of pi_old or pi_ref at a response token)")
-    per_response = estimate.sum(dim=1)
-    current = (per_response / (mask.sum(dim=1) + 1e-8)).mean()
-    return rewards - coef * per_response, current
+    return estimate, (estimate.sum(dim=1) / (mask.sum(dim=1) + 1e-8)).mean()
 
 
 def adaptive_kl_coef(coef: float, current_kl: float, *, target: float, horizon: int, n_steps: int) -> float:

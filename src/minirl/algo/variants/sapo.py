@@ -51,12 +51,12 @@ def sapo_loss(
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     x.raise_on_nan()
-    logp, logp_old, logp_rollout, advantages, mask = x.logp, x.logp_old, x.logp_rollout, x.advantages, x.mask
+    logp, logp_old, logp_rollout, mask = x.logp, x.logp_old, x.logp_rollout, x.mask
 
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)
     lp_old = masked(logp_old.detach(), mask, dtype)
-    adv = advantages.detach().to(dtype)[:, None]
+    adv = x.advantages_BT(dtype)
 
     ratio = torch.exp(logp_m - lp_old)  # r with gradient; exactly 1 at padding
     tau = torch.where(adv > 0, torch.tensor(tau_pos, dtype=dtype), torch.tensor(tau_neg, dtype=dtype))  # not float32

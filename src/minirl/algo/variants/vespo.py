@@ -45,7 +45,7 @@ def vespo_loss(
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)
     lp_old = masked(x.logp_old.detach(), mask, dtype)
-    adv = x.advantages.detach().to(dtype)[:, None]
+    adv = x.advantages_BT(dtype)
     factor, truncated = train_infer_factor(lp_old, x.logp_rollout, mask, dtype, enabled=is_correction, tis_cap=tis_cap,
                                            tis_floor=tis_floor, tis_mode=tis_mode)
     with torch.no_grad():
