@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 import minirl.loop as loop
@@ -60,3 +61,11 @@ def max_differences(reference: tuple[list[dict], dict], other: tuple[list[dict],
     loss = max(abs(a["policy/loss"] - b["policy/loss"]) for a, b in zip(metrics_a, metrics_b))
     weight = max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a)
     return loss, weight
+
+
+def assert_same_update_metrics(single: dict, sharded: dict) -> None:
+    """The objective's metrics of the ranks' updates are the single process's, not the mean of each shard's."""
+    keys = [k for k in single if k.startswith(("policy/", "routing/r2_drift")) and k != "policy/loss"]  # loss: TOL
+    assert keys and set(keys) <= set(sharded)
+    for key in keys:
+        assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-7), (key, single[key], sharded[key])

@@ -12,7 +12,7 @@ import pytest
 import minirl.loop as loop
 from minirl.config import ConfigError, load_config
 
-from .common import ROOT, TINY, TOL, DenseRewards, max_differences, run_steps
+from .common import ROOT, TINY, TOL, DenseRewards, assert_same_update_metrics, max_differences, run_steps
 
 MODE = ["moe.routing_replay=R3", "optim.minibatches_per_step=2"]
 
@@ -42,13 +42,6 @@ def _two_ranks_match_one_process(tmp_path, *mode):
         assert_same_update_metrics(a, b)
     return single, sharded
 
-
-def assert_same_update_metrics(single: dict, sharded: dict) -> None:
-    """The objective's metrics of the ranks' updates are the single process's, not the mean of each shard's."""
-    keys = [k for k in single if k.startswith(("policy/", "routing/r2_drift")) and k != "policy/loss"]  # loss: TOL
-    assert keys and set(keys) <= set(sharded)
-    for key in keys:
-        assert sharded[key] == pytest.approx(single[key], rel=1e-5, abs=1e-7), (key, single[key], sharded[key])
 
 def test_ranks_must_divide_the_minibatch():
     with pytest.raises(ConfigError, match=r"cluster\.trainer_ranks: must divide the mini-batch of 4 sequences"):

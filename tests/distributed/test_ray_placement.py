@@ -11,7 +11,7 @@ import pytest
 import minirl.loop as loop
 from minirl.config import ConfigError, load_config
 
-from .common import ROOT, TINY, TOL, DenseRewards, max_differences, run_steps
+from .common import ROOT, TINY, TOL, DenseRewards, assert_same_update_metrics, max_differences, run_steps
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'minirl[ray]')")
 
@@ -40,6 +40,7 @@ def test_ray_engines_and_trainer_ranks_match_one_process(tmp_path, mode):
         assert a["train/response_length"] == b["train/response_length"]  # the same completions
         assert abs(a["mismatch/kl_k1"] - b["mismatch/kl_k1"]) < TOL
         assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)
+        assert_same_update_metrics(a, b)  # computed over the whole mini-batch from the actors' log-probs
 
 
 def test_a_dead_engine_actor_is_one_clear_error(tmp_path):
