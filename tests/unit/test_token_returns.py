@@ -9,6 +9,7 @@ import torch
 from minirl.algo import LossInputs, gspo_loss, minirl_loss
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.config import ConfigError, load_config
+from minirl.monitor.fidelity import sequence_is_loss
 from tests.distributed.common import ROOT, TOL, max_differences, run_steps
 
 MASK = torch.tensor([[True, True, True, False], [True, True, False, False]])
@@ -83,6 +84,8 @@ def test_the_losses_take_one_advantage_per_token():
         gspo_loss(_inputs(adv, logp))
     with pytest.raises(ValueError, match=r"advantages must have shape \[B\] = \(2,\) or \[B, T\] = \(2, 4\)"):
         _inputs(torch.zeros(2, 3), logp)
+    with pytest.raises(ValueError, match=r"advantages must have shape \[B\] \(one per response: the sequence-level"):
+        sequence_is_loss(logp, logp.detach(), adv, MASK)  # the diagnostics' reference objective
 
 
 @pytest.mark.parametrize("config, overrides, message", [

@@ -224,6 +224,9 @@ def sequence_is_loss(
         ValueError: bad argument. FloatingPointError: NaN in advantages or at a trained token.
     """
     check_knobs(normalizer=normalizer)
+    if advantages.ndim != 1:
+        raise ValueError(f"advantages must have shape [B] (one per response: the sequence-level objective), got "
+                         f"{tuple(advantages.shape)}")
     LossInputs(logp, logp, logp_rollout, advantages, mask).raise_on_nan()
     dtype = compute_dtype(logp)
     logp_m = masked(logp, mask, dtype)  # gradient flows here only, 0 at padding
