@@ -88,11 +88,16 @@ class RewardFunctionConfig(Section):
     name: str | None = Field(None, description="metric name reward/<name>/mean (default: the function's __name__)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="fixed keyword arguments of every call "
                                    "(verl's custom_reward_function.reward_kwargs)")
+    key: str | None = Field(None, description="the entry of the function's returned dict that is this reward (verl's "
+                            "algorithm.gdpo_reward_keys: one entry per key); its other numbers are logged; null: "
+                            "verl's 'score' (slime's: kwargs.reward_key)")
 
     @model_validator(mode="after")
     def _function_or_model(self) -> RewardFunctionConfig:
         if (self.function is None) == (self.model is None):
             raise ValueError("task.reward_functions: each entry names a 'function' or a reward 'model' (one of them)")
+        if self.model is not None and self.key is not None:
+            raise ValueError("task.reward_functions: a reward 'model' entry returns one number, it takes no 'key'")
         if self.model is not None and (self.kwargs or self.batched is False):
             raise ValueError("task.reward_functions: a reward 'model' entry takes no 'kwargs' or 'batched'")
         return self
@@ -404,7 +409,8 @@ class LossConfig(Section):
     """With several reward functions (``task.reward_functions``): ``sum_then_normalize`` forms the advantage from
     their weighted sum, as from one reward (the paper's); ``normalize_then_sum`` is GDPO's (arXiv 2601.05242; TRL's
     ``multi_objective_aggregation``): each function normalised within its group, the weighted sum whitened over the
-    step (``minirl.algo.variants.gdpo.decoupled_advantages``; ``adv_std_normalize`` is then not used)."""
+    step's responses (``minirl.algo.variants.gdpo.decoupled_advantages``; ``adv_std_normalize`` is then not used), or
+    over its tokens with ``adv_whiten`` (verl's ``gdpo``, its ``masked_whiten``)."""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to a frozen reference policy (``minirl.algo.variants.reference_kl``; verl ``kl_loss_coef``,
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
@@ -483,11 +489,12 @@ class LossConfig(Section):
         if self.top_entropy_quantile < 1 and getattr(self, "name", None) == "gspo":
             raise ValueError("top_entropy_quantile < 1: gspo weighs whole responses, it has no per-token terms to keep")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
-                self.adv_baseline != "group_mean" or self.adv_std_scope != "group" or self.adv_whiten
+                self.adv_baseline != "group_mean" or self.adv_std_scope != "group"
+                or (self.adv_whiten and self.adv_whiten_over != "tokens")
                 or self.adv_nonzero_rescale or self.reward_clip_range is not None):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
-                             "adv_baseline, adv_std_scope, adv_whiten, adv_nonzero_rescale and reward_clip_range at "
-                             "their defaults")
+                             "adv_baseline, adv_std_scope, adv_nonzero_rescale and reward_clip_range at their defaults "
+                             "(adv_whiten: its last whitening over tokens, verl's gdpo, instead of over responses)")
         if self.adv_gamma != 1 and not self.adv_token_returns:
             raise ValueError("algo.adv_gamma: it discounts token-level returns: set algo.adv_token_returns: true (or 1)")
         if self.adv_token_returns:

@@ -46,7 +46,7 @@ import torch
 from minirl.algo import group_advantages
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
-from minirl.algo.variants.gdpo import decoupled_advantages
+from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
@@ -386,7 +386,12 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
             raise ConfigError("algo.multi_objective_aggregation=normalize_then_sum needs each reward function's values; "
                               "these rollouts have only their sum (a --rollouts-from dump written before they were kept?)")
         parts = sampled.reward_parts.view(*rewards_PG.shape, -1)
-        return decoupled_advantages(parts, part_weights).reshape(-1)
+        if not a.adv_whiten:  # TRL's: the weighted sum whitened over the responses
+            return decoupled_advantages(parts, part_weights).reshape(-1)
+        summed = decoupled_sum(parts, part_weights).reshape(-1)  # verl's: over the step's tokens
+        scored = ~torch.isnan(summed)  # a response no function applied to: no advantage, not in the statistics
+        lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions]) * scored
+        return token_whiten(summed.nan_to_num(0.0), lengths) * scored
     lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,

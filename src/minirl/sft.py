@@ -209,9 +209,10 @@ def _without_new_defaults(section: Any, also: set[str] | None = None) -> dict[st
     default = type(section)()
     dump = section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT if key in type(section).model_fields
                                                      and getattr(section, key) == getattr(default, key)} | (also or set()))
-    for entry in dump.get("reward_functions", []):  # a reward function's entry from before reward models
-        if entry.get("model") is None:
-            entry.pop("model", None)
+    for entry in dump.get("reward_functions", []):  # a reward function's entry from before reward models and keys
+        for new in ("model", "key"):
+            if entry.get(new) is None:
+                entry.pop(new, None)
     return dump
 
 

@@ -145,6 +145,37 @@ def test_verls_reinforce_plus_plus_with_the_kl_in_each_return_translates_and_tra
     assert len(steps) == 2 and all(m["train/reward_kl_coef"] == 0.05 for m in steps)
 
 
+GDPO_REWARD = '''\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    exact = float(solution_str.strip() == ground_truth)
+    shared = sum(a == b for a, b in zip(solution_str.strip(), ground_truth)) / max(len(ground_truth), 1)
+    return {"score": exact, "exact_reward": exact, "prefix_reward": shared}
+'''
+
+
+def test_verls_gdpo_translates_to_keyed_rewards_and_trains(tmp_path: Path):
+    """verl's ``gdpo`` with ``gdpo_reward_keys``: one reward entry per key of compute_score's dict, GDPO's advantages
+    with the token whitening; trained from the CLI (reward/<key>/mean logged for each)."""
+    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
+             "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "reward.py").write_text(GDPO_REWARD)
+    (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+    proc = _minirl("config", "from-verl", "run.sh", "algorithm.adv_estimator=gdpo",
+                   "+algorithm.gdpo_reward_keys=[exact_reward,prefix_reward]", "+algorithm.gdpo_reward_weights=[1.0,0.5]",
+                   "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
+    assert [(e["key"], e["weight"]) for e in cfg["task"]["reward_functions"]] == [("exact_reward", 1.0), ("prefix_reward", 0.5)]
+    assert (cfg["algo"]["multi_objective_aggregation"], cfg["algo"]["adv_whiten"]) == ("normalize_then_sum", True)
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/prefix_reward/mean" in m]
+    assert len(steps) == 2 and all("reward/exact_reward/mean" in m for m in steps)
+
+
 RLOO_FILE = """\
 # trl rloo --config rloo.yaml
 dataset_name: {data}

@@ -85,10 +85,15 @@ def test_off_on_yes_no_are_strings_where_a_string_is_expected(tmp_path):
 def test_gdpo_refuses_the_advantage_variants_it_replaces():
     assert load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum"]).algo.multi_objective_aggregation \
         == "normalize_then_sum"
-    for other in ("algo.adv_whiten=true", "algo.adv_baseline=leave_one_out", "algo.adv_std_scope=batch",
-                  "algo.adv_nonzero_rescale=true", "algo.reward_clip_range=[0, 1]"):
+    for other in ("algo.adv_baseline=leave_one_out", "algo.adv_std_scope=batch", "algo.adv_nonzero_rescale=true",
+                  "algo.reward_clip_range=[0, 1]"):
         with pytest.raises(ConfigError, match="normalize_then_sum normalises the rewards itself"):
             load_config(None, ["algo.multi_objective_aggregation=normalize_then_sum", other])
+    # adv_whiten: its last whitening over the step's tokens (verl's gdpo); over responses already is the default
+    gdpo = ["algo.multi_objective_aggregation=normalize_then_sum", "algo.adv_whiten=true"]
+    assert load_config(None, gdpo).algo.adv_whiten is True
+    with pytest.raises(ConfigError, match="normalize_then_sum normalises the rewards itself"):
+        load_config(None, [*gdpo, "algo.adv_whiten_over=responses"])
 
 
 def test_a_reward_clip_range_is_low_then_high():

@@ -1397,7 +1397,7 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     out = advantage("remax", **kl)
     assert out.values["algo.adv_token_returns"] is True and "algo.adv_gamma" not in out.values  # verl's remax: no gamma
     out.config()
-    for estimator, need in (("gae", "a learned critic"), ("gdpo", "compute_score's dict"),
+    for estimator, need in (("gae", "a learned critic"), ("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)
         assert any(f"algorithm.adv_estimator={estimator!r}" in line and need in line for line in out.not_translated)
@@ -1514,3 +1514,54 @@ def test_which_trl_trainer_a_config_is():
     assert any(line.startswith("scale_rewards='batch': not a setting") for line in out.not_translated)
     assert out.values["rollout.samples_per_prompt"] == 4 and from_trl({"per_device_train_batch_size": 8},
                                                                       trainer="rloo").values["rollout.samples_per_prompt"] == 2
+
+
+def _verl_gdpo(parts_BK: torch.Tensor, weights: torch.Tensor, index: list[int], lengths: torch.Tensor) -> torch.Tensor:
+    """verl 0.9's ``compute_gdpo_outcome_advantage``: each key's ``compute_grpo_outcome_advantage`` (group mean and
+    unbiased std, eps 1e-6), their weighted sum, ``masked_whiten`` over the response tokens; one value per row."""
+    mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).to(parts_BK.dtype)
+    total = torch.zeros_like(mask)
+    for k in range(parts_BK.shape[1]):
+        scores = parts_BK[:, k].clone()
+        groups: dict[int, list[int]] = {}
+        for row, gid in enumerate(index):
+            groups.setdefault(gid, []).append(row)
+        for rows in groups.values():
+            values = parts_BK[rows, k]
+            scores[rows] = (values - values.mean()) / (values.std() + 1e-6)
+        total = total + weights[k] * scores[:, None] * mask
+    mean = (total * mask).sum() / (mask.sum() + 1e-8)
+    variance = ((total - mean) ** 2 * mask).sum() / (mask.sum() + 1e-8) * mask.sum() / (mask.sum() - 1)
+    return ((total - mean) * torch.rsqrt(variance + 1e-8) * mask)[:, 0]
+
+
+def test_verls_gdpo_is_keyed_reward_entries_and_a_token_whitened_sum():
+    """verl's ``gdpo``: one reward entry per ``gdpo_reward_keys`` key reading your compute_score's dict, with its
+    weight; each normalised within its group, the weighted sum whitened over the batch's tokens (``adv_whiten``)."""
+    from minirl.algo.variants.baselines import token_whiten
+    from minirl.algo.variants.gdpo import decoupled_sum
+
+    given = {"algorithm.adv_estimator": "gdpo", "actor_rollout_ref.rollout.n": 4, "custom_reward_function.path": "r.py",
+             "algorithm.gdpo_reward_keys": ["format_reward", "accuracy_reward"], "algorithm.gdpo_reward_weights": [0.3, 0.7]}
+    out = from_verl(given)
+    assert out.values["task.reward_functions"] == [
+        {"function": "r.py:compute_score", "key": "format_reward", "weight": 0.3, "name": "format_reward"},
+        {"function": "r.py:compute_score", "key": "accuracy_reward", "weight": 0.7, "name": "accuracy_reward"}]
+    assert "task.reward_function" not in out.values and out.objective.startswith("your verl loss")
+    assert (out.values["algo.multi_objective_aggregation"], out.values["algo.adv_whiten"]) == ("normalize_then_sum", True)
+    assert any("once per key" in line for line in out.differs)
+    out.config()
+    unweighted = from_verl({**given, "algorithm.gdpo_reward_weights": None}).values["task.reward_functions"]
+    assert [e["weight"] for e in unweighted] == [1.0, 1.0]
+    no_std = from_verl({**given, "algorithm.norm_adv_by_std_in_grpo": False})
+    assert any("norm_adv_by_std_in_grpo" in line for line in no_std.not_translated)
+    with pytest.raises(ConfigError, match="one weight per key"):
+        from_verl({**given, "algorithm.gdpo_reward_weights": [1.0]})
+    # the advantages, against verl's written out
+    g = torch.Generator().manual_seed(1)
+    parts = torch.randint(0, 4, (12, 2), generator=g).to(torch.float64)
+    weights = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    lengths = torch.randint(1, 9, (12,), generator=g)
+    ours = token_whiten(decoupled_sum(parts.view(3, 4, 2), weights).reshape(-1), lengths)
+    theirs = _verl_gdpo(parts, weights, [i // 4 for i in range(12)], lengths)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-9)

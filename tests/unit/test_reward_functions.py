@@ -146,6 +146,23 @@ def test_verl_compute_score_works_unchanged_per_sample_and_batched(timeout_s: fl
     assert [task.reward(VERL_PROMPTS[i], c) for i, c in VERL_COMPLETIONS] == expected
 
 
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process, and in a worker process (the key travels)
+def test_an_entrys_key_reads_that_entry_of_the_returned_dict(timeout_s: float | None) -> None:
+    """``key`` (verl's GDPO reward keys): the entry's reward is that entry of compute_score's dict, the other numbers
+    logged beside it; a dict without it is one line naming the function and the key."""
+    functions = [{"function": f"{MOD}:compute_score", "key": "acc", "name": "acc_part", "weight": 2.0},
+                 {"function": f"{MOD}:compute_score", "name": "score_part"}]
+    with _runner(functions, timeout_s) as runner:
+        rewards, stats = runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
+        parts = runner.last_parts
+    assert parts[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0] and parts[:, 1].tolist() == [2.0, 0.0, 1.5, 0.5]
+    assert rewards.tolist() == [4.0, 0.0, 3.5, 0.5]  # 2 x acc + score
+    assert stats["reward/acc_part/mean"] == 0.5 and stats["reward/acc_part/score"] == 1.0  # score, logged beside
+    with _runner([{"function": f"{MOD}:compute_score", "key": "format"}], timeout_s) as runner:
+        with pytest.raises(RewardFunctionError, match=r"compute_score returned a dict without 'format' \(the entry's key"):
+            runner.score(VERL_PROMPTS, VERL_COMPLETIONS)
+
+
 @pytest.mark.parametrize("timeout_s", [None, 5.0])  # the worker process gets the kwargs too
 def test_fixed_kwargs_reach_every_call(timeout_s: float | None) -> None:
     functions = [{"function": f"{MOD}:scaled_exact", "kwargs": {"scale": 2.0}},

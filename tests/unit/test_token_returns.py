@@ -1,7 +1,10 @@
 """Token-level returns (``algo.adv_token_returns``: verl's REINFORCE++ and ReMax with the KL at each token, discounted):
-hand-computed, against verl's loops written out, through the losses, in the config and in the loop."""
+hand-computed, against verl's loops written out, through the losses, in the config and in the loop; and GDPO's
+whitening over tokens (verl's ``gdpo``) in the step."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -139,3 +142,29 @@ def test_in_the_loop_remax_subtracts_the_greedy_reward_from_each_return(tmp_path
     expected = (sampled.rewards.float()[:, None] - greedy[:, None]) * batch.mask  # gamma 1, no KL: R_i - greedy
     torch.testing.assert_close(out.advantages, expected, rtol=0, atol=1e-7)
     assert out.advantages.shape == batch.mask.shape
+
+
+def test_gdpos_token_whitening_in_the_step_weighs_responses_by_their_tokens():
+    """``normalize_then_sum`` + ``adv_whiten`` (verl's gdpo): the weighted sum of the group-normalised parts whitened
+    over the step's tokens; a response no function applied to gets 0 and stays out of the statistics."""
+    from minirl.algo.variants.baselines import token_whiten
+    from minirl.algo.variants.gdpo import decoupled_sum
+    from minirl.dynamic_sampling import Sampled
+    from minirl.loop import step_advantages
+    from minirl.types import Completion, Prompt
+
+    lengths = [3, 1, 4, 2, 5, 2, 1, 6]
+    parts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0],
+                          [1.0, 0.5], [math.nan, math.nan], [0.0, 0.5], [1.0, 0.0]])
+    completions = [Completion(i // 4, i % 4, [1], [2] * n, torch.zeros(n), "length") for i, n in enumerate(lengths)]
+    sampled = Sampled([Prompt(text="a", answer="b")] * 2, completions, torch.zeros(8), {}, [{}] * 8, sum(lengths),
+                      reward_parts=parts, part_weights=torch.tensor([1.0, 0.5]))
+    cfg = load_config(ROOT / "configs/demo.yaml", ["algo.multi_objective_aggregation=normalize_then_sum",
+                                                   "algo.adv_whiten=true"])
+    got = step_advantages(cfg, sampled, sampled.part_weights)
+    summed = decoupled_sum(parts.view(2, 4, 2), torch.tensor([1.0, 0.5])).reshape(-1)
+    keep = torch.tensor([True] * 5 + [False] + [True] * 2)
+    expected = torch.zeros(8)
+    expected[keep] = token_whiten(summed[keep], torch.tensor(lengths)[keep])
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert got[5] == 0.0

@@ -55,6 +55,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.gdpo_reward_keys": None, "algorithm.gdpo_reward_weights": None,
     "algorithm.use_kl_in_reward": False,
     "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.horizon": 10000, "algorithm.kl_ctrl.target_kl": 0.1,
@@ -220,7 +221,9 @@ def _verl_rewards(peer: Peer, out: Translation) -> None:
     if not ({"task.reward_function", "task.reward_functions"} & set(out.values)):  # verl's default, by data_source
         out.set("task.reward_function", "minirl.tasks.verl_scores:default_compute_score",
                 "no custom_reward_function: verl's default_compute_score (gsm8k, MATH, DAPO sources)")
-    if manager == "dapo":
+    if str(peer("algorithm.adv_estimator")).removesuffix("_vectorized") == "gdpo":
+        _verl_gdpo_rewards(peer, out, manager)
+    elif manager == "dapo":
         _dapo_overlong_buffer(peer, out)
     for enable, path in (("reward.reward_model.enable", "reward.reward_model.model_path"),
                          ("reward_model.enable", "reward_model.model.path")):
@@ -584,10 +587,37 @@ def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | No
 
 
 VERL_NO_ADVANTAGE = {"gae": "a learned critic (minirl is critic-free, as the paper)",
-                     "gdpo": "the reward keys of compute_score's dict (minirl's GDPO splits task.reward_functions: "
-                             "algo.multi_objective_aggregation=normalize_then_sum)",
+                     "gdpo": "algorithm.gdpo_reward_keys and a custom_reward_function returning them",
                      "optimal_token_baseline": "a per-token baseline", "tir_optimal_token_baseline": "a per-token baseline"}
 """verl's estimators minirl has no form of, and what each would need."""
+
+
+def _custom_reward(peer: Peer) -> str:
+    """The key of verl's ``custom_reward_function.path`` the run sets (either prefix), or ''."""
+    return next((key for key in ("custom_reward_function.path", "reward.custom_reward_function.path") if peer(key)), "")
+
+
+def _verl_gdpo_rewards(peer: Peer, out: Translation, manager: Any) -> None:
+    """verl's ``gdpo``: one ``task.reward_functions`` entry per ``algorithm.gdpo_reward_keys`` key, each reading that
+    entry of your ``compute_score``'s dict (``key``) with its ``gdpo_reward_weights`` weight (1 each by default)."""
+    keys, weights = peer("algorithm.gdpo_reward_keys"), peer("algorithm.gdpo_reward_weights")
+    functions = out.values.get("task.reward_functions") or [{"function": out.values.get("task.reward_function")}]
+    if not keys or not _custom_reward(peer) or len(functions) != 1:
+        return  # verl asserts without them; the advantage translation names the blocker
+    keys = [str(k) for k in (keys if isinstance(keys, list) else [keys])]
+    weights = [float(w) for w in (weights if isinstance(weights, list) else [weights])] if weights else [1.0] * len(keys)
+    if len(weights) != len(keys):
+        raise ConfigError(f"verl settings {peer.show('algorithm.gdpo_reward_keys', 'algorithm.gdpo_reward_weights')}: "
+                          "one weight per key")
+    entries = [{**functions[0], "key": k, "weight": w, "name": k} for k, w in zip(keys, weights)]
+    out.values.pop("task.reward_function", None)
+    out.set("task.reward_functions", entries, peer.show(_custom_reward(peer), "algorithm.gdpo_reward_keys",
+                                                        "algorithm.gdpo_reward_weights"))
+    out.differs.append(f"{peer.show('algorithm.gdpo_reward_keys')}: minirl calls compute_score once per key (the same "
+                       "function, each entry reading its key); train/reward_mean is their weighted sum, not 'score'")
+    if manager == "dapo":
+        out.not_translated.append("reward_model.reward_manager=dapo with gdpo: verl's GDPO reads only its reward keys, "
+                                  "so the overlong buffer is left out")
 
 
 def _verl_advantage(peer: Peer, obj: Objective) -> None:
@@ -596,6 +626,15 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
     (``VERL_NO_ADVANTAGE``)."""
     key = "algorithm.adv_estimator"
     estimator = str(peer(key)).removesuffix("_vectorized")
+    if estimator == "gdpo" and peer("algorithm.gdpo_reward_keys") and _custom_reward(peer):
+        if not peer("algorithm.norm_adv_by_std_in_grpo"):
+            obj.blockers.append(peer.show(key, "algorithm.norm_adv_by_std_in_grpo") + " (minirl's GDPO divides each "
+                                "reward by its group's std)")
+            return
+        obj.set("multi_objective_aggregation", "normalize_then_sum", peer.show(key, "algorithm.gdpo_reward_keys") +
+                ": each key's reward normalised within its group, their weighted sum")
+        obj.set("adv_whiten", True, peer.show(key) + ": the weighted sum whitened over the batch's tokens (masked_whiten)")
+        return
     if estimator in ("grpo", "grpo_passk"):
         obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
                 peer.show("algorithm.norm_adv_by_std_in_grpo"))

@@ -75,7 +75,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
         functions = [  # None: a function the trainer scores itself (a reward model)
             RewardFn(load_reward_function(f["spec"]) if f["spec"] else pickle.loads(f["pickled"]),
                      batched=f["batched"], name=f["name"], spec=f["spec"], verl=f["verl"], kwargs=f["kwargs"],
-                     slime=f.get("slime", False))
+                     slime=f.get("slime", False), key=f.get("key"))
             if f is not None else None
             for f in setup["functions"]
         ]

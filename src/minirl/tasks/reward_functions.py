@@ -183,6 +183,9 @@ class RewardFn:
     slime function, the attributes of its ``args``."""
     slime: bool = False
     """Called as slime calls ``--custom-rm-path``: ``fn(args, sample)`` (``fn(args, samples)`` batched)."""
+    key: str | None = None
+    """The entry of a returned dict that is this reward (verl's GDPO reward keys); ``None``: ``score`` for verl's
+    dicts, slime's ``reward_key``."""
 
     def __post_init__(self) -> None:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
@@ -194,7 +197,7 @@ class RewardFn:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec,
-                "verl": self.verl, "kwargs": self.kwargs, "slime": self.slime}
+                "verl": self.verl, "kwargs": self.kwargs, "slime": self.slime, "key": self.key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -232,7 +235,12 @@ class RewardFn:
         if value is None:
             return None
         key = "score"
-        if self.slime and isinstance(value, dict):  # slime's Sample.get_reward_value: reward[args.reward_key]
+        if self.key is not None and isinstance(value, dict):  # the entry's key (verl's GDPO reward keys)
+            key = self.key
+            if key not in value:
+                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} (the "
+                                          f"entry's key; keys: {', '.join(map(str, value))})")
+        elif self.slime and isinstance(value, dict):  # slime's Sample.get_reward_value: reward[args.reward_key]
             key = self.kwargs.get("reward_key") or "score"
             if key not in value:
                 raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} (slime's "
@@ -423,9 +431,9 @@ def looks_verl(fn: Callable[..., Any]) -> bool:
 
 def make_reward_fn(
     target: str | Callable[..., Any], weight: float = 1.0, batched: bool | None = None, name: str | None = None,
-    kwargs: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None, key: str | None = None,
 ) -> RewardFn:
-    """A ``RewardFn`` from a ``module:function`` spec (or a callable)."""
+    """A ``RewardFn`` from a ``module:function`` spec (or a callable); ``key``: the entry of its returned dict."""
     fn = load_reward_function(target) if isinstance(target, str) else target
     if not callable(fn):
         raise RewardSpecError(f"reward function {target!r} is not callable")
@@ -433,14 +441,14 @@ def make_reward_fn(
     if looks_slime(fn):  # batched when the entry says so (slime's --group-rm) or its parameter is ``samples``
         group = list(inspect.signature(fn).parameters)[1] == "samples"
         return RewardFn(fn, float(weight), group if batched is None else bool(batched), name or "", spec,
-                        kwargs=dict(kwargs or {}), slime=True)
+                        kwargs=dict(kwargs or {}), slime=True, key=key)
     verl = looks_verl(fn)
     if verl and batched is not None and batched != looks_batched(fn):
         raise RewardSpecError(f"reward function {function_name(fn)}: batched={batched} does not fit verl's signature "
                               f"(first parameter {_first_parameter(fn)!r}: "
                               f"{'batched' if looks_batched(fn) else 'per-sample'}); leave 'batched' out")
     batched = looks_batched(fn) if batched is None or verl else bool(batched)
-    return RewardFn(fn, float(weight), batched, name or "", spec, verl, dict(kwargs or {}))
+    return RewardFn(fn, float(weight), batched, name or "", spec, verl, dict(kwargs or {}), key=key)
 
 
 def unique_names(functions: list[RewardFn]) -> None:

@@ -326,7 +326,7 @@ class RewardRunner:
                         "task.reward_timeout_s=null to run it in the trainer without a timeout"
                     ) from None
             functions.append({"spec": entry.spec, "pickled": pickled, "batched": entry.batched, "name": entry.name,
-                              "verl": entry.verl, "kwargs": entry.kwargs, "slime": entry.slime})
+                              "verl": entry.verl, "kwargs": entry.kwargs, "slime": entry.slime, "key": entry.key})
         return {"sys_path": list(sys.path), "functions": functions}
 
     def _start_workers(self) -> None:

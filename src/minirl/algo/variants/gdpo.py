@@ -22,13 +22,18 @@ def decoupled_advantages(parts_PGK: torch.Tensor, weights: torch.Tensor) -> torc
 
     Stds unbiased, as ``group_advantages``. A summed reward would let the function with the widest spread set
     every group's ranking; normalising each first keeps every function's signal."""
+    summed = decoupled_sum(parts_PGK, weights)
+    return ((summed - summed.nanmean()) / (_nanstd(summed) + STD_EPS)).nan_to_num(0.0)
+
+
+def decoupled_sum(parts_PGK: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """S [P, G] of ``decoupled_advantages`` before its whitening (NaN: no function applied; verl's: over tokens)."""
     if parts_PGK.ndim != 3 or weights.shape != parts_PGK.shape[2:]:
         raise ValueError(f"parts_PGK must be [P, G, K] and weights [K], got {tuple(parts_PGK.shape)} and {tuple(weights.shape)}")
     parts = parts_PGK.to(torch.promote_types(parts_PGK.dtype, torch.float32))
     z = (parts - parts.nanmean(dim=1, keepdim=True)) / (_nanstd(parts, dim=1) + STD_EPS)
     summed = (z * weights.to(parts.dtype)).nansum(dim=2)
-    summed = summed.masked_fill(torch.isnan(parts).all(dim=2), torch.nan)
-    return ((summed - summed.nanmean()) / (_nanstd(summed) + STD_EPS)).nan_to_num(0.0)
+    return summed.masked_fill(torch.isnan(parts).all(dim=2), torch.nan)
 
 
 def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:

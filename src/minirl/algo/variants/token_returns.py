@@ -8,9 +8,8 @@ it to the end, discounted by gamma:
 
     r_it = -beta k_it + [t = last_i] R_i,        G_it = sum_{s >= t} gamma^(s - t) r_is        (over trained tokens)
 
-REINFORCE++ whitens G over the batch's tokens (``masked_whiten``); ReMax subtracts the greedy completion's reward
-from every token's return. With gamma = 1 and no per-token reward, G_it = R_i at every token: the advantages of
-``adv_baseline: none`` + ``adv_whiten`` (or ``greedy``), one per response.
+REINFORCE++ whitens G over the batch's tokens (``masked_whiten``); ReMax subtracts the greedy reward from each G.
+With gamma = 1 and no per-token reward G_it = R_i: ``adv_baseline: none`` + ``adv_whiten`` (or ``greedy``).
 """
 
 from __future__ import annotations
