@@ -611,8 +611,9 @@ def _verl_gdpo_rewards(peer: Peer, out: Translation, manager: Any) -> None:
                           "one weight per key")
     entries = [{**functions[0], "key": k, "weight": w, "name": k} for k, w in zip(keys, weights)]
     out.values.pop("task.reward_function", None)
-    out.set("task.reward_functions", entries, peer.show(_custom_reward(peer), "algorithm.gdpo_reward_keys",
-                                                        "algorithm.gdpo_reward_weights"))
+    shown = [_custom_reward(peer), "algorithm.gdpo_reward_keys"] + (["algorithm.gdpo_reward_weights"] if peer(
+        "algorithm.gdpo_reward_weights") else [])
+    out.set("task.reward_functions", entries, peer.show(*shown))
     out.differs.append(f"{peer.show('algorithm.gdpo_reward_keys')}: minirl calls compute_score once per key (the same "
                        "function, each entry reading its key); train/reward_mean is their weighted sum, not 'score'")
     if manager == "dapo":
