@@ -256,7 +256,8 @@ def _untied_model(path):
     return str(path)
 
 
-@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), ("R2", 1, True), ("R3", 2, False)])
+@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), pytest.param("R2", 1, True, marks=pytest.mark.slow),
+                                             pytest.param("R3", 2, False, marks=pytest.mark.slow)])
 def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, replay, n, tied):
     """``optim.logprob_chunk_tokens`` under FSDP2: the head stays in the root's group, gathered from the root's forward
     to the end of its backward, so the chunks and their recomputation use the gathered weight (no collective added);

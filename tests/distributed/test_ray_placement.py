@@ -43,6 +43,7 @@ def test_ray_engines_and_trainer_ranks_match_one_process(tmp_path, mode):
         assert_same_update_metrics(a, b)  # computed over the whole mini-batch from the actors' log-probs
 
 
+@pytest.mark.slow  # 18 s; the default suite's 15-minute budget (a dead FSDP rank is checked there)
 def test_a_dead_engine_actor_is_one_clear_error(tmp_path):
     from minirl.distributed import WorkerError
 

@@ -109,6 +109,7 @@ def test_horizon_study_is_the_cold_start_arms_over_twice_the_steps():
     assert not any(name.startswith("horizon/") for name, _ in find_arms(EXPERIMENTS))  # its own sweep
 
 
+@pytest.mark.slow  # 15 s; the default suite's 15-minute budget (the quick sweep above covers sweep, plot and report)
 def test_quick_stress_sweep_plots_diagnostics_against_an_axis(tmp_path):
     runs = tmp_path / "stress"
     proc = _minirl("sweep", "experiments/stress", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),
@@ -314,6 +315,7 @@ def test_plot_and_report_take_one_run_directory_and_old_key_names(tmp_path):
     assert stale_keys(run, load_arm(EXPERIMENTS / "n2/minirl_r2.yaml")) == []
 
 
+@pytest.mark.slow  # 35 s; the default suite's 15-minute budget (every arm file is still parsed by the config tests)
 def test_preregistered_studies_are_their_own_resumable_sweeps(tmp_path):
     from minirl.experiments.studies import REGISTERED, STUDIES
 

@@ -138,13 +138,13 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     assert sorted(os.listdir(run / "checkpoints")) == [f"step_{STEPS - 1:06d}", f"step_{STEPS:06d}"]
 
 
-@pytest.mark.parametrize("mode, kills", [
+@pytest.mark.parametrize("mode, kills", [  # R2, practices and ReMax in the slow suite (the default's 15-minute budget)
     ("none", [("lines", 3), ("tmp", 0)]),  # ("tmp", 0) after a resume: a later checkpoint
-    ("R2", [("tmp", 3)]),
+    pytest.param("R2", [("tmp", 3)], marks=pytest.mark.slow),
     ("R3", [("lines", 6)]),
-    ("practices", [("lines", 4)]),
+    pytest.param("practices", [("lines", 4)], marks=pytest.mark.slow),
     ("async", [("lines", 3), ("tmp", 0)]),
-    ("remax", [("lines", 3)]),
+    pytest.param("remax", [("lines", 3)], marks=pytest.mark.slow),
 ])
 def test_killed_and_resumed_run_is_bitwise_identical(tmp_path, mode, kills):
     _check_same(tmp_path, mode, kills)

@@ -207,7 +207,7 @@ def _interrupted(tmp_path: Path, command: list[str], signal_number: int, after_l
     return subprocess.CompletedProcess(command, proc.returncode, out.decode(), err.decode())
 
 
-@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signal_number", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])  # one path
 def test_a_signal_during_training_ends_in_one_line_naming_the_checkpoint_and_the_resume_command(tmp_path, signal_number):
     command = [sys.executable, "-m", "minirl.cli", *_args(tmp_path, 8)]
     result = _interrupted(tmp_path, command, signal_number, after_lines=4)
