@@ -381,6 +381,7 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     or RLOO's whitening after it. ``clip``: the rewards still need ``algo.reward_clip_range``."""
     a = cfg.algo
     rewards_PG = (clipped_rewards(a, sampled.rewards) if clip else sampled.rewards).view(len(sampled.prompts), -1)
+    lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
     if a.multi_objective_aggregation == "normalize_then_sum":
         if sampled.reward_parts is None or part_weights is None:
             raise ConfigError("algo.multi_objective_aggregation=normalize_then_sum needs each reward function's values; "
@@ -390,9 +391,7 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
             return decoupled_advantages(parts, part_weights).reshape(-1)
         summed = decoupled_sum(parts, part_weights).reshape(-1)  # verl's: over the step's tokens
         scored = ~torch.isnan(summed)  # a response no function applied to: no advantage, not in the statistics
-        lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions]) * scored
-        return token_whiten(summed.nan_to_num(0.0), lengths) * scored
-    lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
+        return token_whiten(summed.nan_to_num(0.0), lengths * scored) * scored
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),

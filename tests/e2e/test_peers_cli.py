@@ -95,13 +95,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_verl_run_script_translates_and_trains(tmp_path: Path):
+def _verl_run_files(tmp_path: Path, reward: str) -> None:
+    """A verl parquet of the words (data_source, chat prompt, ground truth, extra_info), ``reward`` as reward.py and
+    SCRIPT as run.sh, in ``tmp_path``."""
     rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
              "reward_model": {"style": "rule", "ground_truth": w[::-1]}, "extra_info": {"index": i}}
             for i, w in enumerate(WORDS)]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
-    (tmp_path / "reward.py").write_text(VERL_REWARD)
+    (tmp_path / "reward.py").write_text(reward)
     (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+
+def test_verl_run_script_translates_and_trains(tmp_path: Path):
+    _verl_run_files(tmp_path, VERL_REWARD)
     dapo = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=8",  # DAPO's overlong shaping
             *(f"+reward_model.reward_kwargs.overlong_buffer_cfg.{k}" for k in ("enable=True", "len=4", "penalty_factor=0.5"))]
     proc = _minirl("config", "from-verl", "run.sh", *dapo, "-o", "minirl.yaml", cwd=tmp_path)
@@ -127,11 +132,7 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
 def test_verls_reinforce_plus_plus_with_the_kl_in_each_return_translates_and_trains(tmp_path: Path):
     """verl's REINFORCE++ with ``gamma`` < 1 and ``use_kl_in_reward``: minirl's token-level returns (one advantage per
     token, the KL of that token and those after it, discounted), trained from the CLI with its reference pass."""
-    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
-             "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
-    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
-    (tmp_path / "reward.py").write_text(VERL_REWARD)
-    (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+    _verl_run_files(tmp_path, VERL_REWARD)
     proc = _minirl("config", "from-verl", "run.sh", "algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.9",
                    "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.05", "-o", "minirl.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -156,11 +157,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_verls_gdpo_translates_to_keyed_rewards_and_trains(tmp_path: Path):
     """verl's ``gdpo`` with ``gdpo_reward_keys``: one reward entry per key of compute_score's dict, GDPO's advantages
     with the token whitening; trained from the CLI (reward/<key>/mean logged for each)."""
-    rows = [{"data_source": "letters", "prompt": [{"role": "user", "content": w}],
-             "reward_model": {"style": "rule", "ground_truth": w[::-1]}} for w in WORDS]
-    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
-    (tmp_path / "reward.py").write_text(GDPO_REWARD)
-    (tmp_path / "run.sh").write_text(SCRIPT.format(data=tmp_path / "train.parquet", reward=tmp_path / "reward.py", runs=tmp_path))
+    _verl_run_files(tmp_path, GDPO_REWARD)
     proc = _minirl("config", "from-verl", "run.sh", "algorithm.adv_estimator=gdpo",
                    "+algorithm.gdpo_reward_keys=[exact_reward,prefix_reward]", "+algorithm.gdpo_reward_weights=[1.0,0.5]",
                    "-o", "minirl.yaml", cwd=tmp_path)

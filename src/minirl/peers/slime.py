@@ -111,13 +111,17 @@ class SlimePeer(Peer):
 
     def number(self, key: str, cast: type[int] | type[float]) -> Any:
         """The value of ``--key`` as ``cast``; anything else is one line naming the flag."""
-        value = self(key)
         try:
-            if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return cast(value)
+            return _cast_number(self(key), cast)
         except (TypeError, ValueError):
             raise ConfigError(f"slime setting {self.show(key)}: expected {'an integer' if cast is int else 'a number'}") from None
+
+
+def _cast_number(value: Any, cast: type[int] | type[float]) -> Any:
+    """``value`` as ``cast``; ``ValueError`` for a bool or (as an int) a fractional float, ``TypeError`` for a non-number."""
+    if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return cast(value)
 
 
 def _flag(key: str, value: Any) -> str:
@@ -506,9 +510,7 @@ def _slime_eval_datasets(peer: SlimePeer, out: Translation) -> list[dict[str, An
 
 def _eval_number(peer: SlimePeer, value: Any, field: str, cast: type[int] | type[float]) -> Any:
     try:
-        if isinstance(value, bool) or (cast is int and isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        return cast(value)
+        return _cast_number(value, cast)
     except (TypeError, ValueError):
         raise ConfigError(f"slime setting {peer.show('eval-config')}: {field} {value!r} is not "
                           f"{'an integer' if cast is int else 'a number'}") from None
