@@ -22,8 +22,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from minirl.dynamic_sampling import Sampled
-from minirl.types import Completion, Prompt
+from minirl.types import Batch, Completion, Prompt
 
 
 class RolloutAhead:
@@ -100,3 +102,64 @@ class RolloutAhead:
             generated_tokens=int(state["generated_tokens"]), reward_parts=state["reward_parts"],
             part_weights=state["part_weights"], times=dict(state["times"]), policy_lag_steps=state["policy_lag_steps"],
             greedy_rewards=state.get("greedy_rewards"))
+
+
+def engine_weights(trainer: Any) -> Any:
+    """``rollout.async_split_mismatch``'s copy of the weights the engine samples with: an ``EngineWeights`` beside a
+    ``Trainer``; the ranks' own, behind a ``GroupEngineWeights``, for a trainer group."""
+    from minirl.trainer import Trainer
+
+    return EngineWeights(trainer) if isinstance(trainer, Trainer) else trainer.engine_weights()
+
+
+class EngineWeights:
+    """The trainer's trainable weights as the engine holds them (``rollout.async_split_mismatch``), to score a batch
+    sampled ahead at the weights that sampled it: pi at theta_{t-1}, between mu_old (theta_{t-1}, the engine) and
+    pi_old (theta_t), so that ``mismatch/*`` splits into the engine's own gap and the one-step lag.
+
+    ``keep()`` copies the trainable parameters (with LoRA: the adapters; on an FSDP2 rank: its shards) before a
+    step's updates, when they equal the engine's, whose rollout of the next step starts then; ``logprobs(batch)``
+    at the next step swaps them in, scores, and puts the current weights back, which it keeps in their place.
+    One more copy of the trainable weights in memory, and one more no-grad pass per step."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.kept: list[torch.Tensor] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether weights were kept (not yet at a run's first step, nor at the first after a resume)."""
+        return self.kept is not None
+
+    def _params(self) -> list[torch.Tensor]:
+        from minirl.trainer import local_shard, reshard_all
+
+        reshard_all(self.trainer.model)  # FSDP2 ranks: the shards (a forward leaves the root gathered)
+        return [local_shard(p) for p in self.trainer.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def keep(self) -> None:
+        """The current trainable weights, which the engine has now."""
+        params = self._params()
+        if self.kept is None:
+            self.kept = [p.detach().clone() for p in params]
+        else:
+            for kept, param in zip(self.kept, params, strict=True):
+                kept.copy_(param)
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, *, replay_routes: bool = False) -> torch.Tensor:
+        """log pi(y_t) of ``batch`` [B, T] at the kept weights (``Trainer.score``; 0 where ``batch.mask`` is False);
+        the trainer's weights are the current ones again after, and kept."""
+        if self.kept is None:
+            raise RuntimeError("EngineWeights.logprobs before keep(): no weights of the engine's kept")
+        held = self.kept
+        for kept, param in zip(held, self._params(), strict=True):  # swap: kept <-> current
+            current = param.clone()
+            param.copy_(kept)
+            kept.copy_(current)
+        try:
+            return self.trainer.score(batch, replay_routes=replay_routes, entropy=False).logp
+        finally:
+            for kept, param in zip(held, self._params(), strict=True):  # the current weights back, still kept
+                param.copy_(kept)

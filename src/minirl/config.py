@@ -247,6 +247,12 @@ class RolloutConfig(Section):
     theta_{t-1}, pi_old theta_t: the IS weight and the clip mask see the gap; R3 replays the stale engine's routes).
     ``rollout/policy_lag_steps`` gives each batch's lag (``minirl.async_rollout``). 0 = synchronous, the paper's
     setting. On a CPU, ``run.threads`` = half the cores gives each side its own."""
+    async_split_mismatch: bool = False
+    """With ``async_steps: 1``: also score each batch at the weights that sampled it (theta_{t-1}; a kept copy of the
+    trainable weights, one more no-grad pass per step), so that ``mismatch/*`` (mu_old against pi_old, what the IS
+    weight sees) splits into ``mismatch/engine_*`` (the engine against the trainer at the same weights: the
+    training–inference discrepancy) and ``mismatch/lag_*`` (pi at theta_{t-1} against pi_old: the policy staleness
+    of the lag), the paper's two gaps (``minirl.async_rollout.EngineWeights``)."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
@@ -947,6 +953,9 @@ class Config(Section):
     def _check_async(self) -> None:
         """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels in one process (the
         single-process placement; spawned trainer ranks and Ray actors run the update elsewhere)."""
+        if self.rollout.async_split_mismatch and not self.rollout.async_steps:
+            raise ValueError("rollout.async_split_mismatch: splits the mismatch of a batch sampled a step ahead; it "
+                             "needs rollout.async_steps=1 (a synchronous batch has no lag: mismatch/* is the engine's gap)")
         c = self.cluster
         shared = c.backend == "local" and c.trainer_ranks == 1
         if self.rollout.async_steps and self.rollout.cuda_graphs and c.device == "cuda" and shared:

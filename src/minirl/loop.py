@@ -50,7 +50,7 @@ from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
-from minirl.async_rollout import RolloutAhead
+from minirl.async_rollout import RolloutAhead, engine_weights
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement
@@ -125,12 +125,15 @@ class Run:
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
     ahead: RolloutAhead | None = None  # rollout.async_steps: the next step's rollout, beside this step's update
+    engine_weights: Any = None  # rollout.async_split_mismatch: minirl.async_rollout.EngineWeights (or the ranks')
 
     def __post_init__(self) -> None:
         if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
             self.rollouts = EngineRollouts(self.engine)
         if self.ahead is None and self.cfg.rollout.async_steps:
             self.ahead = RolloutAhead()
+        if self.engine_weights is None and self.cfg.rollout.async_split_mismatch:
+            self.engine_weights = engine_weights(self.trainer)
 
     def close(self) -> None:
         """Stop the reward workers and any trainer ranks or engine actors (after a rollout still running)."""
@@ -525,6 +528,9 @@ def global_step(run: Run, step: int) -> dict[str, float]:
              and not bypass)
     batch, old = old_log_probs(run, plan, batch, skip=fused)
     clock.lap("old_logprobs")
+    logp_lag = engine_weights_pass(run, plan, batch, sampled)  # rollout.async_split_mismatch: pi at theta_(t-1)
+    if logp_lag is not None:
+        clock.lap("engine_logprobs")
     batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's, token-level advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
     trained, rejection = reject_out_of_bounds(cfg.algo, batch) if rejecting else (batch, {})
@@ -557,7 +563,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                                       plan.engine_routes, plan.metrics, diagnostics, clock.laps,
                                       cfg.eval.accuracy_threshold, sampled.generated_tokens,
                                       pi_old_rows=slice(0, minibatches[0].size) if bypass else None,
-                                      sampled_times=sampled.times))
+                                      sampled_times=sampled.times, logp_lag=logp_lag))
     return {key: float(value) for key, value in rejection.items()} | kl_reward | metrics  # read once the step is done
 
 
@@ -603,6 +609,21 @@ def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tup
     with plan.old_pass() as routing:
         old = run.trainer.score(batch, **routing.kwargs)
     return plan.scored(batch.with_logp_old(old.logp), old), old
+
+
+def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sampled) -> torch.Tensor | None:
+    """``rollout.async_split_mismatch``: log pi of a batch sampled a step ahead at the weights that sampled it
+    (theta_(t-1); R3 replays the engine's routes, as the pi_old pass does), or None for a batch sampled in line (the
+    first step) or when no weights were kept (the first step after a resume). Either way the current weights, which
+    the engine samples the next step's batch with, are kept for the next step."""
+    weights = run.engine_weights
+    if weights is None:
+        return None
+    if sampled.policy_lag_steps != 1 or not weights.ready:
+        weights.keep()
+        return None
+    with plan.lag_pass() as routing:
+        return weights.logprobs(batch, **routing.kwargs)
 
 
 def bypass_monitor_scores(run: Run, first: Batch, update: Any, routing: Any) -> Any:

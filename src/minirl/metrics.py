@@ -51,6 +51,12 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``rollout/policy_lag_steps``   ``rollout.async_steps`` only: global steps between the weights that sampled the
                                batch and pi_old (0 at the first step, then 1); ``mismatch/*`` then measure the
                                engine's gap and that lag together (mu_old at theta_{t-1}, pi_old at theta_t)
+``mismatch/{engine,lag}_*``    ``rollout.async_split_mismatch`` only, each of ``mismatch/*``'s four for the two parts
+                               of a lagged batch's mismatch, through pi at the weights that sampled it (theta_{t-1}):
+                               ``engine_`` mu_old against it (the training–inference discrepancy), ``lag_`` it against
+                               pi_old (the staleness; estimated on the engine's samples); the k1s add up to
+                               ``mismatch/kl_k1``. Absent at the first step and the first after a resume;
+                               ``time/engine_logprobs_s`` the pass's seconds
 ``perf/rollout_tokens_per_s``  generated tokens per second of the rollout phase
 ``perf/train_tokens_per_s``    trained (prompt + completion) tokens per second of the update phase
 ``eval/accuracy``              held-out mean@n accuracy, reward >= ``eval.accuracy_threshold``; ``eval/pass@k``

@@ -216,13 +216,20 @@ def test_padding_free_ranks_match_one_padded_process(tmp_path):
 
 def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path):
     """rollout.async_steps=1 with the trainer ranks and the engine workers in their own processes: the next step's
-    rollout, beside the update, goes to the engine group while the update goes to the ranks."""
-    mode = [*MODE, "rollout.async_steps=1", "cluster.sample_seeding=per_sample"]
+    rollout, beside the update, goes to the engine group while the update goes to the ranks; with
+    rollout.async_split_mismatch each rank keeps its shards of the engine's weights and scores its rows with them."""
+    mode = [*MODE, "rollout.async_steps=1", "cluster.sample_seeding=per_sample", "rollout.async_split_mismatch=true",
+            "rollout.precision=fp8_e4m3"]
     single = run_steps(tmp_path / "single", *mode)
     spread = run_steps(tmp_path / "spread", *mode, "cluster.trainer_ranks=2", "cluster.rollout_engines=2")
     loss_diff, weight_diff = max_differences(single, spread)
     assert loss_diff < TOL and weight_diff < TOL
     assert [row["rollout/policy_lag_steps"] for row in spread[0]] == [0.0] + [1.0] * (len(spread[0]) - 1)
+    for a, b in zip(single[0][1:], spread[0][1:]):
+        keys = [k for k in a if k.startswith(("mismatch/engine_", "mismatch/lag_"))]
+        assert len(keys) == 8
+        for key in keys:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):

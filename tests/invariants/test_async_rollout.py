@@ -115,3 +115,67 @@ def test_a_lag_nothing_corrects_is_said_in_one_line():
     gspo = line("algo.name=gspo")  # no mu_old factor to turn on
     assert "algo.name=gspo" in gspo and "is_correction" not in gspo
     assert uncorrected_lag(load_config(None, ["algo.is_correction=false"])) is None  # synchronous: no lag
+
+
+SPLIT = ("mismatch/engine_", "mismatch/lag_", "time/engine_logprobs")
+
+
+@pytest.mark.parametrize("settings", [
+    ("moe.routing_replay=R3", "optim.minibatches_per_step=2"),  # the pass replays the stale engine's routes
+    ("moe.routing_replay=none", "optim.minibatches_per_step=1"),  # pi_old from the update's own forward
+])
+def test_the_split_mismatch_is_the_engine_gap_plus_the_lag(tmp_path, settings):
+    """``rollout.async_split_mismatch``: with an fp32 engine (no gap of its own) the engine part is float noise and
+    the lag carries the mismatch; k1 adds up exactly; the extra pass changes nothing the run trains (bitwise)."""
+    common = ("rollout.precision=fp32", "rollout.async_steps=1", *settings)
+    split = run_steps(tmp_path / "split", *common, "rollout.async_split_mismatch=true", steps=4)
+    plain = run_steps(tmp_path / "plain", *common, steps=4)
+    assert [{k: v for k, v in row.items() if not k.startswith(SPLIT)} for row in training(split[0])] == training(plain[0])
+    for name, tensor in plain[1].items():
+        assert torch.equal(split[1][name], tensor), name
+    assert not any(k.startswith(SPLIT) for k in split[0][0])  # the first batch is sampled in line: no lag
+    for row in split[0][1:]:
+        assert row["mismatch/engine_kl_k1"] + row["mismatch/lag_kl_k1"] == pytest.approx(row["mismatch/kl_k1"], abs=1e-7)
+        assert row["mismatch/engine_abs_dlogp_max"] < 5e-6, row  # the same weights on both sides: float rounding
+        assert row["mismatch/lag_abs_dlogp_mean"] > 1e3 * row["mismatch/engine_abs_dlogp_mean"], row  # a step's updates
+        assert row["mismatch/lag_kl_k3"] == pytest.approx(row["mismatch/kl_k3"], rel=0.05)
+        assert row["time/engine_logprobs_s"] > 0
+
+
+def test_the_engine_weights_score_the_kept_weights_and_put_the_current_ones_back():
+    """``EngineWeights``: ``logprobs`` is a score of a copy of the model at the kept weights (bitwise), after which
+    the trainer holds its current weights (bitwise) and keeps them; with LoRA only the adapters are kept."""
+    import copy
+
+    from minirl.async_rollout import EngineWeights
+    from minirl.trainer import Trainer
+    from tests.conftest import make_tiny_moe
+    from tests.unit.test_lora_and_checkpointing import lora_model
+    from tests.unit.test_trainer_precision import batch_of
+
+    model, batch = make_tiny_moe(0), batch_of(6)
+    trainer = Trainer(model, lr=0.0, micro_batch_sequences=4)
+    weights = EngineWeights(trainer)
+    assert not weights.ready
+    weights.keep()
+    sampled_with = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    current = {name: p.detach().clone() for name, p in model.named_parameters()}
+    logp = weights.logprobs(batch)
+    assert torch.equal(logp, Trainer(sampled_with, lr=0.0, micro_batch_sequences=4).score(batch, entropy=False).logp)
+    assert not torch.equal(logp, trainer.score(batch, entropy=False).logp)
+    for name, param in model.named_parameters():
+        assert torch.equal(param, current[name]), name
+    assert all(torch.equal(k, p) for k, p in zip(weights.kept, model.parameters(), strict=True))  # the current, kept
+
+    model = lora_model()
+    weights = EngineWeights(Trainer(model, lr=0.0))
+    weights.keep()
+    assert len(weights.kept) == sum(p.requires_grad for p in model.parameters()) < len(list(model.parameters()))
+
+
+def test_the_split_needs_the_lag_in_one_line():
+    with pytest.raises(ConfigError, match=r"^rollout\.async_split_mismatch: .* needs rollout\.async_steps=1"):
+        load_config(None, ["rollout.async_split_mismatch=true"])

@@ -276,6 +276,10 @@ class TrainerGroup:
         """The KL penalty's reference, held by the ranks (each its shard of a frozen copy of the starting weights)."""
         return GroupReference(self)
 
+    def engine_weights(self) -> GroupEngineWeights:
+        """``rollout.async_split_mismatch``'s kept weights, held by the ranks (each a copy of its shards)."""
+        return GroupEngineWeights(self)
+
     def close(self, graceful: bool = True) -> None:
         if self._closed:
             return
@@ -306,6 +310,22 @@ class GroupReference:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if state:
             self.group._all("load_reference_state", [(state,)] * self.group.world)
+
+
+class GroupEngineWeights:
+    """``minirl.async_rollout.EngineWeights`` of a trainer group: each rank keeps its shards of the weights and scores
+    its shard of the rows with them."""
+
+    def __init__(self, group: TrainerGroup) -> None:
+        self.group, self.ready = group, False
+
+    def keep(self) -> None:
+        self.group._all("engine_weights_keep")
+        self.ready = True
+
+    def logprobs(self, batch: Batch, *, replay_routes: bool = False) -> torch.Tensor:
+        shards = [(s,) for s in split(batch, self.group.world)]
+        return torch.cat(self.group._all("engine_weights_logprobs", shards, replay_routes=replay_routes))
 
 
 class GroupReplay:

@@ -49,6 +49,7 @@ class TrainerRank:
         self.trainer: Any = None
         self.replay: Any = None
         self.reference: Any = None
+        self.engine_weights: Any = None  # rollout.async_split_mismatch: the kept shards, from the first keep
 
     def rendezvous_address(self) -> str:
         """``tcp://host:port`` on this rank's node, where rank 0 listens for the others."""
@@ -152,6 +153,18 @@ class TrainerRank:
 
     def load_reference_state(self, state: dict[str, torch.Tensor]) -> None:
         self.reference.load_state_dict(_owned(state))
+
+    # ------------------------------------------------------------------ rollout.async_split_mismatch, on a shard
+
+    def engine_weights_keep(self) -> None:
+        if self.engine_weights is None:
+            from minirl.async_rollout import EngineWeights
+
+            self.engine_weights = EngineWeights(self.trainer)
+        self.engine_weights.keep()
+
+    def engine_weights_logprobs(self, shard: Batch, replay_routes: bool = False) -> torch.Tensor:
+        return self.engine_weights.logprobs(shard, replay_routes=replay_routes)
 
     # ------------------------------------------------------------------ full (unsharded) state
 

@@ -521,6 +521,11 @@ class RoutePlan:
         kwargs = {"replay_routes": self.mode == "R3", "record_routes": self.mode == "R2" or self.metrics}
         return _Pass(self, "old-log-prob pass", kwargs, check=self.mode == "R3")
 
+    def lag_pass(self) -> _Pass:
+        """``rollout.async_split_mismatch``'s pass at the engine's weights (``EngineWeights.logprobs``): replays
+        under R3, as the pi_old pass does, and records nothing."""
+        return _Pass(self, "engine-weights pass", {"replay_routes": self.mode == "R3"}, check=self.mode == "R3")
+
     def scored(self, batch: Any, old: Any) -> Any:
         """After the pi_old pass (``old``, a ``ScoreResult``): under R2 the batch carries the routes it
         recorded, which every update must then replay."""

@@ -35,6 +35,7 @@ class StepRecord:
     rollout_tokens: int | None = None  # tokens the engine generated (None: those of ``completions``)
     pi_old_rows: slice | None = None  # the rows ``old`` scored (algo.logp_old_source=rollout: the first mini-batch)
     sampled_times: dict[str, float] | None = None  # rollout, reward: where they ran beside the last step's update
+    logp_lag: torch.Tensor | None = None  # rollout.async_split_mismatch: log pi at the weights that sampled the batch
 
 
 def step_metrics(record: StepRecord) -> dict[str, float]:
@@ -50,6 +51,10 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     metrics["train/entropy"] = mean_over(record.old.entropy, seen.mask)
     assert seen.logp_old is not None
     metrics.update({f"mismatch/{k}": float(v) for k, v in mismatch_metrics(seen.logp_rollout, seen.logp_old, seen.mask).items()})
+    if record.logp_lag is not None:  # mu_old -> pi at the engine's weights theta_(t-1) -> pi_old at theta_t
+        lag = record.logp_lag if record.pi_old_rows is None else record.logp_lag[record.pi_old_rows]
+        for name, (a, b) in {"engine": (seen.logp_rollout, lag), "lag": (lag, seen.logp_old)}.items():
+            metrics.update({f"mismatch/{name}_{k}": float(v) for k, v in mismatch_metrics(a, b, seen.mask).items()})
     if done:
         metrics.update(update_metrics(done))
     metrics["faults/skipped_updates"] = float(len(record.updates) - len(done))
@@ -67,6 +72,8 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
         "perf/rollout_tokens_per_s": generated / max(sampled["rollout"], 1e-9),
         "perf/train_tokens_per_s": int(batch.attention_mask.sum()) / max(t["old_logprobs"] + t["update"], 1e-9),
     })
+    if "engine_logprobs" in t:  # rollout.async_split_mismatch: the pass at the weights that sampled the batch
+        metrics["time/engine_logprobs_s"] = t["engine_logprobs"]
     if "rollout_wait" in t:  # rollout.async_steps: the update's wait for the next step's rollout, before the sync
         metrics["time/rollout_wait_s"] = t["rollout_wait"]
     return metrics
