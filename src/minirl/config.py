@@ -402,6 +402,11 @@ class LossConfig(Section):
     group std, a token-level loss (not gspo) and no OPSM. Off: the paper's one advantage per response."""
     adv_gamma: float = Field(1.0, ge=0, le=1)
     """The discount of ``adv_token_returns`` (verl's ``algorithm.gamma``); 1 = none."""
+    adv_token_kl: bool = False
+    """One advantage per token: its response's advantage (from the unpenalised rewards) less ``kl_in_reward_coef`` x
+    *that token's* KL estimate, then whitened over tokens (``adv_whiten``): slime's ``reinforce_plus_plus_baseline``
+    with ``--kl-coef`` (``get_reinforce_plus_plus_baseline_advantages``). Off: the KL in the reward is each response's
+    summed estimate (verl's ``use_kl_in_reward``), or in each token's return (``adv_token_returns``)."""
     reward_clip_range: tuple[float, float] | None = None
     """Clamp each response's (weighted-sum) reward into [low, high] before the KL in the reward and the advantages
     (TRL's ``RLOOTrainer`` ``reward_clip_range``); the reward metrics stay unclipped. ``null``: no clamp, the paper's."""
@@ -505,6 +510,8 @@ class LossConfig(Section):
             raise ValueError("algo.adv_gamma: it discounts token-level returns: set algo.adv_token_returns: true (or 1)")
         if self.adv_token_returns:
             self._check_token_returns()
+        if self.adv_token_kl:
+            self._check_token_kl()
         if self.reward_clip_range is not None and self.reward_clip_range[0] >= self.reward_clip_range[1]:
             raise ValueError(f"reward_clip_range {list(self.reward_clip_range)}: the low bound must be below the high")
         return self
@@ -521,6 +528,20 @@ class LossConfig(Section):
                              f"{problems[0]}: they take adv_baseline none or greedy, no group std or rescale, a "
                              "token-level loss (not gspo) and no OPSM")
 
+    def _check_token_kl(self) -> None:
+        if not self.kl_in_reward_coef:
+            raise ValueError("algo.adv_token_kl: each token's advantage less kl_in_reward_coef x its KL; set "
+                             "algo.kl_in_reward_coef > 0 (and a reference it measures against), or adv_token_kl false")
+        off = {"adv_token_returns": self.adv_token_returns,
+               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
+               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None,
+               "name=gspo": getattr(self, "name", None) == "gspo"}
+        problems = [name for name, on in off.items() if on]
+        if problems:
+            raise ValueError(f"algo.adv_token_kl: slime's per-token KL in the advantage does not go with {problems[0]}: "
+                             "it needs a token-level loss (not gspo), no OPSM, whitening over tokens, and the KL in "
+                             "either each token's advantage or its return (adv_token_returns), not both")
+
     whole_groups: ClassVar[bool] = False
     """The loss normalises by each group's token count, so mini- and micro-batches must hold whole
     groups (checked with the batch sizes)."""
@@ -529,7 +550,7 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
-                                        "adv_token_returns", "adv_gamma",
+                                        "adv_token_returns", "adv_gamma", "adv_token_kl",
                                         "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
@@ -1011,9 +1032,10 @@ class Config(Section):
         self._check_reference()
         self._check_bypass()
         self._check_async()
-        if self.algo.adv_token_returns and self.diagnostics.every_steps:
+        if (self.algo.adv_token_returns or self.algo.adv_token_kl) and self.diagnostics.every_steps:
+            which = "adv_token_returns" if self.algo.adv_token_returns else "adv_token_kl"
             raise ValueError("diagnostics.every_steps: the first-order diagnostics compare with the sequence-level "
-                             "objective, one advantage per response; algo.adv_token_returns gives one per token (set 0)")
+                             f"objective, one advantage per response; algo.{which} gives one per token (set 0)")
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:
             raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
                              "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")

@@ -378,10 +378,10 @@ def last_good_phrase(last_good: Path | None) -> str:
 
 
 def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None, *,
-                    clip: bool = True) -> torch.Tensor:
+                    clip: bool = True, whiten: bool = True) -> torch.Tensor:
     """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``: the response lengths
     for OPO's), or GDPO's from each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s
-    or RLOO's whitening after it. ``clip``: the rewards still need ``algo.reward_clip_range``."""
+    or RLOO's whitening after it (unless not ``whiten``). ``clip``: the rewards still need ``algo.reward_clip_range``."""
     a = cfg.algo
     rewards_PG = (clipped_rewards(a, sampled.rewards) if clip else sampled.rewards).view(len(sampled.prompts), -1)
     lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
@@ -399,7 +399,7 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),
                                   nonzero_rescale=a.adv_nonzero_rescale, greedy_P=greedy).reshape(-1)
-    if a.adv_whiten:  # REINFORCE++(-baseline): over the step's tokens; TRL's RLOO: over its responses
+    if a.adv_whiten and whiten:  # REINFORCE++(-baseline): over the step's tokens; TRL's RLOO: over its responses
         advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
     return advantages
 
@@ -446,6 +446,11 @@ def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batc
     if a.adv_token_returns:  # verl's REINFORCE++ / ReMax: the KL at each token, in the returns from it on
         estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
         batch = token_advantages(run.cfg, sampled, batch, token_rewards=-coef * estimate)
+    elif a.adv_token_kl:  # slime's REINFORCE++-baseline: each token's own KL in its advantage, then whitened
+        estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
+        advantages = step_advantages(run.cfg, sampled, None, whiten=False)[:, None] * batch.mask - coef * estimate
+        batch = dataclasses.replace(batch, advantages=masked_whiten(advantages, batch.mask) if a.adv_whiten
+                                    else advantages)
     else:
         shaped, current = kl_penalized_rewards(clipped_rewards(a, sampled.rewards), logp_old, logp_ref,
                                                batch.mask, coef=coef, kind=a.kl_in_reward_type)

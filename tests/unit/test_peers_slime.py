@@ -358,8 +358,8 @@ def test_each_loss_has_slimes_gradient(case):
     ({"advantage-estimator": "cispo"}, "--calculate-per-token-loss unset"),
     ({"advantage-estimator": "gspo", "use-tis": True}, "GSPO's sequence loss"),
     ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
-    ({"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True, "kl-coef": 0.01},
-     "the KL at each token in its advantage"),
+    ({"advantage-estimator": "reinforce_plus_plus_baseline", "kl-coef": 0.01, "kl-loss-type": "k4"},
+     "--kl-coef 0.01, --kl-loss-type k4"),
     ({"use-kl-loss": True, "kl-loss-coef": 0.01, "use-unbiased-kl": True}, "--use-unbiased-kl"),
     ({"custom-tis-function-path": "my.tis"}, "--custom-tis-function-path my.tis"),
 ])
@@ -375,6 +375,14 @@ def test_advantages_kl_loss_and_entropy():
     assert (v["algo.adv_std_normalize"], v["algo.kl_coef"], v["algo.kl_loss_type"], v["algo.entropy_coef"]) == (False, 0.01, "k2", 0.001)
     v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True}).values
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"]) == ("group_mean", False, True)
+    out = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True,
+                             "kl-coef": 0.01, "kl-loss-type": "k2"})  # each token's own KL in its advantage
+    v = out.values
+    assert (v["algo.adv_baseline"], v["algo.adv_token_kl"], v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"],
+            v["algo.adv_whiten"]) == ("group_mean", True, 0.01, "k2", True) and "algo.adv_token_returns" not in v
+    assert not any("kl" in line.lower() for line in out.not_translated), out.not_translated
+    assert out.objective.startswith("your slime loss")
+    out.config()
     v = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True}).values
     assert (v["algo.adv_baseline"], v["algo.adv_whiten"]) == ("none", True) and "algo.adv_token_returns" not in v
     out = from_slime(BASE | {"advantage-estimator": "reinforce_plus_plus", "normalize-advantages": True, "kl-coef": 0.01,

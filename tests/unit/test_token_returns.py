@@ -101,6 +101,12 @@ def test_the_losses_take_one_advantage_per_token():
      "do not go with name=gspo"),
     ("demo", ["algo.adv_token_returns=true", "algo.adv_baseline=none", "diagnostics.every_steps=5"],
      "diagnostics.every_steps: the first-order diagnostics compare with the sequence-level objective"),
+    ("demo", ["algo.adv_token_kl=true"], r"algo.adv_token_kl: each token's advantage less kl_in_reward_coef x its KL"),
+    ("gspo", ["algo.adv_token_kl=true", "algo.kl_in_reward_coef=0.1"], "does not go with name=gspo"),
+    ("demo", ["algo.adv_token_kl=true", "algo.kl_in_reward_coef=0.1", "algo.adv_token_returns=true",
+              "algo.adv_baseline=none"], "does not go with adv_token_returns"),
+    ("demo", ["algo.adv_token_kl=true", "algo.kl_in_reward_coef=0.1", "diagnostics.every_steps=5"],
+     "algo.adv_token_kl gives one per token"),
 ])
 def test_what_token_returns_do_not_go_with_is_one_line(config, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -142,6 +148,50 @@ def test_in_the_loop_remax_subtracts_the_greedy_reward_from_each_return(tmp_path
     expected = (sampled.rewards.float()[:, None] - greedy[:, None]) * batch.mask  # gamma 1, no KL: R_i - greedy
     torch.testing.assert_close(out.advantages, expected, rtol=0, atol=1e-7)
     assert out.advantages.shape == batch.mask.shape
+
+
+def _slime_reinforce_plus_plus_baseline(rewards_PG, logp_old, logp_ref, mask, kl_coef):
+    """slime's ``_post_process_rewards`` (the group mean off), ``compute_approx_kl`` (k2), then
+    ``get_reinforce_plus_plus_baseline_advantages`` and ``distributed_masked_whiten`` on one rank, written out."""
+    rewards = (rewards_PG - rewards_PG.mean(dim=-1, keepdim=True)).reshape(-1)
+    advs, masks = [], []
+    for i in range(mask.shape[0]):
+        kl = ((logp_old[i] - logp_ref[i]) ** 2 / 2.0)[mask[i]]
+        advs.append(torch.ones_like(kl) * rewards[i] - kl_coef * kl)
+        masks.append(torch.ones_like(kl))
+    values, m = torch.cat(advs), torch.cat(masks)
+    count = m.sum()
+    mean = (values * m).sum() / count
+    var = ((values ** 2) * m).sum() / count - mean ** 2
+    var = var * count / (count - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+def test_in_the_loop_slimes_reinforce_plus_plus_baseline_puts_each_tokens_kl_in_its_advantage(tmp_path, monkeypatch):
+    """``algo.adv_token_kl`` (slime's ``reinforce_plus_plus_baseline`` with ``--kl-coef``): each token's advantage is its
+    response's group-centred reward less beta x that token's KL, whitened over the step's tokens, as slime computes it."""
+    import minirl.loop as loop
+
+    seen = {}
+    original = loop.penalized_advantages
+
+    def spy(run, sampled, batch):
+        out = original(run, sampled, batch)
+        seen.update(sampled=sampled, batch=batch, out=out[0])
+        return out
+
+    monkeypatch.setattr(loop, "penalized_advantages", spy)
+    metrics, _ = run_steps(tmp_path, "algo.adv_std_normalize=false", "algo.adv_whiten=true", "algo.kl_in_reward_coef=0.5",
+                           "algo.kl_in_reward_type=k2", "algo.adv_token_kl=true", steps=2)
+    sampled, batch, out = seen["sampled"], seen["batch"], seen["out"]  # step 2: pi_old has moved off the reference
+    expected = _slime_reinforce_plus_plus_baseline(sampled.rewards.float().view(len(sampled.prompts), -1),
+                                                  batch.logp_old, batch.logp_ref, batch.mask, 0.5)
+    assert out.advantages.shape == batch.mask.shape and not out.advantages[~batch.mask].any()
+    torch.testing.assert_close(out.advantages[batch.mask], expected, rtol=0, atol=2e-5)
+    assert (batch.logp_old - batch.logp_ref)[batch.mask].abs().max() > 1e-3  # the KL acts
+    varies = [out.advantages[i][batch.mask[i]] for i in range(batch.size)]
+    assert any(float(row.max() - row.min()) > 1e-6 for row in varies)  # not one advantage per response
+    assert metrics[-1]["train/reward_kl_penalty"] > 0 and all(m["faults/skipped_updates"] == 0 for m in metrics)
 
 
 def test_gdpos_token_whitening_in_the_step_weighs_responses_by_their_tokens():

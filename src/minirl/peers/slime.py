@@ -614,7 +614,7 @@ def _slime_advantage(peer: SlimePeer, obj: Objective, estimator: str) -> None:
         return
     obj.set("adv_whiten", bool(peer("normalize-advantages")), peer.show("normalize-advantages"))
     if peer("kl-coef") and estimator == "reinforce_plus_plus_baseline":
-        obj.blockers.append(peer.show("kl-coef", "advantage-estimator") + " (the KL at each token in its advantage)")
+        _slime_reward_kl(peer, obj, "adv_token_kl", "each token's advantage less --kl-coef x that token's KL")
     elif peer("kl-coef") and estimator != "reinforce_plus_plus":
         obj.differs.append(f"{peer.show('kl-coef')}: slime ignores the reward's KL for {estimator}; so does minirl")
 
@@ -657,16 +657,23 @@ def _slime_token_returns(peer: SlimePeer, obj: Objective) -> None:
     gamma, coef = peer.number("gamma", float), peer.number("kl-coef", float)
     if gamma == 1.0 and not coef:
         return
-    origin = peer.show("advantage-estimator", "gamma", "kl-coef")
-    obj.set("adv_token_returns", True, origin + ": each token's return, the KL of that token and those after it")
-    obj.set("adv_gamma", gamma, peer.show("gamma"))
     if coef:
-        kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
-        if kind is None:
-            obj.blockers.append(peer.show("kl-coef", "kl-loss-type"))
-            return
-        obj.set("kl_in_reward_coef", coef, peer.show("kl-coef"))
-        obj.set("kl_in_reward_type", kind, peer.show("kl-loss-type") + " (slime's compute_approx_kl for the reward too)")
+        _slime_reward_kl(peer, obj, "adv_token_returns", "each token's return, the KL of that token and those after it")
+    else:
+        obj.set("adv_token_returns", True, peer.show("advantage-estimator", "gamma") + ": each token's return")
+    obj.set("adv_gamma", gamma, peer.show("gamma"))
+
+
+def _slime_reward_kl(peer: SlimePeer, obj: Objective, where: str, why: str) -> None:
+    """``--kl-coef`` x the ``--kl-loss-type`` estimate of pi_old against the reference at each token, in each token's
+    return (REINFORCE++, ``where`` = adv_token_returns) or advantage (REINFORCE++-baseline, adv_token_kl)."""
+    kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
+    if kind is None:
+        obj.blockers.append(peer.show("kl-coef", "kl-loss-type"))
+        return
+    obj.set(where, True, peer.show("advantage-estimator", "kl-coef") + ": " + why)
+    obj.set("kl_in_reward_coef", peer.number("kl-coef", float), peer.show("kl-coef"))
+    obj.set("kl_in_reward_type", kind, peer.show("kl-loss-type") + " (slime's compute_approx_kl for the reward too)")
 
 
 def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:
