@@ -384,13 +384,16 @@ class LossConfig(Section):
     adv_std_scope: Literal["group", "batch"] = "group"
     """Whose std adv_std_normalize divides by: each group's (GRPO), or all the step's rewards' (TRL's
     ``scale_rewards="batch"``)."""
-    adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k", "greedy"] = "group_mean"
+    adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k", "greedy",
+                          "critic"] = "group_mean"
     """What each reward is less: the group mean (the paper's); the mean of the other G - 1 rewards (RLOO; verl's
     ``adv_estimator=rloo``); the group's mean weighted by response length (OPO, arXiv 2505.23585; verl's ``opo``);
     nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); ``pass_at_k``: only each group's best
     response keeps an advantage, its lead over the second best (arXiv 2503.19595; verl's ``grpo_passk``); or
     ``greedy``: the reward of one greedy completion of the prompt, sampled each step beside the group (ReMax, arXiv
-    2310.10505; verl's ``remax``; ``train/greedy_reward_mean``)."""
+    2310.10505; verl's ``remax``; ``train/greedy_reward_mean``); or ``critic``: a learned value per token, PPO's
+    generalized advantage estimation with ``adv_gamma`` and ``adv_lambda`` (verl's default ``gae``; the ``critic``
+    section; ``minirl.algo.variants.gae``)."""
     adv_whiten_over: Literal["tokens", "responses"] = "tokens"
     """What ``adv_whiten`` weighs: each response by its tokens (verl's ``masked_whiten``, 1e-8 inside the root), or
     each response once ((A - mean) / (std + 1e-4): TRL's ``RLOOTrainer`` with ``normalize_advantages``)."""
@@ -401,7 +404,10 @@ class LossConfig(Section):
     (``adv_baseline: greedy``) or whitened over tokens (``adv_whiten``). Needs ``adv_baseline`` none or greedy, no
     group std, a token-level loss (not gspo) and no OPSM. Off: the paper's one advantage per response."""
     adv_gamma: float = Field(1.0, ge=0, le=1)
-    """The discount of ``adv_token_returns`` (verl's ``algorithm.gamma``); 1 = none."""
+    """The discount of ``adv_token_returns`` and of the critic's GAE (verl's ``algorithm.gamma``); 1 = none."""
+    adv_lambda: float = Field(1.0, ge=0, le=1)
+    """GAE's lambda (``adv_baseline: critic``; verl's ``algorithm.lam``): 1 = the return less the value, 0 = the
+    one-step TD error."""
     adv_token_kl: bool = False
     """One advantage per token: its response's advantage (from the unpenalised rewards) less ``kl_in_reward_coef`` x
     *that token's* KL estimate, then whitened over tokens (``adv_whiten``): slime's ``reinforce_plus_plus_baseline``
@@ -506,8 +512,13 @@ class LossConfig(Section):
             raise ValueError("multi_objective_aggregation=normalize_then_sum normalises the rewards itself: leave "
                              "adv_baseline, adv_std_scope, adv_nonzero_rescale and reward_clip_range at their defaults "
                              "(adv_whiten: its last whitening over tokens, verl's gdpo, instead of over responses)")
-        if self.adv_gamma != 1 and not self.adv_token_returns:
-            raise ValueError("algo.adv_gamma: it discounts token-level returns: set algo.adv_token_returns: true (or 1)")
+        if self.adv_gamma != 1 and not (self.adv_token_returns or self.adv_baseline == "critic"):
+            raise ValueError("algo.adv_gamma: it discounts token-level returns: set algo.adv_token_returns: true or "
+                             "adv_baseline: critic (or 1)")
+        if self.adv_lambda != 1 and self.adv_baseline != "critic":
+            raise ValueError("algo.adv_lambda: GAE's lambda needs a critic: set algo.adv_baseline: critic (or 1)")
+        if self.adv_baseline == "critic":
+            self._check_critic()
         if self.adv_token_returns:
             self._check_token_returns()
         if self.adv_token_kl:
@@ -526,6 +537,19 @@ class LossConfig(Section):
         if problems:
             raise ValueError(f"algo.adv_token_returns: verl's REINFORCE++ / ReMax token returns do not go with "
                              f"{problems[0]}: they take adv_baseline none or greedy, no group std or rescale, a "
+                             "token-level loss (not gspo) and no OPSM")
+
+    def _check_critic(self) -> None:
+        off = {"adv_std_normalize": self.adv_std_normalize, "adv_token_returns": self.adv_token_returns,
+               "adv_token_kl": self.adv_token_kl, "adv_nonzero_rescale": self.adv_nonzero_rescale,
+               "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum",
+               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
+               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None,
+               "name=gspo": getattr(self, "name", None) == "gspo"}
+        problems = [name for name, on in off.items() if on]
+        if problems:
+            raise ValueError(f"algo.adv_baseline=critic: GAE's per-token advantages do not go with {problems[0]}: they "
+                             "take no group std or rescale, no other token advantages, whitening over tokens, a "
                              "token-level loss (not gspo) and no OPSM")
 
     def _check_token_kl(self) -> None:
@@ -550,7 +574,7 @@ class LossConfig(Section):
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
         return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
-                                        "adv_token_returns", "adv_gamma", "adv_token_kl",
+                                        "adv_token_returns", "adv_gamma", "adv_token_kl", "adv_lambda",
                                         "multi_objective_aggregation",
                                         "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
@@ -808,6 +832,29 @@ class LogConfig(Section):
     """The wandb project."""
 
 
+class CriticConfig(Section):
+    """The learned value model of ``algo.adv_baseline: critic`` (verl's ``critic.*``): the policy's starting weights (or
+    ``model_path``) with a scalar head, trained each step before the policy on the same mini-batches with PPO's
+    clipped value loss (``minirl.critic``). AdamW's betas and eps are ``optim``'s."""
+
+    lr: float = Field(1e-5, ge=0, le=1)
+    """The critic's learning rate, constant (verl's ``critic.optim.lr``)."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW's decoupled weight decay (verl's ``critic.optim.weight_decay``)."""
+    grad_clip_norm: float | None = Field(1.0, gt=0)
+    """Clip the critic's gradient to this global norm (verl's ``critic.grad_clip``; null = off)."""
+    clip_value_range: float = Field(0.5, gt=0)
+    """c of the clipped value loss: the new value counts within V_old +- c (verl's ``critic.cliprange_value``)."""
+    warmup_steps: int = Field(0, ge=0)
+    """The policy trains from this global step on; before it only the critic does (verl's ``trainer.critic_warmup``;
+    0 and 1: from the first step)."""
+    epochs_per_step: int | None = Field(None, ge=1)
+    """Passes of the critic over the step's mini-batches (verl's ``critic.ppo_epochs``; null = ``optim.epochs_per_step``)."""
+    model_path: str | None = None
+    """A Hugging Face model directory to start the critic from (verl's ``critic.model.path``; its head is new unless
+    it was saved with one); null = the policy's starting weights (after any cold start)."""
+
+
 class ColdStartConfig(Section):
     """Supervised fine-tuning on teacher traces (``minirl sft``, or before RL in ``minirl train``)."""
 
@@ -938,6 +985,7 @@ class Config(Section):
     cold_start: ColdStartConfig = ColdStartConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
+    critic: CriticConfig = CriticConfig()
 
     @property
     def global_batch_sequences(self) -> int:
@@ -970,6 +1018,9 @@ class Config(Section):
         if self.moe.routing_replay == "R2":
             raise ValueError("algo.logp_old_source=rollout: R2 records the trainer's routes in the old-log-prob pass, "
                              "which bypassing it skips; use moe.routing_replay=R3 (the engine's routes) or trainer")
+        if self.algo.adv_baseline == "critic" and self.critic.warmup_steps > 1:
+            raise ValueError("critic.warmup_steps: the steps without a policy update have no forward at theta_old for "
+                             "the monitor under algo.logp_old_source=rollout; set algo.logp_old_source: trainer or 0")
 
     def _check_async(self) -> None:
         """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels in one process (the
@@ -1032,8 +1083,10 @@ class Config(Section):
         self._check_reference()
         self._check_bypass()
         self._check_async()
-        if (self.algo.adv_token_returns or self.algo.adv_token_kl) and self.diagnostics.every_steps:
-            which = "adv_token_returns" if self.algo.adv_token_returns else "adv_token_kl"
+        if (self.algo.adv_token_returns or self.algo.adv_token_kl or self.algo.adv_baseline == "critic") \
+                and self.diagnostics.every_steps:
+            which = ("adv_token_returns" if self.algo.adv_token_returns else "adv_token_kl" if self.algo.adv_token_kl
+                     else "adv_baseline=critic")
             raise ValueError("diagnostics.every_steps: the first-order diagnostics compare with the sequence-level "
                              f"objective, one advantage per response; algo.{which} gives one per token (set 0)")
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:

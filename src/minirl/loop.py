@@ -46,6 +46,7 @@ import torch
 from minirl.algo import group_advantages
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
+from minirl.algo.variants.gae import gae_advantages
 from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.rejection import rejection_keep
@@ -126,6 +127,8 @@ class Run:
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
     ahead: RolloutAhead | None = None  # rollout.async_steps: the next step's rollout, beside this step's update
     engine_weights: Any = None  # rollout.async_split_mismatch: minirl.async_rollout.EngineWeights (or the ranks')
+    critic: Any = None  # algo.adv_baseline=critic: minirl.critic.Critic
+    critic_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # the step's (V_old, GAE returns), for its updates
 
     def __post_init__(self) -> None:
         if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
@@ -158,6 +161,11 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
+    critic = None
+    if cfg.algo.adv_baseline == "critic":  # from the policy's starting weights, before LoRA and sharding
+        from minirl.critic import build_critic
+
+        critic = build_critic(cfg, model)
     if cfg.algo.router_aux_loss_coef and router_top_k(model) is None:
         raise ConfigError(f"algo.router_aux_loss_coef: {type(model).__name__} returns no router logits (not an MoE "
                           "model with output_router_logits); set it to 0")
@@ -177,7 +185,8 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         reference = build_reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
     return Run(cfg, model, tokenizer, task, rewards, placement.replay, placement.engine, placement.trainer, prompts,
                DataOrder(len(prompts), seed=cfg.run.seed), placement=placement,
-               rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine), reference=reference)
+               rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine), reference=reference,
+               critic=critic)
 
 
 def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict, eval_metrics: dict) -> dict[str, Any]:
@@ -195,6 +204,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "entropy_control": dict(run.entropy_control),
         "kl_control": dict(run.kl_control),
         **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
+        **({"critic": run.critic.state_dict()} if run.critic is not None else {}),
         "metrics_bytes": logger.size(),
         "eval_before": dict(eval_before),
         "eval_metrics": dict(eval_metrics),
@@ -230,6 +240,10 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     run.kl_control = {key: float(value) for key, value in state.get("kl_control", {}).items()}
     if run.reference is not None and "reference" in state:  # a synced reference (algo.ref_sync_every_updates)
         run.reference.load_state_dict(state["reference"])
+    if run.critic is not None:
+        if "critic" not in state:
+            raise ConfigError(f"cannot resume from {checkpoint_dir}: it holds no critic (algo.adv_baseline=critic)")
+        run.critic.load_state_dict(state["critic"])
     checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
     return state
 
@@ -383,6 +397,8 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     for OPO's), or GDPO's from each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s
     or RLOO's whitening after it (unless not ``whiten``). ``clip``: the rewards still need ``algo.reward_clip_range``."""
     a = cfg.algo
+    if a.adv_baseline == "critic":  # placeholders: the critic's GAE gives one per token after the passes
+        return torch.zeros(len(sampled.completions))
     rewards_PG = (clipped_rewards(a, sampled.rewards) if clip else sampled.rewards).view(len(sampled.prompts), -1)
     lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
     if a.multi_objective_aggregation == "normalize_then_sum":
@@ -432,7 +448,44 @@ def reference_pass(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dic
         batch = batch.with_logp_ref(run.reference.logprobs(batch))
         if run.cfg.algo.kl_in_reward_coef:
             return penalized_advantages(run, sampled, batch)
-    return (token_advantages(run.cfg, sampled, batch) if run.cfg.algo.adv_token_returns else batch), {}
+    a = run.cfg.algo
+    return (per_token_advantages(run, sampled, batch) if a.adv_token_returns or a.adv_baseline == "critic" else batch), {}
+
+
+def per_token_advantages(run: Run, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
+    """The batch with one advantage per token: the critic's GAE (``algo.adv_baseline: critic``) or the discounted
+    returns (``algo.adv_token_returns``); ``token_rewards``: -beta x the KL in the reward at each token."""
+    return (critic_advantages(run, sampled, batch, token_rewards) if run.cfg.algo.adv_baseline == "critic"
+            else token_advantages(run.cfg, sampled, batch, token_rewards))
+
+
+def critic_advantages(run: Run, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
+    """``algo.adv_baseline: critic``: the batch with GAE's advantages over the critic's values (``adv_gamma``,
+    ``adv_lambda``; ``minirl.algo.variants.gae``), whitened over its tokens with ``adv_whiten`` as verl does; the values
+    and returns stay in ``run.critic_targets`` for the step's critic updates."""
+    a = run.cfg.algo
+    values = run.critic.values(batch)
+    advantages, returns = gae_advantages(clipped_rewards(a, sampled.rewards).float(), values, batch.mask,
+                                         gamma=a.adv_gamma, lam=a.adv_lambda, token_rewards_BT=token_rewards)
+    run.critic_targets = (values, returns)
+    return dataclasses.replace(batch, advantages=masked_whiten(advantages, batch.mask) if a.adv_whiten else advantages)
+
+
+def critic_updates(run: Run, trained: Batch, n: int) -> dict[str, float]:
+    """The critic's updates, before the policy's (verl's ``update_critic``): ``critic.epochs_per_step`` passes over the
+    step's N mini-batches, each against its rows' GAE returns and the values they were formed with; ``critic/*``
+    (means over the updates, the last ``lr``) and ``critic/vf_explained_var`` of the returns, as verl logs them."""
+    assert run.critic_targets is not None  # critic_advantages ran in this step's reference pass
+    values, returns = run.critic_targets
+    size, epochs = trained.size // n, run.cfg.critic.epochs_per_step or run.cfg.optim.epochs_per_step
+    results = [run.critic.update(trained.select(rows), values[rows], returns[rows])
+               for _ in range(epochs) for rows in (slice(i * size, (i + 1) * size) for i in range(n))]
+    metrics = {f"critic/{key}": sum(r[key] for r in results) / len(results) for key in results[0]}
+    metrics["critic/lr"] = results[-1]["lr"]
+    v, g = values[trained.mask], returns[trained.mask]
+    metrics.update({"critic/values_mean": float(v.mean()), "critic/returns_mean": float(g.mean()),
+                    "critic/vf_explained_var": float(1.0 - torch.var(g - v) / (torch.var(g) + 1e-5))})
+    return metrics
 
 
 def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -443,9 +496,9 @@ def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batc
     logp_old, logp_ref = batch.logp_old, batch.logp_ref
     assert logp_old is not None and logp_ref is not None  # the old and reference passes ran
     coef = run.kl_control.setdefault("coef", float(a.kl_in_reward_coef))
-    if a.adv_token_returns:  # verl's REINFORCE++ / ReMax: the KL at each token, in the returns from it on
+    if a.adv_token_returns or a.adv_baseline == "critic":  # REINFORCE++ / ReMax / GAE: the KL at each token's reward
         estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
-        batch = token_advantages(run.cfg, sampled, batch, token_rewards=-coef * estimate)
+        batch = per_token_advantages(run, sampled, batch, token_rewards=-coef * estimate)
     elif a.adv_token_kl:  # slime's REINFORCE++-baseline: each token's own KL in its advantage, then whitened
         estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
         advantages = step_advantages(run.cfg, sampled, None, whiten=False)[:, None] * batch.mask - coef * estimate
@@ -529,20 +582,19 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     bypass = cfg.algo.logp_old_source == "rollout"  # verl's bypass mode: pi_old := mu_old, no pass
     rejecting = cfg.algo.reject != "none" and not bypass  # needs pi_old before the update: no fused pass
     before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
+    policy_trains = run.critic is None or step >= cfg.critic.warmup_steps  # critic.warmup_steps: the critic alone
     fused = (run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
-             and not bypass)
+             and not bypass and policy_trains)
     batch, old = old_log_probs(run, plan, batch, skip=fused)
     clock.lap("old_logprobs")
-    logp_lag = engine_weights_pass(run, plan, batch, sampled)  # rollout.async_split_mismatch: pi at theta_(t-1)
-    if logp_lag is not None:
-        clock.lap("engine_logprobs")
+    logp_lag = engine_weights_pass(run, plan, batch, sampled, clock)  # rollout.async_split_mismatch: at theta_(t-1)
     batch, kl_reward = reference_pass(run, sampled, batch)  # log pi_ref; the KL in the reward's, token-level advantages
     # algo.reject (verl's rollout_rs): tokens or responses out of the bounds train nothing; the monitor still sees them
     trained, rejection = reject_out_of_bounds(cfg.algo, batch) if rejecting else (batch, {})
+    critic = critic_updates(run, trained, n) if run.critic is not None else {}  # verl: the critic first
     # 4. N gradient updates on mini-batches, routes replayed per the plan; E passes over them
-    updates, diagnostics = [], {}
-    minibatches = split(trained, n)
-    for epoch in range(epochs):
+    updates, diagnostics, minibatches = [], {}, split(trained, n)
+    for epoch in range(epochs if policy_trains else 0):
         with plan.updates(old_pass=fused) as routing:  # each pass consumes every route once
             for index, minibatch in enumerate(minibatches, start=epoch * n):
                 objective = update_objective(run, minibatch)
@@ -558,9 +610,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
             routing.waive(any(u.fault for u in updates[epoch * n:]))  # a skipped update may stop before its routes
     run.faults += [f"skipped an update: {u.fault}" for u in updates if u.fault]
     if fused:  # pi_old as the update saw it (or scored on the unchanged weights when it was skipped)
-        fused_old = updates[0].scores
-        assert fused_old is not None  # Trainer.update(old_pass=True) always returns scores
-        old = fused_old
+        old = updates[0].scores
+        assert old is not None  # Trainer.update(old_pass=True) always returns scores
         batch = batch.with_logp_old(old.logp)
     clock.lap("update")
     sync_weights(run, clock)  # 5. weight sync to the rollout engine
@@ -569,7 +620,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
                                       cfg.eval.accuracy_threshold, sampled.generated_tokens,
                                       pi_old_rows=slice(0, minibatches[0].size) if bypass else None,
                                       sampled_times=sampled.times, logp_lag=logp_lag))
-    return {key: float(value) for key, value in rejection.items()} | kl_reward | metrics  # read once the step is done
+    return {key: float(value) for key, value in rejection.items()} | kl_reward | critic | metrics  # read once done
 
 
 def step_rollout(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sampled:
@@ -616,7 +667,7 @@ def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tup
     return plan.scored(batch.with_logp_old(old.logp), old), old
 
 
-def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sampled) -> torch.Tensor | None:
+def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sampled, clock: _Clock) -> torch.Tensor | None:
     """``rollout.async_split_mismatch``: log pi of a batch sampled a step ahead at the weights that sampled it
     (theta_(t-1); R3 replays the engine's routes, as the pi_old pass does), or None for a batch sampled in line (the
     first step) or when no weights were kept (the first step after a resume). Either way the current weights, which
@@ -628,7 +679,9 @@ def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sample
         weights.keep()
         return None
     with plan.lag_pass() as routing:
-        return weights.logprobs(batch, **routing.kwargs)
+        logp = weights.logprobs(batch, **routing.kwargs)
+    clock.lap("engine_logprobs")
+    return logp
 
 
 def bypass_monitor_scores(run: Run, first: Batch, update: Any, routing: Any) -> Any:

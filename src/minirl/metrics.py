@@ -38,6 +38,11 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                updates (the bonus's); ``policy/entropy_coef`` the coefficient they applied
 ``policy/aux_loss``            ``algo.router_aux_loss_coef`` > 0: the MoE load-balancing loss of the updates' forwards
 ``policy/loss``                loss, mean over the N x E updates
+``critic/*``                   ``algo.adv_baseline: critic`` (PPO's GAE), verl's names: ``vf_loss`` (the clipped value
+                               loss), ``vf_clipfrac``, ``vpred_mean``, ``grad_norm`` (means over the critic's updates),
+                               ``lr``; ``values_mean`` and ``returns_mean`` (V_old and the GAE returns over trained
+                               tokens) and ``vf_explained_var`` = 1 - Var(G - V) / (Var(G) + 1e-5). Before
+                               ``critic.warmup_steps`` no ``policy/*``: only the critic trains
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
 ``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or

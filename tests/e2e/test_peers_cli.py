@@ -146,6 +146,25 @@ def test_verls_reinforce_plus_plus_with_the_kl_in_each_return_translates_and_tra
     assert len(steps) == 2 and all(m["train/reward_kl_coef"] == 0.05 for m in steps)
 
 
+def test_verls_ppo_with_a_critic_and_the_kl_in_the_reward_translates_and_trains(tmp_path: Path):
+    """verl's PPO (``adv_estimator=gae``, its default, with ``use_kl_in_reward``): GAE over minirl's critic with the
+    KL at each token's reward, the critic's settings from verl's ``critic.*``; trained from the CLI."""
+    _verl_run_files(tmp_path, VERL_REWARD)
+    proc = _minirl("config", "from-verl", "run.sh", "algorithm.adv_estimator=gae", "algorithm.lam=0.95",
+                   "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.05", "critic.optim.lr=1e-4",
+                   "critic.cliprange_value=0.2", "-o", "minirl.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load((tmp_path / "minirl.yaml").read_text())
+    assert (cfg["algo"]["adv_baseline"], cfg["algo"]["adv_lambda"], cfg["algo"]["kl_in_reward_coef"]) == ("critic", 0.95, 0.05)
+    assert (cfg["critic"]["lr"], cfg["critic"]["clip_value_range"]) == (1e-4, 0.2)
+    tiny = [word for word in TINY_RUN if not word.startswith("eval.samples_per_prompt")]
+    train = _minirl("train", "minirl.yaml", *tiny, "optim.precision=fp32", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "verl-run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "critic/vf_loss" in m]
+    assert len(steps) == 2 and all("train/reward_kl_penalty" in m and "policy/loss" in m for m in steps)
+
+
 GDPO_REWARD = '''\
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     exact = float(solution_str.strip() == ground_truth)

@@ -52,7 +52,11 @@ MODES = {"none": ["moe.routing_replay=none"],
                    "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2"],
          # ReMax's greedy baseline, sampled ahead beside the update: the checkpoint holds its greedy rewards too
          "remax": ["moe.routing_replay=R3", "rollout.async_steps=1", "algo.adv_baseline=greedy",
-                   "algo.reward_clip_range=[0.0, 0.8]"]}
+                   "algo.reward_clip_range=[0.0, 0.8]"],
+         # PPO with a critic (verl's gae): the checkpoint holds the critic's weights and AdamW state; it warms up alone
+         "critic": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "algo.adv_baseline=critic",
+                    "algo.adv_whiten=true", "algo.adv_gamma=0.99", "algo.adv_lambda=0.95", "critic.lr=1e-3",
+                    "critic.warmup_steps=2"]}
 
 
 def _command(tmp_path: Path, name: str, extra: list[str], *more: str) -> list[str]:
@@ -145,6 +149,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     pytest.param("practices", [("lines", 4)], marks=pytest.mark.slow),
     ("async", [("lines", 3), ("tmp", 0)]),
     pytest.param("remax", [("lines", 3)], marks=pytest.mark.slow),
+    ("critic", [("lines", 4)]),
 ])
 def test_killed_and_resumed_run_is_bitwise_identical(tmp_path, mode, kills):
     _check_same(tmp_path, mode, kills)

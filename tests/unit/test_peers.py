@@ -1008,10 +1008,11 @@ def test_verl_losses_minirl_has(given, name, aggregation):
     assert v["algo.name"] == name and v.get("algo.aggregation") == aggregation
 
 
-@pytest.mark.parametrize("given", [{}, {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True,
-                                        "algorithm.kl_penalty": "full"},
+@pytest.mark.parametrize("given", [{"algorithm.adv_estimator": "optimal_token_baseline"},
+                                   {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True,
+                                    "algorithm.kl_penalty": "full"},
                                    {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "batch"}])
-def test_verl_losses_minirl_lacks(given):  # {}: verl's default estimator is GAE (a critic)
+def test_verl_losses_minirl_lacks(given):
     out = from_verl({"actor_rollout_ref.rollout.n": 4} | given)
     assert not [key for key in out.values if key.startswith("algo.")] and out.objective.startswith("minirl's MiniRL")
 
@@ -1397,7 +1398,24 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     out = advantage("remax", **kl)
     assert out.values["algo.adv_token_returns"] is True and "algo.adv_gamma" not in out.values  # verl's remax: no gamma
     out.config()
-    for estimator, need in (("gae", "a learned critic"), ("gdpo", "algorithm.gdpo_reward_keys"),
+    # PPO (verl's default estimator): GAE over a critic, with verl's critic worker settings
+    out = advantage("gae", **{"algorithm.gamma": 0.99, "algorithm.lam": 0.95, "critic.optim.lr": 2e-5,
+                              "critic.cliprange_value": 0.2, "trainer.critic_warmup": 3, "critic.ppo_epochs": 2,
+                              "critic.grad_clip": 0.5, "actor_rollout_ref.model.path": "/m",
+                              "critic.model.path": "/m"})
+    v = out.values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"], v["algo.adv_gamma"],
+            v["algo.adv_lambda"]) == ("critic", False, True, 0.99, 0.95)
+    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["critic.epochs_per_step"],
+            v["critic.grad_clip_norm"], v["critic.weight_decay"]) == (2e-5, 0.2, 3, 2, 0.5, 0.01)
+    assert "critic.model_path" not in v  # the actor's own path: the policy's starting weights
+    assert out.objective.startswith("your verl loss") and not any("critic" in line for line in out.not_translated)
+    cfg = out.config()
+    assert (cfg.algo.adv_baseline, cfg.critic.warmup_steps) == ("critic", 3)
+    out = advantage("gae", **{"critic.model.path": "/elsewhere/critic", "critic.ppo_mini_batch_size": 3})
+    assert out.values["critic.model_path"] == "/elsewhere/critic"
+    assert any("critic.ppo_mini_batch_size=3" in line for line in out.differs)
+    for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)
         assert any(f"algorithm.adv_estimator={estimator!r}" in line and need in line for line in out.not_translated)

@@ -21,7 +21,7 @@ NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 MEGATRON_MODULES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
                     "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"]}
 """Megatron's fused projections and the transformers modules they hold (verl's and slime's LoRA targets)."""
-SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "cold_start", "checkpoint", "cluster")
+SECTIONS = ("run", "model", "task", "rollout", "optim", "algo", "moe", "eval", "log", "cold_start", "checkpoint", "cluster", "critic")
 
 
 @dataclass

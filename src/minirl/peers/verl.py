@@ -54,7 +54,10 @@ VERL_DEFAULTS: dict[str, Any] = {
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-    "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.lam": 1.0, "algorithm.norm_adv_by_std_in_grpo": True,
+    "critic.optim.lr": 1e-5, "critic.optim.weight_decay": 0.01, "critic.grad_clip": 1.0, "critic.cliprange_value": 0.5,
+    "critic.ppo_epochs": None, "critic.ppo_mini_batch_size": None, "critic.loss_agg_mode": None, "critic.model.path": None,
+    "critic.optim.lr_warmup_steps_ratio": 0.0, "critic.optim.lr_warmup_steps": -1, "trainer.critic_warmup": 0,
     "algorithm.gdpo_reward_keys": None, "algorithm.gdpo_reward_weights": None,
     "algorithm.use_kl_in_reward": False,
     "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": 0.001,
@@ -121,6 +124,8 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
     _verl_optimizer(peer, out)
     _verl_runs(peer, out)
     apply_objective(out, keep_objective, _verl_objective(peer, n))
+    if str(peer("algorithm.adv_estimator")) == "gae" and not keep_objective:
+        _verl_critic(peer, out)
     _verl_cluster(peer, out)
     leftovers(peer, out, VERL_IGNORED)
     return out
@@ -586,8 +591,7 @@ def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | No
     return name
 
 
-VERL_NO_ADVANTAGE = {"gae": "a learned critic (minirl is critic-free, as the paper)",
-                     "gdpo": "algorithm.gdpo_reward_keys and a custom_reward_function returning them",
+VERL_NO_ADVANTAGE = {"gdpo": "algorithm.gdpo_reward_keys and a custom_reward_function returning them",
                      "optimal_token_baseline": "a per-token baseline", "tir_optimal_token_baseline": "a per-token baseline"}
 """verl's estimators minirl has no form of, and what each would need."""
 
@@ -636,6 +640,14 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
                 ": each key's reward normalised within its group, their weighted sum")
         obj.set("adv_whiten", True, peer.show(key) + ": the weighted sum whitened over the batch's tokens (masked_whiten)")
         return
+    if estimator == "gae":
+        obj.set("adv_baseline", "critic", peer.show(key) + ": PPO's generalized advantage estimation over a learned "
+                "critic's values (the critic section)")
+        obj.set("adv_std_normalize", False, peer.show(key))
+        obj.set("adv_whiten", True, peer.show(key) + ": the advantages whitened over the batch's tokens")
+        obj.set("adv_gamma", float(peer("algorithm.gamma")), peer.show("algorithm.gamma"))
+        obj.set("adv_lambda", float(peer("algorithm.lam")), peer.show("algorithm.lam"))
+        return
     if estimator in ("grpo", "grpo_passk"):
         obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
                 peer.show("algorithm.norm_adv_by_std_in_grpo"))
@@ -644,7 +656,7 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         return
     if estimator not in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "opo", "gpg", "remax"):
         need = VERL_NO_ADVANTAGE.get(estimator, "an estimator minirl does not know")
-        obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: grpo, rloo, opo, grpo_passk, gpg, remax, "
+        obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: gae, grpo, rloo, opo, grpo_passk, gpg, remax, "
                             "reinforce_plus_plus, reinforce_plus_plus_baseline)")
         return
     obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
@@ -663,6 +675,35 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
     else:
         _verl_reinforce_plus_plus(peer, obj)
+
+
+def _verl_critic(peer: Peer, out: Translation) -> None:
+    """verl's critic worker (``critic.*``, ``trainer.critic_warmup``) as minirl's ``critic`` section: its optimizer, value
+    clip, epochs and warm-up; it trains on the actor's mini-batches with a token-mean loss."""
+    out.set("critic.lr", float(peer("critic.optim.lr")), peer.show("critic.optim.lr"))
+    out.set("critic.weight_decay", float(peer("critic.optim.weight_decay")), peer.show("critic.optim.weight_decay"))
+    out.set("critic.grad_clip_norm", float(peer("critic.grad_clip")), peer.show("critic.grad_clip"))
+    out.set("critic.clip_value_range", float(peer("critic.cliprange_value")), peer.show("critic.cliprange_value"))
+    out.set("critic.warmup_steps", int(peer("trainer.critic_warmup")), peer.show("trainer.critic_warmup"))
+    if peer("critic.ppo_epochs") is not None:
+        out.set("critic.epochs_per_step", int(peer("critic.ppo_epochs")), peer.show("critic.ppo_epochs"))
+    path, actor = peer("critic.model.path"), peer(M + "path")
+    if path and path != actor:
+        out.set("critic.model_path", path, peer.show("critic.model.path"))
+        note_local_path(out, "critic.model.path", path, "model", target="critic.model_path")
+    elif not path:
+        out.differs.append("critic.model.path unset (verl's default is a placeholder path): minirl's critic starts from "
+                           "the actor's weights, as verl scripts set it")
+    mini = peer("critic.ppo_mini_batch_size")
+    if mini is not None and mini != peer(A + "ppo_mini_batch_size"):
+        out.differs.append(f"{peer.show('critic.ppo_mini_batch_size')}: minirl's critic trains on the actor's "
+                           "mini-batches")
+    agg = peer("critic.loss_agg_mode") or peer(A + "loss_agg_mode")
+    if agg != "token-mean":
+        out.differs.append(f"the critic's loss_agg_mode {agg!r}: minirl's value loss is the mini-batch's token mean")
+    if peer("critic.optim.lr_warmup_steps_ratio") or (peer("critic.optim.lr_warmup_steps") or -1) > 0:
+        out.not_translated.append(peer.show("critic.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps") +
+                                  ": minirl's critic learning rate is constant")
 
 
 def _verl_reinforce_plus_plus(peer: Peer, obj: Objective) -> None:

@@ -17,25 +17,30 @@ from __future__ import annotations
 import torch
 
 
-def token_returns(rewards_B: torch.Tensor, mask_BT: torch.Tensor, *, gamma: float = 1.0,
-                  token_rewards_BT: torch.Tensor | None = None) -> torch.Tensor:
-    """G [B, T] (0 off ``mask``): each trained token's discounted return, the equation above. ``rewards_B`` sits at
-    each row's last trained token (a row with none gets nothing); ``token_rewards_BT`` (e.g. -beta x the KL
-    estimate) at every trained token. The running return restarts at every untrained position, as verl's loop
-    does after a response's end."""
+def token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor, token_rewards_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """r [B, T] (0 off ``mask``): ``rewards_B`` at each row's last trained token (a row with none gets nothing),
+    plus ``token_rewards_BT`` (e.g. -beta x the KL estimate) at every trained token."""
     if rewards_B.ndim != 1 or mask_BT.ndim != 2 or rewards_B.shape[0] != mask_BT.shape[0]:
         raise ValueError(f"rewards [B] and mask [B, T] of the same B, got {tuple(rewards_B.shape)} and {tuple(mask_BT.shape)}")
     dtype = rewards_B.dtype if rewards_B.is_floating_point() else torch.float32
-    mask = mask_BT.to(dtype)
     positions = torch.arange(mask_BT.shape[1], device=mask_BT.device)
     last = torch.where(mask_BT, positions, -1).amax(dim=1)  # -1: no trained token
     rewards_BT = torch.zeros(mask_BT.shape, dtype=dtype, device=mask_BT.device)
     has = last >= 0
     rewards_BT[has, last[has]] = rewards_B.to(dtype)[has]
     if token_rewards_BT is not None:
-        rewards_BT = rewards_BT + token_rewards_BT.to(dtype)  # off the mask: dropped by the restart below
+        rewards_BT = rewards_BT + token_rewards_BT.to(dtype)
+    return rewards_BT * mask_BT.to(dtype)
+
+
+def token_returns(rewards_B: torch.Tensor, mask_BT: torch.Tensor, *, gamma: float = 1.0,
+                  token_rewards_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """G [B, T] (0 off ``mask``): each trained token's discounted return of ``token_rewards``' r, the equation
+    above. The running return restarts at every untrained position, as verl's loop does after a response's end."""
+    rewards_BT = token_rewards(rewards_B, mask_BT, token_rewards_BT)
+    mask = mask_BT.to(rewards_BT.dtype)
     returns = torch.zeros_like(rewards_BT)
-    running = torch.zeros(mask_BT.shape[0], dtype=dtype, device=mask_BT.device)
+    running = torch.zeros(mask_BT.shape[0], dtype=rewards_BT.dtype, device=mask_BT.device)
     for t in range(mask_BT.shape[1] - 1, -1, -1):
         running = (rewards_BT[:, t] + gamma * running) * mask[:, t]
         returns[:, t] = running

@@ -1,0 +1,129 @@
+"""The learned value model of PPO (``algo.adv_baseline: critic``; verl's ``critic`` worker with ``adv_estimator: gae``).
+
+``build_critic`` makes it as verl does: the policy's transformer under a scalar head, a transformers
+``AutoModelForTokenClassification`` with one label (the policy's starting weights, or ``critic.model_path``'s; the
+head starts fresh). ``Critic.values`` scores a batch: V at the position before each target token, the state the
+token was sampled from (the log-probs' alignment); ``Critic.update`` takes one AdamW step of the clipped value loss
+(``minirl.algo.variants.gae``) on a mini-batch, normalised by its trained tokens (verl's ``token-mean``). The critic
+routes naturally (R2/R3 replay the policy's routes only), computes in ``optim.precision``, and lives in the run's
+controller process (beside FSDP trainer ranks or Ray actors, as verl's critic is a worker of its own).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from minirl.algo.variants.gae import value_loss
+from minirl.precision import autocast_experts, compute_context
+from minirl.trainer import disable_stochastic_layers
+from minirl.types import Batch
+
+
+def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
+    """The critic of ``cfg`` (``critic.*``): ``policy``'s weights (as the run starts, before LoRA) under a new head, or
+    ``critic.model_path``'s model. The head's initialisation draws from its own seeded stream, not the run's."""
+    from transformers import AutoModelForTokenClassification
+
+    c = cfg.critic
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed)
+        if c.model_path is not None:
+            model = AutoModelForTokenClassification.from_pretrained(
+                c.model_path, num_labels=1, torch_dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
+        else:
+            source: Any = policy
+            config = copy.deepcopy(source.config)
+            config.num_labels = 1
+            model = AutoModelForTokenClassification.from_config(config, torch_dtype=torch.float32)
+            model.base_model.load_state_dict(source.base_model.state_dict())
+    o = cfg.optim
+    return Critic(model.to(cfg.cluster.device), lr=c.lr, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
+                  eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
+                  micro_batch_sequences=o.micro_batch_sequences, precision=o.precision)
+
+
+class Critic:
+    """V_phi and its optimizer; ``values`` and ``update`` take ``minirl.types.Batch``es (their ``mask`` says which
+    target positions count)."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
+                 clip_value_range: float = 0.5, micro_batch_sequences: int = 64, precision: str = "fp32") -> None:
+        self.model = model
+        disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
+        if precision != "fp32":
+            autocast_experts(model)
+        self.device = next(model.parameters()).device
+        self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
+        self.micro_batch_sequences = micro_batch_sequences
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def _values(self, micro: Batch) -> torch.Tensor:
+        """V [b, T] of a micro-batch (with gradient when enabled), 0 off its ``mask``."""
+        with compute_context(self.precision, self.device):
+            out = self.model(input_ids=micro.input_ids.to(self.device),
+                             attention_mask=micro.attention_mask.to(self.device).long())
+        return out.logits[:, :-1, 0].float() * micro.mask.to(self.device)
+
+    def _micro_batches(self, batch: Batch) -> list[tuple[slice, Batch]]:
+        """Row slices of at most ``micro_batch_sequences``, each trimmed to its longest row (padding right)."""
+        out = []
+        for start in range(0, batch.size, self.micro_batch_sequences):
+            rows = slice(start, min(start + self.micro_batch_sequences, batch.size))
+            micro = batch.select(rows)
+            width = max(int(micro.attention_mask.sum(dim=1).max()), 2)
+            out.append((rows, Batch(input_ids=micro.input_ids[:, :width], attention_mask=micro.attention_mask[:, :width],
+                                    mask=micro.mask[:, :width - 1], logp_rollout=micro.logp_rollout[:, :width - 1],
+                                    advantages=micro.advantages, group_ids=micro.group_ids)))
+        return out
+
+    @torch.no_grad()
+    def values(self, batch: Batch) -> torch.Tensor:
+        """V_phi [B, T] at every target position of ``batch`` (0 where ``batch.mask`` is False)."""
+        self.model.eval()
+        values = torch.zeros(batch.mask.shape, dtype=torch.float32)
+        for rows, micro in self._micro_batches(batch):
+            v = self._values(micro).cpu()
+            values[rows, : v.shape[1]] = v
+        if not bool(torch.isfinite(values).all()):
+            raise FloatingPointError("non-finite critic value (a NaN in the value model's forward)")
+        return values
+
+    def update(self, batch: Batch, values_old: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        """One optimizer step of the clipped value loss on ``batch`` against ``returns`` (G) from ``values_old``
+        (V_old, the values the returns were formed with), both [B, T]; its metrics (verl's ``critic/*``)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = batch.mask.sum().clamp(min=1)
+        loss_sum, clipped, predicted = 0.0, 0.0, 0.0
+        for rows, micro in self._micro_batches(batch):
+            width = micro.mask.shape[1]
+            old, target = values_old[rows, :width].to(self.device), returns[rows, :width].to(self.device)
+            loss, metrics = value_loss(self._values(micro), old, target, micro.mask.to(self.device),
+                                       clip_range=self.clip_value_range, normalizer=tokens.to(self.device))
+            if not bool(torch.isfinite(loss)):
+                raise FloatingPointError("non-finite critic loss")
+            loss.backward()
+            share = float(micro.mask.sum()) / float(tokens)
+            loss_sum += float(loss.detach())
+            clipped += float(metrics["vf_clipfrac"]) * share
+            predicted += float(metrics["vpred_mean"]) * share
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip_norm if self.grad_clip_norm else float("inf")))
+        if not torch.isfinite(torch.tensor(norm)):
+            raise FloatingPointError("non-finite critic gradient")
+        self.optimizer.step()
+        return {"vf_loss": loss_sum, "vf_clipfrac": clipped, "vpred_mean": predicted, "grad_norm": norm,
+                "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The critic's weights and optimizer state (a checkpoint's)."""
+        return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
