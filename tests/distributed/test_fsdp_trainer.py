@@ -232,6 +232,14 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
+def test_ppo_with_a_critic_beside_two_ranks_matches_one_process(tmp_path):
+    """algo.adv_baseline=critic: the critic lives in the controller; the ranks train the policy on its GAE advantages."""
+    single, sharded = _two_ranks_match_one_process(tmp_path, *MODE, "algo.adv_baseline=critic", "algo.adv_whiten=true",
+                                                   "critic.lr=1e-3", "algo.adv_lambda=0.9")
+    for a, b in zip(single[0], sharded[0]):
+        assert b["critic/vf_loss"] == pytest.approx(a["critic/vf_loss"], rel=1e-5)
+
+
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
     with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights
