@@ -253,7 +253,7 @@ def test_the_example_translates_to_its_run(tmp_path: Path):
     assert out.objective == "your slime loss as minirl's algo.name=grpo, the same gradient"
     assert any("math-verify" in line for line in out.differs)
     assert "--sequence-parallel" in out.ignored and "--sglang-mem-fraction-static" in out.ignored
-    assert not out.not_translated, out.not_translated
+    assert [line.split(":")[0] for line in out.not_translated] == ["--ref-load /root/Qwen3-4B_torch_dist"], out.not_translated
     out.config()  # loads
 
 
@@ -528,3 +528,163 @@ def test_an_eval_config_gives_its_datasets_and_their_law(tmp_path: Path):
     config.write_text(f"eval:\n  datasets:\n    - {{name: aime, path: {aime}, top_k: 2.5}}\n")
     with pytest.raises(ConfigError, match=r"top_k 2.5 is not an integer"):
         from_slime(flags)
+
+
+# ------------------------------------------------------------------ reading scripts as slime and bash read them
+
+
+def _script(tmp_path: Path, text: str) -> dict:
+    (tmp_path / "run.sh").write_text(text)
+    return read_slime([str(tmp_path / "run.sh")], [])
+
+
+def test_text_flags_stay_as_written(tmp_path: Path):
+    """slime's ``type=str`` flags keep their words (``--rollout-stop`` is ``nargs="+"`` of str): not re-read as YAML;
+    its int / float / store_true flags stay typed."""
+    flags = _script(tmp_path, 'python3 train.py --rollout-batch-size 4 --lr 1e-6 --use-tis --rollout-stop "User:" "# end" '
+                              '"[END]" "yes" --input-key 1 --label-key null --wandb-project 2024-01-01\n')
+    assert flags["rollout-stop"] == ["User:", "# end", "[END]", "yes"]
+    assert (flags["rollout-batch-size"], flags["lr"], flags["use-tis"]) == (4, 1e-6, True)
+    out = from_slime(flags | {"use-wandb": True, "global-batch-size": 4})
+    v = out.values
+    assert v["task.stop_strings"] == ["User:", "# end", "[END]", "yes"]
+    assert (v["task.prompt_column"], v["task.answer_column"], v["log.wandb_project"]) == ("1", "null", "2024-01-01")
+    assert read_slime([], ["--rollout-stop", "yes", "--rollout-batch-size", "2"])["rollout-stop"] == "yes"  # words too
+    assert from_slime(BASE | {"rollout-stop": "no"}).values["task.stop_strings"] == ["no"]
+    assert from_slime(BASE | {"label-key": "7"}).values["task.answer_column"] == "7"  # a column name, not a number
+
+
+def test_arithmetic_in_a_slime_script(tmp_path: Path, monkeypatch):
+    """``$((...))`` as bash's integer arithmetic, in a flag's word and in an assignment."""
+    monkeypatch.delenv("NOWHERE", raising=False)
+    flags = _script(tmp_path, "MAX_LEN=8192\nCP=2\nRESP=$((1024 * 4))\npython3 train.py --rollout-batch-size 4 \\\n"
+                              "  --max-tokens-per-gpu $((MAX_LEN / CP)) --rollout-max-response-len $RESP \\\n"
+                              "  --n-samples-per-prompt $(( (CP + 2) * 2 )) --global-batch-size $((NOWHERE * 2))\n")
+    assert (flags["max-tokens-per-gpu"], flags["rollout-max-response-len"], flags["n-samples-per-prompt"]) == (4096, 4096, 8)
+    assert isinstance(flags["global-batch-size"], Unresolved)  # a variable set nowhere: unresolved, not 0
+
+
+def test_no_rm_type_scores_each_row_by_its_metadata():
+    """Neither --rm-type nor --custom-rm-path: slime's async_rm takes each row's metadata rm_type; so does the
+    translation (said), and a row without one stops the run with one line."""
+    out = from_slime(BASE)
+    entry = out.values["task.reward_functions"][0]
+    assert entry == {"function": "minirl.tasks.slime_rewards:rm_hub", "kwargs": {"metadata_key": "metadata"}}
+    assert any("each row's metadata.rm_type picks its scorer" in line for line in out.differs), out.differs
+    fn = make_reward_fn(slime_rewards.rm_hub, kwargs=entry["kwargs"])
+    assert fn.score([Sample("q", "Answer: 12", "12", [1], {"metadata": {"rm_type": "dapo"}})]) == [1.0]
+    with pytest.raises(Exception, match=r"no rm_type \(neither --rm-type nor the row's metadata names one\)") as err:
+        fn.score([Sample("q", "Answer: 12", "12", [1])])
+    assert "\n" not in str(err.value)
+
+
+def test_warm_up_fraction_counts_lr_decay_iters(tmp_path: Path):
+    """Megatron's warm-up is --lr-warmup-fraction x --lr-decay-iters optimizer steps (both x the global batch in
+    samples), else x the run's optimizer steps; a run of unknown length says the warm-up is not translated."""
+    base = BASE | {"num-rollout": 100, "global-batch-size": 4, "lr-warmup-fraction": 0.1}  # 2 steps per rollout
+    assert from_slime(base | {"lr-decay-iters": 50}).values["optim.warmup_updates"] == 5
+    assert from_slime(base).values["optim.warmup_updates"] == 20  # 0.1 x 100 rollouts x 2 steps
+    unknown = {**base, "num-rollout": None, "num-epoch": 2, "prompt-data": str(tmp_path / "absent.jsonl")}
+    out = from_slime(unknown)
+    assert "optim.warmup_updates" not in out.values
+    assert any(line.startswith("--lr-warmup-fraction 0.1: the run's length is not known") for line in out.not_translated)
+    assert from_slime(unknown | {"lr-decay-iters": 30}).values["optim.warmup_updates"] == 3
+
+
+def test_ref_load_is_where_slime_starts(tmp_path: Path):
+    """slime trains from --ref-load while --load holds no checkpoint: an HF directory is model.path; a Megatron one
+    (or one not here) is named not translated; beside a --load checkpoint it is only the reference (said)."""
+    hf, megatron, ckpt = tmp_path / "hf", tmp_path / "torch_dist", tmp_path / "ckpt"
+    for path, name in ((hf, "config.json"), (megatron, "latest_checkpointed_iteration.txt"),
+                       (ckpt, "latest_checkpointed_iteration.txt")):
+        path.mkdir()
+        (path / name).write_text("{}")
+    flags = BASE | {"hf-checkpoint": "/models/base", "load": str(tmp_path / "empty")}
+    out = from_slime(flags | {"ref-load": str(hf)})
+    assert out.values["model.path"] == str(hf) and any("slime's tokenizer" in line for line in out.differs)
+    out = from_slime(flags | {"ref-load": str(megatron)})
+    assert out.values["model.path"] == "/models/base"
+    assert any(line.startswith(f"--ref-load {megatron}: slime trains from it") for line in out.not_translated)
+    out = from_slime(flags | {"ref-load": str(hf), "load": str(ckpt)})
+    assert out.values["model.path"] == "/models/base" and any("KL reference" in line for line in out.differs)
+
+
+def test_assignments_inside_if_and_case_blocks_are_named(tmp_path: Path, monkeypatch):
+    """A flag taking a variable (or array) set inside an if / case block gets one line naming it: the translation
+    reads the last assignment whatever the condition. Unused ones, or ones set again after the block, get none."""
+    monkeypatch.delenv("MODE", raising=False)
+    flags = _script(tmp_path, """\
+if [ "$MODE" = fast ]; then
+  LR=1e-5
+else
+  LR=2e-6
+fi
+if [ -n "$MODE" ]; then UNUSED=1; EPS=0.1; fi
+EPS=0.3
+case "$MODE" in
+  fast) EXTRA=(--use-tis) ;;
+  *) EXTRA=(--use-kl-loss) ;;
+esac
+STEPS=$LR
+python3 train.py --rollout-batch-size 4 --lr $STEPS --eps-clip $EPS "${EXTRA[@]}"
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["use-kl-loss"]) == (2e-6, 0.3, True)  # the last assignments
+    lines = flags["$conditional"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"{tmp_path / 'run.sh'}:4: LR is set inside an if / case / loop block") and "(--lr take it)" in lines[0]
+    assert lines[1].startswith(f"{tmp_path / 'run.sh'}:10: EXTRA is set inside") and "--use-kl-loss" in lines[1]
+    assert lines == [line for line in from_slime(flags | {"global-batch-size": 4}).differs if "inside an if" in line]
+
+
+def test_declared_arrays_and_unquoted_variables_split_as_bash(tmp_path: Path):
+    """``declare -a`` / ``local`` / ``readonly`` arrays are arrays; an unquoted ``$EXTRA`` holding several flags is
+    split at blanks as bash does ("$EXTRA" stays one word); a single-quoted ``'$P'`` stays as written."""
+    flags = _script(tmp_path, """\
+declare -a A=( --lr 1e-5 )
+local B=(--eps-clip 0.3)
+readonly C=( --eps-clip-high 0.4 )
+EXTRA="--kl-coef 0.1 --entropy-coef 0.01"
+QUOTED="--gamma 0.9"
+P=/data
+NAME="my run"
+python3 train.py --rollout-batch-size 4 ${A[@]} "${B[@]}" ${C[@]} $EXTRA "$QUOTED" --wandb-project "$NAME" \\
+  --prompt-data '$P/x.jsonl' --save \\$P/ckpt
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["eps-clip-high"]) == (1e-5, 0.3, 0.4)
+    assert (flags["kl-coef"], flags["entropy-coef"]) == (0.1, 0.01)
+    assert flags["gamma 0.9"] is True and "gamma" not in flags  # one word, as bash passes it
+    assert flags["wandb-project"] == "my run"
+    assert (flags["prompt-data"], flags["save"]) == ("$P/x.jsonl", "$P/ckpt")
+
+
+def test_prompt_data_row_slice_and_its_epoch_count(tmp_path: Path):
+    """Only a trailing ``@[start:end]`` is slime's row slice (a path may hold '@'); --num-epoch counts its rows, and
+    says that --rollout-max-prompt-len's filter would shorten slime's count."""
+    folder = tmp_path / "u@x"
+    folder.mkdir()
+    data = folder / "train.jsonl"
+    data.write_text("".join(f'{{"input": "q{i}"}}\n' for i in range(10)))
+    base = BASE | {"rollout-batch-size": 3, "global-batch-size": 12, "num-epoch": 2}
+    out = from_slime(base | {"prompt-data": f"{data}@[2:8]"})  # 6 rows: 2 rollouts an epoch
+    assert out.values["task.path"] == str(data) and out.values["optim.global_steps"] == 4
+    assert any(line.startswith(f"--prompt-data {data}@[2:8]: the row slice @[2:8]") for line in out.not_translated)
+    assert from_slime(base | {"prompt-data": f"{data}@[-4:]"}).values["optim.global_steps"] == 2
+    out = from_slime(base | {"prompt-data": str(data)})
+    assert out.values["task.path"] == str(data) and out.values["optim.global_steps"] == 6
+    assert not any("row slice" in line for line in out.not_translated)
+    out = from_slime(base | {"prompt-data": str(data), "rollout-max-prompt-len": 512})
+    assert any("slime counts the rows left after dropping longer prompts" in line for line in out.differs)
+
+
+def test_eps_clip_c_where_slime_ignores_it_and_steps_against_the_batch():
+    """--eps-clip-c has no effect in slime's REINFORCE and CISPO losses: ignored, not a loss minirl lacks.
+    --num-steps-per-rollout disagreeing with --global-batch-size is slime's assertion: one line naming both."""
+    for given in ({"pg-loss-type": "reinforce"}, {"advantage-estimator": "cispo", "calculate-per-token-loss": True}):
+        out = from_slime(BASE | given | {"eps-clip-c": 3.0})
+        assert out.values["algo.name"] in ("minirl", "cispo") and "algo.dual_clip" not in out.values
+        assert not any("eps-clip-c" in line for line in out.not_translated + out.differs)
+        assert any(line.startswith("--eps-clip-c (no dual clip") for line in out.ignored)
+    assert from_slime(BASE | {"num-steps-per-rollout": 1}).values["optim.minibatches_per_step"] == 1  # 8 // 1 = 8: agree
+    with pytest.raises(ConfigError, match=r"^slime settings --num-steps-per-rollout 2, --global-batch-size 8: they "
+                                          r"disagree \(8 samples // 2 steps = 4; slime asserts they agree\); give one$"):
+        from_slime(BASE | {"num-steps-per-rollout": 2})

@@ -108,11 +108,68 @@ def expand(value: str, variables: dict[str, str]) -> str | None:
 
 
 OPEN, CLOSE = "\x00(", "\x00)"  # an array's parentheses among a command's words (no word holds a NUL)
+QUOTED, UNQUOTED, LITERAL, UNLITERAL = "\x01", "\x02", "\x03", "\x04"
+"""Marks in ``commands``' words: a double-quoted part (expanded, never split) between ``QUOTED`` and ``UNQUOTED``; a
+single-quoted or escaped part (kept as written) between ``LITERAL`` and ``UNLITERAL``; the rest is unquoted."""
+
+
+def unquoted(word: str) -> str:
+    """A word of ``commands`` as text, its quote marks removed (for keywords and file names)."""
+    return re.sub("[\x01-\x04]", "", word)
+
+
+def fields(word: str, variables: dict[str, str], split: bool = True) -> list[str] | None:
+    """A word of ``commands`` as bash expands it: ``$NAME``, ``${...}`` and ``$((...))`` in its unquoted and
+    double-quoted parts, its single-quoted parts as written, and (``split``) an unquoted expansion's blanks splitting
+    it into words (``$EXTRA`` holding ``--lr 1e-6`` gives two words, ``"$EXTRA"`` one, an empty ``$EMPTY`` none).
+    None when a variable is set nowhere."""
+    out: list[str] = []
+    current: str | None = None
+    for text, kind in _parts(word):
+        value = text if kind == LITERAL else expand(arithmetic(text, variables), variables)
+        if value is None:
+            return None
+        if kind or not split:
+            current = (current or "") + value
+            continue
+        for k, piece in enumerate(re.split(r"[ \t\n]+", value)):
+            if k and current is not None:  # a blank ends the word
+                out.append(current)
+                current = None
+            if piece:
+                current = (current or "") + piece
+    if current is not None:
+        out.append(current)
+    return out
+
+
+def word_value(word: str, variables: dict[str, str]) -> str | None:
+    """A word of ``commands`` expanded whole (an assignment's value: bash does not split it); None as ``fields``."""
+    parts = fields(word, variables, split=False)
+    return None if parts is None else "".join(parts)
+
+
+def _parts(word: str) -> list[tuple[str, str]]:
+    """A marked word's parts: (text, ``QUOTED``, ``LITERAL`` or "" for an unquoted part)."""
+    parts: list[tuple[str, str]] = []
+    i = 0
+    while i < len(word):
+        if word[i] in (QUOTED, LITERAL):
+            close = UNQUOTED if word[i] == QUOTED else UNLITERAL
+            j = word.find(close, i + 1)
+            j = len(word) if j < 0 else j
+            parts.append((word[i + 1:j], word[i]))
+            i = j + 1
+        else:
+            j = min((k for k in (word.find(QUOTED, i), word.find(LITERAL, i)) if k >= 0), default=len(word))
+            parts.append((word[i:j], ""))
+            i = j
+    return parts
 
 
 def commands(text: str) -> list[tuple[int, list[str]]]:
-    """A script's simple commands: (first line, words) with quotes removed and ``$...`` kept for ``expand``. Words
-    end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's ``( ... )``, whose parentheses
+    """A script's simple commands: (first line, words) with their quotes as marks (``QUOTED``, ``LITERAL``) and
+    ``$...`` kept for ``fields``. Words end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's ``( ... )``, whose parentheses
     are the ``OPEN`` / ``CLOSE`` words). Quotes may span lines; ``${...}`` and ``$(...)`` stay whole (nested quotes
     and parentheses included); a ``#`` starting a word comments out the rest of its line."""
     out: list[tuple[int, list[str]]] = []
@@ -168,21 +225,25 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
 
 
 def _word_part(text: str, i: int) -> tuple[str, int]:
-    """The part of a word starting at ``i`` (a quoted string unquoted, a whole ``${...}`` / ``$(...)``, an escaped or
-    plain character) and the index of its last character."""
+    """The part of a word starting at ``i`` (a quoted string between its marks, a whole ``${...}`` / ``$(...)``, an
+    escaped or plain character) and the index of its last character. A ``$(command)``, which is not run, and an
+    escaped character are kept as written (``LITERAL``); an escaped ``\\$`` in double quotes too."""
     c = text[i]
     if c == "'":
         j = text.find("'", i + 1)
         j = len(text) if j < 0 else j
-        return text[i + 1:j], j
+        return LITERAL + text[i + 1:j] + UNLITERAL, j
     if c == '"':
         j = _closing_quote(text, i)
-        return re.sub(r'\\(["\\$`])', r"\1", text[i + 1:j]), j
+        inner = re.sub(r'\\(["\\$`])', lambda m: UNQUOTED + LITERAL + "$" + UNLITERAL + QUOTED if m.group(1) == "$"
+                       else m.group(1), text[i + 1:j])
+        return QUOTED + inner + UNQUOTED, j
     if c == "$" and text.startswith(("${", "$("), i):
         j = _matching(text, i + 1)
-        return text[i:j + 1], j
+        whole = text[i:j + 1]
+        return (LITERAL + whole + UNLITERAL if whole.startswith("$(") and not whole.startswith("$((") else whole), j
     if c == "\\" and i + 1 < len(text):
-        return text[i + 1], i + 1
+        return LITERAL + text[i + 1] + UNLITERAL, i + 1
     return c, i
 
 

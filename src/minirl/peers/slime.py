@@ -31,7 +31,7 @@ from minirl.peers.common import (
     read_yaml,
     template_kwargs,
 )
-from minirl.peers.shell import ASSIGNMENT, CLOSE, OPEN, commands, expand
+from minirl.peers.shell import CLOSE, OPEN, QUOTED, UNQUOTED, commands, fields, unquoted, word_value
 from minirl.tasks.slime_rewards import SCORERS
 
 SLIME_DEFAULTS: dict[str, Any] = {
@@ -100,8 +100,23 @@ RM_HUB = "minirl.tasks.slime_rewards:rm_hub"
 """slime's ``async_rm`` dispatch over its built-in ``--rm-type`` scorers (``minirl.tasks.slime_rewards.SCORERS``)."""
 
 
+SLIME_TEXT = frozenset({
+    "hf-checkpoint", "load", "ref-load", "save", "prompt-data", "input-key", "label-key", "metadata-key",
+    "apply-chat-template-kwargs", "dynamic-sampling-filter-path", "rollout-stop", "rm-type", "rm-url", "custom-rm-path",
+    "reward-key", "advantage-estimator", "pg-loss-type", "loss-type", "kl-loss-type", "custom-tis-function-path",
+    "custom-advantage-function-path", "custom-pg-loss-reducer-function-path", "eval-prompt-data", "eval-config",
+    "wandb-project", "optimizer", "lr-decay-style", "recompute-granularity", "lora-target-preset", "lora-target-modules",
+    "custom-config-path", "train-backend"})
+"""The flags the translation reads that slime's argparse takes as text (``type=str``, choices or ``json.loads``):
+their values are kept as written (``--rollout-stop "yes" "[END]"`` is two strings, not a bool and a list)."""
+
+
 class SlimePeer(Peer):
     """slime's settings, shown as its flags (``--use-tis``, ``--eps-clip 0.2``)."""
+
+    def __call__(self, key: str) -> Any:
+        value = super().__call__(key)  # a text flag's value stays text ("1" is not read as a number)
+        return self.given.get(key, self.defaults.get(key)) if key in SLIME_TEXT else value
 
     def show(self, *keys: str) -> str:
         return ", ".join(_flag(key, self(key)) for key in keys)
@@ -134,10 +149,13 @@ def _flag(key: str, value: Any) -> str:
 
 def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translation:
     """Translate slime ``train.py`` flags (names without the leading ``--``; ``$sourced``: arrays a script expands but
-    does not set; ``$script``: ``train.py`` or ``train_async.py``)."""
+    does not set; ``$script``: ``train.py`` or ``train_async.py``; ``$conditional``: lines on variables a script sets
+    inside a block)."""
     given = dict(given)
     sourced, script = given.pop("$sourced", []), str(given.pop("$script", "train.py"))
+    conditional = given.pop("$conditional", [])
     peer, out = SlimePeer(given, SLIME_DEFAULTS), Translation("slime")
+    out.differs += conditional
     if peer("rollout-batch-size") is None:
         raise ConfigError("slime setting --rollout-batch-size is missing (slime requires it: prompts per rollout)")
     if sourced:
@@ -151,6 +169,9 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     _slime_runs(peer, out)
     _slime_async(peer, out, script)
     apply_objective(out, keep_objective, _slime_objective(peer))
+    if peer("eps-clip-c") is not None and (peer("pg-loss-type") == "reinforce" or peer("advantage-estimator") == "cispo"):
+        out.ignored.append(f"--eps-clip-c (no dual clip in slime's {'REINFORCE' if peer('pg-loss-type') == 'reinforce' else 'CISPO'} "
+                           "loss: it has no effect there)")
     _slime_cluster(peer, out)
     leftovers(peer, out, SLIME_IGNORED, prefix="--")
     return out
@@ -162,12 +183,13 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
         note_local_path(out, "--hf-checkpoint", peer("hf-checkpoint"), "model")
     data = peer("prompt-data")
     if data:
-        path, _, rows = str(data).partition("@")
+        path, rows = _row_slice(str(data))
         out.set("task.kind", "jsonl", "--prompt-data given")
         out.set("task.path", path, peer.show("prompt-data"))
         note_local_path(out, "--prompt-data", path, "data")
         if rows:
-            out.not_translated.append(f"--prompt-data {data}: the row slice @{rows} (give minirl a file of those rows)")
+            out.not_translated.append(f"--prompt-data {data}: the row slice {str(data)[len(path):]} (give minirl a file "
+                                      "of those rows)")
     out.set("task.prompt_column", peer("input-key"), peer.show("input-key"))
     if peer("label-key"):
         out.set("task.answer_column", peer("label-key"), peer.show("label-key"))
@@ -187,6 +209,15 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
     if data and not peer("rollout-shuffle"):
         out.differs.append("--rollout-shuffle unset: slime takes the prompts in the file's order, minirl in a seeded "
                            "shuffle of them each epoch")
+
+
+def _row_slice(data: str) -> tuple[str, slice | None]:
+    """``path@[start:end]`` as slime's ``_parse_generalized_path`` reads it: only a trailing slice is one."""
+    match = re.fullmatch(r"(.*)@\[(-?\d*):(-?\d*)\]", data, re.S)
+    if match is None:
+        return data, None
+    start, end = (int(x) if x else None for x in match.group(2, 3))
+    return match.group(1), slice(start, end)
 
 
 def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
@@ -214,6 +245,11 @@ def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
     elif kind:
         out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's {', '.join(SCORERS)} scorers (and their "
                                   "boxed_ forms); write this one as a reward function (task.reward_function)")
+    else:  # slime's async_rm: each row's metadata rm_type, as the built-in dispatch reads it first
+        args = {key.replace("-", "_"): peer(key) for key in ("reward-key", "metadata-key") if peer(key) is not None}
+        out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type", "custom-rm-path"))
+        out.differs.append(f"no --rm-type or --custom-rm-path: each row's {peer('metadata-key')}.rm_type picks its scorer "
+                           "(slime's async_rm), as translated; a row without one stops the run with one line")
 
 
 def _slime_batch(peer: SlimePeer, out: Translation) -> int:
@@ -224,6 +260,9 @@ def _slime_batch(peer: SlimePeer, out: Translation) -> int:
     out.set("rollout.samples_per_prompt", group, peer.show("n-samples-per-prompt"))
     batch = peer.number("global-batch-size", int) if peer("global-batch-size") is not None else None
     steps = peer.number("num-steps-per-rollout", int) if peer("num-steps-per-rollout") is not None else None
+    if steps and batch and batch != samples // steps:
+        raise ConfigError(f"slime settings {peer.show('num-steps-per-rollout', 'global-batch-size')}: they disagree "
+                          f"({samples} samples // {steps} steps = {samples // steps}; slime asserts they agree); give one")
     if steps:
         n, origin = steps, peer.show("num-steps-per-rollout")
     elif batch:
@@ -317,10 +356,17 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
                 out.differs.append(f"{peer.show('lr-decay-iters')}: minirl decays over the whole run")
     else:
         out.not_translated.append(f"{peer.show('lr-decay-style')}: minirl's optim.lr_schedule is constant, linear or cosine")
-    if peer("lr-warmup-fraction"):
-        if rollouts:
-            out.set("optim.warmup_updates", round(peer.number("lr-warmup-fraction", float) * rollouts * n),
+    if peer("lr-warmup-fraction"):  # Megatron: the fraction of --lr-decay-iters (default the run's optimizer steps)
+        fraction = peer.number("lr-warmup-fraction", float)
+        if peer("lr-decay-iters") is not None:
+            out.set("optim.warmup_updates", round(fraction * peer.number("lr-decay-iters", int)),
+                    peer.show("lr-warmup-fraction", "lr-decay-iters") + " (optimizer steps)")
+        elif rollouts:
+            out.set("optim.warmup_updates", round(fraction * rollouts * n),
                     f"{peer.show('lr-warmup-fraction')} x {rollouts * n} optimizer steps")
+        else:
+            out.not_translated.append(f"{peer.show('lr-warmup-fraction')}: the run's length is not known here, so the "
+                                      "warm-up is not translated (set optim.warmup_updates)")
     elif peer("lr-warmup-iters"):
         out.set("optim.warmup_updates", peer.number("lr-warmup-iters", int), peer.show("lr-warmup-iters"))
     if out.values.get("optim.warmup_updates"):
@@ -390,8 +436,14 @@ def _slime_rollouts(peer: SlimePeer, out: Translation) -> int | None:
     rows = count_rows(out.values.get("task.path"))
     epochs, prompts = peer("num-epoch"), peer.number("rollout-batch-size", int)
     if epochs and rows is not None:
+        sliced = _row_slice(str(peer("prompt-data")))[1]
+        rows = len(range(rows)[sliced]) if sliced else rows  # slime counts the slice's rows
         steps = peer.number("num-epoch", int) * (rows // prompts)
         out.set("optim.global_steps", steps, f"{peer.show('num-epoch')} x ({rows} rows // {prompts})")
+        if peer("rollout-max-prompt-len"):
+            out.differs.append(f"{peer.show('num-epoch', 'rollout-max-prompt-len')}: slime counts the rows left after "
+                               "dropping longer prompts, so its run is shorter by those; minirl's optim.global_steps "
+                               "counts them all")
         return steps
     out.not_translated.append("--num-rollout / --num-epoch: set optim.global_steps (rollouts to train)")
     return None
@@ -412,7 +464,8 @@ def _slime_runs(peer: SlimePeer, out: Translation) -> None:
     if load and str(load).rstrip("/") != str(save or "").rstrip("/"):
         out.differs.append(f"{peer.show('load')}: a Megatron checkpoint; minirl starts from --hf-checkpoint "
                            "(resume a minirl run with run.resume=auto in its own directory)")
-    peer("ref-load")  # the reference is the starting weights, as in minirl
+    if peer("ref-load"):
+        _slime_ref_load(peer, out, str(peer("ref-load")), str(load or ""))
     if peer("rollout-seed") != SLIME_DEFAULTS["rollout-seed"] or peer("seed") != SLIME_DEFAULTS["seed"]:
         key = "rollout-seed" if peer("rollout-seed") != SLIME_DEFAULTS["rollout-seed"] else "seed"
         out.set("run.seed", peer.number(key, int), peer.show("rollout-seed", "seed"))
@@ -423,6 +476,27 @@ def _slime_runs(peer: SlimePeer, out: Translation) -> None:
             out.set("log.wandb_project", str(peer("wandb-project")), peer.show("wandb-project"))
     if peer("use-tensorboard"):
         out.set("log.tensorboard", True, peer.show("use-tensorboard"))
+
+
+def _slime_ref_load(peer: SlimePeer, out: Translation, ref: str, load: str) -> None:
+    """slime trains from ``--ref-load`` while ``--load`` holds no checkpoint (``slime_validate_args``: ``load =
+    ref_load`` unless --load is a Megatron or HF checkpoint), and takes it as the KL reference: minirl's starting
+    weights, which are its reference. An HF directory here is model.path; a Megatron one minirl cannot read (said)."""
+    here, loaded = Path(os.path.expanduser(ref)), Path(os.path.expanduser(load))
+    if load and any((loaded / name).exists() for name in ("latest_checkpointed_iteration.txt", "config.json")):
+        out.differs.append(f"{peer.show('ref-load')}: slime's KL reference (training starts from --load); minirl's "
+                           "reference is its starting weights")
+    elif (here / "config.json").exists() and not (here / "latest_checkpointed_iteration.txt").exists():
+        out.set("model.path", ref, peer.show("ref-load") + ": slime trains from it while --load holds no checkpoint")
+        if peer("hf-checkpoint") and str(peer("hf-checkpoint")).rstrip("/") != ref.rstrip("/"):
+            out.differs.append(f"{peer.show('hf-checkpoint')}: slime's tokenizer; minirl reads the tokenizer from "
+                               "model.path (--ref-load) too")
+    else:
+        start = f"--hf-checkpoint {peer('hf-checkpoint')}" if peer("hf-checkpoint") else "model.path"
+        out.not_translated.append(f"{peer.show('ref-load')}: slime trains from it while --load holds no checkpoint (and "
+                                  f"takes it as the KL reference); minirl cannot read a Megatron checkpoint and starts "
+                                  f"from {start} (the same weights if --ref-load is its conversion; else set model.path "
+                                  "to --ref-load in HF format)")
 
 
 SLIME_EVAL_LAW = (("eval.samples_per_prompt", "n_samples_per_eval_prompt", ("n-samples-per-eval-prompt",), int),
@@ -575,7 +649,7 @@ def _slime_objective(peer: SlimePeer) -> Objective:
     if peer("eps-clip-c") is not None:
         if obj.values.get("algo.name", (None,))[0] in ("grpo", "minirl") and pg != "reinforce":
             obj.set("dual_clip", peer.number("eps-clip-c", float), peer.show("eps-clip-c"))
-        else:
+        elif pg != "reinforce" and estimator != "cispo":  # slime's REINFORCE and CISPO losses never read it (ignored)
             obj.blockers.append(peer.show("eps-clip-c", "advantage-estimator"))
     _slime_corrections(peer, obj)
     _slime_penalties(peer, obj)
@@ -713,10 +787,14 @@ def read_slime(paths: list[str], words: list[str]) -> dict[str, Any]:
 
 def parse_flags(words: list[Any]) -> dict[str, Any]:
     """``--flag`` words and their values: none = True (a store_true flag), one, or a list (nargs); ``--flag=value``
-    too. Words before the first flag are left out."""
+    too. Words before the first flag are left out. The values of slime's text flags (``SLIME_TEXT``) stay as written;
+    the others are read as numbers where they are."""
     given: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
+
+    def read(word: Any) -> Any:
+        return word if isinstance(word, Unresolved) or key in SLIME_TEXT else parse_value(word)
 
     def flush() -> None:
         if key is not None:
@@ -726,61 +804,129 @@ def parse_flags(words: list[Any]) -> dict[str, Any]:
         if isinstance(word, str) and word.startswith("--") and len(word) > 2:
             flush()
             key, equals, value = word[2:].partition("=")
-            values = [parse_value(value)] if equals else []
+            values = [read(value)] if equals else []
         elif key is not None:
-            values.append(word if isinstance(word, Unresolved) else parse_value(word))
+            values.append(read(word))
     flush()
     return given
 
 
 TRAIN_SCRIPT = re.compile(r"(^|/)train(_async)?\.py$")
+BLOCKS = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done", "select": "done"}
+"""Shell blocks whose commands may or may not run: an assignment in one is read as if it ran (the last one wins)."""
+DECLARE = ("export", "declare", "typeset", "local", "readonly")
+NAME_VALUE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
 
 
 def script_flags(path: Path) -> dict[str, Any]:
     """The flags of a slime launch script's ``train.py`` / ``train_async.py`` command: its ``${ARRAY[@]}`` words
-    from the script's bash arrays, its ``$NAME`` from the script's variables (and the environment's). A word naming a
+    from the script's bash arrays (``declare -a`` / ``local`` / ``readonly`` ones too), its ``$NAME`` from the script's
+    variables (and the environment's), split at blanks where unquoted, and ``$((...))`` evaluated. A word naming a
     variable set nowhere is kept ``Unresolved``; an array set nowhere (a sourced model file's) is listed under
-    ``$sourced``."""
+    ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block, under ``$conditional``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     variables: dict[str, str] = dict(os.environ)
-    arrays: dict[str, list[Any]] = {}
+    arrays: dict[str, list[tuple[Any, set[str]]]] = {}  # each word with the conditionally set names it came from
+    depends: dict[str, set[str]] = {}  # a variable's conditionally set names (its own, if set in a block)
+    blocks: list[str] = []
+    where: dict[str, int] = {}  # the line of each name's last assignment in a block
     flags: dict[str, Any] | None = None
     for line, words in commands(text):
-        words = words[1:] if words[0] == "export" and len(words) > 1 else words
+        words = _simple(words, blocks)
+        if not words:
+            continue
+        at = f"{path}:{line}"
         array = re.fullmatch(r"([A-Za-z_]\w*)(\+?)=", words[0])
         if array and len(words) > 1 and words[1] == OPEN:
+            name = array.group(1)
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
-            expanded = [value for word in items for value in _word(word, variables, arrays, f"{path}:{line}")[0]]
-            arrays[array.group(1)] = (arrays.get(array.group(1), []) if array.group(2) else []) + expanded
-        elif all(ASSIGNMENT.match(word) for word in words):
+            expanded = [(value, deps | ({name} if blocks else set())) for word in items
+                        for value, deps in _word(word, variables, arrays, depends, at)[0]]
+            arrays[name] = (arrays.get(name, []) if array.group(2) else []) + expanded
+            if blocks:
+                where[name] = line
+        elif all(NAME_VALUE.fullmatch(word) for word in words):
             for word in words:
-                name, value = ASSIGNMENT.match(word).groups()  # type: ignore[union-attr]
-                expanded_value = expand(value, variables)
+                name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
+                expanded_value = word_value(value, variables)
                 if expanded_value is not None:
                     variables[name] = expanded_value
-        elif any(TRAIN_SCRIPT.search(word) for word in words):
-            start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(word))
+                depends[name] = _depends(value, depends) | ({name} if blocks else set())
+                if blocks:
+                    where[name] = line
+        elif any(TRAIN_SCRIPT.search(unquoted(word)) for word in words):
+            start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(unquoted(word)))
             sourced: list[str] = []
-            expanded_words = []
+            expanded_words: list[tuple[Any, set[str]]] = []
             for word in words[start + 1:]:
-                values, missing = _word(word, variables, arrays, f"{path}:{line}")
+                values, missing = _word(word, variables, arrays, depends, at)
                 expanded_words += values
                 sourced += missing
-            flags = {**parse_flags(expanded_words), **({"$sourced": sourced} if sourced else {}),
-                     "$script": Path(words[start]).name}
+            flags = {**parse_flags([value for value, _ in expanded_words]), **({"$sourced": sourced} if sourced else {}),
+                     "$script": Path(unquoted(words[start])).name,
+                     **_conditional(expanded_words, where, path)}
     if flags is None:
         raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
     return flags
 
 
-def _word(word: str, variables: dict[str, str], arrays: dict[str, list[Any]], where: str) -> tuple[list[Any], list[str]]:
-    """A script word as the words it expands to, and the arrays it names that the script never set."""
-    whole = re.fullmatch(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}", word)
+def _simple(words: list[str], blocks: list[str]) -> list[str]:
+    """A command's words without the shell syntax around them (``then`` / ``else`` / ``do``, a case's ``pattern)``,
+    ``export`` / ``declare -a`` / ``local`` / ``readonly``), keeping ``blocks`` (the open ``if`` / ``case`` / loops)
+    up to date; none for a block's opening line (its condition) or its end."""
+    keyword = unquoted(words[0])
+    if blocks and keyword == BLOCKS[blocks[-1]]:
+        blocks.pop()
+        return []
+    if keyword in BLOCKS or keyword == "elif":
+        blocks += [keyword] if keyword in BLOCKS else []
+        return []
+    while words and unquoted(words[0]) in ("then", "else", "do"):
+        words = words[1:]
+    if blocks and blocks[-1] == "case" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
+        words = words[words.index(CLOSE) + 1:]  # a case's `pattern)`
+    if words and unquoted(words[0]) in DECLARE:
+        words = words[1:]
+        while words and words[0].startswith("-"):  # declare -a, -r, -x ...
+            words = words[1:]
+    return words
+
+
+def _word(word: str, variables: dict[str, str], arrays: dict[str, list[tuple[Any, set[str]]]],
+          depends: dict[str, set[str]], where: str) -> tuple[list[tuple[Any, set[str]]], list[str]]:
+    """A script word as the words it expands to (each with the conditionally set names it came from), and the arrays
+    it names that the script never set."""
+    whole = re.fullmatch(f"{QUOTED}?\\$\\{{([A-Za-z_]\\w*)\\[[@*]\\]\\}}{UNQUOTED}?", word)
     if whole:
         name = whole.group(1)
         return (arrays[name], []) if name in arrays else ([], [name])
-    expanded = expand(word, variables)
-    return ([Unresolved(word, where)] if expanded is None else [expanded]), []
+    expanded = fields(word, variables)
+    deps = _depends(word, depends)
+    return ([(Unresolved(unquoted(word), where), deps)] if expanded is None else [(value, deps) for value in expanded]), []
+
+
+def _depends(word: str, depends: dict[str, set[str]]) -> set[str]:
+    """The conditionally set names behind a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))``."""
+    names = set(re.findall(r"\$\{?([A-Za-z_]\w*)", word))
+    for expr in re.findall(r"\$\(\((.*?)\)\)", word):
+        names |= set(re.findall(r"[A-Za-z_]\w*", expr))
+    return set().union(*(depends.get(name, set()) for name in names))
+
+
+def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, int], path: Path) -> dict[str, Any]:
+    """``$conditional``: a line for each variable set inside an ``if`` / ``case`` / loop block that a flag takes."""
+    flags: dict[str, list[str]] = {}
+    flag = None
+    for value, deps in words:
+        if isinstance(value, str) and value.startswith("--") and len(value) > 2:
+            flag = value.partition("=")[0]
+        for name in sorted(deps):
+            if flag and flag not in flags.setdefault(name, []):
+                flags[name].append(flag)
+    lines = [f"{path}:{where[name]}: {name} is set inside an if / case / loop block; the translation reads the script's "
+             f"last assignment to it, whatever the condition ({', '.join(used)} take it): check them"
+             for name, used in flags.items() if used]
+    return {"$conditional": lines} if lines else {}
