@@ -354,7 +354,7 @@ def test_each_loss_has_slimes_gradient(case):
 
 
 @pytest.mark.parametrize("given, blocker", [
-    ({"advantage-estimator": "ppo"}, "critic"),
+    ({"advantage-estimator": "magic"}, "an estimator minirl does not know"),
     ({"advantage-estimator": "cispo"}, "--calculate-per-token-loss unset"),
     ({"advantage-estimator": "gspo", "use-tis": True}, "GSPO's sequence loss"),
     ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
@@ -367,6 +367,31 @@ def test_losses_minirl_lacks_train_minirl_and_say_so(given, blocker):
     out = from_slime(BASE | given)
     assert out.objective.startswith("minirl's MiniRL") and not any(key.startswith("algo.") for key in out.values)
     assert any(blocker in line for line in out.not_translated), out.not_translated
+
+
+def test_slimes_ppo_trains_minirls_critic():
+    """``--advantage-estimator ppo``: GAE (``--gamma``, ``--lambd``, the KL at each token's reward with ``--kl-coef``)
+    over minirl's critic, its optimizer Megatron's with ``--critic-lr``, ``--value-clip``, and the policy held back
+    for ``--num-critic-only-steps`` rollouts (slime trains the actor from rollout id N on)."""
+    out = from_slime(BASE | {"advantage-estimator": "ppo", "gamma": 0.99, "lambd": 0.95, "kl-coef": 0.01,
+                             "kl-loss-type": "low_var_kl", "normalize-advantages": True, "critic-lr": 2e-6,
+                             "value-clip": 0.3, "num-critic-only-steps": 2, "weight-decay": 0.1,
+                             "calculate-per-token-loss": True, "critic-load": "/ckpt/critic", "critic-num-gpus-per-node": 2})
+    v = out.values
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"], v["algo.adv_gamma"],
+            v["algo.adv_lambda"], v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (
+        "critic", False, True, 0.99, 0.95, 0.01, "k3")
+    assert "algo.adv_token_returns" not in v and "algo.adv_token_kl" not in v
+    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["critic.weight_decay"],
+            v["critic.grad_clip_norm"]) == (2e-6, 0.3, 3, 0.1, 1.0)
+    assert out.objective.startswith("your slime loss")
+    assert any(line.startswith("--critic-load /ckpt/critic") for line in out.not_translated), out.not_translated
+    assert any("critic-num-gpus-per-node" in line for line in out.ignored)
+    cfg = out.config()
+    assert (cfg.algo.adv_baseline, cfg.critic.warmup_steps) == ("critic", 3)
+    v = from_slime(BASE | {"advantage-estimator": "ppo", "lr": 3e-6}).values  # slime's defaults
+    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["algo.adv_lambda"]) == (
+        3e-6, 0.2, 0, 1.0) and "algo.kl_in_reward_coef" not in v
 
 
 def test_advantages_kl_loss_and_entropy():

@@ -54,6 +54,8 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "advantage-estimator": "grpo", "pg-loss-type": None, "eps-clip": 0.2, "eps-clip-high": None, "eps-clip-c": None,
     "kl-coef": 0.0, "use-kl-loss": False, "kl-loss-coef": 0.0, "kl-loss-type": "k1", "use-unbiased-kl": False,
     "entropy-coef": 0.0, "gamma": 1.0, "normalize-advantages": False, "disable-grpo-std-normalization": False,
+    "lambd": 1.0, "value-clip": 0.2, "critic-lr": None, "num-critic-only-steps": 0, "critic-load": None,
+    "critic-save": None, "critic-lr-warmup-iters": 0, "critic-num-nodes": None, "critic-num-gpus-per-node": None,
     "calculate-per-token-loss": False, "loss-type": "policy_loss", "use-rollout-logprobs": False, "use-tis": False,
     "tis-clip": 2.0, "tis-clip-low": 0.0, "custom-tis-function-path": None, "get-mismatch-metrics": False,
     "update-weights-interval": 1, "use-opsm": False, "opsm-delta": 1e-4, "custom-advantage-function-path": None,
@@ -105,6 +107,7 @@ SLIME_TEXT = frozenset({
     "apply-chat-template-kwargs", "dynamic-sampling-filter-path", "rollout-stop", "rm-type", "rm-url", "custom-rm-path",
     "reward-key", "advantage-estimator", "pg-loss-type", "loss-type", "kl-loss-type", "custom-tis-function-path",
     "custom-advantage-function-path", "custom-pg-loss-reducer-function-path", "eval-prompt-data", "eval-config",
+    "critic-load", "critic-save",
     "wandb-project", "optimizer", "lr-decay-style", "recompute-granularity", "lora-target-preset", "lora-target-modules",
     "custom-config-path", "train-backend"})
 """The flags the translation reads that slime's argparse takes as text (``type=str``, choices or ``json.loads``):
@@ -169,6 +172,8 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     _slime_runs(peer, out)
     _slime_async(peer, out, script)
     apply_objective(out, keep_objective, _slime_objective(peer))
+    if peer("advantage-estimator") == "ppo" and not keep_objective:
+        _slime_critic(peer, out)
     if peer("eps-clip-c") is not None and (peer("pg-loss-type") == "reinforce" or peer("advantage-estimator") == "cispo"):
         out.ignored.append(f"--eps-clip-c (no dual clip in slime's {'REINFORCE' if peer('pg-loss-type') == 'reinforce' else 'CISPO'} "
                            "loss: it has no effect there)")
@@ -621,8 +626,6 @@ def _slime_objective(peer: SlimePeer) -> Objective:
         obj.blockers.append(peer.show("loss-type") + " or a custom advantage / loss reducer")
         return obj
     _slime_advantage(peer, obj, estimator)
-    if estimator == "ppo":
-        return obj
     per_token = bool(peer("calculate-per-token-loss"))
     if pg == "reinforce":
         _slime_reinforce(peer, obj, per_token)
@@ -681,15 +684,20 @@ def _slime_advantage(peer: SlimePeer, obj: Objective, estimator: str) -> None:
         obj.set("adv_baseline", "none", peer.show("advantage-estimator"))
         obj.set("adv_std_normalize", False, peer.show("advantage-estimator"))
         _slime_token_returns(peer, obj)
+    elif estimator == "ppo":  # get_advantages_and_returns_batch over the critic's values; the KL at each token's reward
+        obj.set("adv_baseline", "critic", peer.show("advantage-estimator") + ": GAE over a learned critic (critic.*)")
+        obj.set("adv_std_normalize", False, peer.show("advantage-estimator"))
+        obj.set("adv_gamma", peer.number("gamma", float), peer.show("gamma"))
+        obj.set("adv_lambda", peer.number("lambd", float), peer.show("lambd"))
+        if peer("kl-coef"):
+            _slime_reward_kl(peer, obj, None, "")
     else:
-        obj.blockers.append(f"{peer.show('advantage-estimator')} (needs "
-                            + ("a learned critic; minirl is critic-free, as the paper)" if estimator == "ppo"
-                               else "an estimator minirl does not know)"))
+        obj.blockers.append(f"{peer.show('advantage-estimator')} (needs an estimator minirl does not know)")
         return
     obj.set("adv_whiten", bool(peer("normalize-advantages")), peer.show("normalize-advantages"))
     if peer("kl-coef") and estimator == "reinforce_plus_plus_baseline":
         _slime_reward_kl(peer, obj, "adv_token_kl", "each token's advantage less --kl-coef x that token's KL")
-    elif peer("kl-coef") and estimator != "reinforce_plus_plus":
+    elif peer("kl-coef") and estimator not in ("reinforce_plus_plus", "ppo"):
         obj.differs.append(f"{peer.show('kl-coef')}: slime ignores the reward's KL for {estimator}; so does minirl")
 
 
@@ -738,16 +746,44 @@ def _slime_token_returns(peer: SlimePeer, obj: Objective) -> None:
     obj.set("adv_gamma", gamma, peer.show("gamma"))
 
 
-def _slime_reward_kl(peer: SlimePeer, obj: Objective, where: str, why: str) -> None:
+def _slime_reward_kl(peer: SlimePeer, obj: Objective, where: str | None, why: str) -> None:
     """``--kl-coef`` x the ``--kl-loss-type`` estimate of pi_old against the reference at each token, in each token's
-    return (REINFORCE++, ``where`` = adv_token_returns) or advantage (REINFORCE++-baseline, adv_token_kl)."""
+    return (REINFORCE++, ``where`` = adv_token_returns), advantage (REINFORCE++-baseline, adv_token_kl) or GAE reward
+    (PPO, None)."""
     kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
     if kind is None:
         obj.blockers.append(peer.show("kl-coef", "kl-loss-type"))
         return
-    obj.set(where, True, peer.show("advantage-estimator", "kl-coef") + ": " + why)
+    if where is not None:
+        obj.set(where, True, peer.show("advantage-estimator", "kl-coef") + ": " + why)
     obj.set("kl_in_reward_coef", peer.number("kl-coef", float), peer.show("kl-coef"))
     obj.set("kl_in_reward_type", kind, peer.show("kl-loss-type") + " (slime's compute_approx_kl for the reward too)")
+
+
+def _slime_critic(peer: SlimePeer, out: Translation) -> None:
+    """slime's critic (``--advantage-estimator ppo``) as minirl's ``critic`` section: Megatron's optimizer settings,
+    ``--critic-lr`` (``--lr`` when unset), ``--value-clip``, and ``--num-critic-only-steps`` N (rollouts 0..N-1 train
+    the critic alone: the policy from global step N + 1)."""
+    lr_key = "critic-lr" if peer("critic-lr") is not None else "lr"
+    out.set("critic.lr", peer.number(lr_key, float), peer.show(lr_key))
+    out.set("critic.weight_decay", peer.number("weight-decay", float), peer.show("weight-decay"))
+    out.set("critic.grad_clip_norm", peer.number("clip-grad", float), peer.show("clip-grad"))
+    out.set("critic.clip_value_range", peer.number("value-clip", float), peer.show("value-clip"))
+    only = peer.number("num-critic-only-steps", int)
+    out.set("critic.warmup_steps", only + 1 if only else 0, peer.show("num-critic-only-steps") +
+            " (the policy trains from rollout N on, minirl's global step N + 1)")
+    if peer("critic-load"):
+        out.not_translated.append(f"{peer.show('critic-load')}: a Megatron checkpoint of the critic; minirl's critic "
+                                  "starts from --hf-checkpoint under a new value head (critic.model_path: an HF directory)")
+    if peer.number("critic-lr-warmup-iters", int):
+        out.not_translated.append(f"{peer.show('critic-lr-warmup-iters')}: minirl's critic learning rate is constant")
+    if not peer("calculate-per-token-loss"):
+        out.differs.append("the value loss: slime averages each sample's token mean (--calculate-per-token-loss "
+                           "unset), minirl's critic takes the mini-batch's token mean")
+    placed = [key for key in ("critic-save", "critic-num-nodes", "critic-num-gpus-per-node") if peer(key) is not None]
+    if placed:
+        out.ignored.append(f"{peer.show(*placed)} (minirl's critic lives in the run's process; its weights and optimizer "
+                           "are in every checkpoint)")
 
 
 def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:
