@@ -2,7 +2,8 @@
 
 ``build_critic`` makes it as verl does: the policy's transformer under a scalar head, a transformers
 ``AutoModelForTokenClassification`` with one label (the policy's starting weights, or ``critic.model_path``'s; the
-head starts fresh). ``Critic.values`` scores a batch: V at the position before each target token, the state the
+head starts fresh), or, for an architecture transformers has no such class for (OLMoE, DeepSeek-V2, GLM-4-MoE, ...),
+its ``AutoModel`` under a linear head (``ValueModel``, as verl falls back to a value-head wrapper). ``Critic.values`` scores a batch: V at the position before each target token, the state the
 token was sampled from (the log-probs' alignment); ``Critic.update`` takes one AdamW step of the clipped value loss
 (``minirl.algo.variants.gae``) on a mini-batch, normalised by its trained tokens (verl's ``token-mean``). The critic
 routes naturally (R2/R3 replay the policy's routes only), computes in ``optim.precision``, and lives in the run's
@@ -12,11 +13,14 @@ controller process (beside FSDP trainer ranks or Ray actors, as verl's critic is
 from __future__ import annotations
 
 import copy
-from typing import Any
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import torch
 
 from minirl.algo.variants.gae import value_loss
+from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import disable_stochastic_layers
 from minirl.types import Batch
@@ -25,24 +29,72 @@ from minirl.types import Batch
 def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
     """The critic of ``cfg`` (``critic.*``): ``policy``'s weights (as the run starts, before LoRA) under a new head, or
     ``critic.model_path``'s model. The head's initialisation draws from its own seeded stream, not the run's."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
 
-    c = cfg.critic
+    c, source = cfg.critic, cast(Any, policy)
+    if c.model_path is not None and not (Path(c.model_path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"critic.model_path: {c.model_path} is not a Hugging Face model directory (no config.json)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.run.seed)
+        config = copy.deepcopy(source.config) if c.model_path is None else AutoConfig.from_pretrained(
+            c.model_path, trust_remote_code=cfg.model.trust_remote_code)
+        config.num_labels = 1
+        if type(config) in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING:
+            head: Any = AutoModelForTokenClassification
+        else:  # no TokenClassification class for this architecture: its transformer under a linear head
+            head = ValueModel
         if c.model_path is not None:
-            model = AutoModelForTokenClassification.from_pretrained(
-                c.model_path, num_labels=1, torch_dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
+            model = head.from_pretrained(c.model_path, config=config, torch_dtype=torch.float32,
+                                         trust_remote_code=cfg.model.trust_remote_code)
         else:
-            source: Any = policy
-            config = copy.deepcopy(source.config)
-            config.num_labels = 1
-            model = AutoModelForTokenClassification.from_config(config, torch_dtype=torch.float32)
+            model = head.from_config(config, torch_dtype=torch.float32)
             model.base_model.load_state_dict(source.base_model.state_dict())
     o = cfg.optim
     return Critic(model.to(cfg.cluster.device), lr=c.lr, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, precision=o.precision)
+
+
+class ValueModel(torch.nn.Module):
+    """An architecture's ``AutoModel`` under a linear head, initialised as transformers initialises a
+    TokenClassification ``score`` (normal, std ``initializer_range``; bias 0); ``forward`` returns ``.logits`` [B, S, 1]."""
+
+    def __init__(self, base: torch.nn.Module, hidden_size: int, std: float) -> None:
+        super().__init__()
+        self.model = base
+        self.score = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.normal_(self.score.weight, std=std)
+        torch.nn.init.zeros_(self.score.bias)
+
+    @property
+    def base_model(self) -> torch.nn.Module:
+        return self.model
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @classmethod
+    def _wrap(cls, base: Any) -> ValueModel:
+        text = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+        return cls(base, text.hidden_size, getattr(text, "initializer_range", 0.02))
+
+    @classmethod
+    def from_config(cls, config: Any, **kwargs: Any) -> ValueModel:
+        from transformers import AutoModel
+
+        return cls._wrap(AutoModel.from_config(config, **kwargs))
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs: Any) -> ValueModel:
+        from transformers import AutoModel
+
+        return cls._wrap(AutoModel.from_pretrained(path, **kwargs))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return SimpleNamespace(logits=self.score(hidden))
 
 
 class Critic:

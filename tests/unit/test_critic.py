@@ -74,11 +74,11 @@ def test_the_clipped_value_loss_by_hand():
     torch.testing.assert_close(grad, torch.tensor([[0.5 * 2 * (1.0 - 0.5) / 2, 0.0]]), rtol=0, atol=1e-7)
 
 
-def _critic(seed=0, **kwargs):
+def _critic(seed=0, preset="qwen3-moe-tiny", **kwargs):
     from minirl.critic import build_critic
     from minirl.runtime import build_model
 
-    cfg = load_config(None, ["model.preset=qwen3-moe-tiny", f"run.seed={seed}"])
+    cfg = load_config(None, [f"model.preset={preset}", f"run.seed={seed}"])
     policy, _ = build_model(cfg)
     return build_critic(cfg.model_copy(update={"critic": cfg.critic.model_copy(update=kwargs)}), policy), policy
 
@@ -91,6 +91,37 @@ def test_the_critic_starts_from_the_policy_and_draws_its_head_from_its_own_strea
         assert torch.equal(p, q), name
     again, _ = _critic()
     assert torch.equal(critic.model.score.weight, again.model.score.weight)  # seeded: the same head each time
+
+
+def test_an_architecture_without_a_token_classification_class_gets_a_linear_value_head(tmp_path):
+    """OLMoE has no transformers TokenClassification class: its AutoModel under a linear head (``ValueModel``), from
+    the policy's weights or from ``critic.model_path`` (a saved HF model directory); both give one value per position
+    and train."""
+    from minirl.critic import ValueModel
+    from tests.unit.test_trainer_precision import batch_of
+
+    critic, policy = _critic(preset="olmoe-tiny", lr=1e-2)
+    assert isinstance(critic.model, ValueModel)
+    for (name, p), q in zip(policy.base_model.state_dict().items(), critic.model.base_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    batch = batch_of(4)
+    before = critic.values(batch)
+    assert before.shape == batch.mask.shape and bool(before[batch.mask].ne(0).all())
+    critic.update(batch, before, torch.where(batch.mask, 1.0, 0.0))
+    assert not torch.equal(critic.values(batch), before)
+    policy.save_pretrained(tmp_path / "olmoe")
+    loaded, _ = _critic(preset="olmoe-tiny", model_path=str(tmp_path / "olmoe"))
+    assert isinstance(loaded.model, ValueModel)
+    for (name, p), q in zip(policy.base_model.state_dict().items(), loaded.model.base_model.state_dict().values()):
+        assert torch.equal(p, q), name
+    with pytest.raises(ConfigError, match=r"^critic.model_path: .*nowhere is not a Hugging Face model directory"):
+        _critic(model_path=str(tmp_path / "nowhere"))
+    _, policy = _critic()
+    policy.save_pretrained(tmp_path / "qwen")
+    loaded, _ = _critic(model_path=str(tmp_path / "qwen"))  # a TokenClassification model, the head new
+    assert type(loaded.model).__name__ == "Qwen3MoeForTokenClassification"
+    for (name, p), q in zip(policy.base_model.state_dict().items(), loaded.model.base_model.state_dict().values()):
+        assert torch.equal(p, q), name
 
 
 def test_values_sit_before_each_target_token_whatever_the_micro_batches():
