@@ -68,7 +68,7 @@ def test_the_clipped_value_loss_by_hand():
     values = torch.tensor([[1.0, 0.0]], requires_grad=True)
     old, returns, mask = torch.tensor([[0.2, 1.0]]), torch.tensor([[0.5, 0.2]]), torch.tensor([[True, True]])
     loss, metrics = value_loss(values, old, returns, mask, clip_range=0.5, normalizer=2.0)
-    assert float(loss) == pytest.approx(0.5 * (0.25 + 0.09) / 2, abs=1e-7)
+    assert float(loss.detach()) == pytest.approx(0.5 * (0.25 + 0.09) / 2, abs=1e-7)
     assert float(metrics["vf_clipfrac"]) == 0.5 and float(metrics["vpred_mean"]) == 0.5
     (grad,) = torch.autograd.grad(loss, values)
     torch.testing.assert_close(grad, torch.tensor([[0.5 * 2 * (1.0 - 0.5) / 2, 0.0]]), rtol=0, atol=1e-7)
