@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 
 from minirl.algo.variants.gae import value_loss
+from minirl.batching import token_budget_rows
 from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import disable_stochastic_layers
@@ -53,7 +54,8 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
     o = cfg.optim
     return Critic(model.to(cfg.cluster.device), lr=c.lr, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
-                  micro_batch_sequences=o.micro_batch_sequences, precision=o.precision)
+                  micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
+                  precision=o.precision)
 
 
 class ValueModel(torch.nn.Module):
@@ -103,14 +105,15 @@ class Critic:
 
     def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
-                 clip_value_range: float = 0.5, micro_batch_sequences: int = 64, precision: str = "fp32") -> None:
+                 clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
+                 precision: str = "fp32") -> None:
         self.model = model
         disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
         if precision != "fp32":
             autocast_experts(model)
         self.device = next(model.parameters()).device
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
-        self.micro_batch_sequences = micro_batch_sequences
+        self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def _values(self, micro: Batch) -> torch.Tensor:
@@ -120,11 +123,18 @@ class Critic:
                              attention_mask=micro.attention_mask.to(self.device).long())
         return out.logits[:, :-1, 0].float() * micro.mask.to(self.device)
 
-    def _micro_batches(self, batch: Batch) -> list[tuple[slice, Batch]]:
-        """Row slices of at most ``micro_batch_sequences``, each trimmed to its longest row (padding right)."""
+    def _micro_batches(self, batch: Batch) -> list[tuple[Any, Batch]]:
+        """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget:
+        ``minirl.batching.token_budget_rows``), each micro-batch trimmed to its longest row (padding right)."""
+        lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
+        if self.micro_batch_max_tokens is not None:
+            groups: list[Any] = [torch.tensor(rows) for rows in token_budget_rows(
+                lengths, self.micro_batch_sequences, self.micro_batch_max_tokens)]
+        else:
+            groups = [slice(start, min(start + self.micro_batch_sequences, batch.size))
+                      for start in range(0, batch.size, self.micro_batch_sequences)]
         out = []
-        for start in range(0, batch.size, self.micro_batch_sequences):
-            rows = slice(start, min(start + self.micro_batch_sequences, batch.size))
+        for rows in groups:
             micro = batch.select(rows)
             width = max(int(micro.attention_mask.sum(dim=1).max()), 2)
             out.append((rows, Batch(input_ids=micro.input_ids[:, :width], attention_mask=micro.attention_mask[:, :width],

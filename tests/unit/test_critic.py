@@ -135,6 +135,13 @@ def test_values_sit_before_each_target_token_whatever_the_micro_batches():
     torch.testing.assert_close(values, direct * batch.mask, rtol=0, atol=1e-6)
     critic.micro_batch_sequences = 2
     torch.testing.assert_close(critic.values(batch), values, rtol=0, atol=1e-6)
+    critic.micro_batch_sequences, critic.micro_batch_max_tokens = 64, 2 * int(batch.attention_mask.sum(1).max())
+    torch.testing.assert_close(critic.values(batch), values, rtol=0, atol=1e-6)  # the token budget's micro-batches
+    returns = torch.where(batch.mask, 1.0, 0.0)
+    budget = critic.update(batch, values, returns)
+    whole, _ = _critic()
+    assert whole.update(batch, values, returns)["vf_loss"] == pytest.approx(budget["vf_loss"], rel=1e-5)
+    torch.testing.assert_close(whole.values(batch), critic.values(batch), rtol=0, atol=1e-5)
 
 
 def test_the_critic_regresses_on_the_returns():
