@@ -527,28 +527,31 @@ class LossConfig(Section):
             raise ValueError(f"reward_clip_range {list(self.reward_clip_range)}: the low bound must be below the high")
         return self
 
+    def _per_token_conflict(self, more: dict[str, bool]) -> str | None:
+        """The first setting on that per-token advantages do not go with: ``more``'s, then whitening over responses,
+        OPSM and GSPO's sequence loss."""
+        off = {**more, "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
+               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None,
+               "name=gspo": getattr(self, "name", None) == "gspo"}
+        return next((name for name, on in off.items() if on), None)
+
     def _check_token_returns(self) -> None:
-        off = {"adv_std_normalize": self.adv_std_normalize, "adv_nonzero_rescale": self.adv_nonzero_rescale,
-               "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum",
-               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
-               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None}
-        problems = ([f"adv_baseline={self.adv_baseline}"] if self.adv_baseline not in ("none", "greedy") else []) + [
-            name for name, on in off.items() if on] + (["name=gspo"] if getattr(self, "name", None) == "gspo" else [])
-        if problems:
+        problem = self._per_token_conflict({
+            f"adv_baseline={self.adv_baseline}": self.adv_baseline not in ("none", "greedy"),
+            "adv_std_normalize": self.adv_std_normalize, "adv_nonzero_rescale": self.adv_nonzero_rescale,
+            "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum"})
+        if problem:
             raise ValueError(f"algo.adv_token_returns: verl's REINFORCE++ / ReMax token returns do not go with "
-                             f"{problems[0]}: they take adv_baseline none or greedy, no group std or rescale, a "
+                             f"{problem}: they take adv_baseline none or greedy, no group std or rescale, a "
                              "token-level loss (not gspo) and no OPSM")
 
     def _check_critic(self) -> None:
-        off = {"adv_std_normalize": self.adv_std_normalize, "adv_token_returns": self.adv_token_returns,
-               "adv_token_kl": self.adv_token_kl, "adv_nonzero_rescale": self.adv_nonzero_rescale,
-               "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum",
-               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
-               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None,
-               "name=gspo": getattr(self, "name", None) == "gspo"}
-        problems = [name for name, on in off.items() if on]
-        if problems:
-            raise ValueError(f"algo.adv_baseline=critic: GAE's per-token advantages do not go with {problems[0]}: they "
+        problem = self._per_token_conflict({
+            "adv_std_normalize": self.adv_std_normalize, "adv_token_returns": self.adv_token_returns,
+            "adv_token_kl": self.adv_token_kl, "adv_nonzero_rescale": self.adv_nonzero_rescale,
+            "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum"})
+        if problem:
+            raise ValueError(f"algo.adv_baseline=critic: GAE's per-token advantages do not go with {problem}: they "
                              "take no group std or rescale, no other token advantages, whitening over tokens, a "
                              "token-level loss (not gspo) and no OPSM")
 
@@ -556,13 +559,9 @@ class LossConfig(Section):
         if not self.kl_in_reward_coef:
             raise ValueError("algo.adv_token_kl: each token's advantage less kl_in_reward_coef x its KL; set "
                              "algo.kl_in_reward_coef > 0 (and a reference it measures against), or adv_token_kl false")
-        off = {"adv_token_returns": self.adv_token_returns,
-               "adv_whiten_over=responses": self.adv_whiten and self.adv_whiten_over == "responses",
-               "opsm_threshold": getattr(self, "opsm_threshold", None) is not None,
-               "name=gspo": getattr(self, "name", None) == "gspo"}
-        problems = [name for name, on in off.items() if on]
-        if problems:
-            raise ValueError(f"algo.adv_token_kl: slime's per-token KL in the advantage does not go with {problems[0]}: "
+        problem = self._per_token_conflict({"adv_token_returns": self.adv_token_returns})
+        if problem:
+            raise ValueError(f"algo.adv_token_kl: slime's per-token KL in the advantage does not go with {problem}: "
                              "it needs a token-level loss (not gspo), no OPSM, whitening over tokens, and the KL in "
                              "either each token's advantage or its return (adv_token_returns), not both")
 
