@@ -852,6 +852,9 @@ class CriticConfig(Section):
     model_path: str | None = None
     """A Hugging Face model directory to start the critic from (verl's ``critic.model.path``; its head is new unless
     it was saved with one); null = the policy's starting weights (after any cold start)."""
+    lora: LoRAConfig | None = None
+    """LoRA adapters on the critic's transformer (verl's ``critic.model.lora_rank``, ``lora_alpha``,
+    ``target_modules``): the adapters and the value head train, the rest stays frozen; null = every weight trains."""
 
 
 class ColdStartConfig(Section):

@@ -51,6 +51,13 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
         else:
             model = head.from_config(config, torch_dtype=torch.float32)
             model.base_model.load_state_dict(source.base_model.state_dict())
+    if c.lora is not None:  # the adapters and the value head train
+        from minirl.models.lora import add_lora
+
+        value_head = model.score
+        add_lora(model, rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout,
+                 target_modules=c.lora.target_modules, adapt_routers=c.lora.adapt_routers, head=value_head)
+        value_head.requires_grad_(True)
     o = cfg.optim
     return Critic(model.to(cfg.cluster.device), lr=c.lr, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
@@ -114,7 +121,8 @@ class Critic:
         self.device = next(model.parameters()).device
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def _values(self, micro: Batch) -> torch.Tensor:
         """V [b, T] of a micro-batch (with gradient when enabled), 0 off its ``mask``."""

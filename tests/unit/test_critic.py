@@ -124,6 +124,23 @@ def test_an_architecture_without_a_token_classification_class_gets_a_linear_valu
         assert torch.equal(p, q), name
 
 
+def test_a_lora_critic_trains_its_adapters_and_its_head_only():
+    """``critic.lora`` (verl's ``critic.model.lora_rank``): adapters on the transformer (``all-linear``: not the value
+    head), the head trainable, every other weight frozen through an update."""
+    from minirl.config import LoRAConfig
+    from tests.unit.test_trainer_precision import batch_of
+
+    critic, _ = _critic(lr=1e-2, lora=LoRAConfig(rank=2, target_modules=["all-linear"]))
+    trainable = {name for name, p in critic.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("score.") for name in trainable), trainable
+    assert {"score.weight"} <= trainable and not any(name.startswith("score.lora") for name in trainable)
+    before = {name: p.detach().clone() for name, p in critic.model.named_parameters()}
+    batch = batch_of(4)
+    critic.update(batch, critic.values(batch), torch.where(batch.mask, 1.0, 0.0))
+    changed = {name for name, p in critic.model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and changed <= trainable and "score.weight" in changed
+
+
 def test_values_sit_before_each_target_token_whatever_the_micro_batches():
     from tests.unit.test_trainer_precision import batch_of
 

@@ -1412,8 +1412,12 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert out.objective.startswith("your verl loss") and not any("critic" in line for line in out.not_translated)
     cfg = out.config()
     assert (cfg.algo.adv_baseline, cfg.critic.warmup_steps) == ("critic", 3)
-    out = advantage("gae", **{"critic.model.path": "/elsewhere/critic", "critic.ppo_mini_batch_size": 3})
+    out = advantage("gae", **{"critic.model.path": "/elsewhere/critic", "critic.ppo_mini_batch_size": 3,
+                              "critic.model.lora_rank": 8, "critic.model.lora_alpha": 16})
     assert out.values["critic.model_path"] == "/elsewhere/critic"
+    assert (out.values["critic.lora.rank"], out.values["critic.lora.alpha"], out.values["critic.lora.target_modules"]) == (
+        8, 16.0, ["all-linear"])
+    assert out.config().critic.lora.rank == 8
     assert any("critic.ppo_mini_batch_size=3" in line for line in out.differs)
     for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):

@@ -55,8 +55,9 @@ def router_names(model: torch.nn.Module) -> list[str]:
 
 
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: list[str],
-             adapt_routers: bool = False) -> None:
-    """Inject LoRA adapters (``ValueError`` with one line when a target is a router or matches nothing)."""
+             adapt_routers: bool = False, head: torch.nn.Module | None = None) -> None:
+    """Inject LoRA adapters (``ValueError`` with one line when a target is a router or matches nothing); ``head``: the
+    output head ``all-linear`` leaves out (default the model's output embeddings; a critic's value head)."""
     from peft import LoraConfig
 
     routers = router_names(model)
@@ -69,7 +70,7 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
 
     targets = list(target_modules)
     if targets == ["all-linear"]:  # peft's keyword, resolved here: its newer releases also wrap routers and experts
-        head = model.get_output_embeddings()  # type: ignore[operator]
+        head = head if head is not None else model.get_output_embeddings()  # type: ignore[operator]
         targets = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
                    and module is not head and (adapt_routers or name not in routers)]
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")

@@ -58,6 +58,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "critic.optim.lr": 1e-5, "critic.optim.weight_decay": 0.01, "critic.grad_clip": 1.0, "critic.cliprange_value": 0.5,
     "critic.ppo_epochs": None, "critic.ppo_mini_batch_size": None, "critic.loss_agg_mode": None, "critic.model.path": None,
     "critic.optim.lr_warmup_steps_ratio": 0.0, "critic.optim.lr_warmup_steps": -1, "trainer.critic_warmup": 0,
+    "critic.model.lora_rank": 0, "critic.model.lora_alpha": 16, "critic.model.target_modules": "all-linear",
     "algorithm.gdpo_reward_keys": None, "algorithm.gdpo_reward_weights": None,
     "algorithm.use_kl_in_reward": False,
     "algorithm.kl_penalty": "kl", "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": 0.001,
@@ -694,6 +695,12 @@ def _verl_critic(peer: Peer, out: Translation) -> None:
     elif not path:
         out.differs.append("critic.model.path unset (verl's default is a placeholder path): minirl's critic starts from "
                            "the actor's weights, as verl scripts set it")
+    if peer("critic.model.lora_rank"):
+        out.set("critic.lora.rank", int(peer("critic.model.lora_rank")), peer.show("critic.model.lora_rank"))
+        out.set("critic.lora.alpha", float(peer("critic.model.lora_alpha")), peer.show("critic.model.lora_alpha"))
+        modules = peer("critic.model.target_modules")
+        out.set("critic.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
+                peer.show("critic.model.target_modules"))
     mini = peer("critic.ppo_mini_batch_size")
     if mini is not None and mini != peer(A + "ppo_mini_batch_size"):
         out.differs.append(f"{peer.show('critic.ppo_mini_batch_size')}: minirl's critic trains on the actor's "
