@@ -837,7 +837,10 @@ class CriticConfig(Section):
     clipped value loss (``minirl.critic``). AdamW's betas and eps are ``optim``'s."""
 
     lr: float = Field(1e-5, ge=0, le=1)
-    """The critic's learning rate, constant (verl's ``critic.optim.lr``)."""
+    """The critic's learning rate (verl's ``critic.optim.lr``), constant after its warm-up."""
+    lr_warmup_updates: int = Field(0, ge=0)
+    """Critic updates over which its learning rate rises linearly to ``lr`` ((k + 1) / W, as ``optim.warmup_updates``;
+    verl's ``critic.optim.lr_warmup_steps``, slime's ``--critic-lr-warmup-iters``); 0 = none."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW's decoupled weight decay (verl's ``critic.optim.weight_decay``)."""
     grad_clip_norm: float | None = Field(1.0, gt=0)

@@ -13,6 +13,7 @@ controller process (beside FSDP trainer ranks or Ray actors, as verl's critic is
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -23,7 +24,7 @@ from minirl.algo.variants.gae import value_loss
 from minirl.batching import token_budget_rows
 from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
-from minirl.trainer import disable_stochastic_layers
+from minirl.trainer import disable_stochastic_layers, lr_factor
 from minirl.types import Batch
 
 
@@ -59,7 +60,7 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
                  target_modules=c.lora.target_modules, adapt_routers=c.lora.adapt_routers, head=value_head)
         value_head.requires_grad_(True)
     o = cfg.optim
-    return Critic(model.to(cfg.cluster.device), lr=c.lr, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
+    return Critic(model.to(cfg.cluster.device), lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
                   precision=o.precision)
@@ -110,7 +111,7 @@ class Critic:
     """V_phi and its optimizer; ``values`` and ``update`` take ``minirl.types.Batch``es (their ``mask`` says which
     target positions count)."""
 
-    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, weight_decay: float = 0.01,
+    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
                  clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
                  precision: str = "fp32") -> None:
@@ -123,6 +124,8 @@ class Critic:
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
+            lr_factor, warmup_updates=lr_warmup_updates))
 
     def _values(self, micro: Batch) -> torch.Tensor:
         """V [b, T] of a micro-batch (with gradient when enabled), 0 off its ``mask``."""
@@ -185,15 +188,18 @@ class Critic:
         norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip_norm if self.grad_clip_norm else float("inf")))
         if not torch.isfinite(torch.tensor(norm)):
             raise FloatingPointError("non-finite critic gradient")
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's
         self.optimizer.step()
+        self.scheduler.step()
         return {"vf_loss": loss_sum, "vf_clipfrac": clipped, "vpred_mean": predicted, "grad_norm": norm,
-                "lr": float(self.optimizer.param_groups[0]["lr"])}
+                "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         """The critic's weights and optimizer state (a checkpoint's)."""
         return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

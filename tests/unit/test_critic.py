@@ -164,13 +164,16 @@ def test_values_sit_before_each_target_token_whatever_the_micro_batches():
 def test_the_critic_regresses_on_the_returns():
     from tests.unit.test_trainer_precision import batch_of
 
-    critic, _ = _critic(lr=1e-2, clip_value_range=10.0)
+    critic, _ = _critic(lr=1e-2, clip_value_range=10.0, lr_warmup_updates=4)
     batch = batch_of(6)
     returns = torch.where(batch.mask, torch.linspace(-1, 1, batch.mask.shape[1]).expand_as(batch.mask), 0.0)
-    losses = []
+    losses, rates = [], []
     for _ in range(30):
-        losses.append(critic.update(batch, critic.values(batch), returns)["vf_loss"])
+        metrics = critic.update(batch, critic.values(batch), returns)
+        losses.append(metrics["vf_loss"])
+        rates.append(metrics["lr"])
     assert losses[-1] < 0.2 * losses[0], losses
+    assert rates[:5] == pytest.approx([2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])  # (k + 1) / 4 of the rate, then the rate
     state = copy.deepcopy(critic.state_dict())
     other, _ = _critic(seed=1)
     other.load_state_dict(state)

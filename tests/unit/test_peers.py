@@ -1418,6 +1418,11 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert (out.values["critic.lora.rank"], out.values["critic.lora.alpha"], out.values["critic.lora.target_modules"]) == (
         8, 16.0, ["all-linear"])
     assert out.config().critic.lora.rank == 8
+    v = advantage("gae", **{"critic.optim.lr_warmup_steps": 5}).values
+    assert v["critic.lr_warmup_updates"] == 5
+    v = advantage("gae", **{"critic.optim.lr_warmup_steps_ratio": 0.1, "trainer.total_training_steps": 20,
+                            "critic.ppo_epochs": 2}).values
+    assert v["critic.lr_warmup_updates"] == round(0.1 * 20 * v["optim.minibatches_per_step"] * 2)
     assert any("critic.ppo_mini_batch_size=3" in line for line in out.differs)
     for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):

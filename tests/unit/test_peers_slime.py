@@ -376,14 +376,15 @@ def test_slimes_ppo_trains_minirls_critic():
     out = from_slime(BASE | {"advantage-estimator": "ppo", "gamma": 0.99, "lambd": 0.95, "kl-coef": 0.01,
                              "kl-loss-type": "low_var_kl", "normalize-advantages": True, "critic-lr": 2e-6,
                              "value-clip": 0.3, "num-critic-only-steps": 2, "weight-decay": 0.1,
-                             "calculate-per-token-loss": True, "critic-load": "/ckpt/critic", "critic-num-gpus-per-node": 2})
+                             "calculate-per-token-loss": True, "critic-load": "/ckpt/critic", "critic-num-gpus-per-node": 2,
+                             "critic-lr-warmup-iters": 4})
     v = out.values
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"], v["algo.adv_gamma"],
             v["algo.adv_lambda"], v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (
         "critic", False, True, 0.99, 0.95, 0.01, "k3")
     assert "algo.adv_token_returns" not in v and "algo.adv_token_kl" not in v
     assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["critic.weight_decay"],
-            v["critic.grad_clip_norm"]) == (2e-6, 0.3, 3, 0.1, 1.0)
+            v["critic.grad_clip_norm"], v["critic.lr_warmup_updates"]) == (2e-6, 0.3, 3, 0.1, 1.0, 4)
     assert out.objective.startswith("your slime loss")
     assert any(line.startswith("--critic-load /ckpt/critic") for line in out.not_translated), out.not_translated
     assert any("critic-num-gpus-per-node" in line for line in out.ignored)

@@ -776,7 +776,7 @@ def _slime_critic(peer: SlimePeer, out: Translation) -> None:
         out.not_translated.append(f"{peer.show('critic-load')}: a Megatron checkpoint of the critic; minirl's critic "
                                   "starts from --hf-checkpoint under a new value head (critic.model_path: an HF directory)")
     if peer.number("critic-lr-warmup-iters", int):
-        out.not_translated.append(f"{peer.show('critic-lr-warmup-iters')}: minirl's critic learning rate is constant")
+        out.set("critic.lr_warmup_updates", peer.number("critic-lr-warmup-iters", int), peer.show("critic-lr-warmup-iters"))
     if not peer("calculate-per-token-loss"):
         out.differs.append("the value loss: slime averages each sample's token mean (--calculate-per-token-loss "
                            "unset), minirl's critic takes the mini-batch's token mean")

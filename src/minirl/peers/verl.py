@@ -708,9 +708,16 @@ def _verl_critic(peer: Peer, out: Translation) -> None:
     agg = peer("critic.loss_agg_mode") or peer(A + "loss_agg_mode")
     if agg != "token-mean":
         out.differs.append(f"the critic's loss_agg_mode {agg!r}: minirl's value loss is the mini-batch's token mean")
-    if peer("critic.optim.lr_warmup_steps_ratio") or (peer("critic.optim.lr_warmup_steps") or -1) > 0:
-        out.not_translated.append(peer.show("critic.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps") +
-                                  ": minirl's critic learning rate is constant")
+    warmup, ratio = peer("critic.optim.lr_warmup_steps") or -1, peer("critic.optim.lr_warmup_steps_ratio")
+    steps = peer("trainer.total_training_steps")
+    if warmup > 0:
+        out.set("critic.lr_warmup_updates", int(warmup), peer.show("critic.optim.lr_warmup_steps"))
+    elif ratio and steps:
+        epochs = int(peer("critic.ppo_epochs") or out.values.get("optim.epochs_per_step", 1))
+        out.set("critic.lr_warmup_updates", round(ratio * steps * out.values.get("optim.minibatches_per_step", 1) *
+                                                  epochs), f"{ratio} x the critic's total updates")
+    elif ratio:
+        out.not_translated.append(f"{peer.show('critic.optim.lr_warmup_steps_ratio')} without total_training_steps")
 
 
 def _verl_reinforce_plus_plus(peer: Peer, obj: Objective) -> None:
