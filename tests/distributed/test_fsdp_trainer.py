@@ -232,6 +232,7 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
+@pytest.mark.slow  # the critic is the controller's: the ranks' side is the ordinary token-advantage update
 def test_ppo_with_a_critic_beside_two_ranks_matches_one_process(tmp_path):
     """algo.adv_baseline=critic: the critic lives in the controller; the ranks train the policy on its GAE advantages."""
     single, sharded = _two_ranks_match_one_process(tmp_path, *MODE, "algo.adv_baseline=critic", "algo.adv_whiten=true",
