@@ -1424,6 +1424,11 @@ def test_verls_outcome_estimators_are_minirls_advantages():
                             "critic.ppo_epochs": 2}).values
     assert v["critic.lr_warmup_updates"] == round(0.1 * 20 * v["optim.minibatches_per_step"] * 2)
     assert any("critic.ppo_mini_batch_size=3" in line for line in out.differs)
+    assert out.values["critic.loss_aggregation"] == "token_mean"
+    v = advantage("gae", **{"critic.loss_agg_mode": "seq-mean-token-mean"}).values
+    assert v["critic.loss_aggregation"] == "seq_mean"
+    out = advantage("gae", **{"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"})
+    assert any("seq-mean-token-sum-norm" in line and "critic" in line for line in out.not_translated)
     for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)

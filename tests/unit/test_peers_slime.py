@@ -384,15 +384,16 @@ def test_slimes_ppo_trains_minirls_critic():
         "critic", False, True, 0.99, 0.95, 0.01, "k3")
     assert "algo.adv_token_returns" not in v and "algo.adv_token_kl" not in v
     assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["critic.weight_decay"],
-            v["critic.grad_clip_norm"], v["critic.lr_warmup_updates"]) == (2e-6, 0.3, 3, 0.1, 1.0, 4)
+            v["critic.grad_clip_norm"], v["critic.lr_warmup_updates"], v["critic.loss_aggregation"]) == (
+        2e-6, 0.3, 3, 0.1, 1.0, 4, "token_mean")
     assert out.objective.startswith("your slime loss")
     assert any(line.startswith("--critic-load /ckpt/critic") for line in out.not_translated), out.not_translated
     assert any("critic-num-gpus-per-node" in line for line in out.ignored)
     cfg = out.config()
     assert (cfg.algo.adv_baseline, cfg.critic.warmup_steps) == ("critic", 3)
     v = from_slime(BASE | {"advantage-estimator": "ppo", "lr": 3e-6}).values  # slime's defaults
-    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["algo.adv_lambda"]) == (
-        3e-6, 0.2, 0, 1.0) and "algo.kl_in_reward_coef" not in v
+    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.warmup_steps"], v["algo.adv_lambda"],
+            v["critic.loss_aggregation"]) == (3e-6, 0.2, 0, 1.0, "seq_mean") and "algo.kl_in_reward_coef" not in v
 
 
 def test_advantages_kl_loss_and_entropy():

@@ -777,9 +777,8 @@ def _slime_critic(peer: SlimePeer, out: Translation) -> None:
                                   "starts from --hf-checkpoint under a new value head (critic.model_path: an HF directory)")
     if peer.number("critic-lr-warmup-iters", int):
         out.set("critic.lr_warmup_updates", peer.number("critic-lr-warmup-iters", int), peer.show("critic-lr-warmup-iters"))
-    if not peer("calculate-per-token-loss"):
-        out.differs.append("the value loss: slime averages each sample's token mean (--calculate-per-token-loss "
-                           "unset), minirl's critic takes the mini-batch's token mean")
+    out.set("critic.loss_aggregation", "token_mean" if peer("calculate-per-token-loss") else "seq_mean",
+            peer.show("calculate-per-token-loss") + " (the value loss's too: each sample's token mean, averaged, when unset)")
     placed = [key for key in ("critic-save", "critic-num-nodes", "critic-num-gpus-per-node") if peer(key) is not None]
     if placed:
         out.ignored.append(f"{peer.show(*placed)} (minirl's critic lives in the run's process; its weights and optimizer "

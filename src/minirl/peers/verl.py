@@ -705,9 +705,14 @@ def _verl_critic(peer: Peer, out: Translation) -> None:
     if mini is not None and mini != peer(A + "ppo_mini_batch_size"):
         out.differs.append(f"{peer.show('critic.ppo_mini_batch_size')}: minirl's critic trains on the actor's "
                            "mini-batches")
-    agg = peer("critic.loss_agg_mode") or peer(A + "loss_agg_mode")
-    if agg != "token-mean":
-        out.differs.append(f"the critic's loss_agg_mode {agg!r}: minirl's value loss is the mini-batch's token mean")
+    agg_key = "critic.loss_agg_mode" if peer("critic.loss_agg_mode") else A + "loss_agg_mode"
+    aggregation = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean",
+                   "seq-mean-token-sum": "seq_sum"}.get(str(peer(agg_key)))
+    if aggregation is None:
+        out.not_translated.append(f"{peer.show(agg_key)} for the critic: minirl's value loss takes token-mean, "
+                                  "seq-mean-token-mean or seq-mean-token-sum")
+    else:
+        out.set("critic.loss_aggregation", aggregation, peer.show(agg_key) + " (the critic's)")
     warmup, ratio = peer("critic.optim.lr_warmup_steps") or -1, peer("critic.optim.lr_warmup_steps_ratio")
     steps = peer("trainer.total_training_steps")
     if warmup > 0:

@@ -10,7 +10,10 @@ over trained tokens (V after a response's last token is 0), as verl's ``compute_
 policy trains on A whitened over the step's tokens. The critic V_phi regresses on G with PPO's clipped value loss
 (verl's ``compute_value_loss``; Ziegler et al. 2019's value clipping):
 
-    L_V = 1/2 * sum_it mask_it max((V_phi - G)^2, (clip(V_phi, V_old - c, V_old + c) - G)^2) / normaliser
+    L_V = 1/2 * sum_it mask_it max((V_phi - G)^2, (clip(V_phi, V_old - c, V_old + c) - G)^2) / normaliser_i
+
+with normaliser_i the mini-batch's trained tokens (verl's ``token-mean``), its responses x response i's tokens (each
+response's token mean, averaged: ``seq-mean-token-mean``, slime's per-sample mean) or its responses (``seq-mean-token-sum``).
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ def gae_advantages(rewards_B: torch.Tensor, values_BT: torch.Tensor, mask_BT: to
 def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                clip_range: float, normalizer: float | torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(L_V, metrics) of the equation above: ``values`` V_phi [B, T] (with gradient), ``values_old`` and ``returns``
-    constants; ``vf_clipfrac``, the trained tokens whose clipped error is the larger, and ``vpred_mean``."""
+    constants, ``normalizer`` a number or one per row [B, 1]; ``vf_clipfrac``, the trained tokens whose clipped error is
+    the larger, and ``vpred_mean``."""
     m = mask.to(values.dtype)
     clipped = values_old + (values - values_old).clamp(-clip_range, clip_range)
     unclipped_error, clipped_error = (values - returns).square(), (clipped - returns).square()
-    loss = 0.5 * (torch.maximum(unclipped_error, clipped_error) * m).sum() / normalizer
+    loss = 0.5 * (torch.maximum(unclipped_error, clipped_error) * m / normalizer).sum()
     tokens = m.sum().clamp(min=1)
     return loss, {"vf_clipfrac": ((clipped_error > unclipped_error).to(m.dtype) * m).sum().detach() / tokens,
                   "vpred_mean": (values.detach() * m).sum() / tokens}
