@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -21,7 +22,7 @@ from typing import Any, cast
 import torch
 
 from minirl.algo.variants.gae import value_loss
-from minirl.batching import token_budget_rows
+from minirl.batching import token_budget_rows, trim
 from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import disable_stochastic_layers, lr_factor
@@ -145,14 +146,7 @@ class Critic:
         else:
             groups = [slice(start, min(start + self.micro_batch_sequences, batch.size))
                       for start in range(0, batch.size, self.micro_batch_sequences)]
-        out = []
-        for rows in groups:
-            micro = batch.select(rows)
-            width = max(int(micro.attention_mask.sum(dim=1).max()), 2)
-            out.append((rows, Batch(input_ids=micro.input_ids[:, :width], attention_mask=micro.attention_mask[:, :width],
-                                    mask=micro.mask[:, :width - 1], logp_rollout=micro.logp_rollout[:, :width - 1],
-                                    advantages=micro.advantages, group_ids=micro.group_ids)))
-        return out
+        return [(rows, trim(batch.select(rows))) for rows in groups]
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
@@ -176,28 +170,28 @@ class Critic:
         responses = (per_row > 0).sum().clamp(min=1)
         divisor = {"token_mean": tokens.expand_as(per_row), "seq_sum": responses.expand_as(per_row),
                    "seq_mean": responses * per_row.clamp(min=1)}[self.loss_aggregation].to(torch.float32)
-        loss_sum, clipped, predicted = 0.0, 0.0, 0.0
+        loss_sum = clipped = predicted = torch.zeros((), device=self.device)  # read once, after the backward passes
         for rows, micro in self._micro_batches(batch):
             width = micro.mask.shape[1]
             old, target = values_old[rows, :width].to(self.device), returns[rows, :width].to(self.device)
             loss, metrics = value_loss(self._values(micro), old, target, micro.mask.to(self.device),
                                        clip_range=self.clip_value_range, normalizer=divisor[rows].to(self.device))
-            if not bool(torch.isfinite(loss)):
-                raise FloatingPointError("non-finite critic loss")
             loss.backward()
-            share = float(micro.mask.sum()) / float(tokens)
-            loss_sum += float(loss.detach())
-            clipped += float(metrics["vf_clipfrac"]) * share
-            predicted += float(metrics["vpred_mean"]) * share
+            share = micro.mask.sum().to(self.device) / tokens.to(self.device)
+            loss_sum = loss_sum + loss.detach()
+            clipped = clipped + metrics["vf_clipfrac"] * share
+            predicted = predicted + metrics["vpred_mean"] * share
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip_norm if self.grad_clip_norm else float("inf")))
-        if not torch.isfinite(torch.tensor(norm)):
+        if not math.isfinite(float(loss_sum)):
+            raise FloatingPointError("non-finite critic loss")
+        if not math.isfinite(norm):
             raise FloatingPointError("non-finite critic gradient")
         lr = float(self.optimizer.param_groups[0]["lr"])  # this update's
         self.optimizer.step()
         self.scheduler.step()
-        return {"vf_loss": loss_sum, "vf_clipfrac": clipped, "vpred_mean": predicted, "grad_norm": norm,
-                "lr": lr}
+        return {"vf_loss": float(loss_sum), "vf_clipfrac": float(clipped), "vpred_mean": float(predicted),
+                "grad_norm": norm, "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
         """The critic's weights and optimizer state (a checkpoint's)."""
