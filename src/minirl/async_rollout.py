@@ -20,7 +20,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -128,7 +128,7 @@ class EngineWeights:
 
     @property
     def ready(self) -> bool:
-        """Whether weights were kept (not yet at a run's first step, nor at the first after a resume)."""
+        """Whether weights were kept (not yet at a run's first step; a checkpoint keeps them, ``state_dict``)."""
         return self.kept is not None
 
     def _params(self) -> list[torch.Tensor]:
@@ -148,18 +148,68 @@ class EngineWeights:
                 kept.copy_(param)
 
     @torch.no_grad()
+    def _swap(self) -> None:
+        """The kept weights into the model's parameters, and the parameters' into ``kept``."""
+        for kept, param in zip(self.kept or [], self._params(), strict=True):
+            current = param.clone()
+            param.copy_(kept)
+            kept.copy_(current)
+
+    @torch.no_grad()
     def logprobs(self, batch: Batch, *, replay_routes: bool = False) -> torch.Tensor:
         """log pi(y_t) of ``batch`` [B, T] at the kept weights (``Trainer.score``; 0 where ``batch.mask`` is False);
         the trainer's weights are the current ones again after, and kept."""
         if self.kept is None:
             raise RuntimeError("EngineWeights.logprobs before keep(): no weights of the engine's kept")
-        held = self.kept
-        for kept, param in zip(held, self._params(), strict=True):  # swap: kept <-> current
-            current = param.clone()
-            param.copy_(kept)
-            kept.copy_(current)
+        self._swap()
         try:
             return self.trainer.score(batch, replay_routes=replay_routes, entropy=False).logp
         finally:
-            for kept, param in zip(held, self._params(), strict=True):  # the current weights back, still kept
+            for kept, param in zip(self.kept, self._params(), strict=True):  # the current weights back, still kept
                 param.copy_(kept)
+
+    def _trainable_names(self) -> list[str]:
+        return [name for name, p in self.trainer.model.named_parameters() if p.requires_grad]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The kept weights by parameter name (a checkpoint's, so that the first step after a resume splits its
+        mismatch too); empty before ``keep()``. On a trainer rank: the full weights, gathered from every rank's
+        kept shards (a collective: every rank calls it; rank 0's is the whole)."""
+        if self.kept is None:
+            return {}
+        self._swap()  # the kept weights in the model, gathered as its state is (copied before they swap back)
+        try:
+            full = self._model_state()
+            return {name: full[name].detach().cpu().clone() for name in self._trainable_names() if name in full}
+        finally:
+            self._swap()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Keep the weights a checkpoint's ``state_dict()`` holds (on a trainer rank: each its shards of them)."""
+        if not state:
+            return
+        self.keep()  # the current weights, to be swapped out for the loaded ones
+        missing = set(self._trainable_names()) - set(state)
+        if missing:
+            raise ValueError(f"the checkpoint's engine weights lack {sorted(missing)[:3]}")
+        self._load_model_state(state)  # the parameters now hold the loaded weights, ``kept`` the current ones
+        self._swap()
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        if self.trainer.collective:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return cast(dict[str, torch.Tensor], get_model_state_dict(self.trainer.model, options=options))
+        return dict(self.trainer.model.state_dict())
+
+    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.trainer.collective:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.trainer.model, dict(state), options=StateDictOptions(full_state_dict=True, strict=False))
+            return
+        with torch.no_grad():
+            params = dict(self.trainer.model.named_parameters())
+            for name, tensor in state.items():
+                params[name].copy_(tensor)

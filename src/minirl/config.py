@@ -252,7 +252,8 @@ class RolloutConfig(Section):
     trainable weights, one more no-grad pass per step), so that ``mismatch/*`` (mu_old against pi_old, what the IS
     weight sees) splits into ``mismatch/engine_*`` (the engine against the trainer at the same weights: the
     training–inference discrepancy) and ``mismatch/lag_*`` (pi at theta_{t-1} against pi_old: the policy staleness
-    of the lag), the paper's two gaps (``minirl.async_rollout.EngineWeights``)."""
+    of the lag), the paper's two gaps (``minirl.async_rollout.EngineWeights``). A checkpoint keeps the copy, so the
+    first step after a resume splits too."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.

@@ -205,6 +205,8 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "kl_control": dict(run.kl_control),
         **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
         **({"critic": run.critic.state_dict()} if run.critic is not None else {}),
+        # rollout.async_split_mismatch: the weights the batch ahead was sampled with, to split its mismatch too
+        **({"engine_weights": run.engine_weights.state_dict()} if run.engine_weights is not None else {}),
         "metrics_bytes": logger.size(),
         "eval_before": dict(eval_before),
         "eval_metrics": dict(eval_metrics),
@@ -244,6 +246,8 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
         if "critic" not in state:
             raise ConfigError(f"cannot resume from {checkpoint_dir}: it holds no critic (algo.adv_baseline=critic)")
         run.critic.load_state_dict(state["critic"])
+    if run.engine_weights is not None:  # absent from a checkpoint of a run without the split: its first step has none
+        run.engine_weights.load_state_dict(state.get("engine_weights", {}))
     checkpoint.restore_rng(state["rng"])  # last: loading above may draw from the global streams
     return state
 
@@ -670,7 +674,8 @@ def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tup
 def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sampled, clock: _Clock) -> torch.Tensor | None:
     """``rollout.async_split_mismatch``: log pi of a batch sampled a step ahead at the weights that sampled it
     (theta_(t-1); R3 replays the engine's routes, as the pi_old pass does), or None for a batch sampled in line (the
-    first step) or when no weights were kept (the first step after a resume). Either way the current weights, which
+    first step) or when no weights were kept (the first step after resuming a checkpoint saved without the split).
+    Either way the current weights, which
     the engine samples the next step's batch with, are kept for the next step."""
     weights = run.engine_weights
     if weights is None:

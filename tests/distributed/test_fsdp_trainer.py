@@ -7,6 +7,9 @@ within 1e-5 (fp32), though each rank sees half of every mini-batch in other micr
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 import minirl.loop as loop
@@ -64,24 +67,36 @@ REFERENCE_SYNC = ["algo.kl_coef=0.1", "algo.ref_sync_every_updates=1", "algo.ref
 LORA = ["model.lora={rank: 4, alpha: 8.0}", "algo.kl_coef=0.1"]
 
 
+SPLIT = ["rollout.async_steps=1", "cluster.sample_seeding=per_sample", "rollout.async_split_mismatch=true",
+         "rollout.precision=fp8_e4m3"]
+
+
 @pytest.mark.parametrize("extra", [[], pytest.param(REFERENCE_SYNC, marks=pytest.mark.slow),
-                                   pytest.param(LORA, marks=pytest.mark.slow)], ids=["plain", "reference", "lora"])
+                                   pytest.param(LORA, marks=pytest.mark.slow), pytest.param(SPLIT, marks=pytest.mark.slow)],
+                         ids=["plain", "reference", "lora", "split"])
 def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
     """A W=2 run checkpoints the gathered model and the full optimizer state in the single-process
     format (step 2), and a W=2 resume loads them back into the shards: step 3 ends where an
     uninterrupted single-process run ends. With a synced KL reference its gathered weights are checkpointed too and
     loaded back into the ranks' shards; with LoRA the adapters' optimizer state and weights (the mirror's adapter,
-    beside the merged weights) go back into the ranks."""
+    beside the merged weights) go back into the ranks; with rollout.async_split_mismatch the ranks' kept shards of the
+    engine's weights are gathered, and scattered back so that the resumed step splits its mismatch as one process."""
     import torch
 
     from minirl import checkpoint
 
     single = _train(tmp_path / "single", "optim.global_steps=3", *extra)
-    sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2", *extra)
+    if extra is SPLIT:  # a run that goes on past step 2 (one ending there samples no batch ahead), cut back to it
+        sharded = _train(tmp_path / "fsdp", "optim.global_steps=3", "cluster.trainer_ranks=2", *extra)
+        shutil.rmtree(sharded / "checkpoints" / "step_000003")
+    else:
+        sharded = _train(tmp_path / "fsdp", "optim.global_steps=2", "cluster.trainer_ranks=2", *extra)
     want_all = checkpoint.load_state(single / "checkpoints" / "step_000002")
     got_all = checkpoint.load_state(sharded / "checkpoints" / "step_000002")
-    if "reference" in want_all:
-        assert max(float((want_all["reference"][k] - got_all["reference"][k]).abs().max()) for k in want_all["reference"]) < TOL
+    for kept in ("reference", "engine_weights"):
+        if kept in want_all:
+            assert want_all[kept].keys() == got_all[kept].keys() and want_all[kept]
+            assert max(float((want_all[kept][k] - got_all[kept][k]).abs().max()) for k in want_all[kept]) < TOL
     want, got = want_all["trainer"], got_all["trainer"]
     assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])  # parameter indices, as one process
     for index, state in want["optimizer"]["state"].items():
@@ -95,6 +110,11 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
     final_sharded, _ = load_model_and_tokenizer(str(sharded / "checkpoint"))
     a, b = final_single.state_dict(), final_sharded.state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < TOL
+    if "engine_weights" in want_all:  # the resumed step's split, from the weights the checkpoint kept
+        rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (single, sharded)]
+        step3 = [next(r for r in each if r["step"] == 3) for each in rows]
+        assert step3[1]["mismatch/lag_kl_k3"] == pytest.approx(step3[0]["mismatch/lag_kl_k3"], rel=1e-3)
+        assert step3[1]["mismatch/engine_kl_k3"] == pytest.approx(step3[0]["mismatch/engine_kl_k3"], rel=1e-3)
 
 
 def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):

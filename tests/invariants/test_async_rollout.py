@@ -170,6 +170,19 @@ def test_the_engine_weights_score_the_kept_weights_and_put_the_current_ones_back
         assert torch.equal(param, current[name]), name
     assert all(torch.equal(k, p) for k, p in zip(weights.kept, model.parameters(), strict=True))  # the current, kept
 
+    # a checkpoint's copy: the kept weights by name, not the model's (they swap back after the copy)
+    weights.keep()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01)
+    state, later = weights.state_dict(), {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert all(torch.equal(state[name], current[name]) for name in current) and state.keys() == current.keys()
+    resumed = EngineWeights(trainer)
+    resumed.load_state_dict(state)
+    assert resumed.ready and all(torch.equal(p, later[name]) for name, p in model.named_parameters())
+    assert torch.equal(resumed.logprobs(batch), weights.logprobs(batch))
+    assert EngineWeights(trainer).state_dict() == {}
+
     model = lora_model()
     weights = EngineWeights(Trainer(model, lr=0.0))
     weights.keep()

@@ -47,9 +47,11 @@ MODES = {"none": ["moe.routing_replay=none"],
                        "algo.kl_coef=0.05", "algo.ref_sync_every_updates=2", "algo.ref_sync_alpha=0.5",
                        # verl's KL in the reward with its adaptive coefficient (state that must survive the kill)
                        "algo.kl_in_reward_coef=0.05", "algo.kl_in_reward_target=0.01", "algo.kl_in_reward_horizon=8"],
-         # one-step-off: a checkpoint holds the next step's batch, sampled beside the saved step's update
+         # one-step-off: a checkpoint holds the next step's batch, sampled beside the saved step's update, and the
+         # weights that sampled it (rollout.async_split_mismatch's kept copy: the first resumed step splits too)
          "async": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.async_steps=1",
-                   "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2"],
+                   "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2",
+                   "rollout.async_split_mismatch=true"],
          # ReMax's greedy baseline, sampled ahead beside the update: the checkpoint holds its greedy rewards too
          "remax": ["moe.routing_replay=R3", "rollout.async_steps=1", "algo.adv_baseline=greedy",
                    "algo.reward_clip_range=[0.0, 0.8]"],
@@ -109,6 +111,10 @@ def _run_killed(cmd: list[str], run: Path, kill: tuple[str, int]) -> bool:
     return False
 
 
+def mismatch(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k.startswith("mismatch/")}
+
+
 def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None:
     extra = MODES[mode]
     ref = subprocess.run(_command(tmp_path, "ref", extra), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
@@ -132,6 +138,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     assert [r["step"] for r in got] == list(range(STEPS + 1)) == [r["step"] for r in want]
     assert [r.get("train/reward_mean") for r in got] == [r.get("train/reward_mean") for r in want]
     assert [r.get("eval/reward_mean") for r in got] == [r.get("eval/reward_mean") for r in want]
+    assert [mismatch(r) for r in got] == [mismatch(r) for r in want]  # the monitor's metrics too, every key
     a, b = _weights(tmp_path / "ref"), _weights(run)
     assert a.keys() == b.keys()
     differing = [name for name in a if not torch.equal(a[name], b[name])]

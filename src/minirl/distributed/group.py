@@ -327,6 +327,15 @@ class GroupEngineWeights:
         shards = [(s,) for s in split(batch, self.group.world)]
         return torch.cat(self.group._all("engine_weights_logprobs", shards, replay_routes=replay_routes))
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The kept weights in full (rank 0's gather of every rank's kept shards); empty before ``keep()``."""
+        return self.group._all("engine_weights_state")[0] if self.ready else {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            self.group._all("load_engine_weights_state", [(state,)] * self.group.world)
+            self.ready = True
+
 
 class GroupReplay:
     """The controller's ``RoutingReplay`` for validation, counting the ranks' replayed rows."""

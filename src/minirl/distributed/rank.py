@@ -166,6 +166,15 @@ class TrainerRank:
     def engine_weights_logprobs(self, shard: Batch, replay_routes: bool = False) -> torch.Tensor:
         return self.engine_weights.logprobs(shard, replay_routes=replay_routes)
 
+    def engine_weights_state(self) -> dict[str, torch.Tensor] | None:
+        """The kept weights in full (rank 0; others None)."""
+        state = self.engine_weights.state_dict()
+        return state if self.rank == 0 else None
+
+    def load_engine_weights_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.engine_weights_keep()  # built on this rank, then its kept shards replaced by the checkpoint's
+        self.engine_weights.load_state_dict(_owned(state))
+
     # ------------------------------------------------------------------ full (unsharded) state
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
