@@ -846,10 +846,11 @@ class CriticConfig(Section):
     """AdamW's decoupled weight decay (verl's ``critic.optim.weight_decay``)."""
     grad_clip_norm: float | None = Field(1.0, gt=0)
     """Clip the critic's gradient to this global norm (verl's ``critic.grad_clip``; null = off)."""
-    loss_aggregation: Literal["token_mean", "seq_mean", "seq_sum"] = "token_mean"
+    loss_aggregation: Literal["token_mean", "seq_mean", "seq_sum", "seq_sum_norm"] = "token_mean"
     """How the value loss averages a mini-batch: over its trained tokens (verl's ``token-mean``), each response's token
-    mean averaged (``seq-mean-token-mean``; slime's without ``--calculate-per-token-loss``), or each response's token
-    sum averaged (``seq-mean-token-sum``)."""
+    mean averaged (``seq-mean-token-mean``; slime's without ``--calculate-per-token-loss``), each response's token
+    sum averaged (``seq-mean-token-sum``), or that divided by ``rollout.max_new_tokens`` as well
+    (``seq-mean-token-sum-norm``, whose divisor is the padded response width, ``data.max_response_length``)."""
     clip_value_range: float = Field(0.5, gt=0)
     """c of the clipped value loss: the new value counts within V_old +- c (verl's ``critic.cliprange_value``)."""
     warmup_steps: int = Field(0, ge=0)

@@ -64,7 +64,7 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
     return Critic(model.to(cfg.cluster.device), lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
-                  precision=o.precision, loss_aggregation=c.loss_aggregation)
+                  precision=o.precision, loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens)
 
 
 class ValueModel(torch.nn.Module):
@@ -115,14 +115,14 @@ class Critic:
     def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
                  clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
-                 precision: str = "fp32", loss_aggregation: str = "token_mean") -> None:
+                 precision: str = "fp32", loss_aggregation: str = "token_mean", horizon_tokens: int = 1) -> None:
         self.model = model
         disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
         if precision != "fp32":
             autocast_experts(model)
         self.device = next(model.parameters()).device
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
-        self.loss_aggregation = loss_aggregation
+        self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -169,6 +169,7 @@ class Critic:
         per_row = batch.mask.sum(dim=1, keepdim=True)
         responses = (per_row > 0).sum().clamp(min=1)
         divisor = {"token_mean": tokens.expand_as(per_row), "seq_sum": responses.expand_as(per_row),
+                   "seq_sum_norm": (responses * self.horizon_tokens).expand_as(per_row),
                    "seq_mean": responses * per_row.clamp(min=1)}[self.loss_aggregation].to(torch.float32)
         loss_sum = clipped = predicted = torch.zeros((), device=self.device)  # read once, after the backward passes
         for rows, micro in self._micro_batches(batch):

@@ -74,14 +74,17 @@ def test_the_clipped_value_loss_by_hand():
     torch.testing.assert_close(grad, torch.tensor([[0.5 * 2 * (1.0 - 0.5) / 2, 0.0]]), rtol=0, atol=1e-7)
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "seq_sum"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "seq_sum", "seq_sum_norm"])
 def test_the_value_loss_averages_as_verls_aggregations(aggregation):
-    """``critic.loss_aggregation``: verl's token-mean, seq-mean-token-mean and seq-mean-token-sum of 1/2 (V - G)^2
-    (V = V_old: nothing clipped), over micro-batches of 2 rows of a mini-batch of 6 with responses of several lengths."""
+    """``critic.loss_aggregation``: verl's token-mean, seq-mean-token-mean, seq-mean-token-sum and
+    seq-mean-token-sum-norm (its horizon the response budget, 40 tokens) of 1/2 (V - G)^2 (V = V_old: nothing clipped),
+    over micro-batches of 2 rows of a mini-batch of 6 with responses of several lengths."""
     from tests.unit.test_trainer_precision import batch_of
 
     critic, _ = _critic(loss_aggregation=aggregation)
     critic.micro_batch_sequences = 2
+    assert critic.horizon_tokens == load_config(None, []).rollout.max_new_tokens
+    critic.horizon_tokens = 40
     batch = batch_of(6)
     values = critic.values(batch)
     returns = torch.where(batch.mask, 0.3, 0.0)
@@ -89,6 +92,7 @@ def test_the_value_loss_averages_as_verls_aggregations(aggregation):
     tokens = batch.mask.sum(dim=1)
     assert len(set(tokens.tolist())) > 1  # responses of several lengths: the three differ
     want = {"token_mean": squared.sum() / tokens.sum(), "seq_sum": squared.sum(dim=1).mean(),
+            "seq_sum_norm": squared.sum(dim=1).sum() / (6 * 40),
             "seq_mean": (squared.sum(dim=1) / tokens).mean()}[aggregation]
     assert critic.update(batch, values, returns)["vf_loss"] == pytest.approx(float(want), rel=1e-5)
 

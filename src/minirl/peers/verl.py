@@ -706,13 +706,16 @@ def _verl_critic(peer: Peer, out: Translation) -> None:
         out.differs.append(f"{peer.show('critic.ppo_mini_batch_size')}: minirl's critic trains on the actor's "
                            "mini-batches")
     agg_key = "critic.loss_agg_mode" if peer("critic.loss_agg_mode") else A + "loss_agg_mode"
-    aggregation = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean",
-                   "seq-mean-token-sum": "seq_sum"}.get(str(peer(agg_key)))
+    aggregation = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean", "seq-mean-token-sum": "seq_sum",
+                   "seq-mean-token-sum-norm": "seq_sum_norm"}.get(str(peer(agg_key)))
     if aggregation is None:
         out.not_translated.append(f"{peer.show(agg_key)} for the critic: minirl's value loss takes token-mean, "
-                                  "seq-mean-token-mean or seq-mean-token-sum")
+                                  "seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm")
     else:
         out.set("critic.loss_aggregation", aggregation, peer.show(agg_key) + " (the critic's)")
+    if aggregation == "seq_sum_norm":  # verl's compute_value_loss passes agg_loss no loss_scale_factor
+        out.differs.append(f"{peer.show(agg_key)} for the critic: verl divides by each micro-batch's padded response "
+                           "width, minirl by rollout.max_new_tokens (data.max_response_length)")
     warmup, ratio = peer("critic.optim.lr_warmup_steps") or -1, peer("critic.optim.lr_warmup_steps_ratio")
     steps = peer("trainer.total_training_steps")
     if warmup > 0:

@@ -9,7 +9,7 @@ response's last token and, with the KL in the reward, -beta k_it at every token 
 over trained tokens (V after a response's last token is 0), as verl's ``compute_gae_advantage_return`` loops it; the
 policy trains on A whitened over the step's tokens. The critic V_phi regresses on G with PPO's clipped value loss
 (verl's ``compute_value_loss``; Ziegler et al. 2019's value clipping), normaliser_i the mini-batch's trained tokens
-(verl's ``token-mean``), its responses x response i's tokens (``seq-mean-token-mean``) or its responses:
+(``token-mean``), its responses x response i's tokens (``seq-mean-token-mean``), its responses (x the budget, -norm):
 
     L_V = 1/2 * sum_it mask_it max((V_phi - G)^2, (clip(V_phi, V_old - c, V_old + c) - G)^2) / normaliser_i
 """
