@@ -20,6 +20,7 @@ from minirl.algo import POLICY_LOSSES, LossInputs, group_advantages
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.config import ConfigError, load_config
 from minirl.peers import Translation, add_trl_sft, from_trl, from_verl, read_verl, script_overrides
+from minirl.peers.common import Unresolved
 from minirl.tasks import build_task_from_config
 
 
@@ -813,6 +814,18 @@ def test_verl_script_overrides_expand_the_scripts_variables(tmp_path: Path, monk
     assert from_verl(given | {"actor_rollout_ref.actor.megatron.dist_checkpointing_path": given["data.val_files"]})
 
 
+def test_verl_script_values_from_a_command_are_unresolved(tmp_path: Path, monkeypatch):
+    """``$(...)`` / backticks are commands the translation does not run: an override taking one (directly or through a
+    variable) is unresolved, not its text taken as written."""
+    monkeypatch.delenv("NGPUS", raising=False)
+    (tmp_path / "run.sh").write_text("NGPUS=$(nproc)\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$NGPUS \\\n"
+                                     "  trainer.default_local_dir=$(pwd)/ckpt trainer.experiment_name=`date` trainer.nnodes=1\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert given["trainer.nnodes"] == 1
+    assert all(isinstance(given[f"trainer.{key}"], Unresolved)
+               for key in ("n_gpus_per_node", "default_local_dir", "experiment_name"))
+
+
 DAPO_SCRIPT = r"""#!/usr/bin/env bash
 set -xeuo pipefail
 max_prompt_length=$((1024 * 2))
@@ -1428,7 +1441,11 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     v = advantage("gae", **{"critic.loss_agg_mode": "seq-mean-token-mean"}).values
     assert v["critic.loss_aggregation"] == "seq_mean"
     out = advantage("gae", **{"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"})
-    assert any("seq-mean-token-sum-norm" in line and "critic" in line for line in out.not_translated)
+    assert out.values["critic.loss_aggregation"] == "seq_sum_norm" and not any("critic" in x for x in out.not_translated)
+    assert any("seq-mean-token-sum-norm" in line and "critic" in line for line in out.differs)
+    assert out.config().critic.loss_aggregation == "seq_sum_norm"
+    out = advantage("gae", **{"critic.loss_agg_mode": "token-sum"})
+    assert any("critic.loss_agg_mode='token-sum'" in line and "critic" in line for line in out.not_translated)
     for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
                             ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
         out = advantage(estimator)

@@ -4,6 +4,7 @@ the translated settings, and each loss's gradient against slime's ``loss.py`` / 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -600,8 +601,10 @@ def test_no_rm_type_scores_each_row_by_its_metadata():
     assert any("each row's metadata.rm_type picks its scorer" in line for line in out.differs), out.differs
     fn = make_reward_fn(slime_rewards.rm_hub, kwargs=entry["kwargs"])
     assert fn.score([Sample("q", "Answer: 12", "12", [1], {"metadata": {"rm_type": "dapo"}})]) == [1.0]
-    with pytest.raises(Exception, match=r"no rm_type \(neither --rm-type nor the row's metadata names one\)") as err:
-        fn.score([Sample("q", "Answer: 12", "12", [1])])
+    with pytest.raises(Exception, match=r"raised ValueError: the row with prompt 'What is 3 x 4\?' has no rm_type: "
+                                        r"pass --rm-type \(dapo, math, deepscaler, f1, gpqa, random\) or set its "
+                                        r"metadata\.rm_type$") as err:
+        fn.score([Sample("What is\n3 x 4?", "Answer: 12", "12", [1])])
     assert "\n" not in str(err.value)
 
 
@@ -715,3 +718,79 @@ def test_eps_clip_c_where_slime_ignores_it_and_steps_against_the_batch():
     with pytest.raises(ConfigError, match=r"^slime settings --num-steps-per-rollout 2, --global-batch-size 8: they "
                                           r"disagree \(8 samples // 2 steps = 4; slime asserts they agree\); give one$"):
         from_slime(BASE | {"num-steps-per-rollout": 2})
+
+
+def test_assignments_after_and_or_are_named_as_conditional(tmp_path: Path, monkeypatch):
+    """``cond && X=1`` / ``cond || X=1`` assigns only as ``cond`` turns out: named as a block's assignments are. The
+    first command of a list always runs (``X=1 || true``), an assignment succeeds (``A=1 && B=2`` runs both) and
+    ``false && X=1`` never assigns, as in bash."""
+    monkeypatch.delenv("MODE", raising=False)
+    flags = _script(tmp_path, """\
+LR=1e-6
+[ -n "$MODE" ] && LR=1e-5
+test -n "$MODE" && export EPS=0.1
+KL=0.1 || true
+A=1 && N=2
+false && GAMMA=0.5
+ARGS=(--use-kl-loss)
+[ -z "$MODE" ] ||
+  ARGS+=(--use-tis)
+python3 train.py --rollout-batch-size 4 --lr $LR --eps-clip ${EPS:-0.2} --kl-coef $KL --n-samples-per-prompt $N \\
+  --gamma ${GAMMA:-0.9} "${ARGS[@]}"
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["kl-coef"], flags["n-samples-per-prompt"]) == (1e-5, 0.1, 0.1, 2)
+    assert (flags["gamma"], flags["use-kl-loss"], flags["use-tis"]) == (0.9, True, True)
+    lines = flags["$conditional"]
+    assert [line.split(": ")[1].split(" is set")[0] for line in lines] == ["LR", "EPS", "ARGS"], lines
+    assert lines[0].startswith(f"{tmp_path / 'run.sh'}:2: LR is set after a `&&` / `||` condition; the translation "
+                               "reads the script's last assignment to it, whatever the condition (--lr take it)")
+    assert lines[2].startswith(f"{tmp_path / 'run.sh'}:9: ARGS is set after") and "(--use-tis take it)" in lines[2]
+
+
+def test_a_bare_array_name_is_its_first_element(tmp_path: Path):
+    """``$ARR`` / ``${ARR}`` expand to the array's first element (bash's ``${ARR[0]}``); ``${ARR[@]}`` to all."""
+    flags = _script(tmp_path, """\
+ARGS=(--lr 1e-5 --use-tis)
+CLIPS=(0.3 0.4)
+NAMES=()
+NAMES+=(run-a run-b)
+python3 train.py --rollout-batch-size 4 $ARGS 2e-6 --eps-clip "${CLIPS}" --wandb-project "$NAMES-x" \
+  --rollout-stop ${NAMES[@]}
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["wandb-project"]) == (2e-6, 0.3, "run-a-x")
+    assert "use-tis" not in flags and flags["rollout-stop"] == ["run-a", "run-b"]
+
+
+def test_command_output_is_not_taken_as_written(tmp_path: Path, monkeypatch):
+    """``$(...)`` and backticks are commands the translation does not run: a flag taking one (directly or through a
+    variable) is unresolved, one line naming the flag, the command and its line once read; slime's
+    ``SCRIPT_DIR="$(cd -- "$(dirname ...)" ...)"`` + ``source`` preamble leaves the rest translated."""
+    monkeypatch.setenv("GPUS", "4")  # the script sets it again, from a command
+    flags = _script(tmp_path, """\
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+source "${SCRIPT_DIR}/models/qwen3-4B.sh"
+GPUS=$(nproc)
+STAMP=`date +%s`
+NAME="run-$STAMP"
+python3 train.py --rollout-batch-size 2 --actor-num-gpus-per-node $GPUS --wandb-project "$NAME" --save "$(pwd)/ckpt" \\
+  --load ${SCRIPT_DIR}/ckpt --lr 1e-6 --prompt-data '$(literal)' --eval-prompt-data aime "run-`date`.jsonl"
+""")
+    assert (flags["lr"], flags["prompt-data"]) == (1e-6, "$(literal)")
+    assert all(isinstance(flags[key], Unresolved) for key in ("actor-num-gpus-per-node", "wandb-project", "save", "load"))
+    run = tmp_path / "run.sh"
+    for key, command, line in (("actor-num-gpus-per-node", "$(nproc)", 3), ("wandb-project", "`date +%s`", 4),
+                               ("save", "$(pwd)", 6), ("load", '$(cd -- "$(dirname', 1)):
+        with pytest.raises(ConfigError, match=rf"^{run}:6: --{key} takes the output of {re.escape(command)}.* \({run}:{line}\), "
+                                              rf"a command the translation does not run; give --{key} \.\.\. after the script$"):
+            from_slime(BASE | {"use-wandb": True, key: flags[key]}).config()
+    with pytest.raises(ConfigError, match=r"--eval-prompt-data takes the output of `date`"):
+        from_slime(BASE | {"eval-prompt-data": flags["eval-prompt-data"]})
+
+
+def test_ansi_c_quotes_read_their_escapes(tmp_path: Path):
+    """``$'...'`` is bash's ANSI-C quoting: ``\\n``, ``\\t``, ``\\\\``, ``\\'`` and ``\\xHH`` are read inside it."""
+    flags = _script(tmp_path, """\
+SEP=$'\\t'
+python3 train.py --rollout-batch-size 4 --rollout-stop $'\\n\\nUser:' $'it\\'s' $'\\x41\\\\B' "a${SEP}b" '\\n'
+""")
+    assert flags["rollout-stop"] == ["\n\nUser:", "it's", "A\\B", "a\tb", "\\n"]

@@ -60,9 +60,12 @@ def logical_lines(text: str) -> list[tuple[int, list[str]]]:
 
 def expand(value: str, variables: dict[str, str]) -> str | None:
     """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
-    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere."""
+    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere or a command's output
+    (``$(...)``, backticks: not run here) is needed."""
     out, i, missing = [], 0, False
     while i < len(value):
+        if value[i] == "`" or (value.startswith("$(", i) and not value.startswith("$((", i)):
+            return None  # a command's output: not run here
         if value[i] != "$" or value.startswith("$((", i):
             out.append(value[i])
             i += 1
@@ -108,26 +111,36 @@ def expand(value: str, variables: dict[str, str]) -> str | None:
 
 
 OPEN, CLOSE = "\x00(", "\x00)"  # an array's parentheses among a command's words (no word holds a NUL)
-QUOTED, UNQUOTED, LITERAL, UNLITERAL = "\x01", "\x02", "\x03", "\x04"
+AND_IF, OR_IF = "\x00&&", "\x00||"  # the first word of a command run only if the list before it succeeded / failed
+QUOTED, UNQUOTED, LITERAL, UNLITERAL, COMMAND, UNCOMMAND = "\x01", "\x02", "\x03", "\x04", "\x05", "\x06"
 """Marks in ``commands``' words: a double-quoted part (expanded, never split) between ``QUOTED`` and ``UNQUOTED``; a
-single-quoted or escaped part (kept as written) between ``LITERAL`` and ``UNLITERAL``; the rest is unquoted."""
+single-quoted or escaped part (kept as written) between ``LITERAL`` and ``UNLITERAL``; a command substitution
+(``$(...)`` or backticks, as written: not run) between ``COMMAND`` and ``UNCOMMAND``; the rest is unquoted."""
 
 
 def unquoted(word: str) -> str:
     """A word of ``commands`` as text, its quote marks removed (for keywords and file names)."""
-    return re.sub("[\x01-\x04]", "", word)
+    return re.sub("[\x01-\x06]", "", word)
+
+
+def substitution(word: str) -> str | None:
+    """The first command substitution of a word of ``commands`` (``$(nproc)``, ```date```), as written."""
+    return next((text for text, kind in _parts(word) if kind == COMMAND), None)
 
 
 def fields(word: str, variables: dict[str, str], split: bool = True) -> list[str] | None:
     """A word of ``commands`` as bash expands it: ``$NAME``, ``${...}`` and ``$((...))`` in its unquoted and
     double-quoted parts, its single-quoted parts as written, and (``split``) an unquoted expansion's blanks splitting
     it into words (``$EXTRA`` holding ``--lr 1e-6`` gives two words, ``"$EXTRA"`` one, an empty ``$EMPTY`` none).
-    None when a variable is set nowhere."""
+    None when a variable is set nowhere or the word takes a command's output (``substitution``, or a variable whose
+    value is the ``COMMAND`` mark: one set from a command's output)."""
     out: list[str] = []
     current: str | None = None
     for text, kind in _parts(word):
+        if kind == COMMAND:
+            return None
         value = text if kind == LITERAL else expand(arithmetic(text, variables), variables)
-        if value is None:
+        if value is None or (kind != LITERAL and COMMAND in value):  # a variable holding a command's output
             return None
         if kind or not split:
             current = (current or "") + value
@@ -150,31 +163,33 @@ def word_value(word: str, variables: dict[str, str]) -> str | None:
 
 
 def _parts(word: str) -> list[tuple[str, str]]:
-    """A marked word's parts: (text, ``QUOTED``, ``LITERAL`` or "" for an unquoted part)."""
+    """A marked word's parts: (text, ``QUOTED``, ``LITERAL``, ``COMMAND`` or "" for an unquoted part)."""
+    closing = {QUOTED: UNQUOTED, LITERAL: UNLITERAL, COMMAND: UNCOMMAND}
     parts: list[tuple[str, str]] = []
     i = 0
     while i < len(word):
-        if word[i] in (QUOTED, LITERAL):
-            close = UNQUOTED if word[i] == QUOTED else UNLITERAL
-            j = word.find(close, i + 1)
+        if word[i] in closing:
+            j = word.find(closing[word[i]], i + 1)
             j = len(word) if j < 0 else j
             parts.append((word[i + 1:j], word[i]))
             i = j + 1
         else:
-            j = min((k for k in (word.find(QUOTED, i), word.find(LITERAL, i)) if k >= 0), default=len(word))
+            j = min((k for k in map(word.find, closing, (i,) * 3) if k >= 0), default=len(word))
             parts.append((word[i:j], ""))
             i = j
     return parts
 
 
 def commands(text: str) -> list[tuple[int, list[str]]]:
-    """A script's simple commands: (first line, words) with their quotes as marks (``QUOTED``, ``LITERAL``) and
-    ``$...`` kept for ``fields``. Words end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's ``( ... )``, whose parentheses
-    are the ``OPEN`` / ``CLOSE`` words). Quotes may span lines; ``${...}`` and ``$(...)`` stay whole (nested quotes
-    and parentheses included); a ``#`` starting a word comments out the rest of its line."""
+    """A script's simple commands: (first line, words), quotes as marks (``QUOTED``, ``LITERAL``, ``COMMAND``) and
+    ``$...`` kept for ``fields``. Words end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's
+    ``( ... )``, whose parentheses are the ``OPEN`` / ``CLOSE`` words); one after ``&&`` / ``||`` starts with the word
+    ``AND_IF`` / ``OR_IF``. Quotes may span lines; ``${...}``, ``$(...)`` and backticks stay whole (nested quotes and
+    parentheses too); a ``#`` starting a word comments out the rest of its line."""
     out: list[tuple[int, list[str]]] = []
     words: list[str] = []
     word: list[str] | None = None
+    joined: str | None = None  # the AND_IF / OR_IF before the command being read
     line, start, depth, i = 1, 1, 0, 0
 
     def end_word() -> None:
@@ -195,11 +210,13 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
             continue
         if c in "\n;&|":
             end_word()
+            connector = {"&&": AND_IF, "||": OR_IF}.get(text[i:i + 2])
             if words:
-                out.append((start, words))
+                out.append((start, [joined, *words] if joined else words))
+            joined = connector or (None if words else joined)  # a newline may follow && / ||
             words = []
             line += c == "\n"
-            i += 1
+            i += 2 if connector else 1
             start = line
             continue
         if c == "#" and word is None:
@@ -220,41 +237,109 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
         i = j + 1
     end_word()
     if words:
-        out.append((start, words))
+        out.append((start, [joined, *words] if joined else words))
     return out
 
 
 def _word_part(text: str, i: int) -> tuple[str, int]:
-    """The part of a word starting at ``i`` (a quoted string between its marks, a whole ``${...}`` / ``$(...)``, an
-    escaped or plain character) and the index of its last character. A ``$(command)``, which is not run, and an
-    escaped character are kept as written (``LITERAL``); an escaped ``\\$`` in double quotes too."""
+    """The part of a word starting at ``i`` (a quoted string between its marks, a whole ``${...}`` / ``$((...))``, a
+    command substitution, an escaped or plain character) and the index of its last character. A ``$(command)`` or
+    ```command```, which is not run, is kept as written (``COMMAND``); an escaped character too (``LITERAL``), and
+    ``$'...'`` as bash reads its escapes."""
     c = text[i]
     if c == "'":
         j = text.find("'", i + 1)
         j = len(text) if j < 0 else j
         return LITERAL + text[i + 1:j] + UNLITERAL, j
+    if text.startswith("$'", i):
+        j = _closing_ansi_c(text, i + 1)
+        return LITERAL + ansi_c(text[i + 2:j]) + UNLITERAL, j
     if c == '"':
         j = _closing_quote(text, i)
-        inner = re.sub(r'\\(["\\$`])', lambda m: UNQUOTED + LITERAL + "$" + UNLITERAL + QUOTED if m.group(1) == "$"
-                       else m.group(1), text[i + 1:j])
-        return QUOTED + inner + UNQUOTED, j
-    if c == "$" and text.startswith(("${", "$("), i):
+        return QUOTED + _double_quoted(text[i + 1:j]) + UNQUOTED, j
+    if c == "`" or (text.startswith("$(", i) and not text.startswith("$((", i)):
+        j = _closing_backtick(text, i) if c == "`" else _matching(text, i + 1)
+        return COMMAND + text[i:j + 1] + UNCOMMAND, j
+    if c == "$" and text.startswith(("${", "$(("), i):
         j = _matching(text, i + 1)
-        whole = text[i:j + 1]
-        return (LITERAL + whole + UNLITERAL if whole.startswith("$(") and not whole.startswith("$((") else whole), j
+        return text[i:j + 1], j
     if c == "\\" and i + 1 < len(text):
         return LITERAL + text[i + 1] + UNLITERAL, i + 1
     return c, i
 
 
+def _double_quoted(inner: str) -> str:
+    """A double-quoted string's text, marked: ``\\"`` and ``\\\\`` as the character, ``\\$`` and ``\\```
+    kept as written (``LITERAL``), a ``$(command)`` / ```command``` as a ``COMMAND`` part; ``${...}`` stays whole."""
+    out, i = [], 0
+    while i < len(inner):
+        c = inner[i]
+        if c == "\\" and inner[i + 1:i + 2] in ('"', "\\"):
+            out.append(inner[i + 1])
+            i += 2
+            continue
+        if c == "\\" and inner[i + 1:i + 2] in ("$", "`"):
+            j, part = i + 1, LITERAL + inner[i + 1] + UNLITERAL
+        elif c == "`" or (inner.startswith("$(", i) and not inner.startswith("$((", i)):
+            j = _closing_backtick(inner, i) if c == "`" else _matching(inner, i + 1)
+            part = COMMAND + inner[i:j + 1] + UNCOMMAND
+        else:
+            j = _matching(inner, i + 1) if inner.startswith("${", i) else i
+            out.append(inner[i:j + 1])
+            i = j + 1
+            continue
+        out.append(UNQUOTED + part + QUOTED)
+        i = j + 1
+    return "".join(out)
+
+
+_ANSI_C = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_ANSI_C_LETTERS = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+                   "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+
+
+def ansi_c(text: str) -> str:
+    """The text of bash's ``$'...'`` with its escapes read: ``\\n``, ``\\t``, ``\\\\``, ``\\'``, ``\\xHH``,
+    ``\\nnn`` (octal), ``\\uHHHH``, ``\\cX``...; an unknown escape stays as written."""
+    def one(match: re.Match[str]) -> str:
+        escape = match.group(1)
+        if escape[0] in "xuU" and len(escape) > 1:
+            return chr(min(int(escape[1:], 16), 0x10FFFF))
+        if escape[0] in "01234567":
+            return chr(int(escape, 8) & 0xFF)
+        if escape[0] == "c" and len(escape) == 2:
+            return chr(ord(escape[1]) & 0x1F)
+        return _ANSI_C_LETTERS.get(escape, match.group(0))
+
+    return _ANSI_C.sub(one, text)
+
+
+def _closing_ansi_c(text: str, i: int) -> int:
+    """The index of the ``'`` closing the one at ``i`` of a ``$'...'`` (a ``\\'`` inside does not)."""
+    j = i + 1
+    while j < len(text) and text[j] != "'":
+        j += 2 if text[j] == "\\" else 1
+    return min(j, len(text))
+
+
+def _closing_backtick(text: str, i: int) -> int:
+    """The index of the backtick closing the one at ``i`` (an escaped one inside does not)."""
+    j = i + 1
+    while j < len(text) and text[j] != "`":
+        j += 2 if text[j] == "\\" else 1
+    return min(j, len(text) - 1)
+
+
 def _closing_quote(text: str, i: int) -> int:
-    """The index of the ``"`` closing the one at ``i`` (skipping escapes, ``${...}`` and ``$(...)``)."""
+    """The index of the ``"`` closing the one at ``i`` (skipping escapes, ``${...}``, ``$(...)`` and backticks)."""
     j = i + 1
     while j < len(text) and text[j] != '"':
         if text[j] == "\\":
             j += 2
         elif text.startswith(("${", "$("), j):
             j = _matching(text, j + 1) + 1
+        elif text[j] == "`":
+            j = _closing_backtick(text, j) + 1
         else:
             j += 1
     return min(j, len(text))

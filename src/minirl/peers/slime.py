@@ -11,6 +11,7 @@ is the mean over its samples of each sample's token mean, or with ``--calculate-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -31,7 +32,20 @@ from minirl.peers.common import (
     read_yaml,
     template_kwargs,
 )
-from minirl.peers.shell import CLOSE, OPEN, QUOTED, UNQUOTED, commands, fields, unquoted, word_value
+from minirl.peers.shell import (
+    AND_IF,
+    CLOSE,
+    COMMAND,
+    OPEN,
+    OR_IF,
+    QUOTED,
+    UNQUOTED,
+    commands,
+    fields,
+    substitution,
+    unquoted,
+    word_value,
+)
 from minirl.tasks.slime_rewards import SCORERS
 
 SLIME_DEFAULTS: dict[str, Any] = {
@@ -114,10 +128,27 @@ SLIME_TEXT = frozenset({
 their values are kept as written (``--rollout-stop "yes" "[END]"`` is two strings, not a bool and a list)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class CommandOutput(Unresolved):
+    """A script's word taking a command's output (``$(nproc)``, backticks, a variable set from one), which the
+    translation does not run: an error only if the translation reads it."""
+
+    command: str = ""
+    """The command and where the script runs it (``$(nproc) (run.sh:3)``)."""
+
+
 class SlimePeer(Peer):
     """slime's settings, shown as its flags (``--use-tis``, ``--eps-clip 0.2``)."""
 
     def __call__(self, key: str) -> Any:
+        given = self.given.get(key)
+        for word in given if isinstance(given, list) else [given]:  # an nargs flag's words too
+            if isinstance(word, CommandOutput):
+                raise ConfigError(f"{word.where}: --{key} takes the output of {word.command}, a command the translation "
+                                  f"does not run; give --{key} ... after the script")
+            if isinstance(word, Unresolved) and given is not word:
+                raise ConfigError(f"{word.where}: {key} uses a variable the script does not set ({word.text}); set it "
+                                  f"in the environment or give --{key} ... after the script")
         value = super().__call__(key)  # a text flag's value stays text ("1" is not read as a number)
         return self.given.get(key, self.defaults.get(key)) if key in SLIME_TEXT else value
 
@@ -849,63 +880,128 @@ def parse_flags(words: list[Any]) -> dict[str, Any]:
 TRAIN_SCRIPT = re.compile(r"(^|/)train(_async)?\.py$")
 BLOCKS = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done", "select": "done"}
 """Shell blocks whose commands may or may not run: an assignment in one is read as if it ran (the last one wins)."""
+IN_BLOCK, AFTER_CONDITION = "inside an if / case / loop block", "after a `&&` / `||` condition"
+"""How an assignment may not run: in a block, or after ``cond &&`` / ``cond ||`` (read as if it ran, and named)."""
 DECLARE = ("export", "declare", "typeset", "local", "readonly")
 NAME_VALUE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
+ARRAY = re.compile(r"([A-Za-z_]\w*)(\+?)=")
+
+
+@dataclasses.dataclass
+class _Scope:
+    """What a script has set so far: its variables (the environment's first; ``COMMAND`` for one set from a command's
+    output), its arrays (each word with the conditionally set names it came from), the conditionally set names behind
+    each variable, where each of those was last set (line, how) and the command behind each variable set from one."""
+
+    variables: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
+    arrays: dict[str, list[tuple[Any, set[str]]]] = dataclasses.field(default_factory=dict)
+    depends: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    where: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    commanded: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def script_flags(path: Path) -> dict[str, Any]:
     """The flags of a slime launch script's ``train.py`` / ``train_async.py`` command: its ``${ARRAY[@]}`` words
     from the script's bash arrays (``declare -a`` / ``local`` / ``readonly`` ones too), its ``$NAME`` from the script's
     variables (and the environment's), split at blanks where unquoted, and ``$((...))`` evaluated. A word naming a
-    variable set nowhere is kept ``Unresolved``; an array set nowhere (a sourced model file's) is listed under
-    ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block, under ``$conditional``."""
+    variable set nowhere, or a command's output (not run here), is kept ``Unresolved``; an array set nowhere (a sourced
+    model file's) is listed under ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block
+    or after ``cond &&`` / ``cond ||``, under ``$conditional``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
-    variables: dict[str, str] = dict(os.environ)
-    arrays: dict[str, list[tuple[Any, set[str]]]] = {}  # each word with the conditionally set names it came from
-    depends: dict[str, set[str]] = {}  # a variable's conditionally set names (its own, if set in a block)
-    blocks: list[str] = []
-    where: dict[str, int] = {}  # the line of each name's last assignment in a block
+    scope = _Scope()
+    blocks: list[str] = []  # the open if / case / loops
+    status: int | None = 0  # the exit status of the && / || list so far (None: not known)
     flags: dict[str, Any] | None = None
     for line, words in commands(text):
-        words = _simple(words, blocks)
-        if not words:
+        joined = words[0] if words[0] in (AND_IF, OR_IF) else None
+        words = _simple(words[1:] if joined else words, blocks)
+        runs = _runs(joined, status)
+        status = status if runs is False else _status(words) if runs else None
+        if not words or runs is False:
             continue
-        at = f"{path}:{line}"
-        array = re.fullmatch(r"([A-Za-z_]\w*)(\+?)=", words[0])
+        at, how = f"{path}:{line}", IN_BLOCK if blocks else "" if runs else AFTER_CONDITION
+        array = ARRAY.fullmatch(words[0])
         if array and len(words) > 1 and words[1] == OPEN:
-            name = array.group(1)
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
-            expanded = [(value, deps | ({name} if blocks else set())) for word in items
-                        for value, deps in _word(word, variables, arrays, depends, at)[0]]
-            arrays[name] = (arrays.get(name, []) if array.group(2) else []) + expanded
-            if blocks:
-                where[name] = line
+            _assign_array(scope, array.group(1), items, bool(array.group(2)), (line, how), at)
         elif all(NAME_VALUE.fullmatch(word) for word in words):
             for word in words:
-                name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
-                expanded_value = word_value(value, variables)
-                if expanded_value is not None:
-                    variables[name] = expanded_value
-                depends[name] = _depends(value, depends) | ({name} if blocks else set())
-                if blocks:
-                    where[name] = line
+                _assign(scope, word, (line, how), at)
         elif any(TRAIN_SCRIPT.search(unquoted(word)) for word in words):
             start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(unquoted(word)))
             sourced: list[str] = []
             expanded_words: list[tuple[Any, set[str]]] = []
             for word in words[start + 1:]:
-                values, missing = _word(word, variables, arrays, depends, at)
+                values, missing = _word(word, scope, at)
                 expanded_words += values
                 sourced += missing
             flags = {**parse_flags([value for value, _ in expanded_words]), **({"$sourced": sourced} if sourced else {}),
                      "$script": Path(unquoted(words[start])).name,
-                     **_conditional(expanded_words, where, path)}
+                     **_conditional(expanded_words, scope.where, path)}
     if flags is None:
         raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
     return flags
+
+
+def _runs(joined: str | None, status: int | None) -> bool | None:
+    """Whether bash runs a command: the first of an ``&&`` / ``||`` list always, one after ``&&`` when the list before
+    it succeeded (status 0), after ``||`` when it failed; None when that status is not known here."""
+    if joined is None:
+        return True
+    return None if status is None else (status == 0) == (joined == AND_IF)
+
+
+def _status(words: list[str]) -> int | None:
+    """A command's exit status where bash's is known without running anything: 0 for assignments (none taking a
+    command's output) and ``true`` / ``:``, 1 for ``false``; None for any other command."""
+    if not words:
+        return None
+    if unquoted(words[0]) in ("true", ":", "false"):
+        return int(unquoted(words[0]) == "false")
+    array = ARRAY.fullmatch(words[0]) and words[1:2] == [OPEN]
+    assigns = array or all(NAME_VALUE.fullmatch(word) for word in words)
+    return 0 if assigns and not any(map(substitution, words)) else None
+
+
+def _assign(scope: _Scope, word: str, where: tuple[int, str], at: str) -> None:
+    """``NAME=value``: the word's value as bash expands it, unsplit; one taking a command's output (not run here) is
+    ``COMMAND`` (the environment's value is gone); one naming a variable set nowhere leaves it as it was."""
+    name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
+    expanded = word_value(value, scope.variables)
+    command = None if expanded is not None else _command(value, scope, at)
+    if expanded is not None or command:
+        scope.variables[name] = COMMAND if expanded is None else expanded
+    _set(scope, name, command, _depends(value, scope.depends) | ({name} if where[1] else set()), where)
+
+
+def _assign_array(scope: _Scope, name: str, items: list[str], append: bool, where: tuple[int, str], at: str) -> None:
+    """``NAME=( ... )`` / ``NAME+=( ... )``: its words as bash expands them. ``$NAME`` / ``${NAME}`` is the first
+    (bash's ``${NAME[0]}``), ``${NAME[@]}`` all of them."""
+    own = {name} if where[1] else set()
+    expanded = [(value, deps | own) for word in items for value, deps in _word(word, scope, at)[0]]
+    scope.arrays[name] = (scope.arrays.get(name, []) if append else []) + expanded
+    first, deps = scope.arrays[name][0] if scope.arrays[name] else ("", set())
+    command = first.command if isinstance(first, CommandOutput) else None
+    if isinstance(first, str) or command:
+        scope.variables[name] = first if isinstance(first, str) else COMMAND
+    else:  # a word naming a variable set nowhere
+        scope.variables.pop(name, None)
+    _set(scope, name, command, deps, where)
+
+
+def _set(scope: _Scope, name: str, command: str | None, deps: set[str], where: tuple[int, str]) -> None:
+    """What an assignment to ``name`` leaves to read: the command behind it, its conditionally set names, and (when
+    it may not run) where it is."""
+    if command:
+        scope.commanded[name] = command
+    else:
+        scope.commanded.pop(name, None)
+    scope.depends[name] = deps
+    if where[1]:
+        scope.where[name] = where
 
 
 def _simple(words: list[str], blocks: list[str]) -> list[str]:
@@ -930,29 +1026,46 @@ def _simple(words: list[str], blocks: list[str]) -> list[str]:
     return words
 
 
-def _word(word: str, variables: dict[str, str], arrays: dict[str, list[tuple[Any, set[str]]]],
-          depends: dict[str, set[str]], where: str) -> tuple[list[tuple[Any, set[str]]], list[str]]:
+def _word(word: str, scope: _Scope, where: str) -> tuple[list[tuple[Any, set[str]]], list[str]]:
     """A script word as the words it expands to (each with the conditionally set names it came from), and the arrays
     it names that the script never set."""
     whole = re.fullmatch(f"{QUOTED}?\\$\\{{([A-Za-z_]\\w*)\\[[@*]\\]\\}}{UNQUOTED}?", word)
     if whole:
         name = whole.group(1)
-        return (arrays[name], []) if name in arrays else ([], [name])
-    expanded = fields(word, variables)
-    deps = _depends(word, depends)
-    return ([(Unresolved(unquoted(word), where), deps)] if expanded is None else [(value, deps) for value in expanded]), []
+        return (scope.arrays[name], []) if name in scope.arrays else ([], [name])
+    expanded = fields(word, scope.variables)
+    deps = _depends(word, scope.depends)
+    if expanded is not None:
+        return [(value, deps) for value in expanded], []
+    command = _command(word, scope, where)
+    return [(CommandOutput(unquoted(word), where, command) if command else Unresolved(unquoted(word), where), deps)], []
+
+
+def _command(word: str, scope: _Scope, where: str) -> str | None:
+    """The command whose output a word takes, itself (``$(nproc)``) or through a variable set from one, as
+    ``command (file:line)``; None for none."""
+    direct = substitution(word)
+    if direct:
+        return f"{direct} ({where})"
+    return next((scope.commanded[name] for name in sorted(_names(word)) if name in scope.commanded), None)
+
+
+def _names(word: str) -> set[str]:
+    """The names a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))`` read."""
+    names = set(re.findall(r"\$\{?([A-Za-z_]\w*)", word))
+    for expr in re.findall(r"\$\(\((.*?)\)\)", word):
+        names |= set(re.findall(r"[A-Za-z_]\w*", expr))
+    return names
 
 
 def _depends(word: str, depends: dict[str, set[str]]) -> set[str]:
     """The conditionally set names behind a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))``."""
-    names = set(re.findall(r"\$\{?([A-Za-z_]\w*)", word))
-    for expr in re.findall(r"\$\(\((.*?)\)\)", word):
-        names |= set(re.findall(r"[A-Za-z_]\w*", expr))
-    return set().union(*(depends.get(name, set()) for name in names))
+    return set().union(*(depends.get(name, set()) for name in _names(word)))
 
 
-def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, int], path: Path) -> dict[str, Any]:
-    """``$conditional``: a line for each variable set inside an ``if`` / ``case`` / loop block that a flag takes."""
+def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, tuple[int, str]], path: Path) -> dict[str, Any]:
+    """``$conditional``: a line for each variable set inside an ``if`` / ``case`` / loop block or after ``cond &&`` /
+    ``cond ||`` that a flag takes."""
     flags: dict[str, list[str]] = {}
     flag = None
     for value, deps in words:
@@ -961,7 +1074,7 @@ def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, int], path:
         for name in sorted(deps):
             if flag and flag not in flags.setdefault(name, []):
                 flags[name].append(flag)
-    lines = [f"{path}:{where[name]}: {name} is set inside an if / case / loop block; the translation reads the script's "
-             f"last assignment to it, whatever the condition ({', '.join(used)} take it): check them"
+    lines = [f"{path}:{where[name][0]}: {name} is set {where[name][1]}; the translation reads the script's last "
+             f"assignment to it, whatever the condition ({', '.join(used)} take it): check them"
              for name, used in flags.items() if used]
     return {"$conditional": lines} if lines else {}

@@ -180,13 +180,23 @@ def rm_hub(args: Any, sample: Any) -> Any:
     """slime's ``async_rm`` for a rule-based ``--rm-type`` (called as slime calls it: ``(args, sample)``)."""
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     kind = str(metadata.get("rm_type") or args.rm_type or "").strip()
+    if not kind:
+        raise ValueError(f"the row with prompt {_opening(sample.prompt)!r} has no rm_type: pass --rm-type "
+                         f"({', '.join(SCORERS)}) or set its {getattr(args, 'metadata_key', None) or 'metadata'}.rm_type")
     response = sample.response
     if kind.startswith("boxed_"):
         boxed = last_boxed(response)
         response = unbox(boxed, spaced=False) if boxed is not None else ""
         kind = kind[len("boxed_"):]
     if kind not in SCORERS:
-        asked = f"rm_type {kind!r}" if kind else "no rm_type (neither --rm-type nor the row's metadata names one)"
-        raise ValueError(f"{asked}: minirl has slime's {', '.join(SCORERS)} (boxed_ prefix allowed); "
+        raise ValueError(f"rm_type {kind!r}: minirl has slime's {', '.join(SCORERS)} (boxed_ prefix allowed); "
                          "write another as a reward function")
     return SCORERS[kind](response, sample.label, metadata)
+
+
+def _opening(prompt: Any, width: int = 40) -> str:
+    """A row's prompt (a chat's last message) on one line, cut to ``width`` characters: which row an error is about."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        prompt = prompt[-1].get("content", "")
+    text = " ".join(str(prompt).split())
+    return text if len(text) <= width else text[:width - 3] + "..."
