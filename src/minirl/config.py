@@ -386,7 +386,7 @@ class LossConfig(Section):
     """Whose std adv_std_normalize divides by: each group's (GRPO), or all the step's rewards' (TRL's
     ``scale_rewards="batch"``)."""
     adv_baseline: Literal["group_mean", "leave_one_out", "length_weighted", "none", "pass_at_k", "greedy",
-                          "critic"] = "group_mean"
+                          "critic", "optimal_token"] = "group_mean"
     """What each reward is less: the group mean (the paper's); the mean of the other G - 1 rewards (RLOO; verl's
     ``adv_estimator=rloo``); the group's mean weighted by response length (OPO, arXiv 2505.23585; verl's ``opo``);
     nothing (REINFORCE++ with ``adv_whiten``; verl's ``reinforce_plus_plus``); ``pass_at_k``: only each group's best
@@ -394,7 +394,9 @@ class LossConfig(Section):
     ``greedy``: the reward of one greedy completion of the prompt, sampled each step beside the group (ReMax, arXiv
     2310.10505; verl's ``remax``; ``train/greedy_reward_mean``); or ``critic``: a learned value per token, PPO's
     generalized advantage estimation with ``adv_gamma`` and ``adv_lambda`` (verl's default ``gae``; the ``critic``
-    section; ``minirl.algo.variants.gae``)."""
+    section; ``minirl.algo.variants.gae``); or ``optimal_token``: one baseline per token position, the group's returns
+    weighted by each path's accumulated 1 - 2 pi_old + sum pi_old^2 (verl's ``optimal_token_baseline``, arXiv
+    2602.07078; ``minirl.algo.variants.otb``; the old-log-prob pass also gives sum pi_old^2)."""
     adv_whiten_over: Literal["tokens", "responses"] = "tokens"
     """What ``adv_whiten`` weighs: each response by its tokens (verl's ``masked_whiten``, 1e-8 inside the root), or
     each response once ((A - mean) / (std + 1e-4): TRL's ``RLOOTrainer`` with ``normalize_advantages``)."""
@@ -518,8 +520,8 @@ class LossConfig(Section):
                              "adv_baseline: critic (or 1)")
         if self.adv_lambda != 1 and self.adv_baseline != "critic":
             raise ValueError("algo.adv_lambda: GAE's lambda needs a critic: set algo.adv_baseline: critic (or 1)")
-        if self.adv_baseline == "critic":
-            self._check_critic()
+        if self.adv_baseline in ("critic", "optimal_token"):
+            self._check_per_token_baseline()
         if self.adv_token_returns:
             self._check_token_returns()
         if self.adv_token_kl:
@@ -546,15 +548,18 @@ class LossConfig(Section):
                              f"{problem}: they take adv_baseline none or greedy, no group std or rescale, a "
                              "token-level loss (not gspo) and no OPSM")
 
-    def _check_critic(self) -> None:
+    def _check_per_token_baseline(self) -> None:
         problem = self._per_token_conflict({
             "adv_std_normalize": self.adv_std_normalize, "adv_token_returns": self.adv_token_returns,
             "adv_token_kl": self.adv_token_kl, "adv_nonzero_rescale": self.adv_nonzero_rescale,
             "multi_objective_aggregation=normalize_then_sum": self.multi_objective_aggregation == "normalize_then_sum"})
         if problem:
-            raise ValueError(f"algo.adv_baseline=critic: GAE's per-token advantages do not go with {problem}: they "
-                             "take no group std or rescale, no other token advantages, whitening over tokens, a "
+            raise ValueError(f"algo.adv_baseline={self.adv_baseline}: its per-token advantages do not go with {problem}: "
+                             "they take no group std or rescale, no other token advantages, whitening over tokens, a "
                              "token-level loss (not gspo) and no OPSM")
+        if self.adv_baseline == "optimal_token" and getattr(self, "logp_old_source", "trainer") == "rollout":
+            raise ValueError("algo.adv_baseline=optimal_token: its weights need the trainer's pi_old pass (sum pi_old^2, "
+                             "as verl's actor computes it); set algo.logp_old_source: trainer")
 
     def _check_token_kl(self) -> None:
         if not self.kl_in_reward_coef:
@@ -1094,10 +1099,11 @@ class Config(Section):
         self._check_reference()
         self._check_bypass()
         self._check_async()
-        if (self.algo.adv_token_returns or self.algo.adv_token_kl or self.algo.adv_baseline == "critic") \
-                and self.diagnostics.every_steps:
+        per_token = self.algo.adv_token_returns or self.algo.adv_token_kl or self.algo.adv_baseline in (
+            "critic", "optimal_token")
+        if per_token and self.diagnostics.every_steps:
             which = ("adv_token_returns" if self.algo.adv_token_returns else "adv_token_kl" if self.algo.adv_token_kl
-                     else "adv_baseline=critic")
+                     else f"adv_baseline={self.algo.adv_baseline}")
             raise ValueError("diagnostics.every_steps: the first-order diagnostics compare with the sequence-level "
                              f"objective, one advantage per response; algo.{which} gives one per token (set 0)")
         if self.algo.adv_baseline == "greedy" and self.rollout.filter_groups:

@@ -44,11 +44,13 @@ from typing import Any
 import torch
 
 from minirl.algo import group_advantages
+from minirl.algo._common import train_infer_factor
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
 from minirl.algo.variants.gae import gae_advantages
 from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
+from minirl.algo.variants.otb import optimal_token_advantages
 from minirl.algo.variants.rejection import rejection_keep
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.async_rollout import RolloutAhead, engine_weights
@@ -129,6 +131,7 @@ class Run:
     engine_weights: Any = None  # rollout.async_split_mismatch: minirl.async_rollout.EngineWeights (or the ranks')
     critic: Any = None  # algo.adv_baseline=critic: minirl.critic.Critic
     critic_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # the step's (V_old, GAE returns), for its updates
+    sum_pi_squared: torch.Tensor | None = None  # algo.adv_baseline=optimal_token: the step's pi_old pass's [B, T]
 
     def __post_init__(self) -> None:
         if self.rollouts is None:  # the documented default for a Run built by hand: the engine samples
@@ -395,13 +398,17 @@ def last_good_phrase(last_good: Path | None) -> str:
     return f"last good checkpoint {last_good}" if last_good else "no checkpoint was written"
 
 
+PER_TOKEN_BASELINES = ("critic", "optimal_token")
+"""``algo.adv_baseline`` values that give one advantage per token, after the old-log-prob and reference passes."""
+
+
 def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | None, *,
                     clip: bool = True, whiten: bool = True) -> torch.Tensor:
     """One advantage per completion [P x G]: the group baseline of the rewards (``algo.adv_*``: the response lengths
     for OPO's), or GDPO's from each reward function's values (``algo.multi_objective_aggregation``); REINFORCE++'s
     or RLOO's whitening after it (unless not ``whiten``). ``clip``: the rewards still need ``algo.reward_clip_range``."""
     a = cfg.algo
-    if a.adv_baseline == "critic":  # placeholders: the critic's GAE gives one per token after the passes
+    if a.adv_baseline in PER_TOKEN_BASELINES:  # placeholders: one per token after the passes (GAE's, OTB's)
         return torch.zeros(len(sampled.completions))
     rewards_PG = (clipped_rewards(a, sampled.rewards) if clip else sampled.rewards).view(len(sampled.prompts), -1)
     lengths = torch.tensor([len(c.completion_ids) for c in sampled.completions])
@@ -453,14 +460,38 @@ def reference_pass(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batch, dic
         if run.cfg.algo.kl_in_reward_coef:
             return penalized_advantages(run, sampled, batch)
     a = run.cfg.algo
-    return (per_token_advantages(run, sampled, batch) if a.adv_token_returns or a.adv_baseline == "critic" else batch), {}
+    per_token = a.adv_token_returns or a.adv_baseline in PER_TOKEN_BASELINES
+    return (per_token_advantages(run, sampled, batch) if per_token else batch), {}
 
 
 def per_token_advantages(run: Run, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
-    """The batch with one advantage per token: the critic's GAE (``algo.adv_baseline: critic``) or the discounted
-    returns (``algo.adv_token_returns``); ``token_rewards``: -beta x the KL in the reward at each token."""
-    return (critic_advantages(run, sampled, batch, token_rewards) if run.cfg.algo.adv_baseline == "critic"
-            else token_advantages(run.cfg, sampled, batch, token_rewards))
+    """The batch with one advantage per token: the critic's GAE (``algo.adv_baseline: critic``), the optimal token
+    baseline's (``optimal_token``) or the discounted returns (``algo.adv_token_returns``); ``token_rewards``: -beta x
+    the KL in the reward at each token."""
+    baseline = run.cfg.algo.adv_baseline
+    if baseline == "critic":
+        return critic_advantages(run, sampled, batch, token_rewards)
+    if baseline == "optimal_token":
+        return otb_advantages(run, sampled, batch, token_rewards)
+    return token_advantages(run.cfg, sampled, batch, token_rewards)
+
+
+def otb_advantages(run: Run, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
+    """``algo.adv_baseline: optimal_token``: the batch with verl's optimal-token-baseline advantages
+    (``minirl.algo.variants.otb``) of each token's return, over the pi_old pass's log-probs and sum pi_old^2; with
+    ``algo.is_correction`` the energies weighted by the squared IS factor pi_old/mu_old as the loss bounds it (verl's
+    ``rollout_is_weights``); whitened over tokens with ``adv_whiten``."""
+    a = run.cfg.algo
+    assert run.sum_pi_squared is not None and batch.logp_old is not None  # the old pass asked for it
+    returns = token_returns(clipped_rewards(a, sampled.rewards).float(), batch.mask, token_rewards_BT=token_rewards)
+    weight = None
+    if getattr(a, "is_correction", False):  # gspo (the one loss without it) takes no per-token advantages
+        bounds = {key: getattr(a, key) for key in ("tis_cap", "tis_floor", "tis_mode", "tis_level") if hasattr(a, key)}
+        weight, _ = train_infer_factor(batch.logp_old, batch.logp_rollout, batch.mask, torch.float32, enabled=True,
+                                       **bounds)
+    advantages = optimal_token_advantages(returns, batch.logp_old, run.sum_pi_squared, batch.mask, batch.group_ids,
+                                          weight)
+    return dataclasses.replace(batch, advantages=masked_whiten(advantages, batch.mask) if a.adv_whiten else advantages)
 
 
 def critic_advantages(run: Run, sampled: Sampled, batch: Batch, token_rewards: torch.Tensor | None = None) -> Batch:
@@ -500,7 +531,7 @@ def penalized_advantages(run: Run, sampled: Sampled, batch: Batch) -> tuple[Batc
     logp_old, logp_ref = batch.logp_old, batch.logp_ref
     assert logp_old is not None and logp_ref is not None  # the old and reference passes ran
     coef = run.kl_control.setdefault("coef", float(a.kl_in_reward_coef))
-    if a.adv_token_returns or a.adv_baseline == "critic":  # REINFORCE++ / ReMax / GAE: the KL at each token's reward
+    if a.adv_token_returns or a.adv_baseline in PER_TOKEN_BASELINES:  # REINFORCE++, ReMax, GAE, OTB: the KL per token
         estimate, current = token_kl_estimate(logp_old, logp_ref, batch.mask, a.kl_in_reward_type)
         batch = per_token_advantages(run, sampled, batch, token_rewards=-coef * estimate)
     elif a.adv_token_kl:  # slime's REINFORCE++-baseline: each token's own KL in its advantage, then whitened
@@ -585,7 +616,7 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     epochs = cfg.optim.epochs_per_step
     bypass = cfg.algo.logp_old_source == "rollout"  # verl's bypass mode: pi_old := mu_old, no pass
     rejecting = cfg.algo.reject != "none" and not bypass  # needs pi_old before the update: no fused pass
-    before = rejecting or bool(cfg.algo.kl_in_reward_coef)  # so does the KL in the reward
+    before = rejecting or bool(cfg.algo.kl_in_reward_coef) or cfg.algo.adv_baseline == "optimal_token"  # so do these
     policy_trains = run.critic is None or step >= cfg.critic.warmup_steps  # critic.warmup_steps: the critic alone
     fused = (run.fuse_old_pass and n == 1 and epochs == 1 and not diagnose and plan.old_pass_optional and not before
              and not bypass and policy_trains)
@@ -666,8 +697,10 @@ def old_log_probs(run: Run, plan: RoutePlan, batch: Batch, *, skip: bool) -> tup
         return batch.with_logp_old(batch.logp_rollout), None
     if skip:
         return batch, None
+    otb = run.cfg.algo.adv_baseline == "optimal_token"  # its advantages need sum pi_old^2 too
     with plan.old_pass() as routing:
-        old = run.trainer.score(batch, **routing.kwargs)
+        old = run.trainer.score(batch, **routing.kwargs, sum_pi_squared=otb)
+    run.sum_pi_squared = old.sum_pi_squared
     return plan.scored(batch.with_logp_old(old.logp), old), old
 
 

@@ -37,7 +37,7 @@ from minirl.loss_inputs import nan_report
 from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
 from minirl.models.padding_free import PackedForward, Packing
-from minirl.monitor.mismatch import token_entropy
+from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
 from minirl.types import Batch, to_device
@@ -53,6 +53,7 @@ class ScoreResult:
     logp: torch.Tensor  # [B, T] float32
     entropy: torch.Tensor | None  # [B, T] float32
     routes: torch.Tensor | None  # [B, S, L, K] int16: the trainer's own (natural) routes, -1 at padding
+    sum_pi_squared: torch.Tensor | None = None  # [B, T] float32: sum_w pi(w)^2 at each prefix (``score``'s option)
 
 
 @dataclass(frozen=True)
@@ -328,40 +329,45 @@ class Trainer:
                 return out.logits
 
     @torch.no_grad()
-    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
-        """log pi(y_t) for every target position of ``batch`` without gradient (``logp_old``).
+    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True,
+              sum_pi_squared: bool = False) -> ScoreResult:
+        """log pi(y_t) for every target position of ``batch`` without gradient (``logp_old``); with ``entropy`` and
+        ``sum_pi_squared`` also each prefix's full-vocabulary entropy and sum_w pi(w)^2 (verl's optimal token baseline).
 
         ``record_routes``: also return the routes the trainer's routers pick by themselves
         (``ScoreResult.routes``): recorded, or, together with ``replay_routes``, captured per layer
         while the batch's routes are replayed (``RoutingReplay.replay(capture_natural=True)``).
         """
         self.model.eval()
-        scores = _Scores(batch, entropy=entropy, device=self.device)
+        scores = _Scores(batch, entropy=entropy, device=self.device, sum_pi_squared=sum_pi_squared)
         for rows, micro in self._micro_batches(batch):
             rows = rows if isinstance(rows, slice) else to_device(rows, self.device)
             natural: list | None = [] if record_routes else None
             out = self._logits(micro, replay_routes=replay_routes, natural=natural)
-            logp, entropies = self._token_terms(out, micro, "detached" if entropy else None)
-            scores.add(rows, micro, logp, entropies, natural[0] if natural else None)
+            logp, entropies, squares = self._token_terms(out, micro, "detached" if entropy else None, sum_pi_squared)
+            scores.add(rows, micro, logp, entropies, natural[0] if natural else None, squares)
         return scores.result()
 
-    def _token_terms(self, out: torch.Tensor, micro: Batch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_terms(self, out: torch.Tensor, micro: Batch, entropy: str | None, sum_pi_squared: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """log pi(y_t) [b, T-1] of ``micro``'s targets from a forward's ``out`` (logits [b, T, V], or with
         ``optim.logprob_chunk_tokens`` hidden states, through the chunked head at the completion tokens: ``micro``
-        is then the host's copy, whose mask sizes the chunks without a device sync), and with ``entropy``
-        ``"detached"`` / ``"grad"`` the full-vocabulary entropy (differentiable with ``"grad"``)."""
+        is then the host's copy, whose mask sizes the chunks without a device sync), with ``entropy``
+        ``"detached"`` / ``"grad"`` the full-vocabulary entropy (differentiable with ``"grad"``), and with
+        ``sum_pi_squared`` each prefix's sum_w pi(w)^2 (detached; else None)."""
         targets = to_device(micro.input_ids[:, 1:], self.device)
         if self.head is not None:
             return self.head.terms(out[:, :-1], targets, micro.mask, entropy,
                                    context=functools.partial(compute_context, self.precision, self.device),
-                                   temperature=self.logits_temperature)
+                                   temperature=self.logits_temperature, sum_pi_squared=sum_pi_squared)
         logits = out[:, :-1].float()
         if self.logits_temperature != 1.0:  # (skipped at 1: the logits bitwise as they were)
             logits = logits / self.logits_temperature
         logp = token_logprobs(logits, targets)
+        squares = token_sum_pi_squared(logits.detach()) if sum_pi_squared else None
         if entropy == "grad":
-            return logp, token_entropy_with_grad(logits)
-        return logp, None if entropy is None else token_entropy(logits.detach())
+            return logp, token_entropy_with_grad(logits), squares
+        return logp, None if entropy is None else token_entropy(logits.detach()), squares
 
     def _micro_batches(self, batch: Batch) -> Sequence[tuple[slice | torch.Tensor, Batch]]:
         """(the rows of ``batch`` it holds, micro-batch): contiguous slices of ``micro_batch_sequences``
@@ -500,7 +506,7 @@ class Trainer:
                 router: list | None = [] if getattr(objective, "wants_router_logits", False) else None
                 out = self._logits(fed, replay_routes=replay_routes, natural=natural, block=block, router_logits=router)
                 wanted = "detached" if scores is not None and scores.entropy is not None else None
-                logp, entropy = self._token_terms(out, micro if self.head is None else host_micro,
+                logp, entropy, _ = self._token_terms(out, micro if self.head is None else host_micro,
                                                   "grad" if entropy_all is not None else wanted)
                 loss = _micro_loss(objective, logp, entropy, micro, rows, entropy_all, router)
                 loss.backward()
@@ -601,22 +607,26 @@ def reshard_all(model: torch.nn.Module) -> None:
 class _Scores:
     """What ``Trainer.score`` returns for a batch, filled micro-batch by micro-batch (detached)."""
 
-    def __init__(self, batch: Batch, *, entropy: bool, device: torch.device | str = "cpu") -> None:
+    def __init__(self, batch: Batch, *, entropy: bool, device: torch.device | str = "cpu",
+                 sum_pi_squared: bool = False) -> None:
         self.batch = batch
         self.logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device)  # copied to the host once, in result()
         self.entropy = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if entropy else None
+        self.squares = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device) if sum_pi_squared else None
         self.routes: torch.Tensor | None = None
 
     @torch.no_grad()
     def add(self, rows: slice | torch.Tensor, micro: Batch, logp: torch.Tensor, entropy: torch.Tensor | None,
-            routes: torch.Tensor | None) -> None:
-        """Rows ``rows`` of the batch from a micro-batch's ``logp`` and ``entropy`` [b, T-1] (``entropy`` None:
-        not wanted, or already written by the update into ``self.entropy``); ``routes`` [b, T, L, K] the routers'
-        own choices (-1 written at padding)."""
+            routes: torch.Tensor | None, squares: torch.Tensor | None = None) -> None:
+        """Rows ``rows`` of the batch from a micro-batch's ``logp``, ``entropy`` and ``squares`` (sum_w pi^2)
+        [b, T-1] (``entropy`` None: not wanted, or already written by the update into ``self.entropy``); ``routes``
+        [b, T, L, K] the routers' own choices (-1 written at padding)."""
         cols = micro.input_ids.shape[1]
         self.logp[rows, : cols - 1] = logp.detach()
         if self.entropy is not None and entropy is not None:
             self.entropy[rows, : cols - 1] = entropy.detach()
+        if self.squares is not None and squares is not None:
+            self.squares[rows, : cols - 1] = squares
         if routes is not None:
             recorded = routes.to(torch.int16)
             if self.routes is None:
@@ -629,4 +639,5 @@ class _Scores:
         mask = self.batch.mask
         entropy = None if self.entropy is None else self.entropy.cpu() * mask
         routes = None if self.routes is None else self.routes.cpu()
-        return ScoreResult(logp=self.logp.cpu() * mask, entropy=entropy, routes=routes)
+        squares = None if self.squares is None else self.squares.cpu() * mask
+        return ScoreResult(logp=self.logp.cpu() * mask, entropy=entropy, routes=routes, sum_pi_squared=squares)

@@ -261,6 +261,12 @@ def test_ppo_with_a_critic_beside_two_ranks_matches_one_process(tmp_path):
         assert b["critic/vf_loss"] == pytest.approx(a["critic/vf_loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # the ranks' side is the critic's token-advantage update; only sum pi^2 is new on the ranks
+def test_the_optimal_token_baseline_on_two_ranks_matches_one_process(tmp_path):
+    """algo.adv_baseline=optimal_token: each rank's old pass returns sum pi_old^2 of its rows, joined back in order."""
+    _two_ranks_match_one_process(tmp_path, *MODE, "algo.adv_baseline=optimal_token", "rollout.precision=fp8_e4m3")
+
+
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
     with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights

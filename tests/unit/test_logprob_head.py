@@ -32,13 +32,13 @@ def test_terms_are_the_whole_logits_at_the_mask(chunk):
     logits = model.lm_head(hidden).float()
     targets = batch.input_ids[:, 1:]
     for mode, reference in (("detached", token_entropy(logits.detach())), ("grad", token_entropy_with_grad(logits))):
-        logp, entropy = head.terms(hidden, targets, batch.mask, mode)
+        logp, entropy, _ = head.terms(hidden, targets, batch.mask, mode)
         want = token_logprobs(logits, targets) * batch.mask
         torch.testing.assert_close(logp, want, rtol=0, atol=1e-6)
         torch.testing.assert_close(entropy, reference * batch.mask, rtol=0, atol=1e-5)
         assert (logp[~batch.mask] == 0).all() and entropy.requires_grad == (mode == "grad")
     # the gradient through the recomputed chunks: of sum(logp) + sum(entropy) over the mask
-    logp, entropy = head.terms(hidden, targets, batch.mask, "grad")
+    logp, entropy, _ = head.terms(hidden, targets, batch.mask, "grad")
     (ours,) = torch.autograd.grad((logp + entropy).sum(), hidden)
     whole = ((token_logprobs(logits, targets) + token_entropy_with_grad(logits)) * batch.mask).sum()
     (theirs,) = torch.autograd.grad(whole, hidden)

@@ -180,7 +180,7 @@ def _joined(parts: list[ScoreResult]) -> ScoreResult:
 
     logp = cat("logp")
     assert logp is not None  # ScoreResult.logp is always set
-    return ScoreResult(logp=logp, entropy=cat("entropy"), routes=cat("routes"))
+    return ScoreResult(logp=logp, entropy=cat("entropy"), routes=cat("routes"), sum_pi_squared=cat("sum_pi_squared"))
 
 
 class TrainerGroup:
@@ -206,9 +206,11 @@ class TrainerGroup:
             self.close(graceful=False)  # the other ranks may be waiting for the failed one in a collective
             raise
 
-    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True) -> ScoreResult:
+    def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True,
+              sum_pi_squared: bool = False) -> ScoreResult:
         shards = split(batch, self.world)
-        parts = self._all("score", [(s,) for s in shards], replay_routes=replay_routes, record_routes=record_routes, entropy=entropy)
+        parts = self._all("score", [(s,) for s in shards], replay_routes=replay_routes, record_routes=record_routes,
+                          entropy=entropy, sum_pi_squared=sum_pi_squared)
         return _joined(parts)
 
     def update(self, minibatch: Batch, objective: Any, *, replay_routes: bool = False, natural_drift: bool = False,

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from minirl.algo.logprobs import token_entropy_with_grad, token_logprobs
-from minirl.monitor.mismatch import token_entropy
+from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 
 
 class LogprobHeadError(ValueError):
@@ -74,44 +74,51 @@ class LogprobHead:
                                    "head (a soft cap or a scale); set it to null")
 
     def terms(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, entropy: str | None,
-              context: Callable[[], AbstractContextManager[Any]] = nullcontext,
-              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+              context: Callable[[], AbstractContextManager[Any]] = nullcontext, temperature: float = 1.0,
+              sum_pi_squared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """log pi(y_t) [b, T] float32 at the ``mask`` positions (0 elsewhere; a host tensor sizes the chunks without
         a device sync) from ``hidden`` [b, T, H], the states before each target of ``targets`` [b, T]; with
         ``entropy`` ``"detached"`` or ``"grad"``, the full-vocabulary entropy there too (differentiable with
-        ``"grad"``). ``context``: the compute context the head runs in; ``temperature``: the logits' divisor. No position on the mask: zeros that still
+        ``"grad"``), and with ``sum_pi_squared`` each position's sum_w pi(w)^2 (detached; else None). ``context``: the
+        compute context the head runs in; ``temperature``: the logits' divisor. No position on the mask: zeros that still
         reach ``hidden`` (a backward through them gives zero gradients, as the whole path's masked terms do)."""
         b, t = targets.shape
         where = mask.reshape(-1).nonzero().squeeze(1).to(hidden.device)  # a host mask: no device sync
         states = hidden.reshape(b * t, -1).index_select(0, where)
         wanted = targets.reshape(-1).index_select(0, where)
-        logps, entropies = [], []
+        logps, entropies, squares = [], [], []
         for start in range(0, len(where), self.chunk_tokens):
             part = (states[start:start + self.chunk_tokens], wanted[start:start + self.chunk_tokens])
             if torch.is_grad_enabled() and states.requires_grad:  # the chunk's logits recomputed in the backward
-                logp, ent = checkpoint(self._chunk, *part, entropy, context, temperature, use_reentrant=False)
+                logp, ent, sq = checkpoint(self._chunk, *part, entropy, context, temperature, sum_pi_squared,
+                                           use_reentrant=False)
             else:
-                logp, ent = self._chunk(*part, entropy, context, temperature)
+                logp, ent, sq = self._chunk(*part, entropy, context, temperature, sum_pi_squared)
             logps.append(logp)
             entropies.append(ent)
-        logp = hidden.new_zeros(b * t, dtype=torch.float32).index_copy(0, where, _cat(logps, hidden)).view(b, t)
-        if entropy is None:
-            return logp, None
-        return logp, hidden.new_zeros(b * t, dtype=torch.float32).index_copy(0, where, _cat(entropies, hidden)).view(b, t)
+            squares.append(sq)
+
+        def spread(values: list[torch.Tensor]) -> torch.Tensor:  # the mask's positions back in [b, t]
+            return hidden.new_zeros(b * t, dtype=torch.float32).index_copy(0, where, _cat(values, hidden)).view(b, t)
+
+        return (spread(logps), None if entropy is None else spread(entropies),
+                spread(squares) if sum_pi_squared else None)
 
     def _chunk(self, states: torch.Tensor, wanted: torch.Tensor, entropy: str | None,
-               context: Callable[[], AbstractContextManager[Any]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+               context: Callable[[], AbstractContextManager[Any]], temperature: float,
+               sum_pi_squared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with context():
             logits = self.head(states)
         logits = logits.float()[None]  # [1, n, V], as the whole-tensor path upcasts it
         if temperature != 1.0:
             logits = logits / temperature
         logp = token_logprobs(logits, wanted[None])[0]
+        squares = token_sum_pi_squared(logits.detach())[0] if sum_pi_squared else logp.new_zeros(())
         if entropy == "grad":
-            return logp, token_entropy_with_grad(logits)[0]
+            return logp, token_entropy_with_grad(logits)[0], squares
         if entropy == "detached":
-            return logp, token_entropy(logits.detach())[0]
-        return logp, logp.new_zeros(())
+            return logp, token_entropy(logits.detach())[0], squares
+        return logp, logp.new_zeros(()), squares
 
 
 def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,18 @@ def token_entropy(logits: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK)
         out[start : start + chunk_size] = -(p.mul_(logq)).sum(dim=-1)
         del logq, p
     return out.reshape(b, t)
+
+
+@torch.no_grad()
+def token_sum_pi_squared(logits: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_CHUNK) -> torch.Tensor:
+    """sum_w p(w)^2 per position [B, T] of ``logits`` [B, T, V] (float32 or wider, no gradient), as
+    exp(logsumexp(2 z) - 2 logsumexp(z)) (verl's ``calculate_sum_pi_squared_from_logits``; the optimal token
+    baseline's ``minirl.algo.variants.otb``), ``chunk_size`` rows of [B*T, V] at a time."""
+    b, t, v = logits.shape
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    flat = logits.reshape(b * t, v)
+    out = torch.empty(b * t, dtype=dtype, device=logits.device)
+    for start in range(0, b * t, chunk_size):
+        z = flat[start : start + chunk_size].to(dtype)
+        out[start : start + chunk_size] = torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+    return out.reshape(b, t)
