@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import pytest
 import torch
 import yaml
 
@@ -129,6 +130,7 @@ def test_verl_run_script_translates_and_trains(tmp_path: Path):
     assert sum("eval/accuracy" in m for m in metrics) >= 2  # before and after, greedy
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; its translation: test_peers.py
 def test_verls_reinforce_plus_plus_with_the_kl_in_each_return_translates_and_trains(tmp_path: Path):
     """verl's REINFORCE++ with ``gamma`` < 1 and ``use_kl_in_reward``: minirl's token-level returns (one advantage per
     token, the KL of that token and those after it, discounted), trained from the CLI with its reference pass."""
@@ -173,6 +175,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; its translation and keyed rewards: test_peers.py
 def test_verls_gdpo_translates_to_keyed_rewards_and_trains(tmp_path: Path):
     """verl's ``gdpo`` with ``gdpo_reward_keys``: one reward entry per key of compute_score's dict, GDPO's advantages
     with the token whitening; trained from the CLI (reward/<key>/mean logged for each)."""
@@ -369,6 +372,7 @@ def test_a_verl_run_without_a_reward_function_scores_with_verls_default(tmp_path
     assert any(m["train/reward_mean"] < 0 for m in steps) and any("reward/default_compute_score/acc" in m for m in steps)
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; their translations: test_peers.py
 def test_verls_gpg_and_reinforce_plus_plus_scripts_translate_and_train(tmp_path: Path):
     """verl's GPG recipe (``adv_estimator=gpg`` with ``loss_mode=gpg``, one update per batch) and REINFORCE++
     (``adv_estimator=reinforce_plus_plus``): each translated with its loss and trained from the CLI."""
