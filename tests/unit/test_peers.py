@@ -826,6 +826,46 @@ def test_verl_script_values_from_a_command_are_unresolved(tmp_path: Path, monkey
                for key in ("n_gpus_per_node", "default_local_dir", "experiment_name"))
 
 
+
+@pytest.mark.parametrize("redirect", ["> out.log 2>&1", "&> log", ">> log", "2>/dev/null", "< input", "1>&2",
+                                      '<<< "x y"', "2>&1 | tee log.txt", "|& tee log"])
+def test_verl_redirections_are_no_override_words(tmp_path: Path, redirect: str):
+    """A redirection and its target (written against a word too: ``name='a b'>log``) is no word of the command: the
+    last override is clean, an assignment's value too."""
+    for space in (" ", "") if not redirect[0].isdigit() else (" ",):  # x=a2>log: `2` is the word's, as in bash
+        (tmp_path / "run.sh").write_text(f"N=2{space}{redirect.partition('|')[0]}\n"  # a pipeline's runs apart
+                                         f"python3 -m verl.trainer.main_ppo data.train_batch_size=8 {redirect} \\\n"
+                                         f"  trainer.nnodes=$N trainer.experiment_name='a b'{space}{redirect}\n")
+        given = script_overrides(tmp_path / "run.sh")
+        assert given == {"data.train_batch_size": 8, "trainer.experiment_name": "a b", "trainer.nnodes": 2}, space
+
+
+def test_verl_script_variables_reassigned_from_a_command_drop_the_environments(tmp_path: Path, monkeypatch):
+    """``MODEL=$(realpath x)`` replaces the environment's MODEL by a command's output (not run here): an override
+    taking it is unresolved, not the environment's value."""
+    monkeypatch.setenv("MODEL", "/env/model")
+    monkeypatch.setenv("DATA", "/env/data")
+    (tmp_path / "run.sh").write_text("MODEL=$(realpath x)\nexport DATA=`pwd`/data\n"
+                                     "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL \\\n"
+                                     "  data.train_files=${DATA}/train.parquet trainer.nnodes=1\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert isinstance(given["actor_rollout_ref.model.path"], Unresolved) and isinstance(given["data.train_files"], Unresolved)
+    assert given["trainer.nnodes"] == 1
+
+
+def test_verl_scripts_read_bashs_defaults_groups_arrays_and_quotes(tmp_path: Path, monkeypatch):
+    """The verl reader reads the script as the slime one does: ``: ${X:=v}``, ``{ ...; }`` groups, array elements,
+    ``$"..."`` quotes."""
+    monkeypatch.delenv("STEPS", raising=False)
+    (tmp_path / "run.sh").write_text(': ${STEPS:=30}\n{ N=4; LR=1e-6; }\nFILES=(a.parquet b.parquet)\nNAME=$"x y"\n'
+                                     "python3 -m verl.trainer.main_ppo trainer.total_training_steps=$STEPS \\\n"
+                                     "  actor_rollout_ref.rollout.n=$N actor_rollout_ref.actor.optim.lr=$LR \\\n"
+                                     "  data.train_files=${FILES[1]} trainer.experiment_name=\"$NAME\"\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert (given["trainer.total_training_steps"], given["actor_rollout_ref.rollout.n"]) == (30, 4)
+    assert (given["actor_rollout_ref.actor.optim.lr"], given["data.train_files"]) == (1e-6, "b.parquet")
+    assert given["trainer.experiment_name"] == "x y"
+
 DAPO_SCRIPT = r"""#!/usr/bin/env bash
 set -xeuo pipefail
 max_prompt_length=$((1024 * 2))
@@ -1021,7 +1061,7 @@ def test_verl_losses_minirl_has(given, name, aggregation):
     assert v["algo.name"] == name and v.get("algo.aggregation") == aggregation
 
 
-@pytest.mark.parametrize("given", [{"algorithm.adv_estimator": "optimal_token_baseline"},
+@pytest.mark.parametrize("given", [{"algorithm.adv_estimator": "gdpo"},
                                    {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True,
                                     "algorithm.kl_penalty": "full"},
                                    {"algorithm.adv_estimator": "grpo", "algorithm.rollout_correction.rollout_is": "batch"}])
@@ -1446,8 +1486,14 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert out.config().critic.loss_aggregation == "seq_sum_norm"
     out = advantage("gae", **{"critic.loss_agg_mode": "token-sum"})
     assert any("critic.loss_agg_mode='token-sum'" in line and "critic" in line for line in out.not_translated)
+    for estimator in ("optimal_token_baseline", "tir_optimal_token_baseline"):  # with the IS weights in its energies
+        out = advantage(estimator, **{"actor_rollout_ref.actor.calculate_sum_pi_squared": True,
+                                      "algorithm.rollout_correction.rollout_is": "token"})
+        assert (out.values["algo.adv_baseline"], out.values["algo.adv_std_normalize"]) == ("optimal_token", False)
+        assert out.values["algo.is_correction"] is True and out.objective.startswith("your verl loss")
+        assert out.config().algo.adv_baseline == "optimal_token"
     for estimator, need in (("gdpo", "algorithm.gdpo_reward_keys"),
-                            ("optimal_token_baseline", "a per-token baseline"), ("magic", "an estimator minirl does not")):
+                            ("magic", "an estimator minirl does not")):
         out = advantage(estimator)
         assert any(f"algorithm.adv_estimator={estimator!r}" in line and need in line for line in out.not_translated)
         assert not out.objective.startswith("your verl loss")

@@ -3,7 +3,17 @@ read as bash reads them."""
 
 from __future__ import annotations
 
-from minirl.peers.shell import AND_IF, OR_IF, ansi_c, commands, expand, fields, substitution, unquoted
+from minirl.peers.shell import (
+    AND_IF,
+    OR_IF,
+    ansi_c,
+    commands,
+    default_assignments,
+    expand,
+    fields,
+    substitution,
+    unquoted,
+)
 
 
 def test_ansi_c_quotes_read_bashs_escapes():
@@ -33,3 +43,52 @@ def test_command_substitutions_stay_whole_and_are_not_expanded():
     assert [fields(word, {}) for word in second] == [None, None, ["$(no)"], ["$(no)"]]
     assert expand("$(pwd)/ckpt", {}) is None and expand("`pwd`", {}) is None
     assert expand("${X:-$(pwd)}", {"X": "a"}) == "a" and expand("${X:-$(pwd)}", {}) is None
+
+
+def test_redirections_and_their_targets_are_not_words():
+    """``N>`` / ``N>&M`` / ``&>`` / ``>>`` / ``<`` / ``<<<`` / ``>|`` and their targets are no words of the command,
+    wherever they stand (``--x=1>log`` is ``--x=1``; ``a2>x`` keeps ``a2``: only a whole number is a descriptor);
+    ``2>&1`` is one redirection, not ``2>`` and a background command; ``|&`` is a pipe; a here-document's lines are
+    no commands; ``<(cmd)`` / ``>(cmd)`` are words (a command's output, not run)."""
+    found = commands("python3 train.py --a 1 2>&1 | tee log.txt\n"
+                     "b > out.log 2>&1; c &> log\n"
+                     "d >> log 2>/dev/null < input 1>&2 <<< \"x y\" |& e\n"
+                     "f --x=1>log a2>x 2>&- >| y &>>z \"q\">'r s'\n"
+                     "cat <<-'EOF' > cfg.yaml\n\tA=1 (\n\tEOF\n"
+                     "g <(h) >(i) <<EOF\nB=2\nEOF\nC=3\n")
+    assert [(line, [unquoted(word) for word in words]) for line, words in found] == [
+        (1, ["python3", "train.py", "--a", "1"]), (1, ["tee", "log.txt"]), (2, ["b"]), (2, ["c"]), (3, ["d"]), (3, ["e"]),
+        (4, ["f", "--x=1", "a2", "q"]), (5, ["cat"]), (8, ["g", "<(h)", ">(i)"]), (11, ["C=3"])]
+    assert [substitution(word) for word in found[-2][1][1:]] == ["<(h)", ">(i)"]
+
+
+def test_locale_quotes_read_as_double_quotes():
+    """``$"..."`` (bash's locale translation) is a double-quoted string: expanded, not split."""
+    [(_, words)] = commands('echo $"a $X  b" $"c"d\n')
+    assert [fields(word, {"X": "1"}) for word in words[1:]] == [["a 1  b"], ["cd"]]
+
+
+def test_array_elements_counts_and_lengths():
+    """``${A[n]}`` (a number, an arithmetic index such as ``$i``, negative from the end), ``${A[@]}`` / ``${A[*]}``
+    its elements joined, ``${#A[@]}`` their count, ``${#X}`` a value's length (inside ``$((...))`` too); an index
+    past the end is empty; a scalar is an array of one; an unknown index or name, None."""
+    arrays = {"A": ["a", "bc", "d"]}
+    variables = {"X": "abcd", "i": "1", "A": "a"}
+    assert expand("${A[0]}-${A[$i]}-${A[i+1]}-${A[-1]}-${#A[@]}-${#A[*]}-${#X}-${#A[1]}", variables, arrays) == \
+        "a-bc-d-d-3-3-4-2"
+    assert expand("${A[@]}|${A[*]}|${A[7]}|${A[7]:-z}|${X[0]}|${X[1]}", variables, arrays) == "a bc d|a bc d||z|abcd|"
+    assert fields("$((${#A[@]} * 2 + ${#X}))", variables, arrays=arrays) == ["10"]
+    assert expand("${A[$j]}", variables, arrays) is None and expand("${B[0]}", variables, arrays) is None
+    assert expand("${#B[@]}", variables, arrays) is None
+
+
+def test_default_assignments_are_what_bash_assigns():
+    """``${X:=v}`` assigns v when X is unset or empty, ``${X=v}`` when unset; each in turn, as bash expands."""
+    variables = {"E": "", "S": "set"}
+    [(_, words)] = commands(': ${A:=1} "${E:=${A}2}" ${S:=3} ${E2=4} ${A:=5} ${S=6} ${N:-7}\n')
+    assigned = []
+    for word in words[1:]:
+        for name, value in default_assignments(word, variables):
+            assigned.append((name, value))
+            variables[name] = expand(value, variables) or ""
+    assert [(name, variables[name]) for name, _ in assigned] == [("A", "1"), ("E", "12"), ("E2", "4")]

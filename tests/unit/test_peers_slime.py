@@ -508,10 +508,17 @@ def test_rm_hub_dispatches_as_slimes_async_rm():
     acc = make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "dapo", "reward_key": "acc"})
     assert acc.score([Sample("q", "Answer: 13", "12", [1])]) == [0.0]  # --reward-key acc: dapo's acc, not its -1
     assert set(make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "random"}).score(samples)) <= {0.0, 1.0}
-    with pytest.raises(Exception, match=r"rm_type 'remote_rm': minirl has slime's dapo, math, deepscaler, f1, gpqa, random"):
-        make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "remote_rm"}).score(samples[:1])
+    with pytest.raises(Exception, match=r"rm_type 'ifbench': minirl has slime's dapo, math, deepscaler, f1, gpqa, random "
+                                        r"and remote_rm"):
+        make_reward_fn(slime_rewards.rm_hub, kwargs={"rm_type": "ifbench"}).score(samples[:1])
     out = from_slime(BASE | {"rm-type": "ifbench"})
-    assert any("--rm-type ifbench" in line and "gpqa" in line for line in out.not_translated)
+    assert any("--rm-type ifbench" in line and "remote_rm" in line for line in out.not_translated)
+    # remote_rm: the server's URL reaches the scorer's args (tests/unit/test_slime_remote_rm.py posts to one)
+    out = from_slime(BASE | {"rm-type": "remote_rm", "rm-url": "http://rm:8000/score", "reward-key": "score"})
+    assert out.values["task.reward_functions"][0]["kwargs"] == {"rm_type": "remote_rm", "reward_key": "score",
+                                                                "metadata_key": "metadata", "rm_url": "http://rm:8000/score"}
+    with pytest.raises(ConfigError, match=r"--rm-type=?.?remote_rm.? needs --rm-url"):
+        from_slime(BASE | {"rm-type": "remote_rm"})
 
 
 def test_an_eval_config_gives_its_datasets_and_their_law(tmp_path: Path):
@@ -794,3 +801,98 @@ SEP=$'\\t'
 python3 train.py --rollout-batch-size 4 --rollout-stop $'\\n\\nUser:' $'it\\'s' $'\\x41\\\\B' "a${SEP}b" '\\n'
 """)
     assert flags["rollout-stop"] == ["\n\nUser:", "it's", "A\\B", "a\tb", "\\n"]
+
+
+REDIRECTIONS = ["> out.log 2>&1", "&> log", ">> log", "2>/dev/null", "< input", "1>&2", '<<< "x y"', ">|log", "&>>log",
+                "2>&-", ">'a b'"]
+
+
+@pytest.mark.parametrize("redirect", REDIRECTIONS)
+def test_redirections_are_no_flags_words(tmp_path: Path, redirect: str):
+    """A redirection and its target (``2>&1``, ``> log``, ``<<< "x"``...), in the middle of the ``train.py`` line or
+    at its end (before ``| tee``), is no word of the command: the flags around it read as without it."""
+    train = (f'python3 train.py --rollout-batch-size 4 {redirect} "${{ARGS[@]}}" \\\n  --eps-clip 0.3 {redirect}\n',
+             f'python3 train.py --rollout-batch-size 4 "${{ARGS[@]}}" --eps-clip 0.3>x.log {redirect} 2>&1 | tee log\n',
+             f'python3 train.py --rollout-batch-size 4 "${{ARGS[@]}}" --eps-clip 0.3 {redirect} |& tee log.txt\n')
+    for line in train:
+        flags = _script(tmp_path, f"ARGS=(--lr 1e-5) {redirect}\necho start {redirect}\nARGS+=(--use-tis)\n{line}")
+        assert flags == {"rollout-batch-size": 4, "lr": 1e-5, "use-tis": True, "eps-clip": 0.3, "$script": "train.py"}
+
+
+def test_default_assignments_assign_as_bash(tmp_path: Path, monkeypatch):
+    """``: ${X:=v}`` / ``: "${X:=v}"`` assign v to an unset or empty X (a set one keeps its value); a ``${X:=v}`` in
+    any word assigns it too."""
+    for name in ("LR", "EPS", "KL", "N"):
+        monkeypatch.delenv(name, raising=False)
+    flags = _script(tmp_path, """\
+: ${LR:=1e-5}
+: "${EPS:=0.3}"
+KL=
+: ${KL:=0.1}
+GAMMA=0.5
+: ${GAMMA:=0.9}
+python3 train.py --rollout-batch-size 4 --lr $LR --eps-clip $EPS --kl-coef $KL --gamma $GAMMA \\
+  --n-samples-per-prompt ${N:=2} --global-batch-size $((N * 4))
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["kl-coef"], flags["gamma"]) == (1e-5, 0.3, 0.1, 0.5)
+    assert (flags["n-samples-per-prompt"], flags["global-batch-size"]) == (2, 8)
+
+
+def test_assignments_in_groups_run_as_the_group_does(tmp_path: Path, monkeypatch):
+    """A bare ``{ A=1; B=2; }`` group runs: its assignments are plain; after ``cond &&`` / ``cond ||`` they are
+    named as conditional ones are, after ``false &&`` never made; a function's body runs where it is called."""
+    monkeypatch.delenv("MODE", raising=False)
+    flags = _script(tmp_path, """\
+{ LR=1e-5; EPS=0.3; }
+[ -n "$MODE" ] && { KL=0.1; GAMMA=0.5; }
+false && { ENT=0.1; }
+true && {
+  N=4
+} || N=8
+setup() { EPS=0.9; }
+python3 train.py --rollout-batch-size 4 --lr $LR --eps-clip $EPS --kl-coef $KL --gamma ${GAMMA} \\
+  --entropy-coef ${ENT:-0.0} --n-samples-per-prompt $N
+""")
+    assert (flags["lr"], flags["eps-clip"], flags["kl-coef"], flags["gamma"]) == (1e-5, 0.9, 0.1, 0.5)
+    assert (flags["entropy-coef"], flags["n-samples-per-prompt"]) == (0.0, 4)
+    lines = flags["$conditional"]
+    assert [line.split(": ")[1].split(" is set")[0] for line in lines] == ["EPS", "KL", "GAMMA"], lines
+    assert "EPS is set inside a function" in lines[0] and "KL is set after a `&&` / `||` condition" in lines[1]
+
+
+def test_assigning_an_array_name_sets_its_first_element(tmp_path: Path):
+    """``ARR=x`` on an array sets its first element (bash's ``ARR[0]=x``), the others kept."""
+    flags = _script(tmp_path, """\
+ARGS=(--lr 1e-5 --use-tis)
+ARGS=--eps-clip
+STOPS=()
+STOPS="a b"
+python3 train.py --rollout-batch-size 4 "${ARGS[@]}" --rollout-stop "${STOPS[@]}" --wandb-project "x$ARGS"
+""")
+    assert (flags["eps-clip"], flags["use-tis"], flags["rollout-stop"]) == (1e-5, True, "a b")
+    assert "lr" not in flags and flags["wandb-project"] == "x--eps-clip"
+
+
+def test_array_elements_counts_and_lengths(tmp_path: Path):
+    """``${ARR[n]}``, ``${ARR[$i]}``, ``${ARR[-1]}`` are elements, ``${#ARR[@]}`` their count, ``${#X}`` a length;
+    ``"${ARR[*]}"`` is one word of them all, an unquoted ``${ARR[@]}`` splits each at its blanks."""
+    flags = _script(tmp_path, """\
+CLIPS=(0.1 0.2 0.3)
+i=1
+NAMES=("run a" b)
+X=abcd
+python3 train.py --rollout-batch-size ${#CLIPS[@]} --eps-clip ${CLIPS[0]} --eps-clip-high ${CLIPS[$i]} \\
+  --eps-clip-c ${CLIPS[-1]} --n-samples-per-prompt ${#X} --wandb-project "${NAMES[0]}" \\
+  --global-batch-size $(( ${#CLIPS[@]} * 2 )) --rollout-stop ${NAMES[i]} --wandb-group ${NAMES[@]} \
+  --eval-prompt-data "${NAMES[*]}"
+""")
+    assert (flags["rollout-batch-size"], flags["eps-clip"], flags["eps-clip-high"], flags["eps-clip-c"]) == (3, 0.1, 0.2, 0.3)
+    assert (flags["n-samples-per-prompt"], flags["wandb-project"], flags["global-batch-size"]) == (4, "run a", 6)
+    assert flags["rollout-stop"] == "b" and flags["wandb-group"] == ["run", "a", "b"]
+    assert flags["eval-prompt-data"] == "run a b"
+
+
+def test_locale_quotes_are_double_quotes(tmp_path: Path):
+    """``$"..."`` (bash's locale translation) reads as ``"..."``."""
+    flags = _script(tmp_path, 'NAME=$"my run"\npython3 train.py --rollout-batch-size 4 --wandb-project $"a $NAME"\n')
+    assert flags["wandb-project"] == "a my run"

@@ -1,24 +1,32 @@
-"""Reading the shell scripts peers launch runs with: lines joined at a trailing backslash, ``NAME=value`` variables
-(and the environment's) with ``$NAME``, ``${NAME:-default}`` and ``$((...))`` arithmetic expanded. verl's run scripts
-(Hydra ``key=value`` overrides) and slime's (bash arrays of ``--flag value`` words) are read with these."""
+"""Reading the shell scripts peers launch runs with as bash reads them: their commands (``commands``; those that may
+run, ``statements``), quotes and redirections, ``NAME=value`` variables and arrays (and the environment's) with
+``$NAME``, ``${...}`` and ``$((...))`` arithmetic expanded. verl's run scripts (Hydra ``key=value`` overrides) and
+slime's (bash arrays of ``--flag value`` words) are read with these."""
 
 from __future__ import annotations
 
 import ast
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 
-ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+Arrays = Mapping[str, Sequence[str | None]]
+"""A script's arrays: each one's elements (``COMMAND`` for one taking a command's output, None for one naming a
+variable set nowhere)."""
 
 _ARITHMETIC = re.compile(r"\$\(\((.*?)\)\)")
 
 
-def arithmetic(line: str, variables: dict[str, str]) -> str:
-    """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``); one
-    it cannot evaluate is left as it is (an override using it is then unresolved)."""
+def arithmetic(line: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str:
+    """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``,
+    ``$((${#A[@]} * 2))``); one it cannot evaluate is left as it is (an override using it is then unresolved)."""
     def evaluate(match: re.Match[str]) -> str:
-        expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b",
-                      lambda v: variables.get(v.group(1) or v.group(2), v.group(0)), match.group(1))
+        expr: str | None = match.group(1)
+        if "$" in match.group(1):  # ${...} and $NAME first, as bash expands them
+            expr = expand(match.group(1), variables, arrays)
+        if expr is None:
+            return match.group(0)
+        expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda v: variables.get(v.group(1), v.group(0)), expr)
         if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
             return match.group(0)
         try:
@@ -42,26 +50,10 @@ def _integer(node: ast.AST) -> int:
     raise ValueError("not an integer expression")
 
 
-def logical_lines(text: str) -> list[tuple[int, list[str]]]:
-    """Shell lines joined at a trailing backslash: (first line number, the physical lines)."""
-    lines: list[tuple[int, list[str]]] = []
-    pending: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not pending:
-            start = number
-        pending.append(raw[:-1] if raw.endswith("\\") else raw)
-        if not raw.endswith("\\"):
-            lines.append((start, pending))
-            pending = []
-    if pending:
-        lines.append((start, pending))
-    return lines
-
-
-def expand(value: str, variables: dict[str, str]) -> str | None:
+def expand(value: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
     """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
-    (``${DIR:-${HOME}/verl}``, expanded too); None when a variable is set nowhere or a command's output
-    (``$(...)``, backticks: not run here) is needed."""
+    (``${DIR:-${HOME}/verl}``, expanded too), ``${A[n]}`` / ``${#A[@]}`` / ``${#NAME}`` (``_parameter``); None when a
+    variable is set nowhere or a command's output (``$(...)``, backticks: not run here) is needed."""
     out, i, missing = [], 0, False
     while i < len(value):
         if value[i] == "`" or (value.startswith("$(", i) and not value.startswith("$((", i)):
@@ -87,27 +79,93 @@ def expand(value: str, variables: dict[str, str]) -> str | None:
             if depth == 0:
                 break
             j += 1
-        inner = value[i + 2:j]
-        parts = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?[-=](.*))?$", inner, re.S)
+        parts = _PARAMETER.match(value[i + 2:j])
         if parts is None or j == len(value):
             return None
-        name, default = parts.group(1), parts.group(2)
-        if variables.get(name):
-            out.append(variables[name])
+        current, default = _parameter(parts, variables, arrays or {}), parts.group(4)
+        if current:
+            out.append(current)
         elif default is not None:
             if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":  # ${X:-"a b"}
                 default = default[1:-1]
-            expanded_default = expand(default, variables)
+            expanded_default = expand(default, variables, arrays)
             if expanded_default is None:
                 return None
             out.append(expanded_default)
         else:
-            missing = missing or name not in variables
+            missing = missing or current is None
         i = j + 1
     expanded = "".join(out)
     if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
         return None
     return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
+
+
+_PARAMETER = re.compile(r"(#?)([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?(?::?[-=](.*))?$", re.S)
+"""A ``${...}``'s inside: ``#`` (a length), the name, an ``[index]``, a ``:-`` / ``:=`` default."""
+
+
+def _parameter(parts: re.Match[str], variables: Mapping[str, str], arrays: Arrays) -> str | None:
+    """The value of a ``${...}``'s parameter before its default: ``NAME``, an array's element ``NAME[index]`` (an
+    arithmetic index, ``$i`` or ``-1`` counting from the end; past the end, empty; a scalar is an array of one),
+    ``NAME[@]`` / ``NAME[*]`` its elements joined by blanks; with ``#`` the length, ``${#NAME[@]}`` the count. None
+    where the name is set nowhere or the index is not known."""
+    length, name, index = parts.group(1, 2, 3)
+    items = list(arrays[name]) if name in arrays else [variables[name]] if name in variables else None
+    if items is None:
+        return None
+    if index in ("@", "*") and length:
+        return str(len(items))
+    if index not in ("@", "*"):
+        k = 0 if index is None else _index(index, variables, arrays)
+        if k is None:
+            return None
+        k += len(items) if k < 0 else 0
+        items = [items[k] if 0 <= k < len(items) else ""]
+    if any(item is None for item in items):
+        return None
+    text = " ".join(item for item in items if item is not None)
+    return str(len(text)) if length and COMMAND not in text else text
+
+
+def _index(index: str, variables: Mapping[str, str], arrays: Arrays) -> int | None:
+    """An array index as bash reads it: an arithmetic expression (``1``, ``-1``, ``$i``, ``i + 1``)."""
+    value = arithmetic(f"$(({index}))", variables, arrays)
+    return int(value) if re.fullmatch(r"-?\d+", value) else None
+
+
+def default_assignments(word: str, variables: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+    """The ``${NAME:=value}`` (NAME unset or empty) / ``${NAME=value}`` (NAME unset) of a word of ``commands``, which
+    bash assigns as it expands the word (``: ${X:=v}``): (NAME, the ``${...}``, whose expansion is the value), each as
+    it is reached (the caller assigns it before the next is looked at)."""
+    for text, kind in _parts(word):
+        i = text.find("${") if kind in ("", QUOTED) else -1
+        while i >= 0:
+            j = _matching(text, i + 1)
+            given = re.match(r"([A-Za-z_]\w*)(:?)=", text[i + 2:j])
+            if given and (not variables.get(given.group(1)) if given.group(2) else given.group(1) not in variables):
+                yield given.group(1), text[i:j + 1]
+            i = text.find("${", j + 1)
+
+
+def names(word: str) -> set[str]:
+    """The names a word's ``$NAME`` / ``${NAME...}`` / ``${#NAME...}`` / ``$((NAME ...))`` read."""
+    found = set(re.findall(r"\$\{?#?([A-Za-z_]\w*)", word))
+    for expr in re.findall(r"\$\(\((.*?)\)\)", word):
+        found |= set(re.findall(r"[A-Za-z_]\w*", expr))
+    return found
+
+
+def assigned(value: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
+    """What ``NAME=value`` leaves in NAME: the word expanded whole (bash does not split it); ``COMMAND`` where it
+    takes a command's output (not run here: whatever NAME held, the environment's value too, is gone); None where it
+    names a variable set nowhere."""
+    expanded = word_value(value, variables, arrays)
+    if expanded is not None:
+        return expanded
+    held = [variables.get(name, "") for name in names(value)]
+    held += [item or "" for name in names(value) for item in (arrays or {}).get(name, [])]
+    return COMMAND if substitution(value) or any(COMMAND in text for text in held) else None
 
 
 OPEN, CLOSE = "\x00(", "\x00)"  # an array's parentheses among a command's words (no word holds a NUL)
@@ -128,18 +186,18 @@ def substitution(word: str) -> str | None:
     return next((text for text, kind in _parts(word) if kind == COMMAND), None)
 
 
-def fields(word: str, variables: dict[str, str], split: bool = True) -> list[str] | None:
+def fields(word: str, variables: Mapping[str, str], split: bool = True, arrays: Arrays | None = None) -> list[str] | None:
     """A word of ``commands`` as bash expands it: ``$NAME``, ``${...}`` and ``$((...))`` in its unquoted and
     double-quoted parts, its single-quoted parts as written, and (``split``) an unquoted expansion's blanks splitting
     it into words (``$EXTRA`` holding ``--lr 1e-6`` gives two words, ``"$EXTRA"`` one, an empty ``$EMPTY`` none).
     None when a variable is set nowhere or the word takes a command's output (``substitution``, or a variable whose
-    value is the ``COMMAND`` mark: one set from a command's output)."""
+    value is the ``COMMAND`` mark: one set from a command's output); ``arrays``: the script's, for ``${A[n]}``."""
     out: list[str] = []
     current: str | None = None
     for text, kind in _parts(word):
         if kind == COMMAND:
             return None
-        value = text if kind == LITERAL else expand(arithmetic(text, variables), variables)
+        value = text if kind == LITERAL else expand(arithmetic(text, variables, arrays), variables, arrays)
         if value is None or (kind != LITERAL and COMMAND in value):  # a variable holding a command's output
             return None
         if kind or not split:
@@ -156,9 +214,9 @@ def fields(word: str, variables: dict[str, str], split: bool = True) -> list[str
     return out
 
 
-def word_value(word: str, variables: dict[str, str]) -> str | None:
+def word_value(word: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
     """A word of ``commands`` expanded whole (an assignment's value: bash does not split it); None as ``fields``."""
-    parts = fields(word, variables, split=False)
+    parts = fields(word, variables, split=False, arrays=arrays)
     return None if parts is None else "".join(parts)
 
 
@@ -183,9 +241,9 @@ def _parts(word: str) -> list[tuple[str, str]]:
 def commands(text: str) -> list[tuple[int, list[str]]]:
     """A script's simple commands: (first line, words), quotes as marks (``QUOTED``, ``LITERAL``, ``COMMAND``) and
     ``$...`` kept for ``fields``. Words end at blanks; commands at newlines, ``;``, ``&``, ``|`` (not inside an array's
-    ``( ... )``, whose parentheses are the ``OPEN`` / ``CLOSE`` words); one after ``&&`` / ``||`` starts with the word
-    ``AND_IF`` / ``OR_IF``. Quotes may span lines; ``${...}``, ``$(...)`` and backticks stay whole (nested quotes and
-    parentheses too); a ``#`` starting a word comments out the rest of its line."""
+    ``( ... )``: ``OPEN`` / ``CLOSE`` words); one after ``&&`` / ``||`` starts with ``AND_IF`` / ``OR_IF``. Quotes may
+    span lines; ``${...}``, ``$(...)`` and backticks stay whole; a ``#`` starting a word comments out the rest of its
+    line; redirections are no words (``_redirection``: ``2>&1``, ``> log``, a here-document and its lines...)."""
     out: list[tuple[int, list[str]]] = []
     words: list[str] = []
     word: list[str] | None = None
@@ -203,31 +261,32 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
         if c == "\\" and text.startswith("\n", i + 1):  # a continued line
             i, line = i + 2, line + 1
             continue
+        if (c in "<>" and text[i + 1:i + 2] != "(") or text.startswith("&>", i):  # not a <(command) word
+            word = None if word and "".join(word).isdigit() else word  # the descriptor it redirects (2>, 1>&2)
+            end_word()
+            text, j = _redirection(text, i)
+            line, i = line + text.count("\n", i, j), j
+            continue
         if c in " \t\r" or (c in "\n;&|" and depth):
             end_word()
-            line += c == "\n"
-            i += 1
+            line, i = line + (c == "\n"), i + 1
             continue
         if c in "\n;&|":
             end_word()
             connector = {"&&": AND_IF, "||": OR_IF}.get(text[i:i + 2])
             if words:
                 out.append((start, [joined, *words] if joined else words))
-            joined = connector or (None if words else joined)  # a newline may follow && / ||
-            words = []
-            line += c == "\n"
-            i += 2 if connector else 1
+            joined, words = connector or (None if words else joined), []  # a newline may follow && / ||
+            line, i = line + (c == "\n"), i + (2 if connector else 1)
             start = line
             continue
         if c == "#" and word is None:
-            while i < len(text) and text[i] != "\n":
-                i += 1
+            i = len(text) if text.find("\n", i) < 0 else text.find("\n", i)
             continue
         if c in "()" and (word is None or c == ")" or "".join(word).endswith("=")):
             end_word()
             words.append(OPEN if c == "(" else CLOSE)
-            depth = max(depth + (1 if c == "(" else -1), 0)
-            i += 1
+            depth, i = max(depth + (1 if c == "(" else -1), 0), i + 1
             continue
         if word is None:
             word, start = [], start if words else line
@@ -241,11 +300,154 @@ def commands(text: str) -> list[tuple[int, list[str]]]:
     return out
 
 
+_REDIRECTION = re.compile(r"&>>?|<<<|<<-?|<>|>>|[<>]&|>\||[<>]")
+
+
+def _redirection(text: str, i: int) -> tuple[str, int]:
+    """The redirection at ``i`` (``>``, ``>>``, ``>|``, ``<``, ``<>``, ``>&``, ``<&``, ``&>``, ``&>>``, ``<<<``,
+    ``<<`` / ``<<-``) and its target word, which are no words of the command: the index after them, and the text with
+    a here-document's lines (up to its delimiter line) blanked, so that they are read as no commands."""
+    operator = _REDIRECTION.match(text, i).group(0)  # type: ignore[union-attr]
+    j = i + len(operator)
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    parts = []
+    while j < len(text) and text[j] not in " \t\r\n;&|()<>" and not text.startswith("\\\n", j):
+        part, j = _word_part(text, j)
+        parts.append(part)
+        j += 1
+    if operator in ("<<", "<<-"):
+        text = _blank_here_document(text, j, unquoted("".join(parts)), operator == "<<-")
+    return text, j
+
+
+def _blank_here_document(text: str, i: int, delimiter: str, tabs: bool) -> str:
+    """``text`` with the lines of the here-document opened before ``i`` blanked: those after ``i``'s line up to the
+    one that is its (unquoted) delimiter (after leading tabs with ``<<-``), or to the end."""
+    start = text.find("\n", i) + 1
+    if not start:
+        return text
+    found = re.compile(("^\t*" if tabs else "^") + re.escape(delimiter) + "$", re.M).search(text, start)
+    stop = found.end() if found else len(text)
+    return text[:start] + "\n" * text.count("\n", start, stop) + text[stop:]
+
+
+BLOCKS = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done", "select": "done"}
+"""Shell blocks whose commands may or may not run: an assignment in one is read as if it ran (the last one wins)."""
+IN_BLOCK, IN_FUNCTION = "inside an if / case / loop block", "inside a function (run where it is called)"
+AFTER_CONDITION = "after a `&&` / `||` condition"
+"""How an assignment may not run: in a block or a function, or after ``cond &&`` / ``cond ||`` (read as if it ran)."""
+DECLARE = ("export", "declare", "typeset", "local", "readonly")
+NAME_VALUE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
+ARRAY = re.compile(r"([A-Za-z_]\w*)(\+?)=")
+
+_Block = tuple[str, str, bool | None]
+"""An open block: the word closing it, how its commands may not run (``IN_BLOCK``...; "" for none), whether it runs
+(a ``{ ...; }`` group as the list before it lets it: False never, None not known here)."""
+
+
+def statements(text: str) -> Iterator[tuple[int, list[str], str]]:
+    """The simple commands of a script that bash may run: (first line, words without the shell syntax around them,
+    how: "" for one that runs, else ``IN_BLOCK``, ``IN_FUNCTION`` or ``AFTER_CONDITION``). One bash never runs
+    (``false && X=1``, a ``false && { ...; }`` group's) is left out; a bare ``{ ...; }`` group's commands run."""
+    blocks: list[_Block] = []  # the open if / case / loops, groups and function bodies
+    status: int | None = 0  # the exit status of the && / || list so far (None: not known)
+    for line, words in commands(text):
+        joined = words[0] if words[0] in (AND_IF, OR_IF) else None
+        words, runs = words[1:] if joined else words, _runs(joined, status)
+        if words == ["}"] and blocks and blocks[-1][0] == "}":  # a group's end: its status, its last command's
+            status = None if blocks.pop()[2] is None else status
+            continue
+        words = _keywords(words, blocks)
+        body = _group(words, blocks, runs)
+        words, runs = (body, True) if body is not None else (words, runs)
+        words = _declared(words)
+        if runs is False or any(block[2] is False for block in blocks):
+            continue
+        status = _status(words) if runs else None
+        if words:
+            hows = {block[1] for block in blocks} | ({AFTER_CONDITION} if runs is None else set())
+            yield line, words, next((how for how in (IN_BLOCK, IN_FUNCTION, AFTER_CONDITION) if how in hows), "")
+
+
+def _runs(joined: str | None, status: int | None) -> bool | None:
+    """Whether bash runs a command: the first of an ``&&`` / ``||`` list always, one after ``&&`` when the list before
+    it succeeded (status 0), after ``||`` when it failed; None when that status is not known here."""
+    if joined is None:
+        return True
+    return None if status is None else (status == 0) == (joined == AND_IF)
+
+
+def _status(words: list[str]) -> int | None:
+    """A command's exit status where bash's is known without running anything: 0 for assignments (none taking a
+    command's output) and ``true`` / ``:``, 1 for ``false``; None for any other command."""
+    if not words:
+        return None
+    if unquoted(words[0]) in ("true", ":", "false"):
+        return int(unquoted(words[0]) == "false")
+    array = ARRAY.fullmatch(words[0]) and words[1:2] == [OPEN]
+    assigns = array or all(NAME_VALUE.fullmatch(word) for word in words)
+    return 0 if assigns and not any(map(substitution, words)) else None
+
+
+def _keywords(words: list[str], blocks: list[_Block]) -> list[str]:
+    """A command's words without the block syntax around them (``then`` / ``else`` / ``do``, a case's ``pattern)``),
+    keeping ``blocks`` up to date; none for an ``if`` / ``case`` / loop's opening line (its condition) or its end."""
+    keyword = unquoted(words[0]) if words else ""
+    if blocks and keyword == blocks[-1][0] and keyword in BLOCKS.values():
+        blocks.pop()
+        return []
+    if keyword in BLOCKS or keyword == "elif":
+        blocks += [(BLOCKS[keyword], IN_BLOCK, True)] if keyword in BLOCKS else []
+        return []
+    while words and unquoted(words[0]) in ("then", "else", "do"):
+        words = words[1:]
+    if blocks and blocks[-1][0] == "esac" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
+        words = words[words.index(CLOSE) + 1:]  # a case's `pattern)`
+    return words
+
+
+def _group(words: list[str], blocks: list[_Block], runs: bool | None) -> list[str] | None:
+    """The words after the ``{`` opening a group (run as the list before it lets it: ``runs``) or a function's body
+    (``f() {``, ``function f {``: run where it is called), its block pushed; None where words open neither. A
+    function's ``{`` may be on a later line."""
+    function = _function(words)
+    if function is not None and function[:1] != ["{"]:
+        blocks.append(("{", IN_FUNCTION, True))  # its { to come
+        return []
+    if blocks and blocks[-1][0] == "{":
+        blocks.pop()
+        function = words if words[:1] == ["{"] else None
+    body = words if function is None else function
+    if body[:1] != ["{"]:
+        return None
+    blocks.append(("}", IN_FUNCTION, True) if function is not None else ("}", "" if runs else AFTER_CONDITION, runs))
+    return body[1:]
+
+
+def _function(words: list[str]) -> list[str] | None:
+    """The words after a function definition's name (``f()``, ``function f``, ``function f()``); None for none."""
+    if words and unquoted(words[0]) == "function":
+        return words[3:] if words[2:3] == [CLOSE] else words[2:]
+    if len(words) > 1 and words[0].endswith("(") and words[1] == CLOSE:
+        return words[2:]
+    return None
+
+
+def _declared(words: list[str]) -> list[str]:
+    """A command's words without a leading ``export`` / ``declare -a`` / ``local`` / ``readonly`` and its options."""
+    if words and unquoted(words[0]) in DECLARE:
+        words = words[1:]
+        while words and words[0].startswith("-"):  # declare -a, -r, -x ...
+            words = words[1:]
+    return words
+
+
 def _word_part(text: str, i: int) -> tuple[str, int]:
     """The part of a word starting at ``i`` (a quoted string between its marks, a whole ``${...}`` / ``$((...))``, a
-    command substitution, an escaped or plain character) and the index of its last character. A ``$(command)`` or
-    ```command```, which is not run, is kept as written (``COMMAND``); an escaped character too (``LITERAL``), and
-    ``$'...'`` as bash reads its escapes."""
+    command substitution, an escaped or plain character) and the index of its last character. A ``$(command)``,
+    ```command``` or process substitution (``<(command)``), which is not run, is kept as written (``COMMAND``); an
+    escaped character too (``LITERAL``), ``$'...'`` as bash reads its escapes, ``$"..."`` as ``"..."``."""
     c = text[i]
     if c == "'":
         j = text.find("'", i + 1)
@@ -254,10 +456,11 @@ def _word_part(text: str, i: int) -> tuple[str, int]:
     if text.startswith("$'", i):
         j = _closing_ansi_c(text, i + 1)
         return LITERAL + ansi_c(text[i + 2:j]) + UNLITERAL, j
-    if c == '"':
-        j = _closing_quote(text, i)
-        return QUOTED + _double_quoted(text[i + 1:j]) + UNQUOTED, j
-    if c == "`" or (text.startswith("$(", i) and not text.startswith("$((", i)):
+    if c == '"' or text.startswith('$"', i):  # $"...": bash's locale translation, a double-quoted string here
+        k = i + (c == "$")
+        j = _closing_quote(text, k)
+        return QUOTED + _double_quoted(text[k + 1:j]) + UNQUOTED, j
+    if c == "`" or (text.startswith(("$(", "<(", ">("), i) and not text.startswith("$((", i)):
         j = _closing_backtick(text, i) if c == "`" else _matching(text, i + 1)
         return COMMAND + text[i:j + 1] + UNCOMMAND, j
     if c == "$" and text.startswith(("${", "$(("), i):

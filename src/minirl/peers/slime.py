@@ -33,18 +33,20 @@ from minirl.peers.common import (
     template_kwargs,
 )
 from minirl.peers.shell import (
-    AND_IF,
+    ARRAY,
     CLOSE,
     COMMAND,
+    NAME_VALUE,
     OPEN,
-    OR_IF,
     QUOTED,
     UNQUOTED,
-    commands,
+    assigned,
+    default_assignments,
     fields,
+    names,
+    statements,
     substitution,
     unquoted,
-    word_value,
 )
 from minirl.tasks.slime_rewards import SCORERS
 
@@ -272,17 +274,21 @@ def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
         out.differs.append(f"{peer.show('custom-rm-path')}: minirl calls it with slime's (args, sample); sample.prompt "
                            "is the row's prompt as written (a chat stays a list of messages, not the templated text) and "
                            "args holds the flags a reward function reads (hf_checkpoint, reward_key, rm_type, ...)")
-    elif str(kind).removeprefix("boxed_") in SCORERS:
-        args = {key.replace("-", "_"): peer(key) for key in ("rm-type", "reward-key", "metadata-key") if peer(key) is not None}
+    elif str(kind).removeprefix("boxed_") in (*SCORERS, "remote_rm"):
+        keys = ("rm-type", "reward-key", "metadata-key", "rm-url")
+        args = {key.replace("-", "_"): peer(key) for key in keys if peer(key) is not None}
         out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type"))
+        if str(kind).removeprefix("boxed_") == "remote_rm" and not peer("rm-url"):
+            raise ConfigError(f"{peer.show('rm-type')} needs --rm-url: the reward server each response is posted to")
         if str(kind).removeprefix("boxed_") in ("math", "deepscaler"):
             out.differs.append(f"{peer.show('rm-type')}: the boxed answer is graded with math-verify here, not "
                                "DeepScaleR's mathd + sympy rules (the same on numbers and most LaTeX)")
     elif kind:
-        out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's {', '.join(SCORERS)} scorers (and their "
-                                  "boxed_ forms); write this one as a reward function (task.reward_function)")
+        out.not_translated.append(f"{peer.show('rm-type')}: minirl has slime's {', '.join(SCORERS)} and remote_rm scorers "
+                                  "(and their boxed_ forms); write this one as a reward function (task.reward_function)")
     else:  # slime's async_rm: each row's metadata rm_type, as the built-in dispatch reads it first
-        args = {key.replace("-", "_"): peer(key) for key in ("reward-key", "metadata-key") if peer(key) is not None}
+        args = {key.replace("-", "_"): peer(key) for key in ("reward-key", "metadata-key", "rm-url")
+                if peer(key) is not None}
         out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type", "custom-rm-path"))
         out.differs.append(f"no --rm-type or --custom-rm-path: each row's {peer('metadata-key')}.rm_type picks its scorer "
                            "(slime's async_rm), as translated; a row without one stops the run with one line")
@@ -878,13 +884,6 @@ def parse_flags(words: list[Any]) -> dict[str, Any]:
 
 
 TRAIN_SCRIPT = re.compile(r"(^|/)train(_async)?\.py$")
-BLOCKS = {"if": "fi", "case": "esac", "for": "done", "while": "done", "until": "done", "select": "done"}
-"""Shell blocks whose commands may or may not run: an assignment in one is read as if it ran (the last one wins)."""
-IN_BLOCK, AFTER_CONDITION = "inside an if / case / loop block", "after a `&&` / `||` condition"
-"""How an assignment may not run: in a block, or after ``cond &&`` / ``cond ||`` (read as if it ran, and named)."""
-DECLARE = ("export", "declare", "typeset", "local", "readonly")
-NAME_VALUE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
-ARRAY = re.compile(r"([A-Za-z_]\w*)(\+?)=")
 
 
 @dataclasses.dataclass
@@ -899,30 +898,30 @@ class _Scope:
     where: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     commanded: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    def elements(self) -> dict[str, list[str | None]]:
+        """Each array's elements as ``fields`` reads them (``COMMAND`` for a command's output, None unresolved)."""
+        return {name: [value if isinstance(value, str) else COMMAND if isinstance(value, CommandOutput) else None
+                       for value, _ in items] for name, items in self.arrays.items()}
+
 
 def script_flags(path: Path) -> dict[str, Any]:
     """The flags of a slime launch script's ``train.py`` / ``train_async.py`` command: its ``${ARRAY[@]}`` words
     from the script's bash arrays (``declare -a`` / ``local`` / ``readonly`` ones too), its ``$NAME`` from the script's
     variables (and the environment's), split at blanks where unquoted, and ``$((...))`` evaluated. A word naming a
     variable set nowhere, or a command's output (not run here), is kept ``Unresolved``; an array set nowhere (a sourced
-    model file's) is listed under ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block
-    or after ``cond &&`` / ``cond ||``, under ``$conditional``."""
+    model file's) is listed under ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block,
+    a function or after ``cond &&`` / ``cond ||`` (``shell.statements``), under ``$conditional``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     scope = _Scope()
-    blocks: list[str] = []  # the open if / case / loops
-    status: int | None = 0  # the exit status of the && / || list so far (None: not known)
     flags: dict[str, Any] | None = None
-    for line, words in commands(text):
-        joined = words[0] if words[0] in (AND_IF, OR_IF) else None
-        words = _simple(words[1:] if joined else words, blocks)
-        runs = _runs(joined, status)
-        status = status if runs is False else _status(words) if runs else None
-        if not words or runs is False:
-            continue
-        at, how = f"{path}:{line}", IN_BLOCK if blocks else "" if runs else AFTER_CONDITION
+    for line, words, how in statements(text):
+        at = f"{path}:{line}"
+        for word in words:  # ${X:=v}: bash assigns X as it expands the word
+            for name, value in default_assignments(word, scope.variables):
+                _assign(scope, f"{name}={value}", (line, how), at)
         array = ARRAY.fullmatch(words[0])
         if array and len(words) > 1 and words[1] == OPEN:
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
@@ -931,50 +930,42 @@ def script_flags(path: Path) -> dict[str, Any]:
             for word in words:
                 _assign(scope, word, (line, how), at)
         elif any(TRAIN_SCRIPT.search(unquoted(word)) for word in words):
-            start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(unquoted(word)))
-            sourced: list[str] = []
-            expanded_words: list[tuple[Any, set[str]]] = []
-            for word in words[start + 1:]:
-                values, missing = _word(word, scope, at)
-                expanded_words += values
-                sourced += missing
-            flags = {**parse_flags([value for value, _ in expanded_words]), **({"$sourced": sourced} if sourced else {}),
-                     "$script": Path(unquoted(words[start])).name,
-                     **_conditional(expanded_words, scope.where, path)}
+            flags = _train_flags(words, scope, path, at)
     if flags is None:
         raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
     return flags
 
 
-def _runs(joined: str | None, status: int | None) -> bool | None:
-    """Whether bash runs a command: the first of an ``&&`` / ``||`` list always, one after ``&&`` when the list before
-    it succeeded (status 0), after ``||`` when it failed; None when that status is not known here."""
-    if joined is None:
-        return True
-    return None if status is None else (status == 0) == (joined == AND_IF)
-
-
-def _status(words: list[str]) -> int | None:
-    """A command's exit status where bash's is known without running anything: 0 for assignments (none taking a
-    command's output) and ``true`` / ``:``, 1 for ``false``; None for any other command."""
-    if not words:
-        return None
-    if unquoted(words[0]) in ("true", ":", "false"):
-        return int(unquoted(words[0]) == "false")
-    array = ARRAY.fullmatch(words[0]) and words[1:2] == [OPEN]
-    assigns = array or all(NAME_VALUE.fullmatch(word) for word in words)
-    return 0 if assigns and not any(map(substitution, words)) else None
+def _train_flags(words: list[str], scope: _Scope, path: Path, at: str) -> dict[str, Any]:
+    """The flags of the ``train.py`` command ``words`` (``$sourced``, ``$script`` and ``$conditional`` with them)."""
+    start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(unquoted(word)))
+    sourced: list[str] = []
+    expanded_words: list[tuple[Any, set[str]]] = []
+    for word in words[start + 1:]:
+        values, missing = _word(word, scope, at)
+        expanded_words += values
+        sourced += missing
+    return {**parse_flags([value for value, _ in expanded_words]), **({"$sourced": sourced} if sourced else {}),
+            "$script": Path(unquoted(words[start])).name, **_conditional(expanded_words, scope.where, path)}
 
 
 def _assign(scope: _Scope, word: str, where: tuple[int, str], at: str) -> None:
-    """``NAME=value``: the word's value as bash expands it, unsplit; one taking a command's output (not run here) is
-    ``COMMAND`` (the environment's value is gone); one naming a variable set nowhere leaves it as it was."""
+    """``NAME=value``: the word's value as bash expands it, unsplit (``shell.assigned``); one taking a command's
+    output (not run here) is ``COMMAND`` (the environment's value is gone); one naming a variable set nowhere leaves
+    it as it was. On an array, bash sets its first element (``ARR=x`` is ``ARR[0]=x``)."""
     name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
-    expanded = word_value(value, scope.variables)
-    command = None if expanded is not None else _command(value, scope, at)
-    if expanded is not None or command:
-        scope.variables[name] = COMMAND if expanded is None else expanded
-    _set(scope, name, command, _depends(value, scope.depends) | ({name} if where[1] else set()), where)
+    expanded = assigned(value, scope.variables, scope.elements())
+    command = _command(value, scope, at) if expanded == COMMAND else None
+    deps = _depends(value, scope.depends) | ({name} if where[1] else set())
+    if name in scope.arrays:
+        item = (CommandOutput(unquoted(value), at, command) if command else Unresolved(unquoted(value), at)
+                if expanded in (None, COMMAND) else expanded)
+        scope.arrays[name][:1] = [(item, deps)]
+        _first_element(scope, name, where)
+        return
+    if expanded is not None:
+        scope.variables[name] = expanded
+    _set(scope, name, command, deps, where)
 
 
 def _assign_array(scope: _Scope, name: str, items: list[str], append: bool, where: tuple[int, str], at: str) -> None:
@@ -983,6 +974,11 @@ def _assign_array(scope: _Scope, name: str, items: list[str], append: bool, wher
     own = {name} if where[1] else set()
     expanded = [(value, deps | own) for word in items for value, deps in _word(word, scope, at)[0]]
     scope.arrays[name] = (scope.arrays.get(name, []) if append else []) + expanded
+    _first_element(scope, name, where)
+
+
+def _first_element(scope: _Scope, name: str, where: tuple[int, str]) -> None:
+    """``$NAME`` of an array: its first element (``COMMAND`` for a command's output; unset where it is unresolved)."""
     first, deps = scope.arrays[name][0] if scope.arrays[name] else ("", set())
     command = first.command if isinstance(first, CommandOutput) else None
     if isinstance(first, str) or command:
@@ -1004,36 +1000,18 @@ def _set(scope: _Scope, name: str, command: str | None, deps: set[str], where: t
         scope.where[name] = where
 
 
-def _simple(words: list[str], blocks: list[str]) -> list[str]:
-    """A command's words without the shell syntax around them (``then`` / ``else`` / ``do``, a case's ``pattern)``,
-    ``export`` / ``declare -a`` / ``local`` / ``readonly``), keeping ``blocks`` (the open ``if`` / ``case`` / loops)
-    up to date; none for a block's opening line (its condition) or its end."""
-    keyword = unquoted(words[0])
-    if blocks and keyword == BLOCKS[blocks[-1]]:
-        blocks.pop()
-        return []
-    if keyword in BLOCKS or keyword == "elif":
-        blocks += [keyword] if keyword in BLOCKS else []
-        return []
-    while words and unquoted(words[0]) in ("then", "else", "do"):
-        words = words[1:]
-    if blocks and blocks[-1] == "case" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
-        words = words[words.index(CLOSE) + 1:]  # a case's `pattern)`
-    if words and unquoted(words[0]) in DECLARE:
-        words = words[1:]
-        while words and words[0].startswith("-"):  # declare -a, -r, -x ...
-            words = words[1:]
-    return words
-
-
 def _word(word: str, scope: _Scope, where: str) -> tuple[list[tuple[Any, set[str]]], list[str]]:
     """A script word as the words it expands to (each with the conditionally set names it came from), and the arrays
-    it names that the script never set."""
-    whole = re.fullmatch(f"{QUOTED}?\\$\\{{([A-Za-z_]\\w*)\\[[@*]\\]\\}}{UNQUOTED}?", word)
-    if whole:
-        name = whole.group(1)
-        return (scope.arrays[name], []) if name in scope.arrays else ([], [name])
-    expanded = fields(word, scope.variables)
+    it names that the script never set. ``"${ARR[@]}"`` is each element a word, an unquoted ``${ARR[@]}`` /
+    ``${ARR[*]}`` each split at its blanks; ``"${ARR[*]}"`` one word of them all (``fields``)."""
+    whole = re.fullmatch(f"({QUOTED}?)\\$\\{{([A-Za-z_]\\w*)\\[([@*])\\]\\}}{UNQUOTED}?", word)
+    if whole and not (whole.group(1) and whole.group(3) == "*"):
+        name = whole.group(2)
+        if name not in scope.arrays:
+            return [], [name]
+        return [(piece, deps) for value, deps in scope.arrays[name]
+                for piece in (value.split() if isinstance(value, str) and not whole.group(1) else [value])], []
+    expanded = fields(word, scope.variables, arrays=scope.elements())
     deps = _depends(word, scope.depends)
     if expanded is not None:
         return [(value, deps) for value in expanded], []
@@ -1047,25 +1025,17 @@ def _command(word: str, scope: _Scope, where: str) -> str | None:
     direct = substitution(word)
     if direct:
         return f"{direct} ({where})"
-    return next((scope.commanded[name] for name in sorted(_names(word)) if name in scope.commanded), None)
-
-
-def _names(word: str) -> set[str]:
-    """The names a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))`` read."""
-    names = set(re.findall(r"\$\{?([A-Za-z_]\w*)", word))
-    for expr in re.findall(r"\$\(\((.*?)\)\)", word):
-        names |= set(re.findall(r"[A-Za-z_]\w*", expr))
-    return names
+    return next((scope.commanded[name] for name in sorted(names(word)) if name in scope.commanded), None)
 
 
 def _depends(word: str, depends: dict[str, set[str]]) -> set[str]:
     """The conditionally set names behind a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))``."""
-    return set().union(*(depends.get(name, set()) for name in _names(word)))
+    return set().union(*(depends.get(name, set()) for name in names(word)))
 
 
 def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, tuple[int, str]], path: Path) -> dict[str, Any]:
-    """``$conditional``: a line for each variable set inside an ``if`` / ``case`` / loop block or after ``cond &&`` /
-    ``cond ||`` that a flag takes."""
+    """``$conditional``: a line for each variable set inside an ``if`` / ``case`` / loop block or a function, or after
+    ``cond &&`` / ``cond ||``, that a flag takes."""
     flags: dict[str, list[str]] = {}
     flag = None
     for value, deps in words:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any, get_args
 
@@ -27,7 +26,17 @@ from minirl.peers.common import (
     template_kwargs,
     unset,
 )
-from minirl.peers.shell import ASSIGNMENT, arithmetic, expand, logical_lines
+from minirl.peers.shell import (
+    ARRAY,
+    CLOSE,
+    NAME_VALUE,
+    OPEN,
+    assigned,
+    default_assignments,
+    fields,
+    statements,
+    unquoted,
+)
 
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
@@ -85,7 +94,7 @@ VERL_IGNORED = re.compile(
     r"gpu_memory_utilization|tensor_model_parallel_size|data_parallel_size|expert_parallel_size|enforce_eager|"
     r"free_cache_engine|max_num_batched_tokens|max_num_seqs|enable_chunked_prefill|enable_prefix_caching|mode|"
     r"load_format|disable_log_stats|calculate_log_probs|dtype|entropy_from_logits_with_chunking|"
-    r"entropy_checkpointing|strategy|shuffle)(\..*)?|"
+    r"entropy_checkpointing|calculate_sum_pi_squared|sum_pi_squared_checkpointing|strategy|shuffle)(\..*)?|"
     r"data\.(filter_overlong_prompts_workers|return_raw_chat|shuffle|tokenizer|"
     r"val_batch_size|reward_fn_key)|trainer\.(val_before_train|critic_warmup|balance_batch|"
     r"ray_wait_register_center_timeout|use_legacy_worker_impl)|"
@@ -592,8 +601,7 @@ def _verl_loss_name(peer: Peer, obj: Objective, mode: str, agg: str) -> str | No
     return name
 
 
-VERL_NO_ADVANTAGE = {"gdpo": "algorithm.gdpo_reward_keys and a custom_reward_function returning them",
-                     "optimal_token_baseline": "a per-token baseline", "tir_optimal_token_baseline": "a per-token baseline"}
+VERL_NO_ADVANTAGE = {"gdpo": "algorithm.gdpo_reward_keys and a custom_reward_function returning them"}
 """verl's estimators minirl has no form of, and what each would need."""
 
 
@@ -628,7 +636,8 @@ def _verl_gdpo_rewards(peer: Peer, out: Translation, manager: Any) -> None:
 
 def _verl_advantage(peer: Peer, obj: Objective) -> None:
     """verl's outcome advantage estimators (``core_algos``) as minirl's ``algo.adv_*``: grpo, rloo, opo, grpo_passk,
-    gpg, remax, reinforce_plus_plus(_baseline) and the two vectorized forms; the others are blockers
+    gpg, remax, reinforce_plus_plus(_baseline), (tir_)optimal_token_baseline and the two vectorized forms; the others
+    are blockers
     (``VERL_NO_ADVANTAGE``)."""
     key = "algorithm.adv_estimator"
     estimator = str(peer(key)).removesuffix("_vectorized")
@@ -649,6 +658,11 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         obj.set("adv_gamma", float(peer("algorithm.gamma")), peer.show("algorithm.gamma"))
         obj.set("adv_lambda", float(peer("algorithm.lam")), peer.show("algorithm.lam"))
         return
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline"):  # verl asserts calculate_sum_pi_squared
+        obj.set("adv_baseline", "optimal_token", peer.show(key) + ": a baseline per token position, the group's returns "
+                "weighted by each path's accumulated 1 - 2 pi_old + sum pi_old^2 (handle_zero_tail, verl's default)")
+        obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
+        return
     if estimator in ("grpo", "grpo_passk"):
         obj.set("adv_std_normalize", bool(peer("algorithm.norm_adv_by_std_in_grpo")),
                 peer.show("algorithm.norm_adv_by_std_in_grpo"))
@@ -658,7 +672,7 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
     if estimator not in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "opo", "gpg", "remax"):
         need = VERL_NO_ADVANTAGE.get(estimator, "an estimator minirl does not know")
         obj.blockers.append(f"{peer.show(key)} (needs {need}; minirl's: gae, grpo, rloo, opo, grpo_passk, gpg, remax, "
-                            "reinforce_plus_plus, reinforce_plus_plus_baseline)")
+                            "reinforce_plus_plus, reinforce_plus_plus_baseline, optimal_token_baseline)")
         return
     obj.set("adv_std_normalize", False, peer.show(key) + " (no group std in verl's)")
     if estimator == "rloo":
@@ -827,36 +841,63 @@ _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
 
 
 def script_overrides(path: Path) -> dict[str, Any]:
-    """The ``key=value`` Hydra overrides of a verl run script, with its ``NAME=value`` variables (and the
-    environment's) expanded; an override naming a variable set nowhere is kept ``Unresolved`` (an error
-    line once a translation needs it; a setting minirl ignores may stay unresolved)."""
+    """The ``key=value`` Hydra overrides of a verl run script, read as bash reads the script (``shell.statements``:
+    redirections, ``&&`` / ``||``, groups and quotes), with its ``NAME=value`` variables and arrays (and the
+    environment's) expanded; an override naming a variable set nowhere, or a command's output (not run here), is kept
+    ``Unresolved`` (an error line once a translation needs it; a setting minirl ignores may stay unresolved)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
-    variables = dict(os.environ)
+    variables, arrays = dict(os.environ), dict[str, list[str | None]]()
     overrides: dict[str, Any] = {}
-    for number, physical in logical_lines(text):
-        line = arithmetic(" ".join(physical).strip(), variables)
-        if not line or line.startswith("#"):
-            continue
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as err:
-            raise ConfigError(f"{path}:{number}: cannot read the shell line ({err})") from None
-        for word in words:
-            assignment = ASSIGNMENT.match(word)
-            override = _OVERRIDE.match(word)
-            if override:
-                key, value = override.groups()
-                expanded = expand(value, variables)
-                at = number + next((i for i, part in enumerate(physical) if f"{key}=" in part), 0)
-                overrides[key] = Unresolved(value, f"{path}:{at}") if expanded is None else parse_value(expanded)
-            elif assignment and words[0] in (word, "export"):
-                name, value = assignment.groups()
-                expanded = expand(value, variables)
-                if expanded is not None:  # else it stays unset: an override using it is the error line
-                    variables[name] = expanded
+    lines = text.splitlines()
+    for number, words, _ in statements(text):
+        for word in words:  # ${X:=v}: bash assigns X as it expands the word
+            for name, value in default_assignments(word, variables):
+                _assign(variables, arrays, name, value)
+        array = ARRAY.fullmatch(words[0])
+        if array and words[1:2] == [OPEN]:
+            items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
+            _assign_array(variables, arrays, array.group(1), items, bool(array.group(2)))
+        elif all(NAME_VALUE.fullmatch(word) for word in words):
+            for name, value in (NAME_VALUE.fullmatch(word).groups() for word in words):  # type: ignore[union-attr]
+                _assign(variables, arrays, name, value)
+        else:
+            for word in words:
+                override = _OVERRIDE.match(unquoted(word))
+                if override:
+                    key, value = override.groups()
+                    expanded = fields(word, variables, arrays=arrays)
+                    at = number + next((i for i, part in enumerate(lines[number - 1:]) if f"{key}=" in part), 0)
+                    overrides[key] = (Unresolved(value, f"{path}:{at}") if expanded is None
+                                      else parse_value(expanded[0].partition("=")[2]))
     if not overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
     return overrides
+
+
+def _assign(variables: dict[str, str], arrays: dict[str, list[str | None]], name: str, value: str) -> None:
+    """``NAME=value`` (``shell.assigned``): a command's output (not run here) replaces the environment's value too;
+    one naming a variable set nowhere leaves NAME as it was; on an array, bash sets its first element."""
+    expanded = assigned(value, variables, arrays)
+    if expanded is None:
+        return
+    variables[name] = expanded
+    if name in arrays:
+        arrays[name][:1] = [expanded]
+
+
+def _assign_array(variables: dict[str, str], arrays: dict[str, list[str | None]], name: str, items: list[str],
+                  append: bool) -> None:
+    """``NAME=( ... )`` / ``NAME+=( ... )``: its words as bash expands them; ``$NAME`` is the first."""
+    values: list[str | None] = []
+    for item in items:
+        words = fields(item, variables, arrays=arrays)
+        values += [assigned(item, variables, arrays)] if words is None else list(words)
+    arrays[name] = (arrays.get(name, []) if append else []) + values
+    first = arrays[name][0] if arrays[name] else ""
+    if first is None:
+        variables.pop(name, None)
+    else:
+        variables[name] = first

@@ -4,8 +4,8 @@
 (``minirl.tasks.reward_functions``): what ``minirl config from-slime`` writes for ``--rm-type``. The row's
 ``metadata["rm_type"]`` overrides ``args.rm_type`` (slime's multi-domain data); a ``boxed_`` prefix scores the
 response's last ``\\boxed{}`` answer instead of the whole response (``boxed_f1``, ``boxed_gpqa``); then ``dapo``,
-``math``, ``deepscaler``, ``f1``, ``gpqa`` or ``random``. slime's ``remote_rm``, ``ifbench`` and ``opencua_click`` are not
-here: a row asking for one is one error line naming it.
+``math``, ``deepscaler``, ``f1``, ``gpqa``, ``random`` or ``remote_rm`` (your reward server at ``--rm-url``). slime's
+``ifbench`` and ``opencua_click`` are not here: a row asking for one is one error line naming it.
 
 ``dapo``, ``math``, ``deepscaler`` and ``f1`` are also verl-style ``compute_score`` functions: the completion's text as
 ``solution_str`` and the row's answer (slime's label) as ``ground_truth``.
@@ -33,9 +33,13 @@ every one. The translation says so in its header.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import string
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -176,6 +180,28 @@ SCORERS: dict[str, Callable[[str, Any, dict[str, Any]], Any]] = {
 """slime's rule-based ``--rm-type`` scorers minirl has, by name: ``(response, label, metadata) -> reward``."""
 
 
+def remote_rm(args: Any, sample: Any, *, max_retries: int = 10, timeout_s: float = 120.0,
+              sleep: Callable[[float], None] = time.sleep) -> Any:
+    """slime's ``remote_rm`` (``--rm-type remote_rm --rm-url URL``): POSTs ``{"prompt", "response", "label"}`` as JSON
+    to ``args.rm_url`` and returns the JSON the server answers (a number, or a dict whose ``--reward-key`` entry is the
+    reward). A failed request (an HTTP error, a refused connection, a timeout of ``timeout_s``) is retried after
+    min(2^attempt, 30) s plus up to 1 s, ``max_retries`` tries in all, as slime's; the last failure is raised."""
+    url = getattr(args, "rm_url", None)
+    if not url:
+        raise ValueError("rm_type remote_rm: set --rm-url (the reward server slime posts each response to)")
+    body = json.dumps({"prompt": sample.prompt, "response": sample.response, "label": sample.label}).encode()
+    for attempt in range(max_retries):
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                return json.loads(answer.read())
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            if attempt + 1 >= max_retries:
+                raise RuntimeError(f"remote_rm: {url} failed {max_retries} times, last: {exc}") from exc
+            sleep(min(2 ** attempt, 30) + random.random())
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 def rm_hub(args: Any, sample: Any) -> Any:
     """slime's ``async_rm`` for a rule-based ``--rm-type`` (called as slime calls it: ``(args, sample)``)."""
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
@@ -188,9 +214,11 @@ def rm_hub(args: Any, sample: Any) -> Any:
         boxed = last_boxed(response)
         response = unbox(boxed, spaced=False) if boxed is not None else ""
         kind = kind[len("boxed_"):]
+    if kind == "remote_rm":  # the whole sample, as slime posts it (even after a boxed_ prefix)
+        return remote_rm(args, sample)
     if kind not in SCORERS:
-        raise ValueError(f"rm_type {kind!r}: minirl has slime's {', '.join(SCORERS)} (boxed_ prefix allowed); "
-                         "write another as a reward function")
+        raise ValueError(f"rm_type {kind!r}: minirl has slime's {', '.join(SCORERS)} and remote_rm (boxed_ prefix "
+                         "allowed); write another as a reward function")
     return SCORERS[kind](response, sample.label, metadata)
 
 
