@@ -166,7 +166,7 @@ def _from_trl_args(args: Any) -> Config:
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:
-    """``model.lora`` from a peft ``LoraConfig`` (its rank, alpha, dropout and target modules)."""
+    """``model.lora`` from a peft ``LoraConfig`` (its rank, alpha, dropout, target modules and parameters)."""
     if not all(hasattr(peft_config, name) for name in ("r", "lora_alpha", "target_modules")):
         raise ConfigError(f"peft_config: expected a peft LoraConfig, got {type(peft_config).__name__}")
     targets = peft_config.target_modules
@@ -174,6 +174,11 @@ def _lora(peft_config: Any) -> dict[str, Any]:
                             "dropout": float(getattr(peft_config, "lora_dropout", 0.0) or 0.0)}
     if targets:
         lora["target_modules"] = [targets] if isinstance(targets, str) else sorted(targets)
+    parameters = getattr(peft_config, "target_parameters", None)  # peft >= 0.17: an MoE's fused experts
+    if parameters:
+        lora["target_parameters"] = list(parameters)
+        if not targets:
+            lora["target_modules"] = []
     return lora
 
 

@@ -59,8 +59,14 @@ class LoRAConfig(Section):
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Module names (suffixes) to adapt, as peft's ``target_modules``; names that do not exist in a
     model are skipped, but at least one must match. ``[all-linear]``: every ``nn.Linear`` but the output
-    head and the routers, as peft's ``all-linear`` (TRL's and verl's usual choice); fused MoE experts,
-    which are not ``nn.Linear``, are not adapted."""
+    head and the routers, as peft's ``all-linear`` (TRL's and verl's usual choice). peft maps the MLP names
+    (``gate_proj``, ``up_proj``, ``down_proj``, in the default) onto an MoE's fused expert tensors as well; name those
+    tensors alone with ``target_parameters``."""
+    target_parameters: list[str] = []
+    """Parameter names (suffixes) to adapt, as peft's ``target_parameters``: an MoE's fused expert tensors, e.g.
+    ``[mlp.experts.gate_up_proj, mlp.experts.down_proj]`` (Qwen3-MoE and most transformers 5 MoE families), one
+    adapter per expert as peft makes them (``target_modules: []`` adapts the routed experts alone). The engine samples
+    with the merged weights; the routers are not experts, so R2/R3 replay exactly. Empty: none beyond peft's own."""
     adapt_routers: bool = False
     """Allow an MoE router among ``target_modules`` (routers are not adapted by default)."""
 

@@ -58,7 +58,8 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
 
         value_head = model.score
         add_lora(model, rank=c.lora.rank, alpha=c.lora.alpha, dropout=c.lora.dropout,
-                 target_modules=c.lora.target_modules, adapt_routers=c.lora.adapt_routers, head=value_head)
+                 target_modules=c.lora.target_modules, adapt_routers=c.lora.adapt_routers, head=value_head,
+                 target_parameters=c.lora.target_parameters)
         value_head.requires_grad_(True)
     o = cfg.optim
     return Critic(model.to(cfg.cluster.device), lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),

@@ -203,10 +203,10 @@ def add_configured_lora(cfg: Config, model: torch.nn.Module) -> None:
     lora = cfg.model.lora
     if lora is not None and not has_lora(model):
         try:
-            add_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                     target_modules=lora.target_modules, adapt_routers=lora.adapt_routers)
-        except ValueError as exc:
-            raise ConfigError(f"model.lora.target_modules: {exc}") from None
+            add_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules,
+                     adapt_routers=lora.adapt_routers, target_parameters=lora.target_parameters)
+        except ValueError as exc:  # peft's "not found" is of the modules
+            raise ConfigError(f"model.lora.{getattr(exc, 'field', 'target_modules')}: {exc}") from None
 
 
 def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True,

@@ -70,6 +70,9 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (8, 16.0, 0.0, ["all-linear"])
     lora = _configure(None, [], None, None, None, None, None, LoraConfig(r=4, target_modules=["v_proj", "q_proj"])).model.lora
     assert (lora.rank, lora.alpha, lora.target_modules) == (4, 8.0, ["q_proj", "v_proj"])  # peft's default alpha 8
+    experts = LoraConfig(r=4, target_modules=[], target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    lora = _configure(None, [], None, None, None, None, None, experts).model.lora  # TRL's MoE recipe: the experts alone
+    assert (lora.target_modules, lora.target_parameters) == ([], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     with pytest.raises(ConfigError, match=r"^peft_config: expected a peft LoraConfig, got dict$"):
         _configure(None, [], None, None, None, None, None, {"r": 8})
     with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):

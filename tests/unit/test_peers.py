@@ -1043,6 +1043,9 @@ def test_verl_lora_and_the_kl_penalty_keep_the_gpus_as_trainer_ranks():
     v = from_verl(base | {"actor_rollout_ref.model.lora_rank": 32}).values
     assert (v["model.lora.rank"], v["model.lora.alpha"], v["cluster.trainer_ranks"]) == (32, 16.0, 8)
     assert v["model.lora.target_modules"] == ["all-linear"]  # verl's default, peft's keyword
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    v = from_verl(base | {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_parameters": experts}).values
+    assert v["model.lora.target_parameters"] == experts
     megatron = from_verl(base | {"actor_rollout_ref.model.lora.rank": 16, "actor_rollout_ref.model.lora.type": "lora",
                                  "actor_rollout_ref.model.lora.target_modules": ["linear_qkv", "linear_fc2", "router"]})
     v = megatron.values

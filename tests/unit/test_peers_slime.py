@@ -226,8 +226,18 @@ def test_slimes_lora_presets_regexes_and_rates():
     regex = from_slime(BASE | {"use-lora": True, "lora-target-modules": [r"(?:^|\.)self_attention\.linear_qkv$", "router"]})
     assert regex.values["model.lora.target_modules"] == ["q_proj", "k_proj", "v_proj"]
     assert any("--lora-target-modules router" in line for line in regex.not_translated)
-    experts = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_routed_experts"})
-    assert "model.lora.rank" not in experts.values and any("moe_routed_experts" in line for line in experts.not_translated)
+    experts = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_routed_experts"})  # the fused tensors
+    assert (experts.values["model.lora.target_modules"], experts.values["model.lora.target_parameters"]) == (
+        [], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    assert any("moe_routed_experts" in line and "one adapter per routed expert" in line for line in experts.differs)
+    everything = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_language_all"}).values
+    assert everything["model.lora.target_modules"][:4] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert "shared_expert.gate_proj" in everything["model.lora.target_modules"]
+    assert everything["model.lora.target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    shared = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_language"}).values
+    assert "shared_experts.down_proj" in shared["model.lora.target_modules"] and "model.lora.target_parameters" not in shared
+    hybrid = from_slime(BASE | {"use-lora": True, "lora-target-preset": "hybrid_language"})
+    assert "model.lora.rank" not in hybrid.values and any("hybrid_language" in line for line in hybrid.not_translated)
     assert from_slime(BASE | {"use-lora": True, "actor-num-gpus-per-node": 4}).config().cluster.trainer_ranks == 4  # ranks
 
 

@@ -7,8 +7,8 @@
 * ``model.lora``: LoRA adapters injected in place with ``peft.inject_adapter_in_model(LoraConfig)``
   (a TRL user's ``peft_config=LoraConfig(...)``): the model keeps its class and forward (routing
   replay's hooks stay on the routers), the base weights are frozen, only the adapters train. Routers are never adapted unless
-  ``adapt_routers`` is set (they are not ``nn.Linear`` in the supported MoE families, so LoRA would
-  need ``target_parameters`` there; a router named in ``target_modules`` is refused).
+  ``adapt_routers`` is set (a router named in ``target_modules`` or ``target_parameters`` is refused). An MoE's fused
+  expert tensors (not ``nn.Linear``) are adapted through peft's ``target_parameters``, one adapter per expert.
 * ``merged_state_dict``: what the rollout engine and a checkpoint receive: every adapted weight as
   ``W + (alpha / r) B A`` (peft's ``get_delta_weight``) under the base model's own key names, so
   the engine samples from the policy being trained and ``AutoModelForCausalLM`` loads the result.
@@ -54,18 +54,34 @@ def router_names(model: torch.nn.Module) -> list[str]:
     return found
 
 
+class LoraTargetError(ValueError):
+    """A LoRA target that is a router or names nothing; ``field``: ``target_modules`` or ``target_parameters``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, target_modules: list[str],
-             adapt_routers: bool = False, head: torch.nn.Module | None = None) -> None:
+             adapt_routers: bool = False, head: torch.nn.Module | None = None,
+             target_parameters: list[str] | None = None) -> None:
     """Inject LoRA adapters (``ValueError`` with one line when a target is a router or matches nothing); ``head``: the
-    output head ``all-linear`` leaves out (default the model's output embeddings; a critic's value head)."""
+    output head ``all-linear`` leaves out (default the model's output embeddings; a critic's value head);
+    ``target_parameters``: parameters to adapt in place (peft's, for an MoE's fused expert tensors)."""
     from peft import LoraConfig
 
     routers = router_names(model)
-    for target in target_modules:
-        hit = [name for name in routers if name == target or name.endswith("." + target)]
-        if hit and not adapt_routers:
-            raise ValueError(f"target {target!r} is an MoE router ({hit[0]}); routers are not adapted unless "
-                             "model.lora.adapt_routers=true")
+    router_params = [f"{router}.{name}" for router in routers
+                     for name, _ in model.get_submodule(router).named_parameters()]
+    for field, targets_, names in (("target_modules", target_modules, routers),
+                                   ("target_parameters", target_parameters or [], router_params)):
+        for target in targets_:
+            hit = [name for name in names if name == target or name.endswith("." + target)]
+            if hit and not adapt_routers:
+                raise LoraTargetError(field, f"target {target!r} is an MoE router ({hit[0]}); routers are not "
+                                      "adapted unless model.lora.adapt_routers=true")
+    if not target_modules and not target_parameters:
+        raise ValueError("no target: name modules (target_modules) or parameters (target_parameters) to adapt")
     from peft import inject_adapter_in_model
 
     targets = list(target_modules)
@@ -73,7 +89,12 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float,
         head = head if head is not None else model.get_output_embeddings()  # type: ignore[operator]
         targets = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
                    and module is not head and (adapt_routers or name not in routers)]
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    missing = [t for t in target_parameters or [] if not any(
+        name == t or name.endswith("." + t) for name, _ in model.named_parameters())]
+    if missing:
+        raise LoraTargetError("target_parameters", f"{missing}: no parameter of the model ends with it")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets or None, bias="none",
+                        target_parameters=list(target_parameters or []) or None)
     try:
         inject_adapter_in_model(config, model)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"

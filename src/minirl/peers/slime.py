@@ -431,9 +431,18 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
 SLIME_LORA_PRESETS = {"dense_attention": ["linear_qkv", "linear_proj"], "moe_attention": ["linear_qkv", "linear_proj"],
                       "dense_mlp": ["linear_fc1", "linear_fc2"],
                       "dense_language": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-                      "moe_language": ["linear_qkv", "linear_proj"]}
-"""slime's LoRA target presets as Megatron projections (``MEGATRON_MODULES`` names them in transformers' words); the
-routed-expert and hybrid-attention presets have no form here. ``moe_language``'s shared experts are left out (said)."""
+                      "moe_shared_mlp": ["shared"], "moe_routed_experts": ["routed"], "moe_mlp": ["shared", "routed"],
+                      "moe_language": ["linear_qkv", "linear_proj", "shared"],
+                      "moe_language_all": ["linear_qkv", "linear_proj", "shared", "routed"]}
+"""slime's LoRA target presets as Megatron projections (``MEGATRON_MODULES`` names them in transformers' words), the
+shared experts' projections (``SHARED_EXPERTS``) and the routed experts' fused tensors (``ROUTED_EXPERTS``, peft's
+``target_parameters``); the hybrid-attention presets have no form here."""
+
+SHARED_EXPERTS = [f"{block}.{proj}" for block in ("shared_expert", "shared_experts")
+                  for proj in ("gate_proj", "up_proj", "down_proj")]
+"""A shared expert's projections in transformers (Qwen2-MoE's ``shared_expert``, DeepSeek's ``shared_experts``)."""
+ROUTED_EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+"""The routed experts' fused tensors in transformers 5 (``model.lora.target_parameters``)."""
 
 
 def _slime_lora(peer: SlimePeer, out: Translation) -> None:
@@ -453,17 +462,20 @@ def _slime_lora(peer: SlimePeer, out: Translation) -> None:
         preset = str(peer("lora-target-preset") or "dense_language")
         megatron, origin = SLIME_LORA_PRESETS.get(preset, []), peer.show("lora-target-preset") + f" ({preset})"
         if preset not in SLIME_LORA_PRESETS:
-            out.not_translated.append(f"--lora-target-preset {preset}: its modules (routed experts or linear "
-                                      "attention) have no LoRA form here")
-        elif preset == "moe_language":
-            out.differs.append("--lora-target-preset moe_language: the shared experts' projections are not adapted "
-                               "(name them in model.lora.target_modules)")
+            out.not_translated.append(f"--lora-target-preset {preset}: its modules (linear attention) have no LoRA "
+                                      "form here")
+        elif "routed" in megatron:
+            out.differs.append(f"--lora-target-preset {preset}: one adapter per routed expert (peft's), where slime "
+                               "shares one adapter among an MoE layer's experts")
     if not megatron:
         return
     out.set("model.lora.rank", peer.number("lora-rank", int), peer.show("lora-rank"))
     out.set("model.lora.alpha", peer.number("lora-alpha", float), peer.show("lora-alpha"))
     out.set("model.lora.dropout", peer.number("lora-dropout", float), peer.show("lora-dropout"))
-    out.set("model.lora.target_modules", [hf for name in megatron for hf in MEGATRON_MODULES[name]], origin)
+    modules = [hf for name in megatron for hf in (SHARED_EXPERTS if name == "shared" else MEGATRON_MODULES.get(name, []))]
+    out.set("model.lora.target_modules", modules, origin)
+    if "routed" in megatron:
+        out.set("model.lora.target_parameters", ROUTED_EXPERTS, origin)
     if peer("lora-learning-rate") is not None:
         out.set("optim.lr", peer.number("lora-learning-rate", float), peer.show("lora-learning-rate"))
     out.set("optim.weight_decay", peer.number("lora-weight-decay", float),

@@ -60,7 +60,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True, M + "use_fused_kernels": False,
     M + "use_remove_padding": True,
-    M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear",
+    M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear", M + "target_parameters": None,
     M + "lora.rank": 0, M + "lora.alpha": 32, M + "lora.dropout": 0.0,
     M + "lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.lam": 1.0, "algorithm.norm_adv_by_std_in_grpo": True,
@@ -172,6 +172,10 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
         modules = peer(M + "target_modules")
         out.set("model.lora.target_modules", [modules] if isinstance(modules, str) else list(modules),
                 peer.show(M + "target_modules"))
+        parameters = peer(M + "target_parameters")  # peft's, for an MoE's fused expert tensors
+        if parameters:
+            out.set("model.lora.target_parameters", [parameters] if isinstance(parameters, str) else list(parameters),
+                    peer.show(M + "target_parameters"))
     elif peer(M + "lora.rank"):  # the Megatron backend's: its module names in transformers' words
         out.set("model.lora.rank", int(peer(M + "lora.rank")), peer.show(M + "lora.rank"))
         out.set("model.lora.alpha", float(peer(M + "lora.alpha")), peer.show(M + "lora.alpha"))
