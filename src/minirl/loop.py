@@ -708,8 +708,7 @@ def engine_weights_pass(run: Run, plan: RoutePlan, batch: Batch, sampled: Sample
     """``rollout.async_split_mismatch``: log pi of a batch sampled a step ahead at the weights that sampled it
     (theta_(t-1); R3 replays the engine's routes, as the pi_old pass does), or None for a batch sampled in line (the
     first step) or when no weights were kept (the first step after resuming a checkpoint saved without the split).
-    Either way the current weights, which
-    the engine samples the next step's batch with, are kept for the next step."""
+    Either way the current weights, which the engine samples the next step's batch with, are kept for the next step."""
     weights = run.engine_weights
     if weights is None:
         return None
