@@ -866,6 +866,27 @@ def test_verl_scripts_read_bashs_defaults_groups_arrays_and_quotes(tmp_path: Pat
     assert (given["actor_rollout_ref.actor.optim.lr"], given["data.train_files"]) == (1e-6, "b.parquet")
     assert given["trainer.experiment_name"] == "x y"
 
+def test_verl_scripts_read_bashs_trims_appends_and_required_values(tmp_path: Path, monkeypatch):
+    """The verl reader's bash: ``${X%/}`` / ``${X^^}`` / ``${X:1:4}`` / ``${A[@]:1:1}``, ``X+=y``; ``${X:?msg}``
+    unset is unresolved, its line naming X and msg; ``${X:=$(cmd)}`` (X empty) takes a command's output, not the
+    environment's value."""
+    monkeypatch.setenv("NGPUS", "")
+    monkeypatch.delenv("DATA", raising=False)
+    (tmp_path / "run.sh").write_text("MODEL_PATH=/models/Qwen2.5-7B/\nNAME=qwen\nexport NAME+=-grpo\n: ${NGPUS:=$(nproc)}\n"
+                                     "FILES=(a.parquet b.parquet c.parquet)\n"
+                                     "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=${MODEL_PATH%/} \\\n"
+                                     "  trainer.experiment_name=${NAME^^} trainer.project_name=${MODEL_PATH:8:4} \\\n"
+                                     "  trainer.n_gpus_per_node=$NGPUS data.val_files=${FILES[@]:1:1} \\\n"
+                                     "  data.train_files=${DATA:?set DATA to the parquet files}\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert (given["actor_rollout_ref.model.path"], given["trainer.experiment_name"]) == ("/models/Qwen2.5-7B", "QWEN-GRPO")
+    assert (given["trainer.project_name"], given["data.val_files"]) == ("Qwen", "b.parquet")
+    assert isinstance(given["trainer.n_gpus_per_node"], Unresolved)
+    with pytest.raises(ConfigError, match=r"run.sh:10: data.train_files uses a variable the script does not set "
+                                          r"\(\$\{DATA:\?set DATA to the parquet files\}\)"):
+        from_verl(given)
+
+
 DAPO_SCRIPT = r"""#!/usr/bin/env bash
 set -xeuo pipefail
 max_prompt_length=$((1024 * 2))
@@ -1010,13 +1031,23 @@ def test_chat_template_kwargs_from_trl_and_verl_in_every_shape(tmp_path: Path):
     out.config()
 
 
-def test_verl_reward_model_is_named_not_translated_not_ignored():
+def test_verl_reward_model_is_named_not_translated_not_ignored(tmp_path):
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     out = from_verl(base | {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m/rm"})
     assert any(line.startswith("reward.reward_model.enable=True, reward.reward_model.model_path='/m/rm': verl's served "
                                "reward model") for line in out.not_translated)
     assert not any(key.startswith("reward.reward_model.enable") for key in out.ignored)
     assert not any("served reward model" in line for line in from_verl(base).not_translated)
+    # the legacy worker (reward_model.enable): its score is the reward, verl's compute_score unused
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    out = from_verl(base | {"reward_model.enable": True, "reward_model.model.path": str(rm),
+                            "custom_reward_function.path": "r.py"})
+    assert out.values["task.reward_functions"] == [{"model": str(rm)}] and "task.reward_function" not in out.values
+    assert any("token-classification head" in line for line in out.differs)
+    assert not any("reward_model" in line for line in out.not_translated + out.ignored)
+    away = from_verl(base | {"reward_model.enable": True, "reward_model.model.path": "/not/here/rm"})
+    assert any("reward_model.model.path='/not/here/rm' is not on this machine" in line for line in away.differs)
 
 
 def test_verl_overlong_buffer_edge_cases():

@@ -244,12 +244,27 @@ def _verl_rewards(peer: Peer, out: Translation) -> None:
         _verl_gdpo_rewards(peer, out, manager)
     elif manager == "dapo":
         _dapo_overlong_buffer(peer, out)
-    for enable, path in (("reward.reward_model.enable", "reward.reward_model.model_path"),
-                         ("reward_model.enable", "reward_model.model.path")):
-        if peer(enable) is True:  # a model verl serves beside the rollout: a GenRM your function queries, or a scorer
-            out.not_translated.append(f"{peer.show(enable, path)}: verl's served reward model; a sequence classifier "
-                                      "is a task.reward_functions entry {model: DIR} here (TRL's way), a generative "
-                                      "judge is a reward function of yours")
+    if peer("reward_model.enable") is True and peer("reward_model.model.path"):
+        _verl_reward_model(peer, out)
+    if peer("reward.reward_model.enable") is True:  # verl 0.9's served model: a GenRM your function queries, or a scorer
+        out.not_translated.append(f"{peer.show('reward.reward_model.enable', 'reward.reward_model.model_path')}: verl's "
+                                  "served reward model; a sequence classifier is a task.reward_functions entry "
+                                  "{model: DIR} here (TRL's way), a generative judge is a reward function of yours")
+
+
+def _verl_reward_model(peer: Peer, out: Translation) -> None:
+    """verl's reward-model worker (``reward_model.enable``, ``reward_model.model.path``): its score of each response
+    is the reward (the reward manager returns ``rm_scores`` and calls no ``compute_score``), as a
+    ``task.reward_functions`` entry ``{model: DIR}``, TRL's way of scoring with a sequence classifier."""
+    path = str(peer("reward_model.model.path"))
+    out.values.pop("task.reward_function", None)
+    out.set("task.reward_functions", [{"model": path}], peer.show("reward_model.enable", "reward_model.model.path") +
+            " (verl's reward manager then returns the model's scores and calls no compute_score)")
+    note_local_path(out, "reward_model.model.path", path, "reward model", target="task.reward_functions[0].model")
+    out.differs.append(f"{peer.show('reward_model.model.path')}: verl reads its token-classification head at the "
+                       "response's last token, minirl a sequence classifier's score there (the same head and value "
+                       "for a *ForSequenceClassification checkpoint); minirl renders the chat with the reward model's "
+                       "own chat template, as verl does with reward_model.model.input_tokenizer set")
 
 
 def _dapo_overlong_buffer(peer: Peer, out: Translation) -> None:
