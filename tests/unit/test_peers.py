@@ -882,7 +882,7 @@ def test_verl_scripts_read_bashs_trims_appends_and_required_values(tmp_path: Pat
     assert (given["actor_rollout_ref.model.path"], given["trainer.experiment_name"]) == ("/models/Qwen2.5-7B", "QWEN-GRPO")
     assert (given["trainer.project_name"], given["data.val_files"]) == ("Qwen", "b.parquet")
     assert isinstance(given["trainer.n_gpus_per_node"], Unresolved)
-    with pytest.raises(ConfigError, match=r"run.sh:10: data.train_files uses a variable the script does not set "
+    with pytest.raises(ConfigError, match=r"run.sh:9: data.train_files uses a variable the script does not set "
                                           r"\(\$\{DATA:\?set DATA to the parquet files\}\)"):
         from_verl(given)
 

@@ -3,14 +3,19 @@ read as bash reads them."""
 
 from __future__ import annotations
 
+import pytest
+
 from minirl.peers.shell import (
     AND_IF,
+    COMMAND,
     OR_IF,
     ansi_c,
+    assigned,
     commands,
     default_assignments,
     expand,
     fields,
+    statements,
     substitution,
     unquoted,
 )
@@ -92,3 +97,55 @@ def test_default_assignments_are_what_bash_assigns():
             assigned.append((name, value))
             variables[name] = expand(value, variables) or ""
     assert [(name, variables[name]) for name, _ in assigned] == [("A", "1"), ("E", "12"), ("E2", "4")]
+
+
+VARIABLES = {"M": "/root/Qwen3-4B", "C": "/ckpt/", "N": "my-run-name", "X": "abcdef", "P": "*", "E": "", "i": "1"}
+ARRAYS = {"D": ["a1", "b2", "c3", "d4"]}
+BASH = [  # each as bash 5.2 prints it: M=/root/Qwen3-4B C=/ckpt/ N=my-run-name X=abcdef P='*' E= i=1 D=(a1 b2 c3 d4)
+    ("${M##*/}", "Qwen3-4B"), ("${C%/}", "/ckpt"), ("${N//-/_}", "my_run_name"), ("${M%/*}", "/root"),
+    ("${X#*c}", "def"), ("${X##*[bd]}", "ef"), ("${X%?}", "abcde"), ("${X%%c*}", "ab"), ("${X%%}", "abcdef"),
+    ('${X#"$P"}', "abcdef"), ("${X#$P}", "abcdef"), ("${X##$P}", ""), ("${X/c?/_}", "ab_ef"), ("${X/#a/A}", "Abcdef"),
+    ("${X/%f/F}", "abcdeF"), ("${X/#/pre}", "preabcdef"), ("${X//[ace]/}", "bdf"), ("${X//[!ace]/.}", "a.c.e."),
+    ("${X//[[:alpha:]]/x}", "xxxxxx"), ("${X/'c'*/\\&}", "ab&"), ("${X//[bd]/<&>}", "a<b>c<d>ef"),
+    ("${X/\\c/C}", "abCdef"), ("${X^^}", "ABCDEF"), ("${X^}", "Abcdef"), ("${N~~}", "MY-RUN-NAME"),
+    ("${N^^[-r]}", "my-Run-name"), ("${X:2}", "cdef"), ("${X:1:3}", "bcd"), ("${X: -2}", "ef"), ("${X:(-3):2}", "de"),
+    ("${X:2:-1}", "cde"), ("${X: -10}", ""), ("${X:10}", ""), ("${X:i}", "bcdef"), ("${X:i+1:i}", "c"), ("${X::2}", "ab"),
+    ("${E:+a}", ""), ("${E+a}", "a"), ("${U+a}", ""), ("${U:-d}", "d"), ("${U-d}", "d"), ("${E-d}", ""),
+    ("${E:-d}", "d"), ('${X:+"a b"}', "a b"), ("${X:+$N}", "my-run-name"), ("${D[@]:1}", "b2 c3 d4"),
+    ("${D[@]:1:2}", "b2 c3"), ("${D[@]: -1}", "d4"), ("${D[@]/#/--}", "--a1 --b2 --c3 --d4"), ("${D[@]%?}", "a b c d"),
+    ("${D[*]^^}", "A1 B2 C3 D4"), ("${D[1]:1}", "2"), ("${D:1}", "1"), ("${D[@]:0:0}", ""),
+]
+
+
+@pytest.mark.parametrize(("word", "value"), BASH)
+def test_trims_substrings_replacements_and_cases_as_bash(word: str, value: str):
+    """``${X#p}`` / ``##`` / ``%`` / ``%%`` (glob patterns, shortest / longest; a quoted part literal),
+    ``${X/p/r}`` / ``//`` / ``/#`` / ``/%`` (``&`` the match, bash 5.2's ``patsub_replacement``), ``${X^^}`` / ``,,``
+    / ``~~``, ``${X:offset:length}``, ``${X:+alt}`` / ``${X+alt}`` / ``${X-d}``, array slices and each element's
+    trim: what bash 5.2 prints for them."""
+    assert expand(word, VARIABLES, ARRAYS) == value
+    [(_, words)] = commands(f'echo "{word}" {word}\n')
+    assert fields(words[1], VARIABLES, arrays=ARRAYS) == [value]
+
+
+def test_required_values_are_unresolved_where_bash_stops():
+    """``${X:?msg}`` (X unset or empty) / ``${X?msg}`` (X unset) stop bash's script: None (unresolved); else X."""
+    assert expand("${X:?set X}", {}) is None and expand("${X:?set X}", {"X": ""}) is None
+    assert expand("${X?set X}", {}) is None and expand("${X?set X}", {"X": ""}) == ""
+    assert expand("${X:?set X}/a", {"X": "m"}) == "m/a" and expand("${X?}", {"X": "m"}) == "m"
+
+
+def test_a_command_output_in_a_brace_is_one():
+    """``${X:=$(cmd)}`` / ``${X:-`cmd`}`` with X unset take a command's output (``COMMAND``), not a variable set
+    nowhere; with X set, none."""
+    assert assigned("${X:=$(nproc)}", {}) == COMMAND and assigned('"${X:-`date`}"', {}) == COMMAND
+    assert assigned("${X:=$(nproc)}", {"X": "4"}) == "4" and assigned("${X:=${Y}}", {}) is None
+    [(_, words)] = commands('echo "a-${X:-$(pwd)}" ${X:+${Y:-`date`}}\n')
+    assert [substitution(word) for word in words] == [None, "$(pwd)", "`date`"]
+
+
+def test_appends_read_as_the_value_after_the_old():
+    """``X+=y`` (``export X+=y`` too) appends to X's value (to an array's first element); ``A+=(x y)`` stays an
+    array's append."""
+    found = [[unquoted(word) for word in words] for _, words, _ in statements('X+=y\nexport Y+="a b" Z=1\nA+=(x y)\n')]
+    assert found == [["X=${X-}y"], ["Y=${Y-}a b", "Z=1"], ["A+=", "\x00(", "x", "y", "\x00)"]]

@@ -906,3 +906,56 @@ def test_locale_quotes_are_double_quotes(tmp_path: Path):
     """``$"..."`` (bash's locale translation) reads as ``"..."``."""
     flags = _script(tmp_path, 'NAME=$"my run"\npython3 train.py --rollout-batch-size 4 --wandb-project $"a $NAME"\n')
     assert flags["wandb-project"] == "a my run"
+
+
+def test_trims_substrings_cases_and_array_slices_as_bash(tmp_path: Path):
+    """``${X%/}``, ``${X##*/}``, ``${X//-/_}``, ``${X,,}``, ``${X:0:5}``, ``${X:+alt}`` read as bash; ``"${A[@]:2}"``
+    is the array's elements from the third on, each a word."""
+    flags = _script(tmp_path, """\
+MODEL_PATH=/root/models/Qwen3-4B/
+NAME=${MODEL_PATH%/}
+NAME=${NAME##*/}
+ARGS=(--lr 1e-5 --use-tis --eps-clip 0.3 --rollout-stop "a b")
+python3 train.py --rollout-batch-size 4 --hf-checkpoint ${MODEL_PATH%/} --wandb-project "${NAME//-/_}" \\
+  --wandb-group "${NAME,,}" --input-key "${NAME:0:5}" "${ARGS[@]:2}" --save /ckpt${UNSET_SAVE:+/x}${NAME:+/$NAME}
+""")
+    assert (flags["hf-checkpoint"], flags["wandb-project"], flags["wandb-group"]) == ("/root/models/Qwen3-4B", "Qwen3_4B", "qwen3-4b")
+    assert (flags["input-key"], flags["save"], flags["use-tis"], flags["eps-clip"]) == ("Qwen3", "/ckpt/Qwen3-4B", True, 0.3)
+    assert "lr" not in flags and flags["rollout-stop"] == "a b"
+
+
+def test_appends_add_to_a_variables_value(tmp_path: Path, monkeypatch):
+    """``X+=y`` / ``export X+=y`` append to X's value (an unset X is empty), ``A+=(x)`` to an array."""
+    monkeypatch.delenv("TAGS", raising=False)
+    flags = _script(tmp_path, """\
+RUN=qwen
+RUN+=-grpo
+export RUN+="_v${N:-2}"
+TAGS+=math
+ARGS=(--lr 1e-5)
+ARGS+=(--use-tis)
+python3 train.py --rollout-batch-size 4 --wandb-project $RUN --wandb-group $TAGS "${ARGS[@]}"
+""")
+    assert (flags["wandb-project"], flags["wandb-group"], flags["lr"], flags["use-tis"]) == ("qwen-grpo_v2", "math", 1e-5, True)
+
+
+def test_a_required_value_the_script_lacks_is_one_line_naming_it(tmp_path: Path, monkeypatch):
+    """``${CKPT:?msg}`` where CKPT is unset (or empty) stops bash's script: a flag taking it is unresolved, one line
+    naming CKPT and the message once read; a set one is its value."""
+    monkeypatch.delenv("CKPT", raising=False)
+    flags = _script(tmp_path, 'MODEL=/m\npython3 train.py --rollout-batch-size 4 --hf-checkpoint ${MODEL:?set MODEL} \\\n'
+                              '  --load "${CKPT:?set CKPT to a checkpoint}"\n')
+    assert flags["hf-checkpoint"] == "/m" and isinstance(flags["load"], Unresolved)
+    with pytest.raises(ConfigError, match=r"run.sh:2: load uses a variable the script does not set "
+                                          r"\(\$\{CKPT:\?set CKPT to a checkpoint\}\)"):
+        from_slime(BASE | {"load": flags["load"]}).config()
+
+
+def test_a_default_taken_from_a_command_is_its_output(tmp_path: Path, monkeypatch):
+    """``: ${GPUS:=$(nproc)}`` with GPUS unset makes GPUS a command's output (not run here), not a variable set
+    nowhere: a flag taking it names the command."""
+    monkeypatch.delenv("GPUS", raising=False)
+    flags = _script(tmp_path, ": ${GPUS:=$(nproc)}\npython3 train.py --rollout-batch-size 4 --actor-num-gpus-per-node $GPUS\n")
+    with pytest.raises(ConfigError, match=r"run.sh:2: --actor-num-gpus-per-node takes the output of \$\(nproc\) "
+                                          r"\(.*run.sh:1\), a command the translation does not run"):
+        from_slime(BASE | {"actor-num-gpus-per-node": flags["actor-num-gpus-per-node"]}).config()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import string
 from collections.abc import Iterator, Mapping, Sequence
 
 Arrays = Mapping[str, Sequence[str | None]]
@@ -21,20 +22,27 @@ def arithmetic(line: str, variables: Mapping[str, str], arrays: Arrays | None = 
     """Bash's ``$((expr))`` over integers and the script's variables (``$((1024 * 20))``, ``$((a + b))``,
     ``$((${#A[@]} * 2))``); one it cannot evaluate is left as it is (an override using it is then unresolved)."""
     def evaluate(match: re.Match[str]) -> str:
-        expr: str | None = match.group(1)
-        if "$" in match.group(1):  # ${...} and $NAME first, as bash expands them
-            expr = expand(match.group(1), variables, arrays)
-        if expr is None:
-            return match.group(0)
-        expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda v: variables.get(v.group(1), v.group(0)), expr)
-        if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
-            return match.group(0)
-        try:
-            return str(_integer(ast.parse(expr.strip().replace("/", "//"), mode="eval").body))
-        except (SyntaxError, ValueError, ZeroDivisionError):
-            return match.group(0)
+        value = _evaluate(match.group(1), variables, arrays or {})
+        return match.group(0) if value is None else str(value)
 
     return _ARITHMETIC.sub(evaluate, line)
+
+
+def _evaluate(expr: str, variables: Mapping[str, str], arrays: Arrays) -> int | None:
+    """An arithmetic expression's value: ``${...}`` and ``$NAME`` expanded first, as bash does, then the script's
+    variables' names read; None where it is not an integer expression of + - * / % and parentheses here."""
+    if "$" in expr:
+        expanded = expand(expr, variables, arrays)
+        if expanded is None:
+            return None
+        expr = expanded
+    expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda v: variables.get(v.group(1), v.group(0)), expr)
+    if not re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+        return None
+    try:
+        return _integer(ast.parse(expr.strip().replace("/", "//"), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _integer(node: ast.AST) -> int:
@@ -51,87 +59,282 @@ def _integer(node: ast.AST) -> int:
 
 
 def expand(value: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
-    """``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME:=default}`` with nested braces in the default
-    (``${DIR:-${HOME}/verl}``, expanded too), ``${A[n]}`` / ``${#A[@]}`` / ``${#NAME}`` (``_parameter``); None when a
-    variable is set nowhere or a command's output (``$(...)``, backticks: not run here) is needed."""
-    out, i, missing = [], 0, False
+    """``$NAME`` and ``${...}`` (``_brace``: defaults, alternatives, lengths, substrings, trims, replacements, case
+    changes, array elements and slices, each word inside expanded too); None when a variable is set nowhere, bash
+    stops the script (``${X:?msg}``) or a command's output (``$(...)``, backticks: not run here) is needed."""
+    out, i = [], 0
     while i < len(value):
         if value[i] == "`" or (value.startswith("$(", i) and not value.startswith("$((", i)):
             return None  # a command's output: not run here
-        if value[i] != "$" or value.startswith("$((", i):
-            out.append(value[i])
-            i += 1
-            continue
         bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)", value[i:])
-        if bare:
-            name = bare.group(1)
-            missing = missing or name not in variables
-            out.append(variables.get(name, ""))
-            i += bare.end()
-            continue
-        if not value.startswith("${", i):
-            out.append(value[i])
-            i += 1
-            continue
-        depth, j = 0, i + 1
-        while j < len(value):  # the matching brace
-            depth += {"{": 1, "}": -1}.get(value[j], 0)
-            if depth == 0:
-                break
-            j += 1
-        parts = _PARAMETER.match(value[i + 2:j])
-        if parts is None or j == len(value):
+        if bare and bare.group(1) not in variables:
             return None
-        current, default = _parameter(parts, variables, arrays or {}), parts.group(4)
-        if current:
-            out.append(current)
-        elif default is not None:
-            if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":  # ${X:-"a b"}
-                default = default[1:-1]
-            expanded_default = expand(default, variables, arrays)
-            if expanded_default is None:
-                return None
-            out.append(expanded_default)
-        else:
-            missing = missing or current is None
-        i = j + 1
+        j = _matching(value, i + 1) if value.startswith("${", i) else i
+        text = (variables[bare.group(1)] if bare else _brace(value[i + 2:j], variables, arrays or {})
+                if value.startswith("${", i) else value[i])
+        if text is None or (j > i and value[j] != "}"):
+            return None
+        out.append(text)
+        i = i + bare.end() if bare else j + 1
     expanded = "".join(out)
-    if missing or "$((" in expanded:  # a variable set nowhere, or arithmetic that could not be evaluated
+    if "$((" in expanded:  # arithmetic that could not be evaluated
         return None
     return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
 
 
-_PARAMETER = re.compile(r"(#?)([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?(?::?[-=](.*))?$", re.S)
-"""A ``${...}``'s inside: ``#`` (a length), the name, an ``[index]``, a ``:-`` / ``:=`` default."""
+_PARAMETER = re.compile(r"(#?)([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?(.*)$", re.S)
+"""A ``${...}``'s inside: ``#`` (a length), the name, an ``[index]``, the operation on its value (``:-d``, ``#p``...)."""
 
 
-def _parameter(parts: re.Match[str], variables: Mapping[str, str], arrays: Arrays) -> str | None:
-    """The value of a ``${...}``'s parameter before its default: ``NAME``, an array's element ``NAME[index]`` (an
-    arithmetic index, ``$i`` or ``-1`` counting from the end; past the end, empty; a scalar is an array of one),
-    ``NAME[@]`` / ``NAME[*]`` its elements joined by blanks; with ``#`` the length, ``${#NAME[@]}`` the count. None
-    where the name is set nowhere or the index is not known."""
-    length, name, index = parts.group(1, 2, 3)
-    items = list(arrays[name]) if name in arrays else [variables[name]] if name in variables else None
-    if items is None:
+def _brace(inner: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
+    """A ``${...}`` (``inner``: what is inside its braces) as bash expands it: its parameter's value (``_values``)
+    tested (``_test``: ``:-`` ``-`` ``:=`` ``=`` ``:+`` ``+`` ``:?`` ``?``), sliced (``:offset:length``, ``bounds``),
+    trimmed, replaced or its case changed (``_modify``: ``#`` ``##`` ``%`` ``%%`` ``/`` ``//`` ``^^`` ``,,``...),
+    each element of ``${A[@]...}``; ``${#...}`` a length. None where it is not known here (a command's output to
+    change is ``COMMAND``)."""
+    parts = _PARAMETER.match(inner)
+    if parts is None:
         return None
-    if index in ("@", "*") and length:
-        return str(len(items))
-    if index not in ("@", "*"):
-        k = 0 if index is None else _index(index, variables, arrays)
-        if k is None:
+    length, name, index, operation = parts.groups()
+    values = _values(name, index, variables, arrays)
+    if length:
+        return None if operation else _length(values, index in ("@", "*"))
+    test = re.match(r"(:?)([-=+?])", operation)
+    if test:
+        return _test(values, bool(test.group(1)), test.group(2), operation[test.end():], variables, arrays)
+    known = [value for value in values or [None] if value is not None]
+    if values is None or len(known) < len(values):
+        return None
+    if operation and any(COMMAND in value for value in known):
+        return COMMAND
+    if operation.startswith(":"):
+        return _substring(known, operation[1:], index in ("@", "*"), variables, arrays)
+    changed = _modify(known, operation, variables, arrays) if operation else known
+    return None if changed is None else " ".join(changed)
+
+
+def _values(name: str, index: str | None, variables: Mapping[str, str], arrays: Arrays) -> list[str | None] | None:
+    """A parameter's values: a variable's (one), an array's element's (``NAME[index]``: an arithmetic index, ``$i``
+    or ``-1`` counting from the end; none past the end; a scalar is an array of one), all of ``NAME[@]`` /
+    ``NAME[*]``; a None among them where one is not known here. None where the name is set nowhere."""
+    items: list[str | None] | None = (list(arrays[name]) if name in arrays else [variables[name]] if name in variables
+                                      else None)
+    if items is None or index in ("@", "*"):
+        return items
+    k = 0 if index is None else _evaluate(index, variables, arrays)
+    if k is None:
+        return [None]
+    k += len(items) if k < 0 else 0
+    return [items[k]] if 0 <= k < len(items) else []
+
+
+def _length(values: list[str | None] | None, count: bool) -> str | None:
+    """``${#A[@]}``: the count of the values; ``${#X}``: the length of the value (a command's output unknown)."""
+    if values is None or (not count and None in values):
+        return None
+    text = values[0] if values and values[0] is not None else ""
+    return str(len(values)) if count else text if COMMAND in text else str(len(text))
+
+
+def _test(values: list[str | None] | None, colon: bool, operator: str, word: str, variables: Mapping[str, str],
+          arrays: Arrays) -> str | None:
+    """``${X:-word}`` / ``${X:=word}``: word where X is unset or empty (without ``:``, unset only), else X;
+    ``${X:+word}`` / ``${X+word}``: word where X is set and not empty / set, else empty; ``${X:?msg}`` /
+    ``${X?msg}``: bash stops the script where X is unset or empty / unset (None here: unresolved), else X. A name set
+    nowhere (or none of an array's elements) is unset; whether a command's output is empty is not known here."""
+    if values is not None and None in values:
+        return None
+    unset = not values
+    text = " ".join(value for value in values or [] if value is not None)
+    if colon and COMMAND in text:
+        return text
+    missing = unset or (colon and not text)
+    if operator in "-=":
+        return _inner_word(word, variables, arrays) if missing else text
+    if operator == "+":
+        return "" if missing else _inner_word(word, variables, arrays)
+    return None if missing else text
+
+
+def _inner_word(text: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
+    """A word inside ``${...}`` (a default, an alternative) as bash expands it: quotes removed, not split."""
+    return word_value(_marked(text), variables, arrays)
+
+
+def _marked(text: str) -> str:
+    """``text`` as one word of ``commands``, its quotes, escapes and command substitutions marked."""
+    parts, i = [], 0
+    while i < len(text):
+        part, j = _word_part(text, i)
+        parts.append(part)
+        i = j + 1
+    return "".join(parts)
+
+
+def _substring(values: list[str], spec: str, elements: bool, variables: Mapping[str, str],
+               arrays: Arrays) -> str | None:
+    """``${X:offset:length}``: the characters of X's value in ``bounds``; ``${A[@]:offset:length}`` the elements."""
+    text = values[0] if values else ""
+    span = bounds(spec, len(values) if elements else len(text), variables, arrays, elements)
+    if span is None:
+        return None
+    return " ".join(values[span[0]:span[1]]) if elements else text[span[0]:span[1]]
+
+
+def bounds(spec: str, size: int, variables: Mapping[str, str], arrays: Arrays | None = None,
+           elements: bool = False) -> tuple[int, int] | None:
+    """The span (start, end) that ``${X:spec}`` (``offset`` or ``offset:length``, arithmetic) takes of a value of
+    ``size`` characters (``elements``: of ``${A[@]:spec}``'s elements): a negative offset counts from the end
+    (``${X: -3}``; ``${X:-3}`` is a default), one past either end gives none, a negative length ends that far before
+    the end. None where bash stops (``${X:}``, a length ending before the offset; a negative one of elements) or the
+    numbers are not known here."""
+    first, second = _split(spec, ":")
+    start = _evaluate(first or "0", variables, arrays or {}) if spec else None
+    length = None if second is None else _evaluate(second or "0", variables, arrays or {})
+    if start is None or (second is not None and length is None):
+        return None
+    start += size if start < 0 else 0
+    if not 0 <= start <= size:
+        return size, size
+    end = size if length is None else start + length if length >= 0 else size + length
+    if end < start or (elements and length is not None and length < 0):
+        return None
+    return start, min(end, size)
+
+
+def _split(text: str, separator: str) -> tuple[str, str | None]:
+    """``text`` before its first ``separator`` outside quotes, escapes, ``${...}``, ``$(...)`` (and, for ``:``,
+    parentheses), and the text after it (None where there is none)."""
+    depth, i = 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == separator and not depth:
+            return text[:i], text[i + 1:]
+        if c == "\\":
+            i += 1
+        elif c in "'\"":
+            i = max(text.find("'", i + 1), i) if c == "'" else _closing_quote(text, i)
+        elif text.startswith(("${", "$("), i):
+            i = _matching(text, i + 1)
+        elif separator == ":":
+            depth += {"(": 1, ")": -1}.get(c, 0)
+        i += 1
+    return text, None
+
+
+_OPERATION = re.compile(r"(##?|%%?|/[/#%]?|\^\^?|,,?|~~?)(.*)$", re.S)
+
+
+def _modify(values: list[str], operation: str, variables: Mapping[str, str], arrays: Arrays) -> list[str] | None:
+    """Each value with ``#p`` / ``##p`` (its shortest / longest prefix matching the glob p removed), ``%p`` /
+    ``%%p`` (suffix; ``_trim``), ``/p/r`` / ``//p/r`` / ``/#p/r`` / ``/%p/r`` (``_replace``), ``^p`` / ``^^p`` /
+    ``,p`` / ``,,p`` / ``~p`` / ``~~p`` (``_case``; p ``?`` where none); None for an operation not read here
+    (``@Q``...) or a pattern not known."""
+    found = _OPERATION.match(operation)
+    if found is None:
+        return None
+    mode, rest = found.groups()
+    pattern_text, replacement = _split(rest, "/") if mode[0] == "/" else (rest, None)
+    glob = _escaped(pattern_text or ("?" if mode[0] in "^,~" else ""), "\\*?[]", variables, arrays)
+    template = _escaped(replacement or "", "\\&", variables, arrays)
+    if glob is None or template is None:
+        return None
+    pattern = re.compile(_glob(glob), re.S)
+    if mode[0] in "#%":
+        return [_trim(value, pattern, mode) for value in values]
+    if mode[0] in "^,~":
+        return [_case(value, pattern, mode) for value in values]
+    return values if not glob and mode in ("/", "//") else [_replace(value, pattern, mode, template) for value in values]
+
+
+def _escaped(text: str, special: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
+    """A pattern's or a replacement's text expanded, the ``special`` characters of its quoted and escaped parts (a
+    quoted variable's value too) after a backslash: bash takes them as written there."""
+    out = []
+    for part, kind in _parts(_marked(text)):
+        value = part if kind == LITERAL else None if kind == COMMAND else expand(arithmetic(part, variables, arrays),
+                                                                                 variables, arrays)
+        if value is None or (kind != LITERAL and COMMAND in value):
             return None
-        k += len(items) if k < 0 else 0
-        items = [items[k] if 0 <= k < len(items) else ""]
-    if any(item is None for item in items):
-        return None
-    text = " ".join(item for item in items if item is not None)
-    return str(len(text)) if length and COMMAND not in text else text
+        out.append(re.sub(f"([{re.escape(special)}])", r"\\\1", value) if kind else value)
+    return "".join(out)
 
 
-def _index(index: str, variables: Mapping[str, str], arrays: Arrays) -> int | None:
-    """An array index as bash reads it: an arithmetic expression (``1``, ``-1``, ``$i``, ``i + 1``)."""
-    value = arithmetic(f"$(({index}))", variables, arrays)
-    return int(value) if re.fullmatch(r"-?\d+", value) else None
+_CLASSES = {"alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9", "upper": "A-Z", "lower": "a-z", "space": r"\s",
+            "blank": r" \t", "xdigit": "0-9A-Fa-f", "word": r"\w", "punct": re.escape(string.punctuation),
+            "print": " -~", "graph": "!-~", "cntrl": r"\x00-\x1f\x7f"}
+_BRACKET = re.compile(r"\[([!^]?)(\]?(?:\[:\w+:\]|\\.|[^\]])*)\]", re.S)
+
+
+def _glob(glob: str) -> str:
+    """Bash's glob pattern as a regular expression: ``*``, ``?``, ``\\c`` (c as written), ``[...]`` (``[!...]`` /
+    ``[^...]`` negated, ``[:alpha:]``... classes); a ``[`` with no ``]`` is itself."""
+    out, i = [], 0
+    while i < len(glob):
+        c, bracket = glob[i], _BRACKET.match(glob, i)
+        if bracket:
+            out.append(_bracket(*bracket.groups()))
+            i = bracket.end()
+            continue
+        out.append(re.escape(glob[i + 1:i + 2] or "\\") if c == "\\" else ".*" if c == "*" else "." if c == "?"
+                   else re.escape(c))
+        i += 2 if c == "\\" else 1
+    return "".join(out)
+
+
+def _bracket(negated: str, inside: str) -> str:
+    """A glob's ``[...]`` as a regular expression's character set (an unknown ``[:class:]`` matches nothing)."""
+    def one(match: re.Match[str]) -> str:
+        if match.group(1):
+            return _CLASSES.get(match.group(1), "")
+        return re.escape(match.group(2) if match.group(2) is not None else match.group(3))
+
+    body = re.sub(r"\[:(\w+):\]|\\(.)|([\\\]\[^])", one, inside, flags=re.S)
+    return f"[{'^' if negated else ''}{body}]" if body else "[^\\s\\S]" if not negated else "[\\s\\S]"
+
+
+def _trim(value: str, pattern: re.Pattern[str], mode: str) -> str:
+    """``value`` without its shortest (``#``) / longest (``##``) prefix, or its shortest (``%``) / longest (``%%``)
+    suffix, matching ``pattern``; as it is where none does."""
+    n = len(value)
+    if mode[0] == "#":
+        ends = range(n + 1) if mode == "#" else range(n, -1, -1)
+        return next((value[k:] for k in ends if pattern.fullmatch(value, 0, k)), value)
+    starts = range(n, -1, -1) if mode == "%" else range(n + 1)
+    return next((value[:k] for k in starts if pattern.fullmatch(value, k)), value)
+
+
+def _replace(value: str, pattern: re.Pattern[str], mode: str, template: str) -> str:
+    """``${X/p/r}``: X with the longest match of p at the first place one starts replaced by r (``//``: each, left to
+    right; ``/#``: one at the start; ``/%``: one at the end); an ``&`` in r is the match (bash 5.2's
+    ``patsub_replacement``), ``\\&`` an ``&``."""
+    n = len(value)
+    if mode == "/%":
+        k = next((k for k in range(n + 1) if pattern.fullmatch(value, k)), None)
+        return value if k is None else value[:k] + _substitute(template, value[k:])
+    out, i, done = [], 0, False
+    while not done and (i < n or i == 0):
+        end = next((e for e in range(n, i - 1, -1) if pattern.fullmatch(value, i, e)), None)
+        if end is None:
+            out.append(value[i:i + 1])
+            i += 1
+        else:  # an empty match keeps the character after it
+            out.append(_substitute(template, value[i:end]) + value[end:end + (end == i)])
+            i, done = max(end, i + 1), mode != "//"
+        done = done or mode == "/#"
+    return "".join(out) + value[i:]
+
+
+def _substitute(template: str, matched: str) -> str:
+    """A replacement's text: ``&`` the match, ``\\c`` c."""
+    return re.sub(r"\\(.)|&", lambda m: matched if m.group(1) is None else m.group(1), template, flags=re.S)
+
+
+def _case(value: str, pattern: re.Pattern[str], mode: str) -> str:
+    """``^`` / ``,`` / ``~``: the first character upper-cased / lower-cased / its case swapped where it matches
+    ``pattern``; doubled (``^^``...), each character that does."""
+    change = {"^": str.upper, ",": str.lower, "~": str.swapcase}[mode[0]]
+    return "".join(change(c) if (k == 0 or len(mode) == 2) and pattern.fullmatch(c) else c for k, c in enumerate(value))
 
 
 def default_assignments(word: str, variables: Mapping[str, str]) -> Iterator[tuple[str, str]]:
@@ -182,8 +385,19 @@ def unquoted(word: str) -> str:
 
 
 def substitution(word: str) -> str | None:
-    """The first command substitution of a word of ``commands`` (``$(nproc)``, ```date```), as written."""
-    return next((text for text, kind in _parts(word) if kind == COMMAND), None)
+    """The first command substitution of a word of ``commands`` (``$(nproc)``, ```date```), as written; one inside a
+    ``${...}`` too (``${X:=$(nproc)}``: X unset, the word takes its output)."""
+    for text, kind in _parts(word):
+        if kind == COMMAND:
+            return text
+        i = text.find("${") if kind in ("", QUOTED) else -1
+        while i >= 0:
+            j = _matching(text, i + 1)
+            inner = substitution(_marked(text[i + 2:j]))
+            if inner:
+                return inner
+            i = text.find("${", j + 1)
+    return None
 
 
 def fields(word: str, variables: Mapping[str, str], split: bool = True, arrays: Arrays | None = None) -> list[str] | None:
@@ -361,7 +575,7 @@ def statements(text: str) -> Iterator[tuple[int, list[str], str]]:
         words = _keywords(words, blocks)
         body = _group(words, blocks, runs)
         words, runs = (body, True) if body is not None else (words, runs)
-        words = _declared(words)
+        words = _appended(_declared(words))
         if runs is False or any(block[2] is False for block in blocks):
             continue
         status = _status(words) if runs else None
@@ -441,6 +655,22 @@ def _declared(words: list[str]) -> list[str]:
         while words and words[0].startswith("-"):  # declare -a, -r, -x ...
             words = words[1:]
     return words
+
+
+_APPEND = re.compile(r"([A-Za-z_]\w*)\+=")
+
+
+def _appended(words: list[str]) -> list[str]:
+    """A command's leading ``NAME+=value`` words as bash assigns them: ``NAME=${NAME-}value`` (the value after NAME's,
+    an unset NAME's empty; an array's first element's); ``NAME+=( ... )`` stays an array's append."""
+    out = list(words)
+    for k, word in enumerate(words):
+        append = _APPEND.match(word)
+        if append is None and not NAME_VALUE.fullmatch(word):
+            break
+        if append and words[k + 1:k + 2] != [OPEN]:
+            out[k] = f"{append.group(1)}=${{{append.group(1)}-}}{word[append.end():]}"
+    return out
 
 
 def _word_part(text: str, i: int) -> tuple[str, int]:

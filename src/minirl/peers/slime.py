@@ -41,6 +41,7 @@ from minirl.peers.shell import (
     QUOTED,
     UNQUOTED,
     assigned,
+    bounds,
     default_assignments,
     fields,
     names,
@@ -1015,14 +1016,19 @@ def _set(scope: _Scope, name: str, command: str | None, deps: set[str], where: t
 def _word(word: str, scope: _Scope, where: str) -> tuple[list[tuple[Any, set[str]]], list[str]]:
     """A script word as the words it expands to (each with the conditionally set names it came from), and the arrays
     it names that the script never set. ``"${ARR[@]}"`` is each element a word, an unquoted ``${ARR[@]}`` /
-    ``${ARR[*]}`` each split at its blanks; ``"${ARR[*]}"`` one word of them all (``fields``)."""
-    whole = re.fullmatch(f"({QUOTED}?)\\$\\{{([A-Za-z_]\\w*)\\[([@*])\\]\\}}{UNQUOTED}?", word)
+    ``${ARR[*]}`` each split at its blanks; ``"${ARR[*]}"`` one word of them all (``fields``); ``${ARR[@]:1:2}``
+    the elements in its span (``shell.bounds``)."""
+    whole = re.fullmatch(f"({QUOTED}?)\\$\\{{([A-Za-z_]\\w*)\\[([@*])\\](?::(?![-=+?])([^}}]*))?\\}}{UNQUOTED}?", word)
     if whole and not (whole.group(1) and whole.group(3) == "*"):
         name = whole.group(2)
         if name not in scope.arrays:
             return [], [name]
-        return [(piece, deps) for value, deps in scope.arrays[name]
-                for piece in (value.split() if isinstance(value, str) and not whole.group(1) else [value])], []
+        items = scope.arrays[name]
+        span = (bounds(whole.group(4), len(items), scope.variables, scope.elements(), elements=True)
+                if whole.group(4) is not None else (0, len(items)))
+        if span is not None:
+            return [(piece, deps) for value, deps in items[span[0]:span[1]]
+                    for piece in (value.split() if isinstance(value, str) and not whole.group(1) else [value])], []
     expanded = fields(word, scope.variables, arrays=scope.elements())
     deps = _depends(word, scope.depends)
     if expanded is not None:
