@@ -236,6 +236,8 @@ def test_slimes_lora_presets_regexes_and_rates():
     assert everything["model.lora.target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     shared = from_slime(BASE | {"use-lora": True, "lora-target-preset": "moe_language"}).values
     assert "shared_experts.down_proj" in shared["model.lora.target_modules"] and "model.lora.target_parameters" not in shared
+    dense = from_slime(BASE | {"use-lora": True})  # dense_language: on an MoE checkpoint peft reaches the experts too
+    assert any("peft also adapts the routed experts" in line for line in dense.differs)
     hybrid = from_slime(BASE | {"use-lora": True, "lora-target-preset": "hybrid_language"})
     assert "model.lora.rank" not in hybrid.values and any("hybrid_language" in line for line in hybrid.not_translated)
     assert from_slime(BASE | {"use-lora": True, "actor-num-gpus-per-node": 4}).config().cluster.trainer_ranks == 4  # ranks

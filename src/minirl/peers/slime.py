@@ -468,6 +468,10 @@ def _slime_lora(peer: SlimePeer, out: Translation) -> None:
         elif "routed" in megatron:
             out.differs.append(f"--lora-target-preset {preset}: one adapter per routed expert (peft's), where slime "
                                "shares one adapter among an MoE layer's experts")
+        elif "linear_fc1" in megatron:  # peft (>= 0.17) maps these names onto transformers 5's fused expert tensors
+            out.differs.append(f"--lora-target-preset {preset}: on an MoE checkpoint peft also adapts the routed "
+                               "experts under gate_proj / up_proj / down_proj, where slime's dense MLP targets match "
+                               "no expert (--lora-target-preset moe_language: attention and shared experts alone)")
     if not megatron:
         return
     out.set("model.lora.rank", peer.number("lora-rank", int), peer.show("lora-rank"))
