@@ -442,6 +442,9 @@ class LossConfig(Section):
     TRL ``beta``). 0 = none, as in the paper. With LoRA the reference is the base model."""
     kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator: k1 (verl "kl"), k2 ("mse"), k3 ("low_var_kl", Schulman's k3)."""
+    kl_loss_unbiased: bool = False
+    """Weigh each token's KL estimate by pi_theta/pi_old, the gradient flowing through the ratio too (slime's
+    ``--use-unbiased-kl``, DeepSeek-V3.2's KL for samples of an older policy). false: the estimate alone."""
     ref_sync_every_updates: int | None = Field(None, ge=1)
     """Move the reference toward the policy every this many optimizer steps: pi_ref <- alpha pi_theta + (1 - alpha)
     pi_ref (TR-DPO, arXiv 2404.09656; TRL's ``sync_ref_model`` with ``ref_model_sync_steps``). ``null``: the
@@ -587,7 +590,8 @@ class LossConfig(Section):
                                         "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
                                         "adv_token_returns", "adv_gamma", "adv_token_kl", "adv_lambda",
                                         "multi_objective_aggregation",
-                                        "kl_coef", "kl_loss_type", "ref_sync_every_updates", "ref_sync_alpha",
+                                        "kl_coef", "kl_loss_type", "kl_loss_unbiased", "ref_sync_every_updates",
+                                        "ref_sync_alpha",
                                         "kl_in_reward_coef", "kl_in_reward_type", "kl_in_reward_target",
                                         "kl_in_reward_horizon", "entropy_coef", "top_entropy_quantile", "entropy_target",
                                         "router_aux_loss_coef",

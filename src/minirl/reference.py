@@ -98,14 +98,18 @@ class ReferenceKL(Wraps):
     kl_coef: float
     kind: str
     normalizer: float
+    unbiased: bool = False  # algo.kl_loss_unbiased: each estimate weighed by pi_theta/pi_old
 
     def __call__(self, logp: torch.Tensor, micro: Batch, **given: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         if micro.logp_ref is None:
             raise ValueError("algo.kl_coef > 0 needs the reference pass before an update (batch.logp_ref is None)")
         loss, metrics = self.objective(logp, micro, **given)
+        if self.unbiased and micro.logp_old is None:
+            raise ValueError("algo.kl_loss_unbiased needs pi_old before an update (batch.logp_old is None)")
         penalty, kl_metrics = reference_kl_loss(logp, micro.logp_ref, micro.mask, kl_coef=self.kl_coef,
                                                 kind=self.kind, normalizer=self.normalizer,  # type: ignore[arg-type]
-                                                check_finite=False)  # Trainer.update checks once per update
+                                                check_finite=False,  # Trainer.update checks once per update
+                                                logp_old=micro.logp_old if self.unbiased else None)
         return loss + penalty, {**metrics, **kl_metrics}  # 0-dim tensors: the trainer syncs once per update
 
 
@@ -114,4 +118,4 @@ def with_reference_kl(algo: Any, minibatch: Batch, objective: Objective) -> Obje
     if not algo.kl_coef:
         return objective
     tokens = float(max(int(minibatch.mask.sum()), 1))
-    return ReferenceKL(objective, float(algo.kl_coef), algo.kl_loss_type, tokens)
+    return ReferenceKL(objective, float(algo.kl_coef), algo.kl_loss_type, tokens, bool(algo.kl_loss_unbiased))

@@ -39,6 +39,36 @@ def test_loss_is_the_coefficient_times_the_token_mean_and_its_gradient():
     assert float(k1) == pytest.approx((0.5 - 1.0) / 4, abs=1e-7)
 
 
+def test_the_unbiased_kl_weighs_each_estimate_by_the_ratio_with_its_gradient():
+    """``algo.kl_loss_unbiased`` (slime's --use-unbiased-kl): rho k2 with rho = pi_theta/pi_old. logp_old = logp - 0.5 on
+    token 0 (rho = e^0.5), = logp on token 1 (rho = 1): loss = (e^0.5 x 0.125 + 0.5) / 2; d(rho k2)/d logp = rho k2 -
+    rho r (k2' = -r): token 0 e^0.5 (0.125 + 0.5), token 1 (0.5 - 1.0). Through the objective it needs pi_old."""
+    from minirl.reference import ReferenceKL
+    from tests.unit.test_trainer_precision import batch_of
+
+    logp = torch.tensor(LOGP, requires_grad=True)
+    old = torch.tensor([LOGP[0] - 0.5, LOGP[1], 0.0])
+    loss, metrics = reference_kl_loss(logp, torch.tensor(LOGP_REF), torch.tensor(MASK), kl_coef=1.0, kind="k2",
+                                      normalizer=2.0, logp_old=old)
+    rho = math.exp(0.5)
+    assert loss.item() == pytest.approx((rho * 0.125 + 0.5) / 2, abs=1e-7)
+    assert float(metrics["kl_ref"]) == pytest.approx(loss.item(), abs=1e-7)  # the weighed estimate's token mean
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([rho * 0.625 / 2, -0.5 / 2, 0.0]), rtol=0, atol=1e-7)
+    batch = batch_of(4)
+    batch = batch.with_logp_ref(torch.zeros_like(batch.logp_rollout)).with_logp_old(batch.logp_rollout - 0.3 * batch.mask)
+
+    def policy(lp, micro, **given):
+        return lp.sum() * 0.0, {}
+
+    logp = (batch.logp_rollout * batch.mask).requires_grad_(True)
+    plain, _ = ReferenceKL(policy, 1.0, "k1", 1.0)(logp, batch)
+    unbiased, _ = ReferenceKL(policy, 1.0, "k1", 1.0, unbiased=True)(logp, batch)
+    assert float(unbiased) == pytest.approx(math.exp(0.3) * float(plain), rel=1e-6)
+    with pytest.raises(ValueError, match="kl_loss_unbiased needs pi_old"):
+        ReferenceKL(policy, 1.0, "k1", 1.0, unbiased=True)(logp, batch.with_logp_old(None))  # type: ignore[arg-type]
+
+
 def test_a_nan_at_a_trained_token_fails_loudly():
     with pytest.raises(FloatingPointError, match="reference KL"):
         reference_kl_loss(torch.tensor([float("nan"), -1.0]), torch.tensor([-1.0, -1.0]), torch.tensor([True, True]),

@@ -373,13 +373,40 @@ def test_each_loss_has_slimes_gradient(case):
     ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
     ({"advantage-estimator": "reinforce_plus_plus_baseline", "kl-coef": 0.01, "kl-loss-type": "k4"},
      "--kl-coef 0.01, --kl-loss-type k4"),
-    ({"use-kl-loss": True, "kl-loss-coef": 0.01, "use-unbiased-kl": True}, "--use-unbiased-kl"),
+    ({"use-kl-loss": True, "kl-loss-coef": 0.01, "kl-loss-type": "k4"}, "--kl-loss-type k4"),
     ({"custom-tis-function-path": "my.tis"}, "--custom-tis-function-path my.tis"),
 ])
 def test_losses_minirl_lacks_train_minirl_and_say_so(given, blocker):
     out = from_slime(BASE | given)
     assert out.objective.startswith("minirl's MiniRL") and not any(key.startswith("algo.") for key in out.values)
     assert any(blocker in line for line in out.not_translated), out.not_translated
+
+
+def test_slimes_unbiased_kl_is_minirls():
+    """``--use-unbiased-kl``: the KL loss's estimate weighed by pi_theta/pi_old, with its gradient, as slime's
+    ``compute_approx_kl(..., importance_ratio=exp(log_probs - old_log_probs))`` written out."""
+    from minirl.algo.variants.reference_kl import reference_kl_loss
+
+    out = from_slime(BASE | {"use-kl-loss": True, "kl-loss-coef": 0.01, "kl-loss-type": "k2", "use-unbiased-kl": True})
+    assert (out.values["algo.kl_loss_unbiased"], out.values["algo.kl_loss_type"]) == (True, "k2")
+    assert out.config().algo.kl_loss_unbiased is True
+    assert any("--use-unbiased-kl with k3" in line for line in from_slime(BASE | {
+        "use-kl-loss": True, "kl-loss-coef": 0.01, "kl-loss-type": "low_var_kl", "use-unbiased-kl": True}).differs)
+    g = torch.Generator().manual_seed(0)
+    logp_old, logp_ref = -torch.rand(3, 5, generator=g) * 2, -torch.rand(3, 5, generator=g) * 2
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    for kind in ("k1", "k2"):
+        theirs = (logp_old + 0.1 * torch.randn(3, 5, generator=g)).requires_grad_(True)
+        ours = theirs.detach().clone().requires_grad_(True)
+        log_ratio = theirs - logp_ref
+        kl = log_ratio if kind == "k1" else log_ratio ** 2 / 2.0
+        kl = torch.exp(theirs - logp_old) * kl  # slime's importance_ratio, not detached
+        want = 0.01 * (kl * mask).sum() / mask.sum()
+        got, _ = reference_kl_loss(ours, logp_ref, mask, kl_coef=0.01, kind=kind, normalizer=float(mask.sum()),
+                                   logp_old=logp_old)
+        want.backward(), got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-6, atol=1e-9)
 
 
 def test_slimes_ppo_trains_minirls_critic():

@@ -843,11 +843,16 @@ def _slime_penalties(peer: SlimePeer, obj: Objective) -> None:
     """The KL loss to the reference (``--use-kl-loss``) and the entropy bonus."""
     if peer("use-kl-loss") and peer("kl-loss-coef"):
         kind = SLIME_KL_KINDS.get(str(peer("kl-loss-type")))
-        if kind is None or peer("use-unbiased-kl"):
-            obj.blockers.append(peer.show("kl-loss-type", "use-unbiased-kl"))
+        if kind is None:
+            obj.blockers.append(peer.show("kl-loss-type"))
         else:
             obj.set("kl_coef", peer.number("kl-loss-coef", float), peer.show("use-kl-loss", "kl-loss-coef"))
             obj.set("kl_loss_type", kind, peer.show("kl-loss-type"))
+            if peer("use-unbiased-kl"):  # each token's estimate x pi_theta/pi_old, the gradient through both
+                obj.set("kl_loss_unbiased", True, peer.show("use-unbiased-kl"))
+                if kind == "k3":
+                    obj.differs.append("--use-unbiased-kl with k3: minirl clamps k3 to [-10, 10] before the ratio "
+                                       "weighs it, slime's low_var_kl after")
             if peer("kl-loss-type") == "k3":  # minirl's k3 is low_var_kl's
                 obj.differs.append("--kl-loss-type k3: minirl clamps each token's k3 to [-10, 10] (slime's low_var_kl), "
                                    "slime's k3 is not clamped (the same below 10)")

@@ -1,8 +1,7 @@
-"""verl's optimal token baseline (``algorithm.adv_estimator: optimal_token_baseline``, OTB; arXiv 2602.07078): one
-baseline per token position, the group's returns weighted by how much "energy" each path has accumulated, as verl's
-``compute_optimal_token_baseline_advantage`` computes it. With G_it the return from the k-th trained token of response
-i (the outcome reward, less the KL in the reward from there on), pi_ik = pi_old(y_ik), S_ik = sum_w pi_old(w)^2 over
-the vocabulary at that prefix, and rho_ik the bounded IS weight pi_old / mu_old with IS correction (else 1):
+"""verl's optimal token baseline (``adv_estimator: optimal_token_baseline``, arXiv 2602.07078; verl's
+``compute_optimal_token_baseline_advantage``): a baseline per token position, the group's returns weighted by each
+path's accumulated energy. G_ik: the return from response i's k-th trained token (the reward less the KL in the reward
+from there on); pi_ik = pi_old(y_ik); S_ik = sum_w pi_old(w)^2 there; rho_ik = bounded pi_old/mu_old (1 without IS):
 
     W_ik = sum_{j <= k} (1 - 2 pi_ij + S_ij) rho_ij^2,      B_k = sum_i G_ik W_ik / (sum_i W_ik + 1e-8),      A_ik = G_ik - B_k
 

@@ -18,7 +18,8 @@ mini-batch (verl's default ``loss_agg_mode="token-mean"``) times ``kl_coef``:
 
     loss = kl_coef * sum_{b,t} mask_bt k_bt / normalizer,   normalizer = sum of mask over the mini-batch
 
-The gradient flows through ``logp`` only; ``logp_ref`` is a constant.
+The gradient flows through ``logp`` only (``logp_ref`` is a constant). ``algo.kl_loss_unbiased`` (slime's
+``--use-unbiased-kl``, DeepSeek-V3.2) weighs each k_bt by rho_bt = pi_theta / pi_old(y_bt), the gradient through it.
 """
 
 from __future__ import annotations
@@ -45,14 +46,16 @@ def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, kind: KLEstimator = 
 
 def reference_kl_loss(
     logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, *, kl_coef: float, kind: KLEstimator = "k3",
-    normalizer: float, check_finite: bool = True,
+    normalizer: float, check_finite: bool = True, logp_old: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``kl_coef`` x the masked token sum of ``kl_estimate`` / ``normalizer``; metrics: ``kl_ref``,
-    the masked token mean of the estimate in this call (detached). ``check_finite=False``: the caller
-    checks once per update (no host sync here)."""
+    """``kl_coef`` x the masked token sum of ``kl_estimate`` (x exp(logp - logp_old) given ``logp_old``) / ``normalizer``;
+    metrics: ``kl_ref``, its masked token mean here (detached). ``check_finite=False``: the caller checks once."""
     if not normalizer > 0:
         raise ValueError(f"normalizer must be > 0, got {normalizer}")
-    estimate = torch.where(mask, kl_estimate(logp, logp_ref, kind), 0.0)
+    estimate = kl_estimate(logp, logp_ref, kind)
+    if logp_old is not None:
+        estimate = torch.exp(logp - logp_old.detach()) * estimate
+    estimate = torch.where(mask, estimate, 0.0)
     if check_finite and not bool(torch.isfinite(estimate).all()):
         raise FloatingPointError("non-finite reference KL (a NaN log-prob at a trained token)")
     loss = kl_coef * estimate.sum() / normalizer
