@@ -118,6 +118,7 @@ def test_an_fp32_engine_at_a_temperature_below_one_shows_no_mismatch(tmp_path):
     assert gaps["true"] < 1e-5 and gaps["false"] > 1e-2, gaps
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; the cache's keys are unit-tested
 def test_cold_start_cache_reuses_one_sft_per_key(tmp_path):
     from safetensors.torch import load_file
 

@@ -187,6 +187,7 @@ def test_table_counts_in_gradient_steps_that_every_n_divides(tmp_path):
         generate(tmp_path)
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; the stress sweep and the studies' sweeps stay
 def test_quick_sweep_resumes_then_plot_and_report(tmp_path):
     runs = tmp_path / "sweeps"
     args = ("sweep", "experiments", "--quick", "--seeds", "1", "--jobs", "2", "--runs-dir", str(runs),

@@ -321,6 +321,7 @@ logging_steps: 1
 """
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; its translation: test_peers.py
 def test_an_open_r1_recipe_translates_and_trains(tmp_path: Path):
     """open-r1's script arguments: a dataset repository directory, its prompt column as a user message after the
     system prompt, its registry's rewards (rewritten) with their arguments."""
@@ -349,6 +350,7 @@ def test_an_open_r1_recipe_translates_and_trains(tmp_path: Path):
     assert len(dumped["completions"][0]["prompt_ids"]) == len(rendered)  # one id a character: both messages rendered
 
 
+@pytest.mark.slow  # the default suite's 15-minute budget; verl_scores is unit-tested
 def test_a_verl_run_without_a_reward_function_scores_with_verls_default(tmp_path: Path):
     """No custom_reward_function: verl's default_compute_score by data_source (gsm8k's and DAPO's here), rewritten."""
     rows = [{"data_source": source, "prompt": [{"role": "user", "content": w}],
