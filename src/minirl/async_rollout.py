@@ -20,7 +20,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -177,9 +177,11 @@ class EngineWeights:
         kept shards (a collective: every rank calls it; rank 0's is the whole)."""
         if self.kept is None:
             return {}
+        from minirl.trainer import full_state
+
         self._swap()  # the kept weights in the model, gathered as its state is (copied before they swap back)
         try:
-            full = self._model_state()
+            full = full_state(self.trainer.model, self.trainer.collective)
             return {name: full[name].detach().cpu().clone() for name in self._trainable_names() if name in full}
         finally:
             self._swap()
@@ -192,24 +194,8 @@ class EngineWeights:
         missing = set(self._trainable_names()) - set(state)
         if missing:
             raise ValueError(f"the checkpoint's engine weights lack {sorted(missing)[:3]}")
-        self._load_model_state(state)  # the parameters now hold the loaded weights, ``kept`` the current ones
+        from minirl.trainer import load_full_state
+
+        # the parameters then hold the loaded weights, ``kept`` the current ones
+        load_full_state(self.trainer.model, state, self.trainer.collective, strict=False)
         self._swap()
-
-    def _model_state(self) -> dict[str, torch.Tensor]:
-        if self.trainer.collective:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return cast(dict[str, torch.Tensor], get_model_state_dict(self.trainer.model, options=options))
-        return dict(self.trainer.model.state_dict())
-
-    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        if self.trainer.collective:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(self.trainer.model, dict(state), options=StateDictOptions(full_state_dict=True, strict=False))
-            return
-        with torch.no_grad():
-            params = dict(self.trainer.model.named_parameters())
-            for name, tensor in state.items():
-                params[name].copy_(tensor)

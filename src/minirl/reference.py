@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from minirl.algo.variants.reference_kl import reference_kl_loss
 from minirl.models.lora import adapters_disabled, has_lora
-from minirl.trainer import Objective, Trainer, Wraps, local_shard, reshard_all
+from minirl.trainer import Objective, Trainer, Wraps, full_state, load_full_state, local_shard, reshard_all
 from minirl.types import Batch
 
 
@@ -63,22 +63,12 @@ class Reference:
         rank: the full weights, gathered from the shards (a collective: every rank calls it)."""
         if self.frozen is None:
             return {}
-        if self.trainer.collective:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            full = get_model_state_dict(self.frozen.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return {k: cast(torch.Tensor, v).detach().clone() for k, v in full.items()}  # full_state_dict: plain tensors
-        return {k: v.detach().clone() for k, v in self.frozen.model.state_dict().items()}
+        return {k: v.detach().clone() for k, v in full_state(self.frozen.model, self.trainer.collective).items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self.frozen is None or not state:
             return
-        if self.trainer.collective:  # the full weights into this rank's shards
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(self.frozen.model, dict(state), options=StateDictOptions(full_state_dict=True))
-            return
-        self.frozen.model.load_state_dict(state)
+        load_full_state(self.frozen.model, state, self.trainer.collective)  # on a rank: into its shards
 
     @torch.no_grad()
     def logprobs(self, batch: Batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -602,6 +602,27 @@ def reshard_all(model: torch.nn.Module) -> None:
         reshard = getattr(module, "reshard", None)
         if callable(reshard):
             reshard()
+
+
+def full_state(model: torch.nn.Module, collective: bool) -> dict[str, torch.Tensor]:
+    """``model``'s state by name; on an FSDP2 rank (``collective``) the full weights gathered from every rank's
+    shards to the CPU (a collective: every rank calls it; rank 0's is the whole, the others' empty)."""
+    if not collective:
+        return dict(model.state_dict())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))  # full: plain tensors
+
+
+def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], collective: bool, strict: bool = True) -> None:
+    """``full_state``'s inverse: the full weights into ``model`` (on an FSDP2 rank, into its shards)."""
+    if not collective:
+        model.load_state_dict(state, strict=strict)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
 class _Scores:
