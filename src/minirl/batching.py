@@ -83,7 +83,8 @@ def chunks(batch: Batch, max_sequences: int) -> list[Batch]:
     return [trim(batch.select(slice(i, i + max_sequences))) for i in range(0, batch.size, max_sequences)]
 
 
-def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *, padded: bool = True) -> list[list[int]]:
+def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *, padded: bool = True,
+                      at_least: int = 1) -> list[list[int]]:
     """Dynamic micro-batches (verl's ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``, slime's
     ``--use-dynamic-batch-size --max-tokens-per-gpu``): the row indices of each micro-batch.
 
@@ -94,6 +95,10 @@ def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *
     micro-batch lists its rows in ascending order; together they cover every row once.
     ``padded=False`` (``optim.padding_free``: the forward runs on real tokens only) bounds the sum of
     the rows' lengths instead, as verl does with ``use_remove_padding``.
+    ``at_least``: the micro-batches are cut further until there are that many (each time the one with the most rows
+    halved, its longer rows first), so FSDP ranks whose shards pack differently run the same number of forwards and
+    backwards (every forward is a collective: verl likewise takes the largest micro-batch count over its data-parallel
+    ranks); a budget only gets more room. At most one micro-batch per row.
     """
     order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
     groups: list[list[int]] = []
@@ -110,15 +115,35 @@ def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *
         total += lengths[row]
     if current:
         groups.append(sorted(current))
+    while len(groups) < min(at_least, len(lengths)):
+        index = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))  # the most rows, the first such
+        longest_first = sorted(groups[index], key=lambda row: (-lengths[row], row))
+        half = (len(longest_first) + 1) // 2
+        groups[index: index + 1] = [sorted(longest_first[:half]), sorted(longest_first[half:])]
     return groups
 
 
-def token_budget_chunks(batch: Batch, max_sequences: int, max_tokens: int, *,
-                        padded: bool = True) -> list[tuple[torch.Tensor, Batch]]:
-    """``token_budget_rows`` of ``batch``: (row indices into ``batch``, the trimmed micro-batch)."""
+def most_across_ranks(count: int, device: torch.device | str) -> int:
+    """The largest ``count`` over the ranks of the default process group (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    value = torch.tensor([count], dtype=torch.long, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
+
+
+def token_budget_chunks(batch: Batch, max_sequences: int, max_tokens: int, *, padded: bool = True,
+                        agree_device: torch.device | str | None = None) -> list[tuple[torch.Tensor, Batch]]:
+    """``token_budget_rows`` of ``batch``: (row indices into ``batch``, the trimmed micro-batch). ``agree_device``
+    (an FSDP rank's device): as many micro-batches as the rank that needs the most (``most_across_ranks``)."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
+    groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded)
+    if agree_device is not None:
+        wanted = most_across_ranks(len(groups), agree_device)
+        if wanted > len(groups):
+            groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded, at_least=wanted)
     out = []
-    for rows in token_budget_rows(lengths, max_sequences, max_tokens, padded=padded):
+    for rows in groups:
         index = torch.tensor(rows, dtype=torch.long)
         out.append((index, trim(batch.select(index))))
     return out

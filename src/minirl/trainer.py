@@ -371,12 +371,14 @@ class Trainer:
 
     def _micro_batches(self, batch: Batch) -> Sequence[tuple[slice | torch.Tensor, Batch]]:
         """(the rows of ``batch`` it holds, micro-batch): contiguous slices of ``micro_batch_sequences``
-        rows, or, with ``micro_batch_max_tokens``, rows of similar length within that budget.
+        rows, or, with ``micro_batch_max_tokens``, rows of similar length within that budget (on FSDP ranks as many
+        micro-batches as the rank that needs the most: each forward and backward is a collective).
         Every loss has the whole mini-batch's denominator (``minirl.objective``), so the summed
         gradient does not depend on how the rows are grouped."""
         size = self.micro_batch_sequences
         if self.micro_batch_max_tokens is not None:
-            return token_budget_chunks(batch, size, self.micro_batch_max_tokens, padded=not self.padding_free)
+            return token_budget_chunks(batch, size, self.micro_batch_max_tokens, padded=not self.padding_free,
+                                       agree_device=self.device if self.collective else None)
         return [(slice(start, start + size), micro) for start, micro in zip(range(0, batch.size, size), chunks(batch, size))]
 
     # ------------------------------------------------------------------ the update

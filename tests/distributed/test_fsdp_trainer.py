@@ -7,6 +7,7 @@ within 1e-5 (fp32), though each rank sees half of every mini-batch in other micr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -230,6 +231,36 @@ def test_padding_free_ranks_match_one_padded_process(tmp_path):
     against the padded single process: float rounding only."""
     single = run_steps(tmp_path / "single", *MODE)
     sharded = run_steps(tmp_path / "fsdp", *MODE, "optim.padding_free=true", "cluster.trainer_ranks=2")
+    loss_diff, weight_diff = max_differences(single, sharded)
+    assert loss_diff < TOL and weight_diff < TOL
+
+
+class _UnevenLengths:
+    """A rollout source that cuts the first prompt's completions short (2-4 tokens, one of 12) and leaves the
+    second's at 12: with 2 ranks, one shard packs into fewer token-budget micro-batches than the other."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def rollouts(self, step, prompts, n, sampling, *, record_routes):
+        out = self.inner.rollouts(step, prompts, n, sampling, record_routes=record_routes)
+        keep = [2, 3, 4, 2, 3, 4, 2, 12] + [12] * (len(out) - 8)
+        return [dataclasses.replace(c, completion_ids=c.completion_ids[:k], logp_rollout=c.logp_rollout[:k],
+                                    routes=None if c.routes is None else c.routes[: len(c.prompt_ids) + k])
+                for c, k in zip(out, keep)]
+
+
+def test_dynamic_micro_batches_on_ranks_that_pack_differently_match_one_process(tmp_path):
+    """optim.micro_batch_max_tokens on 2 ranks whose shards pack into 3 and 4 micro-batches: each forward and backward
+    is an FSDP collective, so the rank with fewer cuts its micro-batches further (it used to hang in an all-gather)."""
+    mode = ["moe.routing_replay=R2", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=12",
+            "optim.micro_batch_sequences=8", "optim.micro_batch_max_tokens=40"]
+
+    def uneven(run):
+        run.rollouts = _UnevenLengths(run.rollouts)
+
+    single = run_steps(tmp_path / "single", *mode, steps=2, on_setup=uneven)
+    sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2", steps=2, on_setup=uneven)
     loss_diff, weight_diff = max_differences(single, sharded)
     assert loss_diff < TOL and weight_diff < TOL
 

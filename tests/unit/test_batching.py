@@ -58,6 +58,18 @@ def test_token_budget_rows_hand_computed():
     assert token_budget_rows([], max_sequences=4, max_tokens=10) == []
 
 
+def test_token_budget_rows_cut_further_to_the_count_another_fsdp_rank_needs():
+    from minirl.batching import token_budget_rows
+
+    lengths = [5, 2, 9, 3, 9, 4]  # budget 18 alone: [[2, 4], [0, 3, 5], [1]] (above)
+    # 4: the micro-batch with the most rows ([0, 3, 5]) halved, its longer rows first: 0 (5), 5 (4) | 3 (3)
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=18, at_least=4) == [[2, 4], [0, 5], [3], [1]]
+    # 5: then the first of those with two rows, [2, 4], into [2] | [4]
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=18, at_least=5) == [[2], [4], [0, 5], [3], [1]]
+    assert len(token_budget_rows(lengths, max_sequences=8, max_tokens=18, at_least=9)) == 6  # one row each at most
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=18, at_least=2) == [[2, 4], [0, 3, 5], [1]]
+
+
 def test_token_budget_chunks_cover_every_row_once_within_the_budget():
     from minirl.batching import token_budget_chunks
 
