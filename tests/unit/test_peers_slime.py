@@ -555,7 +555,8 @@ def test_rm_hub_dispatches_as_slimes_async_rm():
     # remote_rm: the server's URL reaches the scorer's args (tests/unit/test_slime_remote_rm.py posts to one)
     out = from_slime(BASE | {"rm-type": "remote_rm", "rm-url": "http://rm:8000/score", "reward-key": "score"})
     assert out.values["task.reward_functions"][0]["kwargs"] == {"rm_type": "remote_rm", "reward_key": "score",
-                                                                "metadata_key": "metadata", "rm_url": "http://rm:8000/score"}
+                                                                "metadata_key": "metadata", "rm_url": "http://rm:8000/score",
+                                                                "rm_deadline_s": 170.0}
     with pytest.raises(ConfigError, match=r"--rm-type=?.?remote_rm.? needs --rm-url"):
         from_slime(BASE | {"rm-type": "remote_rm"})
 

@@ -49,7 +49,7 @@ from minirl.peers.shell import (
     substitution,
     unquoted,
 )
-from minirl.tasks.slime_rewards import SCORERS
+from minirl.tasks.slime_rewards import SCORERS, SLIME_RM_DEADLINE_S, SLIME_RM_TIMEOUT_S
 
 SLIME_DEFAULTS: dict[str, Any] = {
     # model, checkpoints, seeds
@@ -278,9 +278,11 @@ def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
     elif str(kind).removeprefix("boxed_") in (*SCORERS, "remote_rm"):
         keys = ("rm-type", "reward-key", "metadata-key", "rm-url")
         args = {key.replace("-", "_"): peer(key) for key in keys if peer(key) is not None}
+        if str(kind).removeprefix("boxed_") == "remote_rm":
+            if not peer("rm-url"):
+                raise ConfigError(f"{peer.show('rm-type')} needs --rm-url: the reward server each response is posted to")
+            _remote_rm_budget(args, out, peer.show("rm-type", "rm-url"))
         out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type"))
-        if str(kind).removeprefix("boxed_") == "remote_rm" and not peer("rm-url"):
-            raise ConfigError(f"{peer.show('rm-type')} needs --rm-url: the reward server each response is posted to")
         if str(kind).removeprefix("boxed_") in ("math", "deepscaler"):
             out.differs.append(f"{peer.show('rm-type')}: the boxed answer is graded with math-verify here, not "
                                "DeepScaleR's mathd + sympy rules (the same on numbers and most LaTeX)")
@@ -290,9 +292,24 @@ def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
     else:  # slime's async_rm: each row's metadata rm_type, as the built-in dispatch reads it first
         args = {key.replace("-", "_"): peer(key) for key in ("reward-key", "metadata-key", "rm-url")
                 if peer(key) is not None}
+        if peer("rm-url"):  # a row's rm_type may be remote_rm
+            _remote_rm_budget(args, out, peer.show("rm-url"))
         out.set("task.reward_functions", [{"function": RM_HUB, "kwargs": args}], peer.show("rm-type", "custom-rm-path"))
         out.differs.append(f"no --rm-type or --custom-rm-path: each row's {peer('metadata-key')}.rm_type picks its scorer "
                            "(slime's async_rm), as translated; a row without one stops the run with one line")
+
+
+def _remote_rm_budget(args: dict[str, Any], out: Translation, origin: str) -> None:
+    """slime retries a reward server that fails for minutes; minirl's runner kills a reward call past
+    ``task.reward_timeout_s`` (10 s by default) with a line that does not say why. ``remote_rm`` gets a budget
+    (``rm_deadline_s``) holding slime's 10 tries of a request that fails at once or one 120 s request, and the timeout
+    is set above it: a dead server is one line naming its URL and ``--rm-url``, a slow or restarting one is waited for."""
+    args["rm_deadline_s"] = SLIME_RM_DEADLINE_S
+    out.set("task.reward_timeout_s", SLIME_RM_TIMEOUT_S, f"{origin}: over remote_rm's rm_deadline_s")
+    out.differs.append(f"{origin}: remote_rm tries one response for at most {SLIME_RM_DEADLINE_S:g} s (its kwargs "
+                       "rm_deadline_s: slime's 10 tries when a request fails at once, or one 120 s request), then fails "
+                       "with one line naming the server and --rm-url; slime goes on, up to 10 requests of 120 s. "
+                       "task.reward_timeout_s is set above it: raise the two together")
 
 
 def _slime_batch(peer: SlimePeer, out: Translation) -> int:

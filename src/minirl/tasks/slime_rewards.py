@@ -33,6 +33,7 @@ every one. The translation says so in its header.
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import re
@@ -180,25 +181,63 @@ SCORERS: dict[str, Callable[[str, Any, dict[str, Any]], Any]] = {
 """slime's rule-based ``--rm-type`` scorers minirl has, by name: ``(response, label, metadata) -> reward``."""
 
 
+REMOTE_RM_DEADLINE_S = 9.0
+"""``remote_rm``'s budget (seconds, all tries and waits) when its args carry no ``rm_deadline_s``: under minirl's
+default ``task.reward_timeout_s`` (10 s), so that a dead server is named before the runner's generic timeout fires."""
+
+SLIME_RM_DEADLINE_S = 170.0
+"""The ``rm_deadline_s`` ``minirl config from-slime`` gives ``--rm-type remote_rm``: slime's 10 tries of a request that
+fails at once (its waits add up to 151-160 s) or one request of slime's 120 s timeout fit in it."""
+
+SLIME_RM_TIMEOUT_S = SLIME_RM_DEADLINE_S + 10.0
+"""The ``task.reward_timeout_s`` of a translated ``remote_rm``: over its budget, so that the runner never kills the call
+before ``remote_rm`` says which server failed and how."""
+
+
 def remote_rm(args: Any, sample: Any, *, max_retries: int = 10, timeout_s: float = 120.0,
-              sleep: Callable[[float], None] = time.sleep) -> Any:
+              deadline_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
+              clock: Callable[[], float] = time.monotonic) -> Any:
     """slime's ``remote_rm`` (``--rm-type remote_rm --rm-url URL``): POSTs ``{"prompt", "response", "label"}`` as JSON
     to ``args.rm_url`` and returns the JSON the server answers (a number, or a dict whose ``--reward-key`` entry is the
-    reward). A failed request (an HTTP error, a refused connection, a timeout of ``timeout_s``) is retried after
-    min(2^attempt, 30) s plus up to 1 s, ``max_retries`` tries in all, as slime's; the last failure is raised."""
+    reward). A failed request (an HTTP error status, a refused connection, no answer within ``timeout_s``) is retried
+    after min(2^attempt, 30) s plus up to 1 s, ``max_retries`` tries in all, as slime's, within a budget for all tries
+    and waits: ``deadline_s``, else ``args.rm_deadline_s`` (what the translation sets), else ``REMOTE_RM_DEADLINE_S``.
+    No request outlasts the budget, and a wait that would reach it is not begun: the budget is kept under
+    ``task.reward_timeout_s``, so a dead server is one line of its own (its URL, ``--rm-url``, the last failure, the
+    tries and seconds spent) instead of the runner's generic timeout. A 200 answer that is not JSON is not retried."""
     url = getattr(args, "rm_url", None)
     if not url:
         raise ValueError("rm_type remote_rm: set --rm-url (the reward server slime posts each response to)")
+    budget = float(deadline_s if deadline_s is not None else getattr(args, "rm_deadline_s", None) or REMOTE_RM_DEADLINE_S)
     body = json.dumps({"prompt": sample.prompt, "response": sample.response, "label": sample.label}).encode()
+    start = clock()
     for attempt in range(max_retries):
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+        request_s = min(timeout_s, max(start + budget - clock(), 0.01))  # no request outlasts the budget
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                return json.loads(answer.read())
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            if attempt + 1 >= max_retries:
-                raise RuntimeError(f"remote_rm: {url} failed {max_retries} times, last: {exc}") from exc
-            sleep(min(2 ** attempt, 30) + random.random())
+            with urllib.request.urlopen(request, timeout=request_s) as answer:
+                text = answer.read()
+        except urllib.error.HTTPError as exc:  # the server is there and says no (503 while it loads, 500, ...)
+            exc.close()
+            failure = f"the reward server at {url} (--rm-url) answers HTTP {exc.code} {exc.reason}"
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # nothing there, or no answer
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            said = (f"no answer within {request_s:.1f} s" if isinstance(reason, TimeoutError)
+                    else " ".join(str(reason).split()) or type(reason).__name__)
+            failure = f"nothing answers at {url} (--rm-url): {said}"
+        else:
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise RuntimeError(f"remote_rm: the reward server at {url} (--rm-url) answered {text[:60]!r}, "
+                                   "not JSON") from None
+        pause = min(2 ** attempt, 30) + random.random()
+        over_budget = attempt + 1 < max_retries and clock() + pause >= start + budget
+        if attempt + 1 >= max_retries or over_budget:
+            tries = f"{attempt + 1} tr{'y' if attempt == 0 else 'ies'} in {clock() - start:.1f} s"
+            raise RuntimeError(f"remote_rm: {failure}, {tries}"
+                               + (f", stopped by its {budget:g} s budget (rm_deadline_s in its kwargs)" if over_budget else ""))
+        sleep(pause)
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
