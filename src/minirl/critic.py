@@ -6,8 +6,11 @@ head starts fresh), or, for an architecture transformers has no such class for (
 its ``AutoModel`` under a linear head (``ValueModel``, as verl falls back to a value-head wrapper). ``Critic.values`` scores a batch: V at the position before each target token, the state the
 token was sampled from (the log-probs' alignment); ``Critic.update`` takes one AdamW step of the clipped value loss
 (``minirl.algo.variants.gae``) on a mini-batch, normalised by its trained tokens (verl's ``token-mean``). The critic
-routes naturally (R2/R3 replay the policy's routes only), computes in ``optim.precision``, and lives in the run's
-controller process (beside FSDP trainer ranks or Ray actors, as verl's critic is a worker of its own).
+routes naturally (R2/R3 replay the policy's routes only) and computes in ``optim.precision``. In one process it is the
+controller's; beside FSDP trainer ranks (``cluster.trainer_ranks``, or Ray actors) each rank holds its FSDP2 shards of
+it and scores and trains on its rows of every batch (``minirl.distributed.group.GroupCritic``), as verl's critic is a
+data-parallel worker of its own: the loss is divided by the whole mini-batch's tokens or responses (``update``'s
+``totals``) and the shards' gradients summed, so W ranks take the single process's step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -22,16 +26,24 @@ from typing import Any, cast
 import torch
 
 from minirl.algo.variants.gae import value_loss
-from minirl.batching import token_budget_rows, trim
+from minirl.batching import token_budget_chunks, trim
 from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
-from minirl.trainer import disable_stochastic_layers, lr_factor
+from minirl.trainer import (
+    disable_stochastic_layers,
+    full_optimizer_state,
+    full_state,
+    load_full_optimizer_state,
+    load_full_state,
+    lr_factor,
+)
 from minirl.types import Batch
 
 
-def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
+def build_critic(cfg: Any, policy: torch.nn.Module, *, shard: Callable[[torch.nn.Module], None] | None = None) -> Critic:
     """The critic of ``cfg`` (``critic.*``): ``policy``'s weights (as the run starts, before LoRA) under a new head, or
-    ``critic.model_path``'s model. The head's initialisation draws from its own seeded stream, not the run's."""
+    ``critic.model_path``'s model. The head's initialisation draws from its own seeded stream, not the run's.
+    ``shard`` (an FSDP rank's ``fully_shard`` of the model) runs before the optimizer is made over its parameters."""
     from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
 
@@ -62,7 +74,11 @@ def build_critic(cfg: Any, policy: torch.nn.Module) -> Critic:
                  target_parameters=c.lora.target_parameters)
         value_head.requires_grad_(True)
     o = cfg.optim
-    return Critic(model.to(cfg.cluster.device), lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
+    names = [name for name, param in model.named_parameters() if param.requires_grad]  # the optimizer's, in order
+    model.to(cfg.cluster.device)
+    if shard is not None:
+        shard(model)
+    return Critic(model, names=names, collective=shard is not None, lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
                   precision=o.precision, loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens)
@@ -113,11 +129,12 @@ class Critic:
     """V_phi and its optimizer; ``values`` and ``update`` take ``minirl.types.Batch``es (their ``mask`` says which
     target positions count)."""
 
-    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
+    def __init__(self, model: torch.nn.Module, *, names: list[str] | None = None, collective: bool = False, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
                  clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
                  precision: str = "fp32", loss_aggregation: str = "token_mean", horizon_tokens: int = 1) -> None:
-        self.model = model
+        self.model, self.collective = model, collective  # collective: FSDP2 shards, every call made on every rank
+        self.names = names or [name for name, param in model.named_parameters() if param.requires_grad]
         disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
         if precision != "fp32":
             autocast_experts(model)
@@ -139,14 +156,13 @@ class Critic:
 
     def _micro_batches(self, batch: Batch) -> list[tuple[Any, Batch]]:
         """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget:
-        ``minirl.batching.token_budget_rows``), each micro-batch trimmed to its longest row (padding right)."""
-        lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
+        ``minirl.batching.token_budget_chunks``; on FSDP ranks as many as the rank that needs the most), each micro-batch
+        trimmed to its longest row (padding right)."""
         if self.micro_batch_max_tokens is not None:
-            groups: list[Any] = [torch.tensor(rows) for rows in token_budget_rows(
-                lengths, self.micro_batch_sequences, self.micro_batch_max_tokens)]
-        else:
-            groups = [slice(start, min(start + self.micro_batch_sequences, batch.size))
-                      for start in range(0, batch.size, self.micro_batch_sequences)]
+            return list(token_budget_chunks(batch, self.micro_batch_sequences, self.micro_batch_max_tokens,
+                                            agree_device=self.device if self.collective else None))
+        groups = [slice(start, min(start + self.micro_batch_sequences, batch.size))
+                  for start in range(0, batch.size, self.micro_batch_sequences)]
         return [(rows, trim(batch.select(rows))) for rows in groups]
 
     @torch.no_grad()
@@ -161,14 +177,17 @@ class Critic:
             raise FloatingPointError("non-finite critic value (a NaN in the value model's forward)")
         return values
 
-    def update(self, batch: Batch, values_old: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    def update(self, batch: Batch, values_old: torch.Tensor, returns: torch.Tensor, *,
+               totals: tuple[int, int] | None = None) -> dict[str, float]:
         """One optimizer step of the clipped value loss on ``batch`` against ``returns`` (G) from ``values_old``
-        (V_old, the values the returns were formed with), both [B, T]; its metrics (verl's ``critic/*``)."""
+        (V_old, the values the returns were formed with), both [B, T]; its metrics (verl's ``critic/*``). ``totals``:
+        the whole mini-batch's (trained tokens, responses with one) when ``batch`` is an FSDP rank's share of it; the
+        loss and the token-weighted metrics are then this rank's parts of the whole's (their sums over the ranks)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = batch.mask.sum().clamp(min=1)
         per_row = batch.mask.sum(dim=1, keepdim=True)
-        responses = (per_row > 0).sum().clamp(min=1)
+        whole = totals if totals is not None else (int(batch.mask.sum()), int((per_row > 0).sum()))
+        tokens, responses = (torch.tensor(max(int(n), 1)) for n in whole)
         divisor = {"token_mean": tokens.expand_as(per_row), "seq_sum": responses.expand_as(per_row),
                    "seq_sum_norm": (responses * self.horizon_tokens).expand_as(per_row),
                    "seq_mean": responses * per_row.clamp(min=1)}[self.loss_aggregation].to(torch.float32)
@@ -196,11 +215,14 @@ class Critic:
                 "grad_norm": norm, "lr": lr}
 
     def state_dict(self) -> dict[str, Any]:
-        """The critic's weights and optimizer state (a checkpoint's)."""
-        return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """The critic's weights and optimizer state (a checkpoint's), in one process's format whatever the ranks (on
+        FSDP ranks gathered: a collective, rank 0's is the whole)."""
+        weights = full_state(self.model, self.collective)
+        return {"model": {k: v.detach().cpu().clone() for k, v in weights.items()},
+                "optimizer": full_optimizer_state(self.model, self.optimizer, self.names, self.collective),
+                "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_full_state(self.model, state["model"], self.collective)
+        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.names, self.collective)
         self.scheduler.load_state_dict(state["scheduler"])

@@ -164,8 +164,9 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     set_threads(cfg.run.threads)
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
-    critic = None
-    if cfg.algo.adv_baseline == "critic":  # from the policy's starting weights, before LoRA and sharding
+    critic: Any = None
+    ranks = cfg.cluster.backend == "ray" or cfg.cluster.trainer_ranks > 1  # the trainer's ranks hold a critic's shards
+    if cfg.algo.adv_baseline == "critic" and not ranks:  # from the policy's starting weights, before LoRA
         from minirl.critic import build_critic
 
         critic = build_critic(cfg, model)
@@ -181,6 +182,8 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     except BaseException:
         placement.close()
         raise
+    if cfg.algo.adv_baseline == "critic" and ranks:
+        critic = placement.trainer.critic()  # minirl.distributed.group.GroupCritic
     reference = None
     if cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef:
         from minirl.reference import build_reference

@@ -627,6 +627,39 @@ def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], coll
     set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str],
+                         collective: bool) -> dict[str, Any]:
+    """``optimizer.state_dict()`` in the single-process format (state keyed by the index of its parameter in ``names``,
+    the trainable parameters' names in order); on an FSDP2 rank (``collective``) gathered from every rank's shards to
+    the CPU (a collective: every rank calls it; rank 0's is the whole)."""
+    if not collective:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    by_name: dict[str, Any] = get_optimizer_state_dict(  # the "state" / "param_groups" dict, keyed by name
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[name]: value for name, value in by_name.get("state", {}).items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in by_name.get("param_groups", [])]}
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any],
+                              names: list[str], collective: bool) -> None:
+    """``full_optimizer_state``'s inverse: a single-process optimizer state into ``optimizer`` (on an FSDP2 rank, into
+    its shards)."""
+    if not collective:
+        optimizer.load_state_dict(saved)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    by_name: dict[str, Any] = {
+        "state": {names[i]: value for i, value in saved["state"].items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in saved["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
 class _Scores:
     """What ``Trainer.score`` returns for a batch, filled micro-batch by micro-batch (detached)."""
 

@@ -278,6 +278,10 @@ class TrainerGroup:
         """The KL penalty's reference, held by the ranks (each its shard of a frozen copy of the starting weights)."""
         return GroupReference(self)
 
+    def critic(self) -> GroupCritic:
+        """``algo.adv_baseline: critic``'s value model, held by the ranks (each its FSDP2 shards of it)."""
+        return GroupCritic(self)
+
     def engine_weights(self) -> GroupEngineWeights:
         """``rollout.async_split_mismatch``'s kept weights, held by the ranks (each a copy of its shards)."""
         return GroupEngineWeights(self)
@@ -312,6 +316,34 @@ class GroupReference:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if state:
             self.group._all("load_reference_state", [(state,)] * self.group.world)
+
+
+class GroupCritic:
+    """``minirl.critic.Critic`` of a trainer group: each rank scores and trains on its contiguous shard of the rows with
+    its shards of the value model; an update's loss is divided by the whole mini-batch's tokens or responses, so the
+    summed shard gradients are one process's, and its loss and token-weighted metrics are the ranks' parts summed."""
+
+    def __init__(self, group: TrainerGroup) -> None:
+        self.group = group
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self.group._all("critic_values", [(s,) for s in split(batch, self.group.world)]))
+
+    def update(self, batch: Batch, values_old: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        world, size = self.group.world, batch.size // self.group.world
+        per_row = batch.mask.sum(dim=1)
+        totals = (int(per_row.sum()), int((per_row > 0).sum()))
+        rows = [slice(r * size, (r + 1) * size) for r in range(world)]
+        parts = self.group._all("critic_update", [(shard, values_old[r], returns[r], totals)
+                                                  for shard, r in zip(split(batch, world), rows)])
+        summed = {key: sum(part[key] for part in parts) for key in ("vf_loss", "vf_clipfrac", "vpred_mean")}
+        return {**summed, "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"]}  # the global norm, one lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.group._all("critic_state")[0]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.group._all("load_critic_state", [(state,)] * self.group.world)
 
 
 class GroupEngineWeights:

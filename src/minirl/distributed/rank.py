@@ -25,12 +25,21 @@ from __future__ import annotations
 import copy
 import socket
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from minirl.config import Config
-from minirl.trainer import NaNLoss, ScoreResult, Wraps, keep_adamw_impl
+from minirl.trainer import (
+    NaNLoss,
+    ScoreResult,
+    Wraps,
+    full_optimizer_state,
+    full_state,
+    keep_adamw_impl,
+    load_full_optimizer_state,
+    load_full_state,
+)
 from minirl.types import Batch
 
 
@@ -50,6 +59,7 @@ class TrainerRank:
         self.replay: Any = None
         self.reference: Any = None
         self.engine_weights: Any = None  # rollout.async_split_mismatch: the kept shards, from the first keep
+        self.critic: Any = None  # algo.adv_baseline=critic: this rank's shards of the value model
 
     def rendezvous_address(self) -> str:
         """``tcp://host:port`` on this rank's node, where rank 0 listens for the others."""
@@ -92,6 +102,11 @@ class TrainerRank:
             )
         model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
         model.to(device)
+        if cfg.algo.adv_baseline == "critic":  # from the starting weights, before LoRA and the replay's hooks
+            from minirl.critic import build_critic
+
+            shard = (lambda critic: _shard(critic, device, self.world, cfg.optim.precision)) if self.world > 1 else None
+            self.critic = build_critic(cfg, model, shard=shard)
         # the KL penalty's reference: the starting weights, copied before the replay's hooks (it routes naturally);
         # with LoRA it is the policy with its adapters off (no copy)
         reference = bool(cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef)
@@ -154,6 +169,23 @@ class TrainerRank:
     def load_reference_state(self, state: dict[str, torch.Tensor]) -> None:
         self.reference.load_state_dict(_owned(state))
 
+    # ------------------------------------------------------------------ the critic, on a shard
+
+    def critic_values(self, shard: Batch) -> torch.Tensor:
+        return self.critic.values(shard)
+
+    def critic_update(self, shard: Batch, values_old: torch.Tensor, returns: torch.Tensor,
+                      totals: tuple[int, int]) -> dict[str, float]:
+        return self.critic.update(shard, values_old, returns, totals=totals)
+
+    def critic_state(self) -> dict[str, Any] | None:
+        """The critic's weights and optimizer state in one process's format (rank 0; others None)."""
+        state = self.critic.state_dict()
+        return state if self.rank == 0 else None
+
+    def load_critic_state(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(_owned(state))
+
     # ------------------------------------------------------------------ rollout.async_split_mismatch, on a shard
 
     def engine_weights_keep(self) -> None:
@@ -179,31 +211,17 @@ class TrainerRank:
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full model state dict on the CPU (rank 0; other ranks return None)."""
-        model = self.trainer.model
-        if self.world == 1:
-            return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return cast(dict[str, torch.Tensor], full) if self.rank == 0 else None  # full_state_dict: plain tensors
+        full = full_state(self.trainer.model, collective=self.world > 1)
+        return {name: tensor.detach().cpu() for name, tensor in full.items()} if self.rank == 0 else None
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """``Trainer.checkpoint_state`` in the single-process format (rank 0; others None)."""
         trainer = self.trainer
         if self.world == 1:
             return _owned(trainer.checkpoint_state())
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        by_name: dict[str, Any] = get_optimizer_state_dict(  # the "state" / "param_groups" dict
-            trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        optimizer = full_optimizer_state(trainer.model, trainer.optimizer, self.names, collective=True)
         if self.rank != 0:
             return None
-        index = {name: i for i, name in enumerate(self.names)}
-        optimizer = {
-            "state": {index[name]: value for name, value in by_name["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]],
-        }
         return {
             "optimizer": optimizer,
             "scheduler": trainer.scheduler.state_dict(),
@@ -222,20 +240,8 @@ class TrainerRank:
             trainer.model.load_state_dict(weights)
             trainer.load_checkpoint_state(state)
             return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(trainer.model, cast(dict[str, Any], weights), options=options)
-        saved = state["optimizer"]
-        by_name: dict[str, Any] = {
-            "state": {self.names[i]: value for i, value in saved["state"].items()},
-            "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]} for group in saved["param_groups"]],
-        }
-        set_optimizer_state_dict(trainer.model, trainer.optimizer, by_name, options=options)
+        load_full_state(trainer.model, weights, collective=True)
+        load_full_optimizer_state(trainer.model, trainer.optimizer, state["optimizer"], self.names, collective=True)
         keep_adamw_impl(trainer.optimizer, trainer.adamw_impl)  # not the saved groups' foreach / fused flags
         trainer.scheduler.load_state_dict(state["scheduler"])
         trainer.updates_done = int(state["updates_done"])
