@@ -887,6 +887,21 @@ def test_verl_scripts_read_bashs_trims_appends_and_required_values(tmp_path: Pat
         from_verl(given)
 
 
+def test_verl_scripts_keep_a_required_values_message_through_a_variable(tmp_path: Path, monkeypatch):
+    """``DATA_DIR=${DATA:?msg}`` stops bash at its line when DATA is unset: an override taking ``$DATA_DIR`` names that
+    line and the message; ``${1:-...}`` takes its default (``bash run.sh``: no arguments)."""
+    monkeypatch.delenv("DATA", raising=False)
+    (tmp_path / "run.sh").write_text('DATA_DIR=${DATA:?set DATA to your data directory}\nMODEL=${1:-/models/qwen}\n'
+                                     "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL \\\n"
+                                     "  data.train_files=$DATA_DIR/train.parquet\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert given["actor_rollout_ref.model.path"] == "/models/qwen"
+    with pytest.raises(ConfigError, match=r"run.sh:4: data.train_files uses a variable the script does not set "
+                                          r"\(\$DATA_DIR/train.parquet: bash stops at .*run.sh:1: DATA: set DATA to your "
+                                          r"data directory\)"):
+        from_verl(given)
+
+
 DAPO_SCRIPT = r"""#!/usr/bin/env bash
 set -xeuo pipefail
 max_prompt_length=$((1024 * 2))

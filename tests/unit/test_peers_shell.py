@@ -10,12 +10,15 @@ from minirl.peers.shell import (
     COMMAND,
     OR_IF,
     ansi_c,
+    arguments,
     assigned,
     commands,
     default_assignments,
     expand,
     fields,
+    shift,
     statements,
+    stopped,
     substitution,
     unquoted,
 )
@@ -149,3 +152,99 @@ def test_appends_read_as_the_value_after_the_old():
     array's append."""
     found = [[unquoted(word) for word in words] for _, words, _ in statements('X+=y\nexport Y+="a b" Z=1\nA+=(x y)\n')]
     assert found == [["X=${X-}y"], ["Y=${Y-}a b", "Z=1"], ["A+=", "\x00(", "x", "y", "\x00)"]]
+
+
+# bash 5.2 prints each word's fields (`printf '[%s]' WORD`) after: X=abc N=X Y="a b" E= A=(p q r) pre_a=1 pre_b=2
+# Z=$'it\'s\tx' V='a\tb' NA="A[1]", the script run as `bash run.sh 'x y' z` (ARGUMENTS) or `bash run.sh` (none)
+SCRIPT = {"X": "abc", "N": "X", "Y": "a b", "E": "", "A": "p", "pre_a": "1", "pre_b": "2", "Z": "it's\tx", "V": "a\\tb",
+          "NA": "A[1]"}
+SCRIPT_ARRAYS = {"A": ["p", "q", "r"]}
+ARGUMENTS = ["x y", "z"]
+
+
+def _fields(word: str, variables: dict[str, str]) -> list[str] | None:
+    [(_, words)] = commands(f"printf '[%s]' {word}\n")
+    return fields(words[2], variables, arrays=SCRIPT_ARRAYS)
+
+
+@pytest.mark.parametrize(("word", "value"), [
+    ('"${!N}"', ["abc"]), ("${!N}x", ["abcx"]), ('"${!N:-d}"', ["abc"]), ('"${!N@Q}"', ["'abc'"]), ("${!N^^}", ["ABC"]),
+    ('"${!NA}"', ["q"]), ("${!A[@]}", ["0", "1", "2"]), ('"${!pre_*}"', ["pre_a pre_b"]), ("${!#}", ["z"]),
+])
+def test_indirect_expansions_as_bash(word: str, value: list[str]):
+    """``${!X}`` (X's value names the parameter, ``A[1]`` and ``$#`` too; an operation after it is on that one),
+    ``${!A[@]}`` an array's indices, ``${!p*}`` the names starting with p: what bash prints."""
+    assert _fields(word, {**SCRIPT, **arguments(ARGUMENTS)}) == value
+
+
+def test_indirect_expansions_bash_stops_at_are_unresolved():
+    """``${!U}`` with U unset, or naming no parameter, is bash's `invalid indirect expansion`: unresolved."""
+    assert expand("${!U}", SCRIPT) is None and expand("${!Y}", SCRIPT) is None and expand("${!E}", SCRIPT) is None
+
+
+@pytest.mark.parametrize(("word", "value"), [
+    ('"${X@Q}"', ["'abc'"]), ('"${Y@Q}"', ["'a b'"]), ("${Y@Q}", ["'a", "b'"]), ('"${E@Q}"', ["''"]),
+    ('"${Z@Q}"', ["$'it\\'s\\tx'"]), ('"${V@E}"', ["a\tb"]), ('"${X@U}"', ["ABC"]), ('"${X@u}"', ["Abc"]),
+    ('"${Y@L}"', ["a b"]), ("${A[@]@U}", ["P", "Q", "R"]),
+])
+def test_transformations_as_bash(word: str, value: list[str]):
+    """``${X@Q}`` (``'...'``, ``$'...'`` where a control character is in it), ``@E``, ``@U``, ``@u``, ``@L``: what
+    bash prints; the others (``@P`` a prompt, ``@A`` / ``@K`` / ``@a`` declarations) are unresolved."""
+    assert _fields(word, SCRIPT) == value
+    assert all(expand(f"${{X@{op}}}", SCRIPT) is None for op in "PAKak")
+
+
+@pytest.mark.parametrize(("word", "value"), [
+    ('"${X:-"a b"}"', ["abc"]), ('${U:-"a b"}', ["a b"]), ("${U:-'a b'}", ["a b"]), ("${U:-$Y}", ["a", "b"]),
+    ('"${U:-$Y}"', ["a b"]), ('"${U:-"quoted default"}"', ["quoted default"]), ('${U:-"$Y"x}', ["a bx"]),
+    ("\"${U:-'a b'}\"", ["'a b'"]), ("${U:-a\\ b}", ["a b"]), ('"${U:-a\\ b}"', ["a\\ b"]), ('${U:-"\\$Y"}', ["$Y"]),
+    ('${X:+"$Y"}x', ["a bx"]), ("${U:-}", []), ('${U:-""}', [""]), ('"${U:-}"', [""]), ("${U:-$E}x", ["x"]),
+    ('${U:-${W:-"c d"}}', ["c d"]), ("\"${U:-${W:-'c d'}}\"", ["'c d'"]), ('pre${X:+"1  2"}post', ["pre1  2post"]),
+])
+def test_quotes_inside_defaults_as_bash(word: str, value: list[str]):
+    """A default's or an alternative's own quotes: unquoted, a quoted part is one word and an unquoted expansion is
+    split (``${U:-"a b"}`` one word, ``${U:-$Y}`` two); inside double quotes, its double quotes removed and its single
+    quotes and backslashes as written: what bash prints."""
+    assert _fields(word, SCRIPT) == value
+
+
+@pytest.mark.parametrize(("word", "given", "none"), [
+    ('"$1"', ["x y"], [""]), ('"${1}"', ["x y"], [""]), ('"$@"', ["x y", "z"], []), ('"$*"', ["x y z"], [""]),
+    ('"$#"', ["2"], ["0"]), ('"${1:-d}"', ["x y"], ["d"]), ('"${3:-d}"', ["d"], ["d"]), ("$@", ["x", "y", "z"], []),
+    ("$*", ["x", "y", "z"], []), ('"a$@b"', ["ax y", "zb"], ["ab"]), ('"${@:2}"', ["z"], []),
+    ('"${@/#/--}"', ["--x y", "--z"], []), ("${#}", ["2"], ["0"]), ("${#@}", ["2"], ["0"]), ("${#1}", ["3"], ["0"]),
+    ('"${@:-d}"', ["x y", "z"], ["d"]), ('"$@$@"', ["x y", "zx y", "z"], []), ('x"$@"y', ["xx y", "zy"], ["xy"]),
+    ("${2}x", ["zx"], ["x"]), ('"${10}"', [""], [""]), ('"${@: -1}"', ["z"], ["run.sh"]),
+])
+def test_positional_parameters_as_bash(word: str, given: list[str], none: list[str]):
+    """``$1``, ``${1}``, ``"$@"`` (each argument a word; none for none), ``$*``, ``$#``, ``${1:-d}``, ``${@:2}``...:
+    what bash prints for the script run with ``'x y' z`` (``arguments``) and with none (a reader's default)."""
+    assert _fields(word, {**SCRIPT, **arguments(ARGUMENTS, "run.sh")}) == given
+    assert _fields(word, {**SCRIPT, **arguments([], "run.sh")}) == none
+    if "@: -1" not in word:  # $0: not known without arguments' script
+        assert _fields(word, SCRIPT) == none
+
+
+def test_shift_drops_the_first_arguments_as_bash():
+    """``shift`` / ``shift 2`` / ``shift $N``: the arguments after them become ``$1``...; a count past ``$#``
+    shifts none (bash: `shift 5` fails); another command is no ``shift``."""
+    variables = {"N": "1", **arguments(["a", "b", "c", "d"])}
+    found = []
+    for _, words, _ in statements("shift\nshift 2\nshift 5\nshift $N\necho x\n"):
+        found.append((shift(words, variables), _fields('"$@"', variables), variables["#"]))
+    assert found == [(True, ["b", "c", "d"], "3"), (True, ["d"], "1"), (True, ["d"], "1"), (True, [], "0"),
+                     (False, [], "0")]
+
+
+def test_a_required_value_keeps_its_message_through_variables():
+    """``A=${X:?msg}`` with X unset stops bash there (`run.sh: line 1: X: msg`): A is unresolved, and ``stopped``
+    gives the message and line for a word taking A (through ``B=$A/sub`` too); a ``${X:?}`` / ``${X?}`` in the word
+    itself, bash's own message; a set X, none."""
+    variables: dict[str, str] = {}
+    variables["A"] = assigned("${X:?set X to your model}", variables, where="run.sh:1") or ""
+    variables["B"] = assigned("$A/sub", variables, where="run.sh:2") or ""
+    assert fields("$B", variables) is None and expand("${A:-d}", variables) is None
+    assert stopped("--model=$B", variables) == stopped("$A", variables) == "run.sh:1: X: set X to your model"
+    assert stopped("${X:?}", {}) == "X: parameter null or not set" and stopped("${X?}", {"X": ""}) is None
+    assert stopped("${M:-${X?}}", {}) == "X: parameter not set" and stopped("${X:?need $N}", {"N": "X"}) == "X: need X"
+    assert assigned("${X:?set X}", {"X": "m"}) == "m" and stopped("$M", {"M": "m"}) is None

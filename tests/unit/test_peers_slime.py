@@ -981,6 +981,20 @@ def test_a_required_value_the_script_lacks_is_one_line_naming_it(tmp_path: Path,
         from_slime(BASE | {"load": flags["load"]}).config()
 
 
+def test_a_required_value_taken_through_a_variable_keeps_bashs_message(tmp_path: Path, monkeypatch):
+    """``CKPT_DIR=${CKPT:?msg}`` stops bash at line 1 when CKPT is unset; a flag taking ``$CKPT_DIR`` (or a variable
+    made from it) is unresolved, its line naming where bash stopped and the message; ``$0`` is the script, ``$1`` empty
+    (``bash run.sh``: no arguments)."""
+    monkeypatch.delenv("CKPT", raising=False)
+    flags = _script(tmp_path, 'CKPT_DIR=${CKPT:?set CKPT to a checkpoint}\nLOAD=$CKPT_DIR/iter\nNAME=$(basename $0)\n'
+                              'python3 train.py --rollout-batch-size 4 --load $LOAD --save "${1:-/ckpt}" '
+                              '--wandb-group "$0"\n')
+    assert flags["save"] == "/ckpt" and flags["wandb-group"].endswith("run.sh")
+    with pytest.raises(ConfigError, match=r"run.sh:4: load uses a variable the script does not set \(\$LOAD: bash stops "
+                                          r"at .*run.sh:1: CKPT: set CKPT to a checkpoint\)"):
+        from_slime(BASE | {"load": flags["load"]}).config()
+
+
 def test_a_default_taken_from_a_command_is_its_output(tmp_path: Path, monkeypatch):
     """``: ${GPUS:=$(nproc)}`` with GPUS unset makes GPUS a command's output (not run here), not a variable set
     nowhere: a flag taking it names the command."""

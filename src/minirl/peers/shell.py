@@ -1,7 +1,8 @@
 """Reading the shell scripts peers launch runs with as bash reads them: their commands (``commands``; those that may
-run, ``statements``), quotes and redirections, ``NAME=value`` variables and arrays (and the environment's) with
-``$NAME``, ``${...}`` and ``$((...))`` arithmetic expanded. verl's run scripts (Hydra ``key=value`` overrides) and
-slime's (bash arrays of ``--flag value`` words) are read with these."""
+run, ``statements``), quotes and redirections, ``NAME=value`` variables and arrays (and the environment's) and the
+script's arguments (``arguments``, ``shift``) with ``$NAME``, ``$1``, ``"$@"``, ``${...}`` and ``$((...))`` arithmetic
+expanded; nothing is run. verl's run scripts (Hydra ``key=value`` overrides) and slime's (bash arrays of ``--flag
+value`` words) are read with these."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ast
 import os
 import re
 import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 
 Arrays = Mapping[str, Sequence[str | None]]
 """A script's arrays: each one's elements (``COMMAND`` for one taking a command's output, None for one naming a
@@ -59,18 +60,17 @@ def _integer(node: ast.AST) -> int:
 
 
 def expand(value: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
-    """``$NAME`` and ``${...}`` (``_brace``: defaults, alternatives, lengths, substrings, trims, replacements, case
-    changes, array elements and slices, each word inside expanded too); None when a variable is set nowhere, bash
-    stops the script (``${X:?msg}``) or a command's output (``$(...)``, backticks: not run here) is needed."""
+    """``$NAME``, ``$1`` / ``$#`` / ``$@`` / ``$*`` (``arguments``) and ``${...}`` (``_brace``: defaults,
+    alternatives, lengths, substrings, trims, replacements, case changes, ``@Q``-style transformations, indirection,
+    array elements and slices, each word inside expanded too); None when a variable is set nowhere, bash stops the
+    script (``${X:?msg}``: ``stopped``) or a command's output (``$(...)``, backticks: not run here) is needed."""
     out, i = [], 0
     while i < len(value):
         if value[i] == "`" or (value.startswith("$(", i) and not value.startswith("$((", i)):
             return None  # a command's output: not run here
-        bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)", value[i:])
-        if bare and bare.group(1) not in variables:
-            return None
+        bare = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])", value[i:])
         j = _matching(value, i + 1) if value.startswith("${", i) else i
-        text = (variables[bare.group(1)] if bare else _brace(value[i + 2:j], variables, arrays or {})
+        text = (_brace(bare.group(1), variables, arrays or {}) if bare else _brace(value[i + 2:j], variables, arrays or {})
                 if value.startswith("${", i) else value[i])
         if text is None or (j > i and value[j] != "}"):
             return None
@@ -82,44 +82,79 @@ def expand(value: str, variables: Mapping[str, str], arrays: Arrays | None = Non
     return os.path.expanduser(expanded) if expanded.startswith("~") else expanded
 
 
-_PARAMETER = re.compile(r"(#?)([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\]]+)\])?(.*)$", re.S)
-"""A ``${...}``'s inside: ``#`` (a length), the name, an ``[index]``, the operation on its value (``:-d``, ``#p``...)."""
+_PARAMETER = re.compile(r"(#?)(!?)([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#])(?:\[([^\]]+)\])?(.*)$", re.S)
+"""A ``${...}``'s inside: ``#`` (a length), ``!`` (indirection), the name (a positional or special parameter's too),
+an ``[index]``, the operation on its value (``:-d``, ``#p``...)."""
+_TEST = re.compile(r"(:?)([-=+?])")
 
 
 def _brace(inner: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
-    """A ``${...}`` (``inner``: what is inside its braces) as bash expands it: its parameter's value (``_values``)
+    """A ``${...}`` (``inner``: what is inside its braces) as bash expands it: ``_elements`` joined by blanks."""
+    values = _elements(inner, variables, arrays)
+    return None if values is None else " ".join(values)
+
+
+def _elements(inner: str, variables: Mapping[str, str], arrays: Arrays) -> list[str] | None:
+    """A ``${...}``'s values (one, or each element of ``${A[@]...}`` / ``${@...}``): its parameter's (``_values``)
     tested (``_test``: ``:-`` ``-`` ``:=`` ``=`` ``:+`` ``+`` ``:?`` ``?``), sliced (``:offset:length``, ``bounds``),
-    trimmed, replaced or its case changed (``_modify``: ``#`` ``##`` ``%`` ``%%`` ``/`` ``//`` ``^^`` ``,,``...),
-    each element of ``${A[@]...}``; ``${#...}`` a length. None where it is not known here (a command's output to
-    change is ``COMMAND``)."""
+    trimmed, replaced, its case changed or transformed (``_modify``: ``#`` ``##`` ``%`` ``%%`` ``/`` ``//`` ``^^``
+    ``,,`` ``@Q``...); ``${#...}`` a length, ``${!...}`` an indirection (``_indirect``). None where it is not known
+    here (a command's output to change is ``COMMAND``)."""
     parts = _PARAMETER.match(inner)
     if parts is None:
         return None
-    length, name, index, operation = parts.groups()
+    length, indirect, name, index, operation = parts.groups()
+    if indirect:
+        return _indirect(name, index, operation, variables, arrays)
     values = _values(name, index, variables, arrays)
+    every = index in ("@", "*") or name in ("@", "*")
     if length:
-        return None if operation else _length(values, index in ("@", "*"))
-    test = re.match(r"(:?)([-=+?])", operation)
+        counted = None if operation else _length(values, every)
+        return None if counted is None else [counted]
+    test = _TEST.match(operation)
     if test:
         return _test(values, bool(test.group(1)), test.group(2), operation[test.end():], variables, arrays)
     known = [value for value in values or [None] if value is not None]
     if values is None or len(known) < len(values):
         return None
     if operation and any(COMMAND in value for value in known):
-        return COMMAND
-    if operation.startswith(":"):
-        return _substring(known, operation[1:], index in ("@", "*"), variables, arrays)
-    changed = _modify(known, operation, variables, arrays) if operation else known
-    return None if changed is None else " ".join(changed)
+        return [COMMAND]
+    if operation.startswith(":"):  # ${@:1} starts at $1: $0 before them
+        return _substring([variables.get("0"), *known] if name in ("@", "*") else known, operation[1:], every,
+                          variables, arrays)
+    return _modify(known, operation, variables, arrays) if operation else known
+
+
+def _indirect(name: str, index: str | None, operation: str, variables: Mapping[str, str],
+              arrays: Arrays) -> list[str] | None:
+    """``${!X...}``: the parameter whose name is X's value (``${!X:-d}``, ``${!X@Q}``...: the operation is on it;
+    ``${!#}`` the last argument); ``${!A[@]}`` an array's indices; ``${!p*}`` / ``${!p@}`` the names starting with p.
+    None where bash stops (X unset or no name) or X is not known here."""
+    if index in ("@", "*") and not operation:
+        values = _values(name, index, variables, arrays)
+        return None if values is None else [str(k) for k in range(len(values))]
+    if index is None and operation in ("@", "*"):
+        return sorted(key for key in {*variables, *arrays} if key.startswith(name))
+    target = (_values(name, index, variables, arrays) or [None])[0]
+    if target is None or not re.fullmatch(r"[A-Za-z_]\w*(\[[^\]]+\])?|\d+|[@*#]", target):
+        return None
+    return _elements(target + operation, variables, arrays)
 
 
 def _values(name: str, index: str | None, variables: Mapping[str, str], arrays: Arrays) -> list[str | None] | None:
     """A parameter's values: a variable's (one), an array's element's (``NAME[index]``: an arithmetic index, ``$i``
     or ``-1`` counting from the end; none past the end; a scalar is an array of one), all of ``NAME[@]`` /
-    ``NAME[*]``; a None among them where one is not known here. None where the name is set nowhere."""
+    ``NAME[*]``; the arguments (``$@``, ``$*``), one (``$1``: none past ``$#``) or their count (``$#``); a None among
+    them where one is not known here. None where the name is set nowhere (``$0`` unless ``arguments`` names it)."""
+    if name in ("@", "*", "#") or (name.isdigit() and name != "0"):
+        args: list[str | None] = [*_arguments(variables)]
+        return args if name in ("@", "*") else [str(len(args))] if name == "#" else args[int(name) - 1:int(name)]
     items: list[str | None] | None = (list(arrays[name]) if name in arrays else [variables[name]] if name in variables
                                       else None)
-    if items is None or index in ("@", "*"):
+    if items is None:
+        return None
+    items = [None if item and STOPPED in item else item for item in items]  # stopped at a ${X:?msg}: not known
+    if index in ("@", "*"):
         return items
     k = 0 if index is None else _evaluate(index, variables, arrays)
     if k is None:
@@ -136,24 +171,31 @@ def _length(values: list[str | None] | None, count: bool) -> str | None:
     return str(len(values)) if count else text if COMMAND in text else str(len(text))
 
 
+def _missing(values: list[str | None] | None, colon: bool) -> bool | None:
+    """Whether ``${X-word}`` takes its word: X unset (``colon``: or empty); None where that is not known here (a
+    value not known, a command's output). A name set nowhere (or none of an array's elements) is unset."""
+    text = " ".join(value or "" for value in values or [])
+    if (values is not None and None in values) or (colon and COMMAND in text):
+        return None
+    return not values or (colon and not text)
+
+
 def _test(values: list[str | None] | None, colon: bool, operator: str, word: str, variables: Mapping[str, str],
-          arrays: Arrays) -> str | None:
+          arrays: Arrays) -> list[str] | None:
     """``${X:-word}`` / ``${X:=word}``: word where X is unset or empty (without ``:``, unset only), else X;
     ``${X:+word}`` / ``${X+word}``: word where X is set and not empty / set, else empty; ``${X:?msg}`` /
-    ``${X?msg}``: bash stops the script where X is unset or empty / unset (None here: unresolved), else X. A name set
-    nowhere (or none of an array's elements) is unset; whether a command's output is empty is not known here."""
-    if values is not None and None in values:
+    ``${X?msg}``: bash stops the script where X is unset or empty / unset (None here: unresolved), else X. Whether a
+    command's output is empty is not known here (it is the value)."""
+    missing = _missing(values, colon)
+    known = [value for value in values or [] if value is not None]
+    if missing is None:  # a command's output, or a value not known here
+        return None if len(known) < len(values or []) else [" ".join(known)]
+    if not missing and operator != "+":
+        return known
+    if operator == "?":
         return None
-    unset = not values
-    text = " ".join(value for value in values or [] if value is not None)
-    if colon and COMMAND in text:
-        return text
-    missing = unset or (colon and not text)
-    if operator in "-=":
-        return _inner_word(word, variables, arrays) if missing else text
-    if operator == "+":
-        return "" if missing else _inner_word(word, variables, arrays)
-    return None if missing else text
+    chosen = "" if operator == "+" and missing else _inner_word(word, variables, arrays)
+    return None if chosen is None else [chosen]
 
 
 def _inner_word(text: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
@@ -171,14 +213,16 @@ def _marked(text: str) -> str:
     return "".join(parts)
 
 
-def _substring(values: list[str], spec: str, elements: bool, variables: Mapping[str, str],
-               arrays: Arrays) -> str | None:
+def _substring(values: Sequence[str | None], spec: str, elements: bool, variables: Mapping[str, str],
+               arrays: Arrays) -> list[str] | None:
     """``${X:offset:length}``: the characters of X's value in ``bounds``; ``${A[@]:offset:length}`` the elements."""
-    text = values[0] if values else ""
+    text = values[0] or "" if values else ""
     span = bounds(spec, len(values) if elements else len(text), variables, arrays, elements)
     if span is None:
         return None
-    return " ".join(values[span[0]:span[1]]) if elements else text[span[0]:span[1]]
+    chosen = list(values[span[0]:span[1]]) if elements else [text[span[0]:span[1]]]
+    known = [value for value in chosen if value is not None]
+    return known if len(known) == len(chosen) else None
 
 
 def bounds(spec: str, size: int, variables: Mapping[str, str], arrays: Arrays | None = None,
@@ -223,14 +267,15 @@ def _split(text: str, separator: str) -> tuple[str, str | None]:
 
 
 _OPERATION = re.compile(r"(##?|%%?|/[/#%]?|\^\^?|,,?|~~?)(.*)$", re.S)
-
-
 def _modify(values: list[str], operation: str, variables: Mapping[str, str], arrays: Arrays) -> list[str] | None:
     """Each value with ``#p`` / ``##p`` (its shortest / longest prefix matching the glob p removed), ``%p`` /
     ``%%p`` (suffix; ``_trim``), ``/p/r`` / ``//p/r`` / ``/#p/r`` / ``/%p/r`` (``_replace``), ``^p`` / ``^^p`` /
-    ``,p`` / ``,,p`` / ``~p`` / ``~~p`` (``_case``; p ``?`` where none); None for an operation not read here
-    (``@Q``...) or a pattern not known."""
+    ``,p`` / ``,,p`` / ``~p`` / ``~~p`` (``_case``; p ``?`` where none), ``@Q`` / ``@E`` / ``@U`` / ``@u`` / ``@L``
+    (``_TRANSFORMS``); None for an operation not read here (``@P``, ``@A``, ``@K``, ``@a``...) or a pattern not known."""
     found = _OPERATION.match(operation)
+    if operation[:1] == "@":
+        transform = _TRANSFORMS.get(operation[1:])
+        return None if transform is None else [transform(value) for value in values]
     if found is None:
         return None
     mode, rest = found.groups()
@@ -342,33 +387,92 @@ def default_assignments(word: str, variables: Mapping[str, str]) -> Iterator[tup
     bash assigns as it expands the word (``: ${X:=v}``): (NAME, the ``${...}``, whose expansion is the value), each as
     it is reached (the caller assigns it before the next is looked at)."""
     for text, kind in _parts(word):
-        i = text.find("${") if kind in ("", QUOTED) else -1
-        while i >= 0:
-            j = _matching(text, i + 1)
-            given = re.match(r"([A-Za-z_]\w*)(:?)=", text[i + 2:j])
+        for _, _, inner in _braces(text, kind):
+            given = re.match(r"([A-Za-z_]\w*)(:?)=", inner)
             if given and (not variables.get(given.group(1)) if given.group(2) else given.group(1) not in variables):
-                yield given.group(1), text[i:j + 1]
-            i = text.find("${", j + 1)
+                yield given.group(1), f"${{{inner}}}"
+
+
+def _braces(text: str, kind: str) -> Iterator[tuple[int, int, str]]:
+    """Each ``${...}`` of a word's unquoted or double-quoted part (``kind``), not those nested in it: the indices of
+    its ``$`` and ``}``, what is inside its braces."""
+    i = text.find("${") if kind in ("", QUOTED) else -1
+    while i >= 0:
+        j = _matching(text, i + 1)
+        yield i, j, text[i + 2:j]
+        i = text.find("${", j + 1)
 
 
 def names(word: str) -> set[str]:
-    """The names a word's ``$NAME`` / ``${NAME...}`` / ``${#NAME...}`` / ``$((NAME ...))`` read."""
-    found = set(re.findall(r"\$\{?#?([A-Za-z_]\w*)", word))
+    """The names a word's ``$NAME`` / ``${NAME...}`` / ``${#NAME...}`` / ``${!NAME...}`` / ``$((NAME ...))`` read."""
+    found = set(re.findall(r"\$\{?[#!]?([A-Za-z_]\w*)", word))
     for expr in re.findall(r"\$\(\((.*?)\)\)", word):
         found |= set(re.findall(r"[A-Za-z_]\w*", expr))
     return found
 
 
-def assigned(value: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
+def assigned(value: str, variables: Mapping[str, str], arrays: Arrays | None = None, where: str = "") -> str | None:
     """What ``NAME=value`` leaves in NAME: the word expanded whole (bash does not split it); ``COMMAND`` where it
-    takes a command's output (not run here: whatever NAME held, the environment's value too, is gone); None where it
-    names a variable set nowhere."""
+    takes a command's output (not run here: whatever NAME held, the environment's value too, is gone); where bash
+    stops the script at a ``${X:?msg}`` in it, ``STOPPED`` and ``stopped``'s message (``where``: the script's
+    ``file:line``, its start), which a word taking NAME is unresolved by; None where it names a variable set nowhere."""
     expanded = word_value(value, variables, arrays)
     if expanded is not None:
         return expanded
-    held = [variables.get(name, "") for name in names(value)]
-    held += [item or "" for name in names(value) for item in (arrays or {}).get(name, [])]
-    return COMMAND if substitution(value) or any(COMMAND in text for text in held) else None
+    fired = _fired(value, variables, arrays or {})
+    message = f"{where}: {fired}" if fired and where else fired or stopped(value, variables, arrays)
+    if message:
+        return STOPPED + message
+    return COMMAND if substitution(value) or any(COMMAND in text for text in _held(value, variables, arrays)) else None
+
+
+def _held(word: str, variables: Mapping[str, str], arrays: Arrays | None) -> list[str]:
+    """The values of the variables (an array's elements) a word reads (``names``)."""
+    return [item or "" for name in sorted(names(word)) for item in [variables.get(name), *(arrays or {}).get(name, [])]]
+
+
+def stopped(word: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
+    """Why bash stops the script at a word of ``commands`` that ``fields`` leaves unresolved: ``X: msg`` for a
+    ``${X:?msg}`` / ``${X?msg}`` in it whose X is unset (or empty), ``file:line: X: msg`` for a variable it takes
+    that ``assigned`` stopped at one; None for none."""
+    held = (text[len(STOPPED):] for text in _held(word, variables, arrays) if text.startswith(STOPPED))
+    return next(held, None) or _fired(word, variables, arrays or {})
+
+
+def why_unresolved(text: str, word: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str:
+    """``text`` (how an unresolved ``word`` is shown) with, where bash stops the script at a ``${X:?msg}`` the word
+    takes through a variable (or at one without a message), bash's message after it (``stopped``)."""
+    reason = stopped(word, variables, arrays)
+    return text if reason is None or reason.rpartition(": ")[2] in text else f"{text}: bash stops at {reason}"
+
+
+def _fired(word: str, variables: Mapping[str, str], arrays: Arrays) -> str | None:
+    """``X: msg`` (as bash prints it) for the first ``${X:?msg}`` / ``${X?msg}`` of a marked word that stops bash
+    (in a default or an alternative taken too); None for none."""
+    for text, kind in _parts(word):
+        for _, _, inner in _braces(text, kind):
+            name, operator, taken = _taken(inner, variables, arrays) or ("", "", "")
+            if operator[-1:] == "?":
+                message = _inner_word(taken, variables, arrays) or taken
+                return f"{name}: {message or ('parameter null or not set' if operator == ':?' else 'parameter not set')}"
+            found = _fired(_marked(taken), variables, arrays) if operator else None
+            if found:
+                return found
+    return None
+
+
+def _taken(inner: str, variables: Mapping[str, str], arrays: Arrays) -> tuple[str, str, str] | None:
+    """The name, operator and word of a ``${X:-word}`` / ``${X-word}`` / ``${X:+word}`` / ``${X+word}`` (``inner``: what
+    is inside its braces) that takes its word, or of a ``${X:?msg}`` / ``${X?msg}`` that stops bash; None for another
+    (one whose value is not known here too)."""
+    parts = _PARAMETER.match(inner)
+    test = re.match(r"(:?)([-+?])", parts.group(5)) if parts and not parts.group(1) and not parts.group(2) else None
+    if parts is None or test is None:
+        return None
+    missing = _missing(_values(parts.group(3), parts.group(4), variables, arrays), bool(test.group(1)))
+    if missing is None or missing == (test.group(2) == "+"):
+        return None
+    return parts.group(3), test.group(0), parts.group(5)[test.end():]
 
 
 OPEN, CLOSE = "\x00(", "\x00)"  # an array's parentheses among a command's words (no word holds a NUL)
@@ -377,6 +481,34 @@ QUOTED, UNQUOTED, LITERAL, UNLITERAL, COMMAND, UNCOMMAND = "\x01", "\x02", "\x03
 """Marks in ``commands``' words: a double-quoted part (expanded, never split) between ``QUOTED`` and ``UNQUOTED``; a
 single-quoted or escaped part (kept as written) between ``LITERAL`` and ``UNLITERAL``; a command substitution
 (``$(...)`` or backticks, as written: not run) between ``COMMAND`` and ``UNCOMMAND``; the rest is unquoted."""
+_CLOSING = {QUOTED: UNQUOTED, LITERAL: UNLITERAL, COMMAND: UNCOMMAND}
+STOPPED = "\x07"
+"""The start of the value ``assigned`` gives a variable where bash stops the script at a ``${X:?msg}`` (its message
+after it): a word taking the variable is unresolved (``stopped``: why)."""
+
+
+def arguments(args: Sequence[str], script: str | None = None) -> dict[str, str]:
+    """The positional parameters of a script run as ``bash script args...``, as variables to read it with (``$1``,
+    ``${2:-d}``, ``$@``, ``"$@"`` each argument a word, ``$*``, ``$#``; ``$0``: ``script``). A script read without
+    them has none (``$#`` is 0, ``$1`` empty); ``$0`` is then not known."""
+    return {"#": str(len(args)), **{str(k): arg for k, arg in enumerate(args, 1)}, **({"0": script} if script else {})}
+
+
+def _arguments(variables: Mapping[str, str]) -> list[str]:
+    """The positional parameters ``$1``... among ``variables`` (``arguments``; none where ``$#`` is not there)."""
+    return [variables.get(str(k), "") for k in range(1, int(variables.get("#", "0")) + 1)]
+
+
+def shift(words: Sequence[str], variables: MutableMapping[str, str]) -> bool:
+    """``shift [n]``, a command of ``commands``: ``$n+1``... become ``$1``... in ``variables`` (n 1 where not given;
+    none shifted where n is more than ``$#`` or not known here, as bash does). False for another command."""
+    if not words or unquoted(words[0]) != "shift":
+        return False
+    count = _evaluate(unquoted(words[1]) if len(words) > 1 else "1", variables, {})
+    args = _arguments(variables)
+    if count is not None and 0 <= count <= len(args):
+        variables.update(arguments(args[count:]))  # $# bounds them: those after it are not read
+    return True
 
 
 def unquoted(word: str) -> str:
@@ -390,30 +522,36 @@ def substitution(word: str) -> str | None:
     for text, kind in _parts(word):
         if kind == COMMAND:
             return text
-        i = text.find("${") if kind in ("", QUOTED) else -1
-        while i >= 0:
-            j = _matching(text, i + 1)
-            inner = substitution(_marked(text[i + 2:j]))
-            if inner:
-                return inner
-            i = text.find("${", j + 1)
+        for _, _, inner in _braces(text, kind):
+            found = substitution(_marked(inner))
+            if found:
+                return found
     return None
 
 
 def fields(word: str, variables: Mapping[str, str], split: bool = True, arrays: Arrays | None = None) -> list[str] | None:
     """A word of ``commands`` as bash expands it: ``$NAME``, ``${...}`` and ``$((...))`` in its unquoted and
     double-quoted parts, its single-quoted parts as written, and (``split``) an unquoted expansion's blanks splitting
-    it into words (``$EXTRA`` holding ``--lr 1e-6`` gives two words, ``"$EXTRA"`` one, an empty ``$EMPTY`` none).
-    None when a variable is set nowhere or the word takes a command's output (``substitution``, or a variable whose
+    it into words (``$EXTRA`` holding ``--lr 1e-6`` gives two words, ``"$EXTRA"`` one, an empty ``$EMPTY`` none; a
+    default's own quotes too: ``_chosen``); ``"$@"`` each argument a word (``_expansions``). None when a variable is set
+    nowhere, bash stops at the word (``stopped``) or it takes a command's output (``substitution``, or a variable whose
     value is the ``COMMAND`` mark: one set from a command's output); ``arrays``: the script's, for ``${A[n]}``."""
     out: list[str] = []
     current: str | None = None
-    for text, kind in _parts(word):
+    for text, kind in _chosen(word, variables, arrays or {}):
         if kind == COMMAND:
             return None
-        value = text if kind == LITERAL else expand(arithmetic(text, variables, arrays), variables, arrays)
-        if value is None or (kind != LITERAL and COMMAND in value):  # a variable holding a command's output
+        pieces = [text] if kind == LITERAL else _expansions(text, variables, arrays or {})
+        if pieces is None or (kind != LITERAL and any(COMMAND in piece for piece in pieces)):  # a command's output
             return None
+        if kind == QUOTED and split:  # "$@": each argument a word (none for none)
+            for k, piece in enumerate(pieces):
+                if k:
+                    out.append(current or "")
+                    current = ""
+                current = (current or "") + piece
+            continue
+        value = " ".join(pieces)
         if kind or not split:
             current = (current or "") + value
             continue
@@ -428,6 +566,49 @@ def fields(word: str, variables: Mapping[str, str], split: bool = True, arrays: 
     return out
 
 
+def _expansions(text: str, variables: Mapping[str, str], arrays: Arrays) -> list[str] | None:
+    """A word's unquoted or double-quoted part expanded (``$((...))``, then ``expand``): one value, but ``$@`` /
+    ``${@...}`` each argument one, the text before it joining the first, the text after it the last (none for no
+    arguments where the part is otherwise empty); None as ``expand``. An array's ``"${A[@]}"`` stays one value here
+    (slime's reader takes a whole word's element by element)."""
+    i = 0
+    while i < len(text) and not text.startswith(("$@", "${@"), i):
+        i = _matching(text, i + 1) + 1 if text.startswith(("${", "$(("), i) else i + 1
+    before = expand(arithmetic(text[:i], variables, arrays), variables, arrays)
+    if i == len(text) or before is None:
+        return None if before is None else [before]
+    j = i + 1 if text[i + 1] == "@" else _matching(text, i + 1)
+    elements = _elements("@" if j == i + 1 else text[i + 2:j], variables, arrays)
+    after = _expansions(text[j + 1:], variables, arrays)
+    if elements is None or after is None:
+        return None
+    pieces = _glued(_glued([before], elements), after)
+    return [] if not elements and pieces == [""] else pieces
+
+
+def _glued(first: list[str], then: list[str]) -> list[str]:
+    """Two parts' values one after the other, the first's last joining the second's first."""
+    return [*first[:-1], first[-1] + then[0], *then[1:]] if first and then else first + then
+
+
+def _chosen(word: str, variables: Mapping[str, str], arrays: Arrays) -> list[tuple[str, str]]:
+    """A marked word's parts (``_parts``), each ``${X:-word}`` / ``${X-word}`` / ``${X:+word}`` / ``${X+word}`` that
+    takes its word (``_taken``) replaced by the word's parts as bash reads them there: unquoted, as in a script
+    (``${X:-"a b"}`` is one word, ``${X:-$Y}`` split as ``$Y``); inside double quotes, its single quotes and
+    backslashes as written."""
+    out = []
+    for text, kind in _parts(word):
+        start = 0
+        for i, j, inner in _braces(text, kind):
+            _, operator, taken = _taken(inner, variables, arrays) or ("", "?", "")
+            if operator[-1] != "?":
+                marked = QUOTED + _double_quoted(taken) + UNQUOTED if kind else _marked(taken)
+                out += [(text[start:i], kind), *_chosen(marked, variables, arrays)]
+                start = j + 1
+        out.append((text[start:], kind))
+    return out
+
+
 def word_value(word: str, variables: Mapping[str, str], arrays: Arrays | None = None) -> str | None:
     """A word of ``commands`` expanded whole (an assignment's value: bash does not split it); None as ``fields``."""
     parts = fields(word, variables, split=False, arrays=arrays)
@@ -436,17 +617,16 @@ def word_value(word: str, variables: Mapping[str, str], arrays: Arrays | None = 
 
 def _parts(word: str) -> list[tuple[str, str]]:
     """A marked word's parts: (text, ``QUOTED``, ``LITERAL``, ``COMMAND`` or "" for an unquoted part)."""
-    closing = {QUOTED: UNQUOTED, LITERAL: UNLITERAL, COMMAND: UNCOMMAND}
     parts: list[tuple[str, str]] = []
     i = 0
     while i < len(word):
-        if word[i] in closing:
-            j = word.find(closing[word[i]], i + 1)
+        if word[i] in _CLOSING:
+            j = word.find(_CLOSING[word[i]], i + 1)
             j = len(word) if j < 0 else j
             parts.append((word[i + 1:j], word[i]))
             i = j + 1
         else:
-            j = min((k for k in map(word.find, closing, (i,) * 3) if k >= 0), default=len(word))
+            j = min((k for k in map(word.find, _CLOSING, (i,) * 3) if k >= 0), default=len(word))
             parts.append((word[i:j], ""))
             i = j
     return parts
@@ -684,14 +864,14 @@ def _word_part(text: str, i: int) -> tuple[str, int]:
         j = len(text) if j < 0 else j
         return LITERAL + text[i + 1:j] + UNLITERAL, j
     if text.startswith("$'", i):
-        j = _closing_ansi_c(text, i + 1)
+        j = _closing(text, i + 1, "'")
         return LITERAL + ansi_c(text[i + 2:j]) + UNLITERAL, j
     if c == '"' or text.startswith('$"', i):  # $"...": bash's locale translation, a double-quoted string here
         k = i + (c == "$")
         j = _closing_quote(text, k)
         return QUOTED + _double_quoted(text[k + 1:j]) + UNQUOTED, j
     if c == "`" or (text.startswith(("$(", "<(", ">("), i) and not text.startswith("$((", i)):
-        j = _closing_backtick(text, i) if c == "`" else _matching(text, i + 1)
+        j = _closing(text, i, "`") if c == "`" else _matching(text, i + 1)
         return COMMAND + text[i:j + 1] + UNCOMMAND, j
     if c == "$" and text.startswith(("${", "$(("), i):
         j = _matching(text, i + 1)
@@ -711,10 +891,13 @@ def _double_quoted(inner: str) -> str:
             out.append(inner[i + 1])
             i += 2
             continue
+        if c == '"':  # a quote inside a ${X:-"word"} inside double quotes (``_chosen``): bash removes it
+            i += 1
+            continue
         if c == "\\" and inner[i + 1:i + 2] in ("$", "`"):
             j, part = i + 1, LITERAL + inner[i + 1] + UNLITERAL
         elif c == "`" or (inner.startswith("$(", i) and not inner.startswith("$((", i)):
-            j = _closing_backtick(inner, i) if c == "`" else _matching(inner, i + 1)
+            j = _closing(inner, i, "`") if c == "`" else _matching(inner, i + 1)
             part = COMMAND + inner[i:j + 1] + UNCOMMAND
         else:
             j = _matching(inner, i + 1) if inner.startswith("${", i) else i
@@ -747,20 +930,30 @@ def ansi_c(text: str) -> str:
     return _ANSI_C.sub(one, text)
 
 
-def _closing_ansi_c(text: str, i: int) -> int:
-    """The index of the ``'`` closing the one at ``i`` of a ``$'...'`` (a ``\\'`` inside does not)."""
+_ESCAPES = {char: "\\" + letter for letter, char in _ANSI_C_LETTERS.items() if letter not in "e\"?"}
+
+
+def _quote(value: str) -> str:
+    """``${X@Q}``: X quoted as bash prints it: ``'...'``, or ``$'...'`` (``ansi_c``'s escapes, ``\\nnn`` octal) where
+    a control character is in it."""
+    if not re.search(r"[\x00-\x1f\x7f]", value):
+        return "'" + value.replace("'", "'\\''") + "'"
+    return "$'" + "".join(_ESCAPES.get(c) or (f"\\{ord(c):03o}" if c < " " or c == "\x7f" else c) for c in value) + "'"
+
+
+_TRANSFORMS: dict[str, Callable[[str], str]] = {"Q": _quote, "E": ansi_c, "U": str.upper, "L": str.lower,
+                                                "u": lambda value: value[:1].upper() + value[1:]}
+"""``${X@op}``'s transformations read here: quoted (``Q``), escapes read as ``$'...'`` (``E``), upper / lower case
+(``U`` / ``L``), the first character upper-cased (``u``)."""
+
+
+def _closing(text: str, i: int, mark: str) -> int:
+    """The index of the ``mark`` (``'`` of a ``$'...'``, a backtick) closing the one at ``i`` (an escaped one inside
+    does not), or the end of ``text``."""
     j = i + 1
-    while j < len(text) and text[j] != "'":
+    while j < len(text) and text[j] != mark:
         j += 2 if text[j] == "\\" else 1
     return min(j, len(text))
-
-
-def _closing_backtick(text: str, i: int) -> int:
-    """The index of the backtick closing the one at ``i`` (an escaped one inside does not)."""
-    j = i + 1
-    while j < len(text) and text[j] != "`":
-        j += 2 if text[j] == "\\" else 1
-    return min(j, len(text) - 1)
 
 
 def _closing_quote(text: str, i: int) -> int:
@@ -772,7 +965,7 @@ def _closing_quote(text: str, i: int) -> int:
         elif text.startswith(("${", "$("), j):
             j = _matching(text, j + 1) + 1
         elif text[j] == "`":
-            j = _closing_backtick(text, j) + 1
+            j = _closing(text, j, "`") + 1
         else:
             j += 1
     return min(j, len(text))

@@ -39,7 +39,9 @@ from minirl.peers.shell import (
     NAME_VALUE,
     OPEN,
     QUOTED,
+    STOPPED,
     UNQUOTED,
+    arguments,
     assigned,
     bounds,
     default_assignments,
@@ -48,6 +50,7 @@ from minirl.peers.shell import (
     statements,
     substitution,
     unquoted,
+    why_unresolved,
 )
 from minirl.tasks.slime_rewards import SCORERS, SLIME_RM_DEADLINE_S, SLIME_RM_TIMEOUT_S
 
@@ -955,6 +958,7 @@ def script_flags(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     scope = _Scope()
+    scope.variables.update(arguments((), str(path)))  # run as `bash run.sh`: $0 the script, no $1...
     flags: dict[str, Any] | None = None
     for line, words, how in statements(text):
         at = f"{path}:{line}"
@@ -993,12 +997,13 @@ def _assign(scope: _Scope, word: str, where: tuple[int, str], at: str) -> None:
     output (not run here) is ``COMMAND`` (the environment's value is gone); one naming a variable set nowhere leaves
     it as it was. On an array, bash sets its first element (``ARR=x`` is ``ARR[0]=x``)."""
     name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
-    expanded = assigned(value, scope.variables, scope.elements())
+    expanded = assigned(value, scope.variables, scope.elements(), where=at)
     command = _command(value, scope, at) if expanded == COMMAND else None
     deps = _depends(value, scope.depends) | ({name} if where[1] else set())
     if name in scope.arrays:
-        item = (CommandOutput(unquoted(value), at, command) if command else Unresolved(unquoted(value), at)
-                if expanded in (None, COMMAND) else expanded)
+        text = why_unresolved(unquoted(value), value, scope.variables, scope.elements())
+        item = (CommandOutput(unquoted(value), at, command) if command else Unresolved(text, at)
+                if expanded in (None, COMMAND) or expanded.startswith(STOPPED) else expanded)
         scope.arrays[name][:1] = [(item, deps)]
         _first_element(scope, name, where)
         return
@@ -1060,7 +1065,8 @@ def _word(word: str, scope: _Scope, where: str) -> tuple[list[tuple[Any, set[str
     if expanded is not None:
         return [(value, deps) for value in expanded], []
     command = _command(word, scope, where)
-    return [(CommandOutput(unquoted(word), where, command) if command else Unresolved(unquoted(word), where), deps)], []
+    text = why_unresolved(unquoted(word), word, scope.variables, scope.elements())
+    return [(CommandOutput(unquoted(word), where, command) if command else Unresolved(text, where), deps)], []
 
 
 def _command(word: str, scope: _Scope, where: str) -> str | None:

@@ -31,11 +31,13 @@ from minirl.peers.shell import (
     CLOSE,
     NAME_VALUE,
     OPEN,
+    arguments,
     assigned,
     default_assignments,
     fields,
     statements,
     unquoted,
+    why_unresolved,
 )
 
 A = "actor_rollout_ref.actor."
@@ -868,20 +870,20 @@ def script_overrides(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
-    variables, arrays = dict(os.environ), dict[str, list[str | None]]()
+    variables, arrays = {**os.environ, **arguments((), str(path))}, dict[str, list[str | None]]()  # `bash run.sh`
     overrides: dict[str, Any] = {}
     lines = text.splitlines()
     for number, words, _ in statements(text):
         for word in words:  # ${X:=v}: bash assigns X as it expands the word
             for name, value in default_assignments(word, variables):
-                _assign(variables, arrays, name, value)
+                _assign(variables, arrays, name, value, f"{path}:{number}")
         array = ARRAY.fullmatch(words[0])
         if array and words[1:2] == [OPEN]:
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
             _assign_array(variables, arrays, array.group(1), items, bool(array.group(2)))
         elif all(NAME_VALUE.fullmatch(word) for word in words):
             for name, value in (NAME_VALUE.fullmatch(word).groups() for word in words):  # type: ignore[union-attr]
-                _assign(variables, arrays, name, value)
+                _assign(variables, arrays, name, value, f"{path}:{number}")
         else:
             for word in words:
                 override = _OVERRIDE.match(unquoted(word))
@@ -889,17 +891,19 @@ def script_overrides(path: Path) -> dict[str, Any]:
                     key, value = override.groups()
                     expanded = fields(word, variables, arrays=arrays)
                     at = number + next((i for i, part in enumerate(lines[number - 1:]) if f"{key}=" in part), 0)
-                    overrides[key] = (Unresolved(value, f"{path}:{at}") if expanded is None
+                    shown = why_unresolved(value, word, variables, arrays)
+                    overrides[key] = (Unresolved(shown, f"{path}:{at}") if expanded is None
                                       else parse_value(expanded[0].partition("=")[2]))
     if not overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
     return overrides
 
 
-def _assign(variables: dict[str, str], arrays: dict[str, list[str | None]], name: str, value: str) -> None:
-    """``NAME=value`` (``shell.assigned``): a command's output (not run here) replaces the environment's value too;
-    one naming a variable set nowhere leaves NAME as it was; on an array, bash sets its first element."""
-    expanded = assigned(value, variables, arrays)
+def _assign(variables: dict[str, str], arrays: dict[str, list[str | None]], name: str, value: str, where: str) -> None:
+    """``NAME=value`` (``shell.assigned``; ``where``: its ``file:line``): a command's output (not run here) replaces the
+    environment's value too; one naming a variable set nowhere leaves NAME as it was; on an array, bash sets its first
+    element."""
+    expanded = assigned(value, variables, arrays, where=where)
     if expanded is None:
         return
     variables[name] = expanded
