@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -107,6 +108,10 @@ class TrainerRank:
 
             shard = (lambda critic: _shard(critic, device, self.world, cfg.optim.precision)) if self.world > 1 else None
             self.critic = build_critic(cfg, model, shard=shard)
+            # its [B, S, 1] values are a view of the head's [B*S, 1] product, which FSDP2 warns of in case of an in-place
+            # op on them; minirl.critic only reads them out of place
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP\w*ForTokenClassification\) returned a "
+                                    "view tensor")
         # the KL penalty's reference: the starting weights, copied before the replay's hooks (it routes naturally);
         # with LoRA it is the policy with its adapters off (no copy)
         reference = bool(cfg.algo.kl_coef or cfg.algo.kl_in_reward_coef)
