@@ -46,6 +46,7 @@ class Reference:
                                   padding_free=trainer.padding_free, logprob_chunk_tokens=trainer.logprob_chunk_tokens,
                                   logits_temperature=trainer.logits_temperature)
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
+            self.frozen.collective = trainer.collective  # an FSDP rank's: its passes agree with the peers' (token budget)
 
     @torch.no_grad()
     def sync(self, alpha: float) -> None:

@@ -265,9 +265,10 @@ class _UnevenLengths:
 
 def test_dynamic_micro_batches_on_ranks_that_pack_differently_match_one_process(tmp_path):
     """optim.micro_batch_max_tokens on 2 ranks whose shards pack into 3 and 4 micro-batches: each forward and backward
-    is an FSDP collective, so the rank with fewer cuts its micro-batches further (it used to hang in an all-gather)."""
+    is an FSDP collective, so the rank with fewer cuts its micro-batches further (it used to hang in an all-gather),
+    in the policy's passes and in the KL reference's (its frozen copy's own trainer)."""
     mode = ["moe.routing_replay=R2", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=12",
-            "optim.micro_batch_sequences=8", "optim.micro_batch_max_tokens=40"]
+            "optim.micro_batch_sequences=8", "optim.micro_batch_max_tokens=40", "algo.kl_coef=0.1"]
 
     def uneven(run):
         run.rollouts = _UnevenLengths(run.rollouts)
