@@ -1,17 +1,19 @@
-"""``rollout.async_steps: 1``: one-step-off asynchronous RL (verl's ``one_step_off_policy``).
+"""``rollout.async_steps: k``: asynchronous RL, k steps off (k = 1: verl's ``one_step_off_policy``).
 
-The rollout and rewards of step t+1 run in a thread beside step t's old-log-prob pass and updates, on the
-engine's weights before them (theta_{t-1}); step t+1 then trains on that batch with pi_old = theta_t. Every batch
-after the first is one policy version stale: mu_old and pi_old differ by a step's updates as well as by the
+The rollout and rewards of step t+k run in a thread beside step t's old-log-prob pass and updates, on the
+engine's weights before them (theta_{t-1}); step t+k then trains on that batch with pi_old = theta_{t+k-1}. Every
+batch after the first k is k policy versions stale: mu_old and pi_old differ by k steps' updates as well as by the
 engine's precision, and the objective's IS weight and clip mask see both (paper §3: "asynchronous frameworks, in
 which a response can be produced by an older model version" is one source of policy staleness; R3 replays the
-stale engine's routes). The first step samples in line, as verl's one-step-off trainer does.
+stale engine's routes). The first step samples in line, as verl's one-step-off trainer does, and starts steps
+2..k+1 beside its update on the initial weights (their lags 1..k), as a bounded-staleness pipeline fills
+(prime-rl's ``async_level``, AReaL's ``max_head_offpolicyness``, TRL's ``max_staleness`` as a fixed lag).
 
 The thread touches only the engine, the reward source and the prompt order, which the main thread leaves alone
 until ``wait``; the weight sync waits for it, so the engine never changes weights mid-rollout. What it samples
 depends on nothing the update does (each step's sampling has its own seed, the engine its own copy of the
-weights), so a threaded run is bitwise the run that samples step t+1 in line before step t's update. A checkpoint
-keeps the finished next batch (``state`` / ``load_state``), so a resumed run goes on bitwise.
+weights), so a threaded run is bitwise the run that samples step t+k in line before step t's update. A checkpoint
+keeps the finished batches ahead (``state`` / ``load_state``), so a resumed run goes on bitwise.
 """
 
 from __future__ import annotations
@@ -29,30 +31,38 @@ from minirl.types import Batch, Completion, Prompt
 
 
 class RolloutAhead:
-    """One batch sampled ahead, in a daemon thread (a stopped run does not wait for it)."""
+    """The batches sampled ahead (``rollout.async_steps`` of them at most), each by step; the rollouts started beside
+    an update run one after another in a daemon thread (a stopped run does not wait for it)."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self._step = 0  # the step the batch is for
-        self._result: Sampled | None = None
+        self._results: dict[int, Sampled] = {}  # by the step each batch is for
         self._error: BaseException | None = None
 
-    def start(self, step: int, sample: Callable[[], Sampled]) -> None:
-        """Run ``sample()`` (the rollout and rewards of ``step``) in a thread."""
-        assert self._thread is None and self._result is None, "one batch ahead at most"
+    @property
+    def last_step(self) -> int:
+        """The last step a batch is sampled (or being sampled) for; 0 for none."""
+        return max(self._results, default=0)
+
+    def start(self, jobs: list[tuple[int, Callable[[], Sampled]]]) -> None:
+        """Run each ``sample()`` (the rollout and rewards of its step) in order, in one thread."""
+        assert self._thread is None, "the rollouts started beside the last update are still running"
 
         def body() -> None:
-            try:
-                self._result = sample()
-            except BaseException as exc:  # raised in the main thread by ``wait``
-                self._error = exc
+            for step, sample in jobs:
+                threading.current_thread().name = f"minirl-rollout-step-{step}"  # where a traceback or a profile says
+                try:
+                    self._results[step] = sample()
+                except BaseException as exc:  # raised in the main thread by ``wait``
+                    self._error = exc
+                    return
 
-        self._step = step
-        self._thread = threading.Thread(target=body, name=f"minirl-rollout-step-{step}", daemon=True)
-        self._thread.start()
+        if jobs:
+            self._thread = threading.Thread(target=body, daemon=True)
+            self._thread.start()
 
     def wait(self) -> None:
-        """Until the batch ahead is sampled (the engine is idle again); raises what its rollout or rewards raised."""
+        """Until the batches ahead are sampled (the engine is idle again); raises what a rollout or its rewards raised."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -61,47 +71,48 @@ class RolloutAhead:
             raise error
 
     def take(self, step: int) -> Sampled | None:
-        """The batch sampled ahead for ``step``, or None (none was: the run's first step)."""
+        """The batch sampled ahead for ``step``, or None (none was: the run's first step, or the first after a resume
+        of a run that ended there)."""
         self.wait()
-        if self._result is None:
-            return None
-        assert self._step == step, f"the batch ahead is for step {self._step}, not {step}"
-        result, self._result = self._result, None
-        return result
+        assert all(held >= step for held in self._results), f"batches ahead for steps {sorted(self._results)} at {step}"
+        return self._results.pop(step, None)
 
     def stop(self) -> None:
-        """Wait for a rollout still running and drop what it gave (the run ends: its engine and rewards close next)."""
+        """Wait for rollouts still running and drop what they gave (the run ends: its engine and rewards close next)."""
         if self._thread is not None:
             self._thread.join()
-        self._thread, self._result, self._error = None, None, None
+        self._thread, self._results, self._error = None, {}, None
 
     def state(self, prompts: list[Prompt]) -> dict[str, Any]:
-        """The finished batch ahead in plain types and tensors (a checkpoint's ``weights_only`` state); its prompts
+        """The finished batches ahead in plain types and tensors (a checkpoint's ``weights_only`` state); their prompts
         as positions in ``prompts`` (the run's training prompts)."""
         self.wait()
-        if self._result is None:
-            return {}
-        s, position = self._result, {id(prompt): n for n, prompt in enumerate(prompts)}
-        return {"step": self._step, "prompts": [position[id(p)] for p in s.prompts],
-                "completions": [dataclasses.asdict(c) for c in s.completions], "rewards": s.rewards,
-                "reward_stats": dict(s.reward_stats), "columns": json.dumps(s.columns, default=str),
-                "generated_tokens": s.generated_tokens, "reward_parts": s.reward_parts, "part_weights": s.part_weights,
-                "greedy_rewards": s.greedy_rewards,
-                "times": dict(s.times or {}), "policy_lag_steps": s.policy_lag_steps}
+        position = {id(prompt): n for n, prompt in enumerate(prompts)}
+        return {"batches": [_plain(step, s, position) for step, s in sorted(self._results.items())]}
 
     def load_state(self, state: dict[str, Any], prompts: list[Prompt]) -> None:
-        """Hold the batch ahead that a checkpoint's ``state()`` kept, if it kept one."""
+        """Hold the batches ahead that a checkpoint's ``state()`` kept (one batch, as a one-step-off run's checkpoint
+        kept it before ``async_steps`` could be more, is read too)."""
         assert self._thread is None
-        if not state:
-            self._result = None
-            return
-        self._step = int(state["step"])
-        self._result = Sampled(
-            prompts=[prompts[n] for n in state["prompts"]], completions=[Completion(**c) for c in state["completions"]],
-            rewards=state["rewards"], reward_stats=dict(state["reward_stats"]), columns=json.loads(state["columns"]),
-            generated_tokens=int(state["generated_tokens"]), reward_parts=state["reward_parts"],
-            part_weights=state["part_weights"], times=dict(state["times"]), policy_lag_steps=state["policy_lag_steps"],
-            greedy_rewards=state.get("greedy_rewards"))
+        batches = state.get("batches", [state] if state else [])
+        self._results = {int(b["step"]): _sampled(b, prompts) for b in batches}
+
+
+def _plain(step: int, s: Sampled, position: dict[int, int]) -> dict[str, Any]:
+    return {"step": step, "prompts": [position[id(p)] for p in s.prompts],
+            "completions": [dataclasses.asdict(c) for c in s.completions], "rewards": s.rewards,
+            "reward_stats": dict(s.reward_stats), "columns": json.dumps(s.columns, default=str),
+            "generated_tokens": s.generated_tokens, "reward_parts": s.reward_parts, "part_weights": s.part_weights,
+            "greedy_rewards": s.greedy_rewards, "times": dict(s.times or {}), "policy_lag_steps": s.policy_lag_steps}
+
+
+def _sampled(state: dict[str, Any], prompts: list[Prompt]) -> Sampled:
+    return Sampled(
+        prompts=[prompts[n] for n in state["prompts"]], completions=[Completion(**c) for c in state["completions"]],
+        rewards=state["rewards"], reward_stats=dict(state["reward_stats"]), columns=json.loads(state["columns"]),
+        generated_tokens=int(state["generated_tokens"]), reward_parts=state["reward_parts"],
+        part_weights=state["part_weights"], times=dict(state["times"]), policy_lag_steps=state["policy_lag_steps"],
+        greedy_rewards=state.get("greedy_rewards"))
 
 
 def engine_weights(trainer: Any) -> Any:

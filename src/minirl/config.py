@@ -246,13 +246,16 @@ class RolloutConfig(Section):
     gradient, as without filtering), counted by ``filter/topped_up_groups``; verl stops with an error instead."""
     filter_groups_prompts_per_round: int = Field(0, ge=0)
     """Prompts drawn per round (verl's ``data.gen_batch_size``; 0 = ``prompts_per_step``)."""
-    async_steps: int = Field(0, ge=0, le=1)
-    """One-step-off asynchronous RL (verl's ``one_step_off_policy``; TRL's ``AsyncGRPOTrainer`` at a staleness of 1):
-    1 = the next step's rollout and rewards run in a thread beside this step's update, on the weights before it, so
-    the rollout's time hides behind the update's and every batch after the first is one step stale (mu_old is
-    theta_{t-1}, pi_old theta_t: the IS weight and the clip mask see the gap; R3 replays the stale engine's routes).
-    ``rollout/policy_lag_steps`` gives each batch's lag (``minirl.async_rollout``). 0 = synchronous, the paper's
-    setting. On a CPU, ``run.threads`` = half the cores gives each side its own."""
+    async_steps: int = Field(0, ge=0, le=64)
+    """Asynchronous RL, k steps off: 1 = one-step-off (verl's ``one_step_off_policy``; TRL's ``AsyncGRPOTrainer`` at
+    a staleness of 1): the next step's rollout and rewards run in a thread beside this step's update, on the weights
+    before it, so the rollout's time hides behind the update's and every batch after the first is one step stale
+    (mu_old is theta_{t-1}, pi_old theta_t: the IS weight and the clip mask see the gap; R3 replays the stale engine's
+    routes). k > 1: step t+k's rollout runs beside step t's update, every batch k steps stale once the pipeline is
+    full (the first step starts k rollouts, lags 1..k; prime-rl's ``async_level``, AReaL's
+    ``max_head_offpolicyness`` as a fixed lag): the paper's policy staleness as a knob. ``rollout/policy_lag_steps``
+    gives each batch's lag (``minirl.async_rollout``). 0 = synchronous, the paper's setting. On a CPU,
+    ``run.threads`` = half the cores gives each side its own."""
     async_split_mismatch: bool = False
     """With ``async_steps: 1``: also score each batch at the weights that sampled it (theta_{t-1}; a kept copy of the
     trainable weights, one more no-grad pass per step), so that ``mismatch/*`` (mu_old against pi_old, what the IS
@@ -1054,6 +1057,10 @@ class Config(Section):
         if self.rollout.async_split_mismatch and not self.rollout.async_steps:
             raise ValueError("rollout.async_split_mismatch: splits the mismatch of a batch sampled a step ahead; it "
                              "needs rollout.async_steps=1 (a synchronous batch has no lag: mismatch/* is the engine's gap)")
+        if self.rollout.async_split_mismatch and self.rollout.async_steps > 1:
+            raise ValueError(f"rollout.async_split_mismatch: keeps one copy of the weights, those of a batch one step "
+                             f"ahead; with rollout.async_steps={self.rollout.async_steps} a batch was sampled "
+                             f"{self.rollout.async_steps} steps back (set async_steps=1 or async_split_mismatch=false)")
         c = self.cluster
         shared = c.backend == "local" and c.trainer_ranks == 1
         if self.rollout.async_steps and self.rollout.cuda_graphs and c.device == "cuda" and shared:

@@ -127,7 +127,7 @@ class Run:
     fuse_old_pass: bool = True  # N = 1: pi_old from the single update's forward (False: its own pass)
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
-    ahead: RolloutAhead | None = None  # rollout.async_steps: the next step's rollout, beside this step's update
+    ahead: RolloutAhead | None = None  # rollout.async_steps: the next steps' rollouts, beside this step's update
     engine_weights: Any = None  # rollout.async_split_mismatch: minirl.async_rollout.EngineWeights (or the ranks')
     critic: Any = None  # algo.adv_baseline=critic: minirl.critic.Critic
     critic_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # the step's (V_old, GAE returns), for its updates
@@ -324,7 +324,7 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
 
 
 def uncorrected_lag(cfg: Config) -> str | None:
-    """One line when ``rollout.async_steps`` makes every batch a step stale and the objective has nothing that sees
+    """One line when ``rollout.async_steps`` makes every batch k steps stale and the objective has nothing that sees
     it: no mu_old factor (``algo.is_correction``), and pi_old from the trainer (the clip and the weight see
     pi_theta/pi_old only) or from the rollout with neither a clip nor a pi_theta/pi_old weight on it."""
     a = cfg.algo
@@ -334,8 +334,9 @@ def uncorrected_lag(cfg: Config) -> str | None:
         return None
     fixes = ["algo.is_correction=true"] if hasattr(cfg.algo, "is_correction") else []
     fixes.append("algo.logp_old_source=rollout (the clip then bounds pi_theta/mu_old)")
-    return (f"rollout.async_steps=1: each batch is one step stale (mu_old at theta_(t-1), pi_old at theta_t) and "
-            f"nothing in algo.name={cfg.algo.name} as configured corrects for it; set {' or '.join(fixes)}")
+    k = cfg.rollout.async_steps
+    return (f"rollout.async_steps={k}: each batch is {k} step{'s' * (k > 1)} stale (mu_old at theta_(t-{k}), pi_old at "
+            f"theta_t) and nothing in algo.name={cfg.algo.name} as configured corrects for it; set {' or '.join(fixes)}")
 
 
 def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
@@ -662,14 +663,17 @@ def global_step(run: Run, step: int) -> dict[str, float]:
 
 
 def step_rollout(run: Run, step: int, record_routes: bool, clock: _Clock) -> Sampled:
-    """1 and 2. The step's groups and rewards, sampled now, or with ``rollout.async_steps`` sampled beside the
-    last step's update (``minirl.async_rollout``), which then starts the next step's beside this one's."""
+    """1 and 2. The step's groups and rewards, sampled now, or with ``rollout.async_steps`` (k) sampled beside an
+    earlier step's update (``minirl.async_rollout``); then the rollouts of the steps up to step + k not sampled yet
+    start beside this step's update, on the weights before it (a batch for step s: lag s - step)."""
     ahead = run.ahead
     sampled = ahead.take(step) if ahead is not None else None
     if sampled is None:  # in line: a synchronous run, or the first step of an asynchronous one
         sampled = sampled_with_weights(run, step, record_routes, clock, lag=None if ahead is None else 0)
-    if ahead is not None and step < run.cfg.optim.global_steps:  # on the weights before this step's update
-        ahead.start(step + 1, functools.partial(sampled_with_weights, run, step + 1, record_routes, _Clock(), lag=1))
+    if ahead is not None:
+        last = min(step + run.cfg.rollout.async_steps, run.cfg.optim.global_steps)
+        ahead.start([(s, functools.partial(sampled_with_weights, run, s, record_routes, _Clock(), lag=s - step))
+                     for s in range(max(step, ahead.last_step) + 1, last + 1)])
     if sampled.policy_lag_steps is not None:
         sampled.reward_stats["rollout/policy_lag_steps"] = float(sampled.policy_lag_steps)
     return sampled

@@ -15,15 +15,20 @@ from tests.distributed.common import run_steps
 ENGINE = ("moe.routing_metrics=true", "rollout.precision=fp8_e4m3")  # a training–inference gap on top of the lag
 
 
-def one_sync_late(run) -> None:
-    """The synchronous loop with the engine one weight sync behind: batch t+1 is sampled on theta_{t-1}."""
-    load, pending = run.engine.load_weights, []
+def syncs_late(k: int):
+    """The synchronous loop with the engine ``k`` weight syncs behind: batch t is sampled on theta_{max(0, t-1-k)}."""
+    def on_setup(run) -> None:
+        load, pending = run.engine.load_weights, []
 
-    def late(state_dict):
-        pending.append({name: tensor.clone() for name, tensor in state_dict.items()})
-        if len(pending) > 1:
-            load(pending.pop(0))
-    run.engine.load_weights = late
+        def late(state_dict):
+            pending.append({name: tensor.clone() for name, tensor in state_dict.items()})
+            if len(pending) > k:
+                load(pending.pop(0))
+        run.engine.load_weights = late
+    return on_setup
+
+
+one_sync_late = syncs_late(1)
 
 
 def training(metrics: list[dict]) -> list[dict]:
@@ -47,6 +52,57 @@ def test_one_step_off_is_the_synchronous_loop_with_the_engine_one_sync_late(tmp_
     # the first step is the synchronous one; the second trains on a batch of the initial weights
     assert training(threaded[0])[0] == training(synchronous[0])[0]
     assert threaded[0][1]["train/reward_mean"] != synchronous[0][1]["train/reward_mean"]
+
+
+@pytest.mark.parametrize("k, settings", [
+    (2, ("moe.routing_replay=R3", "optim.minibatches_per_step=2")),
+    pytest.param(3, ("moe.routing_replay=R2", "optim.minibatches_per_step=2", "rollout.filter_groups=true"),
+                 marks=pytest.mark.slow),
+])
+def test_k_steps_off_is_the_synchronous_loop_with_the_engine_k_syncs_late(tmp_path, k, settings):
+    """``rollout.async_steps: k``: the first step starts steps 2..k+1 beside its update on the initial weights (lags
+    1..k), each later step the one k ahead: bitwise the synchronous loop whose engine is k weight syncs behind."""
+    steps = k + 3
+    threaded = run_steps(tmp_path / "async", *ENGINE, *settings, f"rollout.async_steps={k}", steps=steps)
+    late = run_steps(tmp_path / "late", *ENGINE, *settings, steps=steps, on_setup=syncs_late(k))
+    assert training(threaded[0]) == training(late[0])
+    for name, tensor in late[1].items():
+        assert torch.equal(threaded[1][name], tensor), name
+    assert [row["rollout/policy_lag_steps"] for row in threaded[0]] == [0.0, *range(1, k + 1), *[float(k)] * 2]
+
+
+def test_the_batches_ahead_survive_a_checkpoint_and_a_one_step_off_checkpoint_still_loads():
+    """``RolloutAhead.state`` keeps every finished batch ahead by step; a one-step-off run's checkpoint (one batch, its
+    fields at the top level, as written before ``async_steps`` could be more) loads as that one batch."""
+    from minirl.async_rollout import RolloutAhead
+    from minirl.dynamic_sampling import Sampled
+    from minirl.types import Completion, Prompt
+
+    prompts = [Prompt(text=f"p{i}", answer=str(i)) for i in range(3)]
+
+    def batch(i, lag):
+        completion = Completion(prompt_index=0, sample_index=0, prompt_ids=[1, 2], completion_ids=[3 + i],
+                                logp_rollout=torch.tensor([-0.5 * i]), finish_reason="length")
+        return Sampled(prompts=[prompts[i]], completions=[completion], rewards=torch.tensor([float(i)]),
+                       reward_stats={"train/reward_mean": float(i)}, columns=[{}], generated_tokens=1,
+                       policy_lag_steps=lag)
+
+    ahead = RolloutAhead()
+    ahead.start([(2, lambda: batch(1, 1)), (3, lambda: batch(2, 2))])
+    state = ahead.state(prompts)
+    assert [b["step"] for b in state["batches"]] == [2, 3]
+    restored = RolloutAhead()
+    restored.load_state(state, prompts)
+    assert restored.last_step == 3
+    two, three = restored.take(2), restored.take(3)
+    assert (two.prompts, two.completions[0].completion_ids, two.policy_lag_steps) == ([prompts[1]], [4], 1)
+    assert (three.prompts, float(three.rewards[0]), three.policy_lag_steps) == ([prompts[2]], 2.0, 2)
+    old = RolloutAhead()
+    old.load_state(state["batches"][0], prompts)  # the one-step-off layout
+    assert old.take(2).prompts == [prompts[1]] and old.take(3) is None
+    empty = RolloutAhead()
+    empty.load_state({}, prompts)
+    assert empty.take(1) is None and empty.last_step == 0
 
 
 def test_the_rollout_runs_beside_the_update(tmp_path):
@@ -89,8 +145,11 @@ def test_an_error_in_the_rollout_beside_the_update_stops_the_step(tmp_path):
 
 
 def test_what_it_cannot_do_is_one_line():
-    with pytest.raises(ConfigError, match=r"rollout\.async_steps: must be less than or equal to 1"):
-        load_config(None, ["rollout.async_steps=2"])
+    with pytest.raises(ConfigError, match=r"rollout\.async_steps: must be less than or equal to 64"):
+        load_config(None, ["rollout.async_steps=65"])
+    with pytest.raises(ConfigError, match=r"rollout\.async_split_mismatch: keeps one copy of the weights, those of a "
+                                          r"batch one step ahead; with rollout\.async_steps=2 a batch was sampled 2 steps"):
+        load_config(None, ["rollout.async_steps=2", "rollout.async_split_mismatch=true"])
     with pytest.raises(ConfigError, match=r"rollout\.async_steps: the rollout beside the update cannot capture CUDA"):
         load_config(None, ["rollout.async_steps=1", "rollout.cuda_graphs=true", "cluster.device=cuda"])
     # trainer ranks in their own processes: the engine's capture overlaps no kernel of this process

@@ -52,6 +52,8 @@ MODES = {"none": ["moe.routing_replay=none"],
          "async": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.async_steps=1",
                    "rollout.filter_groups=true", "rollout.filter_groups_max_rounds=2",
                    "rollout.async_split_mismatch=true"],
+         # three steps off: a checkpoint holds the three batches ahead, sampled beside the last three updates
+         "async3": ["moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.async_steps=3"],
          # ReMax's greedy baseline, sampled ahead beside the update: the checkpoint holds its greedy rewards too
          "remax": ["moe.routing_replay=R3", "rollout.async_steps=1", "algo.adv_baseline=greedy",
                    "algo.reward_clip_range=[0.0, 0.8]"],
@@ -155,6 +157,7 @@ def _check_same(tmp_path: Path, mode: str, kills: list[tuple[str, int]]) -> None
     ("R3", [("lines", 6)]),
     pytest.param("practices", [("lines", 4)], marks=pytest.mark.slow),
     ("async", [("lines", 3), ("tmp", 0)]),
+    pytest.param("async3", [("lines", 4), ("tmp", 0)], marks=pytest.mark.slow),
     pytest.param("remax", [("lines", 3)], marks=pytest.mark.slow),
     ("critic", [("lines", 4)]),
 ])

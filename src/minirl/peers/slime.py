@@ -363,12 +363,13 @@ def _slime_batch(peer: SlimePeer, out: Translation) -> int:
 
 def _slime_async(peer: SlimePeer, out: Translation, script: str) -> None:
     """``train_async.py`` samples rollout k + 1 while training on rollout k, on the weights before that step: minirl's
-    one-step-off ``rollout.async_steps: 1``. ``--update-weights-interval`` k > 1 leaves the engine's weights up to k
-    steps old, which minirl has no setting for."""
+    one-step-off ``rollout.async_steps: 1``. ``--update-weights-interval`` k > 1 leaves the engine's weights 1 to k
+    steps old, step by step; minirl's ``async_steps: k`` is a fixed lag of k, so it is not translated."""
     interval = peer.number("update-weights-interval", int)
     if interval != 1:
         out.not_translated.append(f"{peer.show('update-weights-interval')}: minirl syncs the engine's weights after "
-                                  "every step (one step stale at most, with rollout.async_steps: 1)")
+                                  "every step; rollout.async_steps: k keeps every batch exactly k steps stale, where "
+                                  "slime's lag moves between 1 and the interval")
     if script.startswith("train_async"):
         out.set("rollout.async_steps", 1, f"{script}: the next rollout beside this step's training, one step stale")
 

@@ -218,7 +218,8 @@ def _trl_async(peer: Peer, out: Translation) -> None:
     out.set("rollout.async_steps", 1, "an AsyncGRPOTrainer config (max_staleness and the like): sampling beside the update")
     out.differs.append(f"AsyncGRPOTrainer streams samples up to max_staleness={staleness} weight updates old (weights "
                        f"synced every weight_sync_steps={every}) and drops older ones; minirl's one-step-off batches "
-                       "are each exactly one global step old, none dropped")
+                       "are each exactly one global step old, none dropped (rollout.async_steps: k, a fixed lag of k "
+                       "steps, for more)")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:

@@ -153,7 +153,7 @@ def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -
         out.set("rollout.async_steps", 1, f"{origin}: the next step's batch sampled beside the update")
     if "fully_async_policy" in module or any(key.startswith("async_training.") for key in peer.given):
         out.not_translated.append(f"{module}: verl's fully asynchronous trainer (partial rollouts, "
-                                  "async_training.*); minirl has the one-step-off form, rollout.async_steps: 1")
+                                  "async_training.*); minirl samples whole batches k steps off, rollout.async_steps: k")
 
 
 def _one_file(value: Any) -> Any:
