@@ -38,6 +38,7 @@ class RolloutAhead:
         self._thread: threading.Thread | None = None
         self._results: dict[int, Sampled] = {}  # by the step each batch is for
         self._error: BaseException | None = None
+        self._stopping = threading.Event()  # ``stop``: no further rollout starts
 
     @property
     def last_step(self) -> int:
@@ -50,6 +51,8 @@ class RolloutAhead:
 
         def body() -> None:
             for step, sample in jobs:
+                if self._stopping.is_set():
+                    return
                 threading.current_thread().name = f"minirl-rollout-step-{step}"  # where a traceback or a profile says
                 try:
                     self._results[step] = sample()
@@ -78,10 +81,13 @@ class RolloutAhead:
         return self._results.pop(step, None)
 
     def stop(self) -> None:
-        """Wait for rollouts still running and drop what they gave (the run ends: its engine and rewards close next)."""
+        """Wait for the rollout still running, start no other, and drop what they gave (the run ends, or Ctrl-C: its
+        engine and rewards close next)."""
+        self._stopping.set()
         if self._thread is not None:
             self._thread.join()
         self._thread, self._results, self._error = None, {}, None
+        self._stopping.clear()
 
     def state(self, prompts: list[Prompt]) -> dict[str, Any]:
         """The finished batches ahead in plain types and tensors (a checkpoint's ``weights_only`` state); their prompts

@@ -71,7 +71,7 @@ def test_k_steps_off_is_the_synchronous_loop_with_the_engine_k_syncs_late(tmp_pa
     assert [row["rollout/policy_lag_steps"] for row in threaded[0]] == [0.0, *range(1, k + 1), *[float(k)] * 2]
 
 
-def test_the_batches_ahead_survive_a_checkpoint_and_a_one_step_off_checkpoint_still_loads():
+def test_the_batches_ahead_survive_a_checkpoint_an_old_one_still_loads_and_a_stop_waits_for_one_rollout():
     """``RolloutAhead.state`` keeps every finished batch ahead by step; a one-step-off run's checkpoint (one batch, its
     fields at the top level, as written before ``async_steps`` could be more) loads as that one batch."""
     from minirl.async_rollout import RolloutAhead
@@ -103,6 +103,22 @@ def test_the_batches_ahead_survive_a_checkpoint_and_a_one_step_off_checkpoint_st
     empty = RolloutAhead()
     empty.load_state({}, prompts)
     assert empty.take(1) is None and empty.last_step == 0
+    # a run that stops (Ctrl-C) waits for the rollout running, not for the ones queued behind it
+    began, release, ran = threading.Event(), threading.Event(), []
+
+    def slow(i):
+        def sample():
+            ran.append(i)
+            began.set()
+            assert release.wait(10)
+            return batch(i, i)
+        return sample
+
+    ahead.start([(4, slow(1)), (5, slow(2)), (6, slow(0))])
+    assert began.wait(10)
+    threading.Timer(0.2, release.set).start()
+    ahead.stop()
+    assert ran == [1] and ahead.last_step == 0
 
 
 def test_the_rollout_runs_beside_the_update(tmp_path):
