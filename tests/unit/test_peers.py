@@ -1046,21 +1046,27 @@ def test_chat_template_kwargs_from_trl_and_verl_in_every_shape(tmp_path: Path):
     out.config()
 
 
-def test_verl_reward_model_is_named_not_translated_not_ignored(tmp_path):
+def test_verl_reward_model_scores_alone_or_is_named_not_translated_beside_your_function(tmp_path):
+    """verl 0.9's reward loop: a reward model with no custom_reward_function is a discriminative scorer (its score the
+    reward) -> {model: DIR}, from the legacy keys or the reward.reward_model.* they move to; with your function, the
+    function runs and queries the served model (a GenRM or a hybrid), which minirl does not serve: named."""
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
-    out = from_verl(base | {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m/rm"})
-    assert any(line.startswith("reward.reward_model.enable=True, reward.reward_model.model_path='/m/rm': verl's served "
-                               "reward model") for line in out.not_translated)
-    assert not any(key.startswith("reward.reward_model.enable") for key in out.ignored)
-    assert not any("served reward model" in line for line in from_verl(base).not_translated)
-    # the legacy worker (reward_model.enable): its score is the reward, verl's compute_score unused
     rm = tmp_path / "rm"
     rm.mkdir()
-    out = from_verl(base | {"reward_model.enable": True, "reward_model.model.path": str(rm),
-                            "custom_reward_function.path": "r.py"})
-    assert out.values["task.reward_functions"] == [{"model": str(rm)}] and "task.reward_function" not in out.values
-    assert any("token-classification head" in line for line in out.differs)
-    assert not any("reward_model" in line for line in out.not_translated + out.ignored)
+    for enable, path in (("reward_model.enable", "reward_model.model.path"),
+                         ("reward.reward_model.enable", "reward.reward_model.model_path")):
+        out = from_verl(base | {enable: True, path: str(rm)})
+        assert out.values["task.reward_functions"] == [{"model": str(rm)}] and "task.reward_function" not in out.values
+        assert any("token-classification head" in line for line in out.differs)
+        assert not any("reward_model" in line for line in out.not_translated + out.ignored)
+        for custom in ("custom_reward_function.path", "reward.custom_reward_function.path"):
+            judged = from_verl(base | {enable: True, path: "/m/genrm", custom: "r.py"})
+            assert judged.values["task.reward_function"] == "r.py:compute_score"
+            assert "task.reward_functions" not in judged.values
+            assert any(line.startswith(f"{enable}=True, {path}='/m/genrm': verl serves the reward model and your "
+                                       "custom_reward_function queries it") for line in judged.not_translated)
+            assert not any(key.startswith(enable) for key in judged.ignored)
+    assert not any("reward model" in line for line in from_verl(base).not_translated)
     away = from_verl(base | {"reward_model.enable": True, "reward_model.model.path": "/not/here/rm"})
     assert any("reward_model.model.path='/not/here/rm' is not on this machine" in line for line in away.differs)
 

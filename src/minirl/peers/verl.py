@@ -246,24 +246,32 @@ def _verl_rewards(peer: Peer, out: Translation) -> None:
         _verl_gdpo_rewards(peer, out, manager)
     elif manager == "dapo":
         _dapo_overlong_buffer(peer, out)
-    if peer("reward_model.enable") is True and peer("reward_model.model.path"):
-        _verl_reward_model(peer, out)
-    if peer("reward.reward_model.enable") is True:  # verl 0.9's served model: a GenRM your function queries, or a scorer
-        out.not_translated.append(f"{peer.show('reward.reward_model.enable', 'reward.reward_model.model_path')}: verl's "
-                                  "served reward model; a sequence classifier is a task.reward_functions entry "
-                                  "{model: DIR} here (TRL's way), a generative judge is a reward function of yours")
+    for enable, path_key in (("reward_model.enable", "reward_model.model.path"),  # the legacy keys, which verl 0.9
+                             ("reward.reward_model.enable", "reward.reward_model.model_path")):  # moves to these
+        if peer(enable) is not True:
+            continue
+        custom = peer("custom_reward_function.path") or peer("reward.custom_reward_function.path")
+        if peer(path_key) and not custom:
+            _verl_reward_model(peer, out, enable, path_key)
+        else:  # the reward loop calls your function, handing it the served model's router (a GenRM, or a hybrid)
+            out.not_translated.append(f"{peer.show(enable, path_key)}: verl serves the reward model and your "
+                                      "custom_reward_function queries it (reward_router_address); minirl serves none: "
+                                      "load the judge in your function, or score with a sequence classifier as a "
+                                      "task.reward_functions entry {model: DIR} (TRL's way)")
+        break
 
 
-def _verl_reward_model(peer: Peer, out: Translation) -> None:
-    """verl's reward-model worker (``reward_model.enable``, ``reward_model.model.path``): its score of each response
-    is the reward (the reward manager returns ``rm_scores`` and calls no ``compute_score``), as a
-    ``task.reward_functions`` entry ``{model: DIR}``, TRL's way of scoring with a sequence classifier."""
-    path = str(peer("reward_model.model.path"))
+def _verl_reward_model(peer: Peer, out: Translation, enable: str, path_key: str) -> None:
+    """verl's discriminative reward model with no ``custom_reward_function`` (``reward_model.enable`` and
+    ``reward_model.model.path``, or verl 0.9's ``reward.reward_model.*`` they move to): its score of each response is
+    the reward (the reward loop's ``compute_score_disrm``), as a ``task.reward_functions`` entry ``{model: DIR}``,
+    TRL's way of scoring with a sequence classifier."""
+    path = str(peer(path_key))
     out.values.pop("task.reward_function", None)
-    out.set("task.reward_functions", [{"model": path}], peer.show("reward_model.enable", "reward_model.model.path") +
-            " (verl's reward manager then returns the model's scores and calls no compute_score)")
-    note_local_path(out, "reward_model.model.path", path, "reward model", target="task.reward_functions[0].model")
-    out.differs.append(f"{peer.show('reward_model.model.path')}: verl reads its token-classification head at the "
+    out.set("task.reward_functions", [{"model": path}], peer.show(enable, path_key) +
+            " (no custom_reward_function: verl's reward loop scores each response with the model)")
+    note_local_path(out, path_key, path, "reward model", target="task.reward_functions[0].model")
+    out.differs.append(f"{peer.show(path_key)}: verl reads its token-classification head at the "
                        "response's last token, minirl a sequence classifier's score there (the same head and value "
                        "for a *ForSequenceClassification checkpoint); minirl renders the chat with the reward model's "
                        "own chat template, as verl does with reward_model.model.input_tokenizer set")
