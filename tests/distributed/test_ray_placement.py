@@ -28,19 +28,25 @@ def ray_instance():
 
 
 
-@pytest.mark.parametrize("mode", ["R3"])
+@pytest.mark.parametrize("mode", ["R3", pytest.param("critic", marks=pytest.mark.slow)])
 def test_ray_engines_and_trainer_ranks_match_one_process(tmp_path, mode):
-    overrides = [f"moe.routing_replay={mode}", "optim.minibatches_per_step=2"]
+    """With a critic (PPO's GAE) the trainer actors hold its shards too (``GroupCritic`` over Ray actors)."""
+    overrides = ["moe.routing_replay=R3", "optim.minibatches_per_step=2"]
+    if mode == "critic":
+        overrides += ["algo.adv_baseline=critic", "critic.lr=1e-3"]
     single = run_steps(tmp_path / "single", *overrides)
     placed = run_steps(tmp_path / "ray", *overrides, *RAY)
     loss_diff, weight_diff = max_differences(single, placed)
     print(f"ray E=2 W=2 vs single: max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
-    assert loss_diff < TOL and weight_diff < TOL
+    # the critic's values, whitened into the advantages, carry float rounding on to the policy: measured 1.3e-5
+    assert loss_diff < TOL and weight_diff < (5 * TOL if mode == "critic" else TOL)
     for a, b in zip(*(m for m, _ in (single, placed))):
         assert a["train/response_length"] == b["train/response_length"]  # the same completions
         assert abs(a["mismatch/kl_k1"] - b["mismatch/kl_k1"]) < TOL
         assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)
         assert_same_update_metrics(a, b)  # computed over the whole mini-batch from the actors' log-probs
+        if mode == "critic":
+            assert b["critic/vf_loss"] == pytest.approx(a["critic/vf_loss"], rel=1e-4)
 
 
 @pytest.mark.slow  # 18 s; the default suite's 15-minute budget (a dead FSDP rank is checked there)
