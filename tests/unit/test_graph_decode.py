@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import minirl
 import minirl.rollout.graph_decode as graph_decode
 from minirl.rollout.graph_decode import BucketDecoder, bucket_sizes
 from minirl.rollout.native import NativeEngine
@@ -104,6 +107,9 @@ WAITING_OPS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is
                "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default"}
 
 
+_PACKAGE = str(Path(minirl.__file__).parent) + os.sep  # as its modules' co_filename spell it
+
+
 class _WaitCensus(TorchDispatchMode):
     """Counts, by the minirl function and line that issued it, every waiting op (and every index by a boolean
     mask, whose shape depends on the data) dispatched while ``on``, and every ``tolist`` / ``numpy`` / ``cpu`` (which
@@ -126,8 +132,8 @@ class _WaitCensus(TorchDispatchMode):
         if not self.on:
             return
         frame = sys._getframe(2)
-        while frame is not None and "/minirl/" not in frame.f_code.co_filename.replace("\\", "/"):
-            frame = frame.f_back
+        while frame is not None and not frame.f_code.co_filename.startswith(_PACKAGE):  # minirl's own code, not a
+            frame = frame.f_back  # library's (a checkout's .venv may sit under a directory named minirl)
         site = "?" if frame is None else f"{frame.f_code.co_name}:{frame.f_lineno}"
         self.sites[f"{name} in {site}"] += 1
 
