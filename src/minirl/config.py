@@ -247,15 +247,13 @@ class RolloutConfig(Section):
     filter_groups_prompts_per_round: int = Field(0, ge=0)
     """Prompts drawn per round (verl's ``data.gen_batch_size``; 0 = ``prompts_per_step``)."""
     async_steps: int = Field(0, ge=0, le=64)
-    """Asynchronous RL, k steps off: 1 = one-step-off (verl's ``one_step_off_policy``; TRL's ``AsyncGRPOTrainer`` at
-    a staleness of 1): the next step's rollout and rewards run in a thread beside this step's update, on the weights
-    before it, so the rollout's time hides behind the update's and every batch after the first is one step stale
-    (mu_old is theta_{t-1}, pi_old theta_t: the IS weight and the clip mask see the gap; R3 replays the stale engine's
-    routes). k > 1: step t+k's rollout runs beside step t's update, every batch k steps stale once the pipeline is
-    full (the first step starts k rollouts, lags 1..k; prime-rl's ``async_level``, AReaL's
-    ``max_head_offpolicyness`` as a fixed lag): the paper's policy staleness as a knob. ``rollout/policy_lag_steps``
-    gives each batch's lag (``minirl.async_rollout``). 0 = synchronous, the paper's setting. On a CPU,
-    ``run.threads`` = half the cores gives each side its own."""
+    """Asynchronous RL, k steps off (0 = synchronous, the paper's setting; 1 = verl's ``one_step_off_policy``; k > 1 =
+    prime-rl's ``async_level`` as a fixed lag): step t+k's rollout and rewards run in a thread beside step t's update,
+    on the weights before it. The rollout's time hides behind the update's, and every batch after the first k is k
+    steps stale (k = 1: mu_old is theta_{t-1}, pi_old theta_t; the IS weight and the clip mask see the gap; R3 replays
+    the stale engine's routes); the first step starts steps 2..k+1, lags 1..k. ``rollout/policy_lag_steps`` gives
+    each batch's lag (``minirl.async_rollout``). TRL's ``AsyncGRPOTrainer`` is 1 here. With one engine k > 1 is a
+    staleness knob, no faster than 1. On a CPU, ``run.threads`` = half the cores gives each side its own."""
     async_split_mismatch: bool = False
     """With ``async_steps: 1``: also score each batch at the weights that sampled it (theta_{t-1}; a kept copy of the
     trainable weights, one more no-grad pass per step), so that ``mismatch/*`` (mu_old against pi_old, what the IS
