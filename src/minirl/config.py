@@ -968,6 +968,10 @@ class ClusterConfig(Section):
     trainer_ranks: int = Field(1, ge=1)
     """W: torch.distributed ranks of the trainer (FSDP2 ``fully_shard``; gloo on CPU, NCCL on GPU).
     Each rank processes 1/W of every (mini-)batch; gradients are summed across ranks."""
+    collective_timeout_s: float = Field(600.0, gt=0)
+    """How long a trainer rank waits in one collective (an FSDP all-gather or reduce-scatter, a norm's all-reduce)
+    before it fails the run in one line (verl's ``nccl_timeout``, 600 s; torch's own default is 30 minutes on gloo).
+    Raise it for a model whose full-state gather for a checkpoint or a weight sync takes longer."""
     rollout_engines: int = Field(1, ge=1)
     """E: rollout engines; the prompts of a step are split across them in contiguous chunks."""
     engine_backend: Literal["native", "vllm"] = "native"

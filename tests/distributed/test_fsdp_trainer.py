@@ -177,6 +177,34 @@ def test_a_rank_failing_while_its_peer_waits_in_a_collective_is_one_clear_error(
         run.close()
 
 
+@pytest.mark.slow  # ~15 s: a rank waits out its collective timeout
+def test_a_rank_left_waiting_in_a_collective_fails_after_the_collective_timeout_in_one_line(tmp_path):
+    """Rank 1 gets no rows (no forward), so rank 0 waits alone in FSDP's all-gather: after
+    cluster.collective_timeout_s it fails, and the group says so in one line naming the key (not a 30-minute hang)."""
+    import time
+
+    import torch
+
+    from minirl.distributed import WorkerError
+    from minirl.types import Batch
+
+    cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2",
+                                                    "cluster.collective_timeout_s=3"])
+    run = loop.setup(cfg, rewards=DenseRewards())
+    try:
+        rows, width = 2, 6
+        shard = Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),
+                      mask=torch.ones(rows, width - 1, dtype=torch.bool), logp_rollout=torch.zeros(rows, width - 1),
+                      advantages=torch.zeros(rows), group_ids=torch.zeros(rows, dtype=torch.long))
+        started = time.perf_counter()
+        with pytest.raises(WorkerError, match=r"^trainer rank 0 failed in score: .*[Tt]imed out.* \(a collective waited "
+                                              r"longer than cluster\.collective_timeout_s\)$"):
+            run.trainer._all("score", [(shard,), (shard.select(slice(0, 0)),)])
+        assert time.perf_counter() - started < 60
+    finally:
+        run.close()
+
+
 def test_bf16_fsdp_ranks_all_gather_bf16_and_track_one_bf16_process(tmp_path):
     """optim.precision=bf16 on 2 FSDP ranks (MixedPrecisionPolicy: bf16 all-gather, fp32 reduce) stays
     near the single bf16 process (the policy also rounds the norms' weights: not bitwise) and keeps

@@ -973,6 +973,9 @@ def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     assert (v["algo.is_correction"], v["algo.tis_cap"], v["algo.tis_placement"]) == (True, 5.0, "train_infer")
     assert v["moe.routing_replay"] == "R3" and v["eval.every_steps"] == 5 and v["log.tensorboard"] is True
     assert (v["cluster.backend"], v["cluster.trainer_ranks"], v["cluster.device"]) == ("ray", 8, "cuda")
+    assert "cluster.collective_timeout_s" not in v  # verl's 600 s is minirl's default
+    timed = from_verl(read_verl([str(tmp_path / "run.sh")], ["actor_rollout_ref.nccl_timeout=1200"]))
+    assert timed.values["cluster.collective_timeout_s"] == 1200 and timed.config().cluster.collective_timeout_s == 1200.0
     assert v["task.path"] == "/data/gsm8k/train.parquet" and v["task.eval_path"] == "/data/gsm8k/test.parquet"
     assert v["algo.dual_clip"] == 3.0 and not any("dual clip" in line for line in out.differs)  # verl's default c
     assert (v["eval.temperature"], v["eval.samples_per_prompt"]) == (0.0, 1)  # verl's default validation: greedy, n 1

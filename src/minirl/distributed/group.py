@@ -202,8 +202,10 @@ class TrainerGroup:
         args = per_rank or [()] * self.world
         try:
             return gather([(rank, rank.submit(method, *a, **kwargs)) for rank, a in zip(self.ranks, args)], method)
-        except WorkerError:
+        except WorkerError as err:
             self.close(graceful=False)  # the other ranks may be waiting for the failed one in a collective
+            if "timed out" in str(err).lower():  # a rank that waited cluster.collective_timeout_s for its peers
+                raise WorkerError(f"{err} (a collective waited longer than cluster.collective_timeout_s)") from None
             raise
 
     def score(self, batch: Batch, *, replay_routes: bool = False, record_routes: bool = False, entropy: bool = True,

@@ -23,6 +23,7 @@ With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no pro
 from __future__ import annotations
 
 import copy
+import datetime
 import socket
 import warnings
 from dataclasses import replace
@@ -100,6 +101,7 @@ class TrainerRank:
 
             dist.init_process_group(
                 "nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=self.rank, world_size=self.world,
+                timeout=datetime.timedelta(seconds=cfg.cluster.collective_timeout_s),
             )
         model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
         model.to(device)

@@ -113,7 +113,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
-    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|actor_rollout_ref\.nccl_timeout|"
+    r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|"
     r"actor_rollout_ref\.model\.lora\.(type|merge|dropout_position|lora_A_init_method|lora_B_init_method|freeze_.*|"
     r"dtype|a2a_experimental)|"
     r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
@@ -375,6 +375,9 @@ def _verl_cluster(peer: Peer, out: Translation) -> None:
         out.set("cluster.backend", "ray", "verl runs its workers on Ray")
         out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
         out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
+        if "actor_rollout_ref.nccl_timeout" in peer.given:  # its collectives' timeout (verl: 600 s, minirl's too)
+            out.set("cluster.collective_timeout_s", peer("actor_rollout_ref.nccl_timeout"),
+                    peer.show("actor_rollout_ref.nccl_timeout"))
         out.differs.append(f"verl colocates actor and rollout on the same {ranks} GPUs; minirl places {ranks} trainer "
                            "ranks and its engines as separate Ray actors: size cluster.* for your machine "
                            "(docs/distributed.md)")
