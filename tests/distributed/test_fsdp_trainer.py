@@ -152,21 +152,27 @@ def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):
         run.close()
 
 
+def _two_rows():
+    """A hand-made shard of 2 rows x 6 tokens (a rank's share of a batch)."""
+    import torch
+
+    from minirl.types import Batch
+
+    rows, width = 2, 6
+    return Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),
+                 mask=torch.ones(rows, width - 1, dtype=torch.bool), logp_rollout=torch.zeros(rows, width - 1),
+                 advantages=torch.zeros(rows), group_ids=torch.zeros(rows, dtype=torch.long))
+
+
 def test_a_rank_failing_while_its_peer_waits_in_a_collective_is_one_clear_error(tmp_path):
     import time
 
-    import torch
-
     from minirl.distributed import WorkerError
-    from minirl.types import Batch
 
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2"])
     run = loop.setup(cfg, rewards=DenseRewards())
     try:
-        rows, width = 2, 6
-        shard = Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),
-                      mask=torch.ones(rows, width - 1, dtype=torch.bool), logp_rollout=torch.zeros(rows, width - 1),
-                      advantages=torch.zeros(rows), group_ids=torch.zeros(rows, dtype=torch.long))
+        shard = _two_rows()
         started = time.perf_counter()
         # rank 0 enters FSDP's all-gather and waits; rank 1 raises before it gets there
         with pytest.raises(WorkerError, match=r"^trainer rank 1 failed in score: AttributeError: 'NoneType' object has no attribute"):
@@ -183,19 +189,13 @@ def test_a_rank_left_waiting_in_a_collective_fails_after_the_collective_timeout_
     cluster.collective_timeout_s it fails, and the group says so in one line naming the key (not a 30-minute hang)."""
     import time
 
-    import torch
-
     from minirl.distributed import WorkerError
-    from minirl.types import Batch
 
     cfg = load_config(ROOT / "configs/demo.yaml", [*TINY, *MODE, f"run.output_dir={tmp_path}", "cluster.trainer_ranks=2",
                                                     "cluster.collective_timeout_s=3"])
     run = loop.setup(cfg, rewards=DenseRewards())
     try:
-        rows, width = 2, 6
-        shard = Batch(input_ids=torch.randint(3, 20, (rows, width)), attention_mask=torch.ones(rows, width, dtype=torch.bool),
-                      mask=torch.ones(rows, width - 1, dtype=torch.bool), logp_rollout=torch.zeros(rows, width - 1),
-                      advantages=torch.zeros(rows), group_ids=torch.zeros(rows, dtype=torch.long))
+        shard = _two_rows()
         started = time.perf_counter()
         with pytest.raises(WorkerError, match=r"^trainer rank 0 failed in score: .*[Tt]imed out.* \(a collective waited "
                                               r"longer than cluster\.collective_timeout_s\)$"):
