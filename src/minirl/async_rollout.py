@@ -42,7 +42,7 @@ class RolloutAhead:
 
     @property
     def last_step(self) -> int:
-        """The last step a batch is sampled (or being sampled) for; 0 for none."""
+        """The last step a finished batch is held for; 0 for none (read after ``take``, which waits for the thread)."""
         return max(self._results, default=0)
 
     def start(self, jobs: list[tuple[int, Callable[[], Sampled]]]) -> None:
