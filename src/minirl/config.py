@@ -325,6 +325,13 @@ class OptimConfig(Section):
     into one [1, T] row with their own positions, attention run per row (verl's ``use_remove_padding``, TRL's
     ``padding_free``; ``minirl.models.padding_free``). Log-probs as the padded forward's, gradients to float
     rounding; ``micro_batch_max_tokens`` then counts real tokens. Needs attention ``sdpa`` or ``flash_attention_*``."""
+    shared_prompt: bool = False
+    """Each prompt once per micro-batch in every trainer forward: rows with the same prompt tokens (under routing
+    replay also the same prompt routes) pack it once and read its keys and values in attention, so projections,
+    experts, norms and the head run on P + G R tokens of a group instead of G (P + R) (verl's ``use_prefix_grouper``,
+    NeMo RL's ``shared_prefix_training``; ``minirl.models.padding_free``). Runs the padding-free forward (implies
+    ``padding_free``); log-probs as the padded forward's, gradients to float rounding. The router load-balancing loss
+    counts a shared prompt's tokens once. Rows of a group share only within a micro-batch."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them (less
     memory, about one more forward); routing replay replays the same routes in the recomputation."""

@@ -43,7 +43,8 @@ class Reference:
             model = (frozen_model if frozen_model is not None else copy.deepcopy(trainer.model)).eval()
             self.frozen = Trainer(model, lr=0.0, micro_batch_sequences=trainer.micro_batch_sequences,
                                   micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
-                                  padding_free=trainer.padding_free, logprob_chunk_tokens=trainer.logprob_chunk_tokens,
+                                  padding_free=trainer.padding_free, shared_prompt=trainer.shared_prompt,
+                                  logprob_chunk_tokens=trainer.logprob_chunk_tokens,
                                   logits_temperature=trainer.logits_temperature)
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
             self.frozen.collective = trainer.collective  # an FSDP rank's: its passes agree with the peers' (token budget)

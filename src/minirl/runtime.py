@@ -240,6 +240,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         update_guard=o.update_guard,
         adamw_impl=o.adamw_impl,
         padding_free=o.padding_free,
+        shared_prompt=o.shared_prompt,
         logprob_chunk_tokens=o.logprob_chunk_tokens,
         logits_temperature=logits_temperature if logits_temperature is not None else
         cfg.rollout.temperature if o.score_at_rollout_temperature else 1.0,

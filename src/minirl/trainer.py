@@ -10,7 +10,8 @@ Two entry points, both over a ``Batch`` laid out by ``minirl.batching``:
   padding of one right-padded batch is not computed), gradient accumulation, gradient-norm
   clipping, AdamW and the learning-rate schedule.
   With ``padding_free`` (``optim.padding_free``) every forward runs on the micro-batch's real tokens
-  only (``minirl.models.padding_free``); log-probs come back [B, T] as before.
+  only (``minirl.models.padding_free``); log-probs come back [B, T] as before. With ``shared_prompt``
+  (``optim.shared_prompt``) rows of a micro-batch with the same prompt also pack it once.
   The caller passes ``objective(logp, micro_batch) -> (loss, metrics)``; the trainer only
   differentiates what it is given.
 
@@ -36,7 +37,7 @@ from minirl.batching import chunks, token_budget_chunks
 from minirl.loss_inputs import nan_report
 from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
-from minirl.models.padding_free import PackedForward, Packing
+from minirl.models.padding_free import PackedForward, Packing, shared_prompts
 from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
@@ -239,6 +240,7 @@ class Trainer:
         update_guard: str = "undo",
         adamw_impl: str = "default",
         padding_free: bool = False,
+        shared_prompt: bool = False,
         logprob_chunk_tokens: int | None = None,
         logits_temperature: float = 1.0,
     ) -> None:
@@ -253,8 +255,11 @@ class Trainer:
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
         self.micro_batch_max_tokens = micro_batch_max_tokens
-        self.padding_free = padding_free  # ``optim.padding_free``: forwards on the real tokens only
-        self._packed = PackedForward(model) if padding_free else None  # refuses a model in one line now
+        # ``optim.padding_free``: forwards on the real tokens only; ``optim.shared_prompt`` (which packs too): each
+        # prompt of a micro-batch once, its rows reading it in attention
+        self.shared_prompt = shared_prompt
+        self.padding_free = padding_free or shared_prompt
+        self._packed = PackedForward(model) if self.padding_free else None  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.logits_temperature = _positive_temperature(logits_temperature)  # log pi of logits / T: the engine's law
@@ -290,12 +295,16 @@ class Trainer:
         ``router_logits`` (a list), the model's router logits (one [tokens, E] per MoE layer) go into it."""
         context: AbstractContextManager[Any] = nullcontext()
         # ``optim.padding_free``: the model sees the real tokens as one row [1, T]; routes in and out follow
-        packing = Packing.of(micro.attention_mask, self.device) if self._packed is not None else None
+        prompts = None if not self.shared_prompt else shared_prompts(
+            micro.input_ids, micro.mask, micro.routes if replay_routes else None)
+        packing = Packing.of(micro.attention_mask, self.device, prompts) if self._packed is not None else None
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
             routes = micro.routes.long() if packing is None else packing.pack(micro.routes.long())
-            context = self.replay.replay(routes, capture_natural=natural is not None)
+            # a shared prompt's routes are replayed once for all its rows (the same routes: ``shared_prompts``)
+            counted = micro.routes if packing is not None and packing.slots is not None else None
+            context = self.replay.replay(routes, capture_natural=natural is not None, counted=counted)
         elif natural is not None:
             if self.replay is None:
                 raise ValueError("recording routes needs an MoE model with a RoutingReplay")

@@ -268,12 +268,14 @@ def test_the_entropy_bonus_on_two_ranks_matches_one_process(tmp_path):
 
 
 def test_padding_free_ranks_match_one_padded_process(tmp_path):
-    """``optim.padding_free`` on 2 FSDP ranks (each rank packs its shard's rows; R3's routes packed with them)
-    against the padded single process: float rounding only."""
+    """``optim.padding_free`` on 2 FSDP ranks (each rank packs its shard's rows; R3's routes packed with them), and
+    ``optim.shared_prompt`` (each rank packs each prompt of its shard once), against the padded single process:
+    float rounding only."""
     single = run_steps(tmp_path / "single", *MODE)
-    sharded = run_steps(tmp_path / "fsdp", *MODE, "optim.padding_free=true", "cluster.trainer_ranks=2")
-    loss_diff, weight_diff = max_differences(single, sharded)
-    assert loss_diff < TOL and weight_diff < TOL
+    for flag in ("padding_free", "shared_prompt"):
+        sharded = run_steps(tmp_path / flag, *MODE, f"optim.{flag}=true", "cluster.trainer_ranks=2")
+        loss_diff, weight_diff = max_differences(single, sharded)
+        assert loss_diff < TOL and weight_diff < TOL, flag
 
 
 class _UnevenLengths:

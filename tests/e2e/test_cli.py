@@ -27,7 +27,8 @@ def _minirl(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("replay, minibatches, extra", [
     ("none", 1, []), ("R2", 2, ["optim.padding_free=true"]),  # R2 records and replays on packed rows
-    ("R3", 2, ["optim.micro_batch_max_tokens=40"]),  # dynamic micro-batches (~2 rows of ~17 tokens each)
+    # dynamic micro-batches (~2 rows of ~17 tokens each), each prompt once in a micro-batch (R3's prompt routes alike)
+    ("R3", 2, ["optim.micro_batch_max_tokens=40", "optim.shared_prompt=true"]),
 ])
 def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatches, extra):
     proc = _minirl(

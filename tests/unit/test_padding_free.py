@@ -138,8 +138,17 @@ def test_trainer_update_with_r3_replay_is_the_padded_update(checkpointing):
     """R3 as the loop runs it: routes recorded by one scoring, replayed in an update that also scores (pi_old
     from the update's forward) and captures the routers' own choices; padding-free changes float rounding only."""
     trainer_a, trainer_b = _trainers(micro_batch_sequences=3, checkpointing=checkpointing)
-    batch = _batch()
+    same_r3_update(trainer_a, trainer_b, _batch())
+
+
+def same_r3_update(trainer_a: Trainer, trainer_b: Trainer, batch, fed: list[int] | None = None, expect_fed=None):
+    """R3 as the loop runs it on two trainers (``trainer_a`` the padded reference): one scoring records the routes
+    (the same, -1 at padding), then an update replays them, scores and captures the routers' own choices; the two
+    agree to float rounding. Returns the batch the update ran. ``fed``/``expect_fed``: what ``trainer_b``'s scoring
+    fed its embeddings (a hook's list), and a function of the batch giving what it must have fed."""
     recorded_a, recorded_b = (t.score(batch, record_routes=True) for t in (trainer_a, trainer_b))
+    if expect_fed is not None:
+        assert fed == expect_fed(batch)
     assert torch.equal(recorded_a.routes, recorded_b.routes)  # -1 at padding on both
     assert (recorded_b.routes[~batch.attention_mask] == -1).all()
     assert (recorded_a.logp - recorded_b.logp).abs().max().item() <= 1e-6
@@ -157,6 +166,7 @@ def test_trainer_update_with_r3_replay_is_the_padded_update(checkpointing):
     assert torch.equal(out_a.scores.routes, out_b.scores.routes)
     for (name, p), q in zip(trainer_a.model.named_parameters(), trainer_b.model.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name  # (AdamW would amplify float noise)
+    return batch
 
 
 def test_replayed_routes_reach_the_packed_tokens():

@@ -194,6 +194,15 @@ def test_verl_remove_padding_is_padding_free():
     assert not any("use_remove_padding" in line for line in off.ignored + off.not_translated)
 
 
+def test_verls_prefix_grouper_is_the_shared_prompt():
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    assert "optim.shared_prompt" not in from_verl(base).values
+    grouped = from_verl(base | {"actor_rollout_ref.actor.use_prefix_grouper": True,
+                                "actor_rollout_ref.model.use_remove_padding": False})  # verl needs it off
+    assert grouped.values["optim.shared_prompt"] is True and grouped.config().optim.shared_prompt
+    assert not any("prefix_grouper" in line for line in grouped.ignored + grouped.not_translated)
+
+
 def test_verls_one_step_off_trainer_is_one_step_async_with_its_bypass(tmp_path: Path):
     script = tmp_path / "run.sh"
     script.write_text("python3 -m verl.experimental.one_step_off_policy.main_ppo \\\n  algorithm.adv_estimator=grpo \\\n"

@@ -10,6 +10,13 @@ attention function on them (causal and unmasked, the padded path's call; a slidi
 the window the padded path's mask carries) and gathers the T real outputs again. Logits come back as
 [B, S, V] (zeros at padding), so nothing downstream changes.
 
+With shared prompts (``optim.shared_prompt``, verl's ``use_prefix_grouper``, NeMo RL's ``shared_prefix_training``)
+rows whose prompts are the same tokens (and, under routing replay, the same routes) pack that prompt once: the
+packed row holds it in the first such row only, every other row packs its completion alone, and when the rows
+are spread apart for attention each gathers its prompt's keys and values from the one copy. Everything but
+attention then runs on P + G R tokens of a group instead of G (P + R); the log-probs of the shared tokens are
+copied to every row, and their gradients sum over the rows, as the padded forward's do.
+
 On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs equal the
 padded forward's (bitwise on the machines tested) and the gradients do to float rounding (the weight
 gradients sum over fewer rows, in another order); ``tests/unit/test_padding_free.py``. Routing replay
@@ -24,7 +31,7 @@ the packed rows), the last checked on every forward by counting the attention ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -52,13 +59,16 @@ GROUP_MIN_WIDTH = 32
 @dataclass(frozen=True)
 class Block:
     """Rows of similar length whose attention runs as one padded [rows, heads, width, d] call: their tokens are
-    ``start:end`` of the packed row, and ``place`` holds i * width + t of each (row i of the block, position t)."""
+    ``start:end`` of the packed row, and ``place`` holds i * width + t of each (row i of the block, position t).
+    With shared prompts, ``source`` holds for every padded slot i * width + t the packed token it reads (a row's
+    prompt may sit in another row of the packed row), T at padding; None when no row of the packing shares."""
 
     start: int
     end: int
     rows: int
     width: int
     place: torch.Tensor
+    source: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,10 +83,14 @@ class Packing:
     blocks: list[Block]
     calls: int = 0  # attention calls seen (every layer must call once per forward)
     original: str = "sdpa"  # the model's own attention implementation, run on the spread rows
+    slots: torch.Tensor | None = None  # shared prompts: [B * S] packed token of each slot, T at padding (else None)
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor, device: torch.device | str = "cpu") -> Packing:
-        """The packing of a host [B, S] mask whose real tokens are each row's prefix (``ValueError`` if not)."""
+    def of(cls, attention_mask: torch.Tensor, device: torch.device | str = "cpu",
+           prompts: Sequence[tuple[Hashable, int] | None] | None = None) -> Packing:
+        """The packing of a host [B, S] mask whose real tokens are each row's prefix (``ValueError`` if not).
+        ``prompts`` (shared prompts): per row, None or (key, length): rows with the same key share their first
+        ``length`` tokens, packed once in the first of them in packing order (``shared_prompts``)."""
         mask = attention_mask.bool().cpu()
         rows, width = mask.shape
         lengths = mask.sum(dim=1)
@@ -86,37 +100,71 @@ class Packing:
             raise ValueError(f"optim.padding_free: row {bad}'s real tokens are not a prefix of the row (right padding only)")
         sizes = lengths.tolist()
         order = sorted(range(rows), key=lambda row: (-sizes[row], row))
+        skip, owner = [0] * rows, list(range(rows))  # a row's shared prompt length and the row that packs it
+        first: dict[Hashable, int] = {}
+        for row in order:
+            prompt = prompts[row] if prompts is not None else None
+            if prompt is not None and 0 < prompt[1] <= sizes[row]:
+                owner[row] = first.setdefault(prompt, row)
+                skip[row] = prompt[1] if owner[row] != row else 0
         groups: list[list[int]] = []
         for row in order:
             if groups and (sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]] or sizes[groups[-1][0]] <= GROUP_MIN_WIDTH):
                 groups[-1].append(row)
             else:
                 groups.append([row])
+        begin, total = [0] * rows, 0  # where each row's own tokens start in the packed row
+        for row in order:
+            begin[row], total = total, total + sizes[row] - skip[row]
+        shared = any(skip)
+
+        def sources(row: int, slots: int) -> torch.Tensor:  # the packed token of each of the row's first slots
+            t = torch.arange(slots)
+            return torch.where(t < skip[row], begin[owner[row]] + t,
+                               torch.where(t < sizes[row], begin[row] + t - skip[row], total))
+
         blocks, start = [], 0
         for group in groups:
             block_width = sizes[group[0]]
-            place = torch.cat([i * block_width + torch.arange(sizes[row]) for i, row in enumerate(group)])
-            blocks.append(Block(start, start + len(place), len(group), block_width, to_device(place, device)))
+            place = torch.cat([i * block_width + torch.arange(skip[row], sizes[row]) for i, row in enumerate(group)])
+            source = torch.cat([sources(row, block_width) for row in group]) if shared else None
+            blocks.append(Block(start, start + len(place), len(group), block_width, to_device(place, device),
+                                None if source is None else to_device(source, device)))
             start += len(place)
-        flat = torch.cat([row * width + torch.arange(sizes[row]) for row in order])
+        flat = torch.cat([row * width + torch.arange(skip[row], sizes[row]) for row in order])
+        slots = torch.cat([sources(row, width) for row in range(rows)]) if shared else None
         # pinned, non-blocking copies to a GPU: building the packing never waits for the device's queue
-        return cls(rows, width, to_device(flat, device), to_device((flat % width).unsqueeze(0), device), blocks)
+        return cls(rows, width, to_device(flat, device), to_device((flat % width).unsqueeze(0), device), blocks,
+                   slots=None if slots is None else to_device(slots, device))
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, ...] -> [1, T, ...]: the real tokens, rows longest first."""
         return x.reshape(self.rows * self.width, *x.shape[2:]).index_select(0, self.index.to(x.device)).unsqueeze(0)
 
     def unpack(self, x: torch.Tensor, fill: float = 0) -> torch.Tensor:
-        """[1, T, ...] -> [B, S, ...], ``fill`` at padding (differentiable in ``x``)."""
+        """[1, T, ...] -> [B, S, ...], ``fill`` at padding (differentiable in ``x``; a shared prompt's tokens are
+        copied to each of its rows, and their gradients summed)."""
+        if self.slots is not None:
+            padded = torch.cat([x[0], x.new_full((1, *x.shape[2:]), fill)])
+            return padded.index_select(0, self.slots.to(x.device)).view(self.rows, self.width, *x.shape[2:])
         base = x.new_full((self.rows * self.width, *x.shape[2:]), fill)
         return base.index_copy(0, self.index.to(x.device), x[0]).view(self.rows, self.width, *x.shape[2:])
 
-    def spread_heads(self, x: torch.Tensor, block: Block) -> torch.Tensor:
+    def spread_heads(self, x: torch.Tensor, block: Block, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """``block``'s part of an attention input [1, H, T, d] -> [rows, H, width, d] (zeros at padding), laid out
-        as the padded forward lays it out (a transposed [rows, width, H, d])."""
+        as the padded forward lays it out (a transposed [rows, width, H, d]); a shared prompt is read from its one
+        packed copy (``tokens``: ``x``'s [T + 1, H, d] with a zero token at the end, ``_with_zero``)."""
+        if block.source is not None:
+            spread = (self._with_zero(x) if tokens is None else tokens).index_select(0, block.source)
+            return spread.view(block.rows, block.width, *spread.shape[1:]).transpose(1, 2)
         part = x[0, :, block.start:block.end].transpose(0, 1)  # [n, H, d]
         base = part.new_zeros((block.rows * block.width, *part.shape[1:]))
         return base.index_copy(0, block.place, part).view(block.rows, block.width, *part.shape[1:]).transpose(1, 2)
+
+    @staticmethod
+    def _with_zero(x: torch.Tensor) -> torch.Tensor:
+        """An attention input [1, H, T, d] as [T + 1, H, d], a zero token last (what a padded slot reads)."""
+        return torch.cat([x[0].transpose(0, 1), x.new_zeros((1, x.shape[1], x.shape[3]))])
 
     def attend(self, own: Any, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                **kwargs: Any) -> torch.Tensor:
@@ -125,8 +173,9 @@ class Packing:
         there the block gets that causal window mask (flash attention applies the window itself)."""
         window = kwargs.get("sliding_window") if self.original == "sdpa" else None
         outs = []
+        tokens = [self._with_zero(x) if self.slots is not None else None for x in (query, key, value)]
         for block in self.blocks:
-            q, k, v = (self.spread_heads(x, block) for x in (query, key, value))
+            q, k, v = (self.spread_heads(x, block, own_tokens) for x, own_tokens in zip((query, key, value), tokens))
             mask = None
             if window is not None and block.width > window:  # transformers' sliding_window_overlay: q - kv < window
                 i = torch.arange(block.width, device=query.device)
@@ -134,6 +183,25 @@ class Packing:
             out, _ = own(module, q, k, v, mask, **kwargs)  # [rows, width, H, d]
             outs.append(out.reshape(block.rows * block.width, *out.shape[2:]).index_select(0, block.place))
         return torch.cat(outs).unsqueeze(0)
+
+
+def shared_prompts(input_ids: torch.Tensor, mask: torch.Tensor, routes: torch.Tensor | None = None
+                   ) -> list[tuple[Hashable, int] | None]:
+    """``Packing.of``'s ``prompts`` for a batch (``optim.shared_prompt``): per row, its prompt (the tokens before its
+    first completion target; ``mask`` [B, T] is True where ``input_ids[:, t + 1]`` is one) as (key, length), the key
+    the prompt's tokens and, with ``routes`` [B, S, L, K] (the routes a forward replays), their routes too, so rows
+    share a prompt only where a replay would feed them the same experts. None for a row without a completion token."""
+    ids, targets = input_ids.cpu(), mask.bool().cpu()
+    firsts = targets.int().argmax(dim=1).add(1).tolist()
+    has = targets.any(dim=1).tolist()
+    replayed = None if routes is None else routes.cpu()
+    out: list[tuple[Hashable, int] | None] = []
+    for row, (length, real) in enumerate(zip(firsts, has)):
+        key = ids[row, :length].numpy().tobytes()
+        if replayed is not None:
+            key += b"|" + replayed[row, :length].numpy().tobytes()
+        out.append((key, length) if real else None)
+    return out
 
 
 def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -236,4 +304,4 @@ def _attention_layers(configs: list[Any]) -> int:
     raise PaddingFreeError("optim.padding_free: the model's config has no num_hidden_layers")
 
 
-__all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward"]
+__all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward", "shared_prompts"]

@@ -179,13 +179,19 @@ class RoutingReplay:
         rec.routes = self._collect(block)
 
     @contextmanager
-    def replay(self, routes: torch.Tensor, *, capture_natural: bool = False) -> Iterator[Replayed]:
+    def replay(self, routes: torch.Tensor, *, capture_natural: bool = False,
+               counted: torch.Tensor | None = None) -> Iterator[Replayed]:
         """Force the routing of exactly one forward call to ``routes`` [B, T, L, K] (-1 = natural).
 
         With ``capture_natural``, ``handle.natural_routes`` [B, T, L, K] (int16) holds on exit the
         top-k each router would have picked itself at every position (see the module docstring).
+        ``counted``: the routes [B', T', L, K] the call replays on behalf of, counted in ``replayed_rows``
+        instead of ``routes`` (``optim.shared_prompt``: a packed call whose one copy of a prompt, with
+        the same routes in every row, stands for each of the prompt's rows).
         """
         long_routes, all_nat, any_nat, forced = self._validate(routes)
+        if counted is not None:
+            forced = self._validate(counted)[3]
         block = self._open("replay")
         block.routes = long_routes
         block.all_natural = all_nat

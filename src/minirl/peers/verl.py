@@ -54,7 +54,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "ppo_max_token_len_per_gpu": 16384, A + "ppo_epochs": 1, A + "clip_ratio": 0.2,
     A + "clip_ratio_low": None, A + "clip_ratio_high": None, A + "clip_ratio_c": 3.0,
     A + "loss_agg_mode": "token-mean", A + "loss_scale_factor": None, A + "policy_loss.loss_mode": "vanilla",
-    A + "tau_pos": 1.0, A + "tau_neg": 1.05,
+    A + "tau_pos": 1.0, A + "tau_neg": 1.05, A + "use_prefix_grouper": False,
     A + "entropy_coeff": 0, A + "use_kl_loss": False, A + "kl_loss_coef": 0.001, A + "kl_loss_type": "low_var_kl",
     A + "optim.lr": 1e-6, A + "optim.weight_decay": 0.01, A + "optim.betas": [0.9, 0.999],
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
@@ -427,6 +427,8 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
     out.set("optim.gradient_checkpointing", bool(peer(M + "enable_gradient_checkpointing")),
             peer.show(M + "enable_gradient_checkpointing"))
     out.set("optim.padding_free", bool(peer(M + "use_remove_padding")), peer.show(M + "use_remove_padding"))
+    if peer(A + "use_prefix_grouper"):  # (verl's needs use_remove_padding=False; minirl's runs the padding-free forward)
+        out.set("optim.shared_prompt", True, peer.show(A + "use_prefix_grouper"))
     out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
     for key in (A + "megatron.router_replay.mode", A + "router_replay.mode", A + "veomni.router_replay.mode"):
         if peer(key) in ("R2", "R3"):
