@@ -14,6 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_async  # noqa: E402
 import bench_micro_batches  # noqa: E402
 import bench_scaling  # noqa: E402
+import bench_shared_prompt  # noqa: E402
 import bench_step  # noqa: E402
 import compare_trl  # noqa: E402
 import gpu_bench  # noqa: E402
@@ -282,6 +283,22 @@ def test_bench_micro_batches_builds_the_demo_shaped_batch(lengths):
     responses = batch.mask.sum(dim=1)
     assert int(responses.min()) >= 1 and int(responses.max()) <= cfg.rollout.max_new_tokens
     assert (responses == cfg.rollout.max_new_tokens).all() == (lengths == "full")
+
+
+# ----------------------------------------------------------------------------- bench_shared_prompt
+
+
+@pytest.mark.parametrize("natural", [False, True])
+def test_bench_shared_prompt_counts_each_arms_forward_tokens(natural):
+    """2 prompts of 5 tokens x 3 samples of 4 (or 1-4) completion tokens: the padded forward computes rows x width,
+    padding-free the real tokens, shared prompts each prompt once."""
+    batch = bench_shared_prompt.make_batch(2, 3, 5, 4, natural, vocab=30)
+    real = int(batch.attention_mask.sum())
+    completions = int(batch.mask.sum())
+    assert batch.size == 6 and bench_shared_prompt.forward_tokens(batch, "padded") == 6 * batch.input_ids.shape[1]
+    assert bench_shared_prompt.forward_tokens(batch, "padding_free") == real == 6 * 5 + completions
+    assert bench_shared_prompt.forward_tokens(batch, "shared_prompt") == 2 * 5 + completions
+    assert (batch.mask.sum(dim=1) == 4).all() != natural
 
 
 # ----------------------------------------------------------------------------- lean_forward (bench_update_bound's probe)
