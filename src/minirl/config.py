@@ -328,7 +328,8 @@ class OptimConfig(Section):
     shared_prompt: bool = False
     """Each prompt once per micro-batch in every trainer forward: rows with the same prompt tokens (under routing
     replay also the same prompt routes) pack it once and read its keys and values in attention, so projections,
-    experts, norms and the head run on P + G R tokens of a group instead of G (P + R) (verl's ``use_prefix_grouper``,
+    experts, norms and the head run on P + G R tokens of a group instead of G (P + R), and under sdpa attention asks
+    only at each row's own tokens (verl's ``use_prefix_grouper``,
     NeMo RL's ``shared_prefix_training``; ``minirl.models.padding_free``). Runs the padding-free forward (implies
     ``padding_free``); log-probs as the padded forward's, gradients to float rounding. The router load-balancing loss
     counts a shared prompt's tokens once. Rows of a group share only within a micro-batch."""

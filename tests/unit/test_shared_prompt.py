@@ -26,30 +26,41 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_packing_hand_computed():
     """Rows 0 and 2 share a 2-token prompt; row 2 (the longest) packs it, row 0 packs its completion alone and reads
-    the prompt from row 2's tokens; row 1 shares nothing."""
+    the prompt from row 2's tokens; row 1 shares nothing. Rows that pack all their tokens come first (2, 1), then
+    row 0, in a block of its own whose queries are its own two tokens only."""
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
-    packing = pf.Packing.of(mask, prompts=[("k", 2), ("j", 2), ("k", 2)])  # rows longest first: 2, 0, 1
-    assert packing.index.tolist() == [10, 11, 12, 13, 14, 2, 3, 5, 6, 7]
-    assert packing.positions.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2]]
-    assert packing.slots.tolist() == [0, 1, 5, 6, 10, 7, 8, 9, 10, 10, 0, 1, 2, 3, 4]  # 10: padding
+    packing = pf.Packing.of(mask, prompts=[("k", 2), ("j", 2), ("k", 2)])
+    assert packing.index.tolist() == [10, 11, 12, 13, 14, 5, 6, 7, 2, 3]
+    assert packing.positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 2, 3]]
+    assert packing.slots.tolist() == [0, 1, 8, 9, 10, 5, 6, 7, 10, 10, 0, 1, 2, 3, 4]  # 10: padding
     x = torch.arange(15.0).reshape(3, 5) + 1
     packed = packing.pack(x)
-    assert packed.tolist() == [[11.0, 12.0, 13.0, 14.0, 15.0, 3.0, 4.0, 6.0, 7.0, 8.0]]
+    assert packed.tolist() == [[11.0, 12.0, 13.0, 14.0, 15.0, 6.0, 7.0, 8.0, 3.0, 4.0]]
     # row 0's prompt slots read row 2's packed prompt (the same tokens when the prompts are the same)
     assert packing.unpack(packed, fill=-1).tolist() == [[11, 12, 3, 4, -1], [6, 7, 8, -1, -1], [11, 12, 13, 14, 15]]
-    (block,) = packing.blocks
-    assert (block.start, block.end, block.rows, block.width) == (0, 10, 3, 5)
-    assert block.place.tolist() == [0, 1, 2, 3, 4, 7, 8, 10, 11, 12]  # outputs: the slots that own a packed token
-    assert block.source.tolist() == [0, 1, 2, 3, 4, 0, 1, 5, 6, 10, 7, 8, 9, 10, 10]
+    full, sharing = packing.blocks
+    assert (full.start, full.end, full.rows, full.width) == (0, 8, 2, 5) and full.source is None
+    assert full.place.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert (sharing.start, sharing.end, sharing.rows, sharing.width) == (8, 10, 1, 4)
+    assert sharing.place.tolist() == [2, 3] and sharing.source.tolist() == [0, 1, 8, 9]
+    assert sharing.queries.tolist() == [8, 9] and sharing.query_place.tolist() == [0, 1]
+    assert sharing.offsets.tolist() == [2]
+    assert sharing.mask.tolist() == [[[[True, True, True, False], [True, True, True, True]]]]  # query a at 2 + a
     heads = torch.arange(2 * 10 * 1.0).reshape(1, 2, 10, 1) + 1  # [1, H=2, T=10, d=1]
-    spread = packing.spread_heads(heads, block)  # [rows=3, H=2, width=5, d=1]
-    assert spread[1, 0, :, 0].tolist() == [1.0, 2.0, 6.0, 7.0, 0.0]  # row 0: the shared prompt, then its own tokens
-    assert spread[2, 1, :, 0].tolist() == [18.0, 19.0, 20.0, 0.0, 0.0]
+    assert packing.spread_heads(heads, sharing)[0, 0, :, 0].tolist() == [1.0, 2.0, 9.0, 10.0]  # prompt, own tokens
+    assert packing.spread_heads(heads, sharing, gather=sharing.queries)[0, 1, :, 0].tolist() == [19.0, 20.0]
+    assert packing.spread_heads(heads, full)[1, 1, :, 0].tolist() == [16.0, 17.0, 18.0, 0.0, 0.0]
+    masks = []
 
-    def own(module, q, k, v, mask, **kwargs):  # an attention returning its queries, [rows, width, H, d]
+    def own(module, q, k, v, mask, **kwargs):  # an attention returning its queries, [rows, queries, H, d]
+        masks.append(None if mask is None else mask.shape)
         return q.transpose(1, 2), None
 
     assert packing.attend(own, None, heads, heads, heads).equal(heads.transpose(1, 2))
+    assert masks == [None, (1, 1, 2, 4)]
+    packing.original = "flash_attention_2"  # no 4-D mask there: the sharing rows ask at every slot, unmasked
+    masks.clear()
+    assert packing.attend(own, None, heads, heads, heads).equal(heads.transpose(1, 2)) and masks == [None, None]
     # gradients of a shared token sum over the rows that read it
     leaf = packed.clone().requires_grad_()
     packing.unpack(leaf).sum().backward()
@@ -104,10 +115,14 @@ def _logp_and_grads(model, ids, mask, targets, prompts):
     return logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("preset", ["qwen3-moe-tiny", "mixtral-tiny", "qwen3-dense-2m"])
-def test_shared_prompt_forward_matches_the_padded_forward(preset):
-    """Log-probs as the padded forward's (bitwise on the machines tested) and every gradient to float rounding (the
-    shared prompt's gradients are summed over its rows in another order); each prompt is computed once."""
+@pytest.mark.parametrize("preset, masked", [("qwen3-moe-tiny", True), ("mixtral-tiny", True), ("qwen3-dense-2m", True),
+                                            ("qwen3-moe-tiny", False)])
+def test_shared_prompt_forward_matches_the_padded_forward(preset, masked, monkeypatch):
+    """Log-probs as the padded forward's (to 1e-6) and every gradient to float rounding (the shared prompt's gradients
+    are summed over its rows in another order); each prompt is computed once. ``masked``: the rows reading a shared
+    prompt ask at their own tokens only (sdpa), else at every slot (what flash attention runs)."""
+    if not masked:
+        monkeypatch.setattr(pf, "MASKED", ())
     model = build_model(preset, 48, 0, 1, seed=0)
     batch = grouped_batch()
     prompts = pf.shared_prompts(batch.input_ids, batch.mask)
@@ -120,6 +135,29 @@ def test_shared_prompt_forward_matches_the_padded_forward(preset):
     assert grads_a.keys() == grads_b.keys()
     for name, grad in grads_a.items():  # measured: <= 1.2e-6 of the largest entry
         assert (grad - grads_b[name]).abs().max().item() <= 4e-6 * grad.abs().max().item() + 1e-8, name
+
+
+def test_a_sliding_window_layer_keeps_its_window_in_shared_rows():
+    """Mixtral with a 4-token window, prompts of 3-5 tokens and completions of up to 7: the rows reading a shared
+    prompt get the window on their own queries' mask too."""
+    from transformers import AutoModelForCausalLM
+
+    from minirl.models.presets import preset_config
+
+    config = preset_config("mixtral-tiny", 48, 0, 1)
+    config.sliding_window = 4
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    batch = grouped_batch()
+    prompts = pf.shared_prompts(batch.input_ids, batch.mask)
+    logp_a, grads_a = _logp_and_grads(model, batch.input_ids, batch.attention_mask, batch.mask, "padded")
+    logp_b, grads_b = _logp_and_grads(model, batch.input_ids, batch.attention_mask, batch.mask, prompts)
+    assert (logp_a - logp_b).abs().max().item() <= 1e-6
+    for name, grad in grads_a.items():
+        assert (grad - grads_b[name]).abs().max().item() <= 4e-6 * grad.abs().max().item() + 1e-8, name
+    model.config.sliding_window = None
+    no_window = _logp_and_grads(model, batch.input_ids, batch.attention_mask, batch.mask, prompts)[0]
+    assert (no_window - logp_a).abs().max().item() > 1e-2  # the window matters
 
 
 def _trainers(checkpointing: bool = False, **kwargs):

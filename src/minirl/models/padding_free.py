@@ -15,7 +15,10 @@ rows whose prompts are the same tokens (and, under routing replay, the same rout
 packed row holds it in the first such row only, every other row packs its completion alone, and when the rows
 are spread apart for attention each gathers its prompt's keys and values from the one copy. Everything but
 attention then runs on P + G R tokens of a group instead of G (P + R); the log-probs of the shared tokens are
-copied to every row, and their gradients sum over the rows, as the padded forward's do.
+copied to every row, and their gradients sum over the rows, as the padded forward's do. Under sdpa the rows that
+read a prompt elsewhere attend with their own tokens' queries only (R queries over P + R keys, a causal mask
+aligned to the row's last key: Prefix Grouper's split of attention), so attention too skips the prompt's G - 1
+repeats; under flash attention (no 4-D mask) they ask at every slot and the prompt's answers are dropped.
 
 On a CPU this is the padded forward's arithmetic on fewer rows: the real tokens' log-probs equal the
 padded forward's (bitwise on the machines tested) and the gradients do to float rounding (the weight
@@ -31,6 +34,7 @@ the packed rows), the last checked on every forward by counting the attention ca
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -54,14 +58,22 @@ class PaddingFreeError(ValueError):
 # stays near its real work without one call per row.
 GROUP_RATIO = 0.8
 GROUP_MIN_WIDTH = 32
+# Attention implementations that take a 4-D boolean mask: there the rows that read a shared prompt ask only at their own
+# tokens (a causal mask aligned to each row's last key); elsewhere (flash attention) they ask at every slot, the prompt's
+# answers dropped.
+MASKED = ("sdpa",)
 
 
 @dataclass(frozen=True)
 class Block:
     """Rows of similar length whose attention runs as one padded [rows, heads, width, d] call: their tokens are
     ``start:end`` of the packed row, and ``place`` holds i * width + t of each (row i of the block, position t).
-    With shared prompts, ``source`` holds for every padded slot i * width + t the packed token it reads (a row's
-    prompt may sit in another row of the packed row), T at padding; None when no row of the packing shares."""
+
+    A block of rows that read a shared prompt from another row (``optim.shared_prompt``) also holds ``source``: for
+    every padded slot i * width + t the packed token it reads (the prompt's one copy, then the row's own tokens; T at
+    padding). Under sdpa only the rows' own tokens ask (``queries``: [rows * query_width] packed tokens, T at padding;
+    ``query_place``: i * query_width + a of each own token), the a-th at position ``offsets[i]`` + a, seeing the keys
+    up to it (``mask`` [rows, 1, query_width, width]: the causal mask, aligned to the last key of each row)."""
 
     start: int
     end: int
@@ -69,6 +81,10 @@ class Block:
     width: int
     place: torch.Tensor
     source: torch.Tensor | None = None
+    queries: torch.Tensor | None = None
+    query_place: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -107,16 +123,18 @@ class Packing:
             if prompt is not None and 0 < prompt[1] <= sizes[row]:
                 owner[row] = first.setdefault(prompt, row)
                 skip[row] = prompt[1] if owner[row] != row else 0
+        # the rows that pack all their tokens first, then the rows that read a prompt elsewhere: blocks keep them apart
+        order = [row for row in order if not skip[row]] + [row for row in order if skip[row]]
         groups: list[list[int]] = []
         for row in order:
-            if groups and (sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]] or sizes[groups[-1][0]] <= GROUP_MIN_WIDTH):
+            if groups and bool(skip[row]) == bool(skip[groups[-1][0]]) and (
+                    sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]] or sizes[groups[-1][0]] <= GROUP_MIN_WIDTH):
                 groups[-1].append(row)
             else:
                 groups.append([row])
         begin, total = [0] * rows, 0  # where each row's own tokens start in the packed row
         for row in order:
             begin[row], total = total, total + sizes[row] - skip[row]
-        shared = any(skip)
 
         def sources(row: int, slots: int) -> torch.Tensor:  # the packed token of each of the row's first slots
             t = torch.arange(slots)
@@ -127,10 +145,24 @@ class Packing:
         for group in groups:
             block_width = sizes[group[0]]
             place = torch.cat([i * block_width + torch.arange(skip[row], sizes[row]) for i, row in enumerate(group)])
-            source = torch.cat([sources(row, block_width) for row in group]) if shared else None
-            blocks.append(Block(start, start + len(place), len(group), block_width, to_device(place, device),
-                                None if source is None else to_device(source, device)))
+            block = Block(start, start + len(place), len(group), block_width, to_device(place, device))
+            if skip[group[0]]:  # rows reading a shared prompt: every slot gathered; queries only for their own tokens
+                own = [sizes[row] - skip[row] for row in group]
+                width_q = max(own)
+                a = torch.arange(width_q)
+                offsets = torch.tensor([skip[row] for row in group])
+                keys = torch.arange(block_width)
+                mask = (keys[None, None, :] <= offsets[:, None, None] + a[None, :, None]) & (
+                    keys[None, None, :] < torch.tensor([sizes[row] for row in group])[:, None, None])
+                block = dataclasses.replace(
+                    block, source=to_device(torch.cat([sources(row, block_width) for row in group]), device),
+                    queries=to_device(torch.cat([torch.where(a < n, begin[row] + a, total)
+                                                 for row, n in zip(group, own)]), device),
+                    query_place=to_device(torch.cat([i * width_q + torch.arange(n) for i, n in enumerate(own)]), device),
+                    offsets=to_device(offsets, device), mask=to_device(mask.unsqueeze(1), device))
+            blocks.append(block)
             start += len(place)
+        shared = any(skip)
         flat = torch.cat([row * width + torch.arange(skip[row], sizes[row]) for row in order])
         slots = torch.cat([sources(row, width) for row in range(rows)]) if shared else None
         # pinned, non-blocking copies to a GPU: building the packing never waits for the device's queue
@@ -150,13 +182,16 @@ class Packing:
         base = x.new_full((self.rows * self.width, *x.shape[2:]), fill)
         return base.index_copy(0, self.index.to(x.device), x[0]).view(self.rows, self.width, *x.shape[2:])
 
-    def spread_heads(self, x: torch.Tensor, block: Block, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def spread_heads(self, x: torch.Tensor, block: Block, tokens: torch.Tensor | None = None,
+                     gather: torch.Tensor | None = None) -> torch.Tensor:
         """``block``'s part of an attention input [1, H, T, d] -> [rows, H, width, d] (zeros at padding), laid out
         as the padded forward lays it out (a transposed [rows, width, H, d]); a shared prompt is read from its one
-        packed copy (``tokens``: ``x``'s [T + 1, H, d] with a zero token at the end, ``_with_zero``)."""
-        if block.source is not None:
-            spread = (self._with_zero(x) if tokens is None else tokens).index_select(0, block.source)
-            return spread.view(block.rows, block.width, *spread.shape[1:]).transpose(1, 2)
+        packed copy (``tokens``: ``x``'s [T + 1, H, d] with a zero token at the end, ``_with_zero``). ``gather``: the
+        packed tokens to read (default ``block.source``; ``block.queries`` for a sharing block's queries)."""
+        gather = block.source if gather is None else gather
+        if gather is not None:
+            spread = (self._with_zero(x) if tokens is None else tokens).index_select(0, gather)
+            return spread.view(block.rows, -1, *spread.shape[1:]).transpose(1, 2)
         part = x[0, :, block.start:block.end].transpose(0, 1)  # [n, H, d]
         base = part.new_zeros((block.rows * block.width, *part.shape[1:]))
         return base.index_copy(0, block.place, part).view(block.rows, block.width, *part.shape[1:]).transpose(1, 2)
@@ -175,13 +210,21 @@ class Packing:
         outs = []
         tokens = [self._with_zero(x) if self.slots is not None else None for x in (query, key, value)]
         for block in self.blocks:
-            q, k, v = (self.spread_heads(x, block, own_tokens) for x, own_tokens in zip((query, key, value), tokens))
-            mask = None
-            if window is not None and block.width > window:  # transformers' sliding_window_overlay: q - kv < window
-                i = torch.arange(block.width, device=query.device)
-                mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window))[None, None]
-            out, _ = own(module, q, k, v, mask, **kwargs)  # [rows, width, H, d]
-            outs.append(out.reshape(block.rows * block.width, *out.shape[2:]).index_select(0, block.place))
+            k, v = (self.spread_heads(x, block, own_tokens) for x, own_tokens in zip((key, value), tokens[1:]))
+            if block.queries is not None and self.original in MASKED:  # a sharing block: its own tokens ask
+                q = self.spread_heads(query, block, tokens[0], block.queries)
+                mask, rows_out, place = block.mask, q.shape[2], block.query_place
+                if window is not None and block.width > window and block.offsets is not None:
+                    at = block.offsets[:, None] + torch.arange(q.shape[2], device=query.device)[None, :]
+                    mask = mask & (torch.arange(block.width, device=query.device) > at[:, :, None] - window)[:, None]
+            else:
+                q = self.spread_heads(query, block, tokens[0])
+                mask, rows_out, place = None, block.width, block.place
+                if window is not None and block.width > window:  # transformers' sliding_window_overlay: q - kv < window
+                    i = torch.arange(block.width, device=query.device)
+                    mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window))[None, None]
+            out, _ = own(module, q, k, v, mask, **kwargs)  # [rows, queries, H, d]
+            outs.append(out.reshape(block.rows * rows_out, *out.shape[2:]).index_select(0, place))
         return torch.cat(outs).unsqueeze(0)
 
 
