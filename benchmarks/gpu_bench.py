@@ -17,7 +17,9 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
   and model FLOPs utilisation = 6 x active parameters x tokens / time / ``--peak-tflops`` (790, the
   measured bf16 matmul peak of an H200); and ``padding_free``: the padded update against
   ``optim.padding_free`` on the same rows cut to ~5/8 real tokens, alternating, their log-probs' gap and the
-  padding-free update's host syncs; and ``chunked_head``: the whole logits against ``optim.logprob_chunk_tokens``
+  padding-free update's host syncs; ``shared_prompt``: ``optim.padding_free`` against ``optim.shared_prompt`` on groups
+  of 8 rows with a half-width prompt each and completions of an eighth to a half of the width, alternating, with the
+  log-probs' gap and the shared update's host syncs; and ``chunked_head``: the whole logits against ``optim.logprob_chunk_tokens``
   (4096) on the same update, alternating, with each one's peak device memory.
 * ``lean``    fp32 forward + backward of one micro-batch, transformers vs ``benchmarks/lean_forward.py`` (no module
   stack, no mask plumbing), with each one's host syncs.
@@ -207,6 +209,7 @@ def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
     return {"tokens_per_update": tokens, "update_s": seconds, "tok_s": tokens / seconds,
             "model_tflop_s": flops / 1e12, "mfu": flops / (PEAK_TFLOPS * 1e12), "peak_tflops": PEAK_TFLOPS,
             "padding_free": padding_free_arm(model, batch, objective, tiny, device),
+            "shared_prompt": shared_prompt_arm(model, batch, objective, tiny, device),
             "chunked_head": chunked_head_arm(model, batch, objective, tiny, device)}
 
 
@@ -270,6 +273,47 @@ def padding_free_arm(model: Any, full: Any, objective: Any, tiny: bool, device: 
     syncs = host_sync_census(lambda: trainers[True].update(batch, objective)) if device == "cuda" else None
     return {"real_frac": float(real.float().mean()), "padded_update_s": padded, "padding_free_update_s": packed,
             "speedup": padded / packed, "max_logp_gap": gap, "host_syncs": syncs}
+
+
+def shared_prompt_arm(model: Any, full: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
+    """``optim.shared_prompt`` against ``optim.padding_free`` on the same rows recut into groups of G (8; 2 ``--tiny``)
+    sharing a prompt of half the width, completions from an eighth to a half of it: update times side by side, the
+    tokens each forward computes, the log-probs' largest gap, a shared update's host syncs (CUDA)."""
+    import dataclasses
+
+    import torch
+
+    from minirl.models.padding_free import Packing, shared_prompts
+    from minirl.trainer import Trainer
+
+    rows, width = full.input_ids.shape
+    group, prompt = (2 if tiny else 8), width // 2
+    ids = full.input_ids.clone()
+    ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)  # each group's rows: its first row's prompt
+    lengths = prompt + torch.linspace(width // 8, width - prompt, rows).round().long()
+    real = torch.arange(width)[None] < lengths[:, None]
+    targets = real[:, 1:] & (torch.arange(1, width)[None] >= prompt)
+    batch = dataclasses.replace(full, input_ids=ids, attention_mask=real, mask=targets,
+                                group_ids=torch.arange(rows) // group)
+    tokens = {"padding_free": int(real.sum()),
+              "shared_prompt": int(Packing.of(real, prompts=shared_prompts(ids, targets)).index.numel())}
+    trainers = {arm: Trainer(model, lr=1e-6, micro_batch_sequences=rows, precision="bf16", **{arm: True})
+                for arm in tokens}
+    gap = float((trainers["padding_free"].score(batch).logp - trainers["shared_prompt"].score(batch).logp).abs().max())
+    times: dict[str, list[float]] = {arm: [] for arm in tokens}
+    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
+        for arm, trainer in trainers.items():
+            sync(device)
+            start = time.perf_counter()
+            trainer.update(batch, objective)
+            sync(device)
+            if round_:
+                times[arm].append(time.perf_counter() - start)
+    free, shared = statistics.median(times["padding_free"]), statistics.median(times["shared_prompt"])
+    syncs = host_sync_census(lambda: trainers["shared_prompt"].update(batch, objective)) if device == "cuda" else None
+    return {"group": group, "prompt_tokens": prompt, "padding_free_tokens": tokens["padding_free"],
+            "shared_prompt_tokens": tokens["shared_prompt"], "padding_free_update_s": free, "shared_prompt_update_s": shared,
+            "speedup": free / shared, "max_logp_gap": gap, "host_syncs": syncs}
 
 
 def part_lean(tiny: bool, device: str) -> dict[str, Any]:
@@ -482,6 +526,12 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(f"  padding-free update ({100 * free['real_frac']:.0f} % real tokens): padded {free['padded_update_s']:.3f} s, "
                      f"padding-free {free['padding_free_update_s']:.3f} s ({free['speedup']:.2f}x), max |logp gap| "
                      f"{free['max_logp_gap']:.1e}; host syncs {free['host_syncs']['total'] if free['host_syncs'] else 'n/a'}")
+        shared = trainer["shared_prompt"]
+        lines.append(f"  shared prompts (G = {shared['group']}, {shared['prompt_tokens']}-token prompts): padding-free "
+                     f"{shared['padding_free_update_s']:.3f} s on {shared['padding_free_tokens']} tokens, shared "
+                     f"{shared['shared_prompt_update_s']:.3f} s on {shared['shared_prompt_tokens']} ({shared['speedup']:.2f}x), "
+                     f"max |logp gap| {shared['max_logp_gap']:.1e}; host syncs "
+                     f"{shared['host_syncs']['total'] if shared['host_syncs'] else 'n/a'}")
         head = trainer["chunked_head"]
         memory = (f"; peak {head['whole_peak_gib']:.1f} -> {head['chunked_peak_gib']:.1f} GiB"
                   if head["whole_peak_gib"] is not None else "")

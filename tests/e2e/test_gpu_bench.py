@@ -39,9 +39,12 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     assert results["trainer"]["tokens_per_update"] == 128 and 0 < results["trainer"]["mfu"] < 1
     free = results["trainer"]["padding_free"]
     assert free["padding_free_update_s"] > 0 and free["max_logp_gap"] <= 1e-2 and 0.5 < free["real_frac"] < 0.8
+    shared = results["trainer"]["shared_prompt"]
+    assert shared["shared_prompt_tokens"] == shared["padding_free_tokens"] - 2 * 16  # 2 groups of 2 rows: 16-token prompts
+    assert shared["shared_prompt_update_s"] > 0 and shared["max_logp_gap"] <= 1e-2
     head = results["trainer"]["chunked_head"]
     assert head["chunked_update_s"] > 0 and head["max_logp_gap"] <= 1e-2 and head["whole_peak_gib"] is None  # no CUDA
-    assert "padding-free update" in done.stdout
+    assert "padding-free update" in done.stdout and "shared prompts (G = 2" in done.stdout
     assert results["lean"]["max_logp_gap"] == 0.0 and results["lean"]["lean_s"] > 0  # bitwise on the CPU
     assert results["rl_step"]["global_step_s"] > 0 and results["rl_step"]["rows"] == 8
     assert results["trace"]["wall_s"] > 0
