@@ -259,7 +259,8 @@ class Trainer:
         # prompt of a micro-batch once, its rows reading it in attention
         self.shared_prompt = shared_prompt
         self.padding_free = padding_free or shared_prompt
-        self._packed = PackedForward(model) if self.padding_free else None  # refuses a model in one line now
+        keys = [f"optim.{key}" for key, on in (("padding_free", padding_free), ("shared_prompt", shared_prompt)) if on]
+        self._packed = PackedForward(model, keys) if self.padding_free else None  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.logits_temperature = _positive_temperature(logits_temperature)  # log pi of logits / T: the engine's law

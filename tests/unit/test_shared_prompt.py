@@ -218,6 +218,17 @@ def test_chunked_head_and_kl_reference_share_prompts_too():
     assert Reference(trainer_b).frozen.shared_prompt
 
 
+def test_a_model_that_cannot_pack_is_refused_naming_the_key():
+    model = make_tiny_moe()
+    model.config._attn_implementation = "eager"
+    with pytest.raises(pf.PaddingFreeError, match=r"^optim.shared_prompt: this model's attention runs as 'eager'.*"
+                                                   r"set optim.shared_prompt=false$"):
+        Trainer(model, lr=1e-2, shared_prompt=True)
+    with pytest.raises(pf.PaddingFreeError, match=r"^optim.padding_free and optim.shared_prompt: .*set optim.padding_free="
+                                                   r"false and optim.shared_prompt=false$"):
+        Trainer(model, lr=1e-2, padding_free=True, shared_prompt=True)
+
+
 def test_the_config_key_parses_and_is_off_by_default(tmp_path):
     assert load_config("configs/demo.yaml").optim.shared_prompt is False
     path = tmp_path / "c.yaml"

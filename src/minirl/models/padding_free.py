@@ -276,20 +276,22 @@ def _configs(model: nn.Module) -> list[Any]:
 class PackedForward:
     """The padding-free forwards of one model; what they need of it is read once: its configs (whose attention
     implementation a packed forward switches), its own attention implementation and its layer count.
-    ``PaddingFreeError`` in one line when the model cannot run them."""
+    ``PaddingFreeError`` in one line when the model cannot run them, naming ``keys`` (the settings that asked for
+    them: ``optim.padding_free``, ``optim.shared_prompt``)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, keys: Sequence[str] = ("optim.padding_free",)) -> None:
         self.model = model
+        self.key = " and ".join(keys)
+        self.off = "set " + " and ".join(f"{key}=false" for key in keys)
         self.configs = _configs(model)
         if not self.configs:
-            raise PaddingFreeError("optim.padding_free needs a Hugging Face transformers model (no PretrainedConfig found)")
+            raise PaddingFreeError(f"{self.key} needs a Hugging Face transformers model (no PretrainedConfig found)")
         implementation = getattr(self.configs[0], "_attn_implementation", None)
         if implementation not in SUPPORTED:
-            raise PaddingFreeError(f"optim.padding_free: this model's attention runs as '{implementation}' (it needs a mask "
-                                   "over padding); padding-free forwards need 'sdpa' or 'flash_attention_*': set "
-                                   "optim.padding_free=false")
+            raise PaddingFreeError(f"{self.key}: this model's attention runs as '{implementation}' (it needs a mask "
+                                   f"over padding); padding-free forwards need 'sdpa' or 'flash_attention_*': {self.off}")
         self.original = str(implementation)
-        self.layers = _attention_layers(self.configs)
+        self.layers = _attention_layers(self.configs, self.key)
         _register()
 
     @contextmanager
@@ -317,9 +319,9 @@ class PackedForward:
             out = self.model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing,
                              **kwargs)
         if packing.calls != self.layers:
-            raise PaddingFreeError(f"optim.padding_free: {packing.calls} of the model's {self.layers} layers ran their "
+            raise PaddingFreeError(f"{self.key}: {packing.calls} of the model's {self.layers} layers ran their "
                                    f"attention through transformers' attention interface ({type(self.model).__name__}); "
-                                   "the others would mix the packed rows: set optim.padding_free=false")
+                                   f"the others would mix the packed rows: {self.off}")
         if router_logits is not None:  # [real tokens, E] per MoE layer
             router_logits.extend(out.router_logits)
         return packing.unpack(out.logits)
@@ -337,14 +339,14 @@ def _register() -> None:
         AttentionInterface.register(ATTENTION, attention)
 
 
-def _attention_layers(configs: list[Any]) -> int:
+def _attention_layers(configs: list[Any], key: str = "optim.padding_free") -> int:
     """Attention calls in one forward: one per decoder layer (``num_hidden_layers`` of the text config)."""
     for config in configs:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         layers = getattr(text, "num_hidden_layers", None)
         if layers:
             return int(layers)
-    raise PaddingFreeError("optim.padding_free: the model's config has no num_hidden_layers")
+    raise PaddingFreeError(f"{key}: the model's config has no num_hidden_layers")
 
 
 __all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward", "shared_prompts"]
