@@ -7,6 +7,8 @@ Each row is ``prompt_ids + completion_ids``, right-padded (so position ids are p
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 import torch
 
 from minirl.types import Batch, Completion
@@ -84,7 +86,7 @@ def chunks(batch: Batch, max_sequences: int) -> list[Batch]:
 
 
 def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *, padded: bool = True,
-                      at_least: int = 1) -> list[list[int]]:
+                      at_least: int = 1, prompts: Sequence[tuple[Hashable, int] | None] | None = None) -> list[list[int]]:
     """Dynamic micro-batches (verl's ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``, slime's
     ``--use-dynamic-batch-size --max-tokens-per-gpu``): the row indices of each micro-batch.
 
@@ -99,20 +101,37 @@ def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *
     halved, its longer rows first), so FSDP ranks whose shards pack differently run the same number of forwards and
     backwards (every forward is a collective: verl likewise takes the largest micro-batch count over its data-parallel
     ranks); a budget only gets more room. At most one micro-batch per row.
+    ``prompts`` (``optim.shared_prompt``, with ``padded=False``): per row, None or (key, length) as
+    ``minirl.models.padding_free.shared_prompts`` gives them: the rows of a prompt are taken together (prompts by their
+    longest row, longest first), and a row whose prompt the micro-batch already holds costs its completion only, as the
+    shared forward computes it.
     """
     order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
+    if prompts is not None and not padded:
+        place = {row: i for i, row in enumerate(order)}
+        first: dict[Hashable, int] = {}  # each prompt at the place of its longest row
+        for row in order:
+            if prompts[row] is not None:
+                first.setdefault(prompts[row], place[row])
+        order.sort(key=lambda row: (first[prompts[row]] if prompts[row] is not None else place[row], place[row]))
     groups: list[list[int]] = []
     current: list[int] = []
+    held: set[Hashable] = set()  # the prompts the current micro-batch holds
     width = total = 0
     for row in order:
-        size = (len(current) + 1) * width if padded else total + lengths[row]
+        prompt = prompts[row] if prompts is not None and not padded else None
+        cost = lengths[row] - (prompt[1] if prompt is not None and prompt in held else 0)
+        size = (len(current) + 1) * width if padded else total + cost
         if current and (len(current) + 1 > max_sequences or size > max_tokens):
             groups.append(sorted(current))
-            current, total = [], 0
+            current, total, cost = [], 0, lengths[row]
+            held.clear()
         if not current:
             width = lengths[row]  # the longest row of the micro-batch: it comes first
         current.append(row)
-        total += lengths[row]
+        total += cost
+        if prompt is not None:
+            held.add(prompt)
     if current:
         groups.append(sorted(current))
     while len(groups) < min(at_least, len(lengths)):
@@ -133,15 +152,18 @@ def most_across_ranks(count: int, device: torch.device | str) -> int:
 
 
 def token_budget_chunks(batch: Batch, max_sequences: int, max_tokens: int, *, padded: bool = True,
-                        agree_device: torch.device | str | None = None) -> list[tuple[torch.Tensor, Batch]]:
+                        agree_device: torch.device | str | None = None,
+                        prompts: Sequence[tuple[Hashable, int] | None] | None = None) -> list[tuple[torch.Tensor, Batch]]:
     """``token_budget_rows`` of ``batch``: (row indices into ``batch``, the trimmed micro-batch). ``agree_device``
-    (an FSDP rank's device): as many micro-batches as the rank that needs the most (``most_across_ranks``)."""
+    (an FSDP rank's device): as many micro-batches as the rank that needs the most (``most_across_ranks``).
+    ``prompts``: the rows' shared prompts (``token_budget_rows``)."""
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
-    groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded)
+    groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded, prompts=prompts)
     if agree_device is not None:
         wanted = most_across_ranks(len(groups), agree_device)
         if wanted > len(groups):
-            groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded, at_least=wanted)
+            groups = token_budget_rows(lengths, max_sequences, max_tokens, padded=padded, at_least=wanted,
+                                       prompts=prompts)
     out = []
     for rows in groups:
         index = torch.tensor(rows, dtype=torch.long)

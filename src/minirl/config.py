@@ -332,7 +332,8 @@ class OptimConfig(Section):
     only at each row's own tokens (verl's ``use_prefix_grouper``,
     NeMo RL's ``shared_prefix_training``; ``minirl.models.padding_free``). Runs the padding-free forward (implies
     ``padding_free``); log-probs as the padded forward's, gradients to float rounding. The router load-balancing loss
-    counts a shared prompt's tokens once. Rows of a group share only within a micro-batch."""
+    counts a shared prompt's tokens once. Rows of a group share only within a micro-batch; ``micro_batch_max_tokens``
+    then keeps a prompt's rows together and counts the prompt once."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them (less
     memory, about one more forward); routing replay replays the same routes in the recomputation."""

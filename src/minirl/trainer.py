@@ -387,8 +387,10 @@ class Trainer:
         gradient does not depend on how the rows are grouped."""
         size = self.micro_batch_sequences
         if self.micro_batch_max_tokens is not None:
+            # (shared prompts: a prompt's rows together, a prompt counted once; under R3 as it will be shared)
+            prompts = shared_prompts(batch.input_ids, batch.mask, batch.routes) if self.shared_prompt else None
             return token_budget_chunks(batch, size, self.micro_batch_max_tokens, padded=not self.padding_free,
-                                       agree_device=self.device if self.collective else None)
+                                       agree_device=self.device if self.collective else None, prompts=prompts)
         return [(slice(start, start + size), micro) for start, micro in zip(range(0, batch.size, size), chunks(batch, size))]
 
     # ------------------------------------------------------------------ the update

@@ -218,6 +218,33 @@ def test_chunked_head_and_kl_reference_share_prompts_too():
     assert Reference(trainer_b).frozen.shared_prompt
 
 
+def test_a_token_budget_keeps_a_prompts_rows_together_and_counts_the_prompt_once():
+    """Rows 0, 1 share a 5-token prompt, rows 2, 3 a 4-token one; a budget of 12 real tokens. Longest first alone
+    (10 | 9 | 8 | 7) every row goes alone; a prompt's rows together, the second costing its completion: 10 | 8 | 9 + 3."""
+    from minirl.batching import token_budget_rows
+
+    lengths, prompts = [10, 8, 9, 7], [("a", 5), ("a", 5), ("b", 4), ("b", 4)]
+    assert token_budget_rows(lengths, max_sequences=8, max_tokens=12, padded=False) == [[0], [2], [1], [3]]
+    assert token_budget_rows(lengths, 8, 12, padded=False, prompts=prompts) == [[0], [1], [2, 3]]
+    assert token_budget_rows(lengths, 8, 13, padded=False, prompts=prompts) == [[0, 1], [2, 3]]  # 10 + 3 | 9 + 3
+    assert token_budget_rows(lengths, 8, 13, padded=True, prompts=prompts) == [[0], [2], [1], [3]]  # padded: ignored
+    # rows without a prompt keep their place among the prompts' groups (by length)
+    assert token_budget_rows([6, 10, 9, 8], 8, 30, padded=False, prompts=[None, ("a", 5), None, ("a", 5)]) == [[0, 1, 2, 3]]
+    assert token_budget_rows([6, 10, 9, 8], 8, 13, padded=False, prompts=[None, ("a", 5), None, ("a", 5)]) == [
+        [1, 3], [2], [0]]
+
+
+def test_trainer_token_budgets_count_a_shared_prompt_once():
+    trainer_a, trainer_b = _trainers(micro_batch_max_tokens=20)
+    batch = grouped_batch()  # prompts of 3, 4, 5 tokens x 4 completions of 1-7 tokens
+    plain = [rows.tolist() for rows, _ in Trainer(trainer_a.model, lr=0.0, micro_batch_max_tokens=20, padding_free=True)
+             ._micro_batches(batch)]
+    shared = [rows.tolist() for rows, _ in trainer_b._micro_batches(batch)]
+    assert len(shared) < len(plain)
+    assert sorted(row for rows in shared for row in rows) == list(range(12))
+    assert (trainer_a.score(batch).logp - trainer_b.score(batch).logp).abs().max().item() <= 1e-6
+
+
 def test_a_model_that_cannot_pack_is_refused_naming_the_key():
     model = make_tiny_moe()
     model.config._attn_implementation = "eager"
