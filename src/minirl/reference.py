@@ -45,9 +45,9 @@ class Reference:
                                   micro_batch_max_tokens=trainer.micro_batch_max_tokens, precision=trainer.precision,
                                   padding_free=trainer.padding_free, shared_prompt=trainer.shared_prompt,
                                   logprob_chunk_tokens=trainer.logprob_chunk_tokens,
-                                  logits_temperature=trainer.logits_temperature)
+                                  logits_temperature=trainer.logits_temperature,
+                                  collective=trainer.collective)  # an FSDP rank's: its passes agree with the peers'
             model.requires_grad_(False)  # only ever scored (the Trainer's optimizer never steps)
-            self.frozen.collective = trainer.collective  # an FSDP rank's: its passes agree with the peers' (token budget)
 
     @torch.no_grad()
     def sync(self, alpha: float) -> None:

@@ -210,11 +210,12 @@ def add_configured_lora(cfg: Config, model: torch.nn.Module) -> None:
 
 
 def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, deterministic: bool = True,
-                  logits_temperature: float | None = None) -> Trainer:
+                  logits_temperature: float | None = None, collective: bool = False) -> Trainer:
     """The trainer of ``cfg.optim``; ``deterministic``: dropout and router jitter off (RL; see
     ``minirl.trainer.disable_stochastic_layers``). LoRA and gradient checkpointing are applied to
     ``model`` first (``prepare_for_training``). ``logits_temperature``: what the trainer's logits are divided by
-    (None: ``rollout.temperature`` under ``optim.score_at_rollout_temperature``, else 1; SFT passes 1)."""
+    (None: ``rollout.temperature`` under ``optim.score_at_rollout_temperature``, else 1; SFT passes 1).
+    ``collective``: an FSDP group's rank (``Trainer``'s ``collective``)."""
     from minirl.precision import set_tf32
 
     o = cfg.optim
@@ -244,6 +245,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         logprob_chunk_tokens=o.logprob_chunk_tokens,
         logits_temperature=logits_temperature if logits_temperature is not None else
         cfg.rollout.temperature if o.score_at_rollout_temperature else 1.0,
+        collective=collective,
     )
 
 

@@ -243,6 +243,7 @@ class Trainer:
         shared_prompt: bool = False,
         logprob_chunk_tokens: int | None = None,
         logits_temperature: float = 1.0,
+        collective: bool = False,
     ) -> None:
         if deterministic:
             disable_stochastic_layers(model)
@@ -280,9 +281,9 @@ class Trainer:
         self._guard = UpdateGuard(self.optimizer, update_guard)  # ``optim.update_guard``
         self.updates_done = self.consecutive_faults = 0
         self.faults = 0  # skipped updates (non-finite log-probs, loss, gradients or weights after the step)
-        # a rank of an FSDP group (``minirl.distributed.rank`` sets it): every update runs every forward and
-        # backward, even on bad inputs, so no collective waits for a rank that skipped alone
-        self.collective = False
+        # a rank of an FSDP group (``minirl.distributed.rank``): every update runs every forward and backward, even on
+        # bad inputs, so no collective waits for a rank that skipped alone, and token budgets agree across the ranks
+        self.collective = collective
         self.share_metric_inputs = False  # a group's rank: updates also return MetricInputs (the group's metrics)
 
     # ------------------------------------------------------------------ forward passes

@@ -125,8 +125,8 @@ class TrainerRank:
             _shard(model, device, self.world, cfg.optim.precision)
             if frozen is not None:
                 _shard(frozen, device, self.world, cfg.optim.precision)
-        self.trainer = build_trainer(cfg, model, self.replay)
-        self.trainer.collective = self.world > 1  # never skip alone: the peers wait in FSDP's collectives
+        # collective: never skip alone, and agree on token budgets: the peers wait in FSDP's collectives
+        self.trainer = build_trainer(cfg, model, self.replay, collective=self.world > 1)
         self.trainer.share_metric_inputs = True  # the group computes the whole mini-batch's metrics from the shards' inputs
         if reference:
             from minirl.reference import Reference
