@@ -80,9 +80,17 @@ def split(batch: Batch, parts: int) -> list[Batch]:
     return [batch.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
 
 
-def chunks(batch: Batch, max_sequences: int) -> list[Batch]:
-    """Micro-batches of at most ``max_sequences`` rows, each trimmed of padding."""
-    return [trim(batch.select(slice(i, i + max_sequences))) for i in range(0, batch.size, max_sequences)]
+def micro_batches(batch: Batch, max_sequences: int, max_tokens: int | None = None, *, padded: bool = True,
+                  agree_device: torch.device | str | None = None,
+                  prompts: Sequence[tuple[Hashable, int] | None] | None = None) -> list[tuple[slice | torch.Tensor, Batch]]:
+    """(the rows of ``batch`` each holds, the micro-batch trimmed of padding): contiguous slices of ``max_sequences``
+    rows, or with ``max_tokens`` the token budget's (``token_budget_chunks``, with its ``padded``, ``agree_device`` and
+    ``prompts``). The trainer's and the critic's micro-batches."""
+    if max_tokens is not None:
+        return list(token_budget_chunks(batch, max_sequences, max_tokens, padded=padded, agree_device=agree_device,
+                                        prompts=prompts))
+    rows = [slice(start, min(start + max_sequences, batch.size)) for start in range(0, batch.size, max_sequences)]
+    return [(part, trim(batch.select(part))) for part in rows]
 
 
 def token_budget_rows(lengths: list[int], max_sequences: int, max_tokens: int, *, padded: bool = True,

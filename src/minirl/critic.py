@@ -26,7 +26,7 @@ from typing import Any, cast
 import torch
 
 from minirl.algo.variants.gae import value_loss
-from minirl.batching import token_budget_chunks, trim
+from minirl.batching import micro_batches
 from minirl.config import ConfigError
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import (
@@ -155,15 +155,11 @@ class Critic:
         return out.logits[:, :-1, 0].float() * micro.mask.to(self.device)
 
     def _micro_batches(self, batch: Batch) -> list[tuple[Any, Batch]]:
-        """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget:
-        ``minirl.batching.token_budget_chunks``; on FSDP ranks as many as the rank that needs the most), each micro-batch
-        trimmed to its longest row (padding right)."""
-        if self.micro_batch_max_tokens is not None:
-            return list(token_budget_chunks(batch, self.micro_batch_sequences, self.micro_batch_max_tokens,
-                                            agree_device=self.device if self.collective else None))
-        groups = [slice(start, min(start + self.micro_batch_sequences, batch.size))
-                  for start in range(0, batch.size, self.micro_batch_sequences)]
-        return [(rows, trim(batch.select(rows))) for rows in groups]
+        """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget;
+        on FSDP ranks as many as the rank that needs the most), each micro-batch trimmed to its longest row: the
+        trainer's ``minirl.batching.micro_batches``."""
+        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens,
+                             agree_device=self.device if self.collective else None)
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 
 from minirl.algo import to_floats, token_logprobs
 from minirl.algo.logprobs import token_entropy_with_grad
-from minirl.batching import chunks, token_budget_chunks
+from minirl.batching import micro_batches
 from minirl.loss_inputs import nan_report
 from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
@@ -386,13 +386,12 @@ class Trainer:
         micro-batches as the rank that needs the most: each forward and backward is a collective).
         Every loss has the whole mini-batch's denominator (``minirl.objective``), so the summed
         gradient does not depend on how the rows are grouped."""
-        size = self.micro_batch_sequences
-        if self.micro_batch_max_tokens is not None:
-            # (shared prompts: a prompt's rows together, a prompt counted once; under R3 as it will be shared)
-            prompts = shared_prompts(batch.input_ids, batch.mask, batch.routes) if self.shared_prompt else None
-            return token_budget_chunks(batch, size, self.micro_batch_max_tokens, padded=not self.padding_free,
-                                       agree_device=self.device if self.collective else None, prompts=prompts)
-        return [(slice(start, start + size), micro) for start, micro in zip(range(0, batch.size, size), chunks(batch, size))]
+        # (shared prompts: a token budget takes a prompt's rows together and counts the prompt once, under R3 as the
+        # forward will share it)
+        budget = self.micro_batch_max_tokens is not None and self.shared_prompt
+        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens, padded=not self.padding_free,
+                             agree_device=self.device if self.collective else None,
+                             prompts=shared_prompts(batch.input_ids, batch.mask, batch.routes) if budget else None)
 
     # ------------------------------------------------------------------ the update
 

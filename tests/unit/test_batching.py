@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minirl.batching import chunks, collate, split, trim
+from minirl.batching import collate, micro_batches, split, trim
 from minirl.types import Completion
 
 
@@ -36,14 +36,16 @@ def test_routes_are_padded_with_minus_one_and_trimmed():
     assert small.input_ids.shape == (1, 2) and small.routes.shape == (1, 2, 2, 2) and small.mask.shape == (1, 1)
 
 
-def test_split_and_chunks_cover_every_row_once():
+def test_split_and_micro_batches_cover_every_row_once():
     comps = [_completion(i, [1], [2] * (i + 1)) for i in range(6)]
     batch = collate(comps, torch.arange(6.0), 0)
     parts = split(batch, 3)
     assert [p.advantages.tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
-    micro = chunks(batch, 4)
-    assert [m.size for m in micro] == [4, 2]
-    assert micro[0].input_ids.shape[1] == 5 and micro[1].input_ids.shape[1] == 7
+    rows, micro = zip(*micro_batches(batch, 4))
+    assert rows == (slice(0, 4), slice(4, 6)) and [m.size for m in micro] == [4, 2]
+    assert micro[0].input_ids.shape[1] == 5 and micro[1].input_ids.shape[1] == 7  # each trimmed to its longest row
+    budget = micro_batches(batch, 4, max_tokens=16, padded=False)  # lengths 2..7, longest first: 7+6 | 5+4+3+2
+    assert [index.tolist() for index, _ in budget] == [[4, 5], [0, 1, 2, 3]]
 
 
 def test_token_budget_rows_hand_computed():
