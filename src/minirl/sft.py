@@ -189,7 +189,8 @@ def sft_cache_key(cfg: Config) -> str:
             ("micro_batch_max_tokens",) if cfg.optim.micro_batch_max_tokens is not None else ()), *(
             ("precision",) if cfg.optim.precision != "fp32" else ()), *(
             ("adamw_impl",) if cfg.optim.adamw_impl != "default" else ()), *(
-            ("padding_free",) if cfg.optim.padding_free else ())}),  # keys of earlier caches
+            ("padding_free",) if cfg.optim.padding_free else ()), *(
+            ("shared_prompt",) if cfg.optim.shared_prompt else ())}),  # keys of earlier caches
         "seed": cfg.run.seed if cfg.cold_start.seed is None else cfg.cold_start.seed,
         "threads": cfg.run.threads,
     }

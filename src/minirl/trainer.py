@@ -245,6 +245,7 @@ class Trainer:
         logits_temperature: float = 1.0,
         collective: bool = False,
     ) -> None:
+        # Over 60 lines: one parameter and one assignment per optimizer and forward knob; split, they would scatter
         if deterministic:
             disable_stochastic_layers(model)
         self.model = model

@@ -32,6 +32,8 @@ def test_new_task_keys_change_the_key_only_when_set():
 
     base = load_config(None, [])
     assert sft_cache_key(load_config(None, ["task.chat_template_kwargs={enable_thinking: false}"])) != sft_cache_key(base)
+    # the cold start runs the trainer's forward: shared prompts change its gradients' rounding, so its cache
+    assert sft_cache_key(load_config(None, ["optim.shared_prompt=true"])) != sft_cache_key(base)
     # a reward function's entry hashes as before reward models and keys existed (no "model" / "key": null in it)
     from minirl.sft import _without_new_defaults
 

@@ -116,13 +116,7 @@ class Packing:
             raise ValueError(f"optim.padding_free: row {bad}'s real tokens are not a prefix of the row (right padding only)")
         sizes = lengths.tolist()
         order = sorted(range(rows), key=lambda row: (-sizes[row], row))
-        skip, owner = [0] * rows, list(range(rows))  # a row's shared prompt length and the row that packs it
-        first: dict[Hashable, int] = {}
-        for row in order:
-            prompt = prompts[row] if prompts is not None else None
-            if prompt is not None and 0 < prompt[1] <= sizes[row]:
-                owner[row] = first.setdefault(prompt, row)
-                skip[row] = prompt[1] if owner[row] != row else 0
+        skip, owner = _owners(order, sizes, prompts)
         # the rows that pack all their tokens first, then the rows that read a prompt elsewhere: blocks keep them apart
         order = [row for row in order if not skip[row]] + [row for row in order if skip[row]]
         groups: list[list[int]] = []
@@ -147,19 +141,9 @@ class Packing:
             place = torch.cat([i * block_width + torch.arange(skip[row], sizes[row]) for i, row in enumerate(group)])
             block = Block(start, start + len(place), len(group), block_width, to_device(place, device))
             if skip[group[0]]:  # rows reading a shared prompt: every slot gathered; queries only for their own tokens
-                own = [sizes[row] - skip[row] for row in group]
-                width_q = max(own)
-                a = torch.arange(width_q)
-                offsets = torch.tensor([skip[row] for row in group])
-                keys = torch.arange(block_width)
-                mask = (keys[None, None, :] <= offsets[:, None, None] + a[None, :, None]) & (
-                    keys[None, None, :] < torch.tensor([sizes[row] for row in group])[:, None, None])
-                block = dataclasses.replace(
-                    block, source=to_device(torch.cat([sources(row, block_width) for row in group]), device),
-                    queries=to_device(torch.cat([torch.where(a < n, begin[row] + a, total)
-                                                 for row, n in zip(group, own)]), device),
-                    query_place=to_device(torch.cat([i * width_q + torch.arange(n) for i, n in enumerate(own)]), device),
-                    offsets=to_device(offsets, device), mask=to_device(mask.unsqueeze(1), device))
+                source = torch.cat([sources(row, block_width) for row in group])
+                block = _sharing(block, source, [skip[row] for row in group], [sizes[row] for row in group],
+                                 [begin[row] for row in group], total, device)
             blocks.append(block)
             start += len(place)
         shared = any(skip)
@@ -226,6 +210,39 @@ class Packing:
             out, _ = own(module, q, k, v, mask, **kwargs)  # [rows, queries, H, d]
             outs.append(out.reshape(block.rows * rows_out, *out.shape[2:]).index_select(0, place))
         return torch.cat(outs).unsqueeze(0)
+
+
+def _owners(order: list[int], sizes: list[int], prompts: Sequence[tuple[Hashable, int] | None] | None
+            ) -> tuple[list[int], list[int]]:
+    """Per row, how many leading tokens it reads from another row (its shared prompt's length, 0 for the row that
+    packs it: the first of the prompt's rows in ``order``) and that row (itself when 0)."""
+    skip, owner = [0] * len(sizes), list(range(len(sizes)))
+    first: dict[Hashable, int] = {}
+    for row in order:
+        prompt = prompts[row] if prompts is not None else None
+        if prompt is not None and 0 < prompt[1] <= sizes[row]:
+            owner[row] = first.setdefault(prompt, row)
+            skip[row] = prompt[1] if owner[row] != row else 0
+    return skip, owner
+
+
+def _sharing(block: Block, source: torch.Tensor, skips: list[int], sizes: list[int], begins: list[int], total: int,
+             device: torch.device | str) -> Block:
+    """``block`` of rows that read a shared prompt (their ``skips`` leading tokens) from another row: every slot's
+    packed token (``source``), and their own tokens' queries (from ``begins``; T = ``total`` at padding) with the causal
+    mask aligned to each row's last key (``Block``)."""
+    own = [size - skip for size, skip in zip(sizes, skips)]
+    width_q = max(own)
+    a = torch.arange(width_q)
+    offsets = torch.tensor(skips)
+    keys = torch.arange(block.width)
+    mask = (keys[None, None, :] <= offsets[:, None, None] + a[None, :, None]) & (
+        keys[None, None, :] < torch.tensor(sizes)[:, None, None])
+    return dataclasses.replace(
+        block, source=to_device(source, device),
+        queries=to_device(torch.cat([torch.where(a < n, begin + a, total) for begin, n in zip(begins, own)]), device),
+        query_place=to_device(torch.cat([i * width_q + torch.arange(n) for i, n in enumerate(own)]), device),
+        offsets=to_device(offsets, device), mask=to_device(mask.unsqueeze(1), device))
 
 
 def shared_prompts(input_ids: torch.Tensor, mask: torch.Tensor, routes: torch.Tensor | None = None
