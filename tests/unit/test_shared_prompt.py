@@ -245,6 +245,22 @@ def test_trainer_token_budgets_count_a_shared_prompt_once():
     assert (trainer_a.score(batch).logp - trainer_b.score(batch).logp).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3"])
+def test_the_engines_r3_batches_share_their_prompts(precision):
+    """Under R3 rows share a prompt only where its routes are the same: the engine prefills each prompt once for its G
+    samples, so a collated R3 batch's groups do share (else R3 would silently lose the saving)."""
+    from minirl.rollout.native import NativeEngine
+    from minirl.types import SamplingParams
+    from tests.unit.test_rollout_native import EOS, PAD, PROMPTS, moe_model
+
+    engine = NativeEngine(moe_model(std=0.1), eos_token_id=EOS, pad_token_id=PAD, precision=precision)
+    completions = engine.generate_ids(PROMPTS, 4, SamplingParams(max_new_tokens=6, seed=0), record_routes=True)
+    batch = collate(completions, torch.zeros(len(completions)), pad_token_id=PAD)
+    keys = pf.shared_prompts(batch.input_ids, batch.mask, batch.routes)
+    assert [len({keys[row] for row in range(g * 4, g * 4 + 4)}) for g in range(len(PROMPTS))] == [1] * len(PROMPTS)
+    assert len(set(keys)) == len(PROMPTS)
+
+
 def test_a_model_that_cannot_pack_is_refused_naming_the_key():
     model = make_tiny_moe()
     model.config._attn_implementation = "eager"
