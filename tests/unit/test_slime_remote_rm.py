@@ -185,6 +185,19 @@ def test_the_run_sees_remote_rms_line_before_the_reward_timeout():
                         r"\d\.\d s, stopped by its 0\.9 s budget \(rm_deadline_s in its kwargs\)", str(err.value)), str(err.value)
 
 
+def test_in_a_reward_worker_remote_rms_budget_follows_the_reward_timeout():
+    """Without ``rm_deadline_s``, remote_rm in a reward worker keeps its tries within the runner's timeout less a second
+    (here 3 s: a 2 s budget, not the 9 s it takes outside a worker), so its line still comes before the timeout's."""
+    url = f"http://127.0.0.1:{_free_port()}/score"
+    task = build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=[
+        {"function": "minirl.tasks.slime_rewards:rm_hub", "kwargs": {"rm_type": "remote_rm", "rm_url": url}}])
+    with RewardRunner(task, timeout_s=3.0) as runner, pytest.raises(RewardFunctionError) as err:
+        runner.score(task.train_prompts(), [(0, "12")])
+    # (1 try when the first wait, 1-2 s, would itself reach the budget)
+    assert re.search(r"remote_rm: nothing answers at .*, [12] tr(y|ies) in \d\.\d s, stopped by its 2 s budget",
+                     str(err.value)), str(err.value)
+
+
 def test_the_translation_gives_remote_rm_a_budget_under_the_reward_timeout():
     """``--rm-type remote_rm``: ``rm_deadline_s`` in the scorer's args, ``task.reward_timeout_s`` above it, and the
     header says so; the same when rows pick remote_rm by their metadata; other scorers keep the default timeout."""

@@ -77,16 +77,22 @@ STARTUP_TIMEOUT_S = 120.0
 _SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the ``minirl`` package
 
 
-class _Worker:
-    """One reward worker process and its two pipe ends."""
+TIMEOUT_ENV = "MINIRL_REWARD_TIMEOUT_S"
+"""Set in a worker's environment to the runner's ``timeout_s``: a reward function that retries (slime's ``remote_rm``)
+keeps its tries within it and says why it failed before the worker is killed."""
 
-    def __init__(self, setup: dict[str, Any]) -> None:
+
+class _Worker:
+    """One reward worker process and its two pipe ends; ``timeout_s`` goes to its environment (``TIMEOUT_ENV``)."""
+
+    def __init__(self, setup: dict[str, Any], timeout_s: float | None = None) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT.format(src=_SRC), str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w), start_new_session=True, stdin=subprocess.DEVNULL,
+                env={**os.environ, TIMEOUT_ENV: str(timeout_s)} if timeout_s else None,
             )
         except BaseException:
             os.close(to_child_w)
@@ -333,7 +339,7 @@ class RewardRunner:
         if self._workers.closed:
             raise RewardFunctionError(f"reward function {self.name}: the reward runner is shut down")
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._setup))
+            self._workers.append(_Worker(self._setup, self.timeout_s))
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import re
 import string
@@ -182,8 +183,13 @@ SCORERS: dict[str, Callable[[str, Any, dict[str, Any]], Any]] = {
 
 
 REMOTE_RM_DEADLINE_S = 9.0
-"""``remote_rm``'s budget (seconds, all tries and waits) when its args carry no ``rm_deadline_s``: under minirl's
-default ``task.reward_timeout_s`` (10 s), so that a dead server is named before the runner's generic timeout fires."""
+"""``remote_rm``'s budget (seconds, all tries and waits) when its args carry no ``rm_deadline_s`` and it runs outside a
+reward worker: under minirl's default ``task.reward_timeout_s`` (10 s). In a worker the budget is the runner's timeout
+less ``REMOTE_RM_MARGIN_S`` (``reward_runner.TIMEOUT_ENV``), so that a dead server is named before the runner's generic
+timeout fires, whatever ``task.reward_timeout_s`` is."""
+
+REMOTE_RM_MARGIN_S = 1.0
+"""What ``remote_rm`` leaves of its worker's timeout for its failure line to get back."""
 
 SLIME_RM_DEADLINE_S = 170.0
 """The ``rm_deadline_s`` ``minirl config from-slime`` gives ``--rm-type remote_rm``: slime's 10 tries of a request that
@@ -194,6 +200,17 @@ SLIME_RM_TIMEOUT_S = SLIME_RM_DEADLINE_S + 10.0
 before ``remote_rm`` says which server failed and how."""
 
 
+def _worker_budget() -> float:
+    """``remote_rm``'s default budget: its reward worker's timeout less ``REMOTE_RM_MARGIN_S`` (at least half of the
+    timeout), else ``REMOTE_RM_DEADLINE_S``."""
+    from minirl.tasks.reward_runner import TIMEOUT_ENV
+
+    timeout = os.environ.get(TIMEOUT_ENV)
+    if not timeout:
+        return REMOTE_RM_DEADLINE_S
+    return max(float(timeout) - REMOTE_RM_MARGIN_S, float(timeout) / 2)
+
+
 def remote_rm(args: Any, sample: Any, *, max_retries: int = 10, timeout_s: float = 120.0,
               deadline_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
               clock: Callable[[], float] = time.monotonic) -> Any:
@@ -201,14 +218,15 @@ def remote_rm(args: Any, sample: Any, *, max_retries: int = 10, timeout_s: float
     to ``args.rm_url`` and returns the JSON the server answers (a number, or a dict whose ``--reward-key`` entry is the
     reward). A failed request (an HTTP error status, a refused connection, no answer within ``timeout_s``) is retried
     after min(2^attempt, 30) s plus up to 1 s, ``max_retries`` tries in all, as slime's, within a budget for all tries
-    and waits: ``deadline_s``, else ``args.rm_deadline_s`` (what the translation sets), else ``REMOTE_RM_DEADLINE_S``.
+    and waits: ``deadline_s``, else ``args.rm_deadline_s`` (what the translation sets), else in a reward worker its
+    timeout less ``REMOTE_RM_MARGIN_S``, else ``REMOTE_RM_DEADLINE_S``.
     No request outlasts the budget, and a wait that would reach it is not begun: the budget is kept under
     ``task.reward_timeout_s``, so a dead server is one line of its own (its URL, ``--rm-url``, the last failure, the
     tries and seconds spent) instead of the runner's generic timeout. A 200 answer that is not JSON is not retried."""
     url = getattr(args, "rm_url", None)
     if not url:
         raise ValueError("rm_type remote_rm: set --rm-url (the reward server slime posts each response to)")
-    budget = float(deadline_s if deadline_s is not None else getattr(args, "rm_deadline_s", None) or REMOTE_RM_DEADLINE_S)
+    budget = float(deadline_s if deadline_s is not None else getattr(args, "rm_deadline_s", None) or _worker_budget())
     body = json.dumps({"prompt": sample.prompt, "response": sample.response, "label": sample.label}).encode()
     start = clock()
     for attempt in range(max_retries):
