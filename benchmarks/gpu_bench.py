@@ -213,22 +213,16 @@ def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
             "chunked_head": chunked_head_arm(model, batch, objective, tiny, device)}
 
 
-def chunked_head_arm(model: Any, batch: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
-    """``optim.logprob_chunk_tokens`` against the whole logits on the same update (every position scored, so the
-    arms differ in the head alone): update times side by side, each arm's peak device memory (CUDA), the
-    log-probs' largest gap."""
+def alternate_updates(trainers: dict[Any, Any], batch: Any, objective: Any, tiny: bool, device: str
+                      ) -> tuple[dict[Any, float], dict[Any, float | None]]:
+    """Each trainer's median seconds of ``update(batch, objective)`` (round 0 warms up; the arms alternate round by
+    round), and its peak device memory in GiB (CUDA; else None)."""
     import torch
 
-    from minirl.trainer import Trainer
-
-    chunk = 64 if tiny else 4096
-    trainers = {size: Trainer(model, lr=1e-6, micro_batch_sequences=batch.size, precision="bf16", logprob_chunk_tokens=size)
-                for size in (None, chunk)}
-    gap = float((trainers[None].score(batch).logp - trainers[chunk].score(batch).logp).abs().max())
-    times: dict[Any, list[float]] = {None: [], chunk: []}
-    peaks: dict[Any, float | None] = {None: None, chunk: None}
-    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
-        for size, trainer in trainers.items():
+    times: dict[Any, list[float]] = {arm: [] for arm in trainers}
+    peaks: dict[Any, float | None] = {arm: None for arm in trainers}
+    for round_ in range(2 if tiny else 4):
+        for arm, trainer in trainers.items():
             sync(device)
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -236,9 +230,23 @@ def chunked_head_arm(model: Any, batch: Any, objective: Any, tiny: bool, device:
             trainer.update(batch, objective)
             sync(device)
             if round_:
-                times[size].append(time.perf_counter() - start)
-                peaks[size] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    whole, chunked = statistics.median(times[None]), statistics.median(times[chunk])
+                times[arm].append(time.perf_counter() - start)
+                peaks[arm] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    return {arm: statistics.median(t) for arm, t in times.items()}, peaks
+
+
+def chunked_head_arm(model: Any, batch: Any, objective: Any, tiny: bool, device: str) -> dict[str, Any]:
+    """``optim.logprob_chunk_tokens`` against the whole logits on the same update (every position scored, so the
+    arms differ in the head alone): update times side by side, each arm's peak device memory (CUDA), the
+    log-probs' largest gap."""
+    from minirl.trainer import Trainer
+
+    chunk = 64 if tiny else 4096
+    trainers = {size: Trainer(model, lr=1e-6, micro_batch_sequences=batch.size, precision="bf16", logprob_chunk_tokens=size)
+                for size in (None, chunk)}
+    gap = float((trainers[None].score(batch).logp - trainers[chunk].score(batch).logp).abs().max())
+    medians, peaks = alternate_updates(trainers, batch, objective, tiny, device)
+    whole, chunked = medians[None], medians[chunk]
     return {"chunk_tokens": chunk, "whole_update_s": whole, "chunked_update_s": chunked, "speedup": whole / chunked,
             "whole_peak_gib": peaks[None], "chunked_peak_gib": peaks[chunk], "max_logp_gap": gap}
 
@@ -260,16 +268,8 @@ def padding_free_arm(model: Any, full: Any, objective: Any, tiny: bool, device: 
     trainers = {free: Trainer(model, lr=1e-6, micro_batch_sequences=rows, precision="bf16", padding_free=free)
                 for free in (False, True)}
     gap = float((trainers[False].score(batch).logp - trainers[True].score(batch).logp).abs().max())
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
-        for free, trainer in trainers.items():
-            sync(device)
-            start = time.perf_counter()
-            trainer.update(batch, objective)
-            sync(device)
-            if round_:
-                times[free].append(time.perf_counter() - start)
-    padded, packed = statistics.median(times[False]), statistics.median(times[True])
+    medians, _ = alternate_updates(trainers, batch, objective, tiny, device)
+    padded, packed = medians[False], medians[True]
     syncs = host_sync_census(lambda: trainers[True].update(batch, objective)) if device == "cuda" else None
     return {"real_frac": float(real.float().mean()), "padded_update_s": padded, "padding_free_update_s": packed,
             "speedup": padded / packed, "max_logp_gap": gap, "host_syncs": syncs}
@@ -300,16 +300,8 @@ def shared_prompt_arm(model: Any, full: Any, objective: Any, tiny: bool, device:
     trainers = {arm: Trainer(model, lr=1e-6, micro_batch_sequences=rows, precision="bf16", **{arm: True})
                 for arm in tokens}
     gap = float((trainers["padding_free"].score(batch).logp - trainers["shared_prompt"].score(batch).logp).abs().max())
-    times: dict[str, list[float]] = {arm: [] for arm in tokens}
-    for round_ in range(2 if tiny else 4):  # round 0 warms up; the arms alternate
-        for arm, trainer in trainers.items():
-            sync(device)
-            start = time.perf_counter()
-            trainer.update(batch, objective)
-            sync(device)
-            if round_:
-                times[arm].append(time.perf_counter() - start)
-    free, shared = statistics.median(times["padding_free"]), statistics.median(times["shared_prompt"])
+    medians, _ = alternate_updates(trainers, batch, objective, tiny, device)
+    free, shared = medians["padding_free"], medians["shared_prompt"]
     syncs = host_sync_census(lambda: trainers["shared_prompt"].update(batch, objective)) if device == "cuda" else None
     return {"group": group, "prompt_tokens": prompt, "padding_free_tokens": tokens["padding_free"],
             "shared_prompt_tokens": tokens["shared_prompt"], "padding_free_update_s": free, "shared_prompt_update_s": shared,

@@ -141,14 +141,13 @@ def test_trainer_update_with_r3_replay_is_the_padded_update(checkpointing):
     same_r3_update(trainer_a, trainer_b, _batch())
 
 
-def same_r3_update(trainer_a: Trainer, trainer_b: Trainer, batch, fed: list[int] | None = None, expect_fed=None):
+def same_r3_update(trainer_a: Trainer, trainer_b: Trainer, batch, after_scoring=None):
     """R3 as the loop runs it on two trainers (``trainer_a`` the padded reference): one scoring records the routes
     (the same, -1 at padding), then an update replays them, scores and captures the routers' own choices; the two
-    agree to float rounding. Returns the batch the update ran. ``fed``/``expect_fed``: what ``trainer_b``'s scoring
-    fed its embeddings (a hook's list), and a function of the batch giving what it must have fed."""
+    agree to float rounding. Returns the batch the update ran. ``after_scoring(batch)``: more checks of the scoring."""
     recorded_a, recorded_b = (t.score(batch, record_routes=True) for t in (trainer_a, trainer_b))
-    if expect_fed is not None:
-        assert fed == expect_fed(batch)
+    if after_scoring is not None:
+        after_scoring(batch)
     assert torch.equal(recorded_a.routes, recorded_b.routes)  # -1 at padding on both
     assert (recorded_b.routes[~batch.attention_mask] == -1).all()
     assert (recorded_a.logp - recorded_b.logp).abs().max().item() <= 1e-6

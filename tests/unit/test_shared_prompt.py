@@ -178,11 +178,11 @@ def test_trainer_update_with_r3_replay_is_the_padded_update(checkpointing):
     fed: list[int] = []  # tokens each forward of trainer_b embeds
     trainer_b.model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].numel()))
 
-    def expect_fed(batch):  # micro-batches of rows 0-5 and 6-11: groups 0-1 and 1-2 (the second split); prompts 3, 4, 5
+    def each_prompt_fed_once(batch):  # micro-batches of rows 0-5, 6-11: groups 0-1, 1-2 (the second split); prompts 3, 4, 5
         real = batch.attention_mask.sum(dim=1)
-        return [int(real[:6].sum()) - 3 * 3 - 4, int(real[6:].sum()) - 4 - 3 * 5]
+        assert fed == [int(real[:6].sum()) - 3 * 3 - 4, int(real[6:].sum()) - 4 - 3 * 5]
 
-    batch = same_r3_update(trainer_a, trainer_b, grouped_batch(), fed, expect_fed)
+    batch = same_r3_update(trainer_a, trainer_b, grouped_batch(), each_prompt_fed_once)
     # every row's routes count as replayed (``RoutePlan`` checks each is consumed once): a shared copy stands for its rows
     assert trainer_b.replay.replayed_rows == trainer_a.replay.replayed_rows == trainer_a.replay.validate(batch.routes)
 
