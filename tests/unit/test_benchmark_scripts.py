@@ -20,6 +20,7 @@ import compare_trl  # noqa: E402
 import gpu_bench  # noqa: E402
 import lean_forward  # noqa: E402
 import peak_memory  # noqa: E402
+import profile_step  # noqa: E402
 import time_to_quality  # noqa: E402
 
 # ----------------------------------------------------------------------------- bench_scaling
@@ -352,3 +353,39 @@ def test_host_sync_census_counts_torchs_sync_warnings_by_line(monkeypatch):
     assert census["total"] == 4 and sorted(census["by_site"].values()) == [1, 3]
     assert all(site.startswith("test_benchmark_scripts.py:") for site in census["by_site"])
     assert modes == ["warn", "default"]
+
+
+def test_step_profile_charges_each_operator_to_its_phase_and_kind():
+    from torch.profiler import profile, record_function
+
+    a, q = torch.randn(32, 32), torch.randn(1, 2, 8, 16)
+    with profile() as prof:
+        with record_function("phase:rollout"):
+            torch.mm(a, a)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        with record_function("phase:update"):
+            (a * 2).sum()
+        torch.mm(a, a)  # outside both: rewards, batching, the sync
+    table = profile_step.charge(prof.events())
+    assert table["rollout"]["gemm"] > 0 and table["rollout"]["attention"] > 0
+    assert table["update"]["gemm"] == 0 and table["update"]["attention"] == 0 and table["update"]["other ops"] > 0
+    assert table["other"]["gemm"] > 0 and table["other"]["attention"] == 0
+    assert table["rollout"]["wall"] >= table["rollout"]["gemm"] + table["rollout"]["attention"]
+
+
+def test_step_profile_phases_wrap_the_engine_and_the_trainer_and_unwrap_them():
+    from types import SimpleNamespace
+
+    class Engine:
+        def generate_ids(self, x):
+            return x + 1
+
+    class Trainer:
+        def update(self, x):
+            return x * 2
+
+    run = SimpleNamespace(engine=Engine(), trainer=Trainer())
+    with profile_step.phases(run):
+        assert "generate_ids" in vars(run.engine) and run.engine.generate_ids(1) == 2 and run.trainer.update(3) == 6
+    assert "generate_ids" not in vars(run.engine) and "update" not in vars(run.trainer)
+    assert run.engine.generate_ids(1) == 2
