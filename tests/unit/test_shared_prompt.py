@@ -206,6 +206,36 @@ def test_rows_replaying_other_prompt_routes_do_not_share():
     assert (replayed_a - replayed_b).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("micro_batch", [12, 5])
+def test_two_groups_of_the_same_prompt_share_one_copy(micro_batch):
+    """A dataset may hold a prompt twice (or a run split one prompt's samples into two groups): rows of both groups
+    read one copy of it, under R3 too (the engine routes the same tokens the same way), and the update is the
+    padded one, whether a micro-batch holds both groups or splits them."""
+    g = torch.Generator().manual_seed(0)
+    twice, once = torch.randint(2, 40, (4,), generator=g).tolist(), torch.randint(2, 40, (5,), generator=g).tolist()
+    comps = []
+    for group, prompt in enumerate((twice, twice, once)):
+        for sample in range(4):
+            completion = torch.randint(2, 40, (1 + (group * 4 + sample) * 5 % 7,), generator=g).tolist()
+            comps.append(Completion(group, sample, prompt, completion, -torch.rand(len(completion), generator=g), "eos"))
+    batch = collate(comps, torch.randn(12, generator=g), pad_token_id=0)
+    trainer_a, trainer_b = _trainers(micro_batch_sequences=micro_batch)
+    fed: list[int] = []  # tokens each forward of trainer_b embeds
+    trainer_b.model.get_input_embeddings().register_forward_hook(lambda m, args, out: fed.append(args[0].numel()))
+
+    def twice_fed_once(batch):
+        keys = pf.shared_prompts(batch.input_ids, batch.mask, trainer_a.score(batch, record_routes=True).routes)
+        assert len(set(keys[:8])) == 1 and keys[8] != keys[0]
+        real = batch.attention_mask.sum(dim=1)
+        # one micro-batch: the repeated prompt once for its 8 rows, the other once for its 4; micro-batches of
+        # 5, 5, 2 rows: rows 0-4 and 5-7 each read one copy of the repeated prompt, rows 8-9 and 10-11 one of the other
+        expected = [int(real.sum()) - 7 * 4 - 3 * 5] if micro_batch == 12 else [
+            int(real[:5].sum()) - 4 * 4, int(real[5:10].sum()) - 2 * 4 - 1 * 5, int(real[10:].sum()) - 5]
+        assert fed == expected
+
+    same_r3_update(trainer_a, trainer_b, batch, twice_fed_once)
+
+
 def test_chunked_head_and_kl_reference_share_prompts_too():
     """With the chunked LM head the packed forward returns hidden states (shared ones copied to their rows); the KL
     reference's frozen trainer shares prompts as the policy's does."""
