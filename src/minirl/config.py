@@ -321,12 +321,12 @@ class OptimConfig(Section):
     weights + optimizer state in memory); ``check``: no copy, a poisoned step stops the run at once
     (exit 3) before any checkpoint holds it — for models whose copy does not fit; ``off``: no check."""
     padding_free: bool = False
-    """Every trainer forward (the update's, pi_old's, the reference's) on the real tokens only: the rows packed
+    """Every trainer forward (the update's, pi_old's, the reference's, the critic's) on the real tokens only: the rows packed
     into one [1, T] row with their own positions, attention run per row (verl's ``use_remove_padding``, TRL's
     ``padding_free``; ``minirl.models.padding_free``). Log-probs as the padded forward's, gradients to float
     rounding; ``micro_batch_max_tokens`` then counts real tokens. Needs attention ``sdpa`` or ``flash_attention_*``."""
     shared_prompt: bool = False
-    """Each prompt once per micro-batch in every trainer forward: rows with the same prompt tokens (under routing
+    """Each prompt once per micro-batch in every trainer forward (the critic's too): rows with the same prompt tokens (under routing
     replay also the same prompt routes) pack it once and read its keys and values in attention, so projections,
     experts, norms and the head run on P + G R tokens of a group instead of G (P + R), and under sdpa attention asks
     only at each row's own tokens (verl's ``use_prefix_grouper``,

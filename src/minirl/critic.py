@@ -28,6 +28,7 @@ import torch
 from minirl.algo.variants.gae import value_loss
 from minirl.batching import micro_batches
 from minirl.config import ConfigError
+from minirl.models.padding_free import PackedForward, Packing, shared_prompts
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import (
     disable_stochastic_layers,
@@ -81,7 +82,8 @@ def build_critic(cfg: Any, policy: torch.nn.Module, *, shard: Callable[[torch.nn
     return Critic(model, names=names, collective=shard is not None, lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
-                  precision=o.precision, loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens)
+                  precision=o.precision, loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens,
+                  padding_free=o.padding_free, shared_prompt=o.shared_prompt)
 
 
 class ValueModel(torch.nn.Module):
@@ -120,19 +122,23 @@ class ValueModel(torch.nn.Module):
 
         return cls._wrap(AutoModel.from_pretrained(path, **kwargs))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``kwargs`` go to the transformer (a padding-free forward's ``position_ids`` and packing)."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         return SimpleNamespace(logits=self.score(hidden))
 
 
 class Critic:
     """V_phi and its optimizer; ``values`` and ``update`` take ``minirl.types.Batch``es (their ``mask`` says which
-    target positions count)."""
+    target positions count). ``padding_free`` / ``shared_prompt`` (``optim.padding_free`` / ``optim.shared_prompt``,
+    verl's ``critic.model.use_remove_padding``): its forwards run on the real tokens only, each prompt of a micro-batch
+    once with the second, as the policy's do (``minirl.models.padding_free``)."""
 
     def __init__(self, model: torch.nn.Module, *, names: list[str] | None = None, collective: bool = False, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
                  clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
-                 precision: str = "fp32", loss_aggregation: str = "token_mean", horizon_tokens: int = 1) -> None:
+                 precision: str = "fp32", loss_aggregation: str = "token_mean", horizon_tokens: int = 1,
+                 padding_free: bool = False, shared_prompt: bool = False) -> None:
         self.model, self.collective = model, collective  # collective: FSDP2 shards, every call made on every rank
         self.names = names or [name for name, param in model.named_parameters() if param.requires_grad]
         disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
@@ -142,6 +148,9 @@ class Critic:
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
+        self.shared_prompt, self.padding_free = shared_prompt, padding_free or shared_prompt
+        keys = [f"optim.{key}" for key, on in (("padding_free", padding_free), ("shared_prompt", shared_prompt)) if on]
+        self._packed = PackedForward(model, keys) if self.padding_free else None  # refuses a model in one line now
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
@@ -150,16 +159,22 @@ class Critic:
     def _values(self, micro: Batch) -> torch.Tensor:
         """V [b, T] of a micro-batch (with gradient when enabled), 0 off its ``mask``."""
         with compute_context(self.precision, self.device):
-            out = self.model(input_ids=micro.input_ids.to(self.device),
-                             attention_mask=micro.attention_mask.to(self.device).long())
-        return out.logits[:, :-1, 0].float() * micro.mask.to(self.device)
+            input_ids = micro.input_ids.to(self.device)
+            if self._packed is not None:  # the real tokens only (zeros at padding), each shared prompt once
+                prompts = shared_prompts(micro.input_ids, micro.mask) if self.shared_prompt else None
+                logits = self._packed(input_ids, Packing.of(micro.attention_mask, self.device, prompts), use_cache=False)
+            else:
+                logits = self.model(input_ids=input_ids, attention_mask=micro.attention_mask.to(self.device).long()).logits
+        return logits[:, :-1, 0].float() * micro.mask.to(self.device)
 
     def _micro_batches(self, batch: Batch) -> list[tuple[Any, Batch]]:
         """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget;
         on FSDP ranks as many as the rank that needs the most), each micro-batch trimmed to its longest row: the
         trainer's ``minirl.batching.micro_batches``."""
-        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens,
-                             agree_device=self.device if self.collective else None)
+        budget = self.micro_batch_max_tokens is not None and self.shared_prompt  # a prompt counted once
+        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens, padded=not self.padding_free,
+                             agree_device=self.device if self.collective else None,
+                             prompts=shared_prompts(batch.input_ids, batch.mask) if budget else None)
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:

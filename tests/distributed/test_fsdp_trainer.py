@@ -327,12 +327,15 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
-@pytest.mark.parametrize("budget", [[], pytest.param(["optim.micro_batch_max_tokens=24"], marks=pytest.mark.slow)],
-                         ids=["rows", "token-budget"])
+@pytest.mark.parametrize("budget", [[], pytest.param(["optim.micro_batch_max_tokens=24"], marks=pytest.mark.slow),
+                                    pytest.param(["optim.shared_prompt=true", "optim.micro_batch_max_tokens=40"],
+                                                 marks=pytest.mark.slow)],
+                         ids=["rows", "token-budget", "shared-prompt"])
 def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
     """algo.adv_baseline=critic: each rank holds its FSDP2 shards of the value model, scores its rows (the GAE's values
     joined back in row order) and trains on them with the whole mini-batch's divisor: every critic/* metric, the policy's
-    update and both final models are one process's; no critic is built in the controller."""
+    update and both final models are one process's; no critic is built in the controller. With ``optim.shared_prompt``
+    each rank's critic packs its rows' prompts once, as the policy does."""
     mode = [*MODE, "algo.adv_baseline=critic", "algo.adv_whiten=true", "critic.lr=1e-3", "algo.adv_lambda=0.9",
             "critic.loss_aggregation=seq_mean", *budget]
     critics = {}
@@ -346,7 +349,9 @@ def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
     sharded = run_steps(tmp_path / "fsdp", *mode, "cluster.trainer_ranks=2", on_setup=keep("fsdp"))
     assert type(critics["fsdp"]).__name__ == "GroupCritic" and type(critics["single"]).__name__ == "Critic"
     loss_diff, weight_diff = max_differences(single, sharded)
-    assert loss_diff < TOL and weight_diff < TOL
+    # (shared prompts: each rank shares a prompt among its own rows, so float rounding differs from one process's a
+    # little more; AdamW's normalised step turns it into ~1e-5 on a rarely routed expert's weights of ~0.09)
+    assert loss_diff < TOL and weight_diff < (3 * TOL if "optim.shared_prompt=true" in budget else TOL)
     keys = [k for k in single[0][0] if k.startswith("critic/")]
     assert len(keys) == 8
     for a, b in zip(single[0], sharded[0]):

@@ -184,6 +184,44 @@ def test_values_sit_before_each_target_token_whatever_the_micro_batches():
     torch.testing.assert_close(whole.values(batch), critic.values(batch), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["qwen3-moe-tiny", "olmoe-tiny"])  # a TokenClassification model; ValueModel
+def test_padding_free_and_shared_prompt_critics_are_the_padded_one(preset):
+    """``optim.padding_free`` / ``optim.shared_prompt`` reach the critic (verl's ``critic.model.use_remove_padding``):
+    its forwards run on the real tokens, each prompt of a micro-batch once, and its values and its update are the
+    padded critic's to float rounding, with a token budget too."""
+    from minirl.critic import build_critic
+    from minirl.runtime import build_model
+    from tests.unit.test_shared_prompt import grouped_batch
+
+    critics = {}
+    for arm, flags in {"padded": [], "padding_free": ["optim.padding_free=true"],
+                       "shared_prompt": ["optim.shared_prompt=true"]}.items():
+        cfg = load_config(None, [f"model.preset={preset}", "critic.lr=1e-2", *flags])
+        policy, _ = build_model(cfg)
+        critics[arm] = build_critic(cfg, policy)
+    assert (critics["padding_free"].padding_free, critics["shared_prompt"].shared_prompt) == (True, True)
+    batch = grouped_batch()  # 3 prompts x 4 completions
+    fed: dict[str, list[int]] = {arm: [] for arm in critics}
+    for arm, critic in critics.items():
+        critic.model.base_model.get_input_embeddings().register_forward_hook(
+            lambda m, args, out, arm=arm: fed[arm].append(args[0].numel()))
+    values = {arm: critic.values(batch) for arm, critic in critics.items()}
+    real = int(batch.attention_mask.sum())
+    assert fed == {"padded": [batch.input_ids.numel()], "padding_free": [real], "shared_prompt": [real - 3 * (3 + 4 + 5)]}
+    for arm in critics:
+        torch.testing.assert_close(values[arm], values["padded"], rtol=0, atol=1e-6)
+    returns = torch.where(batch.mask, torch.linspace(-1, 1, batch.mask.shape[1]).expand_as(batch.mask), 0.0)
+    critics["shared_prompt"].micro_batch_max_tokens = 40  # a token budget that counts each prompt once
+    metrics = {arm: critic.update(batch, values["padded"], returns) for arm, critic in critics.items()}
+    assert len(fed["shared_prompt"]) > 2  # the budget's micro-batches
+    for arm in critics:
+        assert metrics[arm]["vf_loss"] == pytest.approx(metrics["padded"]["vf_loss"], rel=1e-5, abs=1e-7)
+        assert metrics[arm]["grad_norm"] == pytest.approx(metrics["padded"]["grad_norm"], rel=1e-4)
+        torch.testing.assert_close(critic_values := critics[arm].values(batch), critics["padded"].values(batch),
+                                   rtol=0, atol=1e-5)
+        assert critic_values.shape == batch.mask.shape
+
+
 def test_the_critic_regresses_on_the_returns():
     from tests.unit.test_trainer_precision import batch_of
 
