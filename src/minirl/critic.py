@@ -28,7 +28,7 @@ import torch
 from minirl.algo.variants.gae import value_loss
 from minirl.batching import micro_batches
 from minirl.config import ConfigError
-from minirl.models.padding_free import PackedForward, Packing, shared_prompts
+from minirl.models.padding_free import Packing, packed_forward, shared_prompts
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import (
     disable_stochastic_layers,
@@ -149,8 +149,7 @@ class Critic:
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         self.shared_prompt, self.padding_free = shared_prompt, padding_free or shared_prompt
-        keys = [f"optim.{key}" for key, on in (("padding_free", padding_free), ("shared_prompt", shared_prompt)) if on]
-        self._packed = PackedForward(model, keys) if self.padding_free else None  # refuses a model in one line now
+        self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(

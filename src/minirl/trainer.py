@@ -37,7 +37,7 @@ from minirl.batching import micro_batches
 from minirl.loss_inputs import nan_report
 from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
-from minirl.models.padding_free import PackedForward, Packing, shared_prompts
+from minirl.models.padding_free import Packing, packed_forward, shared_prompts
 from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
@@ -261,8 +261,7 @@ class Trainer:
         # prompt of a micro-batch once, its rows reading it in attention
         self.shared_prompt = shared_prompt
         self.padding_free = padding_free or shared_prompt
-        keys = [f"optim.{key}" for key, on in (("padding_free", padding_free), ("shared_prompt", shared_prompt)) if on]
-        self._packed = PackedForward(model, keys) if self.padding_free else None  # refuses a model in one line now
+        self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.logits_temperature = _positive_temperature(logits_temperature)  # log pi of logits / T: the engine's law

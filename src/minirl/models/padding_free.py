@@ -344,6 +344,13 @@ class PackedForward:
         return packing.unpack(out.logits)
 
 
+def packed_forward(model: nn.Module, padding_free: bool, shared_prompt: bool) -> PackedForward | None:
+    """The padding-free forward ``optim.padding_free`` / ``optim.shared_prompt`` ask of ``model`` (the trainer's, the
+    critic's); None when both are off. A model that cannot run it is refused now, in one line naming the keys set."""
+    keys = [f"optim.{key}" for key, on in (("padding_free", padding_free), ("shared_prompt", shared_prompt)) if on]
+    return PackedForward(model, keys) if keys else None
+
+
 def forward(model: nn.Module, input_ids: torch.Tensor, packing: Packing, **kwargs: Any) -> torch.Tensor:
     """One padding-free forward of ``model`` (``PackedForward(model)(input_ids, packing, **kwargs)``)."""
     return PackedForward(model)(input_ids, packing, **kwargs)
@@ -366,4 +373,5 @@ def _attention_layers(configs: list[Any], key: str = "optim.padding_free") -> in
     raise PaddingFreeError(f"{key}: the model's config has no num_hidden_layers")
 
 
-__all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward", "shared_prompts"]
+__all__ = ["ATTENTION", "PackedForward", "Packing", "PaddingFreeError", "attention", "forward", "packed_forward",
+           "shared_prompts"]
