@@ -254,6 +254,7 @@ def test_a_nan_input_on_one_rank_skips_the_update_on_every_rank_without_a_hang(t
         run.close()
 
 
+@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_entropy_bonus_on_two_ranks_matches_one_process(tmp_path):
     """``algo.entropy_coef``: each rank passes its forward's entropy to the bonus, whose normaliser is the whole
     mini-batch's tokens; N = 2 (separate pi_old pass) and N = 1 (pi_old from the update's own forward, with adaptive
@@ -367,6 +368,7 @@ def test_the_optimal_token_baseline_on_two_ranks_matches_one_process(tmp_path):
     _two_ranks_match_one_process(tmp_path, *MODE, "algo.adv_baseline=optimal_token", "rollout.precision=fp8_e4m3")
 
 
+@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
     with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights
@@ -446,6 +448,7 @@ def test_lora_on_two_fsdp_ranks_matches_one_process(tmp_path):
     assert sharded[0][-1]["policy/kl_ref"] > 0  # the adapters have moved the policy from its base
 
 
+@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_first_order_diagnostics_on_two_ranks_match_one_process(tmp_path):
     """``diagnostics.every_steps`` on 2 FSDP ranks: the surrogate's and the sequence-level gradients come back as the
     ranks' local shards one after another (a permutation of the whole gradient), so their cosine, norms and relative
