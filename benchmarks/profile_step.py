@@ -12,8 +12,9 @@ rewards, batching, the weight sync) and to a kind:
     other ops  every other aten operator (norms, RoPE, SwiGLU, gathers, the loss, AdamW, sampling)
     host       the phase's profiled wall time less its operators' self time: Python, dispatch, autograd bookkeeping
 
-Shares are of the profiled step (the profiler adds a few microseconds per operator); the seconds column scales
-them to the unprofiled median step. What issue 20's item 5 asks (the step at 2x TRL's) can be read against it:
+Shares are of the time charged: the rollout's and the update's profiled wall time, plus the operators that ran
+outside both (their Python is not counted; it is rewards and batching, a few milliseconds). The profiler adds a few
+microseconds per operator; the seconds column scales the shares to the unprofiled median step. What issue 20's item 5 asks (the step at 2x TRL's) can be read against it:
 a step bound by its GEMMs would take the ``gemm`` row.
 
     python benchmarks/profile_step.py [--preset qwen3-moe-2m] [--natural] [--warmup 2] [--steps 5] [key=value ...]
@@ -74,6 +75,7 @@ def phases(run):
     """Wrap the engine's sampling and the trainer's update in ``phase:*`` profiler ranges."""
     engine, trainer = run.engine, run.trainer
     generate, update = engine.generate_ids, trainer.update
+    own = [(obj, name, vars(obj)[name]) for obj, name in ((engine, "generate_ids"), (trainer, "update")) if name in vars(obj)]
 
     def generate_in_phase(*args, **kwargs):
         with record_function("phase:rollout"):
@@ -87,7 +89,9 @@ def phases(run):
     try:
         yield
     finally:
-        del engine.generate_ids, trainer.update  # the instance attributes; the methods show again
+        del engine.generate_ids, trainer.update  # the wrappers; the methods show again
+        for obj, name, value in own:  # an attribute the instance had of its own comes back too
+            setattr(obj, name, value)
 
 
 def main() -> None:

@@ -131,8 +131,8 @@ class ValueModel(torch.nn.Module):
 class Critic:
     """V_phi and its optimizer; ``values`` and ``update`` take ``minirl.types.Batch``es (their ``mask`` says which
     target positions count). ``padding_free`` / ``shared_prompt`` (``optim.padding_free`` / ``optim.shared_prompt``,
-    verl's ``critic.model.use_remove_padding``): its forwards run on the real tokens only, each prompt of a micro-batch
-    once with the second, as the policy's do (``minirl.models.padding_free``)."""
+    verl's ``critic.model.use_remove_padding``): its forwards run on the real tokens only, and with ``shared_prompt``
+    each prompt of a micro-batch once, as the policy's do (``minirl.models.padding_free``)."""
 
     def __init__(self, model: torch.nn.Module, *, names: list[str] | None = None, collective: bool = False, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,

@@ -385,7 +385,8 @@ def test_step_profile_phases_wrap_the_engine_and_the_trainer_and_unwrap_them():
             return x * 2
 
     run = SimpleNamespace(engine=Engine(), trainer=Trainer())
+    run.trainer.update = lambda x: x * 3  # an instance's own attribute: wrapped, then given back
     with profile_step.phases(run):
-        assert "generate_ids" in vars(run.engine) and run.engine.generate_ids(1) == 2 and run.trainer.update(3) == 6
-    assert "generate_ids" not in vars(run.engine) and "update" not in vars(run.trainer)
+        assert "generate_ids" in vars(run.engine) and run.engine.generate_ids(1) == 2 and run.trainer.update(3) == 9
+    assert "generate_ids" not in vars(run.engine) and run.trainer.update(3) == 9
     assert run.engine.generate_ids(1) == 2
