@@ -142,6 +142,7 @@ def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):
     run = loop.setup(cfg, rewards=DenseRewards())
     try:
         ranks = run.trainer.ranks
+        assert [rank.start_method for rank in ranks] == ["forkserver"] * 2  # CPU ranks: forks of a preloaded server
         os.kill(ranks[1].process.pid, signal.SIGKILL)
         started = time.perf_counter()
         with pytest.raises(WorkerError, match=r"^trainer rank 1 died \(exit code -9\) (before|during) \w+$"):

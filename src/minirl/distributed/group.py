@@ -17,7 +17,7 @@
   once" check covers the whole group.
 
 Where a worker runs is a *handle*: ``InProcess`` (an object in this process), ``Spawned`` (a
-``torch.multiprocessing`` spawn child, for W trainer ranks on one machine) or a Ray actor
+``torch.multiprocessing`` child, for W trainer ranks on one machine) or a Ray actor
 (``minirl.distributed.ray_backend``). A worker that raises, dies or is lost surfaces as one
 ``WorkerError`` naming the worker and the call, and the rest of the group is stopped.
 """
@@ -58,16 +58,27 @@ class InProcess:
             self.target.close()
 
 
+# what a forkserver imports once, before it forks its first child (torch, transformers and the trainer: ~7 s here)
+FORKSERVER_PRELOAD = ("minirl.distributed.rank", "minirl.runtime")
+
+
 class Spawned:
-    """A worker object in a spawned child process, driven over a pipe (one call in flight).
+    """A worker object in a child process, driven over a pipe (one call in flight).
 
-    The child answers its construction first: ``gather([(handle, "__init__")], ...)`` waits for it."""
+    The child answers its construction first: ``gather([(handle, "__init__")], ...)`` waits for it.
+    ``start_method``: ``"spawn"`` starts a fresh interpreter, which imports torch and transformers again (seconds);
+    ``"forkserver"`` forks it from a server that imported them once (``FORKSERVER_PRELOAD``), so each group after the
+    first in this process starts in milliseconds. The server starts with the first such child and keeps the
+    environment and the standard streams it had then; it must not be used for CUDA ranks, as a process whose parent
+    touched the CUDA driver cannot use it (importing transformers may)."""
 
-    def __init__(self, name: str, factory: Any, *args: Any) -> None:
+    def __init__(self, name: str, factory: Any, *args: Any, start_method: str = "spawn") -> None:
         import torch.multiprocessing as mp
 
-        context = mp.get_context("spawn")
-        self.name = name
+        context: Any = mp.get_context(start_method)  # a SpawnContext or a ForkServerContext
+        if start_method == "forkserver":
+            context.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # read when the server starts, once
+        self.name, self.start_method = name, start_method
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, factory, args), daemon=True, name=name)
         self.process.start()

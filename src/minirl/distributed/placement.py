@@ -6,7 +6,7 @@
 |-------------------------------------------|--------------------------------|-------------------------------------|
 | local, 1 rank, 1 engine (the default)     | ``NativeEngine`` (this process) | ``Trainer`` (this process)          |
 | local, E engines                          | ``EngineGroup`` of E in-process | as above or below                   |
-| local, W > 1 ranks                        | as above                       | ``TrainerGroup`` of W spawned ranks |
+| local, W > 1 ranks                        | as above                       | ``TrainerGroup`` of W child ranks   |
 | ray                                       | ``EngineGroup`` of E actors    | ``TrainerGroup`` of W actors        |
 
 The loop (``minirl.loop.global_step``) is the same function in every case.
@@ -92,7 +92,11 @@ def build_placement(cfg: Config, model: torch.nn.Module, tokenizer: Any, replay:
         model.to(c.device)
         return Placement(engine, build_trainer(cfg, model, replay), replay)
     add_configured_lora(cfg, model)  # after the engines (built from the plain model, as in one process): the mirror
-    ranks = [Spawned(f"trainer rank {r}", TrainerRank, cfg, r, c.trainer_ranks, source) for r in range(c.trainer_ranks)]
+    # CPU ranks fork from a server that imported torch and transformers once (a second group in this process, as in
+    # the tests or a notebook, starts in milliseconds); CUDA ranks start fresh interpreters (``Spawned``)
+    start_method = "spawn" if c.device == "cuda" else "forkserver"
+    ranks = [Spawned(f"trainer rank {r}", TrainerRank, cfg, r, c.trainer_ranks, source, start_method=start_method)
+             for r in range(c.trainer_ranks)]
     trainer = TrainerGroup(ranks, model)
     try:
         gather([(rank, "__init__") for rank in ranks], "start-up")
