@@ -286,16 +286,39 @@ BEFORE_WORK = [
 ]
 
 
+# every case in one fresh process, one after another (a process imports torch and transformers in ~7 s here): after
+# each, its exit code and whether vLLM, Ray or the SFT code had been imported by then (a case that imports one fails,
+# and every case after it); its stderr ends at a marker line
+BEFORE_WORK_SCRIPT = """
+import json, sys
+from minirl.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    print(json.dumps([code, *(name in sys.modules for name in ("vllm", "ray", "minirl.sft"))]), flush=True)
+    print("--- end of case ---", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def before_work(tmp_path_factory):
+    """(stdout line, stderr, run directory) of each ``BEFORE_WORK`` case, run in one process."""
+    base = tmp_path_factory.mktemp("before_work")
+    argvs = [_args(base / str(case), 1, "cold_start.enabled=true", *overrides)
+             for case, (overrides, _) in enumerate(BEFORE_WORK)]
+    result = subprocess.run([sys.executable, "-c", BEFORE_WORK_SCRIPT, json.dumps(argvs)], cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    outs, errs = result.stdout.splitlines(), result.stderr.split("--- end of case ---\n")
+    assert result.returncode == 0 and len(outs) == len(BEFORE_WORK), result
+    return [(json.loads(out), err, base / str(case) / "r") for case, (out, err) in enumerate(zip(outs, errs))]
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks what a CPU-only machine refuses")
-@pytest.mark.parametrize("overrides, message", BEFORE_WORK)
-def test_config_decided_checks_run_before_the_cold_start(tmp_path, overrides, message):
-    script = ("import sys; from minirl.cli import main; code = main(sys.argv[1:]); "
-              "print(code, 'vllm' in sys.modules, 'ray' in sys.modules, 'minirl.sft' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", script, *_args(tmp_path, 1, "cold_start.enabled=true", *overrides)],
-                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
-    assert result.stdout.split() == ["2", "False", "False", "False"], result  # nothing imported, nothing built
-    assert one_line(result.stderr).startswith(message)
-    assert not (tmp_path / "r" / "sft").exists()
+@pytest.mark.parametrize("case", range(len(BEFORE_WORK)), ids=[" ".join(overrides) for overrides, _ in BEFORE_WORK])
+def test_config_decided_checks_run_before_the_cold_start(before_work, case):
+    status, err, run = before_work[case]
+    assert status == [2, False, False, False], err  # refused, nothing imported, nothing built
+    assert one_line(err).startswith(BEFORE_WORK[case][1])
+    assert not (run / "sft").exists()
 
 
 def test_vllm_v2_runner_hint_without_a_gpu(tmp_path, capsys, monkeypatch):
