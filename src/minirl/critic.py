@@ -28,7 +28,7 @@ import torch
 from minirl.algo.variants.gae import value_loss
 from minirl.batching import micro_batches
 from minirl.config import ConfigError
-from minirl.models.padding_free import Packing, packed_forward, shared_prompts
+from minirl.models.padding_free import Packing, packed_forward
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import (
     disable_stochastic_layers,
@@ -148,7 +148,6 @@ class Critic:
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
-        self.shared_prompt, self.padding_free = shared_prompt, padding_free or shared_prompt
         self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -160,7 +159,7 @@ class Critic:
         with compute_context(self.precision, self.device):
             input_ids = micro.input_ids.to(self.device)
             if self._packed is not None:  # the real tokens only (zeros at padding), each shared prompt once
-                prompts = shared_prompts(micro.input_ids, micro.mask) if self.shared_prompt else None
+                prompts = self._packed.prompts(micro.input_ids, micro.mask)  # routes: the critic replays none
                 logits = self._packed(input_ids, Packing.of(micro.attention_mask, self.device, prompts), use_cache=False)
             else:
                 logits = self.model(input_ids=input_ids, attention_mask=micro.attention_mask.to(self.device).long()).logits
@@ -170,10 +169,10 @@ class Critic:
         """Rows of at most ``micro_batch_sequences`` (and, with ``micro_batch_max_tokens``, the trainer's token budget;
         on FSDP ranks as many as the rank that needs the most), each micro-batch trimmed to its longest row: the
         trainer's ``minirl.batching.micro_batches``."""
-        budget = self.micro_batch_max_tokens is not None and self.shared_prompt  # a prompt counted once
-        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens, padded=not self.padding_free,
-                             agree_device=self.device if self.collective else None,
-                             prompts=shared_prompts(batch.input_ids, batch.mask) if budget else None)
+        packed, budget = self._packed, self.micro_batch_max_tokens  # shared prompts: a prompt counted once
+        prompts = packed.prompts(batch.input_ids, batch.mask) if packed is not None and budget is not None else None
+        return micro_batches(batch, self.micro_batch_sequences, budget, padded=packed is None,
+                             agree_device=self.device if self.collective else None, prompts=prompts)
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:

@@ -37,7 +37,7 @@ from minirl.batching import micro_batches
 from minirl.loss_inputs import nan_report
 from minirl.models.logprob_head import LogprobHead
 from minirl.models.lora import merged_state_dict
-from minirl.models.padding_free import Packing, packed_forward, shared_prompts
+from minirl.models.padding_free import Packing, packed_forward
 from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 from minirl.monitor.routing import route_diff_counts
 from minirl.precision import autocast_experts, compute_context
@@ -258,9 +258,7 @@ class Trainer:
         self.micro_batch_sequences = micro_batch_sequences
         self.micro_batch_max_tokens = micro_batch_max_tokens
         # ``optim.padding_free``: forwards on the real tokens only; ``optim.shared_prompt`` (which packs too): each
-        # prompt of a micro-batch once, its rows reading it in attention
-        self.shared_prompt = shared_prompt
-        self.padding_free = padding_free or shared_prompt
+        # prompt of a micro-batch once, its rows reading it in attention (``padding_free`` / ``shared_prompt`` below)
         self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
         # ``optim.logprob_chunk_tokens``: the forward stops at the hidden states; the head runs a chunk at a time
         self.logprob_chunk_tokens = logprob_chunk_tokens
@@ -297,9 +295,8 @@ class Trainer:
         ``router_logits`` (a list), the model's router logits (one [tokens, E] per MoE layer) go into it."""
         context: AbstractContextManager[Any] = nullcontext()
         # ``optim.padding_free``: the model sees the real tokens as one row [1, T]; routes in and out follow
-        prompts = None if not self.shared_prompt else shared_prompts(
-            micro.input_ids, micro.mask, micro.routes if replay_routes else None)
-        packing = Packing.of(micro.attention_mask, self.device, prompts) if self._packed is not None else None
+        packing = None if self._packed is None else Packing.of(micro.attention_mask, self.device, self._packed.prompts(
+            micro.input_ids, micro.mask, micro.routes if replay_routes else None))
         if replay_routes:
             if self.replay is None or micro.routes is None:
                 raise ValueError("routing replay was requested but the trainer has no RoutingReplay or the batch no routes")
@@ -388,10 +385,20 @@ class Trainer:
         gradient does not depend on how the rows are grouped."""
         # (shared prompts: a token budget takes a prompt's rows together and counts the prompt once, under R3 as the
         # forward will share it)
-        budget = self.micro_batch_max_tokens is not None and self.shared_prompt
-        return micro_batches(batch, self.micro_batch_sequences, self.micro_batch_max_tokens, padded=not self.padding_free,
-                             agree_device=self.device if self.collective else None,
-                             prompts=shared_prompts(batch.input_ids, batch.mask, batch.routes) if budget else None)
+        packed, budget = self._packed, self.micro_batch_max_tokens
+        prompts = packed.prompts(batch.input_ids, batch.mask, batch.routes) if packed is not None and budget is not None else None
+        return micro_batches(batch, self.micro_batch_sequences, budget, padded=packed is None,
+                             agree_device=self.device if self.collective else None, prompts=prompts)
+
+    @property
+    def padding_free(self) -> bool:
+        """Forwards on the real tokens only (``optim.padding_free``, or ``optim.shared_prompt``, which packs too)."""
+        return self._packed is not None
+
+    @property
+    def shared_prompt(self) -> bool:
+        """Each prompt of a micro-batch computed once (``optim.shared_prompt``)."""
+        return self._packed is not None and self._packed.shared_prompt
 
     # ------------------------------------------------------------------ the update
 

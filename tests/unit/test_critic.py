@@ -199,7 +199,8 @@ def test_padding_free_and_shared_prompt_critics_are_the_padded_one(preset):
         cfg = load_config(None, [f"model.preset={preset}", "critic.lr=1e-2", *flags])
         policy, _ = build_model(cfg)
         critics[arm] = build_critic(cfg, policy)
-    assert (critics["padding_free"].padding_free, critics["shared_prompt"].shared_prompt) == (True, True)
+    packed = {arm: critic._packed for arm, critic in critics.items()}  # the padding-free forward each was given
+    assert (packed["padded"], packed["padding_free"].shared_prompt, packed["shared_prompt"].shared_prompt) == (None, False, True)
     batch = grouped_batch()  # 3 prompts x 4 completions
     fed: dict[str, list[int]] = {arm: [] for arm in critics}
     for arm, critic in critics.items():

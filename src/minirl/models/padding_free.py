@@ -309,7 +309,14 @@ class PackedForward:
                                    f"over padding); padding-free forwards need 'sdpa' or 'flash_attention_*': {self.off}")
         self.original = str(implementation)
         self.layers = _attention_layers(self.configs, self.key)
+        self.shared_prompt = "optim.shared_prompt" in keys  # each prompt of a micro-batch once (``prompts``)
         _register()
+
+    def prompts(self, input_ids: torch.Tensor, mask: torch.Tensor, routes: torch.Tensor | None = None
+                ) -> list[tuple[Hashable, int] | None] | None:
+        """``Packing.of``'s (and a token budget's) ``prompts`` for these rows: ``shared_prompts`` (their prompts, keyed
+        by ``routes`` too where a forward replays them) under ``optim.shared_prompt``, else None (each row its own)."""
+        return shared_prompts(input_ids, mask, routes) if self.shared_prompt else None
 
     @contextmanager
     def packed_attention(self, packing: Packing) -> Iterator[None]:
