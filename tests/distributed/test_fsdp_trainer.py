@@ -255,7 +255,6 @@ def test_a_nan_input_on_one_rank_skips_the_update_on_every_rank_without_a_hang(t
         run.close()
 
 
-@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_entropy_bonus_on_two_ranks_matches_one_process(tmp_path):
     """``algo.entropy_coef``: each rank passes its forward's entropy to the bonus, whose normaliser is the whole
     mini-batch's tokens; N = 2 (separate pi_old pass) and N = 1 (pi_old from the update's own forward, with adaptive
@@ -329,9 +328,8 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
-@pytest.mark.parametrize("budget", [[], pytest.param(["optim.micro_batch_max_tokens=24"], marks=pytest.mark.slow),
-                                    pytest.param(["optim.shared_prompt=true", "optim.micro_batch_max_tokens=40"],
-                                                 marks=pytest.mark.slow)],
+@pytest.mark.parametrize("budget", [[], ["optim.micro_batch_max_tokens=24"],
+                                    ["optim.shared_prompt=true", "optim.micro_batch_max_tokens=40"]],
                          ids=["rows", "token-budget", "shared-prompt"])
 def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
     """algo.adv_baseline=critic: each rank holds its FSDP2 shards of the value model, scores its rows (the GAE's values
@@ -363,13 +361,11 @@ def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=edge), (key, a[key], b[key])
 
 
-@pytest.mark.slow  # the ranks' side is the critic's token-advantage update; only sum pi^2 is new on the ranks
 def test_the_optimal_token_baseline_on_two_ranks_matches_one_process(tmp_path):
     """algo.adv_baseline=optimal_token: each rank's old pass returns sum pi_old^2 of its rows, joined back in order."""
     _two_ranks_match_one_process(tmp_path, *MODE, "algo.adv_baseline=optimal_token", "rollout.precision=fp8_e4m3")
 
 
-@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_load_balancing_loss_reaches_the_ranks(tmp_path):
     """algo.router_aux_loss_coef on 2 ranks: each rank adds the loss of its micro-batches (TRL's per-device loss);
     with the single process's micro-batches the same rows (2 of each 4-row mini-batch), the same losses, weights
@@ -401,8 +397,7 @@ def _untied_model(path):
     return str(path)
 
 
-@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), pytest.param("R2", 1, True, marks=pytest.mark.slow),
-                                             pytest.param("R3", 2, False, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), ("R2", 1, True), ("R3", 2, False)])
 def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, replay, n, tied):
     """``optim.logprob_chunk_tokens`` under FSDP2: the head stays in the root's group, gathered from the root's forward
     to the end of its backward, so the chunks and their recomputation use the gathered weight (no collective added);
@@ -449,7 +444,6 @@ def test_lora_on_two_fsdp_ranks_matches_one_process(tmp_path):
     assert sharded[0][-1]["policy/kl_ref"] > 0  # the adapters have moved the policy from its base
 
 
-@pytest.mark.slow  # (a feature on 2 ranks: the default suite keeps to its 15 minutes)
 def test_the_first_order_diagnostics_on_two_ranks_match_one_process(tmp_path):
     """``diagnostics.every_steps`` on 2 FSDP ranks: the surrogate's and the sequence-level gradients come back as the
     ranks' local shards one after another (a permutation of the whole gradient), so their cosine, norms and relative
