@@ -69,8 +69,8 @@ class Spawned:
     ``start_method``: ``"spawn"`` starts a fresh interpreter, which imports torch and transformers again (seconds);
     ``"forkserver"`` forks it from a server that imported them once (``FORKSERVER_PRELOAD``), so each group after the
     first in this process starts in milliseconds. The server starts with the first such child and keeps the
-    environment and the standard streams it had then; it must not be used for CUDA ranks, as a process whose parent
-    touched the CUDA driver cannot use it (importing transformers may)."""
+    environment and the standard streams it had then. CUDA ranks must not be forked: a process forked from a parent
+    that touched the CUDA driver cannot use the GPU, and importing transformers may touch it."""
 
     def __init__(self, name: str, factory: Any, *args: Any, start_method: str = "spawn") -> None:
         import torch.multiprocessing as mp
