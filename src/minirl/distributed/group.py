@@ -67,8 +67,8 @@ class Spawned:
 
     The child answers its construction first: ``gather([(handle, "__init__")], ...)`` waits for it.
     ``start_method``: ``"spawn"`` starts a fresh interpreter, which imports torch and transformers again (seconds);
-    ``"forkserver"`` forks it from a server that imported them once (``FORKSERVER_PRELOAD``), so each group after the
-    first in this process starts in milliseconds. The server starts with the first such child and keeps the
+    ``"forkserver"`` forks it from a server that imported them once (``FORKSERVER_PRELOAD``), so the processes of each
+    group after the first in this process start in milliseconds (the ranks then build their models). The server starts with the first such child and keeps the
     environment and the standard streams it had then. CUDA ranks must not be forked: a process forked from a parent
     that touched the CUDA driver cannot use the GPU, and importing transformers may touch it."""
 
