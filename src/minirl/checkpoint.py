@@ -46,7 +46,7 @@ RESUMABLE_DIFFERENCES = (
     "task.reward_timeout_s", "task.reward_workers", "log.", "checkpoint.", "cold_start.", "eval.", "diagnostics.",
     # where the trainer runs changes float summation order only (not which samples are drawn)
     "cluster.backend", "cluster.ray_address", "cluster.trainer_ranks", "cluster.device", "cluster.cpus_per_engine",
-    "cluster.gpus_per_engine", "cluster.cpus_per_trainer_rank", "cluster.gpus_per_trainer_rank",
+    "cluster.gpus_per_engine", "cluster.cpus_per_trainer_rank", "cluster.gpus_per_trainer_rank", "optim.cpu_offload",
 )
 
 

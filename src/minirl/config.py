@@ -353,6 +353,13 @@ class OptimConfig(Section):
     bf16 is slow on CPUs without native bf16 matmuls (``cpu_native_half_gemm`` in environment.jsonl)."""
     allow_tf32: bool = False
     """CUDA: run float32 matmuls on TF32 tensor cores (faster, inexact). No effect on a CPU."""
+    cpu_offload: bool = False
+    """The trainer's parameters, gradients and AdamW state live in CPU memory (FSDP2's ``CPUOffloadPolicy``; verl's
+    ``fsdp_config.offload_policy``, DeepSpeed's ZeRO offload): each decoder layer's parameters are copied to the device
+    for its forward and backward, and AdamW steps on the CPU. The model then needs about one layer's weights and the
+    activations on the GPU, at the cost of host-device copies and a CPU optimizer step in every update (set
+    ``adamw_impl: fused``: torch's default on CPU tensors is its for-loop). Runs the trainer as FSDP ranks even at
+    ``cluster.trainer_ranks`` 1. The same updates to float rounding (bitwise on a CPU, where there is nothing to move)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from minirl.config import ConfigError
 from minirl.models.padding_free import Packing, packed_forward
 from minirl.precision import autocast_experts, compute_context
 from minirl.trainer import (
+    compute_device,
     disable_stochastic_layers,
     full_optimizer_state,
     full_state,
@@ -76,7 +77,8 @@ def build_critic(cfg: Any, policy: torch.nn.Module, *, shard: Callable[[torch.nn
         value_head.requires_grad_(True)
     o = cfg.optim
     names = [name for name, param in model.named_parameters() if param.requires_grad]  # the optimizer's, in order
-    model.to(cfg.cluster.device)
+    if shard is None or not cfg.optim.cpu_offload:  # offloaded, fully_shard moves it a layer at a time
+        model.to(cfg.cluster.device)
     if shard is not None:
         shard(model)
     return Critic(model, names=names, collective=shard is not None, lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
@@ -144,7 +146,7 @@ class Critic:
         disable_stochastic_layers(model)  # V at theta_old is the V the update starts from
         if precision != "fp32":
             autocast_experts(model)
-        self.device = next(model.parameters()).device
+        self.device = compute_device(model)
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens

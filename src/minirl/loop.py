@@ -56,7 +56,7 @@ from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.async_rollout import RolloutAhead, engine_weights
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
-from minirl.distributed import build_placement
+from minirl.distributed import build_placement, trainer_in_ranks
 from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
@@ -165,7 +165,7 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     seed_everything(cfg.run.seed)
     model, tokenizer = build_model(cfg, path=start_from)
     critic: Any = None
-    ranks = cfg.cluster.backend == "ray" or cfg.cluster.trainer_ranks > 1  # the trainer's ranks hold a critic's shards
+    ranks = trainer_in_ranks(cfg)  # the trainer's ranks hold a critic's shards
     if cfg.algo.adv_baseline == "critic" and not ranks:  # from the policy's starting weights, before LoRA
         from minirl.critic import build_critic
 

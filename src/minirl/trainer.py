@@ -252,7 +252,7 @@ class Trainer:
         self.precision = precision  # the forward's compute (``minirl.precision``); weights stay as given
         if precision != "fp32":
             autocast_experts(model)  # fused MoE experts in the autocast dtype too
-        self.device = next(model.parameters()).device  # batches live on the CPU; micro-batches move here
+        self.device = compute_device(model)  # batches live on the CPU; micro-batches move here
         self.replay = replay
         self.grad_clip_norm = grad_clip_norm
         self.micro_batch_sequences = micro_batch_sequences
@@ -560,7 +560,7 @@ class Trainer:
         was_training = self.model.training
         reshard_all(self.model)  # FSDP2: every parameter as its shard (a forward leaves the root's gathered)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []  # offloaded shards: still the GPU's
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         try:
@@ -609,6 +609,18 @@ def _as_tensors(metrics: dict[str, Any], like: torch.Tensor) -> dict[str, torch.
     """Metrics as 0-dim tensors on ``like``'s device (an objective may return python floats)."""
     return {k: v if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64, device=like.device)
             for k, v in metrics.items()}
+
+
+def compute_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes: its parameters' device; for FSDP2 shards offloaded to the CPU (``optim.cpu_offload``),
+    their device mesh's (each forward copies them there)."""
+    param = next(model.parameters())
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is None or mesh.device_type == param.device.type:
+        return param.device
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())  # the rank set its GPU before sharding
+    return torch.device(mesh.device_type)
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:

@@ -131,6 +131,46 @@ def test_sharded_checkpoints_resume_like_one_process(tmp_path, extra):
         assert step3[1]["mismatch/engine_kl_k3"] == pytest.approx(step3[0]["mismatch/engine_kl_k3"], rel=1e-3)
 
 
+def test_cpu_offload_runs_fsdp_ranks_whose_shards_live_in_cpu_memory(tmp_path):
+    """optim.cpu_offload: the trainer runs as FSDP2 ranks with ``CPUOffloadPolicy`` even at W = 1. On a CPU there is
+    nothing to move, so one offloaded rank is the single process bit for bit (R3, N = 2, 3 global steps), and two
+    match it as two plain ranks do; each rank reports its policy and where its shards live and where it computes."""
+    layouts: list = []
+
+    def layout(run):
+        layouts.append(run.trainer._all("memory_layout"))
+
+    single = run_steps(tmp_path / "single", *MODE)
+    one = run_steps(tmp_path / "one", *MODE, "optim.cpu_offload=true", on_setup=layout)
+    assert max_differences(single, one) == (0.0, 0.0)
+    two = run_steps(tmp_path / "two", *MODE, "optim.cpu_offload=true", "cluster.trainer_ranks=2", on_setup=layout)
+    loss_diff, weight_diff = max_differences(single, two)
+    assert loss_diff < TOL and weight_diff < TOL
+    offloaded = {"stored": ["cpu"], "computes": ["cpu"], "offload": ["CPUOffloadPolicy"], "peak_device_gib": None}
+    assert layouts == [[offloaded], [offloaded, offloaded]]
+
+
+def test_an_offloaded_rank_checkpoints_and_resumes_like_one_process(tmp_path):
+    """A W = 1 offloaded rank writes the single process's checkpoint (the full AdamW state gathered from its FSDP
+    shards) and loads one back into them: step 3 of the resumed run ends where one uninterrupted process ends."""
+    import torch
+
+    from minirl import checkpoint
+    from minirl.models.io import load_model_and_tokenizer
+
+    single = _train(tmp_path / "single", "optim.global_steps=3")
+    offloaded = _train(tmp_path / "offload", "optim.global_steps=2", "optim.cpu_offload=true")
+    want, got = (checkpoint.load_state(run / "checkpoints" / "step_000002")["trainer"] for run in (single, offloaded))
+    assert got["updates_done"] == want["updates_done"] == 4
+    assert set(got["optimizer"]["state"]) == set(want["optimizer"]["state"])
+    for index, state in want["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got["optimizer"]["state"][index][key], state[key])
+    _train(tmp_path / "offload", "optim.global_steps=3", "optim.cpu_offload=true", resume=True)
+    a, b = (load_model_and_tokenizer(str(run / "checkpoint"))[0].state_dict() for run in (single, offloaded))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_dead_rank_is_one_clear_error_and_stops_the_group(tmp_path):
     import os
     import signal

@@ -28,14 +28,17 @@ def ray_instance():
 
 
 
-@pytest.mark.parametrize("mode", ["R3", pytest.param("critic", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", ["R3", pytest.param("critic", marks=pytest.mark.slow),
+                                  pytest.param("offload", marks=pytest.mark.slow)])
 def test_ray_engines_and_trainer_ranks_match_one_process(tmp_path, mode):
-    """With a critic (PPO's GAE) the trainer actors hold its shards too (``GroupCritic`` over Ray actors)."""
+    """With a critic (PPO's GAE) the trainer actors hold its shards too (``GroupCritic`` over Ray actors). With
+    optim.cpu_offload one trainer actor is an FSDP2 rank alone (its own process group of one, CPUOffloadPolicy)."""
     overrides = ["moe.routing_replay=R3", "optim.minibatches_per_step=2"]
     if mode == "critic":
         overrides += ["algo.adv_baseline=critic", "critic.lr=1e-3"]
+    placement = [*RAY, "cluster.trainer_ranks=1", "optim.cpu_offload=true"] if mode == "offload" else RAY
     single = run_steps(tmp_path / "single", *overrides)
-    placed = run_steps(tmp_path / "ray", *overrides, *RAY)
+    placed = run_steps(tmp_path / "ray", *overrides, *placement)
     loss_diff, weight_diff = max_differences(single, placed)
     print(f"ray E=2 W=2 vs single: max |d loss| {loss_diff:.3g}, max |d weight| {weight_diff:.3g}")
     # the critic's values, whitened into the advantages, carry float rounding on to the policy: measured 1.3e-5

@@ -252,3 +252,27 @@ def test_a_run_with_expert_adapters_trains_the_experts_and_the_engine_samples_th
     moved = {name for name in base if not torch.equal(base[name], weights[name])}
     assert moved and all(".mlp.experts." in name for name in moved)
     assert metrics[-1]["mismatch/abs_dlogp_max"] < 1e-4 and metrics[-1]["faults/skipped_updates"] == 0
+
+
+def test_offloaded_fsdp_shards_compute_on_their_meshs_device():
+    """optim.cpu_offload keeps FSDP2 shards in CPU memory while their mesh computes on the GPU: the trainer must move
+    its micro-batches to the mesh's device, not to the shards' (``compute_device``). A plain or unoffloaded
+    parameter computes where it is. (A stand-in mesh on ``meta``: this machine has no second device.)"""
+    from types import SimpleNamespace
+
+    from minirl.trainer import compute_device
+
+    class Holds(torch.nn.Module):
+        def __init__(self, param):
+            super().__init__()
+            self.param = param
+
+        def parameters(self, recurse=True):
+            yield self.param
+
+    plain = torch.nn.Linear(2, 2)
+    assert compute_device(plain) == torch.device("cpu")
+    stored_here = SimpleNamespace(device=torch.device("cpu"), device_mesh=SimpleNamespace(device_type="cpu"))
+    assert compute_device(Holds(stored_here)) == torch.device("cpu")
+    offloaded = SimpleNamespace(device=torch.device("cpu"), device_mesh=SimpleNamespace(device_type="meta"))
+    assert compute_device(Holds(offloaded)) == torch.device("meta")

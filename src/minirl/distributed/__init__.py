@@ -6,6 +6,6 @@ and ``Trainer``. See ``docs/distributed.md``.
 """
 
 from minirl.distributed.group import EngineGroup, GroupReplay, TrainerGroup, WorkerError
-from minirl.distributed.placement import Placement, build_placement
+from minirl.distributed.placement import Placement, build_placement, trainer_in_ranks
 
-__all__ = ["EngineGroup", "GroupReplay", "Placement", "TrainerGroup", "WorkerError", "build_placement"]
+__all__ = ["EngineGroup", "GroupReplay", "Placement", "TrainerGroup", "WorkerError", "build_placement", "trainer_in_ranks"]

@@ -6,7 +6,7 @@
 |-------------------------------------------|--------------------------------|-------------------------------------|
 | local, 1 rank, 1 engine (the default)     | ``NativeEngine`` (this process) | ``Trainer`` (this process)          |
 | local, E engines                          | ``EngineGroup`` of E in-process | as above or below                   |
-| local, W > 1 ranks                        | as above                       | ``TrainerGroup`` of W child ranks   |
+| local, W > 1 ranks, or ``optim.cpu_offload`` | as above                    | ``TrainerGroup`` of W child ranks   |
 | ray                                       | ``EngineGroup`` of E actors    | ``TrainerGroup`` of W actors        |
 
 The loop (``minirl.loop.global_step``) is the same function in every case.
@@ -34,6 +34,12 @@ class Placement:
         """Stop the group's workers (spawned ranks, Ray actors); idempotent."""
         while self.closers:
             self.closers.pop()()
+
+
+def trainer_in_ranks(cfg: Config) -> bool:
+    """Whether the trainer runs as ranks (child processes or Ray actors) rather than in this process: on Ray, with
+    W > 1, or with ``optim.cpu_offload`` (FSDP2's offload, even on one rank)."""
+    return cfg.cluster.backend == "ray" or cfg.cluster.trainer_ranks > 1 or cfg.optim.cpu_offload
 
 
 def require_vllm() -> None:
@@ -88,7 +94,7 @@ def build_placement(cfg: Config, model: torch.nn.Module, tokenizer: Any, replay:
 
     engines = [make_engine(cfg, model, tokenizer, source) for _ in range(c.rollout_engines)]
     engine = engines[0] if len(engines) == 1 else EngineGroup([InProcess(f"rollout engine {i}", e) for i, e in enumerate(engines)])
-    if c.trainer_ranks == 1:
+    if not trainer_in_ranks(cfg):
         model.to(c.device)
         return Placement(engine, build_trainer(cfg, model, replay), replay)
     add_configured_lora(cfg, model)  # after the engines (built from the plain model, as in one process): the mirror

@@ -17,7 +17,9 @@ Weights and optimizer state leave a rank only as full, unsharded state dicts
 formats: model keys as ``model.state_dict()``, optimizer state keyed by parameter index as
 ``torch.optim.Optimizer.state_dict()``, so checkpoints are the same whatever W.
 
-With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no process group exists.
+With W = 1 (a Ray actor holding the whole trainer) nothing is sharded and no process group exists, unless
+``optim.cpu_offload``: then every rank, the only one too, is sharded with FSDP2's ``CPUOffloadPolicy`` (parameters,
+gradients and AdamW state in CPU memory; each layer's parameters copied to the device for its forward and backward).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from minirl.trainer import (
     keep_adamw_impl,
     load_full_optimizer_state,
     load_full_state,
+    local_shard,
 )
 from minirl.types import Batch
 
@@ -57,6 +60,7 @@ class TrainerRank:
 
     def __init__(self, cfg: Config, rank: int, world: int, source: str | None = None) -> None:
         self.cfg, self.rank, self.world, self.source = cfg, rank, world, source
+        self.sharded = world > 1 or cfg.optim.cpu_offload  # FSDP2 units in a process group (of one, to offload)
         self.trainer: Any = None
         self.replay: Any = None
         self.reference: Any = None
@@ -96,19 +100,22 @@ class TrainerRank:
             local = 0 if _under_ray() else self.rank  # a Ray actor sees only its own GPU(s)
             device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
             torch.cuda.set_device(device)
-        if self.world > 1:
+        if self.sharded:
             import torch.distributed as dist
 
-            dist.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=self.rank, world_size=self.world,
+            dist.init_process_group(  # a lone rank (a Ray actor) meets itself
+                "nccl" if device.type == "cuda" else "gloo", init_method=init_method or self.rendezvous_address(),
+                rank=self.rank, world_size=self.world,
                 timeout=datetime.timedelta(seconds=cfg.cluster.collective_timeout_s),
             )
         model, _ = build_model(cfg, path=self.source)  # the controller's weights: same source, same seed
-        model.to(device)
+        offload = cfg.optim.cpu_offload
+        if not offload:  # else fully_shard moves each layer to the device and its shards back to the CPU, one by one
+            model.to(device)
         if cfg.algo.adv_baseline == "critic":  # from the starting weights, before LoRA and the replay's hooks
             from minirl.critic import build_critic
 
-            shard = (lambda critic: _shard(critic, device, self.world, cfg.optim.precision)) if self.world > 1 else None
+            shard = (lambda critic: _shard(critic, device, self.world, cfg.optim.precision, offload)) if self.sharded else None
             self.critic = build_critic(cfg, model, shard=shard)
             # its [B, S, 1] values are a view of the head's [B*S, 1] product, which FSDP2 warns of in case of an in-place
             # op on them; minirl.critic only reads them out of place
@@ -121,12 +128,12 @@ class TrainerRank:
         self.replay = build_replay(cfg, model)  # hooks before fully_shard: they stay on the routers
         add_configured_lora(cfg, model)  # adapters before sharding too (the single process adds them after the hooks)
         self.names = [name for name, param in model.named_parameters() if param.requires_grad]
-        if self.world > 1:
-            _shard(model, device, self.world, cfg.optim.precision)
+        if self.sharded:
+            _shard(model, device, self.world, cfg.optim.precision, offload)
             if frozen is not None:
-                _shard(frozen, device, self.world, cfg.optim.precision)
+                _shard(frozen, device, self.world, cfg.optim.precision, offload)
         # collective: never skip alone, and agree on token budgets: the peers wait in FSDP's collectives
-        self.trainer = build_trainer(cfg, model, self.replay, collective=self.world > 1)
+        self.trainer = build_trainer(cfg, model, self.replay, collective=self.sharded)
         self.trainer.share_metric_inputs = True  # the group computes the whole mini-batch's metrics from the shards' inputs
         if reference:
             from minirl.reference import Reference
@@ -149,7 +156,7 @@ class TrainerRank:
 
     def update(self, shard: Batch, objective: Any, **kwargs: Any) -> dict[str, Any]:
         faults: list[str] = []
-        if self.world > 1:  # every rank must run every backward (FSDP collectives), even on a NaN
+        if self.sharded:  # every rank must run every backward (FSDP collectives), even on a NaN
             objective = _KeepCollectives(objective, faults)
         result = self.trainer.update(shard, objective, **kwargs)
         if result.fault is not None and faults:
@@ -218,13 +225,13 @@ class TrainerRank:
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full model state dict on the CPU (rank 0; other ranks return None)."""
-        full = full_state(self.trainer.model, collective=self.world > 1)
+        full = full_state(self.trainer.model, collective=self.sharded)
         return {name: tensor.detach().cpu() for name, tensor in full.items()} if self.rank == 0 else None
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """``Trainer.checkpoint_state`` in the single-process format (rank 0; others None)."""
         trainer = self.trainer
-        if self.world == 1:
+        if not self.sharded:
             return _owned(trainer.checkpoint_state())
         optimizer = full_optimizer_state(trainer.model, trainer.optimizer, self.names, collective=True)
         if self.rank != 0:
@@ -243,7 +250,7 @@ class TrainerRank:
         # own copies: tensors that came over a pipe live in memory shared with the other ranks, and
         # the optimizer would step that one "step" counter once per rank
         state = _owned(state)
-        if self.world == 1:
+        if not self.sharded:
             trainer.model.load_state_dict(weights)
             trainer.load_checkpoint_state(state)
             return
@@ -255,25 +262,46 @@ class TrainerRank:
         trainer.faults = int(state.get("faults", 0))
         trainer.consecutive_faults = int(state.get("consecutive_faults", 0))
 
+    def memory_layout(self) -> dict[str, Any]:
+        """Where this rank's trainable parameters are stored (their local shards), where its trainer computes, its
+        FSDP2 units' offload policies and its peak device memory so far: ``{"stored": ["cpu"], "computes": ["cuda:0"],
+        "offload": ["CPUOffloadPolicy"], "peak_device_gib": 3.2}`` under ``optim.cpu_offload`` on a GPU (``offload``
+        empty when nothing is sharded; ``peak_device_gib`` None on a CPU)."""
+        params = [p for p in self.trainer.model.parameters() if p.requires_grad]
+        stored = {str(local_shard(p).device) for p in params}
+        policies = set()
+        for module in self.trainer.model.modules():
+            get_state = getattr(module, "_get_fsdp_state", None)  # FSDP2's own record of the policy it was given
+            group = getattr(get_state(), "_fsdp_param_group", None) if callable(get_state) else None
+            if group is not None:
+                policies.add(type(group.offload_policy).__name__)
+        device = self.trainer.device
+        peak = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
+        return {"stored": sorted(stored), "computes": [str(device)], "offload": sorted(policies), "peak_device_gib": peak}
+
     def close(self) -> None:
-        if self.world > 1:
+        if self.sharded:
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
 
 
-def _shard(model: torch.nn.Module, device: torch.device, world: int, precision: str = "fp32") -> None:
+def _shard(model: torch.nn.Module, device: torch.device, world: int, precision: str = "fp32", offload: bool = False) -> None:
     """FSDP2: each decoder layer, then the root (embeddings, norm, head); gradients summed.
-    ``precision`` bf16: parameters all-gathered in bf16, gradients reduced in fp32 (``minirl.precision``)."""
+    ``precision`` bf16: parameters all-gathered in bf16, gradients reduced in fp32 (``minirl.precision``).
+    ``offload``: the shards, their gradients and so AdamW's state in CPU memory (``CPUOffloadPolicy``; pinned on CUDA
+    for asynchronous copies)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
     from minirl.precision import fsdp_policy
 
     mesh = init_device_mesh(device.type, (world,))
     policy = fsdp_policy(precision)
-    kwargs = {} if policy is None else {"mp_policy": policy}
+    kwargs: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
