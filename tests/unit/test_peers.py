@@ -194,6 +194,24 @@ def test_verl_remove_padding_is_padding_free():
     assert not any("use_remove_padding" in line for line in off.ignored + off.not_translated)
 
 
+def test_verls_actor_offload_is_the_cpu_offload():
+    """verl's FSDP2 offload_policy is optim.cpu_offload; its between-phase param_offload / optimizer_offload become it
+    too, said; the reference's offload (minirl's reference shares the actor's) stays ignored."""
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    assert from_verl(base).values["optim.cpu_offload"] is False
+    policy = from_verl(base | {"actor_rollout_ref.actor.fsdp_config.offload_policy": True})
+    assert policy.values["optim.cpu_offload"] is True and policy.config().optim.cpu_offload
+    assert not any("offload" in line for line in policy.differs + policy.not_translated)
+    phases = from_verl(base | {"actor_rollout_ref.actor.fsdp_config.param_offload": True,
+                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+                               "actor_rollout_ref.ref.fsdp_config.param_offload": True})
+    assert phases.values["optim.cpu_offload"] is True
+    said = [line for line in phases.differs if "offload" in line]
+    assert len(said) == 1 and "param_offload=True" in said[0] and "between its phases" in said[0]
+    assert phases.ignored == ["actor_rollout_ref.ref.fsdp_config.param_offload"]
+    assert not any("actor.fsdp_config" in line for line in phases.not_translated)
+
+
 def test_verls_prefix_grouper_is_the_shared_prompt():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     assert "optim.shared_prompt" not in from_verl(base).values

@@ -216,6 +216,19 @@ def test_slimes_fsdp_backend_and_router_flags(tmp_path: Path):
     assert any(line.startswith("--fp8-format") for line in out.not_translated)
 
 
+def test_slimes_cpu_offload_flags_are_the_cpu_offload():
+    """The FSDP backend's --fsdp-cpu-offload is optim.cpu_offload; Megatron's --optimizer-cpu-offload becomes it too,
+    said (minirl's keeps the parameters in CPU memory as well); slime's between-phase --offload stays ignored."""
+    assert from_slime(BASE).values["optim.cpu_offload"] is False
+    fsdp = from_slime({**BASE, "train-backend": "fsdp", "fsdp-cpu-offload": True})
+    assert fsdp.values["optim.cpu_offload"] is True and fsdp.config().optim.cpu_offload
+    assert not any("offload" in line for line in fsdp.differs + fsdp.not_translated)
+    megatron = from_slime({**BASE, "optimizer-cpu-offload": True, "offload": True})
+    assert megatron.values["optim.cpu_offload"] is True
+    assert next(line for line in megatron.differs if "offload" in line).startswith("--optimizer-cpu-offload:")
+    assert "--offload" in megatron.ignored and "--optimizer-cpu-offload" not in megatron.ignored
+
+
 def test_slimes_lora_presets_regexes_and_rates():
     """slime's Megatron LoRA (``--use-lora``): its default preset (dense_language) in transformers' module names, its
     own learning rate and weight decay replacing --lr and --weight-decay; Megatron regexes mapped by their projection;

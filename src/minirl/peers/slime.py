@@ -91,6 +91,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "optimizer": "adam", "lr": 1e-6, "min-lr": 0.0, "lr-decay-style": "linear", "lr-warmup-iters": 0,
     "lr-warmup-fraction": None, "lr-warmup-init": 0.0, "lr-decay-iters": None, "weight-decay": 0.01, "adam-beta1": 0.9,
     "adam-beta2": 0.999, "adam-eps": 1e-8, "clip-grad": 1.0, "fp16": False, "bf16": False, "recompute-granularity": None,
+    "fsdp-cpu-offload": False, "optimizer-cpu-offload": False,
     "gradient-checkpointing": False,
     # LoRA (slime/utils/lora_config.py, Megatron backend)
     "use-lora": False, "lora-rank": 64, "lora-alpha": 128.0, "lora-dropout": 0.0, "lora-target-preset": None,
@@ -101,7 +102,7 @@ SLIME_IGNORED = re.compile(
     r"^(sglang-.*|(tensor|pipeline|context|expert)-model-parallel-size|expert-tensor-parallel-size|sequence-parallel|"
     r"recompute-(method|num-layers)|attention-(dropout|backend|softmax-in-fp32)|hidden-dropout|"
     r"accumulate-allreduce-grads-in-fp32|balance-data|rollout-num-gpus.*|num-gpus-per-node|offload.*|no-offload.*|"
-    r"optimizer-cpu-offload|overlap-cpu-optimizer-d2h-h2d|use-precision-aware-optimizer|use-distributed-optimizer|"
+    r"overlap-cpu-optimizer-d2h-h2d|use-precision-aware-optimizer|use-distributed-optimizer|"
     r"wandb-(group|team|key|host|run-id|dir|mode)|disable-wandb-random-suffix|tb-.*|log-.*|use-dynamic-batch-size|"
     r"log-probs-max-tokens-per-gpu|ref-ckpt-step|no-save-optim|no-load-.*|start-rollout-id|save-hf|"
     r"distributed-.*|train-backend|megatron-to-hf-mode|update-weight-.*|keep-old-actor|skip-eval-before-train|"
@@ -186,6 +187,23 @@ def _flag(key: str, value: Any) -> str:
         return f"--{key} unset"
     return f"--{key} {' '.join(map(str, value)) if isinstance(value, list) else value}"
 
+
+def _slime_offload(peer: Peer, out: Translation) -> None:
+    """The FSDP backend's ``--fsdp-cpu-offload`` is FSDP2's ``CPUOffloadPolicy``, as minirl's ``optim.cpu_offload``;
+    Megatron's ``--optimizer-cpu-offload`` keeps only the optimizer's state (and step) on the CPU: the same offload,
+    which keeps the parameters there too."""
+    fsdp, optimizer = peer("fsdp-cpu-offload"), peer("optimizer-cpu-offload")
+    if fsdp:
+        out.set("optim.cpu_offload", True, peer.show("fsdp-cpu-offload"))
+    elif optimizer:
+        out.set("optim.cpu_offload", True, peer.show("optimizer-cpu-offload"))
+        out.differs.append(f"{peer.show('optimizer-cpu-offload')}: Megatron keeps the optimizer's state and step on the "
+                           "CPU and the parameters on the GPU; minirl's optim.cpu_offload (FSDP2's CPUOffloadPolicy) keeps "
+                           "the parameters and gradients in CPU memory too, copying each layer's to the GPU for its "
+                           "forward and backward")
+    else:
+        out.set("optim.cpu_offload", False, "slime keeps the parameters and optimizer state on the GPU unless "
+                "--fsdp-cpu-offload or --optimizer-cpu-offload")
 
 def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translation:
     """Translate slime ``train.py`` flags (names without the leading ``--``; ``$sourced``: arrays a script expands but
@@ -444,6 +462,7 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
     for key in ("recompute-granularity", "gradient-checkpointing"):  # Megatron's, slime's FSDP backend's
         if peer(key):
             out.set("optim.gradient_checkpointing", True, peer.show(key))
+    _slime_offload(peer, out)
     for key, mode in (("use-rollout-routing-replay", "R3"), ("use-routing-replay", "R2")):
         if peer(key):
             out.set("moe.routing_replay", mode, peer.show(key))

@@ -60,6 +60,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     A + "optim.clip_grad": 1.0, A + "grad_clip": None, A + "optim.lr_warmup_steps": -1,
     A + "optim.lr_warmup_steps_ratio": 0.0, A + "optim.lr_scheduler_type": "constant", A + "optim.warmup_style": None,
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.optimizer": "AdamW",
+    A + "fsdp_config.param_offload": False, A + "fsdp_config.optimizer_offload": False,
+    A + "fsdp_config.offload_policy": False,
     M + "path": None, M + "trust_remote_code": False, M + "enable_gradient_checkpointing": True, M + "use_fused_kernels": False,
     M + "use_remove_padding": True,
     M + "lora_rank": 0, M + "lora_alpha": 16, M + "target_modules": "all-linear", M + "target_parameters": None,
@@ -122,6 +124,21 @@ VERL_IGNORED = re.compile(
 ONE_STEP_OFF_DEFAULTS = {"algorithm.rollout_correction.bypass_mode": True, "rollout.nnodes": 1,
                          "rollout.n_gpus_per_node": 8}
 """What verl's one-step-off trainer's config (``one_step_off_ppo_trainer.yaml``) sets over ``ppo_trainer.yaml``."""
+
+
+def _verl_offload(peer: Peer, out: Translation) -> None:
+    """The actor's CPU offload. ``offload_policy`` is FSDP2's ``CPUOffloadPolicy``, as minirl's ``optim.cpu_offload``;
+    ``param_offload`` / ``optimizer_offload`` move the parameters / AdamW state to the CPU between verl's phases
+    (to free the GPU for its rollout), which minirl has not: they become the same offload, which keeps them there."""
+    keys = [A + "fsdp_config." + name for name in ("offload_policy", "param_offload", "optimizer_offload")]
+    given = [key for key in keys if peer(key)]
+    out.set("optim.cpu_offload", bool(given), ", ".join(peer.show(key) for key in given) if given else
+            f"{peer.show(keys[0])}: the actor's parameters and AdamW state on the GPU")
+    if set(given) - {keys[0]}:
+        out.differs.append(f"{', '.join(peer.show(key) for key in given if key != keys[0])}: verl moves them to the CPU "
+                           "between its phases and back for each; minirl's optim.cpu_offload keeps parameters, gradients "
+                           "and AdamW state in CPU memory throughout (FSDP2's CPUOffloadPolicy): never more GPU memory than "
+                           "verl's, slower updates (the copies, and AdamW's step on the CPU)")
 
 
 def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translation:
@@ -427,6 +444,7 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
     out.set("optim.gradient_checkpointing", bool(peer(M + "enable_gradient_checkpointing")),
             peer.show(M + "enable_gradient_checkpointing"))
     out.set("optim.padding_free", bool(peer(M + "use_remove_padding")), peer.show(M + "use_remove_padding"))
+    _verl_offload(peer, out)
     if peer(A + "use_prefix_grouper"):  # (verl's needs use_remove_padding=False; minirl's runs the padding-free forward)
         out.set("optim.shared_prompt", True, peer.show(A + "use_prefix_grouper"))
     out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
