@@ -27,6 +27,9 @@ or out-of-memory does not take the others; every part writes its figures to ``OU
   and a census of the host synchronisations of one more step by source line (CUDA's sync debug mode).
 * ``trace``   ``minirl train experiments/stress/trace/n8_minirl_r3.yaml cluster.device=cuda``: wall time.
   Both with ``rollout.cuda_graphs`` on (``--cuda-graphs off``: the dynamic decode loop).
+* ``offload`` (only when named: ``--parts offload``, or appended to the list) the ``rl_step`` step again with
+  ``optim.cpu_offload`` (FSDP2's ``CPUOffloadPolicy`` on one trainer rank): its seconds, the rank's peak device memory
+  and where its parameters live, beside ``rl_step``'s in-process peak (the engine's and the trainer's together).
 
 The model is built from a config (no download): hidden 1024, 16 layers, 32 experts top-4, expert width
 512, 16/4 heads, head_dim 64, vocab 32,000 (``--tiny``: hidden 64, 2 layers, 8 experts, vocab 256).
@@ -45,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("engine", "trainer", "lean", "rl_step", "trace")
-TIMEOUT_S = {"engine": 240, "trainer": 120, "lean": 60, "rl_step": 120, "trace": 180}  # expected on an H200: ~140, 60, 20?, 60, 130
+PARTS = ("engine", "trainer", "lean", "rl_step", "trace")  # the default run, < 8 min on an H200
+OPTIONAL_PARTS = ("offload",)
+TIMEOUT_S = {"engine": 240, "trainer": 120, "lean": 60, "rl_step": 120, "trace": 180,  # expected on an H200: ~140, 60, 20?, 60, 130
+             "offload": 240}
 
 
 def model_config(tiny: bool) -> Any:
@@ -353,7 +358,7 @@ def part_lean(tiny: bool, device: str) -> dict[str, Any]:
     return result
 
 
-def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
+def part_rl_step(tiny: bool, device: str, offload: bool = False) -> dict[str, Any]:
     import tempfile
 
     import minirl.loop as loop
@@ -374,7 +379,7 @@ def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
         "rollout.precision=bf16", "moe.routing_replay=R3", "optim.minibatches_per_step=2", "optim.precision=bf16",
         f"optim.micro_batch_sequences={rows[0] * rows[1]}", f"cluster.device={device}", f"run.output_dir={directory}",
         "run.threads=0", "task.num_train_prompts=64", "task.num_eval_prompts=4",
-        f"rollout.cuda_graphs={str(GRAPHS and device == 'cuda').lower()}",
+        f"rollout.cuda_graphs={str(GRAPHS and device == 'cuda').lower()}", f"optim.cpu_offload={str(offload).lower()}",
     ])  # fmt: skip
     run = loop.setup(cfg, rewards=PartialCredit())  # an untrained model: dense rewards, non-zero advantages
     try:
@@ -384,12 +389,25 @@ def part_rl_step(tiny: bool, device: str) -> dict[str, Any]:
         metrics = loop.global_step(run, 2)
         sync(device)
         seconds = time.perf_counter() - start
-        syncs = host_sync_census(lambda: loop.global_step(run, 3)) if device == "cuda" else None
+        layout = run.trainer._all("memory_layout")[0] if offload else None  # the rank's, its peak after two steps
+        syncs = host_sync_census(lambda: loop.global_step(run, 3)) if device == "cuda" and not offload else None
     finally:
         run.close()
     keep = {k: v for k, v in metrics.items() if k.startswith(("time/", "mismatch/kl_k3", "routing/"))}
+    peak = round(torch_peak_gib(device), 2)  # this process: the engine, and the trainer unless it is offloaded
     return {"global_step_s": seconds, "rows": rows[0] * rows[1], "max_new_tokens": rows[2],
-            "cuda_graphs": cfg.rollout.cuda_graphs, "host_syncs": syncs, **keep}
+            "cuda_graphs": cfg.rollout.cuda_graphs, "host_syncs": syncs, "process_peak_gib": peak,
+            **({"rank": layout} if offload else {}), **keep}
+
+
+def part_offload(tiny: bool, device: str) -> dict[str, Any]:
+    return part_rl_step(tiny, device, offload=True)
+
+
+def torch_peak_gib(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
 
 
 def host_sync_census(work: Any) -> dict[str, Any]:
@@ -436,7 +454,8 @@ def part_trace(tiny: bool, device: str) -> dict[str, Any]:
 
 PEAK_TFLOPS = 790.0
 GRAPHS = True  # --cuda-graphs: rollout.cuda_graphs for the RL step and the trace arm (CUDA only)
-RUNNERS = {"engine": part_engine, "trainer": part_trainer, "lean": part_lean, "rl_step": part_rl_step, "trace": part_trace}
+RUNNERS = {"engine": part_engine, "trainer": part_trainer, "lean": part_lean, "rl_step": part_rl_step, "trace": part_trace,
+           "offload": part_offload}
 
 
 def run_parts(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -471,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--parts", default=",".join(PARTS))
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one part, in this process
+    parser.add_argument("--part", choices=PARTS + OPTIONAL_PARTS, help=argparse.SUPPRESS)  # internal: one part, in this process
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
     parser.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
                         help="rollout.cuda_graphs in the RL step and the trace arm (the engine part measures both)")
@@ -545,7 +564,15 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"  host syncs in one global step: {syncs['total']} (most: {list(syncs['by_site'].items())[:6]})")
     if "wall_s" in results.get("trace", {}):
         lines.append(f"  trace arm: {results['trace']['wall_s']:.1f} s wall")
-    lines += [f"  {name}: {results[name]['error']}" for name in PARTS if "error" in results.get(name, {})]
+    offload = results.get("offload", {})
+    if "global_step_s" in offload:
+        plain = results.get("rl_step", {})
+        beside = (f" (in process: {plain['global_step_s']:.2f} s, {plain['process_peak_gib']} GiB peak with the engine)"
+                  if "global_step_s" in plain else "")
+        lines.append(f"  the RL step with optim.cpu_offload: {offload['global_step_s']:.2f} s, the rank's peak "
+                     f"{offload['rank']['peak_device_gib']} GiB, its parameters stored on {offload['rank']['stored']}, "
+                     f"the engine's process {offload['process_peak_gib']} GiB{beside}")
+    lines += [f"  {name}: {results[name]['error']}" for name in PARTS + OPTIONAL_PARTS if "error" in results.get(name, {})]
     lines.append(f"  total {results['total_wall_s']} s")
     return "\n".join(lines)
 

@@ -26,8 +26,9 @@ def test_active_parameters_of_the_issue_model_by_hand():
 
 @pytest.mark.slow  # ~1.5 min on 2 busy cores
 def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_bench.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+    parts = ",".join(gpu_bench.PARTS + gpu_bench.OPTIONAL_PARTS)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_bench.py"), "--tiny", "--device", "cpu", "--out", str(tmp_path),
+                           "--parts", parts], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads((tmp_path / "gpu_bench.json").read_text())
     for shape in ("4x8", "8x4"):
@@ -49,3 +50,6 @@ def test_gpu_bench_tiny_runs_every_part_on_cpu(tmp_path):
     assert results["rl_step"]["global_step_s"] > 0 and results["rl_step"]["rows"] == 8
     assert results["trace"]["wall_s"] > 0
     assert "trace arm" in done.stdout and "one RL global step" in done.stdout
+    offload = results["offload"]  # the same step on one FSDP rank with CPUOffloadPolicy
+    assert offload["global_step_s"] > 0 and offload["rank"]["offload"] == ["CPUOffloadPolicy"]
+    assert "the RL step with optim.cpu_offload" in done.stdout
