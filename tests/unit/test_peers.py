@@ -233,9 +233,47 @@ def test_verls_one_step_off_trainer_is_one_step_async_with_its_bypass(tmp_path: 
     assert kept.values["rollout.async_steps"] == 1 and "algo.logp_old_source" not in kept.values
     plain = from_verl({"algorithm.adv_estimator": "grpo", "-m": "verl.trainer.main_ppo"})
     assert "rollout.async_steps" not in plain.values and "algo.logp_old_source" not in plain.values
-    fully = from_verl({"-m": "verl.experimental.fully_async_policy.fully_async_main",
-                       "async_training.staleness_threshold": 0.1})
-    assert any("fully asynchronous" in line for line in fully.not_translated)
+
+
+FULLY_ASYNC = """python -m verl.experimental.fully_async_policy.fully_async_main \\
+    data.train_batch_size=0 data.gen_batch_size=1 actor_rollout_ref.rollout.n=16 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.hybrid_engine=False \\
+    trainer.nnodes=1 trainer.n_gpus_per_node=4 rollout.nnodes=1 rollout.n_gpus_per_node=4 \\
+    rollout.total_rollout_steps=$((512*400)) rollout.test_freq=20 \\
+    async_training.staleness_threshold=${STALENESS:-0.5} async_training.trigger_parameter_sync_step=4 \\
+    async_training.require_batches=4 async_training.partial_rollout=True
+"""
+
+
+def test_verls_fully_async_trainer_is_the_nearest_minirl_run(tmp_path: Path, monkeypatch):
+    """verl's fully_async_policy (its 7B recipe's settings, docs/advance/fully_async.md): a global step is what its
+    trainer trains between two parameter syncs (trigger_parameter_sync_step x require_batches mini-batches of
+    ppo_mini_batch_size prompts), its run rollout.total_rollout_steps prompts long, validated every rollout.test_freq
+    syncs; its old log-probs are the rollout's (use_rollout_log_probs: the bypass); staleness_threshold > 0 samples
+    beside the update (one step off, said how it differs), 0 on the same weights (the stream off-policy pipeline);
+    partial rollouts are named, not carried over."""
+    script = tmp_path / "fully_async.sh"
+    script.write_text(FULLY_ASYNC)
+    out = from_verl(read_verl([str(script)], []))
+    v = out.values
+    assert (v["rollout.prompts_per_step"], v["optim.minibatches_per_step"], v["rollout.samples_per_prompt"]) == (512, 16, 16)
+    assert v["optim.global_steps"] == 400 and v["eval.every_steps"] == 20
+    assert v["rollout.async_steps"] == 1 and v["algo.logp_old_source"] == "rollout"
+    assert any("at most 33% of a step's samples" in line for line in out.differs)
+    assert any("as they finish" in line for line in out.differs)
+    assert any(line.startswith("verl samples on 4 GPUs of its own beside the trainer's 4;") for line in out.differs)
+    assert [line.split(":")[0] for line in out.not_translated if "partial_rollout" in line] == \
+        ["async_training.partial_rollout=True"]
+    assert out.config().rollout.async_steps == 1
+    monkeypatch.setenv("STALENESS", "0")  # its stream off-policy pipeline: every sample on the same weights
+    synced = from_verl(read_verl([str(script)], ["async_training.compute_prox_log_prob=True"]))
+    assert "rollout.async_steps" not in synced.values and synced.values["optim.minibatches_per_step"] == 16
+    assert "algo.logp_old_source" not in synced.values  # compute_prox_log_prob: the trainer's pi_old
+    assert not any("partial_rollout" in line for line in synced.not_translated)  # no effect at staleness 0
+    defaults = from_verl({"-m": "verl.experimental.fully_async_policy.fully_async_main", "actor_rollout_ref.rollout.n": 4})
+    v = defaults.values  # fully_async_ppo_trainer.yaml: trigger 4, require 1, staleness 0.1, 100 prompts in all
+    assert (v["rollout.prompts_per_step"], v["optim.minibatches_per_step"], v["optim.global_steps"]) == (4 * 256, 4, 1)
+    assert v["rollout.async_steps"] == 1 and v["eval.every_steps"] == 1
 
 
 @pytest.mark.parametrize("given, expected", [

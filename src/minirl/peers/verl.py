@@ -121,6 +121,18 @@ VERL_IGNORED = re.compile(
     r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
 
 
+T = "async_training."
+FULLY_ASYNC_DEFAULTS = {T + "staleness_threshold": 0.1, T + "trigger_parameter_sync_step": 4, T + "require_batches": 1,
+                        T + "partial_rollout": True, T + "use_rollout_log_probs": True, T + "compute_prox_log_prob": False,
+                        "rollout.nnodes": 1, "rollout.n_gpus_per_node": 8, "rollout.total_rollout_steps": 100,
+                        "rollout.test_freq": 1, "data.gen_batch_size": 1}
+"""What verl's fully asynchronous trainer's config (``fully_async_ppo_trainer.yaml``) sets over ``ppo_trainer.yaml``."""
+
+
+def _fully_async(peer: Peer) -> bool:
+    return T + "trigger_parameter_sync_step" in peer.defaults
+
+
 ONE_STEP_OFF_DEFAULTS = {"algorithm.rollout_correction.bypass_mode": True, "rollout.nnodes": 1,
                          "rollout.n_gpus_per_node": 8}
 """What verl's one-step-off trainer's config (``one_step_off_ppo_trainer.yaml``) sets over ``ppo_trainer.yaml``."""
@@ -145,8 +157,14 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
     """Translate verl ``main_ppo`` settings (flat dotted Hydra keys; ``-m``: the module a script runs)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
     module = str(given.pop("-m", "verl.trainer.main_ppo"))
-    one_step_off = "one_step_off_policy" in module or bool({"rollout.nnodes", "rollout.n_gpus_per_node"} & set(given))
-    peer, out = Peer(given, {**VERL_DEFAULTS, **(ONE_STEP_OFF_DEFAULTS if one_step_off else {})}), Translation("verl")
+    fully_async = "fully_async_policy" in module or any(key.startswith(T) for key in given)
+    one_step_off = not fully_async and ("one_step_off_policy" in module
+                                        or bool({"rollout.nnodes", "rollout.n_gpus_per_node"} & set(given)))
+    defaults = {**VERL_DEFAULTS, **(ONE_STEP_OFF_DEFAULTS if one_step_off else {}), **(FULLY_ASYNC_DEFAULTS if fully_async else {})}
+    peer, out = Peer(given, defaults), Translation("verl")
+    if fully_async:  # the actor's old log-probs are the rollout's (use_rollout_log_probs): its bypass, unless the
+        # trainer computes them (compute_prox_log_prob: AReaL's decoupled PPO, with the rollout correction on top)
+        defaults[BYPASS] = bool(peer(T + "use_rollout_log_probs")) and not peer(T + "compute_prox_log_prob")
     _verl_async(peer, out, module, one_step_off)
     _verl_model_and_data(peer, out)
     n = _verl_batch(peer, out)
@@ -163,14 +181,26 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
 def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -> None:
     """verl's one-step-off trainer (``verl.experimental.one_step_off_policy.main_ppo``: the next step's batch sampled
     beside the update on the engine's own GPUs, ``rollout.nnodes`` x ``rollout.n_gpus_per_node``; its config turns
-    the bypass on) is ``rollout.async_steps: 1``. Its fully asynchronous trainer (a stream of partial rollouts under
-    ``async_training.staleness_threshold``) has no minirl equivalent."""
+    the bypass on) is ``rollout.async_steps: 1``. Its fully asynchronous trainer (``fully_async_policy``) is the
+    nearest minirl run: a global step is what it trains between two parameter syncs (``_verl_batch``), sampled on the
+    weights before them (``rollout.async_steps: 1``) when ``staleness_threshold`` > 0, on the same weights when it is
+    0 (its "stream off-policy pipeline"); its streaming and partial rollouts are named, not carried over."""
     if one_step_off:
         origin = module if "one_step_off_policy" in module else peer.show("rollout.nnodes", "rollout.n_gpus_per_node")
         out.set("rollout.async_steps", 1, f"{origin}: the next step's batch sampled beside the update")
-    if "fully_async_policy" in module or any(key.startswith("async_training.") for key in peer.given):
-        out.not_translated.append(f"{module}: verl's fully asynchronous trainer (partial rollouts, "
-                                  "async_training.*); minirl samples whole batches k steps off, rollout.async_steps: k")
+    if not _fully_async(peer):
+        return
+    staleness = float(peer(T + "staleness_threshold"))
+    out.differs.append(f"{module}: verl's trainer takes samples as they finish (shorter responses first) into its "
+                       "mini-batches; minirl samples a step's whole batch, then trains on it in prompt order")
+    if staleness > 0:
+        out.set("rollout.async_steps", 1, f"{peer.show(T + 'staleness_threshold')}: sampled beside the update")
+        out.differs.append(f"{peer.show(T + 'staleness_threshold')}: verl samples up to {staleness:g} x a step's samples "
+                           f"beyond it before a sync, so at most {staleness / (1 + staleness):.0%} of a step's samples "
+                           "come from the weights before the last sync; with minirl's rollout.async_steps: 1 all do")
+        if peer(T + "partial_rollout"):
+            out.not_translated.append(f"{peer.show(T + 'partial_rollout')}: a response a sync interrupts is continued "
+                                      "on the new weights; minirl finishes every response on the weights it began with")
 
 
 def _one_file(value: Any) -> Any:
@@ -329,13 +359,20 @@ def _dapo_overlong_buffer(peer: Peer, out: Translation) -> None:
 
 def _verl_batch(peer: Peer, out: Translation) -> int:
     prompts, minibatch = peer("data.train_batch_size"), peer(A + "ppo_mini_batch_size")
-    if prompts % minibatch:
+    if _fully_async(peer):  # data.train_batch_size has no effect there: a step is what it trains between two syncs
+        syncs, batches = int(peer(T + "trigger_parameter_sync_step")), int(peer(T + "require_batches"))
+        n, prompts = syncs * batches, syncs * batches * minibatch
+        out.set("rollout.prompts_per_step", prompts, f"trigger_parameter_sync_step x require_batches x "
+                f"ppo_mini_batch_size = {syncs} x {batches} x {minibatch} (the prompts between two parameter syncs)")
+        out.set("optim.minibatches_per_step", n, f"trigger_parameter_sync_step x require_batches = {syncs} x {batches}")
+    elif prompts % minibatch:
         raise ConfigError(f"verl settings {peer.show('data.train_batch_size', A + 'ppo_mini_batch_size')}: the mini-batch "
                           "size must divide the batch")
-    n = prompts // minibatch
-    out.set("rollout.prompts_per_step", prompts, peer.show("data.train_batch_size"))
+    else:
+        n = prompts // minibatch
+        out.set("rollout.prompts_per_step", prompts, peer.show("data.train_batch_size"))
+        out.set("optim.minibatches_per_step", n, f"train_batch_size / ppo_mini_batch_size = {prompts} / {minibatch}")
     out.set("rollout.samples_per_prompt", peer(R + "n"), peer.show(R + "n"))
-    out.set("optim.minibatches_per_step", n, f"train_batch_size / ppo_mini_batch_size = {prompts} / {minibatch}")
     if peer(A + "ppo_micro_batch_size_per_gpu"):
         out.set("optim.micro_batch_sequences", peer(A + "ppo_micro_batch_size_per_gpu"), peer.show(A + "ppo_micro_batch_size_per_gpu"))
     if peer(A + "use_dynamic_bsz"):
@@ -395,9 +432,13 @@ def _verl_cluster(peer: Peer, out: Translation) -> None:
         if "actor_rollout_ref.nccl_timeout" in peer.given:  # its collectives' timeout (verl: 600 s, minirl's too)
             out.set("cluster.collective_timeout_s", peer("actor_rollout_ref.nccl_timeout"),
                     peer.show("actor_rollout_ref.nccl_timeout"))
-        out.differs.append(f"verl colocates actor and rollout on the same {ranks} GPUs; minirl places {ranks} trainer "
-                           "ranks and its engines as separate Ray actors: size cluster.* for your machine "
-                           "(docs/distributed.md)")
+        if "rollout.nnodes" in peer.defaults:  # its asynchronous trainers: the rollout on GPUs of its own
+            engines = peer("rollout.nnodes") * peer("rollout.n_gpus_per_node")
+            where = f"verl samples on {engines} GPUs of its own beside the trainer's {ranks}"
+        else:
+            where = f"verl colocates actor and rollout on the same {ranks} GPUs"
+        out.differs.append(f"{where}; minirl places {ranks} trainer ranks and its engines as separate Ray actors: size "
+                           "cluster.* for your machine (docs/distributed.md)")
 
 
 def _verl_optimizer(peer: Peer, out: Translation) -> None:
@@ -412,7 +453,11 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
     out.set("optim.grad_clip_norm", float(clip), peer.show(A + "optim.clip_grad"))
     steps, epochs = peer("trainer.total_training_steps"), peer("trainer.total_epochs")
     rows = count_rows(out.values.get("task.path"))
-    if steps:
+    if _fully_async(peer):  # it stops when the rollouter has sampled rollout.total_rollout_steps prompts
+        total, prompts = int(peer("rollout.total_rollout_steps")), out.values["rollout.prompts_per_step"]
+        steps = max(1, total // prompts)
+        out.set("optim.global_steps", steps, f"rollout.total_rollout_steps={total} // {prompts} prompts a step")
+    elif steps:
         out.set("optim.global_steps", int(steps), peer.show("trainer.total_training_steps"))
     elif rows is not None and rows >= peer("data.train_batch_size"):  # verl's loader drops a last partial batch
         steps = epochs * (rows // peer("data.train_batch_size"))
@@ -468,8 +513,9 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
         out.set("checkpoint.every_steps", 0, peer.show("trainer.save_freq"))
     if peer("trainer.max_actor_ckpt_to_keep"):
         out.set("checkpoint.keep_last", int(peer("trainer.max_actor_ckpt_to_keep")), peer.show("trainer.max_actor_ckpt_to_keep"))
-    frequency = peer("trainer.test_freq")
-    out.set("eval.every_steps", int(frequency) if frequency and frequency > 0 else 0, peer.show("trainer.test_freq"))
+    key = "rollout.test_freq" if _fully_async(peer) else "trainer.test_freq"  # the former counts parameter syncs
+    frequency = peer(key)
+    out.set("eval.every_steps", int(frequency) if frequency and frequency > 0 else 0, peer.show(key))
     temperature, n = float(peer(R + "val_kwargs.temperature") or 0), int(peer(R + "val_kwargs.n"))
     out.set("eval.temperature", temperature, peer.show(R + "val_kwargs.temperature") + (" (greedy)" if temperature == 0 else ""))
     if temperature == 0 and n != 1:
