@@ -62,10 +62,10 @@ def build_critic(cfg: Any, policy: torch.nn.Module, *, shard: Callable[[torch.nn
         else:  # no TokenClassification class for this architecture: its transformer under a linear head
             head = ValueModel
         if c.model_path is not None:
-            model = head.from_pretrained(c.model_path, config=config, torch_dtype=torch.float32,
+            model = head.from_pretrained(c.model_path, config=config, dtype=torch.float32,
                                          trust_remote_code=cfg.model.trust_remote_code)
         else:
-            model = head.from_config(config, torch_dtype=torch.float32)
+            model = head.from_config(config, dtype=torch.float32)
             model.base_model.load_state_dict(source.base_model.state_dict())
     if c.lora is not None:  # the adapters and the value head train
         from minirl.models.lora import add_lora
