@@ -347,10 +347,14 @@ class OptimConfig(Section):
     the law the engine samples before its truncations, as TRL, verl and slime compute them, so ``mismatch/*`` and the
     IS weight see the engine's gap, not the temperature. false: of the raw logits (the policy at temperature 1; the
     IS weight pi_theta/mu_old, truncated, then also carries the temperature). No effect at rollout.temperature 1."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """The trainer's compute: fp32, or bf16 mixed precision (autocast; float32 master weights,
-    gradients and AdamW state; FSDP2 ranks all-gather bf16 and reduce in fp32). ``minirl.precision``.
-    bf16 is slow on CPUs without native bf16 matmuls (``cpu_native_half_gemm`` in environment.jsonl)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The trainer's compute: fp32, or bf16 / fp16 mixed precision (autocast; float32 master weights,
+    gradients and AdamW state; FSDP2 ranks all-gather in that dtype and reduce in fp32). ``minirl.precision``.
+    fp16 (TRL's ``fp16``, slime's ``--fp16``; the FP16 paper's fix for the training-inference mismatch, against an
+    fp16 engine) scales the loss dynamically as torch AMP's ``GradScaler`` does: an update whose gradient overflows
+    is skipped and the scale halved (``faults/fp16_overflows``, ``optim/loss_scale``), not counted as a fault.
+    bf16 and fp16 are slow on CPUs without native half-precision matmuls (``cpu_native_half_gemm`` in
+    environment.jsonl)."""
     allow_tf32: bool = False
     """CUDA: run float32 matmuls on TF32 tensor cores (faster, inexact). No effect on a CPU."""
     cpu_offload: bool = False

@@ -29,7 +29,7 @@ from minirl.algo.variants.gae import value_loss
 from minirl.batching import micro_batches
 from minirl.config import ConfigError
 from minirl.models.padding_free import Packing, packed_forward
-from minirl.precision import autocast_experts, compute_context
+from minirl.precision import LossScale, autocast_experts, compute_context
 from minirl.trainer import (
     compute_device,
     disable_stochastic_layers,
@@ -148,6 +148,7 @@ class Critic:
             autocast_experts(model)
         self.device = compute_device(model)
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
+        self.loss_scale = LossScale(precision)  # fp16's dynamic loss scale (the policy trainer keeps its own)
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
@@ -208,22 +209,28 @@ class Critic:
             old, target = values_old[rows, :width].to(self.device), returns[rows, :width].to(self.device)
             loss, metrics = value_loss(self._values(micro), old, target, micro.mask.to(self.device),
                                        clip_range=self.clip_value_range, normalizer=divisor[rows].to(self.device))
-            loss.backward()
+            self.loss_scale.scaled(loss).backward()
             share = micro.mask.sum().to(self.device) / tokens.to(self.device)
             loss_sum = loss_sum + loss.detach()
             clipped = clipped + metrics["vf_clipfrac"] * share
             predicted = predicted + metrics["vpred_mean"] * share
         parameters = [p for p in self.model.parameters() if p.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip_norm if self.grad_clip_norm else float("inf")))
+        self.loss_scale.unscale(parameters)
+        total = torch.nn.utils.clip_grad_norm_(parameters, self.grad_clip_norm if self.grad_clip_norm else float("inf"))
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP2: global already
         if not math.isfinite(float(loss_sum)):
             raise FloatingPointError("non-finite critic loss")
+        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's
+        result = {"vf_loss": float(loss_sum), "vf_clipfrac": float(clipped), "vpred_mean": float(predicted),
+                  "grad_norm": norm, "lr": lr}
+        if self.loss_scale.overflowed(norm):  # fp16: skipped (no step, the scale halved), not a fault
+            self.optimizer.zero_grad(set_to_none=True)
+            return result
         if not math.isfinite(norm):
             raise FloatingPointError("non-finite critic gradient")
-        lr = float(self.optimizer.param_groups[0]["lr"])  # this update's
         self.optimizer.step()
         self.scheduler.step()
-        return {"vf_loss": float(loss_sum), "vf_clipfrac": float(clipped), "vpred_mean": float(predicted),
-                "grad_norm": norm, "lr": lr}
+        return result
 
     def state_dict(self) -> dict[str, Any]:
         """The critic's weights and optimizer state (a checkpoint's), in one process's format whatever the ranks (on
@@ -231,9 +238,10 @@ class Critic:
         weights = full_state(self.model, self.collective)
         return {"model": {k: v.detach().cpu().clone() for k, v in weights.items()},
                 "optimizer": full_optimizer_state(self.model, self.optimizer, self.names, self.collective),
-                "scheduler": self.scheduler.state_dict()}
+                "scheduler": self.scheduler.state_dict(), "loss_scale": self.loss_scale.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_full_state(self.model, state["model"], self.collective)
         load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.names, self.collective)
         self.scheduler.load_state_dict(state["scheduler"])
+        self.loss_scale.load_state_dict(state.get("loss_scale"))

@@ -45,6 +45,9 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                ``critic.warmup_steps`` no ``policy/*``: only the critic trains
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
+``optim/loss_scale``           ``optim.precision: fp16``: the loss scale after the step's last update
+``faults/fp16_overflows``      ``optim.precision: fp16``: updates skipped for a gradient overflow (the scale
+                               halved; counted in ``faults/skipped_updates`` too, but not as numerical faults)
 ``faults/skipped_updates``     updates of the step skipped for a non-finite log-prob, loss or
                                gradient (no optimizer step; ``optim.max_consecutive_faults`` in a
                                row stop the run with exit code 3)

@@ -12,6 +12,13 @@ gradient that reaches a parameter is float32. No loss scaling: bf16 has float32'
 FSDP2 ranks add ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (``fsdp_policy``): the
 sharded float32 parameters are all-gathered as bf16 and the gradients reduce-scattered in float32.
 
+``fp16`` is the same mixed precision in float16 (TRL's ``fp16=True``, slime's ``--fp16``), which keeps 3 more mantissa
+bits than bf16 and so sits closer to an fp16 engine (the FP16 paper, Qi et al. 2025, "Defeating the
+Training-Inference Mismatch via FP16"), but has only 5 exponent bits: small gradients underflow and large ones
+overflow. So the loss is scaled before each backward and the gradients unscaled before clipping (``LossScale``: torch
+AMP's ``GradScaler`` rule and defaults); an update whose gradient overflowed is skipped and the scale halved, which
+is not a numerical fault.
+
 This is the paper's setting: a BF16 trainer against an FP8 engine (arXiv 2512.01374, Section 5).
 On a CPU without native bf16 matmul kernels (no AVX512-BF16 or AMX; ``environment.jsonl`` field
 ``cpu_native_half_gemm: false``), bf16 matmuls are emulated and bf16 training is *slower* than fp32.
@@ -32,25 +39,75 @@ effect on a CPU.
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, Literal
 
 import torch
 
-TrainerPrecision = Literal["fp32", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+TrainerPrecision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
     """The dtype the forward computes matmuls in under ``precision`` (None: the parameters' own)."""
     if precision not in PRECISIONS:
         raise ValueError(f"trainer precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return torch.bfloat16 if precision == "bf16" else None
+    return AUTOCAST_DTYPES[precision]
+
+
+class LossScale:
+    """fp16's dynamic loss scale, with the rule and defaults of torch AMP's ``GradScaler``: the loss is multiplied by
+    the scale S before backward (``scaled``), the gradients by 1/S after (``unscale``); an update whose gradient norm is
+    not finite overflowed: it is skipped and S halved; after ``growth_interval`` finite updates in a row S doubles.
+    Not ``GradScaler`` itself: whether a gradient overflowed is read off the *global* gradient norm the trainer clips
+    with, so every FSDP rank skips and rescales alike. Disabled (``precision`` other than fp16) it changes nothing:
+    ``scaled`` returns the loss itself and ``overflowed`` is always False."""
+
+    def __init__(self, precision: str, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+        self.enabled = precision == "fp16"
+        self.scale = float(init_scale) if self.enabled else 1.0
+        self.growth_interval, self.finite_in_a_row = growth_interval, 0
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale if self.enabled else loss
+
+    def unscale(self, parameters: Any) -> None:
+        """Every gradient of ``parameters`` divided by the scale (in place; an inf stays inf)."""
+        if not self.enabled:
+            return
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / self.scale)
+
+    def overflowed(self, grad_norm: float) -> bool:
+        """After an update's gradient (its global norm): True if it overflowed (skip it; the scale is halved), else
+        False (step; the scale doubles after ``growth_interval`` such updates in a row). A non-finite gradient at a
+        scale of 1 or less is no overflow the scale can cure: False, for the caller's numerical-fault path."""
+        if not self.enabled:
+            return False
+        if not math.isfinite(grad_norm) and self.scale <= 1.0:
+            return False
+        if not math.isfinite(grad_norm):
+            self.scale, self.finite_in_a_row = self.scale / 2.0, 0
+            return True
+        self.finite_in_a_row += 1
+        if self.finite_in_a_row == self.growth_interval:
+            self.scale, self.finite_in_a_row = self.scale * 2.0, 0
+        return False
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale, "finite_in_a_row": self.finite_in_a_row}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.enabled and state:  # a checkpoint of an fp32 / bf16 run resumed in fp16 starts from the initial scale
+            self.scale, self.finite_in_a_row = float(state["scale"]), int(state["finite_in_a_row"])
 
 
 def compute_context(precision: str, device: torch.device | str) -> AbstractContextManager[Any]:
-    """A context for one forward (and its backward's casts): autocast to bf16, or nothing for fp32."""
+    """A context for one forward (and its backward's casts): autocast to bf16 / fp16, or nothing for fp32."""
     dtype = autocast_dtype(precision)
     if dtype is None:
         return nullcontext()

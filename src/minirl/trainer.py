@@ -40,7 +40,7 @@ from minirl.models.lora import merged_state_dict
 from minirl.models.padding_free import Packing, packed_forward
 from minirl.monitor.mismatch import token_entropy, token_sum_pi_squared
 from minirl.monitor.routing import route_diff_counts
-from minirl.precision import autocast_experts, compute_context
+from minirl.precision import LossScale, autocast_experts, compute_context
 from minirl.types import Batch, to_device
 from minirl.update_guard import PoisonedWeights, UpdateGuard
 
@@ -70,6 +70,8 @@ class UpdateResult:
     scores: ScoreResult | None = None  # ``score``/``old_pass``: pi_old from this update's forward
     fault: str | None = None
     metric_inputs: MetricInputs | None = None  # ``Trainer.share_metric_inputs``: what ``metrics`` are computed from
+    loss_scale: float | None = None  # optim.precision=fp16: the loss scale after this update (``LossScale``)
+    overflowed: bool = False  # fp16: skipped for a gradient overflow (the scale halved), not a numerical fault
 
 
 @dataclass
@@ -250,6 +252,7 @@ class Trainer:
             disable_stochastic_layers(model)
         self.model = model
         self.precision = precision  # the forward's compute (``minirl.precision``); weights stay as given
+        self.loss_scale = LossScale(precision)  # fp16's dynamic loss scale; nothing for fp32 / bf16
         if precision != "fp32":
             autocast_experts(model)  # fused MoE experts in the autocast dtype too
         self.device = compute_device(model)  # batches live on the CPU; micro-batches move here
@@ -419,6 +422,8 @@ class Trainer:
         and ``scores`` is always returned: from this forward, or, when the update is skipped, from
         a ``score`` pass over the unchanged weights (replaying the batch's routes if it has any).
         """
+        # Over 60 lines: one optimizer step in the order it happens (inputs, backward, fp16 unscale, clip, the overflow
+        # and fault skips, the guarded step); split, the skips would scatter from the checks that decide them
         if old_pass:
             objective, score = OnPolicy(objective), True
         inputs = {"logp_old": minibatch.logp_old, "logp_rollout": minibatch.logp_rollout, "logp_ref": minibatch.logp_ref}
@@ -437,11 +442,15 @@ class Trainer:
             totals = measured.metrics(objective, minibatch)
         except FloatingPointError as exc:  # a NaN log-prob at a trained token (the objective's check)
             return self._skip(f"non-finite log-probs ({exc})", minibatch, old_pass, replay_routes, record_routes)
+        self.loss_scale.unscale(self.model.parameters())  # fp16: the gradients of the loss itself, before clipping
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, global already
         values = to_floats({"loss": loss_total, "grad_norm": norm, **_as_tensors(totals, loss_total)})  # the one sync
         loss_sum, grad_norm = values.pop("loss"), values.pop("grad_norm")
         drift = values.pop("routing_natural_diff_frac", None)
+        scale = self.loss_scale.scale
+        if bad_inputs is None and math.isfinite(loss_sum) and self.loss_scale.overflowed(grad_norm):
+            return self._overflow(scale, minibatch, old_pass, replay_routes, record_routes)
         if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
             bad_logp = None if bad_inputs else nan_report(None, minibatch.mask, {"logp": logp})  # rare path: may sync
             reason = (f"non-finite inputs ({bad_inputs})" if bad_inputs is not None else f"non-finite log-probs ({bad_logp})"
@@ -461,7 +470,16 @@ class Trainer:
         self.consecutive_faults = 0
         return UpdateResult(loss=loss_sum, grad_norm=grad_norm, lr=lr, metrics=values, natural_diff_frac=drift,
                             scores=None if scores is None else scores.result(),
-                            metric_inputs=measured.cpu() if self.share_metric_inputs else None)
+                            metric_inputs=measured.cpu() if self.share_metric_inputs else None,
+                            loss_scale=self.loss_scale.scale if self.loss_scale.enabled else None)
+
+    def _overflow(self, scale: float, minibatch: Batch, old_pass: bool, replay_routes: bool, record_routes: bool) -> UpdateResult:
+        """fp16: the gradient at loss scale ``scale`` overflowed (the scale is halved already): skipped as ``_skip``
+        does, but not a numerical fault (every FSDP rank read the same global norm: all skip together)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        reason = f"fp16 gradient overflow at loss scale {scale:g} (now {self.loss_scale.scale:g})"
+        scores = self.score(minibatch, replay_routes=replay_routes, record_routes=record_routes) if old_pass else None
+        return UpdateResult(fault=reason, scores=scores, loss_scale=self.loss_scale.scale, overflowed=True)
 
     def _skip(self, reason: str, minibatch: Batch, old_pass: bool, replay_routes: bool, record_routes: bool) -> UpdateResult:
         """A numerical fault: no optimizer or schedule step, gradients zeroed, the fault counted.
@@ -482,6 +500,7 @@ class Trainer:
             "updates_done": self.updates_done,
             "faults": self.faults,
             "consecutive_faults": self.consecutive_faults,
+            "loss_scale": self.loss_scale.state_dict(),
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -491,6 +510,7 @@ class Trainer:
         self.updates_done = int(state["updates_done"])
         self.faults = int(state.get("faults", 0))
         self.consecutive_faults = int(state.get("consecutive_faults", 0))
+        self.loss_scale.load_state_dict(state.get("loss_scale"))
 
     def _accumulate(
         self, minibatch: Batch, objective: Objective, replay_routes: bool, *, natural_drift: bool = False,
@@ -530,7 +550,7 @@ class Trainer:
                 logp, entropy, _ = self._token_terms(out, micro if self.head is None else host_micro,
                                                   "grad" if entropy_all is not None else wanted)
                 loss = _micro_loss(objective, logp, entropy, micro, rows, entropy_all, router)
-                loss.backward()
+                self.loss_scale.scaled(loss).backward()
             routes = natural.pop() if natural is not None else None
             if drift:  # replay_routes: _logits checked micro.routes; natural is a list, so routes were captured
                 assert micro.routes is not None and routes is not None and self.replay is not None
@@ -566,6 +586,7 @@ class Trainer:
         try:
             with torch.random.fork_rng(devices=devices):  # dropout etc. must not move the training RNG
                 logp = self._accumulate(batch, objective, replay_routes)[0].logp.cpu()
+            self.loss_scale.unscale(params)  # fp16: the loss's own gradient (the scale is left as it is)
             bad_logp = nan_report(None, batch.mask, {"logp": logp})  # diagnostics: a sync here is fine
             if bad_logp is not None:
                 raise FloatingPointError(bad_logp)

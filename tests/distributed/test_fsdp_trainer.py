@@ -263,6 +263,30 @@ def test_bf16_fsdp_ranks_all_gather_bf16_and_track_one_bf16_process(tmp_path):
     assert max_differences(single, fp32)[0] > TOL  # bf16 did compute in bf16
 
 
+FP16 = [*MODE, "optim.precision=fp16"]
+
+
+def test_an_fp16_run_skips_an_overflowing_update_and_goes_on_at_half_the_scale(tmp_path):
+    """optim.precision=fp16 in the loop: the first update overflows at torch's initial scale 2^16 on this model, is
+    skipped and logged (faults/fp16_overflows, the loss scale halved), and the run goes on: no numerical fault."""
+    metrics, _ = run_steps(tmp_path, *FP16)
+    assert [m["faults/fp16_overflows"] for m in metrics] == [1.0, 0.0, 0.0]
+    assert [m["faults/skipped_updates"] for m in metrics] == [1.0, 0.0, 0.0]
+    assert {m["optim/loss_scale"] for m in metrics} == {2.0**15}
+
+
+@pytest.mark.slow  # ~12 s
+def test_fp16_ranks_skip_and_rescale_together_and_track_one_fp16_process(tmp_path):
+    """Every rank reads the overflow off the global gradient norm: they skip the same update and keep one scale,
+    as the single fp16 process does (fp16 all-gathers and float rounding: not bitwise)."""
+    single = run_steps(tmp_path / "single", *FP16)
+    sharded = run_steps(tmp_path / "fsdp", *FP16, "cluster.trainer_ranks=2")
+    for a, b in zip(single[0], sharded[0]):
+        assert (a["faults/fp16_overflows"], a["optim/loss_scale"]) == (b["faults/fp16_overflows"], b["optim/loss_scale"])
+    loss_diff, weight_diff = max_differences(single, sharded)
+    assert loss_diff < 5e-3 and weight_diff < 2e-2  # measured 7.1e-5 and 2.0e-3
+
+
 def test_a_nan_input_on_one_rank_skips_the_update_on_every_rank_without_a_hang(tmp_path):
     """A rank whose shard holds a NaN must not skip alone (its peer would wait in FSDP's collectives for
     good): it runs its passes with a NaN loss, the global gradient norm is NaN, every rank skips."""

@@ -1,5 +1,6 @@
-"""``optim.precision``: bf16 mixed precision (autocast forward, float32 master weights, gradients and
-AdamW state); fp32 unchanged; checkpoints keep the model's dtype; the config names its key."""
+"""``optim.precision``: bf16 and fp16 mixed precision (autocast forward, float32 master weights, gradients and
+AdamW state; fp16 with a dynamic loss scale); fp32 unchanged; checkpoints keep the model's dtype; the config names
+its key."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from safetensors import safe_open
 from minirl.algo import token_logprobs
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
-from minirl.precision import compute_context, fsdp_policy
+from minirl.precision import LossScale, compute_context, fsdp_policy
 from minirl.runtime import build_trainer
 from minirl.trainer import Trainer
 from minirl.types import Completion
@@ -44,8 +45,11 @@ def test_fp32_wraps_nothing_and_bf16_is_autocast():
     assert fsdp_policy("fp32") is None
     policy = fsdp_policy("bf16")
     assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
-    with pytest.raises(ValueError, match="fp32, bf16"):
-        compute_context("fp16", "cpu")
+    context = compute_context("fp16", "cpu")
+    assert isinstance(context, torch.autocast) and context.fast_dtype == torch.float16
+    assert fsdp_policy("fp16").param_dtype == torch.float16
+    with pytest.raises(ValueError, match="fp32, bf16, fp16"):
+        compute_context("fp8", "cpu")
 
 
 def test_bf16_score_is_the_autocast_forward_and_differs_from_fp32():
@@ -91,8 +95,9 @@ def test_config_knobs_reach_the_trainer_and_name_their_key():
     trainer = build_trainer(cfg, make_tiny_moe(0), replay=None)
     assert trainer.precision == "bf16"
     assert load_config(None).optim.precision == "fp32" and load_config(None).optim.allow_tf32 is False
-    with pytest.raises(ConfigError, match=r"optim.precision: must be 'fp32' or 'bf16'"):
-        load_config(None, ["optim.precision=fp16"])
+    assert build_trainer(load_config(None, ["optim.precision=fp16"]), make_tiny_moe(0), replay=None).loss_scale.enabled
+    with pytest.raises(ConfigError, match=r"optim.precision: must be 'fp32', 'bf16' or 'fp16'"):
+        load_config(None, ["optim.precision=fp8_e4m3"])
 
 
 def test_bf16_runs_the_fused_experts_in_bf16_and_fp32_in_fp32(monkeypatch):
@@ -115,3 +120,68 @@ def test_bf16_runs_the_fused_experts_in_bf16_and_fp32_in_fp32(monkeypatch):
     seen.clear()
     Trainer(model, lr=0.0).score(batch_of(), entropy=False)  # the hooks stay, inert outside autocast
     assert set(seen) == {torch.float32}
+
+
+def test_the_loss_scale_follows_grad_scalers_rule():
+    """Halved on an overflow (a non-finite gradient norm), doubled after ``growth_interval`` finite updates in a row,
+    an overflow resetting the count; at a scale of 1 a non-finite gradient is no overflow (the caller's fault);
+    its state survives a checkpoint; off (fp32, bf16) it is the identity."""
+    scale = LossScale("fp16", init_scale=8.0, growth_interval=2)
+    loss = torch.tensor(3.0)
+    assert float(scale.scaled(loss)) == 24.0
+    assert scale.overflowed(float("inf")) and scale.scale == 4.0
+    assert not scale.overflowed(1.0) and scale.scale == 4.0
+    assert scale.overflowed(float("nan")) and scale.scale == 2.0  # the count of finite updates starts again
+    assert not scale.overflowed(1.0) and not scale.overflowed(2.0) and scale.scale == 4.0
+    assert not scale.overflowed(1.0) and scale.state_dict() == {"scale": 4.0, "finite_in_a_row": 1}
+    grad = torch.nn.Parameter(torch.zeros(2))
+    grad.grad = torch.tensor([8.0, float("inf")])
+    scale.unscale([grad])
+    assert grad.grad.tolist() == [2.0, float("inf")]
+    resumed = LossScale("fp16")
+    resumed.load_state_dict(scale.state_dict())
+    assert resumed.state_dict() == {"scale": 4.0, "finite_in_a_row": 1}
+    floor = LossScale("fp16", init_scale=1.0)
+    assert not floor.overflowed(float("inf")) and floor.scale == 1.0
+    off = LossScale("bf16")
+    assert off.scaled(loss) is loss and not off.overflowed(float("inf")) and off.scale == 1.0
+    off.load_state_dict({"scale": 4.0, "finite_in_a_row": 1})
+    assert off.scale == 1.0
+
+
+def test_fp16_keeps_more_of_fp32s_log_probs_than_bf16_and_computes_in_fp16():
+    """fp16's 10-bit mantissa against bf16's 7: the same autocast forward, closer to fp32 (the FP16 paper's point),
+    and not fp32 itself."""
+    model = make_tiny_moe(0).eval()
+    batch = batch_of()
+    fp32, bf16, fp16 = (Trainer(model, lr=0.0, precision=p).score(batch, entropy=False).logp for p in ("fp32", "bf16", "fp16"))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        logits = model(input_ids=batch.input_ids, use_cache=False).logits
+    assert torch.equal(fp16, token_logprobs(logits[:, :-1].float(), batch.input_ids[:, 1:]) * batch.mask)
+    gap16, gap_bf16 = (float((x - fp32)[batch.mask].abs().max()) for x in (fp16, bf16))
+    assert 0 < gap16 < gap_bf16 / 4, (gap16, gap_bf16)
+
+
+def test_an_fp16_update_that_overflows_is_skipped_and_halves_the_scale_without_a_fault():
+    """At a loss scale the gradient overflows in fp16 the update is skipped (weights and AdamW state untouched) and
+    the scale halved; that is no numerical fault. At a scale it fits, the unscaled gradient is the fp32 one to fp16's
+    precision, and the update steps; a checkpoint keeps the scale."""
+    model = make_tiny_moe(0)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model, lr=1e-3, precision="fp16")
+    trainer.loss_scale.scale = 2.0**40  # 1e12 x the loss: its gradients are past fp16's 65504
+    skipped = trainer.update(batch_of(), objective)
+    assert skipped.overflowed and skipped.fault.startswith("fp16 gradient overflow at loss scale 1.09951e+12")
+    assert skipped.loss_scale == trainer.loss_scale.scale == 2.0**39
+    assert trainer.faults == trainer.consecutive_faults == 0 and trainer.updates_done == 0
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters()) and not trainer.optimizer.state
+    trainer.loss_scale.scale = 1024.0
+    stepped = trainer.update(batch_of(), objective)
+    reference = Trainer(make_tiny_moe(0), lr=1e-3).update(batch_of(), objective)
+    assert stepped.fault is None and not stepped.overflowed and stepped.loss_scale == 1024.0
+    assert stepped.grad_norm == pytest.approx(reference.grad_norm, rel=1e-2) and trainer.updates_done == 1
+    assert any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert trainer.checkpoint_state()["loss_scale"] == {"scale": 1024.0, "finite_in_a_row": 1}
+    resumed = Trainer(make_tiny_moe(0), lr=1e-3, precision="fp16")
+    resumed.load_checkpoint_state(trainer.checkpoint_state())
+    assert resumed.loss_scale.state_dict() == {"scale": 1024.0, "finite_in_a_row": 1}

@@ -238,7 +238,8 @@ class TrainerGroup:
         scores = _joined(parts) if all(p is not None for p in parts) else None  # type: ignore[arg-type]
         faults = [r.fault for r in per_rank if r.fault is not None]
         if faults:  # the global gradient norm decides: all skip together
-            return UpdateResult(fault=next((f for f in faults if f.startswith("non-finite log-probs")), faults[0]), scores=scores)
+            return UpdateResult(fault=next((f for f in faults if f.startswith("non-finite log-probs")), faults[0]), scores=scores,
+                                loss_scale=per_rank[0].loss_scale, overflowed=per_rank[0].overflowed)
         first = per_rank[0]
         inputs = MetricInputs.joined([r.metric_inputs for r in per_rank])  # type: ignore[misc]
         # what the rows' log-probs give, computed over the whole mini-batch; the rest (the forward's own: each rank's
@@ -248,7 +249,7 @@ class TrainerGroup:
         drift = metrics.pop("routing_natural_diff_frac", None)
         return UpdateResult(loss=sum(r.loss for r in per_rank),  # each rank's share of the mini-batch loss
                             grad_norm=first.grad_norm, lr=first.lr, metrics=metrics,  # norm and lr: global already
-                            natural_diff_frac=drift, scores=scores)
+                            natural_diff_frac=drift, scores=scores, loss_scale=first.loss_scale)
 
     def gradient(self, batch: Batch, objective: Any, *, replay_routes: bool = False,
                  with_logp: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -242,6 +242,7 @@ class TrainerRank:
             "updates_done": trainer.updates_done,
             "faults": trainer.faults,
             "consecutive_faults": trainer.consecutive_faults,
+            "loss_scale": trainer.loss_scale.state_dict(),
         }
 
     def load_checkpoint_state(self, state: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
@@ -261,6 +262,7 @@ class TrainerRank:
         trainer.updates_done = int(state["updates_done"])
         trainer.faults = int(state.get("faults", 0))
         trainer.consecutive_faults = int(state.get("consecutive_faults", 0))
+        trainer.loss_scale.load_state_dict(state.get("loss_scale"))
 
     def memory_layout(self) -> dict[str, Any]:
         """Where this rank's trainable parameters are stored (their local shards), where its trainer computes, its

@@ -58,6 +58,10 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     if done:
         metrics.update(update_metrics(done))
     metrics["faults/skipped_updates"] = float(len(record.updates) - len(done))
+    scales = [u.loss_scale for u in record.updates if u.loss_scale is not None]
+    if scales:  # optim.precision=fp16
+        metrics["optim/loss_scale"] = scales[-1]
+        metrics["faults/fp16_overflows"] = float(sum(u.overflowed for u in record.updates))
     if record.routing:
         drift = [u.natural_diff_frac for u in done if u.natural_diff_frac is not None]
         metrics.update(routing_step_metrics(engine_routes, record.old.routes, seen.attention_mask, drift))
