@@ -212,6 +212,24 @@ def test_verls_actor_offload_is_the_cpu_offload():
     assert not any("actor.fsdp_config" in line for line in phases.not_translated)
 
 
+def test_fp16_training_carries_over_from_trl_and_verl():
+    """TRL's fp16=True and verl's actor mixed_precision.param_dtype are optim.precision (fp16 with its dynamic loss
+    scale); an unknown dtype is one line naming the key."""
+    trl = _trl(fp16=True)
+    assert trl.values["optim.precision"] == "fp16" and trl.config().optim.precision == "fp16"
+    assert not any("fp16" in line for line in trl.not_translated)
+    assert _trl().values["optim.precision"] == "bf16"
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    assert from_verl(base).values["optim.precision"] == "bf16"
+    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+    assert from_verl(base | {key: "fp16"}).values["optim.precision"] == "fp16"
+    assert from_verl(base | {key: "float32"}).values["optim.precision"] == "fp32"
+    assert from_verl(base | {"actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "bfloat16"}}
+                     ).values["optim.precision"] == "bf16"
+    with pytest.raises(ConfigError, match=r"mixed_precision\.param_dtype='int8': not a dtype verl knows"):
+        from_verl(base | {key: "int8"})
+
+
 def test_verls_prefix_grouper_is_the_shared_prompt():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     assert "optim.shared_prompt" not in from_verl(base).values

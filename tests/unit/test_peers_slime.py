@@ -216,6 +216,13 @@ def test_slimes_fsdp_backend_and_router_flags(tmp_path: Path):
     assert any(line.startswith("--fp8-format") for line in out.not_translated)
 
 
+def test_slimes_fp16_is_the_fp16_trainer():
+    assert from_slime(BASE).values["optim.precision"] == "bf16"
+    fp16 = from_slime({**BASE, "fp16": True})
+    assert fp16.values["optim.precision"] == "fp16" and fp16.config().optim.precision == "fp16"
+    assert not any("fp16" in line for line in fp16.not_translated)
+
+
 def test_slimes_cpu_offload_flags_are_the_cpu_offload():
     """The FSDP backend's --fsdp-cpu-offload is optim.cpu_offload; Megatron's --optimizer-cpu-offload becomes it too,
     said (minirl's keeps the parameters in CPU memory as well); slime's between-phase --offload stays ignored."""

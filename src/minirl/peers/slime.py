@@ -454,10 +454,9 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
     if out.values.get("optim.warmup_updates"):
         out.differs.append("the warm-up: Megatron's starts at --lr-warmup-init (update k at k/W of the rate), minirl's "
                            "at 1/W ((k + 1)/W)")
-    out.set("optim.precision", "fp32" if peer("fp16") else "bf16",
-            peer.show("fp16") if peer("fp16") else "slime trains in bf16 (fp32 master weights) unless --fp16")
-    if peer("fp16"):
-        out.not_translated.append("--fp16: minirl trains in fp32 or bf16 (fp32 here)")
+    out.set("optim.precision", "fp16" if peer("fp16") else "bf16",
+            peer.show("fp16") + " (dynamic loss scaling)" if peer("fp16")
+            else "slime trains in bf16 (fp32 master weights) unless --fp16")
     peer("bf16")
     for key in ("recompute-granularity", "gradient-checkpointing"):  # Megatron's, slime's FSDP backend's
         if peer(key):

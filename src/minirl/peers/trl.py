@@ -374,9 +374,10 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
                                   "adamw_torch_fused and adamw_torch carry over)")
     else:
         out.set("optim.adamw_impl", impl, peer.show("optim"))
-    if peer("fp16"):
-        out.not_translated.append("fp16=True: minirl trains in fp32 or bf16 (optim.precision)")
-    out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
+    if peer("fp16"):  # GRPOConfig's bf16 then defaults to False (transformers refuses both)
+        out.set("optim.precision", "fp16", peer.show("fp16") + " (dynamic loss scaling, as its GradScaler)")
+    else:
+        out.set("optim.precision", "bf16" if peer("bf16") else "fp32", peer.show("bf16"))
     key = "activation_checkpointing" if peer.set_by_user("activation_checkpointing") else "gradient_checkpointing"
     out.set("optim.gradient_checkpointing", bool(peer(key)), peer.show(key))  # transformers 5's name, or the old one
 

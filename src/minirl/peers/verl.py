@@ -138,6 +138,23 @@ ONE_STEP_OFF_DEFAULTS = {"algorithm.rollout_correction.bypass_mode": True, "roll
 """What verl's one-step-off trainer's config (``one_step_off_ppo_trainer.yaml``) sets over ``ppo_trainer.yaml``."""
 
 
+VERL_DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16", "fp32": "fp32", "float32": "fp32",
+               "float": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}  # verl's PrecisionType names
+
+
+def _verl_precision(peer: Peer, out: Translation) -> None:
+    """The actor's FSDP ``mixed_precision.param_dtype`` (bf16 unless set; fp32 master weights either way)."""
+    key = A + "fsdp_config.mixed_precision"
+    given = peer.mapping(key).get("param_dtype")
+    if given is None:
+        out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
+        return
+    ours = VERL_DTYPES.get(str(given).lower())
+    if ours is None:
+        raise ConfigError(f"verl setting {key}.param_dtype={given!r}: not a dtype verl knows (bf16, fp16 or fp32)")
+    out.set("optim.precision", ours, f"{key}.param_dtype={given!r}" + (" (dynamic loss scaling)" if ours == "fp16" else ""))
+
+
 def _verl_offload(peer: Peer, out: Translation) -> None:
     """The actor's CPU offload. ``offload_policy`` is FSDP2's ``CPUOffloadPolicy``, as minirl's ``optim.cpu_offload``;
     ``param_offload`` / ``optimizer_offload`` move the parameters / AdamW state to the CPU between verl's phases
@@ -492,7 +509,7 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
     _verl_offload(peer, out)
     if peer(A + "use_prefix_grouper"):  # (verl's needs use_remove_padding=False; minirl's runs the padding-free forward)
         out.set("optim.shared_prompt", True, peer.show(A + "use_prefix_grouper"))
-    out.set("optim.precision", "bf16", "verl's FSDP actor computes in bf16 (fp32 master weights)")
+    _verl_precision(peer, out)
     for key in (A + "megatron.router_replay.mode", A + "router_replay.mode", A + "veomni.router_replay.mode"):
         if peer(key) in ("R2", "R3"):
             out.set("moe.routing_replay", peer(key), peer.show(key, R + "enable_rollout_routing_replay"))
