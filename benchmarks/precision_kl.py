@@ -11,7 +11,8 @@ k3 per token is heavy-tailed on a trained (peaked) model: a few tokens carry mos
 batch of ~2k tokens can move by several x; use several seeds before comparing close variants.
 
 ``--trainer-precisions fp32,bf16`` repeats the table for each trainer compute (``optim.precision``):
-bf16 is the paper's shape, a BF16 trainer against an FP8 engine; ``--variants`` keeps only the
+bf16 is the paper's shape, a BF16 trainer against an FP8 engine; fp16 against the fp16 engine is the FP16
+paper's (Qi et al. 2025); ``--variants`` keeps only the
 engines whose name contains one of the given substrings (e.g. ``--variants fp8_e4m3,bf16``).
 
 Variants: the engine's weight precision (``rollout.precision``, fp8 with ``rollout.fp8_scale``,
@@ -19,8 +20,8 @@ fp4 with ``rollout.fp4_block_size``) with an exact KV cache, then the fp8 KV cac
 (``rollout.kv_cache_precision``) alone and on top of fp8 weights.
 
     python benchmarks/precision_kl.py [--config configs/demo.yaml] [--checkpoint DIR] [--prompts 16]
-                                      [--samples 8] [--seeds 3] [--trainer-precisions fp32,bf16]
-                                      [--variants NAME,...] [key=value ...]
+                                      [--samples 8] [--seeds 3] [--trainer-precisions fp32,bf16,fp16]
+                                      [--variants NAME,...] [--replay-routes] [key=value ...]
 
 Without ``--checkpoint`` the model is the config's preset at random init (``run.seed``); with it,
 a saved model directory (e.g. the output of ``minirl sft``).
@@ -35,6 +36,7 @@ import torch
 
 from minirl.batching import collate
 from minirl.config import load_config
+from minirl.moe import RoutingReplay
 from minirl.monitor import mismatch_metrics
 from minirl.rollout.native import NativeEngine
 from minirl.runtime import build_model, build_task
@@ -66,8 +68,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=3, help="batches, with sampling seeds 0 .. seeds-1")
-    parser.add_argument("--trainer-precisions", default="fp32", help="comma-separated optim.precision values (fp32, bf16)")
+    parser.add_argument("--trainer-precisions", default="fp32", help="comma-separated optim.precision values (fp32, bf16, fp16)")
     parser.add_argument("--variants", default="", help="comma-separated substrings of engine names to keep (default: all)")
+    parser.add_argument("--replay-routes", action="store_true",
+                        help="the trainer replays the engine's expert choices (R3) instead of routing itself")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides")
     args = parser.parse_args()
 
@@ -87,9 +91,11 @@ def main() -> None:
     r = cfg.rollout
     print(f"model: {source}; {args.seeds} batch(es) of {len(prompts)} prompts x {args.samples} samples, max "
           f"{r.max_new_tokens} new tokens, temperature {r.temperature}, top_p {r.top_p}, sampling seeds 0..{args.seeds - 1}")
+    replay = RoutingReplay(model) if args.replay_routes else None
     for precision in args.trainer_precisions.split(","):
-        trainer = Trainer(model, lr=0.0, micro_batch_sequences=cfg.optim.micro_batch_sequences, precision=precision)
-        print(f"\ntrainer precision: {precision}\n")
+        trainer = Trainer(model, lr=0.0, micro_batch_sequences=cfg.optim.micro_batch_sequences, precision=precision,
+                          replay=replay)
+        print(f"\ntrainer precision: {precision}{' (R3: the engine routes replayed)' if replay else ''}\n")
         table(trainer, model, tokenizer, prompts, samplings, variants, args.samples)
 
 
@@ -105,9 +111,10 @@ def table(trainer: Trainer, model: torch.nn.Module, tokenizer, prompts: list, sa
                               tokenizer=tokenizer, **kwargs)  # fmt: skip
         rollout, old, masks, per_batch = [], [], [], []
         for sampling in samplings:
-            completions = engine.generate(prompts, samples, sampling)
+            replay = trainer.replay is not None
+            completions = engine.generate(prompts, samples, sampling, record_routes=replay)
             batch = collate(completions, torch.zeros(len(completions)), pad_token_id=tokenizer.pad_token_id)
-            logp_trainer = trainer.score(batch, entropy=False).logp
+            logp_trainer = trainer.score(batch, entropy=False, replay_routes=replay).logp
             per_batch.append(mismatch_metrics(batch.logp_rollout, logp_trainer, batch.mask)["kl_k3"])
             rollout.append(batch.logp_rollout[batch.mask])
             old.append(logp_trainer[batch.mask])
