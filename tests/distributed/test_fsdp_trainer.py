@@ -148,6 +148,7 @@ def test_cpu_offload_runs_fsdp_ranks_whose_shards_live_in_cpu_memory(tmp_path, r
     assert layouts == [[OFFLOADED] * ranks]
 
 
+@pytest.mark.slow  # ~5 s; the default suite's 15 minutes (one offloaded rank's bitwise run stays there)
 def test_an_offloaded_rank_checkpoints_and_resumes_like_one_process(tmp_path):
     """A W = 1 offloaded rank writes the single process's checkpoint (the full AdamW state gathered from its FSDP
     shards) and loads one back into them: step 3 of the resumed run ends where one uninterrupted process ends."""
@@ -390,7 +391,7 @@ def test_one_step_off_on_two_ranks_and_two_engines_matches_one_process(tmp_path)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (key, a[key], b[key])
 
 
-@pytest.mark.parametrize("budget", [[], ["optim.micro_batch_max_tokens=24"],
+@pytest.mark.parametrize("budget", [[], pytest.param(["optim.micro_batch_max_tokens=24"], marks=pytest.mark.slow),
                                     ["optim.shared_prompt=true", "optim.micro_batch_max_tokens=40"]],
                          ids=["rows", "token-budget", "shared-prompt"])
 def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
@@ -459,7 +460,8 @@ def _untied_model(path):
     return str(path)
 
 
-@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), ("R2", 1, True), ("R3", 2, False)])
+@pytest.mark.parametrize("replay, n, tied", [("R3", 2, True), pytest.param("R2", 1, True, marks=pytest.mark.slow),
+                                              pytest.param("R3", 2, False, marks=pytest.mark.slow)])
 def test_the_chunked_lm_head_on_two_fsdp_ranks_matches_one_process(tmp_path, replay, n, tied):
     """``optim.logprob_chunk_tokens`` under FSDP2: the head stays in the root's group, gathered from the root's forward
     to the end of its backward, so the chunks and their recomputation use the gathered weight (no collective added);
