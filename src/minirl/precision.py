@@ -88,15 +88,15 @@ class LossScale:
         scale of 1 or less is no overflow the scale can cure: False, for the caller's numerical-fault path."""
         if not self.enabled:
             return False
-        if not math.isfinite(grad_norm) and self.scale <= 1.0:
+        if math.isfinite(grad_norm):
+            self.finite_in_a_row += 1
+            if self.finite_in_a_row == self.growth_interval:
+                self.scale, self.finite_in_a_row = self.scale * 2.0, 0
             return False
-        if not math.isfinite(grad_norm):
-            self.scale, self.finite_in_a_row = self.scale / 2.0, 0
-            return True
-        self.finite_in_a_row += 1
-        if self.finite_in_a_row == self.growth_interval:
-            self.scale, self.finite_in_a_row = self.scale * 2.0, 0
-        return False
+        if self.scale <= 1.0:
+            return False
+        self.scale, self.finite_in_a_row = self.scale / 2.0, 0
+        return True
 
     def state_dict(self) -> dict[str, float | int]:
         return {"scale": self.scale, "finite_in_a_row": self.finite_in_a_row}

@@ -492,10 +492,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Optimizer, schedule and counters (tensors and plain types: ``torch.load(weights_only=True)``)."""
+    def checkpoint_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Optimizer, schedule and counters (tensors and plain types: ``torch.load(weights_only=True)``). ``optimizer``:
+        the optimizer's state to keep instead of ``self.optimizer.state_dict()`` (an FSDP rank's, gathered full)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if optimizer is None else optimizer,
             "scheduler": self.scheduler.state_dict(),
             "updates_done": self.updates_done,
             "faults": self.faults,
@@ -503,9 +504,11 @@ class Trainer:
             "loss_scale": self.loss_scale.state_dict(),
         }
 
-    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        keep_adamw_impl(self.optimizer, self.adamw_impl)
+    def load_checkpoint_state(self, state: dict[str, Any], load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """``checkpoint_state``'s values back; ``load_optimizer``: how the optimizer's state goes in instead of
+        ``self.optimizer.load_state_dict`` (an FSDP rank scatters the full state into its shards)."""
+        (load_optimizer or self.optimizer.load_state_dict)(state["optimizer"])
+        keep_adamw_impl(self.optimizer, self.adamw_impl)  # not the saved groups' foreach / fused flags
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates_done = int(state["updates_done"])
         self.faults = int(state.get("faults", 0))

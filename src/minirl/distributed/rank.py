@@ -40,7 +40,6 @@ from minirl.trainer import (
     Wraps,
     full_optimizer_state,
     full_state,
-    keep_adamw_impl,
     load_full_optimizer_state,
     load_full_state,
     local_shard,
@@ -234,16 +233,7 @@ class TrainerRank:
         if not self.sharded:
             return _owned(trainer.checkpoint_state())
         optimizer = full_optimizer_state(trainer.model, trainer.optimizer, self.names, collective=True)
-        if self.rank != 0:
-            return None
-        return {
-            "optimizer": optimizer,
-            "scheduler": trainer.scheduler.state_dict(),
-            "updates_done": trainer.updates_done,
-            "faults": trainer.faults,
-            "consecutive_faults": trainer.consecutive_faults,
-            "loss_scale": trainer.loss_scale.state_dict(),
-        }
+        return trainer.checkpoint_state(optimizer=optimizer) if self.rank == 0 else None
 
     def load_checkpoint_state(self, state: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
         """Full weights and a ``checkpoint_state`` (single-process format) into this rank's shards."""
@@ -256,13 +246,8 @@ class TrainerRank:
             trainer.load_checkpoint_state(state)
             return
         load_full_state(trainer.model, weights, collective=True)
-        load_full_optimizer_state(trainer.model, trainer.optimizer, state["optimizer"], self.names, collective=True)
-        keep_adamw_impl(trainer.optimizer, trainer.adamw_impl)  # not the saved groups' foreach / fused flags
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.updates_done = int(state["updates_done"])
-        trainer.faults = int(state.get("faults", 0))
-        trainer.consecutive_faults = int(state.get("consecutive_faults", 0))
-        trainer.loss_scale.load_state_dict(state.get("loss_scale"))
+        trainer.load_checkpoint_state(state, load_optimizer=lambda saved: load_full_optimizer_state(
+            trainer.model, trainer.optimizer, saved, self.names, collective=True))
 
     def memory_layout(self) -> dict[str, Any]:
         """Where this rank's trainable parameters are stored (their local shards), where its trainer computes, its
