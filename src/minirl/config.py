@@ -355,6 +355,19 @@ class OptimConfig(Section):
     is skipped and the scale halved (``faults/fp16_overflows``, ``optim/loss_scale``), not counted as a fault.
     bf16 and fp16 are slow on CPUs without native half-precision matmuls (``cpu_native_half_gemm`` in
     environment.jsonl)."""
+    loss_scale_initial: float = Field(65536.0, gt=0, allow_inf_nan=False)
+    """fp16 only: the loss scale the run starts at (torch AMP ``GradScaler``'s ``init_scale`` 2^16, TRL's; Megatron-LM's
+    ``--initial-loss-scale`` 2^32, slime's; DeepSpeed's 2^``initial_scale_power``)."""
+    loss_scale_window_updates: int = Field(2000, ge=1)
+    """fp16 only: the scale doubles after this many updates in a row without an overflow (``GradScaler``'s
+    ``growth_interval`` 2000; verl's FSDP actor 400; Megatron-LM's ``--loss-scale-window`` and DeepSpeed's
+    ``loss_scale_window`` 1000)."""
+    loss_scale_min: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """fp16 only: the scale is never halved below this (Megatron-LM's ``--min-loss-scale``, DeepSpeed's
+    ``min_loss_scale``, both 1); a non-finite gradient at this scale is a numerical fault, not an overflow."""
+    loss_scale_hysteresis: int = Field(1, ge=1)
+    """fp16 only: how many overflows (each skips its update) since the scale last grew before it is halved: 1 halves at
+    every overflow (``GradScaler``); Megatron-LM's ``--hysteresis`` and DeepSpeed's ``hysteresis`` are 2."""
     allow_tf32: bool = False
     """CUDA: run float32 matmuls on TF32 tensor cores (faster, inexact). No effect on a CPU."""
     cpu_offload: bool = False
@@ -364,6 +377,13 @@ class OptimConfig(Section):
     activations on the GPU, at the cost of host-device copies and a CPU optimizer step in every update (set
     ``adamw_impl: fused``: torch's default on CPU tensors is its for-loop). Runs the trainer as FSDP ranks even at
     ``cluster.trainer_ranks`` 1. The same updates to float rounding (bitwise on a CPU, where there is nothing to move)."""
+
+    @model_validator(mode="after")
+    def _loss_scale_floor(self) -> Any:
+        if self.loss_scale_min > self.loss_scale_initial:
+            raise ValueError(f"loss_scale_min ({self.loss_scale_min}) must not exceed loss_scale_initial "
+                             f"({self.loss_scale_initial})")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -938,7 +958,8 @@ class ColdStartConfig(Section):
     examples: int = Field(2000, ge=1)
     """Teacher traces generated (synthetic tasks)."""
     steps: int = Field(300, ge=1)
-    """SFT optimizer steps; with ``until_loss``, the most it may take."""
+    """SFT optimizer steps; with ``until_loss``, the most it may take. A step whose update was skipped (an fp16
+    overflow, a numerical fault) counts, as skipped iterations do in Megatron-LM's and HF ``Trainer``'s step counts."""
     until_loss: float | None = Field(None, gt=0)
     """Stop early once the token cross-entropy, averaged over the last ``loss_window_steps`` steps, is
     below this (nats per token). Gives every teacher style the same fit, whatever its trace length

@@ -84,7 +84,7 @@ def build_critic(cfg: Any, policy: torch.nn.Module, *, shard: Callable[[torch.nn
     return Critic(model, names=names, collective=shard is not None, lr=c.lr, lr_warmup_updates=c.lr_warmup_updates, weight_decay=c.weight_decay, betas=(o.adam_beta1, o.adam_beta2),
                   eps=o.adam_eps, grad_clip_norm=c.grad_clip_norm, clip_value_range=c.clip_value_range,
                   micro_batch_sequences=o.micro_batch_sequences, micro_batch_max_tokens=o.micro_batch_max_tokens,
-                  precision=o.precision, loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens,
+                  precision=o.precision, loss_scale=LossScale.of(o), loss_aggregation=c.loss_aggregation, horizon_tokens=cfg.rollout.max_new_tokens,
                   padding_free=o.padding_free, shared_prompt=o.shared_prompt)
 
 
@@ -139,7 +139,7 @@ class Critic:
     def __init__(self, model: torch.nn.Module, *, names: list[str] | None = None, collective: bool = False, lr: float = 1e-5, lr_warmup_updates: int = 0, weight_decay: float = 0.01,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, grad_clip_norm: float | None = 1.0,
                  clip_value_range: float = 0.5, micro_batch_sequences: int = 64, micro_batch_max_tokens: int | None = None,
-                 precision: str = "fp32", loss_aggregation: str = "token_mean", horizon_tokens: int = 1,
+                 precision: str = "fp32", loss_scale: LossScale | None = None, loss_aggregation: str = "token_mean", horizon_tokens: int = 1,
                  padding_free: bool = False, shared_prompt: bool = False) -> None:
         self.model, self.collective = model, collective  # collective: FSDP2 shards, every call made on every rank
         self.names = names or [name for name, param in model.named_parameters() if param.requires_grad]
@@ -148,7 +148,7 @@ class Critic:
             autocast_experts(model)
         self.device = compute_device(model)
         self.precision, self.clip_value_range, self.grad_clip_norm = precision, clip_value_range, grad_clip_norm
-        self.loss_scale = LossScale(precision)  # fp16's dynamic loss scale (the policy trainer keeps its own)
+        self.loss_scale = loss_scale or LossScale(precision)  # fp16's dynamic loss scale (the policy trainer keeps its own)
         self.loss_aggregation, self.horizon_tokens = loss_aggregation, horizon_tokens  # seq_sum_norm's constant
         self.micro_batch_sequences, self.micro_batch_max_tokens = micro_batch_sequences, micro_batch_max_tokens
         self._packed = packed_forward(model, padding_free, shared_prompt)  # refuses a model in one line now
@@ -222,15 +222,15 @@ class Critic:
             raise FloatingPointError("non-finite critic loss")
         lr = float(self.optimizer.param_groups[0]["lr"])  # this update's
         result = {"vf_loss": float(loss_sum), "vf_clipfrac": float(clipped), "vpred_mean": float(predicted),
-                  "grad_norm": norm, "lr": lr}
+                  "grad_norm": norm, "lr": lr, "overflowed": 0.0}
         if self.loss_scale.overflowed(norm):  # fp16: skipped (no step, the scale halved), not a fault
             self.optimizer.zero_grad(set_to_none=True)
-            return result
+            return result | {"overflowed": 1.0, "loss_scale": self.loss_scale.scale}
         if not math.isfinite(norm):
             raise FloatingPointError("non-finite critic gradient")
         self.optimizer.step()
         self.scheduler.step()
-        return result
+        return result | {"loss_scale": self.loss_scale.scale}
 
     def state_dict(self) -> dict[str, Any]:
         """The critic's weights and optimizer state (a checkpoint's), in one process's format whatever the ranks (on

@@ -519,8 +519,13 @@ def critic_updates(run: Run, trained: Batch, n: int) -> dict[str, float]:
     size, epochs = trained.size // n, run.cfg.critic.epochs_per_step or run.cfg.optim.epochs_per_step
     results = [run.critic.update(trained.select(rows), values[rows], returns[rows])
                for _ in range(epochs) for rows in (slice(i * size, (i + 1) * size) for i in range(n))]
-    metrics = {f"critic/{key}": sum(r[key] for r in results) / len(results) for key in results[0]}
+    metrics = {f"critic/{key}": sum(r[key] for r in results) / len(results) for key in results[0]
+               if key not in ("grad_norm", "overflowed", "loss_scale")}
+    stepped = [r["grad_norm"] for r in results if not r["overflowed"]]  # an fp16 overflow's norm is inf, no norm
+    metrics |= {"critic/grad_norm": sum(stepped) / len(stepped)} if stepped else {}
     metrics["critic/lr"] = results[-1]["lr"]
+    if run.cfg.optim.precision == "fp16":
+        metrics |= {"critic/fp16_overflows": sum(r["overflowed"] for r in results), "critic/loss_scale": results[-1]["loss_scale"]}
     v, g = values[trained.mask], returns[trained.mask]
     metrics.update({"critic/values_mean": float(v.mean()), "critic/returns_mean": float(g.mean()),
                     "critic/vf_explained_var": float(1.0 - torch.var(g - v) / (torch.var(g) + 1e-5))})

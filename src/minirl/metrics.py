@@ -42,7 +42,9 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
                                loss), ``vf_clipfrac``, ``vpred_mean``, ``grad_norm`` (means over the critic's updates),
                                ``lr``; ``values_mean`` and ``returns_mean`` (V_old and the GAE returns over trained
                                tokens) and ``vf_explained_var`` = 1 - Var(G - V) / (Var(G) + 1e-5). Before
-                               ``critic.warmup_steps`` no ``policy/*``: only the critic trains
+                               ``critic.warmup_steps`` no ``policy/*``: only the critic trains. ``optim.precision:
+                               fp16``: ``fp16_overflows`` (its updates skipped for an overflow; ``grad_norm`` is the
+                               mean over the others, absent if none stepped) and ``loss_scale`` (after the step)
 ``optim/grad_norm``            gradient norm before clipping (mean over updates; ``_max``)
 ``optim/lr``                   learning rate of the last update
 ``optim/loss_scale``           ``optim.precision: fp16``: the loss scale after the step's last update

@@ -16,8 +16,8 @@ sharded float32 parameters are all-gathered as bf16 and the gradients reduce-sca
 bits than bf16 and so sits closer to an fp16 engine (the FP16 paper, Qi et al. 2025, "Defeating the
 Training-Inference Mismatch via FP16"), but has only 5 exponent bits: small gradients underflow and large ones
 overflow. So the loss is scaled before each backward and the gradients unscaled before clipping (``LossScale``: torch
-AMP's ``GradScaler`` rule and defaults); an update whose gradient overflowed is skipped and the scale halved, which
-is not a numerical fault.
+AMP's ``GradScaler`` rule and defaults, or Megatron-LM's and DeepSpeed's through ``optim.loss_scale_*``); an update
+whose gradient overflowed is skipped and the scale halved, which is not a numerical fault.
 
 This is the paper's setting: a BF16 trainer against an FP8 engine (arXiv 2512.01374, Section 5).
 On a CPU without native bf16 matmul kernels (no AVX512-BF16 or AMX; ``environment.jsonl`` field
@@ -59,17 +59,33 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 class LossScale:
-    """fp16's dynamic loss scale, with the rule and defaults of torch AMP's ``GradScaler``: the loss is multiplied by
-    the scale S before backward (``scaled``), the gradients by 1/S after (``unscale``); an update whose gradient norm is
-    not finite overflowed: it is skipped and S halved; after ``growth_interval`` finite updates in a row S doubles.
+    """fp16's dynamic loss scale: the loss is multiplied by the scale S before backward (``scaled``), the gradients by
+    1/S after (``unscale``); an update whose gradient norm is not finite overflowed: it is skipped and, once
+    ``hysteresis`` overflows have been seen since the scale last grew, S is halved (never below ``min_scale``); after
+    ``growth_interval`` finite updates in a row S doubles (and the hysteresis count starts again). With the defaults
+    (2^16, 2000, hysteresis 1) it is torch AMP ``GradScaler``'s rule; Megatron-LM's ``DynamicGradScaler`` (slime) is
+    2^32, 1000, hysteresis 2, DeepSpeed's ``initial_scale_power`` 16, ``loss_scale_window`` 1000, ``hysteresis`` 2.
     Not ``GradScaler`` itself: whether a gradient overflowed is read off the *global* gradient norm the trainer clips
-    with, so every FSDP rank skips and rescales alike. Disabled (``precision`` other than fp16) it changes nothing:
-    ``scaled`` returns the loss itself and ``overflowed`` is always False."""
+    with, so every FSDP rank skips and rescales alike. A non-finite gradient at ``min_scale`` is no overflow a smaller
+    scale could cure: ``overflowed`` answers False, and the caller treats it as a numerical fault. Disabled
+    (``precision`` other than fp16) it changes nothing: ``scaled`` returns the loss itself and ``overflowed`` is always
+    False."""
 
-    def __init__(self, precision: str, init_scale: float = 2.0**16, growth_interval: int = 2000) -> None:
+    def __init__(self, precision: str, init_scale: float = 2.0**16, growth_interval: int = 2000,
+                 min_scale: float = 1.0, hysteresis: int = 1) -> None:
+        if not (0 < min_scale <= init_scale and growth_interval >= 1 and hysteresis >= 1):
+            raise ValueError(f"loss scale: need 0 < min_scale <= init_scale, growth_interval >= 1 and hysteresis >= 1, "
+                             f"got {min_scale}, {init_scale}, {growth_interval}, {hysteresis}")
         self.enabled = precision == "fp16"
         self.scale = float(init_scale) if self.enabled else 1.0
-        self.growth_interval, self.finite_in_a_row = growth_interval, 0
+        self.growth_interval, self.min_scale, self.hysteresis = growth_interval, float(min_scale), hysteresis
+        self.finite_in_a_row, self.hysteresis_left = 0, hysteresis
+
+    @classmethod
+    def of(cls, optim: Any) -> LossScale:
+        """From a config's ``optim`` section: ``precision`` and its ``loss_scale_*`` keys."""
+        return cls(optim.precision, init_scale=optim.loss_scale_initial, growth_interval=optim.loss_scale_window_updates,
+                   min_scale=optim.loss_scale_min, hysteresis=optim.loss_scale_hysteresis)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale if self.enabled else loss
@@ -83,27 +99,29 @@ class LossScale:
             torch._foreach_mul_(grads, 1.0 / self.scale)
 
     def overflowed(self, grad_norm: float) -> bool:
-        """After an update's gradient (its global norm): True if it overflowed (skip it; the scale is halved), else
-        False (step; the scale doubles after ``growth_interval`` such updates in a row). A non-finite gradient at a
-        scale of 1 or less is no overflow the scale can cure: False, for the caller's numerical-fault path."""
+        """After an update's gradient (its global norm): True if it overflowed (skip it), else False (step, or at
+        ``min_scale`` the caller's numerical-fault path). Updates the scale by the rule in the class docstring."""
         if not self.enabled:
             return False
         if math.isfinite(grad_norm):
             self.finite_in_a_row += 1
             if self.finite_in_a_row == self.growth_interval:
-                self.scale, self.finite_in_a_row = self.scale * 2.0, 0
+                self.scale, self.finite_in_a_row, self.hysteresis_left = self.scale * 2.0, 0, self.hysteresis
             return False
-        if self.scale <= 1.0:
+        if self.scale <= self.min_scale:
             return False
-        self.scale, self.finite_in_a_row = self.scale / 2.0, 0
+        self.finite_in_a_row, self.hysteresis_left = 0, self.hysteresis_left - 1
+        if self.hysteresis_left <= 0:
+            self.scale = max(self.scale / 2.0, self.min_scale)
         return True
 
     def state_dict(self) -> dict[str, float | int]:
-        return {"scale": self.scale, "finite_in_a_row": self.finite_in_a_row}
+        return {"scale": self.scale, "finite_in_a_row": self.finite_in_a_row, "hysteresis_left": self.hysteresis_left}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.enabled and state:  # a checkpoint of an fp32 / bf16 run resumed in fp16 starts from the initial scale
             self.scale, self.finite_in_a_row = float(state["scale"]), int(state["finite_in_a_row"])
+            self.hysteresis_left = int(state.get("hysteresis_left", self.hysteresis))  # checkpoints before the key
 
 
 def compute_context(precision: str, device: torch.device | str) -> AbstractContextManager[Any]:

@@ -216,7 +216,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
     ``model`` first (``prepare_for_training``). ``logits_temperature``: what the trainer's logits are divided by
     (None: ``rollout.temperature`` under ``optim.score_at_rollout_temperature``, else 1; SFT passes 1).
     ``collective``: an FSDP group's rank (``Trainer``'s ``collective``)."""
-    from minirl.precision import set_tf32
+    from minirl.precision import LossScale, set_tf32
 
     o = cfg.optim
     if o.allow_tf32:
@@ -238,6 +238,7 @@ def build_trainer(cfg: Config, model: torch.nn.Module, replay: Any | None, *, de
         replay=replay,
         deterministic=deterministic,
         precision=o.precision,
+        loss_scale=LossScale.of(o),
         update_guard=o.update_guard,
         adamw_impl=o.adamw_impl,
         padding_free=o.padding_free,

@@ -239,6 +239,7 @@ class Trainer:
         replay: Any | None = None,
         deterministic: bool = True,
         precision: str = "fp32",
+        loss_scale: LossScale | None = None,
         update_guard: str = "undo",
         adamw_impl: str = "default",
         padding_free: bool = False,
@@ -252,7 +253,7 @@ class Trainer:
             disable_stochastic_layers(model)
         self.model = model
         self.precision = precision  # the forward's compute (``minirl.precision``); weights stay as given
-        self.loss_scale = LossScale(precision)  # fp16's dynamic loss scale; nothing for fp32 / bf16
+        self.loss_scale = loss_scale or LossScale(precision)  # fp16's dynamic loss scale; nothing for fp32 / bf16
         if precision != "fp32":
             autocast_experts(model)  # fused MoE experts in the autocast dtype too
         self.device = compute_device(model)  # batches live on the CPU; micro-batches move here

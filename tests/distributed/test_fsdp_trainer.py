@@ -419,8 +419,8 @@ def test_ppo_with_a_critic_on_two_ranks_matches_one_process(tmp_path, budget):
     assert len(keys) == 8
     for a, b in zip(single[0], sharded[0]):
         assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-5)
-        for key in keys:  # clipfrac counts a clipped loss larger by an ulp (verl's): one token of 64 may flip
-            edge = 1 / 64 if key == "critic/vf_clipfrac" and budget else 1e-6  # (as one process's rows vs budget do)
+        for key in keys:  # clipfrac counts a clipped loss larger by an ulp (verl's): one token of 64 may flip, under any
+            edge = 1 / 64 if key == "critic/vf_clipfrac" else 1e-6  # split of the rows (seen on an AVX512 Xeon, 2026-12-07)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=edge), (key, a[key], b[key])
 
 

@@ -5,6 +5,7 @@ whitened GAE of the critic's values, the critic trains first, ``critic.warmup_st
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -278,6 +279,18 @@ def test_the_critic_warms_up_before_the_policy_trains(tmp_path):
     assert all("policy/loss" not in row and "critic/vf_loss" in row for row in first)
     later, weights = run_steps(tmp_path / "c", *PPO, "critic.warmup_steps=3", steps=3)
     assert "policy/loss" in later[2] and not all(torch.equal(weights[n], initial[n]) for n in initial)
+
+
+def test_an_fp16_critic_skips_its_overflowing_updates_and_logs_no_infinite_norm(tmp_path):
+    """Under fp16 a critic update whose gradient overflows is skipped and halves the critic's own scale (not a fault);
+    ``critic/grad_norm`` averages only the updates that stepped, and is absent when none did."""
+    huge = ["optim.precision=fp16", "optim.loss_scale_initial=1e30", "optim.loss_scale_window_updates=1000"]
+    (row,), _ = run_steps(tmp_path / "a", *PPO, *huge, "optim.minibatches_per_step=2", steps=1)
+    assert row["critic/fp16_overflows"] == 2 and row["critic/loss_scale"] == 1e30 / 4
+    assert "critic/grad_norm" not in row and math.isfinite(row["critic/vf_loss"])
+    (fits,), _ = run_steps(tmp_path / "b", *PPO, "optim.precision=fp16", "optim.loss_scale_initial=1024", steps=1)
+    assert fits["critic/fp16_overflows"] == 0 and fits["critic/loss_scale"] == 1024
+    assert math.isfinite(fits["critic/grad_norm"]) and fits["critic/grad_norm"] > 0
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -222,7 +222,9 @@ def test_fp16_training_carries_over_from_trl_and_verl():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     assert from_verl(base).values["optim.precision"] == "bf16"
     key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
-    assert from_verl(base | {key: "fp16"}).values["optim.precision"] == "fp16"
+    verl16 = from_verl(base | {key: "fp16"}).config().optim
+    assert (verl16.precision, verl16.loss_scale_initial, verl16.loss_scale_window_updates) == ("fp16", 2.0**16, 400)
+    assert "optim.loss_scale_window_updates" not in from_verl(base).values
     assert from_verl(base | {key: "float32"}).values["optim.precision"] == "fp32"
     assert from_verl(base | {"actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "bfloat16"}}
                      ).values["optim.precision"] == "bf16"

@@ -221,6 +221,17 @@ def test_slimes_fp16_is_the_fp16_trainer():
     fp16 = from_slime({**BASE, "fp16": True})
     assert fp16.values["optim.precision"] == "fp16" and fp16.config().optim.precision == "fp16"
     assert not any("fp16" in line for line in fp16.not_translated)
+    o = fp16.config().optim  # Megatron-LM's DynamicGradScaler defaults, not torch's
+    assert (o.loss_scale_initial, o.loss_scale_window_updates, o.loss_scale_min, o.loss_scale_hysteresis) == (2.0**32, 1000, 1.0, 2)
+    given = from_slime({**BASE, "fp16": True, "initial-loss-scale": "65536", "loss-scale-window": 500, "hysteresis": 1}).config()
+    assert (given.optim.loss_scale_initial, given.optim.loss_scale_window_updates, given.optim.loss_scale_hysteresis) == (2.0**16, 500, 1)
+    static = from_slime({**BASE, "fp16": True, "loss-scale": 0.5})
+    assert (static.config().optim.loss_scale_initial, static.config().optim.loss_scale_min) == (0.5, 0.5)
+    assert any(line.startswith("--loss-scale 0.5: Megatron holds this static scale") for line in static.differs)
+    bf16 = from_slime({**BASE, "initial-loss-scale": 1024})
+    assert "optim.loss_scale_initial" not in bf16.values and not any("loss-scale" in line for line in bf16.not_translated)
+    with pytest.raises(ConfigError, match=r"slime setting --hysteresis 1.5: expected an integer"):
+        from_slime({**BASE, "fp16": True, "hysteresis": 1.5})
 
 
 def test_slimes_cpu_offload_flags_are_the_cpu_offload():

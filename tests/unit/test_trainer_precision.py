@@ -133,20 +133,54 @@ def test_the_loss_scale_follows_grad_scalers_rule():
     assert not scale.overflowed(1.0) and scale.scale == 4.0
     assert scale.overflowed(float("nan")) and scale.scale == 2.0  # the count of finite updates starts again
     assert not scale.overflowed(1.0) and not scale.overflowed(2.0) and scale.scale == 4.0
-    assert not scale.overflowed(1.0) and scale.state_dict() == {"scale": 4.0, "finite_in_a_row": 1}
+    assert not scale.overflowed(1.0) and scale.state_dict() == {"scale": 4.0, "finite_in_a_row": 1, "hysteresis_left": 1}
     grad = torch.nn.Parameter(torch.zeros(2))
     grad.grad = torch.tensor([8.0, float("inf")])
     scale.unscale([grad])
     assert grad.grad.tolist() == [2.0, float("inf")]
     resumed = LossScale("fp16")
     resumed.load_state_dict(scale.state_dict())
-    assert resumed.state_dict() == {"scale": 4.0, "finite_in_a_row": 1}
+    assert resumed.state_dict() == {"scale": 4.0, "finite_in_a_row": 1, "hysteresis_left": 1}
+    resumed.load_state_dict({"scale": 2.0, "finite_in_a_row": 0})  # a checkpoint written before hysteresis
+    assert resumed.state_dict() == {"scale": 2.0, "finite_in_a_row": 0, "hysteresis_left": 1}
     floor = LossScale("fp16", init_scale=1.0)
     assert not floor.overflowed(float("inf")) and floor.scale == 1.0
     off = LossScale("bf16")
     assert off.scaled(loss) is loss and not off.overflowed(float("inf")) and off.scale == 1.0
     off.load_state_dict({"scale": 4.0, "finite_in_a_row": 1})
     assert off.scale == 1.0
+
+
+def test_the_loss_scale_follows_megatrons_rule_with_hysteresis_and_a_floor():
+    """Megatron-LM's ``DynamicGradScaler`` (and DeepSpeed's): with hysteresis 2 the first overflow since the scale
+    last grew only skips; later ones halve, never below the floor; at the floor a non-finite gradient is the caller's
+    fault; a growth restores the hysteresis. Hand-stepped."""
+    scale = LossScale("fp16", init_scale=16.0, growth_interval=2, min_scale=4.0, hysteresis=2)
+    steps = [(float("inf"), True, 16.0), (float("inf"), True, 8.0), (float("inf"), True, 4.0),
+             (float("inf"), False, 4.0), (1.0, False, 4.0), (1.0, False, 8.0), (float("nan"), True, 8.0),
+             (1.0, False, 8.0), (float("inf"), True, 4.0), (1.0, False, 4.0), (1.0, False, 8.0)]
+    for norm, skipped, after in steps:
+        assert (scale.overflowed(norm), scale.scale) == (skipped, after), (norm, skipped, after)
+    assert scale.state_dict() == {"scale": 8.0, "finite_in_a_row": 0, "hysteresis_left": 2}
+    uneven = LossScale("fp16", init_scale=6.0, min_scale=4.0)
+    assert uneven.overflowed(float("inf")) and uneven.scale == 4.0  # halved to 3, held at the floor
+    with pytest.raises(ValueError, match="min_scale <= init_scale"):
+        LossScale("fp16", init_scale=1.0, min_scale=2.0)
+
+
+def test_the_loss_scale_keys_reach_the_policy_and_the_critic_and_name_their_key():
+    from minirl.critic import build_critic
+
+    keys = ["optim.precision=fp16", "optim.loss_scale_initial=4294967296", "optim.loss_scale_window_updates=1000",
+            "optim.loss_scale_min=2", "optim.loss_scale_hysteresis=2"]
+    cfg = load_config(None, keys)
+    for scale in (build_trainer(cfg, make_tiny_moe(0), replay=None).loss_scale,
+                  build_critic(load_config(None, [*keys, "algo.adv_baseline=critic"]), make_tiny_moe(0)).loss_scale):
+        assert (scale.scale, scale.growth_interval, scale.min_scale, scale.hysteresis) == (2.0**32, 1000, 2.0, 2)
+    with pytest.raises(ConfigError, match=r"optim: .*loss_scale_min \(8.0\) must not exceed loss_scale_initial \(4.0\)"):
+        load_config(None, ["optim.loss_scale_initial=4", "optim.loss_scale_min=8"])
+    with pytest.raises(ConfigError, match=r"optim.loss_scale_hysteresis: "):
+        load_config(None, ["optim.loss_scale_hysteresis=0"])
 
 
 def test_fp16_keeps_more_of_fp32s_log_probs_than_bf16_and_computes_in_fp16():
@@ -181,7 +215,7 @@ def test_an_fp16_update_that_overflows_is_skipped_and_halves_the_scale_without_a
     assert stepped.fault is None and not stepped.overflowed and stepped.loss_scale == 1024.0
     assert stepped.grad_norm == pytest.approx(reference.grad_norm, rel=1e-2) and trainer.updates_done == 1
     assert any(not torch.equal(p, before[name]) for name, p in model.named_parameters())
-    assert trainer.checkpoint_state()["loss_scale"] == {"scale": 1024.0, "finite_in_a_row": 1}
+    assert trainer.checkpoint_state()["loss_scale"] == {"scale": 1024.0, "finite_in_a_row": 1, "hysteresis_left": 0}
     resumed = Trainer(make_tiny_moe(0), lr=1e-3, precision="fp16")
     resumed.load_checkpoint_state(trainer.checkpoint_state())
-    assert resumed.loss_scale.state_dict() == {"scale": 1024.0, "finite_in_a_row": 1}
+    assert resumed.loss_scale.state_dict() == {"scale": 1024.0, "finite_in_a_row": 1, "hysteresis_left": 0}

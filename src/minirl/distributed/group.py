@@ -351,7 +351,8 @@ class GroupCritic:
         parts = self.group._all("critic_update", [(shard, values_old[r], returns[r], totals)
                                                   for shard, r in zip(split(batch, world), rows)])
         summed = {key: sum(part[key] for part in parts) for key in ("vf_loss", "vf_clipfrac", "vpred_mean")}
-        return {**summed, "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"]}  # the global norm, one lr
+        same = ("grad_norm", "lr", "overflowed", "loss_scale")  # the global norm, one lr, one skip and scale
+        return {**summed, **{key: parts[0][key] for key in same}}
 
     def state_dict(self) -> dict[str, Any]:
         return self.group._all("critic_state")[0]

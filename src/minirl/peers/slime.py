@@ -91,6 +91,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "optimizer": "adam", "lr": 1e-6, "min-lr": 0.0, "lr-decay-style": "linear", "lr-warmup-iters": 0,
     "lr-warmup-fraction": None, "lr-warmup-init": 0.0, "lr-decay-iters": None, "weight-decay": 0.01, "adam-beta1": 0.9,
     "adam-beta2": 0.999, "adam-eps": 1e-8, "clip-grad": 1.0, "fp16": False, "bf16": False, "recompute-granularity": None,
+    "loss-scale": None, "initial-loss-scale": 2.0**32, "min-loss-scale": 1.0, "loss-scale-window": 1000, "hysteresis": 2,
     "fsdp-cpu-offload": False, "optimizer-cpu-offload": False,
     "gradient-checkpointing": False,
     # LoRA (slime/utils/lora_config.py, Megatron backend)
@@ -186,6 +187,32 @@ def _flag(key: str, value: Any) -> str:
     if value is False or value is None:
         return f"--{key} unset"
     return f"--{key} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+
+
+MEGATRON_LOSS_SCALE = (("initial-loss-scale", "optim.loss_scale_initial", float),
+                       ("loss-scale-window", "optim.loss_scale_window_updates", int),
+                       ("min-loss-scale", "optim.loss_scale_min", float), ("hysteresis", "optim.loss_scale_hysteresis", int))
+
+
+def _slime_precision(peer: SlimePeer, out: Translation) -> None:
+    """bf16 unless ``--fp16``, whose loss scale is Megatron-LM's ``DynamicGradScaler`` (its four flags, each carried
+    over; minirl's ``LossScale`` follows the same rule); a static ``--loss-scale`` becomes the initial scale, said."""
+    peer("bf16")
+    if not peer("fp16"):
+        out.set("optim.precision", "bf16", "slime trains in bf16 (fp32 master weights) unless --fp16")
+        for flag in ("loss-scale", *(flag for flag, _, _ in MEGATRON_LOSS_SCALE)):
+            peer(flag)  # Megatron reads them only under --fp16
+        return
+    out.set("optim.precision", "fp16", peer.show("fp16") + " (Megatron-LM's dynamic loss scale)")
+    for flag, key, cast in MEGATRON_LOSS_SCALE:
+        out.set(key, peer.number(flag, cast), peer.show(flag))
+    if peer("loss-scale") is not None:
+        out.set("optim.loss_scale_initial", peer.number("loss-scale", float), peer.show("loss-scale") + " (the start)")
+        out.set("optim.loss_scale_min", min(peer.number("min-loss-scale", float), peer.number("loss-scale", float)),
+                peer.show("min-loss-scale") + ", at most the start")
+        out.differs.append(f"{peer.show('loss-scale')}: Megatron holds this static scale and skips every update that "
+                           "overflows; minirl's scale is dynamic from there (halved on an overflow, doubled after "
+                           "optim.loss_scale_window_updates clean updates)")
 
 
 def _slime_offload(peer: Peer, out: Translation) -> None:
@@ -454,10 +481,7 @@ def _slime_optimizer(peer: SlimePeer, out: Translation, n: int) -> None:
     if out.values.get("optim.warmup_updates"):
         out.differs.append("the warm-up: Megatron's starts at --lr-warmup-init (update k at k/W of the rate), minirl's "
                            "at 1/W ((k + 1)/W)")
-    out.set("optim.precision", "fp16" if peer("fp16") else "bf16",
-            peer.show("fp16") + " (dynamic loss scaling)" if peer("fp16")
-            else "slime trains in bf16 (fp32 master weights) unless --fp16")
-    peer("bf16")
+    _slime_precision(peer, out)
     for key in ("recompute-granularity", "gradient-checkpointing"):  # Megatron's, slime's FSDP backend's
         if peer(key):
             out.set("optim.gradient_checkpointing", True, peer.show(key))

@@ -143,7 +143,8 @@ VERL_DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16", 
 
 
 def _verl_precision(peer: Peer, out: Translation) -> None:
-    """The actor's FSDP ``mixed_precision.param_dtype`` (bf16 unless set; fp32 master weights either way)."""
+    """The actor's FSDP ``mixed_precision.param_dtype`` (bf16 unless set; fp32 master weights either way); under fp16
+    the actor's ``ShardedGradScaler`` grows its scale every 400 clean updates (torch's other defaults)."""
     key = A + "fsdp_config.mixed_precision"
     given = peer.mapping(key).get("param_dtype")
     if given is None:
@@ -153,6 +154,8 @@ def _verl_precision(peer: Peer, out: Translation) -> None:
     if ours is None:
         raise ConfigError(f"verl setting {key}.param_dtype={given!r}: not a dtype verl knows (bf16, fp16 or fp32)")
     out.set("optim.precision", ours, f"{key}.param_dtype={given!r}" + (" (dynamic loss scaling)" if ours == "fp16" else ""))
+    if ours == "fp16":
+        out.set("optim.loss_scale_window_updates", 400, "verl's fp16 actor: ShardedGradScaler(growth_interval=400)")
 
 
 def _verl_offload(peer: Peer, out: Translation) -> None:
