@@ -216,7 +216,9 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
         trainer = files.pop(0) if files and files[0] in ("grpo", "rloo") and not Path(files[0]).is_file() else None
         if len(files) > 1:
             raise ConfigError(f"config from-trl takes one TRL config file (trl grpo --config FILE), got {' '.join(files)}")
-        translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective, trainer)
+        launch = peers.read_accelerate(args.accelerate_config) if args.accelerate_config else None
+        translation = peers.from_trl(peers.read_trl(files[0] if files else None, settings), args.keep_objective, trainer,
+                                     launch)
         if args.sft:  # the cold start from a `trl sft --config` file
             peers.add_trl_sft(translation, peers.read_trl(args.sft, []))
     else:
@@ -378,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="from-trl / from-verl / from-slime: write the minirl config here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
                    help="from-trl: a `trl sft --config` file, translated as the cold start (SFT before RL)")
+    p.add_argument("--accelerate-config", default=None, metavar="FILE",
+                   help="from-trl: the `accelerate launch --config_file` the TRL run was launched with (its processes, "
+                        "DeepSpeed or FSDP plugin, CPU offload; a DeepSpeed JSON it names)")
     p.add_argument("--keep-objective", action="store_true",
                    help="from-trl / from-verl: translate the setup only and train with minirl's MiniRL objective")
     p.set_defaults(func=cmd_config)
@@ -421,16 +426,16 @@ def trl_command_line(words: list[str]) -> list[str]:
     """The rest of a ``trl grpo`` command line as ``config from-trl`` words: ``--config FILE`` -> FILE,
     ``--key value`` / ``--key=value`` -> ``key=value``, ``--key a b`` -> ``key=[a, b]`` (HfArgumentParser's nargs),
     a bare ``--flag`` -> ``flag=true`` (its booleans); minirl's own ``-o`` / ``--output`` / ``--sft`` /
-    ``--keep-objective`` stay as they are."""
+    ``--accelerate-config`` / ``--keep-objective`` stay as they are."""
     out: list[str] = []
     i = 0
     while i < len(words):
         word = words[i]
-        if word in ("-o", "--output", "--sft") and i + 1 < len(words):
+        if word in ("-o", "--output", "--sft", "--accelerate-config") and i + 1 < len(words):
             out += words[i:i + 2]
             i += 2
             continue
-        if not word.startswith("--") or word == "--keep-objective":
+        if not word.startswith("--") or word == "--keep-objective" or word.startswith(("--sft=", "--accelerate-config=")):
             out.append(word)
             i += 1
             continue

@@ -31,9 +31,20 @@ files are read).
 """
 
 from minirl.peers.common import Translation
+from minirl.peers.launcher import read_accelerate
 from minirl.peers.slime import from_slime, read_slime
 from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
 
-__all__ = ["Translation", "add_trl_sft", "from_slime", "from_trl", "from_verl", "read_slime", "read_trl", "read_verl",
-           "script_overrides"]
+__all__ = [
+           "Translation",
+           "add_trl_sft",
+           "from_slime",
+           "from_trl",
+           "from_verl",
+           "read_accelerate",
+           "read_slime",
+           "read_trl",
+           "read_verl",
+           "script_overrides",
+]

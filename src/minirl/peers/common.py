@@ -275,6 +275,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def flatten(data: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A nested mapping as ``a.b.c`` keys (a list or scalar is a leaf); ``skip``: keys dropped at any depth (Hydra's
+    ``defaults`` / ``hydra`` / ``_target_`` in a verl YAML)."""
+    if not isinstance(data, dict):
+        return {prefix[:-1]: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in skip:
+            flat.update(flatten(value, f"{prefix}{key}.", skip))
+    return flat
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}

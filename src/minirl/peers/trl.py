@@ -26,6 +26,7 @@ from minirl.peers.common import (
     report_to,
     template_kwargs,
 )
+from minirl.peers.launcher import launch_processes, translate_launch
 from minirl.tasks.open_r1_rewards import REGISTRY as OPEN_R1_REWARDS
 
 TRL_DEFAULTS: dict[str, Any] = {
@@ -91,10 +92,13 @@ GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level", "delta",
 """``GRPOConfig``'s keys that ``RLOOConfig`` has not (a TRL RLOO run refuses them; here they are not translated)."""
 
 
-def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str | None = None) -> Translation:
+def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str | None = None,
+             accelerate: dict[str, Any] | None = None) -> Translation:
     """Translate the settings of ``trl grpo --config FILE`` or ``trl rloo --config FILE`` (a flat mapping;
-    ``trainer`` None: RLOO when a key only ``RLOOConfig`` has is set, else GRPO)."""
+    ``trainer`` None: RLOO when a key only ``RLOOConfig`` has is set, else GRPO). ``accelerate``: the settings of
+    the ``accelerate launch --config_file`` it ran under (``minirl.peers.launcher.read_accelerate``), or None."""
     trainer = _trl_trainer(given, trainer)
+    given = launch_processes(given, accelerate)
     if trainer == "rloo":  # RLOOConfig's own defaults over GRPOConfig's (beta 0.05, num_generations 2)
         defaults = {key: value for key, value in TRL_DEFAULTS.items() if key not in GRPO_ONLY}
         peer, out = Peer(given, {**defaults, "beta": 0.05, "num_generations": 2, **RLOO_ONLY}), Translation("TRL RLOO")
@@ -106,6 +110,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
     _trl_logprob_head(peer, out)
     _trl_async(peer, out)
     _trl_runs(peer, out, n)
+    translate_launch(peer, accelerate, out)
     minibatches = out.values["optim.minibatches_per_step"]
     objective = _trl_rloo_objective(peer) if trainer == "rloo" else _trl_objective(peer, n, minibatches)
     apply_objective(out, keep_objective, objective)

@@ -18,6 +18,7 @@ from minirl.peers.common import (
     Unresolved,
     apply_objective,
     count_rows,
+    flatten,
     leftovers,
     note_local_path,
     parse_value,
@@ -926,24 +927,13 @@ def _verl_rejection(peer: Peer, obj: Objective, *, in_loss: bool = False) -> Non
                            "multiplies every token's ratio, minirl's those of the tokens the rejection kept")
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix[:-1]: data}
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in ("defaults", "hydra", "_target_"):
-            continue
-        flat.update(_flatten(value, f"{prefix}{key}."))
-    return flat
-
-
 def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
     """verl settings from run scripts (``.sh``; ``-m``: the module one runs), YAML configs (flattened) and
     ``key=value`` words."""
     given: dict[str, Any] = {}
     for path in paths:
         if path.endswith((".yaml", ".yml")):
-            given.update(_flatten(read_yaml(path)))
+            given.update(flatten(read_yaml(path), skip=("defaults", "hydra", "_target_")))
         else:
             given.update(script_overrides(Path(path)))
             module = re.search(r"-m\s+((?:verl|recipe)\.[\w.]+)", Path(path).read_text(encoding="utf-8"))
