@@ -132,7 +132,7 @@ def test_a_deepspeed_json_offloads_and_scales_an_fp16_loss_as_deepspeed_does(tmp
     ({"deepspeed": {"train_micro_batch_size_per_gpu": "four"}}, r"^DeepSpeed train_micro_batch_size_per_gpu='four': "),
     ({"deepspeed": {"train_batch_size": 16}}, r"^DeepSpeed train_batch_size=16 but .* = 8: transformers refuses"),
     ({"deepspeed": {"optimizer": {"params": {"betas": [0.9, 0.95]}}}}, r"^DeepSpeed optimizer.params.betas=\[0.9, 0.95\] but"),
-    ({"deepspeed": "missing.json"}, r"^deepspeed='missing.json': No such file"),
+    ({"deepspeed": "missing.json"}, r"^deepspeed='missing.json': No such file .* \(or give deepspeed=null to translate"),
     ({"deepspeed": "{not json"}, r"^deepspeed='\{not json': not valid JSON"),
     ({"num_processes": 2, "$accelerate": "num_processes: 8\n"}, r"^num_processes=2 in the TRL settings, 8 in the accelerate"),
     ({"$accelerate": "num_processes: two\n"}, r"^accelerate config num_processes='two': expected a positive integer"),

@@ -94,7 +94,8 @@ def read_deepspeed(spec: Any, where: str) -> dict[str, Any]:
         try:
             text = Path(str(spec)).expanduser().read_text(encoding="utf-8")
         except OSError as err:
-            raise ConfigError(f"{where}={spec!r}: {err.strerror or err}") from None
+            hint = " (or give deepspeed=null to translate without it)" if where == "deepspeed" else ""
+            raise ConfigError(f"{where}={spec!r}: {err.strerror or err}{hint}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
