@@ -261,6 +261,25 @@ class RolloutConfig(Section):
     training–inference discrepancy) and ``mismatch/lag_*`` (pi at theta_{t-1} against pi_old: the policy staleness
     of the lag), the paper's two gaps (``minirl.async_rollout.EngineWeights``). A checkpoint keeps the copy, so the
     first step after a resume splits too."""
+    partial_rollout: bool = False
+    """Responses that outlive a weight sync (slime's ``--partial-rollout``, verl's fully asynchronous
+    ``partial_rollout``, Kimi k1.5's partial rollouts): each step decodes its pool of groups (batches of
+    ``partial_pool_prompts`` prompts, over-sampled) in chunks of ``partial_chunk_tokens`` tokens and stops once
+    ``prompts_per_step`` groups have ended (with ``filter_groups``: with a spread); it trains on those, and the rest
+    wait in the pool, their unfinished responses continued next step on the new weights. A response then holds
+    tokens of several policy versions, each with the log-prob of the law that sampled it; ``rollout/stale_tokens_frac``
+    counts them (``minirl.partial_rollout``). Off: every response is sampled whole by one policy, the paper's setting."""
+    partial_pool_prompts: int | None = Field(None, ge=1)
+    """Prompts drawn at a time under ``partial_rollout``, whenever the groups running and ended fall short of
+    ``prompts_per_step`` (slime's ``--over-sampling-batch-size``): at least ``prompts_per_step``; null = twice it. At
+    ``prompts_per_step`` responses carry over only when ``filter_groups`` drops groups mid-step (slime's default); the
+    more over-sampling, the more responses wait for a later step (``rollout/stale_tokens_frac``)."""
+    partial_chunk_tokens: int = Field(64, ge=1)
+    """Under ``partial_rollout``: new tokens per response between two checks of how many groups have ended (how
+    finely the decoding is cut; each chunk prefills prompt and response so far again)."""
+    partial_mask_stale: bool = False
+    """Under ``partial_rollout``: train only the tokens the current step's weights sampled; a response's older tokens
+    stay in its context but get no loss (slime's ``--mask-offpolicy-in-partial-rollout``)."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
@@ -1104,12 +1123,31 @@ class Config(Section):
             raise ValueError(f"rollout.async_split_mismatch: keeps one copy of the weights, those of a batch one step "
                              f"ahead; with rollout.async_steps={self.rollout.async_steps} a batch was sampled "
                              f"{self.rollout.async_steps} steps back (set async_steps=1 or async_split_mismatch=false)")
+        self._check_partial()
         c = self.cluster
         shared = c.backend == "local" and c.trainer_ranks == 1
         if self.rollout.async_steps and self.rollout.cuda_graphs and c.device == "cuda" and shared:
             raise ValueError("rollout.async_steps: the rollout beside the update cannot capture CUDA graphs in the "
                              "trainer's process (a capture forbids other work on the device); set "
                              "rollout.cuda_graphs=false or async_steps=0, or run the trainer as ranks")
+
+    def _check_partial(self) -> None:
+        """``rollout.partial_rollout``: what its pool goes with."""
+        r = self.rollout
+        if not r.partial_rollout:
+            for key in ("partial_pool_prompts", "partial_mask_stale"):
+                if getattr(r, key) not in (None, False):
+                    raise ValueError(f"rollout.{key}: applies under rollout.partial_rollout=true (set it, or drop this)")
+            return
+        if r.partial_pool_prompts is not None and r.partial_pool_prompts < r.prompts_per_step:
+            raise ValueError(f"rollout.partial_pool_prompts: the pool must hold at least the step's prompts_per_step = "
+                             f"{r.prompts_per_step} groups (got {r.partial_pool_prompts})")
+        if r.async_steps:
+            raise ValueError("rollout.partial_rollout: its pool is decoded in line, between two weight syncs; with "
+                             "rollout.async_steps the next step samples beside the update: set one of them off")
+        if self.algo.adv_baseline == "greedy":
+            raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
+                             "rollout.partial_rollout trains groups drawn in earlier steps: set one off")
 
     def _check_reference(self) -> None:
         """The reference policy's settings: the KL in the loss or the reward, and TR-DPO's sync."""

@@ -76,14 +76,17 @@ def split_groups(prompts: list[Prompt], completions: list[Completion], rewards: 
             for prompt, rows in zip(prompts, by_prompt)]
 
 
-def merge_reward_stats(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """The reward statistics of equal-sized rounds as one: counts summed, means averaged (a key a round lacks, e.g.
-    a reward function that applied to none of its samples, is averaged over the rounds that have it)."""
+def merge_reward_stats(rounds: list[dict[str, float]], sizes: list[int] | None = None) -> dict[str, float]:
+    """The reward statistics of rounds as one: counts summed, means averaged, weighted by each round's samples
+    (``sizes``; None: equal-sized rounds). A key a round lacks (e.g. a reward function that applied to none of its
+    samples) is averaged over the rounds that have it."""
+    weights = sizes or [1] * len(rounds)
     keys = list(dict.fromkeys(key for stats in rounds for key in stats))
     out = {}
     for key in keys:
-        values = [stats[key] for stats in rounds if key in stats]
-        out[key] = sum(values) if key in COUNT_STATS else sum(values) / len(values)
+        pairs = [(stats[key], weight) for stats, weight in zip(rounds, weights, strict=True) if key in stats]
+        out[key] = (sum(value for value, _ in pairs) if key in COUNT_STATS else
+                    sum(value * weight for value, weight in pairs) / sum(weight for _, weight in pairs))
     return out
 
 

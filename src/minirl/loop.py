@@ -57,7 +57,7 @@ from minirl.async_rollout import RolloutAhead, engine_weights
 from minirl.batching import collate, split
 from minirl.config import Config, ConfigError, dump_config
 from minirl.distributed import build_placement, trainer_in_ranks
-from minirl.dynamic_sampling import Sampled, round_limit, sample_groups
+from minirl.dynamic_sampling import Sampled, has_spread, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
 from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
@@ -68,6 +68,7 @@ from minirl.objective import (
     with_high_entropy_tokens,
     with_load_balance,
 )
+from minirl.partial_rollout import PartialPool, continued
 from minirl.reference import with_reference_kl
 from minirl.rollout.base import RolloutEngine
 from minirl.runtime import (
@@ -90,6 +91,7 @@ from minirl.sources import (
 )
 from minirl.tasks import data_metrics
 from minirl.tasks.base import Task
+from minirl.tasks.chat import cut_at_stop_strings
 from minirl.trainer import Objective, Trainer
 from minirl.types import Batch, Completion, Prompt, SamplingParams
 from minirl.update_guard import NumericalFaultStop, PoisonedWeights
@@ -128,6 +130,7 @@ class Run:
     make_objective: Callable[[Any, Batch], Objective] = make_objective  # algo config, mini-batch -> objective
     reference: Any = None  # minirl.reference.Reference when algo.kl_coef > 0
     ahead: RolloutAhead | None = None  # rollout.async_steps: the next steps' rollouts, beside this step's update
+    partial: PartialPool | None = None  # rollout.partial_rollout: the groups decoded across steps
     engine_weights: Any = None  # rollout.async_split_mismatch: minirl.async_rollout.EngineWeights (or the ranks')
     critic: Any = None  # algo.adv_baseline=critic: minirl.critic.Critic
     critic_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # the step's (V_old, GAE returns), for its updates
@@ -138,6 +141,8 @@ class Run:
             self.rollouts = EngineRollouts(self.engine)
         if self.ahead is None and self.cfg.rollout.async_steps:
             self.ahead = RolloutAhead()
+        if self.partial is None and self.cfg.rollout.partial_rollout:
+            self.partial = PartialPool(self.cfg.rollout.samples_per_prompt, self.cfg.rollout.max_new_tokens)
         if self.engine_weights is None and self.cfg.rollout.async_split_mismatch:
             self.engine_weights = engine_weights(self.trainer)
 
@@ -207,6 +212,7 @@ def capture_state(run: Run, step: int, logger: MetricsLogger, eval_before: dict,
         "engine_rng": run.engine.get_rng_state() if hasattr(run.engine, "get_rng_state") else {},
         "data_order": {"epoch": run.order.epoch, "position": run.order.position},
         "rollout_ahead": run.ahead.state(run.prompts) if run.ahead is not None else {},  # after the order's draw
+        **({"partial_pool": run.partial.state(run.prompts)} if run.partial is not None else {}),
         "entropy_control": dict(run.entropy_control),
         "kl_control": dict(run.kl_control),
         **({"reference": run.reference.state_dict()} if run.cfg.algo.ref_sync_every_updates else {}),
@@ -244,6 +250,8 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
     if run.ahead is not None:  # the next step's batch, sampled beside the saved step's update
         run.ahead.load_state(state.get("rollout_ahead", {}), run.prompts)
+    if run.partial is not None:  # the groups still decoding, or ended and not yet trained
+        run.partial.load_state(state.get("partial_pool", {}), run.prompts)
     run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
     run.kl_control = {key: float(value) for key, value in state.get("kl_control", {}).items()}
     if run.reference is not None and "reference" in state:  # a synced reference (algo.ref_sync_every_updates)
@@ -275,6 +283,13 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
     with nullcontext() if run_dir_held else hold_run_dir(cfg.run_dir):  # one process per run directory
         run = run or setup(cfg, start_from=start_from, rewards=rewards, rollouts=rollouts)
         try:
+            if cfg.rollout.partial_rollout and (rollouts_from is not None or dump_rollouts is not None):
+                raise ConfigError(f"--{'rollouts-from' if rollouts_from is not None else 'dump-rollouts'} with "
+                                  "rollout.partial_rollout: a dump holds whole steps' rollouts, not the chunks a "
+                                  "partial rollout decodes across steps")
+            if cfg.rollout.partial_rollout and rollouts is not None:
+                raise ConfigError("train(rollouts=...) with rollout.partial_rollout: partial rollouts continue "
+                                  "responses in minirl's engine (Prompt.response_prefix); give no rollout source")
             if rollouts_from is not None:
                 if cfg.algo.adv_baseline == "greedy":
                     raise ConfigError("--rollouts-from with algo.adv_baseline=greedy: a dump holds no greedy "
@@ -617,8 +632,8 @@ def global_step(run: Run, step: int) -> dict[str, float]:
     rewards_PG = rewards.view(len(prompts), -1)
     run.samples = sample_rows(prompts, completions, rewards, cfg.log.completions_per_step, sampled.columns)
     advantages = step_advantages(cfg, sampled, sampled.part_weights)  # group baselines
-    batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id,
-                               mask_truncated=cfg.algo.mask_truncated))
+    batch = plan.start(collate(completions, advantages, pad_token_id=run.tokenizer.pad_token_id, mask_truncated=cfg.algo.mask_truncated,
+                               trained_from_step=step if cfg.rollout.partial_mask_stale else None))  # partial rollouts
     # 3. pi_old over the whole global batch (R3 replays, R2 records); with N = E = 1 it comes from the
     #    single update's own forward instead, unless R2 or the diagnostics need it first
     diagnose = bool(cfg.diagnostics.every_steps) and step % cfg.diagnostics.every_steps == 0
@@ -778,6 +793,8 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
         clock.lap("reward")
         return rewards, stats, getattr(run.rewards, "last_columns", None), getattr(run.rewards, "last_parts", None)
 
+    if run.partial is not None:
+        return partial_groups(run, step, record_routes, clock, draw, score)
     if not r.filter_groups:
         prompts = draw(r.prompts_per_step)
         completions = generate(prompts, 0)
@@ -791,6 +808,39 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
     return sample_groups(draw, generate, score, groups=r.prompts_per_step, prompts_per_round=per_round,
                          max_rounds=round_limit(r.filter_groups_max_rounds, len(run.prompts), per_round),
                          metric=r.filter_groups_metric, accuracy_threshold=cfg.eval.accuracy_threshold)
+
+
+def partial_groups(run: Run, step: int, record_routes: bool, clock: _Clock, draw: Callable[[int], list[Prompt]],
+                   score: Callable[..., tuple[Any, ...]]) -> Sampled:
+    """``rollout.partial_rollout``: the step's groups from the pool decoded across steps (``minirl.partial_rollout``),
+    each chunk one engine call of one response per prompt."""
+    cfg, r = run.cfg, run.cfg.rollout
+    assert run.partial is not None and run.rollouts is not None
+    rollouts, tokenizer, stops = run.rollouts, run.tokenizer, tuple(cfg.task.stop_strings)
+
+    def generate(prompts: list[Prompt], chunk: int, max_new_tokens: int) -> list[Completion]:
+        sampling = dataclasses.replace(rollout_sampling(cfg, step, chunk), max_new_tokens=max_new_tokens)
+        completions = rollouts.rollouts(step, prompts, 1, sampling, record_routes=record_routes)
+        clock.lap("rollout")
+        return completions
+
+    def finish(c: Completion) -> Completion:  # the whole response's text; a stop string may span two chunks
+        c.text = tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+        return cut_at_stop_strings(c, tokenizer, stops)
+
+    def merge(row: Completion | None, new: Completion, at: int) -> Completion:
+        return continued(row, new, at, max_new_tokens=r.max_new_tokens, finish=finish)
+
+    def spread(rewards: torch.Tensor) -> bool:
+        return bool(has_spread(rewards[None], r.filter_groups_metric, cfg.eval.accuracy_threshold))
+
+    pool = r.partial_pool_prompts or 2 * r.prompts_per_step
+    sampled = run.partial.sample(step, draw=draw, generate=generate, score=score, merge=merge, groups=r.prompts_per_step,
+                                 pool=pool, chunk_tokens=r.partial_chunk_tokens,
+                                 filtered=spread if r.filter_groups else None,
+                                 max_top_ups=round_limit(r.filter_groups_max_rounds, len(run.prompts), pool))
+    clock.lap("rollout")  # a step that trains groups ended earlier may decode nothing
+    return sampled
 
 
 def greedy_rewards(run: Run, step: int, prompts: list[Prompt], clock: _Clock) -> torch.Tensor:

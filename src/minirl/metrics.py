@@ -61,6 +61,10 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``rollout/policy_lag_steps``   ``rollout.async_steps`` only: global steps between the weights that sampled the
                                batch and pi_old (0 at the first step, then 1); ``mismatch/*`` then measure the
                                engine's gap and that lag together (mu_old at theta_{t-1}, pi_old at theta_t)
+``rollout/stale_tokens_frac``  ``rollout.partial_rollout`` only: trained tokens an earlier step's weights sampled;
+                               ``rollout/partial_responses_frac`` trained responses holding tokens of more than one
+                               step, ``rollout/max_token_lag_steps`` the oldest token's lag, ``rollout/chunks`` engine
+                               calls this step, ``rollout/partial_pool_groups`` groups left waiting in the pool
 ``mismatch/{engine,lag}_*``    ``rollout.async_split_mismatch`` only, each of ``mismatch/*``'s four for the two parts
                                of a lagged batch's mismatch, through pi at the weights that sampled it (theta_{t-1}):
                                ``engine_`` mu_old against it (the training–inference discrepancy), ``lag_`` it against

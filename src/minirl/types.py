@@ -56,6 +56,10 @@ class Prompt:
     uid: str = ""
     meta: dict = field(default_factory=dict)
     messages: list[dict] | None = None
+    response_prefix: list[int] | None = None
+    """Partial rollouts (``minirl.partial_rollout``): the token ids of a response to this prompt begun in an earlier
+    step; an engine feeds them after the prompt's own tokens and continues it (``Completion.prompt_ids`` then end
+    with them). None: a new response."""
 
 
 @dataclass
@@ -76,6 +80,8 @@ class Completion:
     finish_reason: FinishReason
     text: str = ""  # decoded completion (without special tokens)
     routes: torch.Tensor | None = None  # int16 [len(prompt_ids) + len(completion_ids), L, K]
+    sampled_at_steps: torch.Tensor | None = None  # int32 [len(completion_ids)]: the global step whose engine weights
+    # sampled each token (``rollout.partial_rollout``; None: all of them the step's own)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "rollout-max-prompt-len": None,
     # rollout and batches
     "rollout-batch-size": None, "n-samples-per-prompt": 1, "over-sampling-batch-size": None,
-    "dynamic-sampling-filter-path": None, "partial-rollout": False, "rollout-max-response-len": None,
+    "dynamic-sampling-filter-path": None, "partial-rollout": False, "mask-offpolicy-in-partial-rollout": False, "rollout-max-response-len": None,
     "rollout-temperature": 1.0, "rollout-top-p": 1.0, "rollout-top-k": -1, "rollout-stop": None,
     "global-batch-size": None, "num-steps-per-rollout": None, "micro-batch-size": 1, "use-dynamic-batch-size": False,
     "max-tokens-per-gpu": None,
@@ -253,6 +253,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     _slime_lora(peer, out)
     _slime_runs(peer, out)
     _slime_async(peer, out, script)
+    _slime_partial(peer, out, script)
     apply_objective(out, keep_objective, _slime_objective(peer))
     if peer("advantage-estimator") == "ppo" and not keep_objective:
         _slime_critic(peer, out)
@@ -401,8 +402,6 @@ def _slime_batch(peer: SlimePeer, out: Translation) -> int:
     out.set("rollout.top_p", peer.number("rollout-top-p", float), peer.show("rollout-top-p"))
     out.set("rollout.top_k", max(0, peer.number("rollout-top-k", int)), peer.show("rollout-top-k"))
     _slime_dynamic_sampling(peer, out, prompts)
-    if peer("partial-rollout"):
-        out.not_translated.append("--partial-rollout: minirl finishes every response within its step")
     return n
 
 
@@ -417,6 +416,29 @@ def _slime_async(peer: SlimePeer, out: Translation, script: str) -> None:
                                   "slime's lag moves between 1 and the interval")
     if script.startswith("train_async"):
         out.set("rollout.async_steps", 1, f"{script}: the next rollout beside this step's training, one step stale")
+
+
+def _slime_partial(peer: SlimePeer, out: Translation, script: str) -> None:
+    """``--partial-rollout``: the unfinished responses of a rollout stopped once its batch was full go back to the
+    buffer and continue in the next rollout, on the new weights: ``rollout.partial_rollout``, with its
+    ``--over-sampling-batch-size`` (prompts drawn at a time) and ``--mask-offpolicy-in-partial-rollout``."""
+    mask = peer("mask-offpolicy-in-partial-rollout")
+    if not peer("partial-rollout"):
+        return
+    if script.startswith("train_async"):
+        out.not_translated.append(f"--partial-rollout with {script}: minirl's partial rollouts are decoded between two "
+                                  "weight syncs, not beside the update (rollout.async_steps 0); the asynchronous run is "
+                                  "kept")
+        return
+    out.set("rollout.partial_rollout", True, peer.show("partial-rollout"))
+    prompts = peer.number("rollout-batch-size", int)
+    over = peer.number("over-sampling-batch-size", int) if peer("over-sampling-batch-size") else prompts
+    out.set("rollout.partial_pool_prompts", max(over, prompts), peer.show("over-sampling-batch-size") + " (prompts drawn at "
+            "a time; unset: --rollout-batch-size)")
+    out.set("rollout.partial_mask_stale", bool(mask), peer.show("mask-offpolicy-in-partial-rollout"))
+    out.differs.append("--partial-rollout: slime aborts the requests still running the moment its batch is full; "
+                       "minirl checks every rollout.partial_chunk_tokens new tokens per response (each check prefills "
+                       "the responses so far again), and keeps groups that ended beyond the batch for the next step")
 
 
 def _data_parallel(peer: SlimePeer) -> int:

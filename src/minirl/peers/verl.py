@@ -221,7 +221,8 @@ def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -
                            "come from the weights before the last sync; with minirl's rollout.async_steps: 1 all do")
         if peer(T + "partial_rollout"):
             out.not_translated.append(f"{peer.show(T + 'partial_rollout')}: a response a sync interrupts is continued "
-                                      "on the new weights; minirl finishes every response on the weights it began with")
+                                      "on the new weights; minirl's rollout.partial_rollout does that between two syncs, "
+                                      "not beside an asynchronous update (rollout.async_steps 1 is kept)")
 
 
 def _one_file(value: Any) -> Any:

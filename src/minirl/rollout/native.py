@@ -254,7 +254,7 @@ class NativeEngine:
         if self.tokenizer is None:
             raise ValueError("NativeEngine.generate needs a tokenizer; pass token ids to generate_ids instead")
         # the one tokenisation of a prompt (chat template, BOS), shared with SFT (minirl.tasks.chat)
-        prompt_ids = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, prompt) + list(prompt.response_prefix or ()) for prompt in prompts]
         completions = self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset)
         return [cut_at_stop_strings(c, self.tokenizer, self.stop_strings) for c in completions]
 

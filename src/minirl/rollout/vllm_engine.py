@@ -301,7 +301,7 @@ class VLLMEngine:
 
         if record_routes and not self.records_routes:
             raise ValueError("record_routes=True needs an engine started with enable_return_routed_experts (an MoE model)")
-        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]  # as the native engine and SFT
+        prompt_ids = [encode_prompt(self.tokenizer, p) + list(p.response_prefix or ()) for p in prompts]  # as the native engine
         requests, params = [], []
         for index, ids in enumerate(prompt_ids):
             for sample in range(samples_per_prompt):

@@ -158,6 +158,8 @@ def cut_at_stop_strings(completion: Completion, tokenizer: Any, stops: Sequence[
             break
     completion.completion_ids = list(ids[:end])
     completion.logp_rollout = completion.logp_rollout[:end]
+    if completion.sampled_at_steps is not None:  # a partial rollout's response (minirl.partial_rollout)
+        completion.sampled_at_steps = completion.sampled_at_steps[:end]
     completion.text = tokenizer.decode(completion.completion_ids, skip_special_tokens=True)
     completion.finish_reason = "eos"
     if completion.routes is not None:
