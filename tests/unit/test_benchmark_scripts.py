@@ -13,6 +13,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_async  # noqa: E402
 import bench_micro_batches  # noqa: E402
+import bench_partial  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_shared_prompt  # noqa: E402
 import bench_step  # noqa: E402
@@ -184,6 +185,20 @@ def test_bench_async_runs_each_arm_and_reads_its_phases(tmp_path):
             "rollout.max_new_tokens=4", "run.threads=1"]
     phases = bench_async.one_run("configs/demo.yaml", 4, [*tiny, "rollout.async_steps=1"])
     assert set(phases) == set(bench_async.PHASES) and phases["step"] > 0 and phases["rollout"] > 0
+
+
+def test_bench_partial_arms_are_valid_configs_and_one_runs():
+    """The partial-rollout benchmark's arms load (its pool of P is no over-sampling, 2P is), and one runs on the tiny
+    model, with every key it prints in the run's metrics."""
+    from minirl.config import load_config
+
+    table = bench_partial.arms(8, 4)
+    pools = [load_config("configs/demo.yaml", extra).rollout.partial_pool_prompts for extra in table.values()]
+    assert list(table) == ["whole", "chunks", "pool 2P"] and pools == [None, 8, 16]
+    tiny = ["model.preset=qwen3-moe-tiny", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=4", "run.threads=1"]
+    values = bench_partial.one_run("configs/demo.yaml", 3, [*tiny, *bench_partial.arms(2, 2)["pool 2P"]])
+    assert set(values) == set(bench_partial.KEYS) and values["time/rollout_s"] >= 0 and values["time/step_s"] > 0
 
 
 def test_peak_memory_arguments():
