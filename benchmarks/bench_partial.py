@@ -3,9 +3,11 @@
 Runs ``minirl.loop.train`` for a few global steps of a config (default: the demo config without its cold start and
 held-out evaluations) per arm, in alternating rounds, and prints each arm's median rollout and step time (from step 2
 on), ``rollout/stale_tokens_frac``, ``rollout/chunks`` and response length. Partial rollouts pay where response
-lengths have a long tail; the synthetic tasks' answers all have one length, so the documented command gives the
-untrained model stop strings: a response then ends at the first of them, its length geometric (a long tail, cut at
-``rollout.max_new_tokens``). The arms:
+lengths have a long tail; the synthetic tasks' answers all have one length, so ``--eos-chars aeiou`` makes those
+characters end a response in the engine (added to its stop-token ids, as a model's ``eos_token_id`` list would be):
+the untrained model's responses then end at the first vowel drawn, their lengths geometric (a long tail, cut at
+``rollout.max_new_tokens``). (Not ``task.stop_strings``: the native engine cuts a response at a stop string after
+its call, so a whole call decodes every row to the limit, which would flatter the chunks.) The arms:
 
 * ``whole``: partial rollouts off (each response sampled whole in one engine call);
 * ``chunks``: partial rollouts with no over-sampling (``partial_pool_prompts`` = ``prompts_per_step``): nothing
@@ -13,7 +15,7 @@ untrained model stop strings: a response then ends at the first of them, its len
 * ``pool 2P``: twice the prompts decoded at a time; the step trains the groups that end first, the rest wait.
 
     python benchmarks/bench_partial.py [--config configs/demo.yaml] [--steps 10] [--rounds 2] [--chunk 8] [key=value ...]
-    python benchmarks/bench_partial.py rollout.max_new_tokens=96 "task.stop_strings=[a,e,i,o,u]"   # a long tail
+    python benchmarks/bench_partial.py --eos-chars aeiou rollout.max_new_tokens=96   # a long tail
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from minirl.config import load_config
-from minirl.loop import train
+from minirl.loop import setup, train
 from minirl.metrics import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
@@ -44,11 +46,16 @@ def arms(prompts: int, chunk: int) -> dict[str, list[str]]:
             "pool 2P": [*on, f"rollout.partial_pool_prompts={2 * prompts}"]}
 
 
-def one_run(config: str, steps: int, overrides: list[str]) -> dict[str, float]:
-    """Each key's median over steps 2.. of one run (a key the arm does not log: 0)."""
+def one_run(config: str, steps: int, overrides: list[str], eos_chars: str = "") -> dict[str, float]:
+    """Each key's median over steps 2.. of one run (a key the arm does not log: 0); ``eos_chars``: characters that
+    also end a response in the engine."""
     with tempfile.TemporaryDirectory() as out:
         cfg = step_config(config, steps, out, overrides)
-        train(cfg)
+        run = setup(cfg)
+        if eos_chars:
+            extra = [run.tokenizer.convert_tokens_to_ids(char) for char in eos_chars]
+            run.engine.eos_ids = torch.cat([run.engine.eos_ids, torch.tensor(extra, device=run.engine.eos_ids.device)])
+        train(cfg, run=run)
         rows = [r for r in read_metrics(cfg.run_dir) if r["step"] >= 2]
     return {key: statistics.median(r.get(key, 0.0) for r in rows) for key in KEYS}
 
@@ -59,14 +66,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=8)
+    parser.add_argument("--eos-chars", default="", help="characters that also end a response (a long tail of lengths)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     table = arms(load_config(args.config, args.overrides).rollout.prompts_per_step, args.chunk)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
     for _ in range(args.rounds):
         for name, extra in table.items():
-            runs[name].append(one_run(args.config, args.steps, [*args.overrides, *extra]))
-    print(f"{args.config} {' '.join(args.overrides)}: medians over steps 2..{args.steps}, "
+            runs[name].append(one_run(args.config, args.steps, [*args.overrides, *extra], args.eos_chars))
+    print(f"{args.config} {' '.join(args.overrides)}{' --eos-chars ' + args.eos_chars if args.eos_chars else ''}: medians over steps 2..{args.steps}, "
           f"{args.rounds} alternating round(s), chunks of {args.chunk} tokens; torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
     print(f"{'arm':<8} {'rollout s':>10} {'step s':>8} {'stale tokens':>13} {'chunks':>7} {'response len':>13}")

@@ -197,7 +197,7 @@ def test_bench_partial_arms_are_valid_configs_and_one_runs():
     assert list(table) == ["whole", "chunks", "pool 2P"] and pools == [None, 8, 16]
     tiny = ["model.preset=qwen3-moe-tiny", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
             "rollout.max_new_tokens=4", "run.threads=1"]
-    values = bench_partial.one_run("configs/demo.yaml", 3, [*tiny, *bench_partial.arms(2, 2)["pool 2P"]])
+    values = bench_partial.one_run("configs/demo.yaml", 3, [*tiny, *bench_partial.arms(2, 2)["pool 2P"]], "aeiou")
     assert set(values) == set(bench_partial.KEYS) and values["time/rollout_s"] >= 0 and values["time/step_s"] > 0
 
 
