@@ -58,6 +58,7 @@ from minirl.rollout.precision import (
     quantized_input_dims,
 )
 from minirl.rollout.sampling import Draw, validate_sampling
+from minirl.rollout.stop_strings import StopStrings
 from minirl.tasks.chat import cut_at_stop_strings, encode_prompt
 from minirl.types import Completion, Prompt, SamplingParams
 
@@ -137,6 +138,7 @@ class NativeEngine:
         self.sample_seeding = sample_seeding
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
+        self._stop_check: StopStrings | None = None  # built at the first decode that needs it (a vocabulary pass)
         self.device = torch.device(device)
         self.pad_token_id = int(pad_token_id)
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=self.device)
@@ -343,6 +345,7 @@ class NativeEngine:
             self._buckets.decode(running, logits, out, draw, generator, self.eos_ids, record_routes, max_new)
             return out
         draw = Draw(sampling, prompt_ids, samples_per_prompt)
+        stops = self._stops(logits.shape[-1]) if forced is None else None
         for step in range(max_new):
             step_forced = None if forced is None else forced[0][running.rows, step]
             step_generator = generator  # per_sample: the streams of the rows still running
@@ -353,8 +356,8 @@ class NativeEngine:
             out.logp[running.rows, step] = logp
             if step == max_new - 1:
                 break
-            if forced is None:
-                finished = torch.isin(tokens, self.eos_ids)
+            if forced is None:  # a stop token drawn, or a stop string just written (it leaves now, not at max_new)
+                finished = torch.isin(tokens, self.eos_ids) | (stops is not None and stops.hit(out.tokens, running.rows, step, tokens))
             else:
                 finished = forced[1][running.rows] <= step + 1
             if finished.any():  # finished rows leave the batch (and their caches are dropped)
@@ -371,6 +374,14 @@ class NativeEngine:
                 assert step_routes is not None  # out.routes is started only when routes are recorded
                 out.routes[running.rows, width + step] = step_routes
         return out
+
+    def _stops(self, vocab_size: int) -> StopStrings | None:
+        """The in-loop stop-string check (``minirl.rollout.stop_strings``), or None without stop strings."""
+        if not self.stop_strings or self.tokenizer is None:
+            return None
+        if self._stop_check is None:
+            self._stop_check = StopStrings(self.tokenizer, self.stop_strings, vocab_size, self.device)
+        return self._stop_check
 
     def _prefill(
         self, prompt_ids: list[list[int]], group: int, max_new: int, record_routes: bool
