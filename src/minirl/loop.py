@@ -838,7 +838,7 @@ def partial_groups(run: Run, step: int, record_routes: bool, clock: _Clock, draw
     sampled = run.partial.sample(step, draw=draw, generate=generate, score=score, merge=merge, groups=r.prompts_per_step,
                                  pool=pool, chunk_tokens=r.partial_chunk_tokens,
                                  filtered=spread if r.filter_groups else None,
-                                 max_top_ups=round_limit(r.filter_groups_max_rounds, len(run.prompts), pool))
+                                 max_draws=round_limit(r.filter_groups_max_rounds, len(run.prompts), pool))
     clock.lap("rollout")  # a step that trains groups ended earlier may decode nothing
     return sampled
 

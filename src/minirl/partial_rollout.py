@@ -61,7 +61,7 @@ class Pending:
 
 @dataclass
 class _Tally:
-    """What one step's sampling counted: engine calls, tokens decoded, top-ups, score calls (statistics, size), and
+    """What one step's sampling counted: engine calls, tokens decoded, batches drawn, score calls (statistics, size), and
     under ``filter_groups`` the groups ended this step with a spread, without one (``spare``), and their rewards."""
 
     chunks: int = 0
@@ -95,15 +95,16 @@ class PartialPool:
 
     def sample(self, step: int, *, draw: Callable[[int], list[Prompt]], generate: Generate, score: Score,
                merge: Callable[[Completion | None, Completion, int], Completion], groups: int, pool: int,
-               chunk_tokens: int, filtered: Callable[[torch.Tensor], bool] | None, max_top_ups: int) -> Sampled:
+               chunk_tokens: int, filtered: Callable[[torch.Tensor], bool] | None, max_draws: int) -> Sampled:
         """The step's ``groups`` groups (``Sampled``, as ``minirl.dynamic_sampling.sample_groups`` returns them).
         ``generate(prompts, chunk, max_new_tokens)``: one response (chunk) per prompt; ``merge(row, new, step)``: a
         response so far and its next chunk as one completion (``continued``); ``filtered(rewards)``: whether a scored
-        group counts (None: no ``filter_groups``, every ended group counts)."""
+        group counts (None: no ``filter_groups``, every ended group counts); ``max_draws``: batches of ``pool`` new
+        prompts drawn in this step at most."""
         # Over 60 lines: the step's decode-and-check loop, its top-ups and the batch it returns, in one readable place.
         tally = _Tally()
         while len(self.ended) < groups:
-            while len(self.running) + len(self.ended) < groups and tally.draws <= max_top_ups:  # slime's rule
+            while len(self.running) + len(self.ended) < groups and tally.draws < max_draws:  # slime's rule
                 self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in draw(pool)]
                 tally.draws += 1
             active = [(group, i) for group in self.running for i, row in enumerate(group.rows)

@@ -66,9 +66,9 @@ def _merge(row, new, step):
     return continued(row, new, step, max_new_tokens=M, finish=lambda c: c)
 
 
-def _sample(pool, step, engine, draw, *, groups=1, batch=2, filtered=None, max_top_ups=10):
+def _sample(pool, step, engine, draw, *, groups=1, batch=2, filtered=None, max_draws=10):
     return pool.sample(step, draw=draw, generate=engine, score=_score, merge=_merge, groups=groups, pool=batch,
-                       chunk_tokens=2, filtered=filtered, max_top_ups=max_top_ups)
+                       chunk_tokens=2, filtered=filtered, max_draws=max_draws)
 
 
 def test_a_pool_trains_the_groups_that_end_first_and_continues_the_rest_next_step():
@@ -136,7 +136,7 @@ def test_with_filter_groups_a_zero_spread_group_is_dropped_and_more_prompts_draw
     s = got.reward_stats
     assert (s["filter/rounds"], s["filter/kept_groups_frac"], s["filter/topped_up_groups"]) == (2.0, 0.5, 0.0)
     assert s["filter/reward_mean_generated"] == pytest.approx((2 + 2 + 3 + 1) / 4)
-    short = _sample(PartialPool(2, M), 1, ScriptedEngine(), _draw(["C", "D"]), batch=1, filtered=spread, max_top_ups=1)
+    short = _sample(PartialPool(2, M), 1, ScriptedEngine(), _draw(["C", "D"]), batch=1, filtered=spread, max_draws=1)
     assert [p.text for p in short.prompts] == ["C"] and short.reward_stats["filter/topped_up_groups"] == 1.0
 
 
