@@ -73,7 +73,7 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
     """The body of ``minirl train`` (the caller holds the run directory): resume point or fresh-start check,
     the cold start, then RL. Returns the ``RunSummary``."""
     from minirl.checkpoint import checkpoints_dir, restart_in_place, resume_point
-    from minirl.loop import check_fresh_start
+    from minirl.loop import check_fresh_start, check_sources
     from minirl.loop import train as rl_train
     from minirl.sft import cached_sft, run_sft
 
@@ -87,6 +87,7 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
                   file=sys.stderr)
         else:
             resume_from = found
+    check_sources(cfg, dump_rollouts=dump_rollouts, rollouts_from=rollouts_from)  # before the cold start's minutes
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run
     if cfg.cold_start.enabled and not start_from and resume_from is None:

@@ -283,17 +283,8 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
     with nullcontext() if run_dir_held else hold_run_dir(cfg.run_dir):  # one process per run directory
         run = run or setup(cfg, start_from=start_from, rewards=rewards, rollouts=rollouts)
         try:
-            if cfg.rollout.partial_rollout and (rollouts_from is not None or dump_rollouts is not None):
-                raise ConfigError(f"--{'rollouts-from' if rollouts_from is not None else 'dump-rollouts'} with "
-                                  "rollout.partial_rollout: a dump holds whole steps' rollouts, not the chunks a "
-                                  "partial rollout decodes across steps")
-            if cfg.rollout.partial_rollout and rollouts is not None:
-                raise ConfigError("train(rollouts=...) with rollout.partial_rollout: partial rollouts continue "
-                                  "responses in minirl's engine (Prompt.response_prefix); give no rollout source")
+            check_sources(cfg, rollouts=rollouts, dump_rollouts=dump_rollouts, rollouts_from=rollouts_from)
             if rollouts_from is not None:
-                if cfg.algo.adv_baseline == "greedy":
-                    raise ConfigError("--rollouts-from with algo.adv_baseline=greedy: a dump holds no greedy "
-                                      "completions for ReMax's baseline")
                 run.rewards = run.rollouts = RolloutReplay(rollouts_from, run.rewards)
             if dump_rollouts is not None:
                 assert run.rollouts is not None
@@ -302,6 +293,22 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
             run.close()
             raise
         return _train(run, resume_from=resume_from)
+
+
+def check_sources(cfg: Config, *, rollouts: RolloutSource | None = None, dump_rollouts: str | Path | None = None,
+                  rollouts_from: str | Path | None = None) -> None:
+    """Where the rollouts come from, against what the config needs of them (one line each; ``minirl train`` asks
+    before its cold start)."""
+    if rollouts_from is not None and cfg.algo.adv_baseline == "greedy":
+        raise ConfigError("--rollouts-from with algo.adv_baseline=greedy: a dump holds no greedy completions for "
+                          "ReMax's baseline")
+    if cfg.rollout.partial_rollout and (rollouts_from is not None or dump_rollouts is not None):
+        raise ConfigError(f"--{'rollouts-from' if rollouts_from is not None else 'dump-rollouts'} with "
+                          "rollout.partial_rollout: a dump holds whole steps' rollouts, not the chunks a partial "
+                          "rollout decodes across steps")
+    if cfg.rollout.partial_rollout and rollouts is not None:
+        raise ConfigError("train(rollouts=...) with rollout.partial_rollout: partial rollouts continue responses in "
+                          "minirl's engine (Prompt.response_prefix); give no rollout source")
 
 
 def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | None, MetricsLogger]:

@@ -212,3 +212,16 @@ def test_in_the_engine_a_response_continued_across_chunks_is_the_law_it_was_samp
 def test_what_partial_rollouts_do_not_go_with_is_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_a_dump_or_a_rollout_source_with_partial_rollouts_is_one_line_before_any_work(tmp_path, capsys):
+    from minirl.cli import main
+
+    code = main(["train", str(Path(__file__).resolve().parents[2] / "configs/demo.yaml"), "rollout.partial_rollout=true", f"run.output_dir={tmp_path}",
+                 "--dump-rollouts", str(tmp_path / "dump")])
+    assert code == 2 and "--dump-rollouts with rollout.partial_rollout: a dump holds" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("sft"))  # refused before the cold start
+    from minirl.loop import check_sources
+
+    with pytest.raises(ConfigError, match=r"^train\(rollouts=...\) with rollout.partial_rollout"):
+        check_sources(load_config(None, ["rollout.partial_rollout=true"]), rollouts=object())
