@@ -100,6 +100,7 @@ def test_fsdps_offload_and_activation_checkpointing_carry_over(tmp_path):
                      "gradient_checkpointing": False})
     assert (args.values["optim.cpu_offload"], args.values["optim.gradient_checkpointing"]) == (True, True)
     assert "optim.cpu_offload" not in from_trl(dict(TRL)).values
+    assert "cluster.trainer_ranks" not in from_trl({**TRL, "num_processes": 2}).values  # no launch given: the batch only
 
 
 def test_a_deepspeed_json_offloads_and_scales_an_fp16_loss_as_deepspeed_does(tmp_path):

@@ -147,7 +147,7 @@ def translate_launch(trl: Peer, accelerate: dict[str, Any] | None, out: Translat
         out.set("optim.cpu_offload", True, ", ".join(offloads))
     elif kind in ("DEEPSPEED", "FSDP") or deepspeed is not None or trl("fsdp"):
         out.set("optim.cpu_offload", False, f"no CPU offload in the {kind if kind != 'NO' else 'launch'} settings")
-    if processes > 1:
+    if accelerate is not None and processes > 1:  # the launch is known (a TRL file's num_processes scales the batch only)
         out.set("cluster.trainer_ranks", processes, f"num_processes={processes}")
         replicas = {"MULTI_GPU": "DDP keeps a whole model on each GPU", "NO": "one process"}.get(kind, "")
         out.differs.append(f"num_processes={processes}: TRL runs {processes} processes, each sampling its share of the "
