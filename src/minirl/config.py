@@ -265,8 +265,9 @@ class RolloutConfig(Section):
     """Responses that outlive a weight sync (slime's ``--partial-rollout``, verl's fully asynchronous
     ``partial_rollout``, Kimi k1.5's partial rollouts): each step decodes its pool of groups (batches of
     ``partial_pool_prompts`` prompts, over-sampled) in chunks of ``partial_chunk_tokens`` tokens and stops once
-    ``prompts_per_step`` groups have ended (with ``filter_groups``: with a spread); it trains on those, and the rest
-    wait in the pool, their unfinished responses continued next step on the new weights. A response then holds
+    ``prompts_per_step`` groups have ended (with ``filter_groups``: with a spread); it trains on those (others ended
+    in the same chunk are dropped, as in slime), and the groups still running wait in the pool, their unfinished
+    responses continued next step on the new weights. A response then holds
     tokens of several policy versions, each with the log-prob of the law that sampled it; ``rollout/stale_tokens_frac``
     counts them (``minirl.partial_rollout``). Off: every response is sampled whole by one policy, the paper's setting."""
     partial_pool_prompts: int | None = Field(None, ge=1)

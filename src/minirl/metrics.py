@@ -64,7 +64,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``rollout/stale_tokens_frac``  ``rollout.partial_rollout`` only: trained tokens an earlier step's weights sampled;
                                ``rollout/partial_responses_frac`` trained responses holding tokens of more than one
                                step, ``rollout/max_token_lag_steps`` the oldest token's lag, ``rollout/chunks`` engine
-                               calls this step, ``rollout/partial_pool_groups`` groups left waiting in the pool
+                               calls this step, ``rollout/partial_pool_groups`` groups left waiting in the pool,
+                               ``rollout/partial_dropped_groups`` groups that ended beyond the batch (dropped)
 ``mismatch/{engine,lag}_*``    ``rollout.async_split_mismatch`` only, each of ``mismatch/*``'s four for the two parts
                                of a lagged batch's mismatch, through pi at the weights that sampled it (theta_{t-1}):
                                ``engine_`` mu_old against it (the training–inference discrepancy), ``lag_`` it against

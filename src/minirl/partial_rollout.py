@@ -2,12 +2,13 @@
 asynchronous trainer's ``partial_rollout``, Kimi k1.5's partial rollouts).
 
 Each global step decodes the pool's groups in chunks of ``rollout.partial_chunk_tokens`` new tokens per response.
-After each chunk the groups whose G responses have all ended (a stop token or string, or ``max_new_tokens``) join
-the ended ones, and once ``prompts_per_step`` (P) have ended decoding stops: the step trains on the P that ended
-first (those ended in an earlier step before those of this one, then in draw order), and every other group waits in
-the pool for the next step. There its unfinished responses continue where they stopped, on the new weights: the
-engine prefills prompt and response so far and samples on (``Prompt.response_prefix``), as an aborted SGLang or vLLM
-request resumed with its partial output does. Whenever the groups running and ended number fewer than P, a batch of
+After each chunk the groups whose G responses have all ended (a stop token or string, or ``max_new_tokens``) are
+counted, and once ``prompts_per_step`` (P) have ended decoding stops: the step trains on the P that ended first (in
+draw order within a chunk, so groups carried from earlier steps first). Groups that ended in the same chunk beyond
+the P are dropped, as slime drops them ("we have not stored all the unused samples back to the data buffer"); the
+groups still running wait in the pool for the next step. There their unfinished responses continue where they
+stopped, on the new weights: the engine prefills prompt and response so far and samples on
+(``Prompt.response_prefix``), as an aborted SGLang or vLLM request resumed with its partial output does. Whenever the groups running and ended number fewer than P, a batch of
 ``rollout.partial_pool_prompts`` new prompts is drawn (slime's rule: ``--over-sampling-batch-size`` prompts whenever
 those in flight and those kept fall short of the batch), so over-sampling (a batch larger than P) is what leaves
 responses unfinished at the end of a step. With ``rollout.filter_groups`` a group is scored when it ends and only one
@@ -22,9 +23,10 @@ R3 replays the routes of the engine's last forward over the whole response (its 
 newer weights, as a resumed request's routed experts are). ``rollout.partial_mask_stale`` (slime's
 ``--mask-offpolicy-in-partial-rollout``) trains only the tokens the current step's weights sampled.
 
-Metrics (``rollout/*``): ``partial_pool_groups`` (groups waiting after the step), ``stale_tokens_frac`` (trained
-tokens that an earlier step's weights sampled), ``partial_responses_frac`` (trained responses holding tokens of more
-than one step), ``max_token_lag_steps``, ``chunks`` (engine calls this step).
+Metrics (``rollout/*``): ``partial_pool_groups`` (groups waiting after the step), ``partial_dropped_groups`` (ended
+beyond the batch), ``stale_tokens_frac`` (trained tokens that an earlier step's weights sampled),
+``partial_responses_frac`` (trained responses holding tokens of more than one step), ``max_token_lag_steps``,
+``chunks`` (engine calls this step).
 
 A checkpoint keeps the pool (``state`` / ``load_state``), so a resumed run goes on bitwise.
 """
@@ -67,6 +69,7 @@ class _Tally:
     chunks: int = 0
     generated: int = 0
     draws: int = 0
+    dropped: int = 0
     topped_up: int = 0
     spread: int = 0
     calls: list[tuple[dict[str, float], int]] = field(default_factory=list)
@@ -85,8 +88,8 @@ def row_ended(row: Completion, max_new_tokens: int) -> bool:
 
 @dataclass
 class PartialPool:
-    """The groups decoded across steps (module docstring). ``ended``: groups that have ended, waiting to be
-    trained, oldest first; ``running``: the others, in draw order."""
+    """The groups decoded across steps (module docstring). ``running``: those still decoding, in draw order (the
+    pool between steps); ``ended``: within a step, those that have ended and are kept, in the order they ended."""
 
     samples_per_prompt: int
     max_new_tokens: int
@@ -129,7 +132,8 @@ class PartialPool:
                 now = [group for group in now if group not in tally.spare]
                 tally.spread += len(now)
             self.ended += now
-        trained, self.ended = self.ended[:groups], self.ended[groups:]
+        trained, dropped, self.ended = self.ended[:groups], self.ended[groups:], []  # slime drops what ended beyond
+        tally.dropped = len(dropped)
         if filtered is not None and len(trained) < groups:  # a short batch: the zero-spread groups ended first
             tally.topped_up = min(groups - len(trained), len(tally.spare))
             trained += tally.spare[: tally.topped_up]
@@ -156,8 +160,8 @@ class PartialPool:
                        for sample, c in enumerate(group.completions)]
         stats = merge_reward_stats([s for s, _ in tally.calls], sizes=[n for _, n in tally.calls])
         stats.update(staleness(completions, step))
-        stats.update({"rollout/partial_pool_groups": float(len(self.running) + len(self.ended)),
-                      "rollout/chunks": float(tally.chunks)})
+        stats.update({"rollout/partial_pool_groups": float(len(self.running)), "rollout/chunks": float(tally.chunks),
+                      "rollout/partial_dropped_groups": float(tally.dropped)})
         if filtering:
             stats.update({"filter/rounds": float(tally.draws), "filter/topped_up_groups": float(tally.topped_up)})
         if filtering and tally.rewards:  # groups ended and scored in this step

@@ -438,7 +438,7 @@ def _slime_partial(peer: SlimePeer, out: Translation, script: str) -> None:
     out.set("rollout.partial_mask_stale", bool(mask), peer.show("mask-offpolicy-in-partial-rollout"))
     out.differs.append("--partial-rollout: slime aborts the requests still running the moment its batch is full; "
                        "minirl checks every rollout.partial_chunk_tokens new tokens per response (each check prefills "
-                       "the responses so far again), and keeps groups that ended beyond the batch for the next step")
+                       "the responses so far again); both drop groups that ended beyond the batch")
 
 
 def _data_parallel(peer: SlimePeer) -> int:
