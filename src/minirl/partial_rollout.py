@@ -8,10 +8,11 @@ draw order within a chunk, so groups carried from earlier steps first). Groups t
 the P are dropped, as slime drops them ("we have not stored all the unused samples back to the data buffer"); the
 groups still running wait in the pool for the next step. There their unfinished responses continue where they
 stopped, on the new weights: the engine prefills prompt and response so far and samples on
-(``Prompt.response_prefix``), as an aborted SGLang or vLLM request resumed with its partial output does. Whenever the groups running and ended number fewer than P, a batch of
-``rollout.partial_pool_prompts`` new prompts is drawn (slime's rule: ``--over-sampling-batch-size`` prompts whenever
-those in flight and those kept fall short of the batch), so over-sampling (a batch larger than P) is what leaves
-responses unfinished at the end of a step. With ``rollout.filter_groups`` a group is scored when it ends and only one
+(``Prompt.response_prefix``), as an aborted SGLang or vLLM request resumed with its partial output does. Each step starts from a batch of ``rollout.partial_pool_prompts``
+groups, the carried ones first and new prompts to fill it, and whenever a filter leaves the groups running and kept
+short of P, another batch of new prompts is drawn (slime's rule: its data source hands out the aborted groups before
+new prompts, ``--over-sampling-batch-size`` at a time, whenever those in flight and those kept fall short of the
+batch), so over-sampling (a batch larger than P) is what leaves responses unfinished at the end of a step. With ``rollout.filter_groups`` a group is scored when it ends and only one
 whose rewards differ is kept (DAPO's dynamic sampling, as slime runs it with partial rollouts); at most
 ``filter_groups_max_rounds`` batches are drawn in a step, after which a short batch is filled with the zero-spread
 groups, as ``minirl.dynamic_sampling`` does.
@@ -106,8 +107,11 @@ class PartialPool:
         prompts drawn in this step at most."""
         # Over 60 lines: the step's decode-and-check loop, its top-ups and the batch it returns, in one readable place.
         tally = _Tally()
+        if len(self.running) < pool and max_draws > 0:  # the batch: the groups carried over first, new ones to fill it
+            self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in draw(pool - len(self.running))]
+            tally.draws += 1
         while len(self.ended) < groups:
-            while len(self.running) + len(self.ended) < groups and tally.draws < max_draws:  # slime's rule
+            while len(self.running) + len(self.ended) < groups and tally.draws < max_draws:  # a filter dropped some
                 self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in draw(pool)]
                 tally.draws += 1
             active = [(group, i) for group in self.running for i, row in enumerate(group.rows)

@@ -73,8 +73,8 @@ def _sample(pool, step, engine, draw, *, groups=1, batch=2, filtered=None, max_d
 
 def test_a_pool_trains_the_groups_that_end_first_and_continues_the_rest_next_step():
     """P = 1 of a batch of 2 prompts, chunks of 2 tokens: step 1 ends A after two chunks and leaves B half done; step
-    2 draws nothing (B is running), finishes B on its weights (its last tokens marked step 2) and trains it; step 3
-    draws again, and of two groups ending together trains the first and drops the other. Every figure by hand."""
+    2 fills its batch with C, finishes B on its weights (its last tokens marked step 2) and trains it, dropping C,
+    which ended with it; step 3 trains D and carries E. Every figure by hand."""
     pool, engine, draw = PartialPool(2, M), ScriptedEngine(), _draw(list("ABCDE"))
     one = _sample(pool, 1, engine, draw)
     assert [p.text for p in one.prompts] == ["A"] and [c.completion_ids for c in one.completions] == [[1, 2], [3, 4, 5]]
@@ -85,24 +85,25 @@ def test_a_pool_trains_the_groups_that_end_first_and_continues_the_rest_next_ste
     assert (one.reward_stats["rollout/chunks"], one.reward_stats["rollout/partial_pool_groups"]) == (2.0, 1.0)
     assert one.reward_stats["rollout/stale_tokens_frac"] == 0.0
 
-    two = _sample(pool, 2, engine, draw)
-    assert [p.text for p in two.prompts] == ["B"] and engine.calls[2] == (["B", "B"], [4, 4], 2)
+    two = _sample(pool, 2, engine, draw)  # the batch: B carried over first, C new to fill it
+    assert [p.text for p in two.prompts] == ["B"] and engine.calls[2] == (list("BBCC"), [4, 4, 0, 0], 2)
     b0, b1 = two.completions
     assert (b0.completion_ids, b1.completion_ids) == ([6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16])
     assert (b0.finish_reason, b1.finish_reason) == ("eos", "length")
     assert (b0.sampled_at_steps.tolist(), b1.sampled_at_steps.tolist()) == ([1, 1, 1, 1, 2], [1, 1, 1, 1, 2, 2])
     torch.testing.assert_close(b1.logp_rollout, torch.tensor([-1.1, -1.2, -1.3, -1.4, -1.5, -1.6]), rtol=0, atol=0)
     assert b0.prompt_ids == [100] and (b0.prompt_index, b1.sample_index) == (0, 1)
-    s = two.reward_stats
+    s = two.reward_stats  # C ended in the same chunk, beyond the batch: dropped, as slime drops it
     assert (s["rollout/stale_tokens_frac"], s["rollout/partial_responses_frac"], s["rollout/max_token_lag_steps"]) == \
         (8 / 11, 1.0, 1.0)
-    assert two.generated_tokens == 3 and s["rollout/partial_pool_groups"] == 0.0 and s["reward/len_mean"] == 5.5
+    assert two.generated_tokens == 1 + 2 + 2 + 2 and s["reward/len_mean"] == 5.5
+    assert (s["rollout/partial_dropped_groups"], s["rollout/partial_pool_groups"]) == (1.0, 0.0)
 
-    three = _sample(pool, 3, engine, draw)  # a new batch, C and D, both ending in the first chunk
-    assert [p.text for p in three.prompts] == ["C"] and engine.calls[3][0] == list("CCDD")
-    s = three.reward_stats  # D, ended beyond the batch, is dropped (as slime drops it), not kept stale
-    assert (s["rollout/partial_dropped_groups"], s["rollout/partial_pool_groups"], s["rollout/chunks"]) == (1.0, 0.0, 1.0)
-    assert pool.running == [] and pool.ended == []
+    three = _sample(pool, 3, engine, draw)  # a new batch, D and E: D ends in the first chunk, E goes on
+    assert [p.text for p in three.prompts] == ["D"] and engine.calls[3] == (list("DDEE"), [0, 0, 0, 0], 2)
+    s = three.reward_stats
+    assert (s["rollout/partial_dropped_groups"], s["rollout/partial_pool_groups"], s["rollout/chunks"]) == (0.0, 1.0, 1.0)
+    assert [g.prompt.text for g in pool.running] == ["E"] and pool.ended == []
 
 
 def test_the_pool_survives_a_checkpoint():
@@ -116,7 +117,7 @@ def test_the_pool_survives_a_checkpoint():
     torch.save(pool.state(prompts), path)
     reloaded = PartialPool(2, M)
     reloaded.load_state(torch.load(path, weights_only=True), prompts)  # plain enough for a weights_only checkpoint
-    a, b = (_sample(p, 2, ScriptedEngine(), lambda k: [next(draw) for _ in range(k)]) for p in (pool, reloaded))
+    a, b = (_sample(p, 2, ScriptedEngine(), _draw(texts[2:])) for p in (pool, reloaded))  # the same prompts next
     assert [c.completion_ids for c in a.completions] == [c.completion_ids for c in b.completions]
     assert all(torch.equal(x.logp_rollout, y.logp_rollout) and torch.equal(x.sampled_at_steps, y.sampled_at_steps)
                for x, y in zip(a.completions, b.completions))
