@@ -250,7 +250,7 @@ def restore(run: Run, checkpoint_dir: Path) -> dict[str, Any]:
     run.order.epoch, run.order.position = int(state["data_order"]["epoch"]), int(state["data_order"]["position"])
     if run.ahead is not None:  # the next step's batch, sampled beside the saved step's update
         run.ahead.load_state(state.get("rollout_ahead", {}), run.prompts)
-    if run.partial is not None:  # the groups still decoding, or ended and not yet trained
+    if run.partial is not None:  # the groups still decoding, their responses so far
         run.partial.load_state(state.get("partial_pool", {}), run.prompts)
     run.entropy_control = {key: float(value) for key, value in state.get("entropy_control", {}).items()}
     run.kl_control = {key: float(value) for key, value in state.get("kl_control", {}).items()}

@@ -35,7 +35,6 @@ A checkpoint keeps the pool (``state`` / ``load_state``), so a resumed run goes 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -89,12 +88,10 @@ def row_ended(row: Completion, max_new_tokens: int) -> bool:
 
 @dataclass
 class PartialPool:
-    """The groups decoded across steps (module docstring). ``running``: those still decoding, in draw order (the
-    pool between steps); ``ended``: within a step, those that have ended and are kept, in the order they ended."""
+    """The groups decoded across steps (module docstring): ``running``, those still decoding, in draw order."""
 
     samples_per_prompt: int
     max_new_tokens: int
-    ended: list[Pending] = field(default_factory=list)
     running: list[Pending] = field(default_factory=list)
 
     def sample(self, step: int, *, draw: Callable[[int], list[Prompt]], generate: Generate, score: Score,
@@ -108,11 +105,12 @@ class PartialPool:
         # Over 60 lines: the step's decode-and-check loop, its top-ups and the batch it returns, in one readable place.
         tally = _Tally()
         if len(self.running) < pool and max_draws > 0:  # the batch: the groups carried over first, new ones to fill it
-            self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in draw(pool - len(self.running))]
+            self._add(draw(pool - len(self.running)))
             tally.draws += 1
-        while len(self.ended) < groups:
-            while len(self.running) + len(self.ended) < groups and tally.draws < max_draws:  # a filter dropped some
-                self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in draw(pool)]
+        ended: list[Pending] = []  # this step's, kept, in the order they ended
+        while len(ended) < groups:
+            while len(self.running) + len(ended) < groups and tally.draws < max_draws:  # a filter dropped some
+                self._add(draw(pool))
                 tally.draws += 1
             active = [(group, i) for group in self.running for i, row in enumerate(group.rows)
                       if row is None or not row_ended(row, self.max_new_tokens)]
@@ -135,9 +133,8 @@ class PartialPool:
                 tally.spare += [group for group in now if group.scored is not None and not filtered(group.scored.rewards)]
                 now = [group for group in now if group not in tally.spare]
                 tally.spread += len(now)
-            self.ended += now
-        trained, dropped, self.ended = self.ended[:groups], self.ended[groups:], []  # slime drops what ended beyond
-        tally.dropped = len(dropped)
+            ended += now
+        trained, tally.dropped = ended[:groups], len(ended[groups:])  # slime drops what ended beyond the batch
         if filtered is not None and len(trained) < groups:  # a short batch: the zero-spread groups ended first
             tally.topped_up = min(groups - len(trained), len(tally.spare))
             trained += tally.spare[: tally.topped_up]
@@ -178,33 +175,23 @@ class PartialPool:
             columns=[column for group in kept for column in group.columns], generated_tokens=tally.generated,
             reward_parts=None if any(p is None for p in parts) else torch.cat([p for p in parts if p is not None]))
 
+    def _add(self, prompts: list[Prompt]) -> None:
+        """New groups, not started, at the end of the running ones."""
+        self.running += [Pending(prompt, [None] * self.samples_per_prompt) for prompt in prompts]
+
     # ------------------------------------------------------------------ checkpoint
 
     def state(self, prompts: list[Prompt]) -> dict[str, Any]:
-        """The pool in plain types and tensors (a checkpoint's ``weights_only`` state); prompts as positions in
-        ``prompts`` (the run's training prompts)."""
+        """The running groups in plain types and tensors (a checkpoint's ``weights_only`` state; between steps no group
+        has ended or been scored); prompts as positions in ``prompts`` (the run's training prompts)."""
         position = {id(prompt): n for n, prompt in enumerate(prompts)}
-
-        def plain(group: Pending) -> dict[str, Any]:
-            s = group.scored
-            return {"prompt": position[id(group.prompt)],
-                    "rows": [None if row is None else dataclasses.asdict(row) for row in group.rows],
-                    "scored": None if s is None else {"rewards": s.rewards, "columns": json.dumps(s.columns, default=str),
-                                                      "parts": s.parts}}
-
-        return {"ended": [plain(g) for g in self.ended], "running": [plain(g) for g in self.running]}
+        return {"running": [{"prompt": position[id(group.prompt)],
+                             "rows": [None if row is None else dataclasses.asdict(row) for row in group.rows]}
+                            for group in self.running]}
 
     def load_state(self, state: dict[str, Any], prompts: list[Prompt]) -> None:
-        def pending(plain: dict[str, Any]) -> Pending:
-            prompt = prompts[plain["prompt"]]
-            rows = [None if row is None else Completion(**row) for row in plain["rows"]]
-            s = plain["scored"]
-            scored = None if s is None else Group(prompt, [row for row in rows if row is not None], s["rewards"],
-                                                  json.loads(s["columns"]), s["parts"])
-            return Pending(prompt, rows, scored)
-
-        self.ended = [pending(p) for p in state.get("ended", [])]
-        self.running = [pending(p) for p in state.get("running", [])]
+        self.running = [Pending(prompts[plain["prompt"]], [None if row is None else Completion(**row) for row in plain["rows"]])
+                        for plain in state.get("running", [])]
 
 
 def continued(row: Completion | None, new: Completion, step: int, *, max_new_tokens: int,

@@ -154,7 +154,6 @@ def translate_launch(trl: Peer, accelerate: dict[str, Any] | None, out: Translat
                            "batch; minirl runs that many FSDP2 trainer ranks (each a 1/W shard of the model and of each "
                            f"mini-batch{'; ' + replicas if replicas else ''}) and its engines beside them: the same "
                            "updates to float rounding; size cluster.* for your machine (docs/distributed.md)")
-    acc("mixed_precision")
     if accelerate is not None and str(acc("mixed_precision")) not in ("no", _ACCELERATE_PRECISION[out.values["optim.precision"]]):
         out.differs.append(f"accelerate config mixed_precision={acc('mixed_precision')!r}: the TrainingArguments' bf16 / "
                            f"fp16 decide it (transformers passes them to accelerate): optim.precision "
