@@ -264,9 +264,9 @@ class RolloutConfig(Section):
     partial_rollout: bool = False
     """Responses that outlive a weight sync (slime's ``--partial-rollout``, verl's fully asynchronous
     ``partial_rollout``, Kimi k1.5's partial rollouts): each step decodes its pool of groups (batches of
-    ``partial_pool_prompts`` prompts, over-sampled) in chunks of ``partial_chunk_tokens`` tokens and stops once
+    ``partial_pool_prompts`` prompts, over-sampled), checks every ``partial_chunk_tokens`` tokens and stops once
     ``prompts_per_step`` groups have ended (with ``filter_groups``: with a spread); it trains on those (others ended
-    in the same chunk are dropped, as in slime), and the groups still running wait in the pool, their unfinished
+    by the same check are dropped, as in slime), and the groups still running wait in the pool, their unfinished
     responses continued next step on the new weights. A response then holds
     tokens of several policy versions, each with the log-prob of the law that sampled it; ``rollout/stale_tokens_frac``
     counts them (``minirl.partial_rollout``). Off: every response is sampled whole by one policy, the paper's setting."""
@@ -276,8 +276,9 @@ class RolloutConfig(Section):
     ``prompts_per_step`` responses carry over only when ``filter_groups`` drops groups mid-step (slime's default); the
     more over-sampling, the more responses wait for a later step (``rollout/stale_tokens_frac``)."""
     partial_chunk_tokens: int = Field(64, ge=1)
-    """Under ``partial_rollout``: new tokens per response between two checks of how many groups have ended (how
-    finely the decoding is cut; each chunk prefills prompt and response so far again)."""
+    """Under ``partial_rollout``: new tokens per response between two checks of how many groups have ended. The
+    native engine checks inside one call, its KV cache kept; other engines (vLLM, several replicas, CUDA graphs)
+    decode a chunk per call, each prefilling prompt and response so far again, so there a larger chunk costs less."""
     partial_mask_stale: bool = False
     """Under ``partial_rollout``: train only the tokens the current step's weights sampled; a response's older tokens
     stay in its context but get no loss (slime's ``--mask-offpolicy-in-partial-rollout``)."""

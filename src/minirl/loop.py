@@ -70,7 +70,7 @@ from minirl.objective import (
 )
 from minirl.partial_rollout import PartialPool, continued
 from minirl.reference import with_reference_kl
-from minirl.rollout.base import RolloutEngine
+from minirl.rollout.base import DecodeControl, RolloutEngine
 from minirl.runtime import (
     DataOrder,
     build_model,
@@ -820,14 +820,21 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
 def partial_groups(run: Run, step: int, record_routes: bool, clock: _Clock, draw: Callable[[int], list[Prompt]],
                    score: Callable[..., tuple[Any, ...]]) -> Sampled:
     """``rollout.partial_rollout``: the step's groups from the pool decoded across steps (``minirl.partial_rollout``),
-    each chunk one engine call of one response per prompt."""
+    one response per prompt in each engine call: the native engine decodes a step in one call that keeps its KV cache
+    and stops once enough groups have ended (``DecodeControl``); other engines one chunk a call."""
     cfg, r = run.cfg, run.cfg.rollout
     assert run.partial is not None and run.rollouts is not None
     rollouts, tokenizer, stops = run.rollouts, run.tokenizer, tuple(cfg.task.stop_strings)
+    engine = rollouts.engine if isinstance(rollouts, EngineRollouts) else None
+    in_call = bool(getattr(engine, "continues_in_call", False))
 
-    def generate(prompts: list[Prompt], chunk: int, max_new_tokens: int) -> list[Completion]:
-        sampling = dataclasses.replace(rollout_sampling(cfg, step, chunk), max_new_tokens=max_new_tokens)
-        completions = rollouts.rollouts(step, prompts, 1, sampling, record_routes=record_routes)
+    def generate(prompts: list[Prompt], call: int, control: DecodeControl) -> list[Completion]:
+        sampling = dataclasses.replace(rollout_sampling(cfg, step, call), max_new_tokens=max(control.max_new_tokens))
+        if in_call:
+            assert engine is not None
+            completions = engine.generate(prompts, 1, sampling, record_routes=record_routes, control=control)
+        else:  # an engine without the control: the call's longest budget, the merge cuts each row at its own
+            completions = rollouts.rollouts(step, prompts, 1, sampling, record_routes=record_routes)
         clock.lap("rollout")
         return completions
 
@@ -843,7 +850,7 @@ def partial_groups(run: Run, step: int, record_routes: bool, clock: _Clock, draw
 
     pool = r.partial_pool_prompts or 2 * r.prompts_per_step
     sampled = run.partial.sample(step, draw=draw, generate=generate, score=score, merge=merge, groups=r.prompts_per_step,
-                                 pool=pool, chunk_tokens=r.partial_chunk_tokens,
+                                 pool=pool, chunk_tokens=r.partial_chunk_tokens, in_call=in_call,
                                  filtered=spread if r.filter_groups else None,
                                  max_draws=round_limit(r.filter_groups_max_rounds, len(run.prompts), pool))
     clock.lap("rollout")  # a step that trains groups ended earlier may decode nothing

@@ -1,11 +1,14 @@
 """``rollout.partial_rollout``: responses that outlive a weight sync (slime's ``--partial-rollout``, verl's fully
 asynchronous trainer's ``partial_rollout``, Kimi k1.5's partial rollouts).
 
-Each global step decodes the pool's groups in chunks of ``rollout.partial_chunk_tokens`` new tokens per response.
-After each chunk the groups whose G responses have all ended (a stop token or string, or ``max_new_tokens``) are
-counted, and once ``prompts_per_step`` (P) have ended decoding stops: the step trains on the P that ended first (in
-draw order within a chunk, so groups carried from earlier steps first). Groups that ended in the same chunk beyond
-the P are dropped, as slime drops them ("we have not stored all the unused samples back to the data buffer"); the
+Each global step decodes the pool's groups and checks every ``rollout.partial_chunk_tokens`` new tokens per response
+how many groups have all G responses ended (a stop token or string, or ``max_new_tokens``); once ``prompts_per_step``
+(P) have, decoding stops: the step trains on the P that ended first (in draw order within a check, so groups carried
+from earlier steps first). The native engine decodes the step in one call that keeps its KV cache from check to check
+and stops at the check (``minirl.rollout.base.DecodeControl``); an engine without that control (vLLM, several
+replicas, the CUDA-graph buckets) is called once per chunk, each call prefilling prompt and response so far again.
+Both check at the same points and, given the same tokens, train the same groups (the samples differ: a chunk call
+draws from a stream of its own). Groups that ended by the same check beyond the P are dropped, as slime drops them ("we have not stored all the unused samples back to the data buffer"); the
 groups still running wait in the pool for the next step. There their unfinished responses continue where they
 stopped, on the new weights: the engine prefills prompt and response so far and samples on
 (``Prompt.response_prefix``), as an aborted SGLang or vLLM request resumed with its partial output does. Each step starts from a batch of ``rollout.partial_pool_prompts``
@@ -35,6 +38,8 @@ A checkpoint keeps the pool (``state`` / ``load_state``), so a resumed run goes 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,9 +47,10 @@ from typing import Any
 import torch
 
 from minirl.dynamic_sampling import Group, Sampled, merge_reward_stats, split_groups
+from minirl.rollout.base import DecodeControl
 from minirl.types import Completion, Prompt
 
-Generate = Callable[[list[Prompt], int, int], list[Completion]]  # (prompts, chunk index, max new tokens) -> one each
+Generate = Callable[[list[Prompt], int, DecodeControl], list[Completion]]  # (prompts, call index, control) -> one each
 Score = Callable[[list[Prompt], list[Completion]], tuple[Any, ...]]  # (rewards, stats, columns, parts)
 
 
@@ -96,12 +102,18 @@ class PartialPool:
 
     def sample(self, step: int, *, draw: Callable[[int], list[Prompt]], generate: Generate, score: Score,
                merge: Callable[[Completion | None, Completion, int], Completion], groups: int, pool: int,
-               chunk_tokens: int, filtered: Callable[[torch.Tensor], bool] | None, max_draws: int) -> Sampled:
+               chunk_tokens: int, filtered: Callable[[torch.Tensor], bool] | None, max_draws: int,
+               in_call: bool = False) -> Sampled:
         """The step's ``groups`` groups (``Sampled``, as ``minirl.dynamic_sampling.sample_groups`` returns them).
-        ``generate(prompts, chunk, max_new_tokens)``: one response (chunk) per prompt; ``merge(row, new, step)``: a
-        response so far and its next chunk as one completion (``continued``); ``filtered(rewards)``: whether a scored
-        group counts (None: no ``filter_groups``, every ended group counts); ``max_draws``: batches of ``pool`` new
-        prompts drawn in this step at most."""
+        ``generate(prompts, call, control)``: one response (its next tokens) per prompt, each row within its budget
+        (``DecodeControl``); ``merge(row, new, step)``: a response so far and its next tokens as one completion
+        (``continued``); ``filtered(rewards)``: whether a scored group counts (None: no ``filter_groups``, every
+        ended group counts); ``max_draws``: batches of ``pool`` new prompts drawn in this step at most.
+
+        ``in_call``: the engine takes the control's stop, so a call decodes each row to the end of its response and
+        is asked every ``chunk_tokens`` tokens whether enough groups have ended (one call a step keeping its KV
+        cache, unless a filter drops groups); otherwise each call decodes one chunk. Both check at the same points
+        and, given the same tokens, train the same groups."""
         # Over 60 lines: the step's decode-and-check loop, its top-ups and the batch it returns, in one readable place.
         tally = _Tally()
         if len(self.running) < pool and max_draws > 0:  # the batch: the groups carried over first, new ones to fill it
@@ -117,15 +129,19 @@ class PartialPool:
             if not active:  # the filter dropped what ended, and the draws are spent
                 break
             rows = [group.rows[i] for group, i in active]
-            budget = min(chunk_tokens, max(self.max_new_tokens - _length(row) for row in rows))
+            left = [self.max_new_tokens - _length(row) for row in rows]
             prompts = [replace(group.prompt, response_prefix=None if row is None else list(row.completion_ids))
                        for (group, _), row in zip(active, rows)]
-            news = generate(prompts, tally.chunks, budget)
+            when: dict[int, int] = {}  # id(group) -> the check (in_call) at which all its rows had ended
+            control = (DecodeControl(left, _enough([group for group, _ in active], groups - len(ended), when), chunk_tokens)
+                       if in_call else DecodeControl([min(chunk_tokens, n) for n in left]))
+            news = generate(prompts, tally.chunks, control)
             tally.chunks += 1
             for (group, i), new in zip(active, news, strict=True):
                 tally.generated += len(new.completion_ids)
                 group.rows[i] = merge(group.rows[i], new, step)
-            now = [group for group in self.running if group.ended(self.max_new_tokens)]
+            now = sorted((group for group in self.running if group.ended(self.max_new_tokens)),  # by end, then draw
+                         key=lambda group: when.get(id(group), math.inf))
             self.running = [group for group in self.running if not group.ended(self.max_new_tokens)]
             if filtered is not None and now:
                 tally.calls.append(self._score(now, score))
@@ -192,6 +208,23 @@ class PartialPool:
     def load_state(self, state: dict[str, Any], prompts: list[Prompt]) -> None:
         self.running = [Pending(prompts[plain["prompt"]], [None if row is None else Completion(**row) for row in plain["rows"]])
                         for plain in state.get("running", [])]
+
+
+def _enough(owners: list[Pending], needed: int, when: dict[int, int]) -> Callable[[list[bool]], bool]:
+    """A ``DecodeControl.stop`` over rows of groups ``owners`` (one per row): whether ``needed`` groups have ended (all
+    their rows of the call ended); records in ``when`` the check at which each ended, so that the groups of a call are
+    ordered as chunks would have found them."""
+    checks = itertools.count()
+
+    def stop(ended: list[bool]) -> bool:
+        check = next(checks)
+        running = {id(group) for group, done in zip(owners, ended, strict=True) if not done}
+        for group in owners:
+            if id(group) not in running:
+                when.setdefault(id(group), check)
+        return len(when) >= needed
+
+    return stop
 
 
 def continued(row: Completion | None, new: Completion, step: int, *, max_new_tokens: int,

@@ -189,16 +189,19 @@ def test_bench_async_runs_each_arm_and_reads_its_phases(tmp_path):
 
 def test_bench_partial_arms_are_valid_configs_and_one_runs():
     """The partial-rollout benchmark's arms load (its pool of P is no over-sampling, 2P is), and one runs on the tiny
-    model, with every key it prints in the run's metrics."""
+    model, with every key it prints in the run's metrics, one call a step or (the wrapped source) one per chunk."""
     from minirl.config import load_config
 
     table = bench_partial.arms(8, 4)
-    pools = [load_config("configs/demo.yaml", extra).rollout.partial_pool_prompts for extra in table.values()]
-    assert list(table) == ["whole", "chunks", "pool 2P"] and pools == [None, 8, 16]
+    pools = [load_config("configs/demo.yaml", extra).rollout.partial_pool_prompts for extra, _ in table.values()]
+    assert list(table) == ["whole", "P, one call", "P, chunk calls", "2P, one call", "2P, chunk calls"]
+    assert pools == [None, 8, 8, 16, 16] and [per_chunk for _, per_chunk in table.values()] == [False, False, True, False, True]
     tiny = ["model.preset=qwen3-moe-tiny", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
-            "rollout.max_new_tokens=4", "run.threads=1"]
-    values = bench_partial.one_run("configs/demo.yaml", 3, [*tiny, *bench_partial.arms(2, 2)["pool 2P"]], "aeiou")
-    assert set(values) == set(bench_partial.KEYS) and values["time/rollout_s"] >= 0 and values["time/step_s"] > 0
+            "rollout.max_new_tokens=8", "run.threads=1"]
+    extra, _ = bench_partial.arms(2, 2)["2P, one call"]
+    one, chunked = (bench_partial.one_run("configs/demo.yaml", 3, [*tiny, *extra], "", per_chunk) for per_chunk in (False, True))
+    assert set(one) == set(bench_partial.KEYS) and one["time/rollout_s"] >= 0 and one["time/step_s"] > 0
+    assert one["rollout/chunks"] == 1.0 and chunked["rollout/chunks"] > 1.0
 
 
 def test_peak_memory_arguments():

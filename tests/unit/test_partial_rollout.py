@@ -12,6 +12,7 @@ import torch
 from minirl.batching import collate
 from minirl.config import ConfigError, load_config
 from minirl.partial_rollout import PartialPool, continued
+from minirl.rollout.base import DecodeControl
 from minirl.tasks.chat import cut_at_stop_strings
 from minirl.types import Completion, Prompt
 from tests.distributed.common import run_steps
@@ -24,19 +25,25 @@ SCRIPTS = {  # each prompt's two responses; a script shorter than M ends with a 
     "C": [[17, 18], [19, 20]],
     "D": [[21], [22]],
     "E": [[23, 24, 25], [26]],
+    "F": [[27, 28, 29, 30], [31]],
 }
 
 
 class ScriptedEngine:
     """Continues each response by its script: which response a prompt is, its prefix tells (an empty one: the
-    order of the prompt's empty rows in the call). logp of token t is -t / 10. Records the calls."""
+    order of the prompt's empty rows in the call). logp of token t is -t / 10. Records the calls (prompts, prefix
+    lengths, the longest budget). With ``in_call`` it decodes token by token and asks the control's stop every
+    ``check_every_tokens`` tokens, as ``NativeEngine`` does."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_call: bool = False) -> None:
+        self.in_call = in_call
         self.calls: list[tuple[list[str], list[int], int]] = []
 
-    def __call__(self, prompts: list[Prompt], chunk: int, max_new_tokens: int) -> list[Completion]:
-        self.calls.append(([p.text for p in prompts], [len(p.response_prefix or []) for p in prompts], max_new_tokens))
-        out, fresh = [], {}
+    def __call__(self, prompts: list[Prompt], call: int, control: DecodeControl) -> list[Completion]:
+        budgets = control.max_new_tokens
+        assert (control.stop is not None) == self.in_call and len(budgets) == len(prompts)
+        self.calls.append(([p.text for p in prompts], [len(p.response_prefix or []) for p in prompts], max(budgets)))
+        scripts, fresh = [], {}
         for p in prompts:
             prefix = list(p.response_prefix or [])
             if prefix:
@@ -44,8 +51,17 @@ class ScriptedEngine:
             else:
                 script = SCRIPTS[p.text][fresh.setdefault(p.text, 0)]
                 fresh[p.text] += 1
-            new = script[len(prefix): len(prefix) + max_new_tokens]
-            ends = len(prefix) + len(new) == len(script) and len(script) < M
+            scripts.append((prefix, script[len(prefix):]))
+        lengths = [min(len(rest), budget) for (_, rest), budget in zip(scripts, budgets)]
+        for step in range(1, max(budgets) + 1):
+            if control.stop is not None and step % control.check_every_tokens == 0 and step < max(lengths) \
+                    and control.stop([n <= step for n in lengths]):
+                lengths = [min(n, step) for n in lengths]
+                break
+        out = []
+        for (prefix, rest), n in zip(scripts, lengths):
+            new = rest[:n]
+            ends = n == len(rest) and len(prefix) + n < M
             out.append(Completion(0, 0, [100] + prefix, new, torch.tensor([-t / 10 for t in new]),
                                   "eos" if ends else "length"))
         return out
@@ -68,7 +84,7 @@ def _merge(row, new, step):
 
 def _sample(pool, step, engine, draw, *, groups=1, batch=2, filtered=None, max_draws=10):
     return pool.sample(step, draw=draw, generate=engine, score=_score, merge=_merge, groups=groups, pool=batch,
-                       chunk_tokens=2, filtered=filtered, max_draws=max_draws)
+                       chunk_tokens=2, filtered=filtered, max_draws=max_draws, in_call=engine.in_call)
 
 
 def test_a_pool_trains_the_groups_that_end_first_and_continues_the_rest_next_step():
@@ -140,6 +156,36 @@ def test_with_filter_groups_a_zero_spread_group_is_dropped_and_more_prompts_draw
     assert [p.text for p in short.prompts] == ["C"] and short.reward_stats["filter/topped_up_groups"] == 1.0
 
 
+def _steps_of(in_call: bool, texts: str, steps: int, **kwargs) -> tuple[list[tuple], list[list]]:
+    """Each step's trained groups (prompts, tokens, log-probs, steps sampled at) and statistics but ``chunks``; the
+    engine's calls."""
+    pool, engine, draw = PartialPool(2, M), ScriptedEngine(in_call), _draw(list(texts))
+    got = []
+    for step in range(1, steps + 1):
+        one = _sample(pool, step, engine, draw, **kwargs)
+        got.append(([p.text for p in one.prompts], [c.completion_ids for c in one.completions],
+                    [c.logp_rollout.tolist() for c in one.completions], [c.sampled_at_steps.tolist() for c in one.completions],
+                    {k: v for k, v in one.reward_stats.items() if k != "rollout/chunks"}, one.generated_tokens))
+    return got, engine.calls
+
+
+@pytest.mark.parametrize("texts, steps, kwargs", [
+    ("ABCDE", 3, {}),  # the first test's steps
+    ("AECBDF", 2, {"groups": 2, "batch": 3}),  # C ends at the first check, A and E at the second: A is kept, E dropped
+    ("CEDAB", 2, {"batch": 1, "filtered": lambda rewards: bool((rewards != rewards[0]).any())}),
+])
+def test_one_call_a_step_trains_what_one_chunk_a_call_trains(texts, steps, kwargs):
+    """The stop asked every chunk's worth of tokens sees what the chunk calls see: the same groups trained, dropped
+    and carried, with the same tokens, in fewer calls (a call restarts only when a filter dropped groups)."""
+    chunks, chunk_calls = _steps_of(False, texts, steps, **kwargs)
+    whole, whole_calls = _steps_of(True, texts, steps, **kwargs)
+    assert whole == chunks and len(whole_calls) < len(chunk_calls)
+    if texts == "AECBDF":
+        assert chunks[0][0] == ["C", "A"] and chunks[0][4]["rollout/partial_dropped_groups"] == 1.0
+    if "filtered" not in kwargs:
+        assert len(whole_calls) == steps
+
+
 class CharTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(i) for i in ids)
@@ -177,27 +223,52 @@ def test_stale_tokens_train_nothing_under_partial_mask_stale():
     assert torch.equal(fresh.logp_rollout, whole.logp_rollout)
 
 
-def test_in_the_engine_a_response_continued_across_chunks_is_the_law_it_was_sampled_from(tmp_path):
-    """The real engine, R3, fp32, stop strings so that lengths vary: responses continued over several chunks (the
-    prompt and the response so far prefilled again) in one step carry the trainer's own log-probs to float rounding
-    (``mismatch/*`` at step 1, where every token is the step's); a later step trains responses begun a step before."""
+class _Spied:
+    """The engine's rollouts with each call's prefix lengths recorded; not an ``EngineRollouts``, so the loop decodes
+    one chunk per call (as with an engine without ``DecodeControl``)."""
+
+    def __init__(self, rollouts, seen: list[int]) -> None:
+        self.inner, self.seen = rollouts, seen
+
+    def rollouts(self, step, prompts, n, sampling, *, record_routes):
+        self.seen.extend(len(p.response_prefix or []) for p in prompts)
+        return self.inner.rollouts(step, prompts, n, sampling, record_routes=record_routes)
+
+
+@pytest.mark.parametrize("in_call", [False, True])
+def test_in_the_engine_a_response_continued_is_the_law_it_was_sampled_from(tmp_path, in_call):
+    """The real engine, R3, fp32, stop strings so that lengths vary. One chunk per call: responses continued over
+    several chunks (the prompt and the response so far prefilled again) in one step carry the trainer's own log-probs
+    to float rounding (``mismatch/*`` at step 1, where every token is the step's). In one call (``DecodeControl``):
+    the step is one engine call, its KV cache kept from check to check, with the same exactness. Either way a later
+    step trains responses begun a step before, prefilled again on the new weights."""
     seen: list[int] = []
+    calls: list[DecodeControl] = []
 
     def spy(run):
-        rollouts = run.rollouts.rollouts
+        if not in_call:
+            run.rollouts = _Spied(run.rollouts, seen)
+            return
+        generate = run.engine.generate
 
-        def counted(step, prompts, n, sampling, record_routes):
+        def counted(prompts, n, sampling, record_routes=False, control=None):
             seen.extend(len(p.response_prefix or []) for p in prompts)
-            return rollouts(step, prompts, n, sampling, record_routes=record_routes)
+            calls.append(control)
+            return generate(prompts, n, sampling, record_routes=record_routes, control=control)
 
-        run.rollouts.rollouts = counted
+        run.engine.generate = counted
 
     metrics, _ = run_steps(tmp_path, "rollout.partial_rollout=true", "rollout.partial_chunk_tokens=2",
                            "rollout.max_new_tokens=16", "moe.routing_replay=R3",
                            "task.stop_strings=[a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p]", steps=2, on_setup=spy)
-    assert max(seen) >= 6 and metrics[0]["rollout/chunks"] >= 3
     assert metrics[0]["mismatch/abs_dlogp_max"] < 2e-6 and metrics[0]["rollout/stale_tokens_frac"] == 0.0
     assert metrics[1]["rollout/stale_tokens_frac"] > 0 and metrics[1]["rollout/max_token_lag_steps"] == 1.0
+    if in_call:
+        assert metrics[0]["rollout/chunks"] == metrics[1]["rollout/chunks"] == 1.0 and len(calls) == 2
+        assert calls[0].check_every_tokens == 2 and set(calls[0].max_new_tokens) == {16}
+        assert max(calls[1].max_new_tokens) == 16 > min(calls[1].max_new_tokens) and max(seen) >= 2
+    else:
+        assert max(seen) >= 6 and metrics[0]["rollout/chunks"] >= 3
 
 
 @pytest.mark.parametrize("overrides, message", [

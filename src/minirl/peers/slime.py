@@ -437,8 +437,9 @@ def _slime_partial(peer: SlimePeer, out: Translation, script: str) -> None:
             "a time; unset: --rollout-batch-size)")
     out.set("rollout.partial_mask_stale", bool(mask), peer.show("mask-offpolicy-in-partial-rollout"))
     out.differs.append("--partial-rollout: slime aborts the requests still running the moment its batch is full; "
-                       "minirl checks every rollout.partial_chunk_tokens new tokens per response (each check prefills "
-                       "the responses so far again); both drop groups that ended beyond the batch")
+                       "minirl checks every rollout.partial_chunk_tokens new tokens per response (the native engine inside "
+                       "one call; other engines a call per chunk, each prefilling the responses so far again); both drop "
+                       "groups that ended beyond the batch")
 
 
 def _data_parallel(peer: SlimePeer) -> int:

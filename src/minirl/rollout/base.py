@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -29,3 +31,19 @@ class RolloutEngine(Protocol):
     ) -> list[Completion]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+
+@dataclass(frozen=True)
+class DecodeControl:
+    """One engine call that decodes each row to its own budget and may stop early (``rollout.partial_rollout``:
+    a step's pool decoded in one call that keeps its KV cache, ``minirl.partial_rollout``). An engine that takes it
+    has ``continues_in_call = True`` and ``generate(..., control=)``.
+
+    ``max_new_tokens``: each row's budget (prompt-major, ``samples_per_prompt`` rows per prompt), each >= 1; a row
+    that reaches it ends there. ``stop(ended)``: asked after every ``check_every_tokens``-th decode step with which
+    rows have ended (a stop token or string, or their budget); True stops the call there, the rows still running
+    keeping the tokens they have (finish ``"length"``, short of their budget)."""
+
+    max_new_tokens: list[int]
+    stop: Callable[[list[bool]], bool] | None = None
+    check_every_tokens: int = 1

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
@@ -244,6 +245,13 @@ class NativeEngine:
 
     # ---------------------------------------------------------------- sampling
 
+    @property
+    def continues_in_call(self) -> bool:
+        """Whether a partial rollout's step should be one call with a ``DecodeControl`` (its KV cache kept from check
+        to check) rather than one call per chunk: yes, except on the static buckets, whose decode is the fast path
+        (CUDA graphs) but takes no control, so that there a chunk per call keeps the graphs."""
+        return self._buckets is None
+
     def generate(
         self,
         prompts: list[Prompt],
@@ -251,13 +259,14 @@ class NativeEngine:
         sampling: SamplingParams,
         record_routes: bool = False,
         prompt_offset: int = 0,
+        control: DecodeControl | None = None,
     ) -> list[Completion]:
-        """``RolloutEngine.generate``: tokenise each ``Prompt.text`` and call ``generate_ids``."""
+        """``RolloutEngine.generate``: tokenise each ``Prompt.text`` (and its ``response_prefix``) and call ``generate_ids``."""
         if self.tokenizer is None:
             raise ValueError("NativeEngine.generate needs a tokenizer; pass token ids to generate_ids instead")
         # the one tokenisation of a prompt (chat template, BOS), shared with SFT (minirl.tasks.chat)
         prompt_ids = [encode_prompt(self.tokenizer, prompt) + list(prompt.response_prefix or ()) for prompt in prompts]
-        completions = self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset)
+        completions = self.generate_ids(prompt_ids, samples_per_prompt, sampling, record_routes, prompt_offset, control)
         return [cut_at_stop_strings(c, self.tokenizer, self.stop_strings) for c in completions]
 
     def generate_ids(
@@ -267,13 +276,23 @@ class NativeEngine:
         sampling: SamplingParams,
         record_routes: bool = False,
         prompt_offset: int = 0,
+        control: DecodeControl | None = None,
     ) -> list[Completion]:
         """Sample ``samples_per_prompt`` completions of each prompt, grouped by prompt.
 
         ``sampling.temperature`` 0 is greedy (``logp_rollout`` 0, evaluation only; ``minirl.rollout.sampling``). ``prompt_offset``:
-        the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only).
+        the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only). ``control``: each
+        row's own budget (in place of ``sampling.max_new_tokens``) and an early stop (``DecodeControl``); it runs the
+        eager decode loop, never the static buckets.
         """
         validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
+        if control is not None:
+            budgets = control.max_new_tokens
+            if len(budgets) != len(prompt_ids) * samples_per_prompt or min(budgets, default=0) < 1 \
+                    or control.check_every_tokens < 1:
+                raise ValueError(f"DecodeControl needs one budget >= 1 per row ({len(prompt_ids) * samples_per_prompt} "
+                                 f"rows, got {len(budgets)}) and check_every_tokens >= 1")
+            sampling = replace(sampling, max_new_tokens=max(budgets))
         if samples_per_prompt < 1 or sampling.max_new_tokens < 1:
             raise ValueError("samples_per_prompt and sampling.max_new_tokens must be >= 1")
         out = self._decode(
@@ -286,6 +305,7 @@ class NativeEngine:
             ),
             forced=None,
             record_routes=record_routes,
+            control=control,
         )
         return self._completions(prompt_ids, samples_per_prompt, out)
 
@@ -323,11 +343,12 @@ class NativeEngine:
         generator: torch.Generator | list[torch.Generator] | None,
         forced: tuple[torch.Tensor, torch.Tensor] | None,
         record_routes: bool = False,
+        control: DecodeControl | None = None,
     ) -> _Outputs:
         """Prefill, then one decode step per new token; rows = prompts x samples, grouped.
 
         ``forced = (tokens long [B, N], lengths long [B])`` feeds given tokens instead of drawing
-        (``score_ids``); a forced row stops at its length, never at EOS.
+        (``score_ids``); a forced row stops at its length, never at EOS. ``control``: ``generate_ids``.
         """
         max_new = sampling.max_new_tokens
         running, logits, prefill_routes = self._prefill(prompt_ids, samples_per_prompt, max_new, record_routes)
@@ -340,12 +361,13 @@ class NativeEngine:
             self._fast.reserve_positions(width + max_new, self._fast.embed.dtype)
         if prefill_routes is not None:
             out.start_routes(prefill_routes, max_new)
-        if self._buckets is not None and forced is None and max_new > 1:  # static buckets (graph_decode)
+        if self._buckets is not None and forced is None and max_new > 1 and control is None:  # static buckets (graph_decode)
             draw = Draw(sampling, prompt_ids, samples_per_prompt, spare_rows=1)  # the buckets' scratch slot
             self._buckets.decode(running, logits, out, draw, generator, self.eos_ids, record_routes, max_new)
             return out
         draw = Draw(sampling, prompt_ids, samples_per_prompt)
         stops = self._stops(logits.shape[-1]) if forced is None else None
+        budgets = None if control is None else torch.tensor(control.max_new_tokens, device=self.device)
         for step in range(max_new):
             step_forced = None if forced is None else forced[0][running.rows, step]
             step_generator = generator  # per_sample: the streams of the rows still running
@@ -356,10 +378,7 @@ class NativeEngine:
             out.logp[running.rows, step] = logp
             if step == max_new - 1:
                 break
-            if forced is None:  # a stop token drawn, or a stop string just written (it leaves now, not at max_new)
-                finished = torch.isin(tokens, self.eos_ids) | (stops is not None and stops.hit(out.tokens, running.rows, step, tokens))
-            else:
-                finished = forced[1][running.rows] <= step + 1
+            finished = self._finished(tokens, out, running, step, stops, forced, budgets)
             if finished.any():  # finished rows leave the batch (and their caches are dropped)
                 out.num_tokens[running.rows[finished]] = step + 1
                 keep = (~finished).nonzero().squeeze(-1)
@@ -367,6 +386,8 @@ class NativeEngine:
                     break
                 running.select(keep)
                 tokens = tokens[keep]
+            if control is not None and _stopped(control, out, running, step):
+                break
             mask = None if running.attention_mask is None else running.attention_mask[:, : width + step + 1]
             positions = running.prompt_lengths + step
             logits, step_routes = self._step(tokens, positions, width + step, mask, running.cache, record_routes)
@@ -374,6 +395,19 @@ class NativeEngine:
                 assert step_routes is not None  # out.routes is started only when routes are recorded
                 out.routes[running.rows, width + step] = step_routes
         return out
+
+    def _finished(self, tokens: torch.Tensor, out: _Outputs, running: _Running, step: int, stops: StopStrings | None,
+                  forced: tuple[torch.Tensor, torch.Tensor] | None, budgets: torch.Tensor | None) -> torch.Tensor:
+        """Which batch rows end with decode step ``step`` (bool [b]): a stop token drawn, a stop string just written
+        (it leaves now, not at max_new), a row's own budget reached (``DecodeControl``); a forced row at its length."""
+        if forced is not None:
+            return forced[1][running.rows] <= step + 1
+        finished = torch.isin(tokens, self.eos_ids)
+        if stops is not None:
+            finished |= stops.hit(out.tokens, running.rows, step, tokens)
+        if budgets is not None:
+            finished |= budgets[running.rows] <= step + 1
+        return finished
 
     def _stops(self, vocab_size: int) -> StopStrings | None:
         """The in-loop stop-string check (``minirl.rollout.stop_strings``), or None without stop strings."""
@@ -553,6 +587,19 @@ _HOOK_DICTS = (
     "_backward_hooks",
     "_backward_pre_hooks",
 )
+
+
+def _stopped(control: DecodeControl, out: _Outputs, running: _Running, step: int) -> bool:
+    """After decode step ``step``: whether ``control.stop`` (asked every ``check_every_tokens`` steps with which rows
+    have left the batch) ends the call here; if so the rows still running keep the ``step + 1`` tokens they have."""
+    if control.stop is None or (step + 1) % control.check_every_tokens:
+        return False
+    ended = torch.ones(out.num_tokens.shape[0], dtype=torch.bool)
+    ended[running.rows.cpu()] = False
+    if not control.stop(ended.tolist()):
+        return False
+    out.num_tokens[running.rows] = step + 1
+    return True
 
 
 @dataclass
