@@ -9,7 +9,8 @@ stale engine's routes). The first step samples in line, as verl's one-step-off t
 2..k+1 beside its update on the initial weights (their lags 1..k), as a bounded-staleness pipeline fills
 (prime-rl's ``async_level``, AReaL's ``max_head_offpolicyness``, TRL's ``max_staleness`` as a fixed lag).
 
-The thread touches only the engine, the reward source and the prompt order, which the main thread leaves alone
+The thread touches only the engine, the reward source, the prompt order and (``rollout.partial_rollout``) the pool
+of groups still decoding, which the main thread leaves alone
 until ``wait``; the weight sync waits for it, so the engine never changes weights mid-rollout. What it samples
 depends on nothing the update does (each step's sampling has its own seed, the engine its own copy of the
 weights), so a threaded run is bitwise the run that samples step t+k in line before step t's update. A checkpoint

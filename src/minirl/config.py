@@ -269,7 +269,8 @@ class RolloutConfig(Section):
     by the same check are dropped, as in slime), and the groups still running wait in the pool, their unfinished
     responses continued next step on the new weights. A response then holds
     tokens of several policy versions, each with the log-prob of the law that sampled it; ``rollout/stale_tokens_frac``
-    counts them (``minirl.partial_rollout``). Off: every response is sampled whole by one policy, the paper's setting."""
+    counts them (``minirl.partial_rollout``). With ``async_steps`` the pool is sampled beside the update (verl's fully
+    asynchronous ``partial_rollout``). Off: every response is sampled whole by one policy, the paper's setting."""
     partial_pool_prompts: int | None = Field(None, ge=1)
     """Prompts drawn at a time under ``partial_rollout``, whenever the groups running and ended fall short of
     ``prompts_per_step`` (slime's ``--over-sampling-batch-size``): at least ``prompts_per_step``; null = twice it. At
@@ -1144,9 +1145,6 @@ class Config(Section):
         if r.partial_pool_prompts is not None and r.partial_pool_prompts < r.prompts_per_step:
             raise ValueError(f"rollout.partial_pool_prompts: the pool must hold at least the step's prompts_per_step = "
                              f"{r.prompts_per_step} groups (got {r.partial_pool_prompts})")
-        if r.async_steps:
-            raise ValueError("rollout.partial_rollout: its pool is decoded in line, between two weight syncs; with "
-                             "rollout.async_steps the next step samples beside the update: set one of them off")
         if self.algo.adv_baseline == "greedy":
             raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
                              "rollout.partial_rollout trains groups drawn in earlier steps: set one off")

@@ -32,6 +32,11 @@ beyond the batch), ``stale_tokens_frac`` (trained tokens that an earlier step's 
 ``partial_responses_frac`` (trained responses holding tokens of more than one step), ``max_token_lag_steps``,
 ``chunks`` (engine calls this step).
 
+With ``rollout.async_steps`` (verl's fully asynchronous trainer with ``partial_rollout``, slime's ``train_async.py``)
+the pool is sampled in the rollout thread, batch after batch, beside the update (``minirl.async_rollout``): each
+batch's tokens are those of the weights that batch was sampled with, a carried response's older tokens one batch
+(one weight version) older still; the run is bitwise the one that samples in line with the engine's weights late.
+
 A checkpoint keeps the pool (``state`` / ``load_state``), so a resumed run goes on bitwise.
 """
 

@@ -276,7 +276,6 @@ def test_in_the_engine_a_response_continued_is_the_law_it_was_sampled_from(tmp_p
     (["rollout.partial_pool_prompts=4"], r"^rollout.partial_pool_prompts: applies under rollout.partial_rollout=true"),
     (["rollout.partial_rollout=true", "rollout.partial_pool_prompts=2"],
      r"^rollout.partial_pool_prompts: the pool must hold at least the step's prompts_per_step = 8 groups \(got 2\)"),
-    (["rollout.partial_rollout=true", "rollout.async_steps=1"], r"^rollout.partial_rollout: its pool is decoded in line"),
     (["rollout.partial_rollout=true", "algo.adv_baseline=greedy"], r"^algo.adv_baseline=greedy: .* rollout.partial_rollout"),
     (["rollout.partial_chunk_tokens=0"], r"^rollout.partial_chunk_tokens: must be greater than or equal to 1"),
 ])

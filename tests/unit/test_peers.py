@@ -271,7 +271,8 @@ def test_verls_fully_async_trainer_is_the_nearest_minirl_run(tmp_path: Path, mon
     ppo_mini_batch_size prompts), its run rollout.total_rollout_steps prompts long, validated every rollout.test_freq
     syncs; its old log-probs are the rollout's (use_rollout_log_probs: the bypass); staleness_threshold > 0 samples
     beside the update (one step off, said how it differs), 0 on the same weights (the stream off-policy pipeline);
-    partial rollouts are named, not carried over."""
+    its partial rollouts are minirl's beside the update, over a pool of (1 + staleness_threshold) x the step's prompts
+    (none at staleness 0, where verl's have no effect)."""
     script = tmp_path / "fully_async.sh"
     script.write_text(FULLY_ASYNC)
     out = from_verl(read_verl([str(script)], []))
@@ -282,14 +283,16 @@ def test_verls_fully_async_trainer_is_the_nearest_minirl_run(tmp_path: Path, mon
     assert any("at most 33% of a step's samples" in line for line in out.differs)
     assert any("as they finish" in line for line in out.differs)
     assert any(line.startswith("verl samples on 4 GPUs of its own beside the trainer's 4;") for line in out.differs)
-    assert [line.split(":")[0] for line in out.not_translated if "partial_rollout" in line] == \
-        ["async_training.partial_rollout=True"]
-    assert out.config().rollout.async_steps == 1
+    assert not any("partial_rollout" in line for line in out.not_translated)
+    r = out.config().rollout
+    assert (r.async_steps, r.partial_rollout, r.partial_pool_prompts) == (1, True, 768)  # 1.5 x 512
+    assert any(line.startswith("async_training.partial_rollout=True: verl interrupts") for line in out.differs)
     monkeypatch.setenv("STALENESS", "0")  # its stream off-policy pipeline: every sample on the same weights
     synced = from_verl(read_verl([str(script)], ["async_training.compute_prox_log_prob=True"]))
     assert "rollout.async_steps" not in synced.values and synced.values["optim.minibatches_per_step"] == 16
     assert "algo.logp_old_source" not in synced.values  # compute_prox_log_prob: the trainer's pi_old
     assert not any("partial_rollout" in line for line in synced.not_translated)  # no effect at staleness 0
+    assert "rollout.partial_rollout" not in synced.values
     defaults = from_verl({"-m": "verl.experimental.fully_async_policy.fully_async_main", "actor_rollout_ref.rollout.n": 4})
     v = defaults.values  # fully_async_ppo_trainer.yaml: trigger 4, require 1, staleness 0.1, 100 prompts in all
     assert (v["rollout.prompts_per_step"], v["optim.minibatches_per_step"], v["optim.global_steps"]) == (4 * 256, 4, 1)

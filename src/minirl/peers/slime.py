@@ -253,7 +253,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     _slime_lora(peer, out)
     _slime_runs(peer, out)
     _slime_async(peer, out, script)
-    _slime_partial(peer, out, script)
+    _slime_partial(peer, out)
     apply_objective(out, keep_objective, _slime_objective(peer))
     if peer("advantage-estimator") == "ppo" and not keep_objective:
         _slime_critic(peer, out)
@@ -418,17 +418,13 @@ def _slime_async(peer: SlimePeer, out: Translation, script: str) -> None:
         out.set("rollout.async_steps", 1, f"{script}: the next rollout beside this step's training, one step stale")
 
 
-def _slime_partial(peer: SlimePeer, out: Translation, script: str) -> None:
+def _slime_partial(peer: SlimePeer, out: Translation) -> None:
     """``--partial-rollout``: the unfinished responses of a rollout stopped once its batch was full go back to the
     buffer and continue in the next rollout, on the new weights: ``rollout.partial_rollout``, with its
-    ``--over-sampling-batch-size`` (prompts drawn at a time) and ``--mask-offpolicy-in-partial-rollout``."""
+    ``--over-sampling-batch-size`` (prompts drawn at a time) and ``--mask-offpolicy-in-partial-rollout``. Under
+    ``train_async.py`` the pool is sampled beside the update (``rollout.async_steps: 1``), as slime's is."""
     mask = peer("mask-offpolicy-in-partial-rollout")
     if not peer("partial-rollout"):
-        return
-    if script.startswith("train_async"):
-        out.not_translated.append(f"--partial-rollout with {script}: minirl's partial rollouts are decoded between two "
-                                  "weight syncs, not beside the update (rollout.async_steps 0); the asynchronous run is "
-                                  "kept")
         return
     out.set("rollout.partial_rollout", True, peer.show("partial-rollout"))
     prompts = peer.number("rollout-batch-size", int)

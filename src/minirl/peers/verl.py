@@ -4,6 +4,7 @@ defaults and ``$((...))`` arithmetic expanded), a YAML config or ``key=value`` w
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -205,7 +206,9 @@ def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -
     the bypass on) is ``rollout.async_steps: 1``. Its fully asynchronous trainer (``fully_async_policy``) is the
     nearest minirl run: a global step is what it trains between two parameter syncs (``_verl_batch``), sampled on the
     weights before them (``rollout.async_steps: 1``) when ``staleness_threshold`` > 0, on the same weights when it is
-    0 (its "stream off-policy pipeline"); its streaming and partial rollouts are named, not carried over."""
+    0 (its "stream off-policy pipeline"); its streaming is named, not carried over. Its ``partial_rollout`` (in effect
+    only when ``staleness_threshold`` > 0) is ``rollout.partial_rollout`` beside the update, over a pool of (1 +
+    ``staleness_threshold``) x the step's prompts: the groups verl's rollouter may run ahead of a sync."""
     if one_step_off:
         origin = module if "one_step_off_policy" in module else peer.show("rollout.nnodes", "rollout.n_gpus_per_node")
         out.set("rollout.async_steps", 1, f"{origin}: the next step's batch sampled beside the update")
@@ -220,9 +223,21 @@ def _verl_async(peer: Peer, out: Translation, module: str, one_step_off: bool) -
                            f"beyond it before a sync, so at most {staleness / (1 + staleness):.0%} of a step's samples "
                            "come from the weights before the last sync; with minirl's rollout.async_steps: 1 all do")
         if peer(T + "partial_rollout"):
-            out.not_translated.append(f"{peer.show(T + 'partial_rollout')}: a response a sync interrupts is continued "
-                                      "on the new weights; minirl's rollout.partial_rollout does that between two syncs, "
-                                      "not beside an asynchronous update (rollout.async_steps 1 is kept)")
+            _verl_partial(peer, out, staleness)
+
+
+def _verl_partial(peer: Peer, out: Translation, staleness: float) -> None:
+    """verl's fully asynchronous ``partial_rollout`` (``_verl_async``)."""
+    syncs, batches = int(peer(T + "trigger_parameter_sync_step")), int(peer(T + "require_batches"))
+    prompts = syncs * batches * int(peer(A + "ppo_mini_batch_size"))  # the step's prompts (``_verl_batch``)
+    pool = math.ceil((1 + staleness) * prompts - 1e-9)
+    out.set("rollout.partial_rollout", True, peer.show(T + "partial_rollout") + " (with staleness_threshold > 0)")
+    out.set("rollout.partial_pool_prompts", pool, f"(1 + staleness_threshold) x the step's {prompts} prompts: the groups "
+            "decoding when a sync comes")
+    out.differs.append(f"{peer.show(T + 'partial_rollout')}: verl interrupts the requests running at a parameter sync "
+                       f"and continues them after it; minirl decodes a pool of {pool} groups beside the update, trains "
+                       f"the {prompts} that end first (others ended by the same check of rollout.partial_chunk_tokens "
+                       "dropped, as in slime) and continues the rest on the next step's weights")
 
 
 def _one_file(value: Any) -> Any:
