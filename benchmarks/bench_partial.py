@@ -12,7 +12,9 @@ its call, so a whole call decodes every row to the limit, which would flatter th
 * ``whole``: partial rollouts off (each response sampled whole in one engine call);
 * ``P``: partial rollouts with no over-sampling (``partial_pool_prompts`` = ``prompts_per_step``): nothing
   carries over without a filter, so this is the cost of the checks;
-* ``2P``: twice the prompts decoded at a time; the step trains the groups that end first, the rest wait.
+* ``2P``: twice the prompts decoded at a time; the step trains the groups that end first, the rest wait;
+* ``2P, async 1``: the same pool sampled beside the update (``rollout.async_steps: 1``, verl's fully asynchronous
+  ``partial_rollout``): its ``rollout s`` is the batch's own, beside the update, ``wait s`` the update's wait for it.
 
 Each partial arm twice: ``one call`` (the native engine decodes the step in one call that keeps its KV cache and
 stops at a check, ``DecodeControl``) and ``chunk calls`` (the engine called once per chunk, each call prefilling the
@@ -43,7 +45,7 @@ from minirl.metrics import read_metrics
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
 from bench_step import step_config
 
-KEYS = ("time/rollout_s", "time/step_s", "rollout/stale_tokens_frac", "rollout/chunks", "train/response_length")
+KEYS = ("time/rollout_s", "time/rollout_wait_s", "time/step_s", "rollout/stale_tokens_frac", "rollout/chunks", "train/response_length")
 
 
 def arms(prompts: int, chunk: int) -> dict[str, tuple[list[str], bool]]:
@@ -53,6 +55,7 @@ def arms(prompts: int, chunk: int) -> dict[str, tuple[list[str], bool]]:
     for name, pool in (("P", prompts), ("2P", 2 * prompts)):
         for calls, per_chunk in (("one call", False), ("chunk calls", True)):
             table[f"{name}, {calls}"] = ([*on, f"rollout.partial_pool_prompts={pool}"], per_chunk)
+    table["2P, async 1"] = ([*table["2P, one call"][0], "rollout.async_steps=1"], False)
     return table
 
 
@@ -99,10 +102,10 @@ def main() -> None:
     print(f"{args.config} {' '.join(args.overrides)}{' --eos-chars ' + args.eos_chars if args.eos_chars else ''}: medians over steps 2..{args.steps}, "
           f"{args.rounds} alternating round(s), chunks of {args.chunk} tokens; torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
-    print(f"{'arm':<16} {'rollout s':>10} {'step s':>8} {'stale tokens':>13} {'chunks':>7} {'response len':>13}")
+    print(f"{'arm':<16} {'rollout s':>10} {'wait s':>7} {'step s':>8} {'stale tokens':>13} {'chunks':>7} {'response len':>13}")
     for name, results in runs.items():
         value = {key: statistics.median(r[key] for r in results) for key in KEYS}
-        print(f"{name:<16} {value['time/rollout_s']:>10.3f} {value['time/step_s']:>8.3f} "
+        print(f"{name:<16} {value['time/rollout_s']:>10.3f} {value['time/rollout_wait_s']:>7.3f} {value['time/step_s']:>8.3f} "
               f"{value['rollout/stale_tokens_frac']:>13.3f} {value['rollout/chunks']:>7.1f} "
               f"{value['train/response_length']:>13.2f}")
 

@@ -194,8 +194,10 @@ def test_bench_partial_arms_are_valid_configs_and_one_runs():
 
     table = bench_partial.arms(8, 4)
     pools = [load_config("configs/demo.yaml", extra).rollout.partial_pool_prompts for extra, _ in table.values()]
-    assert list(table) == ["whole", "P, one call", "P, chunk calls", "2P, one call", "2P, chunk calls"]
-    assert pools == [None, 8, 8, 16, 16] and [per_chunk for _, per_chunk in table.values()] == [False, False, True, False, True]
+    assert list(table) == ["whole", "P, one call", "P, chunk calls", "2P, one call", "2P, chunk calls", "2P, async 1"]
+    assert pools == [None, 8, 8, 16, 16, 16]
+    assert [per_chunk for _, per_chunk in table.values()] == [False, False, True, False, True, False]
+    assert load_config("configs/demo.yaml", table["2P, async 1"][0]).rollout.async_steps == 1
     tiny = ["model.preset=qwen3-moe-tiny", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
             "rollout.max_new_tokens=8", "run.threads=1"]
     extra, _ = bench_partial.arms(2, 2)["2P, one call"]
