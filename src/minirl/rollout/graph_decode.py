@@ -16,7 +16,8 @@
   offsets on the device (``FastDecoder.grouped_mm``);
 * no host synchronisation inside the decode loop: whether the running rows fit a smaller bucket is
   read from a count copied to the host without blocking (``non_blocking`` + an event on CUDA), so it
-  may be seen a step late; only a bucket change (at most ``log2(B)`` per rollout) waits.
+  may be seen a step late; only a bucket change (at most ``log2(B)`` per rollout) waits, and a partial rollout's
+  stop (``DecodeControl``), asked every ``check_every_tokens`` steps which rows have ended.
 
 Sampling stays eager (``minirl.rollout.sampling.Draw``; a repetition penalty's seen tokens kept by row), so ``logp_rollout`` is exactly the
 law the token was drawn from. With ``per_sample`` seeding every row owns its stream and the samples
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import FastDecoder, StaticKVCache
 from minirl.rollout.sampling import Draw
 
@@ -120,11 +122,12 @@ class BucketDecoder:
     # ------------------------------------------------------------------ the loop
 
     def decode(self, running: Any, logits: torch.Tensor, out: Any, draw: Draw, generator: Any, eos_ids: torch.Tensor,
-               record_routes: bool, max_new: int) -> None:
+               record_routes: bool, max_new: int, control: DecodeControl | None = None) -> None:
         """Decode ``max_new`` tokens for the prefilled ``running`` rows (``NativeEngine._Running``, its
         cache a ``StaticKVCache`` of ``width + max_new`` columns) from their first ``logits`` [B, V]
         into ``out`` (``NativeEngine._Outputs``, routes started when recorded); ``draw`` samples (a spare row for
-        the scratch slot)."""
+        the scratch slot). ``control``: each row's budget (a device-side check) and a stop asked every
+        ``check_every_tokens`` steps (one host sync each: which rows have ended)."""
         # Over 60 lines: the whole decode loop (sample, record, finish, shrink to a smaller bucket) in one place,
         # so the order of the steps that must not sync the host is visible.
         fast, device = self.fast, logits.device
@@ -146,6 +149,7 @@ class BucketDecoder:
         num_tokens = _with_scratch_row(out.num_tokens)
         routes = None if out.routes is None else _with_scratch_row(out.routes)
         counter = _RunningCount(device)
+        budgets = None if control is None else _with_scratch_row(torch.tensor(control.max_new_tokens, device=device))
         column = torch.zeros(1, dtype=torch.long, device=device)
         step_logits = _pad_rows(logits, bucket.rows.numel())
         for step in range(max_new):
@@ -157,9 +161,13 @@ class BucketDecoder:
             tokens_out[slots, step] = tokens
             logp_out[slots, step] = logp
             finished = bucket.alive & torch.isin(tokens, eos_ids)
+            if budgets is not None:  # a row's own budget reached
+                finished |= bucket.alive & (budgets[bucket.rows] <= step + 1)
             num_tokens[torch.where(finished, bucket.rows, scratch)] = step + 1
             bucket.alive &= ~finished
             if step == max_new - 1:
+                break
+            if control is not None and _stopped(control, bucket, num_tokens, step, total):
                 break
             count = counter.read(bucket.alive)
             if count == 0:
@@ -199,6 +207,19 @@ class BucketDecoder:
             alive=torch.arange(size, device=device) < n,
             cache=StaticKVCache([k.index_select(0, index) for k in cache.keys], [v.index_select(0, index) for v in cache.values]),
         )
+
+
+def _stopped(control: DecodeControl, bucket: _Bucket, num_tokens: torch.Tensor, step: int, total: int) -> bool:
+    """After decode step ``step``: whether ``control.stop`` (asked every ``check_every_tokens`` steps with which of the
+    ``total`` rows have ended) ends the call; if so the rows still running keep their ``step + 1`` tokens."""
+    if control.stop is None or (step + 1) % control.check_every_tokens:
+        return False
+    running = torch.zeros(total + 1, dtype=torch.bool, device=bucket.rows.device)
+    running[bucket.rows[bucket.alive]] = True  # waits for the device
+    if not control.stop((~running[:total]).tolist()):
+        return False
+    num_tokens[torch.where(bucket.alive, bucket.rows, total)] = step + 1
+    return True
 
 
 class _RunningCount:

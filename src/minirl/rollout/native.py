@@ -245,12 +245,9 @@ class NativeEngine:
 
     # ---------------------------------------------------------------- sampling
 
-    @property
-    def continues_in_call(self) -> bool:
-        """Whether a partial rollout's step should be one call with a ``DecodeControl`` (its KV cache kept from check
-        to check) rather than one call per chunk: yes, except on the static buckets, whose decode is the fast path
-        (CUDA graphs) but takes no control, so that there a chunk per call keeps the graphs."""
-        return self._buckets is None
+    continues_in_call = True
+    """A partial rollout's step is one call with a ``DecodeControl`` (its KV cache kept from check to check), on the
+    dynamic loop and on the static buckets (CUDA graphs) alike."""
 
     def generate(
         self,
@@ -282,8 +279,7 @@ class NativeEngine:
 
         ``sampling.temperature`` 0 is greedy (``logp_rollout`` 0, evaluation only; ``minirl.rollout.sampling``). ``prompt_offset``:
         the position of ``prompt_ids[0]`` among all prompts of the step (``per_sample`` seeding only). ``control``: each
-        row's own budget (in place of ``sampling.max_new_tokens``) and an early stop (``DecodeControl``); it runs the
-        eager decode loop, never the static buckets.
+        row's own budget (in place of ``sampling.max_new_tokens``) and an early stop (``DecodeControl``).
         """
         validate_sampling(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty)
         if control is not None:
@@ -361,9 +357,9 @@ class NativeEngine:
             self._fast.reserve_positions(width + max_new, self._fast.embed.dtype)
         if prefill_routes is not None:
             out.start_routes(prefill_routes, max_new)
-        if self._buckets is not None and forced is None and max_new > 1 and control is None:  # static buckets (graph_decode)
+        if self._buckets is not None and forced is None and max_new > 1:  # static buckets (graph_decode)
             draw = Draw(sampling, prompt_ids, samples_per_prompt, spare_rows=1)  # the buckets' scratch slot
-            self._buckets.decode(running, logits, out, draw, generator, self.eos_ids, record_routes, max_new)
+            self._buckets.decode(running, logits, out, draw, generator, self.eos_ids, record_routes, max_new, control)
             return out
         draw = Draw(sampling, prompt_ids, samples_per_prompt)
         stops = self._stops(logits.shape[-1]) if forced is None else None
