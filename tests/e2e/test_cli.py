@@ -175,3 +175,32 @@ def test_a_reward_model_beside_a_reward_function_trains(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
     assert "reward/judge/mean" in rows[-1] and "reward/exact_reward/mean" in rows[-1]
     assert rows[-1]["reward/errors"] == 0.0
+
+
+def test_a_users_llama4_model_directory_trains_with_r3(tmp_path):
+    """A Llama-4 text MoE (dense router scores, every expert on every token) saved as a Hugging Face directory trains
+    from it with R3: the engine records its routes, the trainer replays them, and with an fp32 engine pi_old equals
+    mu_old to float rounding; the routing metrics report the replayed routes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from minirl.models import load_model_and_tokenizer
+    from minirl.models.io import save_checkpoint
+
+    _, tokenizer = load_model_and_tokenizer("qwen3-moe-tiny")
+    config = AutoConfig.for_model(
+        "llama4_text", vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=32, intermediate_size_mlp=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    save_checkpoint(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "llama4")
+    proc = _minirl("train", "configs/demo.yaml", *TINY, f"model.path={tmp_path / 'llama4'}", "optim.global_steps=2",
+                   "moe.routing_replay=R3", "optim.minibatches_per_step=2", "rollout.precision=fp32",
+                   "rollout.kv_cache_precision=same", f"run.output_dir={tmp_path}", "run.name=llama4",
+                   "cold_start.enabled=false", "eval.every_steps=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "llama4" / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["step"] == 2 and last["mismatch/abs_dlogp_max"] < 1e-4
+    assert last["routing/train_infer_diff_frac"] == 0.0  # an fp32 engine picks the trainer's experts
+    assert {"routing/train_infer_diff_frac_layer0", "routing/train_infer_diff_frac_layer1"} <= set(last)

@@ -97,11 +97,14 @@ FAMILIES: dict[str, dict] = {
     ),
     "aria_text": dict(moe_num_experts=8, moe_topk=2),
     "cohere2_moe": dict(num_experts=8, head_dim=8),
+    "llama4_text": dict(num_local_experts=8, head_dim=8, intermediate_size_mlp=32),
     "gemma4_text": dict(
         enable_moe_block=True, num_experts=8, top_k_experts=2, head_dim=8, global_head_dim=8,
         hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB, sliding_window=8,
     ),
 }
+# model_type whose router hands the MoE block dense [N, E] scores (no indices), every expert run on every token
+DENSE_SCORES = {"llama4_text"}
 # model_type whose class AutoModelForCausalLM does not map
 CAUSAL_LM_CLASS = {"mistral4": "Mistral4ForCausalLM"}
 FAST = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss"]
@@ -111,7 +114,8 @@ def tiny_model(model_type: str, seed: int = 0, **extra) -> torch.nn.Module:
     import transformers
 
     cfg = AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES.get(model_type, {}), **extra})
-    cfg._experts_implementation = "grouped_mm"
+    if model_type not in DENSE_SCORES:  # llama4 runs every expert on every token, with no implementation to pick
+        cfg._experts_implementation = "grouped_mm"
     torch.manual_seed(seed)
     if model_type in CAUSAL_LM_CLASS:
         model = getattr(transformers, CAUSAL_LM_CLASS[model_type])(cfg)
@@ -150,13 +154,31 @@ def forward_backward(model, x):
     return logits.detach(), grads
 
 
+def dense_selection(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The experts [N, K] dense scores [N, E] select (the nonzero ones), in expert order."""
+    chosen = scores != 0
+    assert bool((chosen.sum(dim=-1) == top_k).all()), "every token scores exactly top_k experts"
+    return chosen.nonzero()[:, 1].reshape(-1, top_k)
+
+
+def canonical(idx: torch.Tensor, model_type: str) -> torch.Tensor:
+    """Indices [..., K] as a spy sees them: in expert order where the experts get dense scores (no order)."""
+    return idx.long().sort(dim=-1).values if model_type in DENSE_SCORES else idx.long()
+
+
 class ExpertsSpy:
-    """Captures the top_k_index each MoE layer's experts module was called with."""
+    """Captures the top_k_index each MoE layer's experts module was called with (where the experts get dense scores:
+    the experts the scores the MoE block received select, in expert order)."""
 
     def __init__(self, model, replay: RoutingReplay):
         self.calls: dict[int, list[torch.Tensor]] = {i: [] for i in range(replay.num_layers)}
         self.handles = []
+        dense = model.config.model_type in DENSE_SCORES
         for layer, name in enumerate(replay.layer_names):
+            if dense:  # registered after the replay's own hook: the scores the MoE block receives
+                hook = self._scores(layer, replay.top_k)
+                self.handles.append(model.get_submodule(name).register_forward_hook(hook))
+                continue
             parent = model.get_submodule(name.rpartition(".")[0])
             self.handles.append(parent.experts.register_forward_pre_hook(self._hook(layer), with_kwargs=True))
 
@@ -164,6 +186,12 @@ class ExpertsSpy:
         def hook(module, args, kwargs):
             idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
             self.calls[layer].append(idx.detach().clone())
+
+        return hook
+
+    def _scores(self, layer, top_k):
+        def hook(module, args, output):
+            self.calls[layer].append(dense_selection(output[0].detach(), top_k))
 
         return hook
 
@@ -208,7 +236,7 @@ def test_record_matches_what_the_experts_consumed(model_type):
     assert routes.shape == (2, 6, replay.num_layers, replay.top_k)
     assert replay.num_layers >= 1 and replay.top_k == 2 and replay.num_experts == 8
     assert replay.family == model.config.model_type
-    assert torch.equal(routes.reshape(12, replay.num_layers, 2).long(), spy.consumed().long())
+    assert torch.equal(canonical(routes.reshape(12, replay.num_layers, 2), model_type), spy.consumed().long())
     # routing is non-trivial: not every token picks the same experts
     assert len({tuple(r) for r in routes.reshape(-1, 2).tolist()}) > 1
 
@@ -250,7 +278,7 @@ def test_forced_routes_change_output_and_train_the_router(model_type):
     forced = rolled(rec.routes, replay.num_experts)
     with ExpertsSpy(model, replay) as spy, replay.replay(forced):
         logits, grads = forward_backward(model, x)
-    assert torch.equal(spy.consumed().long(), forced.reshape(12, replay.num_layers, 2).long())
+    assert torch.equal(spy.consumed().long(), canonical(forced.reshape(12, replay.num_layers, 2), model_type))
     assert not torch.equal(logits, ref_logits)
     for name in replay.layer_names:
         router_grads = [grads.get(f"{name}.{n}") for n, p in model.get_submodule(name).named_parameters()]
@@ -279,7 +307,7 @@ def test_minus_one_rows_route_naturally(model_type):
     consumed = spy.consumed().reshape(2, 6, replay.num_layers, 2).long()
     expect = forced.long().clone()
     expect[:, :, 0][keep] = rec.routes.long()[:, :, 0][keep]
-    assert torch.equal(consumed, expect)
+    assert torch.equal(consumed, canonical(expect, model_type))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -492,7 +520,6 @@ def test_dense_model_is_unsupported():
         ("phimoe", dict(num_local_experts=4), "PhimoeTopKRouter.*sparsemixer"),
         ("deepseek_v4", dict(num_local_experts=4, head_dim=16, mlp_layer_types=["hash_moe", "moe"]), "hash"),
         ("jetmoe", dict(num_local_experts=4, kv_channels=8, intermediate_size=16), "JetMoeTopKGating"),
-        ("llama4_text", dict(num_local_experts=4, head_dim=8, intermediate_size_mlp=32), "Llama4Router"),
     ],
 )
 def test_unsupported_routers_are_named(model_type, extra, match):
@@ -533,12 +560,16 @@ class GateSpy:
             parent = model.get_submodule(name.rpartition(".")[0])
             # registered after the replay's own hook: sees the output the MoE block receives
             self.handles.append(router.register_forward_hook(self._router(layer), with_kwargs=True))
-            self.handles.append(parent.experts.register_forward_pre_hook(self._experts(layer), with_kwargs=True))
+            if model.config.model_type not in DENSE_SCORES:
+                self.handles.append(parent.experts.register_forward_pre_hook(self._experts(layer), with_kwargs=True))
 
     def _router(self, layer):
         def hook(module, args, kwargs, output):
             hidden = args[0] if args else kwargs["hidden_states"]
             self.router[layer] = (module, hidden.detach(), tuple(o.detach() if torch.is_tensor(o) else o for o in output))
+            if type(module).__name__ == "Llama4Router":  # the block weights each expert's input by these scores
+                scores = output[0].detach()
+                self.experts[layer] = (dense_selection(scores, module.top_k), scores.clone())
 
         return hook
 
@@ -577,7 +608,7 @@ def test_forced_gate_weights_are_the_family_scorer_on_the_live_router_logits(mod
         spec = lookup(router)[1]
         idx, weights = spy.experts[layer]
         want_idx = forced[:, :, layer, :].reshape(-1, replay.top_k).long()
-        assert torch.equal(idx.long(), want_idx), (model_type, layer)
+        assert torch.equal(idx.long(), canonical(want_idx, model_type)), (model_type, layer)
         expected = spec.score(router, hidden, out, want_idx)
         assert torch.equal(weights, expected.to(weights.dtype)), (model_type, layer)
         with torch.no_grad():  # the router's own weights for its own choice differ: the check can fail

@@ -295,3 +295,45 @@ def test_an_interrupted_forward_raises_its_own_exception():
     with pytest.raises(KeyboardInterrupt):
         trainer.score(_batch(), record_routes=True)
     assert model.config._attn_implementation == "sdpa"
+
+
+def _llama4(**extra):
+    """A tiny Llama-4 text MoE: chunked attention in layers 0-2, a NoPE layer 3 with attention temperature tuning."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "llama4_text", vocab_size=48, hidden_size=32, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def test_llama4_packs_within_its_attention_chunk_and_temperature_scale_and_is_refused_beyond():
+    """Llama-4's chunked layers and NoPE temperature tuning see positions the packed row does not carry: within one
+    chunk and below floor_scale the packed forward is the padded one; beyond either it would differ (measured with
+    the limits off), so it is refused in one line."""
+    model = _llama4(attention_chunk_size=6, floor_scale=40, attn_scale=1.0)
+    assert pf.PackedForward(model).limits == (6, 39)
+    ids, mask = _ragged(rows=6, width=6)
+    logp_a, grads_a = _logp_and_grads(model, ids, mask, packed=False)
+    logp_b, grads_b = _logp_and_grads(model, ids, mask, packed=True)
+    assert (logp_a - logp_b).abs().max().item() <= 1e-6
+    _same_gradients(grads_a, grads_b)
+
+    wide, wide_mask = _ragged(rows=3, width=12)  # rows longer than a chunk
+    with pytest.raises(pf.PaddingFreeError, match=r"^optim.padding_free: rows of 12 tokens exceed this model's "
+                                                   r"attention_chunk_size 6 .*set optim.padding_free=false"):
+        pf.forward(model, wide, pf.Packing.of(wide_mask), use_cache=False)
+    many, many_mask = _ragged(rows=8, width=6, seed=2)  # rows within a chunk, 48 packed tokens: beyond floor_scale - 1
+    many_mask = torch.ones_like(many_mask)
+    with pytest.raises(pf.PaddingFreeError, match=r"packed tokens exceed this model's floor_scale - 1 = 39"):
+        pf.forward(model, many, pf.Packing.of(many_mask), use_cache=False)
+
+    unguarded = pf.PackedForward(model)
+    unguarded.limits = (None, None)
+    for batch, batch_mask in ((wide, wide_mask), (many, many_mask)):
+        padded = _logp_and_grads(model, batch, batch_mask, packed=False)[0]
+        packed = unguarded(batch, pf.Packing.of(batch_mask), use_cache=False)
+        logp = torch.log_softmax(packed[:, :-1].float(), -1).gather(-1, batch[:, 1:, None]).squeeze(-1) * batch_mask[:, 1:]
+        assert (logp.detach() - padded).abs().max().item() > 1e-4  # the limits are not vacuous (within: <= 1e-6)

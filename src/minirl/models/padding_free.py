@@ -29,7 +29,13 @@ routes it records (-1 at padding).
 Refused in one line: an attention implementation other than ``sdpa`` / ``flash_attention_*`` (``eager``
 would need a mask), a row whose real tokens are not a prefix, and a model in which not every layer's
 token mixing goes through the attention interface (a linear-attention or state-space layer would mix
-the packed rows), the last checked on every forward by counting the attention calls.
+the packed rows), the last checked on every forward by counting the attention calls. Llama-4's layers
+see more than the attention interface gives: its chunked-attention layers attend within chunks of
+``attention_chunk_size`` positions (a row no longer than that is one chunk: causal, what the packed
+attention runs), and its NoPE layers scale queries by the token's index along the row they are called
+with (``attn_temperature_tuning``; 1 below ``floor_scale``), which in the packed row is its index among
+all packed tokens. So a forward with a row wider than the chunk, or more packed tokens than
+``floor_scale`` - 1, is refused (``PackedForward.limits``).
 """
 
 from __future__ import annotations
@@ -309,6 +315,7 @@ class PackedForward:
                                    f"over padding); padding-free forwards need 'sdpa' or 'flash_attention_*': {self.off}")
         self.original = str(implementation)
         self.layers = _attention_layers(self.configs, self.key)
+        self.limits = _position_limits(self.configs)
         self.shared_prompt = "optim.shared_prompt" in keys  # each prompt of a micro-batch once (``prompts``)
         _register()
 
@@ -338,6 +345,7 @@ class PackedForward:
         attention stays switched on until the caller closes it: after a backward that recomputes checkpointed
         layers (gradient checkpointing). ``router_logits`` (a list): the model's, one [real tokens, E] per MoE layer.
         """
+        self._within_limits(packing)
         with ExitStack() as own:
             (stack or own).enter_context(self.packed_attention(packing))
             out = self.model(input_ids=packing.pack(input_ids), position_ids=packing.positions, minirl_packing=packing,
@@ -349,6 +357,34 @@ class PackedForward:
         if router_logits is not None:  # [real tokens, E] per MoE layer
             router_logits.extend(out.router_logits)
         return packing.unpack(out.logits)
+
+
+    def _within_limits(self, packing: Packing) -> None:
+        """``PaddingFreeError`` when ``packing`` exceeds the model's ``limits`` (module docstring)."""
+        width, tokens = self.limits
+        if width is not None and packing.width > width:
+            raise PaddingFreeError(f"{self.key}: rows of {packing.width} tokens exceed this model's attention_chunk_size "
+                                   f"{width} (its chunked-attention layers attend within chunks; packed attention does "
+                                   f"not cut them): {self.off}, or keep sequences within {width} tokens")
+        packed = int(packing.positions.shape[-1])
+        if tokens is not None and packed > tokens:
+            raise PaddingFreeError(f"{self.key}: {packed} packed tokens exceed this model's floor_scale - 1 = {tokens} "
+                                   "(its NoPE layers' attn_temperature_tuning scales a query by its index in the row it "
+                                   f"is called with): {self.off}, or lower optim.micro_batch_max_tokens to {tokens}")
+
+
+def _position_limits(configs: list[Any]) -> tuple[int | None, int | None]:
+    """(widest row, most packed tokens) a packed forward of a model with these configs equals the padded forward at;
+    None: no limit. Llama-4's chunked attention and NoPE temperature tuning (module docstring)."""
+    width = tokens = None
+    for config in configs:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if "chunked_attention" in (getattr(text, "layer_types", None) or ()) and getattr(text, "attention_chunk_size", None):
+            width = min(width or text.attention_chunk_size, int(text.attention_chunk_size))
+        no_rope = [not used for used in getattr(text, "no_rope_layers", None) or ()]
+        if getattr(text, "attn_temperature_tuning", False) and any(no_rope) and getattr(text, "floor_scale", None):
+            tokens = min(tokens or text.floor_scale, int(text.floor_scale) - 1)
+    return width, tokens
 
 
 def packed_forward(model: nn.Module, padding_free: bool, shared_prompt: bool) -> PackedForward | None:

@@ -15,6 +15,11 @@ was called with, its natural output tuple (``out[0]`` is the router logits, or t
 probabilities for Gemma-4), and the long [N, K] indices to weight. It returns the weights with the
 natural weights' dtype.
 
+One family's router returns no indices: Llama-4's returns dense scores [N, E] (the selected experts'
+sigmoid, 0 elsewhere) and its logits, and every expert runs on every token scaled by its score. Its
+spec has ``index_pos`` None and an ``indices`` function that reads the selection off the output (the
+top-k of the logits, the forward's own call); its scoring function returns the dense scores.
+
 Adding a family: read its router ``forward`` and the MoE block that consumes it, check that the
 block hands the router's indices and weights to its experts unchanged, write (or reuse) a scoring
 function, add the router class name to ``ROUTERS``, and add the family to the unit tests.
@@ -38,9 +43,17 @@ class RouterSpec:
     scoring: str  # short description of how the gate weights are computed
     score: Scorer
     weights_pos: int = 1
-    index_pos: int = 2
+    index_pos: int | None = 2  # None: the output holds no indices (``indices`` reads them off it)
     experts_attr: str = "num_experts"  # dotted path on the router module
     top_k_attr: str = "top_k"
+    indices: Callable[[nn.Module, tuple], torch.Tensor] | None = None  # (router, out) -> [N, K], index_pos None
+
+    def natural_indices(self, router: nn.Module, out: tuple) -> torch.Tensor:
+        """The experts [N, K] the router chose by itself in the call that returned ``out``."""
+        if self.index_pos is None:
+            assert self.indices is not None, f"{self.family}: a router spec without index_pos needs indices"
+            return self.indices(router, out)
+        return out[self.index_pos]
 
     def num_experts(self, router: nn.Module) -> int:
         return int(_getpath(router, self.experts_attr))
@@ -236,6 +249,19 @@ def score_fn_bias_renorm(router, hidden, out, idx):
     return w * router.routed_scaling_factor
 
 
+def llama4_indices(router, out):
+    """Llama-4: the top-k of the router logits (``out[1]``), the call its forward makes."""
+    return torch.topk(out[1], router.top_k, dim=1).indices
+
+
+def score_llama4(router, hidden, out, idx):
+    """Llama-4: dense scores [N, E]: the selected experts' logits, -inf elsewhere, through a sigmoid in fp32 (so 0
+    elsewhere), cast back to the logits dtype."""
+    logits = out[1]
+    scores = torch.full_like(logits, float("-inf")).scatter_(1, idx, logits.gather(1, idx))
+    return torch.sigmoid(scores.float()).to(scores.dtype)
+
+
 def score_gemma4(router, hidden, out, idx):
     """Gemma-4: ``out[0]`` holds the fp32 router probabilities; selected, renormalised, times the
     learned ``per_expert_scale`` of each selected expert."""
@@ -331,6 +357,10 @@ ROUTERS: dict[str, RouterSpec] = {
         "deepseek_v4", "score_fn, bias-corrected top-k, renorm, routed_scaling_factor (top-k layers only)",
         score_fn_bias_renorm,
     ),
+    "Llama4Router": _S(
+        "llama4_text", "sigmoid of the top-k logits as dense scores (every expert runs, unselected ones at 0)",
+        score_llama4, weights_pos=0, index_pos=None, indices=llama4_indices,
+    ),
     "Gemma4TextRouter": _S(
         "gemma4_text", "softmax, top-k, renorm, per-expert scale", score_gemma4,
         top_k_attr="config.top_k_experts", experts_attr="config.num_experts",
@@ -346,7 +376,6 @@ UNSUPPORTED: dict[str, str] = {
     "per-token indices and weights",
     "JetMoeMoA": "jetmoe: mixture-of-attention experts are routed by JetMoeTopKGating (dispatch tensors)",
     "DbrxRouter": "dbrx: the router returns logits only; top-k happens inside the experts block",
-    "Llama4Router": "llama4: the router returns dense [N, E] sigmoid scores and every expert runs on every token",
     "NllbMoeTop2Router": "nllb_moe: capacity-limited top-2 routing in an encoder-decoder model",
     "DeepseekV4HashRouter": "deepseek_v4: hash-routed layers select experts by token id, not by a router",
     "ZayaRouter": "zaya: the router has an extra skip expert and threads router state between layers",

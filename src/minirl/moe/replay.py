@@ -395,7 +395,7 @@ class RoutingReplay:
                 f"MoE layer {layer} ran inside a {block.mode}() block but the forward did not go through "
                 f"the model given to RoutingReplay ({type(self.model).__name__}); call that model"
             )
-        natural_idx = output[spec.index_pos]
+        natural_idx = spec.natural_indices(site.module, output)
         if block.mode == "record":
             if recompute:
                 return None
@@ -445,7 +445,8 @@ class RoutingReplay:
             )
         new = list(output)
         new[spec.weights_pos] = weights
-        new[spec.index_pos] = forced
+        if spec.index_pos is not None:
+            new[spec.index_pos] = forced
         return type(output)(new) if isinstance(output, tuple) else new
 
     def _check_rows(self, block: _Block, layer: int, natural_idx: torch.Tensor) -> None:
