@@ -177,8 +177,28 @@ def agreement(model: Any, common: dict, graphs_on: dict, tiny: bool) -> dict[str
             dlogp = max(dlogp, float((a.logp_rollout[:common_prefix] - b.logp_rollout[:common_prefix]).abs().max()))
     result = {"rows": len(off), "rows_same_tokens": same_rows, "routes_equal_frac": routes_equal / compared,
               "max_abs_dlogp": dlogp, "bf16_tolerance": 0.05}
-    result["ok"] = result["routes_equal_frac"] == 1.0 and dlogp <= 0.05
+    result.update(controlled(NativeEngine(model, **kwargs, **graphs_on), prompts, params, on))
+    result["ok"] = result["routes_equal_frac"] == 1.0 and dlogp <= 0.05 and result["control_lengths_ok"]
     return result
+
+
+def controlled(engine: Any, prompts: list, params: Any, whole: list) -> dict[str, Any]:
+    """A partial rollout's call on the graphs (``DecodeControl``): rows with budgets 1-3 short of the limit, stopped
+    at the second check of every 2 tokens: each row holds min(4, budget) tokens (EOS is never drawn), the first
+    tokens of the uncontrolled call's row where their samples have not parted."""
+    from minirl.rollout.base import DecodeControl
+
+    budgets = [params.max_new_tokens - 1 - row % 3 for row in range(len(whole))]
+    asked: list[list[bool]] = []
+
+    def stop(ended: list[bool]) -> bool:
+        asked.append(ended)
+        return len(asked) == 2
+
+    cut = engine.generate_ids(prompts, 2, params, record_routes=True, control=DecodeControl(budgets, stop, 2))
+    lengths_ok = [len(c.completion_ids) for c in cut] == [min(4, budget) for budget in budgets] and len(asked) == 2
+    same = sum(c.completion_ids == w.completion_ids[: len(c.completion_ids)] for c, w in zip(cut, whole))
+    return {"control_lengths_ok": lengths_ok, "control_rows_same_tokens": same}
 
 
 def part_trainer(tiny: bool, device: str) -> dict[str, Any]:
