@@ -279,7 +279,8 @@ class RolloutConfig(Section):
     partial_chunk_tokens: int = Field(64, ge=1)
     """Under ``partial_rollout``: new tokens per response between two checks of how many groups have ended. The
     native engine checks inside one call, its KV cache kept (CUDA graphs too); other engines (vLLM, several replicas)
-    decode a chunk per call, each prefilling prompt and response so far again, so there a larger chunk costs less."""
+    decode a chunk per call, each prefilling prompt and response so far again (vLLM from its prefix cache, which holds
+    what the step's earlier chunks computed), so there a larger chunk costs less."""
     partial_mask_stale: bool = False
     """Under ``partial_rollout``: train only the tokens the current step's weights sampled; a response's older tokens
     stay in its context but get no loss (slime's ``--mask-offpolicy-in-partial-rollout``)."""
