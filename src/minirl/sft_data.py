@@ -13,6 +13,10 @@
   the tokenizer's special tokens, EOS appended unless it ends with it, every token but the first
   trained (there is no prompt to leave out).
 
+A chat row's ``tools`` and ``chat_template_kwargs`` columns reach every rendering of it, as in TRL's ``SFTTrainer``
+(``minirl.tasks.chat.row_template_args``): a function-calling set trains with its tool schemas in the prompt, its
+assistant tool calls (``tool_calls``, content optional) trained and its tool results (role ``tool``) context.
+
 Which tokens carry the loss (``cold_start.loss_on``, after TRL's ``completion_only_loss`` and
 ``assistant_only_loss``): ``completion`` (the default) = the completion / assistant tokens only;
 ``all`` = every token of the sequence but the first. ``cold_start.packing`` joins examples into
@@ -30,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 
-from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat, template_kwargs
+from minirl.tasks.chat import ChatTemplateError, encode_prompt, render_chat, row_template_args, template_kwargs
 from minirl.tasks.jsonl import TaskDataError, check_messages, lookup_column
 from minirl.types import Batch, Prompt
 
@@ -89,23 +93,27 @@ def row_to_example(row: Any, where: str, tokenizer: Any, *, chat_prompts: bool =
         raise TaskDataError(f'{where}: expected an object with "prompt" and "completion", with "messages" or with "text"')
     if "text" in row and not ("messages" in row or ("prompt" in row and "completion" in row)):
         return _text_example(row["text"], tokenizer, where)
+    try:
+        extra = row_template_args(row, where)
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from None
     if "messages" in row:
         messages = check_messages(_list(row["messages"], where, "messages"), where, "messages")
         if not any(m["role"] == "assistant" for m in messages):
             raise TaskDataError(f'{where}: field "messages" has no assistant message to learn')
-        return _chat_example(messages, tokenizer, where)
+        return _chat_example(messages, tokenizer, where, extra=extra)
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, str) and isinstance(completion, str):
         if not prompt.strip() or not completion.strip():
             raise TaskDataError(f'{where}: field "{"prompt" if not prompt.strip() else "completion"}" is empty')
         user = [{"role": "user", "content": prompt}] if chat_prompts else None
-        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer="", messages=user), cut=False)
+        prompt_ids = encode_prompt(tokenizer, Prompt(text=prompt, answer="", messages=user, meta=extra), cut=False)
         completion_ids = list(tokenizer.encode(completion, add_special_tokens=False)) + [tokenizer.eos_token_id]
         return SFTExample(prompt_ids + completion_ids, [False] * len(prompt_ids) + [True] * len(completion_ids))
     if isinstance(prompt, list) and isinstance(completion, list):
         prompt = check_messages(prompt, where, "prompt")
         completion = check_messages(completion, where, "completion")
-        return _chat_example(prompt + completion, tokenizer, where, first_trained=len(prompt))
+        return _chat_example(prompt + completion, tokenizer, where, first_trained=len(prompt), extra=extra)
     raise TaskDataError(f'{where}: fields "prompt" and "completion" must both be strings or both lists of chat messages')
 
 
@@ -125,14 +133,16 @@ def _list(value: Any, where: str, key: str) -> list:
     return value
 
 
-def _chat_example(messages: list[dict], tokenizer: Any, where: str, first_trained: int = 0) -> SFTExample:
+def _chat_example(messages: list[dict], tokenizer: Any, where: str, first_trained: int = 0,
+                  extra: dict[str, Any] | None = None) -> SFTExample:
     try:
-        return _conversation(messages, tokenizer, first_trained)
+        return _conversation(messages, tokenizer, first_trained, extra)
     except ChatTemplateError as exc:  # one line naming the row
         raise TaskDataError(f"{where}: {exc}") from None
 
 
-def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) -> SFTExample:
+def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0, extra: dict[str, Any] | None = None
+                  ) -> SFTExample:
     """Token ids of a chat, encoded whole; assistant turns from ``first_trained`` on carry the loss.
 
     As TRL: the conversation is rendered once by the chat template and the text encoded once
@@ -153,28 +163,29 @@ def _conversation(messages: list[dict], tokenizer: Any, first_trained: int = 0) 
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ChatTemplateError("SFT on chat rows needs a fast tokenizer (character offsets); this tokenizer is not one")
-    text = render_chat(tokenizer, messages, add_generation_prompt=False)
+    text = render_chat(tokenizer, messages, add_generation_prompt=False, extra=extra)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
     start = 0
     if first_trained:
-        prompt = render_chat(tokenizer, messages[:first_trained], add_generation_prompt=True)
+        prompt = render_chat(tokenizer, messages[:first_trained], add_generation_prompt=True, extra=extra)
         if not text.startswith(prompt):
             raise ChatTemplateError("the chat template does not render the prompt as a prefix of prompt + completion")
         start = len(prompt)
     if GENERATION_BLOCK.search(str(tokenizer.chat_template)):
         marked = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
-                                               **template_kwargs(tokenizer))
+                                               **template_kwargs(tokenizer, extra))
         if list(marked["input_ids"]) != ids:
             raise ChatTemplateError("apply_chat_template's token ids differ from the encoding of its rendered text")
         mask = [bool(m) and end > start for m, (_, end) in zip(marked["assistant_masks"], offsets)]
     else:
-        spans = [(max(lo, start), hi) for lo, hi in _assistant_spans(tokenizer, messages, text) if hi > start]
+        spans = [(max(lo, start), hi) for lo, hi in _assistant_spans(tokenizer, messages, text, extra) if hi > start]
         mask = [any(lo < b and hi > a for a, b in spans) for lo, hi in offsets]
     return SFTExample(ids, mask)
 
 
-def _assistant_spans(tokenizer: Any, messages: list[dict], text: str) -> list[tuple[int, int]]:
+def _assistant_spans(tokenizer: Any, messages: list[dict], text: str, extra: dict[str, Any] | None = None
+                     ) -> list[tuple[int, int]]:
     """``[start, end)`` in ``text`` of each assistant turn (the template's text for it after the generation prompt).
 
     Both renderings must be prefixes of the whole text (a template that rewrites earlier turns, e.g.
@@ -184,8 +195,8 @@ def _assistant_spans(tokenizer: Any, messages: list[dict], text: str) -> list[tu
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        context = render_chat(tokenizer, messages[:index], add_generation_prompt=True)
-        turn = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        context = render_chat(tokenizer, messages[:index], add_generation_prompt=True, extra=extra)
+        turn = render_chat(tokenizer, messages[: index + 1], add_generation_prompt=False, extra=extra)
         if not (turn.startswith(context) and text.startswith(turn)):
             raise ChatTemplateError(
                 "the chat template does not render a conversation as a prefix of its continuation; give it "

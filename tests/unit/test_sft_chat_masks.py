@@ -119,6 +119,78 @@ def test_a_template_that_rewrites_earlier_turns_is_one_line_naming_the_row(plain
     assert "\n" not in str(error.value)
 
 
+# ----------------------------------------------------------------------------- tools and per-row template variables
+
+# PLAIN with TRL's per-row extras: the tool schemas' names, a template variable, assistant tool calls, tool results
+TOOLS = ("{% if tools %}Tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}\n{% endif %}"
+         "{% if style %}Style: {{ style }}\n{% endif %}"
+         "{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
+         "{% elif m['role'] == 'tool' %}Tool: {{ m['content'] }}\n"
+         "{% elif m.tool_calls %}Assistant: call {{ m.tool_calls[0]['function']['name'] }}\n"
+         "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}Assistant: {% endif %}")
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+CALLING = [{"role": "user", "content": "3+4?"},
+           {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {}}}]},
+           {"role": "tool", "content": "7", "name": "add", "tool_call_id": None},
+           {"role": "assistant", "content": "7"}]
+
+
+def _tools_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    with_tools = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<eos>", pad_token="<eos>")
+    with_tools.chat_template = TOOLS
+    return with_tools
+
+
+def test_a_function_calling_chat_trains_its_calls_with_its_tools_in_the_prompt(plain_tokenizer) -> None:
+    """TRL's SFT row with ``tools`` (here a JSON string) and ``chat_template_kwargs``: every rendering gets them; the
+    assistant's tool call (no content) and its answer are trained, the tool's result is context; a null field of a
+    message (as a ``datasets`` table fills them) is dropped, the others reach the template."""
+    import json
+
+    tokenizer = _tools_tokenizer(plain_tokenizer)
+    row = {"messages": CALLING, "tools": json.dumps([ADD]), "chat_template_kwargs": {"style": "short"}}
+    example = row_to_example(row, "row", tokenizer)
+    body = "User: 3+4?\nAssistant: call add\nTool: 7\nAssistant: 7\n"
+    text = "Tools: add Style: short\n" + body  # (the template engine trims the newline after a block tag)
+    assert example.input_ids == tokenizer.encode(text, add_special_tokens=False)
+    trained = "".join(piece for piece, on in _pieces(tokenizer, example) if on)
+    context = "".join(piece for piece, on in _pieces(tokenizer, example) if not on)
+    assert "call add\n" in trained and trained.endswith("7\n") and "Tool: 7" in context and "Tools: add" in context
+    from minirl.tasks.jsonl import check_messages
+
+    kept = check_messages(CALLING, "row", "messages")
+    assert kept[1] == CALLING[1] and kept[2] == {"role": "tool", "content": "7", "name": "add"}  # the null field dropped
+    bare = row_to_example({"messages": CALLING}, "row", tokenizer)  # without the row's extras: another prompt
+    assert bare.input_ids == tokenizer.encode(body, add_special_tokens=False)
+
+
+def test_an_rl_prompt_renders_with_its_rows_tools_and_bad_ones_are_one_line(plain_tokenizer, tmp_path) -> None:
+    """The engine's ids of a chat prompt whose row has tools and template variables (over the run's); a ``tools``
+    field that is no list of schemas names the file and line."""
+    import json
+
+    from minirl.tasks.chat import apply_chat_setting, encode_prompt
+    from minirl.tasks.jsonl import TaskDataError, read_jsonl_prompts
+
+    tokenizer = _tools_tokenizer(plain_tokenizer)
+    apply_chat_setting(tokenizer, "auto", {"style": "long"})
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps({"prompt": CALLING[:1], "answer": "7", "tools": [ADD]}) + "\n"
+                    + json.dumps({"prompt": CALLING[:1], "answer": "7", "chat_template_kwargs": {"style": "short"}}) + "\n")
+    first, second = read_jsonl_prompts(path)
+    assert encode_prompt(tokenizer, first) == tokenizer.encode("Tools: add Style: long\nUser: 3+4?\nAssistant: ",
+                                                               add_special_tokens=False)
+    assert encode_prompt(tokenizer, second) == tokenizer.encode("Style: short\nUser: 3+4?\nAssistant: ", add_special_tokens=False)
+    assert first.meta["tools"] == [ADD]  # reward functions get the column, as TRL passes it
+    path.write_text(json.dumps({"prompt": CALLING[:1], "answer": "7", "tools": ["add"]}) + "\n")
+    with pytest.raises(TaskDataError, match=r'tools.jsonl:1: field "tools" must be a list of function schemas \(objects\)$'):
+        read_jsonl_prompts(path)
+    path.write_text(json.dumps({"prompt": [{"role": "assistant", "content": None}], "answer": "7"}) + "\n")
+    with pytest.raises(TaskDataError, match=r'tools.jsonl:1: field "prompt" message 0 must be an object with string "role"'):
+        read_jsonl_prompts(path)
+
+
 # ----------------------------------------------------------------------------- vLLM stops
 
 # vLLM's SamplingParams fields (docs.vllm.ai, "Inference Parameters"; unchanged in 0.32)

@@ -20,6 +20,13 @@ which becomes the tokenizer's ``chat_template`` (and is saved with every checkpo
 ``task.chat_template_kwargs`` (``{enable_thinking: false}``) are extra template variables of every
 rendering, held by the run's tokenizer object (``apply_chat_setting``), never saved with it.
 
+A data row may carry its own, as TRL's ``SFTTrainer`` and ``GRPOTrainer`` read them: a ``tools`` column (the
+function schemas the template writes into the prompt, ``apply_chat_template(tools=...)``; a JSON string of them is
+read as its list) and a ``chat_template_kwargs`` column (template variables of that row, over the run's).
+``row_template_args`` checks and returns them; ``Prompt.meta`` keeps them for ``encode_prompt``. Chat messages keep
+every field the template may read (``tool_calls``, ``name``, ``tool_call_id``, ``reasoning_content``, ...); an
+assistant message that calls tools may have no content.
+
 ``task.prompt_truncation`` (``left`` / ``right`` / ``middle``) cuts the encoded ids of a longer prompt to
 ``task.max_prompt_tokens`` (``cut_prompt``, as verl's and TRL's loaders cut them); the limit rides on the
 tokenizer object as the template kwargs do (``apply_prompt_truncation``), so every ``encode_prompt`` of the run
@@ -32,6 +39,7 @@ model's ``generation_config.eos_token_id`` (an int or a list, as instruct models
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +60,8 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, *, cut: bool = True) -> list[i
     """The token ids of ``prompt`` as the model sees it (module docstring); ``cut``: as the run's
     ``task.prompt_truncation`` cuts them."""
     if prompt.messages is not None:
-        ids = encode_text(tokenizer, render_chat(tokenizer, prompt.messages), add_special_tokens=False)
+        extra = row_template_args(prompt.meta, "prompt") if prompt.meta else {}
+        ids = encode_text(tokenizer, render_chat(tokenizer, prompt.messages, extra=extra), add_special_tokens=False)
     else:
         ids = encode_text(tokenizer, prompt.text, add_special_tokens=True)
     return cut_prompt(ids, *getattr(tokenizer, TRUNCATION_ATTRIBUTE, (None, "none"))) if cut else ids
@@ -78,20 +87,44 @@ def apply_prompt_truncation(tokenizer: Any, max_tokens: int | None, side: str) -
     setattr(tokenizer, TRUNCATION_ATTRIBUTE, (max_tokens, side))
 
 
-def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-    """``messages`` through the tokenizer's chat template, as text."""
+def render_chat(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True,
+                extra: dict[str, Any] | None = None) -> str:
+    """``messages`` through the tokenizer's chat template, as text; ``extra``: a row's ``row_template_args``."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
             "a conversational prompt needs a chat template: the tokenizer has none; set task.chat_template to a "
             "Jinja template file, or task.chat_template=plain to feed the messages as plain text"
         )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         **template_kwargs(tokenizer))
+                                         **template_kwargs(tokenizer, extra))
 
 
-def template_kwargs(tokenizer: Any) -> dict[str, Any]:
-    """The run's ``task.chat_template_kwargs``, as ``apply_chat_setting`` left them on ``tokenizer``."""
-    return dict(getattr(tokenizer, KWARGS_ATTRIBUTE, None) or {})
+def template_kwargs(tokenizer: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's ``task.chat_template_kwargs``, as ``apply_chat_setting`` left them on ``tokenizer``, under a row's
+    own ``extra`` (``row_template_args``: its tools and template variables)."""
+    return {**(getattr(tokenizer, KWARGS_ATTRIBUTE, None) or {}), **(extra or {})}
+
+
+def row_template_args(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """A data row's ``tools`` and ``chat_template_kwargs`` columns as ``apply_chat_template`` keywords (module
+    docstring); ``ValueError`` naming ``where`` and the column when one has the wrong shape."""
+    args: dict[str, Any] = {}
+    kwargs = row.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+            raise ValueError(f'{where}: field "chat_template_kwargs" must be an object of template variables')
+        args.update({key: value for key, value in kwargs.items() if value is not None})
+    tools = row.get("tools")
+    if isinstance(tools, str) and tools.strip():
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError:
+            raise ValueError(f'{where}: field "tools" is a string but not JSON (a list of function schemas)') from None
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+            raise ValueError(f'{where}: field "tools" must be a list of function schemas (objects)')
+        args["tools"] = tools
+    return args
 
 
 def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[int]:
@@ -104,8 +137,8 @@ def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[
 
 
 def flatten_messages(messages: Sequence[dict]) -> str:
-    """A conversation as plain text: the message contents, one per line."""
-    return "\n".join(str(message.get("content", "")) for message in messages)
+    """A conversation as plain text: the message contents, one per line (none for a tool call's)."""
+    return "\n".join(str(message.get("content") or "") for message in messages)
 
 
 def apply_chat_setting(tokenizer: Any, setting: str, kwargs: dict[str, Any] | None = None) -> None:

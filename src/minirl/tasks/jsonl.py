@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from minirl.tasks.chat import flatten_messages, row_template_args
 from minirl.types import Prompt
 
 RewardKind = Literal["exact", "math_verify"]
@@ -329,7 +330,7 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     if not found and columns.answer_required:
         raise TaskDataError(f'{where}: field "{answer_key}" is missing')
     messages = _prompt_messages(row[prompt_key], where, prompt_key, columns)
-    prompt = row[prompt_key] if messages is None else "\n".join(message["content"] for message in messages)
+    prompt = row[prompt_key] if messages is None else flatten_messages(messages)
     if not columns.answer_required and (answer is None or isinstance(answer, (list, dict))):
         # only user reward functions read it: a structured reference (verl's ground_truth may be a list or an
         # object, e.g. {"target": [...]}) is kept whole in its column and shown to them as JSON text here
@@ -337,6 +338,12 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     else:
         answer_text = _answer_text(answer, where, answer_key)
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
+    try:  # a row's own tools and template variables (TRL's columns), checked now; JSON-string tools read once
+        tools = row_template_args(extra, where).get("tools")
+    except ValueError as exc:
+        raise TaskDataError(str(exc)) from None
+    if tools is not None:
+        extra["tools"] = tools
     return Prompt(text=prompt, answer=answer_text, uid=where, meta={"source": where, **extra},
                   messages=None if columns.plain_chat else messages)
 
@@ -345,7 +352,7 @@ def _prompt_messages(prompt: Any, where: str, key: str, columns: ColumnMap) -> l
     """A row's prompt as chat messages (None: plain text), with ``task.system_prompt`` first where it has none."""
     if isinstance(prompt, list):
         messages = check_messages(prompt, where, key)
-        if not "\n".join(message["content"] for message in messages).strip():
+        if not flatten_messages(messages).strip():
             raise TaskDataError(f'{where}: field "{key}" is empty')
     elif isinstance(prompt, str):
         if not prompt.strip():
@@ -396,16 +403,23 @@ def _answer_text(answer: Any, where: str, key: str) -> str:
 
 
 def check_messages(messages: list, where: str, key: str) -> list[dict]:
-    """``messages`` as chat messages (``{"role": str, "content": str}``), or ``TaskDataError``."""
+    """``messages`` as chat messages (``{"role": str, "content": str, ...}``), or ``TaskDataError``. Every other
+    field a template may read is kept (``tool_calls``, ``name``, ``tool_call_id``, ...), but fields that are null (a
+    ``datasets`` table fills the fields of other rows' messages with nulls); a message that calls tools
+    (``tool_calls``) may have no content."""
     if not messages:
         raise TaskDataError(f'{where}: field "{key}" is an empty list of messages')
+    checked = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+        calls = isinstance(message, dict) and bool(message.get("tool_calls"))
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not (
+                isinstance(message.get("content"), str) or (calls and message.get("content") is None)):
             raise TaskDataError(
                 f'{where}: field "{key}" message {index} must be an object with string "role" and "content", '
                 f"got {_json_type(message)}"
             )
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+        checked.append({name: value for name, value in message.items() if value is not None or name == "content"})
+    return checked
 
 
 def _json_type(value: Any) -> str:
