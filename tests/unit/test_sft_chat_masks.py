@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from minirl.rollout.vllm_engine import finish_completion, stop_params
 from minirl.sft_data import pack, row_to_example
 from minirl.tasks.chat import cut_at_stop_strings
-from minirl.types import Completion
+from minirl.types import Completion, Prompt
 
 PLAIN = ("{% for m in messages %}{% if m['role'] == 'user' %}User: {{ m['content'] }}\n"
          "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
@@ -166,8 +166,9 @@ def test_a_function_calling_chat_trains_its_calls_with_its_tools_in_the_prompt(p
 
 
 def test_an_rl_prompt_renders_with_its_rows_tools_and_bad_ones_are_one_line(plain_tokenizer, tmp_path) -> None:
-    """The engine's ids of a chat prompt whose row has tools and template variables (over the run's); a ``tools``
-    field that is no list of schemas names the file and line."""
+    """The engine's ids of a chat prompt whose row has tools and template variables (over the run's), and of one that
+    ends with the assistant's prefilled start (continued, as TRL does); a ``tools`` field that is no list of schemas
+    names the file and line."""
     import json
 
     from minirl.tasks.chat import apply_chat_setting, encode_prompt
@@ -183,6 +184,9 @@ def test_an_rl_prompt_renders_with_its_rows_tools_and_bad_ones_are_one_line(plai
                                                                add_special_tokens=False)
     assert encode_prompt(tokenizer, second) == tokenizer.encode("Style: short\nUser: 3+4?\nAssistant: ", add_special_tokens=False)
     assert first.meta["tools"] == [ADD]  # reward functions get the column, as TRL passes it
+    prefilled = Prompt(text="", answer="7", messages=[*CALLING[:1], {"role": "assistant", "content": "I add"}])
+    assert encode_prompt(tokenizer, prefilled) == tokenizer.encode(  # TRL: the assistant's start continued
+        "Style: long\nUser: 3+4?\nAssistant: I add", add_special_tokens=False)
     path.write_text(json.dumps({"prompt": CALLING[:1], "answer": "7", "tools": ["add"]}) + "\n")
     with pytest.raises(TaskDataError, match=r'tools.jsonl:1: field "tools" must be a list of function schemas \(objects\)$'):
         read_jsonl_prompts(path)

@@ -8,7 +8,9 @@ calls it for its prompts too.
   is rendered with the tokenizer's chat template, ``apply_chat_template(messages,
   add_generation_prompt=True)``, and the rendered text is encoded **without** the tokenizer's
   special tokens: the template writes BOS itself when the model wants one (this is what
-  ``apply_chat_template(..., tokenize=True)`` does, so there is never a double BOS).
+  ``apply_chat_template(..., tokenize=True)`` does, so there is never a double BOS). A prompt whose
+  last message is the assistant's (a prefilled start of the answer) is continued, as TRL does:
+  ``continue_final_message=True`` and no generation prompt.
 * A **plain-text** prompt is encoded as the tokenizer says (``add_special_tokens=True``: a
   tokenizer that prepends BOS prepends it; minirl's character tokenizer adds nothing). If the
   text itself already starts with the BOS token, the added one is dropped (no double BOS).
@@ -61,7 +63,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, *, cut: bool = True) -> list[i
     ``task.prompt_truncation`` cuts them."""
     if prompt.messages is not None:
         extra = row_template_args(prompt.meta, "prompt") if prompt.meta else {}
-        ids = encode_text(tokenizer, render_chat(tokenizer, prompt.messages, extra=extra), add_special_tokens=False)
+        prefilled = prompt.messages[-1]["role"] == "assistant"  # TRL: continue it, no generation prompt
+        if prefilled:
+            extra["continue_final_message"] = True
+        text = render_chat(tokenizer, prompt.messages, add_generation_prompt=not prefilled, extra=extra)
+        ids = encode_text(tokenizer, text, add_special_tokens=False)
     else:
         ids = encode_text(tokenizer, prompt.text, add_special_tokens=True)
     return cut_prompt(ids, *getattr(tokenizer, TRUNCATION_ATTRIBUTE, (None, "none"))) if cut else ids
