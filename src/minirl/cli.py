@@ -223,6 +223,8 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
             peers.add_trl_sft(translation, peers.read_trl(args.sft, []))
     else:
         translation = peers.from_verl(peers.read_verl(files, settings), args.keep_objective)
+        if args.sft:  # the cold start from verl's SFT run (its fsdp_sft_trainer script or YAML)
+            peers.add_verl_sft(translation, peers.read_verl([args.sft], []))
     translation.source_name = " ".join(files + settings) or "the command line"
     return _write_translation(translation, args)
 
@@ -379,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None,
                    help="from-trl / from-verl / from-slime: write the minirl config here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
-                   help="from-trl: a `trl sft --config` file, translated as the cold start (SFT before RL)")
+                   help="from-trl: a `trl sft --config` file; from-verl: verl's SFT run (its fsdp_sft_trainer script "
+                        "or YAML); translated as the cold start (SFT before RL)")
     p.add_argument("--accelerate-config", default=None, metavar="FILE",
                    help="from-trl: the `accelerate launch --config_file` the TRL run was launched with (its processes, "
                         "DeepSpeed or FSDP plugin, CPU offload; a DeepSpeed JSON it names)")

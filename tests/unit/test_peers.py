@@ -365,6 +365,82 @@ def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
     assert any("dataset_text_field='content'" in line for line in trl_default.not_translated)
 
 
+VERL_SFT = """set -x
+nproc_per_node=$1
+save_path=$2
+torchrun --standalone --nnodes=1 --nproc_per_node=$nproc_per_node \\
+     -m verl.trainer.fsdp_sft_trainer \\
+    data.train_files=$DATA/train.parquet \\
+    data.val_files=$DATA/test.parquet \\
+    data.prompt_key=extra_info \\
+    data.response_key=extra_info \\
+    optim.lr=1e-4 \\
+    data.prompt_dict_keys=['question'] \\
+    +data.response_dict_keys=['answer'] \\
+    data.micro_batch_size_per_gpu=4 \\
+    data.train_batch_size=32 \\
+    model.partial_pretrain=Qwen/Qwen2.5-0.5B-Instruct \\
+    trainer.default_local_dir=$save_path \\
+    trainer.project_name=gsm8k-sft \\
+    trainer.total_epochs=2 \\
+    trainer.logger=['console'] \\
+    ulysses_sequence_parallel_size=2 \\
+    use_remove_padding=true $@
+"""
+
+
+def test_a_verl_sft_run_becomes_the_cold_start(tmp_path: Path, monkeypatch):
+    """verl's gsm8k SFT example (its data.prompt_key / prompt_dict_keys layout) as the cold start of a verl RL run:
+    the dotted columns, verl's chat layout, the batch, rate, length, epochs over the rows (whole batches: verl drops
+    the last) and its warm-up share (floored, as verl's int()); what differs and what has no form are said. The
+    translated columns read the parquet's rows into verl's examples."""
+    import datasets
+
+    from minirl.peers import add_verl_sft
+    from minirl.sft_data import read_sft_examples
+
+    rows = [{"data_source": "gsm8k", "extra_info": {"question": f"{n}+1?", "answer": str(n + 1)}} for n in range(100)]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    script = tmp_path / "run_sft.sh"
+    script.write_text(VERL_SFT)
+    monkeypatch.setenv("DATA", str(tmp_path))
+    out = from_verl({"data.train_files": str(tmp_path / "train.parquet"), "actor_rollout_ref.model.path": str(tmp_path),
+                     "actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(out, read_verl([str(script)], []))
+    v = out.values
+    assert (v["cold_start.enabled"], v["cold_start.data"], v["cold_start.chat_prompts"]) == (True, str(tmp_path / "train.parquet"), True)
+    assert (v["cold_start.prompt_column"], v["cold_start.completion_column"]) == ("extra_info.question", "extra_info.answer")
+    assert (v["cold_start.batch_sequences"], v["cold_start.lr"], v["cold_start.max_length"]) == (32, 1e-4, 1024)
+    assert (v["cold_start.steps"], v["cold_start.warmup_steps"], v["optim.padding_free"]) == (6, 0, True)  # 2 x (100 // 32)
+    assert any(line.startswith("SFT model.partial_pretrain='Qwen/Qwen2.5-0.5B-Instruct'") for line in out.differs)
+    assert any(line.startswith("SFT data.truncation='error'") for line in out.differs)
+    assert any(line.startswith("SFT optim.lr_scheduler='cosine'") for line in out.differs)
+    assert not any(line.startswith("SFT ") for line in out.not_translated)  # the rest: memory, parallelism, files
+    cfg = out.config()
+    c = cfg.cold_start
+    examples = read_sft_examples(c.data, _chat_tokenizer(), columns=(c.prompt_column, c.completion_column),
+                                 chat_prompts=c.chat_prompts)
+    assert len(examples) == 100 and sum(examples[0].loss_mask) == 2  # "1" and EOS: verl's response + eos_token
+    explicit = from_verl({"actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(explicit, {"-m": "verl.trainer.fsdp_sft_trainer", "trainer.total_training_steps": 50,
+                            "data.multiturn.enable": True, "data.multiturn.messages_key": "conversation",
+                            "model.lora_rank": 32, "data.train_files": str(tmp_path / "train.parquet")})
+    w = explicit.values
+    assert (w["cold_start.steps"], w["cold_start.warmup_steps"]) == (50, 5) and "cold_start.prompt_column" not in w
+    assert {line.split(":")[0] for line in explicit.not_translated} >= {"SFT data.multiturn.messages_key='conversation'",
+                                                                         "SFT model.lora_rank=32"}
+    with pytest.raises(ConfigError, match=r"^--sft: the script runs verl.trainer.main_ppo, not verl's SFT trainer"):
+        add_verl_sft(explicit, {"-m": "verl.trainer.main_ppo"})
+
+
+def _chat_tokenizer():
+    from minirl.models import load_model_and_tokenizer
+
+    _, tokenizer = load_model_and_tokenizer("qwen3-moe-tiny")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
+    return tokenizer
+
+
 def test_a_trl_sft_dataset_directory_with_config_and_split(tmp_path: Path):
     """TRL SFT's load_dataset(dataset_name, name=dataset_config)[dataset_train_split]: the cold start reads the same
     rows, and the epochs count that split's rows."""

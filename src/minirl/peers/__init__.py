@@ -35,10 +35,12 @@ from minirl.peers.launcher import read_accelerate
 from minirl.peers.slime import from_slime, read_slime
 from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
+from minirl.peers.verl_sft import add_verl_sft
 
 __all__ = [
            "Translation",
            "add_trl_sft",
+           "add_verl_sft",
            "from_slime",
            "from_trl",
            "from_verl",

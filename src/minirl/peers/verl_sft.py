@@ -1,0 +1,113 @@
+"""verl's SFT run (``python -m verl.trainer.fsdp_sft_trainer``, ``sft_trainer.yaml``) as minirl's cold start:
+``minirl config from-verl run_ppo.sh --sft run_sft.sh``.
+
+verl's SFT dataset reads a prompt and a response column (``data.prompt_key`` / ``data.response_key``, walked into by
+``data.prompt_dict_keys`` / ``data.response_dict_keys``: ``extra_info`` then ``question`` is the column
+``extra_info.question``), renders the prompt as one user message through the chat template with the generation
+prompt, and trains the response + EOS after it: ``cold_start.chat_prompts`` (verl's layout) with the dotted columns.
+With ``data.multiturn.enable`` the rows are chats (``{"messages": [...]}``), every assistant turn trained.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from minirl.config import ConfigError
+from minirl.peers.common import Peer, Translation, count_rows, leftovers, note_local_path
+
+VERL_SFT_DEFAULTS: dict[str, Any] = {
+    "data.train_batch_size": 256, "data.train_files": "~/data/gsm8k/train.parquet", "data.prompt_key": "question",
+    "data.response_key": "answer", "data.prompt_dict_keys": ["question"], "data.response_dict_keys": ["answer"],
+    "data.multiturn.enable": False, "data.multiturn.messages_key": "messages", "data.max_length": 1024,
+    "data.truncation": "error", "data.chat_template": None, "model.partial_pretrain": "~/models/gemma-1.1-7b-it",
+    "model.lora_rank": 0, "optim.lr": 1e-5, "optim.betas": [0.9, 0.95], "optim.weight_decay": 0.01,
+    "optim.warmup_steps_ratio": 0.1, "optim.clip_grad": 1.0, "optim.lr_scheduler": "cosine", "use_remove_padding": False,
+    "trainer.total_epochs": 4, "trainer.total_training_steps": None, "trainer.seed": 1,
+}
+"""verl's ``sft_trainer.yaml`` (the FSDP SFT trainer's config), the keys the translation reads."""
+
+VERL_SFT_IGNORED = re.compile(
+    r"^(data\.(micro_batch_size(_per_gpu)?|val_files|balance_dp_token|use_shm|custom_cls\..*|image_key|processor\..*)|"
+    r"model\.(fsdp_config\..*|external_lib|trust_remote_code|use_liger|use_shm|strategy|enable_gradient_checkpointing|"
+    r"lora_alpha|target_modules)|ulysses_sequence_parallel_size|"
+    r"trainer\.(default_local_dir|default_hdfs_dir|resume_path|resume_mode|resume_from_path|project_name|"
+    r"experiment_name|logger|save_freq|test_freq|nnodes|n_gpus_per_node|max_ckpt_to_keep|device|checkpoint\..*))$")
+"""Settings of verl's SFT run with no effect on what the cold start learns (memory, parallelism, logging, files)."""
+
+
+def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
+    """The cold start of ``out`` from a verl SFT run's settings (``read_verl`` of its script or YAML)."""
+    given = {key.lstrip("+~"): value for key, value in given.items()}
+    module = str(given.pop("-m", "verl.trainer.fsdp_sft_trainer"))
+    if "sft" not in module:
+        raise ConfigError(f"--sft: the script runs {module}, not verl's SFT trainer (verl.trainer.fsdp_sft_trainer)")
+    peer = Peer(given, VERL_SFT_DEFAULTS)
+    out.set("cold_start.enabled", True, "a verl SFT run given (--sft)")
+    _sft_data(peer, out)
+    batch = int(peer("data.train_batch_size"))
+    out.set("cold_start.batch_sequences", batch, f"SFT {peer.show('data.train_batch_size')}")
+    out.set("cold_start.lr", float(peer("optim.lr")), f"SFT {peer.show('optim.lr')}")
+    out.set("cold_start.max_length", int(peer("data.max_length")), f"SFT {peer.show('data.max_length')}")
+    if peer("data.truncation") != "right":
+        out.differs.append(f"SFT {peer.show('data.truncation')}: minirl cuts a row longer than cold_start.max_length "
+                           "at its end (verl's 'right'); verl's 'error' stops at it, 'left' cuts its start")
+    _sft_steps(peer, out, batch)
+    rl_model = out.values.get("model.path")
+    if rl_model and peer("model.partial_pretrain") != rl_model:
+        out.differs.append(f"SFT {peer.show('model.partial_pretrain')}: minirl's cold start fine-tunes model.path "
+                           f"({rl_model!r}) and RL starts from the result")
+    if peer("use_remove_padding"):  # the same forward without padding; minirl's switch covers RL's forwards too
+        out.set("optim.padding_free", True, f"SFT {peer.show('use_remove_padding')}")
+    if peer("optim.lr_scheduler") != "constant":
+        out.differs.append(f"SFT {peer.show('optim.lr_scheduler')}: minirl's SFT keeps its rate constant after warm-up")
+    out.differs.append(f"SFT {peer.show('optim.betas', 'optim.weight_decay', 'optim.clip_grad')}: minirl's SFT "
+                       "runs AdamW with the RL run's betas and gradient clip, and no weight decay")
+    if int(peer("model.lora_rank")) > 0:
+        out.not_translated.append(f"SFT {peer.show('model.lora_rank')}: minirl's LoRA (model.lora.*) is the whole run's, "
+                                  "SFT and RL alike")
+    if peer("data.chat_template"):
+        out.not_translated.append(f"SFT {peer.show('data.chat_template')}: give the template file as task.chat_template")
+    peer("trainer.seed")  # the RL run's seed; cold_start.seed defaults to it
+    leftovers(peer, out, VERL_SFT_IGNORED, prefix="SFT ")
+
+
+def _sft_data(peer: Peer, out: Translation) -> None:
+    """``data.train_files`` as ``cold_start.data``, and where a row's prompt and response are."""
+    files = peer("data.train_files")
+    files = files if isinstance(files, list) else [files]
+    out.set("cold_start.data", str(files[0]), f"SFT {peer.show('data.train_files')}")
+    note_local_path(out, "SFT data.train_files", str(files[0]), "data", "cold_start.data")
+    if len(files) > 1:
+        out.not_translated.append(f"SFT data.train_files: {len(files) - 1} more file(s) (cold_start.data is one path)")
+    if peer("data.multiturn.enable"):
+        if peer("data.multiturn.messages_key") != "messages":
+            out.not_translated.append(f"SFT {peer.show('data.multiturn.messages_key')}: minirl reads a chat row's "
+                                      "\"messages\" column")
+        return
+    columns = {}
+    for side, key, keys in (("prompt", "data.prompt_key", "data.prompt_dict_keys"),
+                            ("completion", "data.response_key", "data.response_dict_keys")):
+        column = peer(key)
+        column = column[0] if isinstance(column, list) else column  # verl takes a list's first
+        columns[side] = ".".join([str(column), *(str(part) for part in peer(keys) or [])])
+        out.set(f"cold_start.{side}_column", columns[side], f"SFT {peer.show(key, keys)}")
+    out.set("cold_start.chat_prompts", True, "verl's SFT renders the prompt as a user message through the chat template")
+
+
+def _sft_steps(peer: Peer, out: Translation, batch: int) -> None:
+    """``trainer.total_training_steps``, else ``total_epochs`` x the rows / the batch; warm-up as a share of them."""
+    steps = peer("trainer.total_training_steps")
+    if steps:
+        out.set("cold_start.steps", int(steps), f"SFT {peer.show('trainer.total_training_steps')}")
+    elif rows := count_rows(out.values.get("cold_start.data")):
+        epochs = peer("trainer.total_epochs")
+        steps = max(1, (rows // batch) * int(epochs))  # verl's loader drops the last partial batch
+        out.set("cold_start.steps", steps, f"SFT trainer.total_epochs={epochs} x {rows} rows // {batch}")
+    else:
+        out.not_translated.append(f"SFT {peer.show('trainer.total_epochs')} without total_training_steps and with "
+                                  "the data not here: set cold_start.steps")
+        return
+    ratio = float(peer("optim.warmup_steps_ratio"))
+    out.set("cold_start.warmup_steps", math.floor(ratio * steps), f"SFT {peer.show('optim.warmup_steps_ratio')} x steps")
