@@ -431,6 +431,8 @@ def test_a_verl_sft_run_becomes_the_cold_start(tmp_path: Path, monkeypatch):
                                                                          "SFT model.lora_rank=32"}
     with pytest.raises(ConfigError, match=r"^--sft: the script runs verl.trainer.main_ppo, not verl's SFT trainer"):
         add_verl_sft(explicit, {"-m": "verl.trainer.main_ppo"})
+    with pytest.raises(ConfigError, match=r"^--sft: verl.trainer.sft_trainer \(verl's engine-based SFT trainer\) is not"):
+        add_verl_sft(explicit, {"-m": "verl.trainer.sft_trainer"})
 
 
 def _chat_tokenizer():

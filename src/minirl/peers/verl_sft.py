@@ -41,6 +41,10 @@ def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a verl SFT run's settings (``read_verl`` of its script or YAML)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
     module = str(given.pop("-m", "verl.trainer.fsdp_sft_trainer"))
+    if module.endswith(".sft_trainer"):  # its engine-based trainer: other keys and defaults, not read here
+        raise ConfigError(f"--sft: {module} (verl's engine-based SFT trainer) is not translated, only "
+                          "verl.trainer.fsdp_sft_trainer; its chat rows (messages, tools) train as they are: set "
+                          "cold_start.data and the other cold_start keys by hand")
     if "sft" not in module:
         raise ConfigError(f"--sft: the script runs {module}, not verl's SFT trainer (verl.trainer.fsdp_sft_trainer)")
     peer = Peer(given, VERL_SFT_DEFAULTS)
