@@ -131,7 +131,7 @@ TOOLS = ("{% if tools %}Tools: {% for t in tools %}{{ t['function']['name'] }} {
          "{% if add_generation_prompt %}Assistant: {% endif %}")
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
 CALLING = [{"role": "user", "content": "3+4?"},
-           {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {}}}]},
+           {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 3}}}]},
            {"role": "tool", "content": "7", "name": "add", "tool_call_id": None},
            {"role": "assistant", "content": "7"}]
 
@@ -142,7 +142,7 @@ def _tools_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerF
     return with_tools
 
 
-def test_a_function_calling_chat_trains_its_calls_with_its_tools_in_the_prompt(plain_tokenizer) -> None:
+def test_a_function_calling_chat_trains_its_calls_with_its_tools_in_the_prompt(plain_tokenizer, tmp_path) -> None:
     """TRL's SFT row with ``tools`` (here a JSON string) and ``chat_template_kwargs``: every rendering gets them; the
     assistant's tool call (no content) and its answer are trained, the tool's result is context; a null field of a
     message (as a ``datasets`` table fills them) is dropped, the others reach the template."""
@@ -161,6 +161,17 @@ def test_a_function_calling_chat_trains_its_calls_with_its_tools_in_the_prompt(p
 
     kept = check_messages(CALLING, "row", "messages")
     assert kept[1] == CALLING[1] and kept[2] == {"role": "tool", "content": "7", "name": "add"}  # the null field dropped
+    import datasets
+
+    from minirl.sft_data import read_sft_examples
+
+    # the same row beside a plain chat in a parquet that `datasets` writes: every message gets every field, nulls
+    # where a message had none, and a row without tools a null "tools"
+    datasets.Dataset.from_list([row, {"messages": CHAT, "tools": None, "chat_template_kwargs": None}]).to_parquet(
+        str(tmp_path / "calls.parquet"))
+    calling, plain = read_sft_examples(tmp_path / "calls.parquet", tokenizer)
+    assert (calling.input_ids, calling.loss_mask) == (example.input_ids, example.loss_mask)
+    assert plain.input_ids == row_to_example({"messages": CHAT}, "row", tokenizer).input_ids
     bare = row_to_example({"messages": CALLING}, "row", tokenizer)  # without the row's extras: another prompt
     assert bare.input_ids == tokenizer.encode(body, add_special_tokens=False)
 
