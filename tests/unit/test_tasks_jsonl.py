@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from minirl.tasks import JsonlTask, Task, TaskDataError, build_task
-from minirl.tasks.jsonl import exact_reward, extract_answer, last_boxed, math_equivalent, math_verify_reward
+from minirl.tasks.jsonl import (
+    exact_reward,
+    extract_answer,
+    last_boxed,
+    math_equivalent,
+    math_verify_reward,
+    read_jsonl_prompts,
+)
 
 
 def write_rows(path: Path, rows: list[object]) -> Path:
@@ -96,7 +103,19 @@ BAD_LINES = [
     ('{"prompt": "q", "answer": NaN}', 'field "answer" must be finite, got nan'),
     ('{"prompt": "  ", "answer": "1"}', 'field "prompt" is empty'),
     ('{"prompt": "q", "answer": ""}', 'field "answer" is empty'),
+    ('{"prompt": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}], "answer": "1"}',
+     'field "prompt" message 0 content part 0 is of type \'image\': minirl trains text models (content as a string, '
+     'or parts of type "text" with a string "text")'),
 ]
+
+
+def test_chat_content_given_as_text_parts_is_their_text(tmp_path: Path) -> None:
+    """The OpenAI / TRL multimodal form with text parts only: the message's content is the parts' text, joined."""
+    path = tmp_path / "parts.jsonl"
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "3+4?"}]
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": parts}], "answer": "7"}) + "\n", encoding="utf-8")
+    (prompt,) = read_jsonl_prompts(path)
+    assert prompt.messages == [{"role": "user", "content": "What is 3+4?"}] and prompt.text == "What is 3+4?"
 
 
 @pytest.mark.parametrize("bad_line, message", BAD_LINES)

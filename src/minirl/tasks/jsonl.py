@@ -406,11 +406,15 @@ def check_messages(messages: list, where: str, key: str) -> list[dict]:
     """``messages`` as chat messages (``{"role": str, "content": str, ...}``), or ``TaskDataError``. Every other
     field a template may read is kept (``tool_calls``, ``name``, ``tool_call_id``, ...), but fields that are null (a
     ``datasets`` table fills the fields of other rows' messages with nulls); a message that calls tools
-    (``tool_calls``) may have no content."""
+    (``tool_calls``) may have no content. A content given as parts (``[{"type": "text", "text": ...}, ...]``, the
+    OpenAI / TRL multimodal form) becomes its text parts joined, for a text model's template; another kind of part
+    (an image) is one line."""
     if not messages:
         raise TaskDataError(f'{where}: field "{key}" is an empty list of messages')
     checked = []
     for index, message in enumerate(messages):
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            message = {**message, "content": _text_parts(message["content"], f'{where}: field "{key}" message {index}')}
         calls = isinstance(message, dict) and bool(message.get("tool_calls"))
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not (
                 isinstance(message.get("content"), str) or (calls and message.get("content") is None)):
@@ -420,6 +424,19 @@ def check_messages(messages: list, where: str, key: str) -> list[dict]:
             )
         checked.append({name: value for name, value in message.items() if value is not None or name == "content"})
     return checked
+
+
+def _text_parts(parts: list, where: str) -> str:
+    """A message's content parts as one text: the text parts in order (``TaskDataError`` for any other part)."""
+    texts = []
+    for number, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"of type {kind!r}" if kind else _json_type(part)
+            raise TaskDataError(f'{where} content part {number} is {what}: minirl trains text models (content as a '
+                                'string, or parts of type "text" with a string "text")')
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _json_type(value: Any) -> str:
