@@ -381,8 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None,
                    help="from-trl / from-verl / from-slime: write the minirl config here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
-                   help="from-trl: a `trl sft --config` file; from-verl: verl's SFT run (its fsdp_sft_trainer script "
-                        "or YAML); translated as the cold start (SFT before RL)")
+                   help="from-trl: a `trl sft --config` file; from-verl: verl's SFT run (its sft_trainer or "
+                        "fsdp_sft_trainer script, or YAML); translated as the cold start (SFT before RL)")
     p.add_argument("--accelerate-config", default=None, metavar="FILE",
                    help="from-trl: the `accelerate launch --config_file` the TRL run was launched with (its processes, "
                         "DeepSpeed or FSDP plugin, CPU offload; a DeepSpeed JSON it names)")

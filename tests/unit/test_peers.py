@@ -429,10 +429,38 @@ def test_a_verl_sft_run_becomes_the_cold_start(tmp_path: Path, monkeypatch):
     assert (w["cold_start.steps"], w["cold_start.warmup_steps"]) == (50, 5) and "cold_start.prompt_column" not in w
     assert {line.split(":")[0] for line in explicit.not_translated} >= {"SFT data.multiturn.messages_key='conversation'",
                                                                          "SFT model.lora_rank=32"}
-    with pytest.raises(ConfigError, match=r"^--sft: the script runs verl.trainer.main_ppo, not verl's SFT trainer"):
+    with pytest.raises(ConfigError, match=r"^--sft: the script runs verl.trainer.main_ppo, not one of verl's SFT trainers"):
         add_verl_sft(explicit, {"-m": "verl.trainer.main_ppo"})
-    with pytest.raises(ConfigError, match=r"^--sft: verl.trainer.sft_trainer \(verl's engine-based SFT trainer\) is not"):
-        add_verl_sft(explicit, {"-m": "verl.trainer.sft_trainer"})
+
+
+def test_verls_engine_sft_trainer_becomes_the_cold_start(tmp_path: Path):
+    """verl's ``sft_trainer`` (``sft_trainer_engine.yaml``): chat rows with tools as they are, its template variables,
+    its warm-up ratio of whole batches (or its warm-up steps), its constant schedule; a thinking-switch column minirl
+    does not read is said."""
+    from minirl.peers import add_verl_sft
+
+    rows = tmp_path / "chats.jsonl"
+    rows.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n' * 40)
+    out = from_verl({"actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(out, {"-m": "verl.trainer.sft_trainer", "data.train_files": str(rows), "data.train_batch_size": 16,
+                       "optim.lr": 2e-5, "optim.lr_warmup_steps_ratio": 0.2, "trainer.total_epochs": 3,
+                       "data.apply_chat_template_kwargs.enable_thinking": False, "model.use_remove_padding": True,
+                       "engine.strategy": "fsdp2", "data.use_dynamic_bsz": True})
+    v = out.values
+    assert (v["cold_start.data"], v["cold_start.batch_sequences"], v["cold_start.lr"]) == (str(rows), 16, 2e-5)
+    assert (v["cold_start.steps"], v["cold_start.warmup_steps"]) == (6, 1)  # 3 x (40 // 16); int(0.2 x 6)
+    assert v["task.chat_template_kwargs"] == {"enable_thinking": False} and v["optim.padding_free"] is True
+    assert "cold_start.prompt_column" not in v and "cold_start.chat_prompts" not in v
+    assert not any("lr_scheduler_type" in line for line in out.differs)  # verl's engine default: constant
+    assert not any(line.startswith("SFT ") for line in out.not_translated)
+    out.config()
+    steps = from_verl({"actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(steps, {"-m": "verl.trainer.sft_trainer", "data.train_files": str(rows), "optim.lr_warmup_steps": 7,
+                         "trainer.total_training_steps": 30, "data.enable_thinking_key": "think",
+                         "optim.lr_scheduler_type": "cosine"})
+    assert (steps.values["cold_start.steps"], steps.values["cold_start.warmup_steps"]) == (30, 7)
+    assert any(line.startswith("SFT data.enable_thinking_key='think'") for line in steps.not_translated)
+    assert any(line.startswith("SFT optim.lr_scheduler_type='cosine'") for line in steps.differs)
 
 
 def _chat_tokenizer():
