@@ -460,6 +460,7 @@ def test_verls_engine_sft_trainer_becomes_the_cold_start(tmp_path: Path):
                          "optim.lr_scheduler_type": "cosine"})
     assert (steps.values["cold_start.steps"], steps.values["cold_start.warmup_steps"]) == (30, 7)
     assert any(line.startswith("SFT data.enable_thinking_key='think'") for line in steps.not_translated)
+    assert not any("enable_thinking" in line for line in out.not_translated)  # the default column: read
     assert any(line.startswith("SFT optim.lr_scheduler_type='cosine'") for line in steps.differs)
 
 

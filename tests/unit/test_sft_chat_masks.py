@@ -195,9 +195,17 @@ def test_an_rl_prompt_renders_with_its_rows_tools_and_bad_ones_are_one_line(plai
                                                                add_special_tokens=False)
     assert encode_prompt(tokenizer, second) == tokenizer.encode("Style: short\nUser: 3+4?\nAssistant: ", add_special_tokens=False)
     assert first.meta["tools"] == [ADD]  # reward functions get the column, as TRL passes it
+    with_switch = _tools_tokenizer(plain_tokenizer)  # verl's per-row thinking switch, a template variable
+    with_switch.chat_template = "{% if enable_thinking %}Think. {% endif %}" + TOOLS
+    thinking = Prompt(text="", answer="7", messages=CALLING[:1], meta={"enable_thinking": True})
+    assert encode_prompt(with_switch, thinking) == with_switch.encode("Think. User: 3+4?\nAssistant: ",
+                                                                      add_special_tokens=False)
     prefilled = Prompt(text="", answer="7", messages=[*CALLING[:1], {"role": "assistant", "content": "I add"}])
     assert encode_prompt(tokenizer, prefilled) == tokenizer.encode(  # TRL: the assistant's start continued
         "Style: long\nUser: 3+4?\nAssistant: I add", add_special_tokens=False)
+    path.write_text(json.dumps({"prompt": CALLING[:1], "answer": "7", "enable_thinking": "yes"}) + "\n")
+    with pytest.raises(TaskDataError, match=r'tools.jsonl:1: field "enable_thinking" must be true or false$'):
+        read_jsonl_prompts(path)
     path.write_text(json.dumps({"prompt": CALLING[:1], "answer": "7", "tools": ["add"]}) + "\n")
     with pytest.raises(TaskDataError, match=r'tools.jsonl:1: field "tools" must be a list of function schemas \(objects\)$'):
         read_jsonl_prompts(path)

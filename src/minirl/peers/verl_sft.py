@@ -9,8 +9,9 @@ Two verl SFT trainers, told apart by the module the script runs:
   ``cold_start.chat_prompts`` (verl's layout) with the dotted columns. With ``data.multiturn.enable`` the rows are
   chats (``{"messages": [...]}``), every assistant turn trained.
 * ``verl.trainer.sft_trainer`` (``sft_trainer_engine.yaml``, the optimizer of ``optim/fsdp.yaml``): every row a chat
-  (``data.messages_key``) with its tools (``data.tools_key``), the assistant turns trained, as minirl trains a
-  ``{"messages", "tools"}`` row; ``data.apply_chat_template_kwargs`` are the template's variables.
+  (``data.messages_key``) with its tools (``data.tools_key``) and thinking switch (``data.enable_thinking_key``),
+  the assistant turns trained, as minirl trains a ``{"messages", "tools", "enable_thinking"}`` row;
+  ``data.apply_chat_template_kwargs`` are the template's variables.
 
 Both: ``data.train_batch_size`` rows per optimizer step, whole batches only (``drop_last``), so ``total_epochs`` x
 (rows // batch) steps unless ``trainer.total_training_steps``; the warm-up a share of them (``int()``).
@@ -133,9 +134,9 @@ def _chats(peer: Peer, out: Translation) -> None:
     for key, ours in (("data.messages_key", "messages"), ("data.tools_key", "tools")):
         if peer(key) != ours:
             out.not_translated.append(f"SFT {peer.show(key)}: minirl reads a chat row's \"{ours}\" column")
-    if peer("data.enable_thinking_key") != "enable_thinking" or "data.enable_thinking_key" in peer.given:
-        out.not_translated.append(f"SFT {peer.show('data.enable_thinking_key')}: minirl reads no per-row thinking switch "
-                                  "(a row's chat_template_kwargs column, or task.chat_template_kwargs)")
+    if peer("data.enable_thinking_key") != "enable_thinking":  # minirl reads a row's "enable_thinking" column
+        out.not_translated.append(f"SFT {peer.show('data.enable_thinking_key')}: minirl reads a row's thinking switch "
+                                  "from its \"enable_thinking\" column")
     kwargs = peer.mapping("data.apply_chat_template_kwargs")
     if kwargs:
         rl = out.values.get("task.chat_template_kwargs")

@@ -24,7 +24,8 @@ rendering, held by the run's tokenizer object (``apply_chat_setting``), never sa
 
 A data row may carry its own, as TRL's ``SFTTrainer`` and ``GRPOTrainer`` read them: a ``tools`` column (the
 function schemas the template writes into the prompt, ``apply_chat_template(tools=...)``; a JSON string of them is
-read as its list) and a ``chat_template_kwargs`` column (template variables of that row, over the run's).
+read as its list) and a ``chat_template_kwargs`` column (template variables of that row, over the run's); an
+``enable_thinking`` column (verl's SFT ``enable_thinking_key``) is that one variable.
 ``row_template_args`` checks and returns them; ``Prompt.meta`` keeps them for ``encode_prompt``. Chat messages keep
 every field the template may read (``tool_calls``, ``name``, ``tool_call_id``, ``reasoning_content``, ...); an
 assistant message that calls tools may have no content.
@@ -115,6 +116,11 @@ def row_template_args(row: dict[str, Any], where: str) -> dict[str, Any]:
     """A data row's ``tools`` and ``chat_template_kwargs`` columns as ``apply_chat_template`` keywords (module
     docstring); ``ValueError`` naming ``where`` and the column when one has the wrong shape."""
     args: dict[str, Any] = {}
+    thinking = row.get("enable_thinking")
+    if thinking is not None:
+        if not isinstance(thinking, bool):
+            raise ValueError(f'{where}: field "enable_thinking" must be true or false')
+        args["enable_thinking"] = thinking
     kwargs = row.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
