@@ -278,7 +278,7 @@ class RolloutConfig(Section):
     more over-sampling, the more responses wait for a later step (``rollout/stale_tokens_frac``)."""
     partial_chunk_tokens: int = Field(64, ge=1)
     """Under ``partial_rollout``: new tokens per response between two checks of how many groups have ended. The
-    native engine checks inside one call, its KV cache kept (CUDA graphs too); other engines (vLLM, several replicas)
+    native engine checks inside one call, its KV cache kept (CUDA graphs, several in this process too); vLLM and Ray engines
     decode a chunk per call, each prefilling prompt and response so far again (vLLM from its prefix cache, which holds
     what the step's earlier chunks computed), so there a larger chunk costs less."""
     partial_mask_stale: bool = False

@@ -5,8 +5,8 @@ Each global step decodes the pool's groups and checks every ``rollout.partial_ch
 how many groups have all G responses ended (a stop token or string, or ``max_new_tokens``); once ``prompts_per_step``
 (P) have, decoding stops: the step trains on the P that ended first (in draw order within a check, so groups carried
 from earlier steps first). The native engine decodes the step in one call that keeps its KV cache from check to check
-and stops at the check (``minirl.rollout.base.DecodeControl``; its CUDA-graph buckets too); an engine without that
-control (vLLM, several replicas) is called once per chunk, each call prefilling prompt and response so far again
+and stops at the check (``minirl.rollout.base.DecodeControl``; its CUDA-graph buckets too, and several native engines
+in this process, ``EngineGroup``); an engine without that control (vLLM, engines on Ray) is called once per chunk, each call prefilling prompt and response so far again
 (vLLM from its prefix cache: the step's earlier chunks ran on the same weights).
 Both check at the same points and, given the same tokens, train the same groups (the samples differ: a chunk call
 draws from a stream of its own). Groups that ended by the same check beyond the P are dropped, as slime drops them ("we have not stored all the unused samples back to the data buffer"); the

@@ -72,3 +72,60 @@ def test_per_batch_seeding_depends_on_the_split():
 def test_chunk_bounds_cover_in_order():
     assert chunk_bounds(5, 2) == [(0, 3), (3, 5)]
     assert chunk_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+def test_engines_in_this_process_take_a_partial_rollouts_control_as_one_engine_does():
+    """A ``DecodeControl`` (each row's budget, a stop every 2 tokens) across 2 and 3 engines, each in a thread: the
+    stop is asked at the same checks with the same ended rows as one engine asks it, and the rows are cut at the same
+    tokens; a stop that raises stops every engine and reaches the caller."""
+    from minirl.rollout.base import DecodeControl
+
+    model = make_tiny_moe()
+    sampling = SamplingParams(max_new_tokens=10, seed=5)
+    # 2..10 tokens; the last two prompts' rows 2 tokens, so that the last engine returns before the first check
+    budgets = [2 + (3 * row) % 9 for row in range(6)] + [2, 2, 2, 2]
+
+    def controlled(engine):
+        asked = []
+
+        def stop(ended):
+            asked.append(ended)
+            return len(asked) == 3
+
+        done = engine.generate_ids(PROMPTS, 2, sampling, record_routes=True, control=DecodeControl(budgets, stop, 2)) \
+            if isinstance(engine, NativeEngine) else _group_ids(engine, sampling, DecodeControl(budgets, stop, 2))
+        return done, asked
+
+    one, one_asked = controlled(_engine(model))
+    assert len(one_asked) == 3 and any(one_asked[2]) and not all(one_asked[2])
+    for engines in (2, 3):
+        group = EngineGroup([InProcess(f"engine {i}", _engine(model)) for i in range(engines)])
+        assert group.continues_in_call
+        many, many_asked = controlled(group)
+        assert many_asked == one_asked
+        _same(one, many)
+
+    def failing(ended):
+        raise ValueError("the pool's stop failed")
+
+    group = EngineGroup([InProcess(f"engine {i}", _engine(model)) for i in range(2)])
+    with pytest.raises(ValueError, match="the pool's stop failed"):
+        _group_ids(group, sampling, DecodeControl(budgets, failing, 2))
+    assert not EngineGroup([InProcess("engine", object())]).continues_in_call
+
+
+def _group_ids(group, sampling, control):
+    """``EngineGroup.generate`` on ``PROMPTS`` as token-id prompts (its engines tokenise ``Prompt.text``)."""
+    from minirl.types import Prompt
+
+    class Texts:
+        def encode(self, text, add_special_tokens=False):
+            return [int(t) for t in text.split()]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    for engine in group.engines:
+        engine.target.tokenizer = Texts()
+    prompts = [Prompt(text=" ".join(map(str, ids)), answer="") for ids in PROMPTS]
+    return group.generate(prompts, 2, sampling, record_routes=True, control=control)

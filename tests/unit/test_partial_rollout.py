@@ -235,17 +235,19 @@ class _Spied:
         return self.inner.rollouts(step, prompts, n, sampling, record_routes=record_routes)
 
 
-@pytest.mark.parametrize("in_call", [False, True])
-def test_in_the_engine_a_response_continued_is_the_law_it_was_sampled_from(tmp_path, in_call):
+@pytest.mark.parametrize("in_call, engines", [(False, 1), (True, 1), (True, 2)])
+def test_in_the_engine_a_response_continued_is_the_law_it_was_sampled_from(tmp_path, in_call, engines):
     """The real engine, R3, fp32, stop strings so that lengths vary. One chunk per call: responses continued over
     several chunks (the prompt and the response so far prefilled again) in one step carry the trainer's own log-probs
     to float rounding (``mismatch/*`` at step 1, where every token is the step's). In one call (``DecodeControl``):
-    the step is one engine call, its KV cache kept from check to check, with the same exactness. Either way a later
-    step trains responses begun a step before, prefilled again on the new weights."""
+    the step is one engine call, its KV cache kept from check to check, with the same exactness; so too with two
+    engines in this process (``EngineGroup``, one thread each, joined at every check). Either way a later step trains
+    responses begun a step before, prefilled again on the new weights."""
     seen: list[int] = []
     calls: list[DecodeControl] = []
 
     def spy(run):
+        assert (type(run.engine).__name__ == "EngineGroup") == (engines > 1)
         if not in_call:
             run.rollouts = _Spied(run.rollouts, seen)
             return
@@ -260,7 +262,8 @@ def test_in_the_engine_a_response_continued_is_the_law_it_was_sampled_from(tmp_p
 
     metrics, _ = run_steps(tmp_path, "rollout.partial_rollout=true", "rollout.partial_chunk_tokens=2",
                            "rollout.max_new_tokens=16", "moe.routing_replay=R3",
-                           "task.stop_strings=[a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p]", steps=2, on_setup=spy)
+                           "task.stop_strings=[a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p]", f"cluster.rollout_engines={engines}",
+                           steps=2, on_setup=spy)
     assert metrics[0]["mismatch/abs_dlogp_max"] < 2e-6 and metrics[0]["rollout/stale_tokens_frac"] == 0.0
     assert metrics[1]["rollout/stale_tokens_frac"] > 0 and metrics[1]["rollout/max_token_lag_steps"] == 1.0
     if in_call:

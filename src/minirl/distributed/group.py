@@ -12,6 +12,9 @@
 * ``EngineGroup`` splits the prompts of a call into E contiguous chunks, one per engine, and
   concatenates the completions in prompt order (``prompt_index`` renumbered to the whole call).
   Each engine is told where its chunk starts, so per-sample seeding draws what one engine would.
+  Engines in this process (``InProcess``) also take a partial rollout's ``DecodeControl``: each decodes its
+  chunk in a thread, and at every check their ended rows are joined and the call's stop asked once
+  (``_Checks``), so the group stops where one engine would.
 * ``GroupReplay`` is the controller's ``RoutingReplay`` (route validation against the model) whose
   ``replayed_rows`` are the ranks' counters summed, so the loop's "every route replayed exactly
   once" check covers the whole group.
@@ -24,14 +27,18 @@ Where a worker runs is a *handle*: ``InProcess`` (an object in this process), ``
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing.connection
+import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from minirl.batching import split
+from minirl.rollout.base import DecodeControl
 from minirl.tensors import to_floats
 from minirl.trainer import MetricInputs, OnPolicy, ScoreResult, UpdateResult
 from minirl.types import Batch, Completion, Prompt, SamplingParams
@@ -417,22 +424,36 @@ class EngineGroup:
             self.close(graceful=False)
             raise
 
+    @property
+    def continues_in_call(self) -> bool:
+        """Whether ``generate`` takes a ``DecodeControl`` with a stop: engines in this process that each take one."""
+        return all(isinstance(e, InProcess) and getattr(e.target, "continues_in_call", False) for e in self.engines)
+
     def generate(
         self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams, record_routes: bool = False,
+        control: DecodeControl | None = None,
     ) -> list[Completion]:
         bounds = chunk_bounds(len(prompts), len(self.engines))
         busy = [(engine, start, stop) for engine, (start, stop) in zip(self.engines, bounds) if stop > start]
+        if control is not None and control.stop is not None:
+            assert self.continues_in_call, "a DecodeControl with a stop needs engines in this process"
+            n = samples_per_prompt
+
+            def call(engine: Any, a: int, b: int) -> Callable[[Callable[[list[bool]], bool]], Any]:
+                def run(local: Callable[[list[bool]], bool]) -> Any:
+                    part = replace(control, max_new_tokens=control.max_new_tokens[a * n:b * n], stop=local)
+                    return engine.submit("generate", prompts[a:b], n, sampling, record_routes, prompt_offset=a, control=part)
+                return run
+
+            parts = _Checks(control.stop, [(b - a) * n for _, a, b in busy]).run([call(e, a, b) for e, a, b in busy])
+            return _renumbered(busy, parts)
         calls = [(e, e.submit("generate", prompts[a:b], samples_per_prompt, sampling, record_routes, prompt_offset=a)) for e, a, b in busy]
         try:
             parts = gather(calls, "generate")
         except WorkerError:
             self.close(graceful=False)
             raise
-        completions: list[Completion] = []
-        for (_, start, _), part in zip(busy, parts):
-            completions += [replace(c, prompt_index=c.prompt_index + start) for c in part]
-        return completions
-
+        return _renumbered(busy, parts)
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         from minirl.distributed.ray_backend import shared
 
@@ -456,6 +477,77 @@ class EngineGroup:
                 engine.close(graceful)
             except Exception:
                 pass
+
+
+def _renumbered(busy: list[tuple[Any, int, int]], parts: list[list[Completion]]) -> list[Completion]:
+    """The engines' completions in prompt order, ``prompt_index`` counted over the whole call."""
+    completions: list[Completion] = []
+    for (_, start, _), part in zip(busy, parts):
+        completions += [replace(c, prompt_index=c.prompt_index + start) for c in part]
+    return completions
+
+
+class _Checks:
+    """The engines of one controlled call, each in a thread (``EngineGroup.generate``): at check k every engine's
+    ended rows (an engine that has returned: all ended) are joined in row order and ``stop`` is asked once; every
+    engine gets its answer."""
+
+    def __init__(self, stop: Callable[[list[bool]], bool], rows: list[int]) -> None:
+        self.stop, self.rows = stop, rows
+        self.condition = threading.Condition()
+        self.ended: dict[int, dict[int, list[bool]]] = {}  # check -> engine -> its rows' ended flags
+        self.answers: dict[int, bool | BaseException] = {}
+        self.finished: set[int] = set()
+
+    def run(self, calls: list[Callable[[Callable[[list[bool]], bool]], Any]]) -> list[Any]:
+        """``calls[e](stop_e)``: engine e's generate with its own stop; their results in order."""
+        results: list[Any] = [None] * len(calls)
+        errors: list[BaseException] = []
+
+        def body(engine: int) -> None:
+            try:
+                results[engine] = calls[engine](self._local(engine))
+            except BaseException as exc:  # re-raised below, in the caller's thread
+                errors.append(exc)
+            finally:
+                with self.condition:
+                    self.finished.add(engine)
+                    self.condition.notify_all()
+
+        threads = [threading.Thread(target=body, args=(e,), name=f"minirl-engine-{e}", daemon=True) for e in range(len(calls))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _local(self, engine: int) -> Callable[[list[bool]], bool]:
+        checks = itertools.count()
+
+        def stop(ended: list[bool]) -> bool:
+            check = next(checks)
+            with self.condition:
+                self.ended.setdefault(check, {})[engine] = ended
+                while check not in self.answers and not self._complete(check):
+                    self.condition.wait()
+                if check not in self.answers:  # the last engine to report asks, once
+                    joined = [flag for e, n in enumerate(self.rows) for flag in self.ended[check].get(e, [True] * n)]
+                    try:
+                        self.answers[check] = self.stop(joined)
+                    except BaseException as exc:  # every engine stops with it
+                        self.answers[check] = exc
+                    self.condition.notify_all()
+                answer = self.answers[check]
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return stop
+
+    def _complete(self, check: int) -> bool:
+        return all(e in self.ended[check] or e in self.finished for e in range(len(self.rows)))
 
 
 def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
