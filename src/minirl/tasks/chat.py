@@ -113,8 +113,8 @@ def template_kwargs(tokenizer: Any, extra: dict[str, Any] | None = None) -> dict
 
 
 def row_template_args(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """A data row's ``tools`` and ``chat_template_kwargs`` columns as ``apply_chat_template`` keywords (module
-    docstring); ``ValueError`` naming ``where`` and the column when one has the wrong shape."""
+    """A data row's ``tools``, ``chat_template_kwargs`` and ``enable_thinking`` columns as ``apply_chat_template``
+    keywords (module docstring); ``ValueError`` naming ``where`` and the column when one has the wrong shape."""
     args: dict[str, Any] = {}
     thinking = row.get("enable_thinking")
     if thinking is not None:
