@@ -462,6 +462,9 @@ def test_verls_engine_sft_trainer_becomes_the_cold_start(tmp_path: Path):
     assert any(line.startswith("SFT data.enable_thinking_key='think'") for line in steps.not_translated)
     assert not any("enable_thinking" in line for line in out.not_translated)  # the default column: read
     assert any(line.startswith("SFT optim.lr_scheduler_type='cosine'") for line in steps.differs)
+    yaml_only = from_verl({"actor_rollout_ref.rollout.n": 4})  # a YAML: no module, the engine trainer's keys
+    add_verl_sft(yaml_only, {"data.train_files": str(rows), "data.messages_key": "messages", "trainer.total_training_steps": 3})
+    assert "cold_start.prompt_column" not in yaml_only.values and yaml_only.values["cold_start.steps"] == 3
 
 
 def _chat_tokenizer():

@@ -60,10 +60,16 @@ VERL_SFT_IGNORED = re.compile(
 """Settings of verl's SFT runs with no effect on what the cold start learns (memory, parallelism, logging, files)."""
 
 
+ENGINE_ONLY = ("engine.", "data.messages_key", "data.tools_key", "data.enable_thinking_key", "model.path",
+               "optim.lr_warmup_steps")
+"""Keys only the engine-based ``sft_trainer`` has: a config without a module is that trainer's when it sets one."""
+
+
 def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a verl SFT run's settings (``read_verl`` of its script or YAML)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
-    module = str(given.pop("-m", "verl.trainer.fsdp_sft_trainer"))
+    engine_keys = any(key.startswith(ENGINE_ONLY) for key in given)  # a YAML names no module: its keys tell
+    module = str(given.pop("-m", "verl.trainer.sft_trainer" if engine_keys else "verl.trainer.fsdp_sft_trainer"))
     if "sft" not in module:
         raise ConfigError(f"--sft: the script runs {module}, not one of verl's SFT trainers (verl.trainer.sft_trainer, "
                           "verl.trainer.fsdp_sft_trainer)")
