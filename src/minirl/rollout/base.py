@@ -47,3 +47,16 @@ class DecodeControl:
     max_new_tokens: list[int]
     stop: Callable[[list[bool]], bool] | None = None
     check_every_tokens: int = 1
+
+    def stops_at(self, step: int, running: torch.Tensor, num_tokens: torch.Tensor, rows: int) -> bool:
+        """After decode step ``step`` (every engine loop's rule): whether ``stop``, asked every ``check_every_tokens``
+        steps with which of the call's ``rows`` rows have ended (all but ``running``, long [b] of original rows), ends
+        the call; if so the running rows keep their ``step + 1`` tokens (``num_tokens``, set in place)."""
+        if self.stop is None or (step + 1) % self.check_every_tokens:
+            return False
+        ended = torch.ones(rows, dtype=torch.bool)
+        ended[running.cpu()] = False  # waits for the device
+        if not self.stop(ended.tolist()):
+            return False
+        num_tokens[running] = step + 1
+        return True

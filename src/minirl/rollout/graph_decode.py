@@ -167,7 +167,7 @@ class BucketDecoder:
             bucket.alive &= ~finished
             if step == max_new - 1:
                 break
-            if control is not None and _stopped(control, bucket, num_tokens, step, total):
+            if control is not None and control.stops_at(step, bucket.rows[bucket.alive], num_tokens, total):
                 break
             count = counter.read(bucket.alive)
             if count == 0:
@@ -207,19 +207,6 @@ class BucketDecoder:
             alive=torch.arange(size, device=device) < n,
             cache=StaticKVCache([k.index_select(0, index) for k in cache.keys], [v.index_select(0, index) for v in cache.values]),
         )
-
-
-def _stopped(control: DecodeControl, bucket: _Bucket, num_tokens: torch.Tensor, step: int, total: int) -> bool:
-    """After decode step ``step``: whether ``control.stop`` (asked every ``check_every_tokens`` steps with which of the
-    ``total`` rows have ended) ends the call; if so the rows still running keep their ``step + 1`` tokens."""
-    if control.stop is None or (step + 1) % control.check_every_tokens:
-        return False
-    running = torch.zeros(total + 1, dtype=torch.bool, device=bucket.rows.device)
-    running[bucket.rows[bucket.alive]] = True  # waits for the device
-    if not control.stop((~running[:total]).tolist()):
-        return False
-    num_tokens[torch.where(bucket.alive, bucket.rows, total)] = step + 1
-    return True
 
 
 class _RunningCount:

@@ -382,7 +382,7 @@ class NativeEngine:
                     break
                 running.select(keep)
                 tokens = tokens[keep]
-            if control is not None and _stopped(control, out, running, step):
+            if control is not None and control.stops_at(step, running.rows, out.num_tokens, out.num_tokens.shape[0]):
                 break
             mask = None if running.attention_mask is None else running.attention_mask[:, : width + step + 1]
             positions = running.prompt_lengths + step
@@ -583,19 +583,6 @@ _HOOK_DICTS = (
     "_backward_hooks",
     "_backward_pre_hooks",
 )
-
-
-def _stopped(control: DecodeControl, out: _Outputs, running: _Running, step: int) -> bool:
-    """After decode step ``step``: whether ``control.stop`` (asked every ``check_every_tokens`` steps with which rows
-    have left the batch) ends the call here; if so the rows still running keep the ``step + 1`` tokens they have."""
-    if control.stop is None or (step + 1) % control.check_every_tokens:
-        return False
-    ended = torch.ones(out.num_tokens.shape[0], dtype=torch.bool)
-    ended[running.rows.cpu()] = False
-    if not control.stop(ended.tolist()):
-        return False
-    out.num_tokens[running.rows] = step + 1
-    return True
 
 
 @dataclass
