@@ -282,8 +282,9 @@ class RolloutConfig(Section):
     decode a chunk per call, each prefilling prompt and response so far again (vLLM from its prefix cache, which holds
     what the step's earlier chunks computed), so there a larger chunk costs less."""
     partial_mask_stale: bool = False
-    """Under ``partial_rollout``: train only the tokens the current step's weights sampled; a response's older tokens
-    stay in its context but get no loss (slime's ``--mask-offpolicy-in-partial-rollout``)."""
+    """Under ``partial_rollout``: train only the tokens sampled for the current step's batch (by the step's weights,
+    or with ``async_steps`` the weights before it); a response's older tokens stay in its context but get no loss
+    (slime's ``--mask-offpolicy-in-partial-rollout``)."""
     cuda_graphs: bool = False
     """CUDA only: decode by batch-size bucket over a static KV cache, each bucket's step captured in a
     CUDA graph (``minirl.rollout.graph_decode``); false = the dynamic decode loop. No effect on a CPU.
