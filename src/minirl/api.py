@@ -43,17 +43,20 @@ DatasetLike = Any  # datasets.Dataset | datasets.DatasetDict | list[dict] | str 
 def train(config: str | Path | Config | None = None, *overrides: str, model: str | Path | None = None,
           train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
-          peft_config: Any = None, args: Any = None, start_from: str | Path | None = None, resume: bool = False) -> Any:
+          peft_config: Any = None, args: Any = None, start_from: str | Path | None = None, resume: bool = False,
+          tools: Sequence[Callable[..., Any] | str] | None = None) -> Any:
     """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
     (held-out accuracy before and after RL, steps, seconds, run directory). ``args``: a TRL ``GRPOConfig`` in place
-    of ``config``, translated as ``minirl config from-trl`` translates its file (what differs printed). Raises
+    of ``config``, translated as ``minirl config from-trl`` translates its file (what differs printed). ``tools``:
+    TRL's, functions the model may call while it answers (``task.tools``, ``minirl.rollout.tools``). Raises
     ``ConfigError`` for a user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many
     numerical faults."""
     if args is not None:
         if config is not None:
             raise ConfigError("minirl.train: give a minirl config or TRL's args (a GRPOConfig), not both")
         config = _from_trl_args(args)
-    cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config)
+    cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config,
+                     tools)
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
@@ -110,7 +113,7 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
 def _configure(config: str | Path | Config | None, overrides: list[str], model: str | Path | None,
                train_dataset: DatasetLike, eval_dataset: DatasetLike,
                reward_funcs: Sequence[Callable[..., Any] | str] | None, reward_weights: Sequence[float] | None,
-               peft_config: Any = None) -> Config:
+               peft_config: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None) -> Config:
     """The config with TRL's arguments folded in as overrides (validated once, at the end)."""
     if isinstance(config, Config):
         data: dict[str, Any] = config.model_dump(mode="json")
@@ -128,6 +131,9 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         if value is not None:
             data["task"]["kind"] = "jsonl"
             data["task"][key] = _dataset_path(value, datasets_dir, name)
+    if tools is not None:  # run in this process, beside the engine: a function of the script itself is fine
+        data["task"]["tools"] = [tool if isinstance(tool, str) else _function_spec(tool, f"tools[{index}]")
+                                 for index, tool in enumerate(tools)]
     if reward_funcs is not None:
         weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
         if len(weights) != len(reward_funcs):
@@ -210,10 +216,11 @@ def _reward_entry(fn: Callable[..., Any] | str, index: int) -> dict[str, Any]:
     if factory is not None and type(fn).__module__.startswith("trl."):
         function, names = factory
         fn, kwargs = function, {name: getattr(fn, name) for name in names}
-    return {"function": _reward_spec(fn, index)} | ({"kwargs": kwargs} if kwargs else {})
+    return {"function": _function_spec(fn, f"reward_funcs[{index}]")} | ({"kwargs": kwargs} if kwargs else {})
 
 
-def _reward_spec(fn: Callable[..., Any], index: int) -> str:
+def _function_spec(fn: Callable[..., Any], where: str) -> str:
+    """``module:function`` naming ``fn`` in the run's config (``__main__:name`` for one of the script itself)."""
     from minirl.tasks.rewards import reward_spec
 
     spec = reward_spec(fn)
@@ -222,7 +229,7 @@ def _reward_spec(fn: Callable[..., Any], index: int) -> str:
     qualname = getattr(fn, "__qualname__", "")
     if getattr(fn, "__module__", None) == "__main__" and qualname and "<" not in qualname:
         return f"__main__:{qualname}"
-    raise ConfigError(f"reward_funcs[{index}]: {qualname or type(fn).__name__} cannot be named in the run's config "
+    raise ConfigError(f"{where}: {qualname or type(fn).__name__} cannot be named in the run's config "
                       "(a lambda, closure or instance); define it with def at a module's top level")
 
 

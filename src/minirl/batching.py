@@ -19,7 +19,8 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
     """Build a ``Batch`` from completions (in order) and their per-response advantages [B]. ``mask_truncated``:
     a completion cut by the length limit (``finish_reason == "length"``) trains no token (``algo.mask_truncated``).
     ``trained_from_step``: a token sampled at an earlier global step (``Completion.sampled_at_steps``, partial
-    rollouts) trains nothing (``rollout.partial_mask_stale``)."""
+    rollouts) trains nothing (``rollout.partial_mask_stale``). Nor does a token a tool call inserted
+    (``Completion.sampled_mask``, ``task.tools``)."""
     if len(completions) != advantages.numel():
         raise ValueError(f"{len(completions)} completions but {advantages.numel()} advantages")
     lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
@@ -41,6 +42,8 @@ def collate(completions: list[Completion], advantages: torch.Tensor, pad_token_i
         mask[row, n_prompt - 1 : length - 1] = not (mask_truncated and c.finish_reason == "length")
         if trained_from_step is not None and c.sampled_at_steps is not None:
             mask[row, n_prompt - 1 : length - 1] &= c.sampled_at_steps >= trained_from_step
+        if c.sampled_mask is not None:  # a tool's result inside the response (task.tools) trains nothing
+            mask[row, n_prompt - 1 : length - 1] &= c.sampled_mask
         logp_rollout[row, n_prompt - 1 : length - 1] = c.logp_rollout.float()
         if routes is not None:  # the first completion has routes: every one must
             if c.routes is None or c.routes.shape[0] != length:

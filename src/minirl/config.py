@@ -176,6 +176,20 @@ class TaskConfig(Section):
     stop_strings: list[str] = []
     """A completion also ends after the token that completes one of these (besides the tokenizer's
     EOS and the model's ``generation_config.eos_token_id``, which always stop it)."""
+    tools: list[str] = []
+    """Functions the model may call while it answers (TRL's ``GRPOTrainer(tools=[...])``), each a
+    ``package.module:function`` or ``path/file.py:function``; their schemas (from the signature and docstring, as
+    ``apply_chat_template(tools=...)`` reads them) go into every chat prompt, a call the model writes is run and its
+    result appended to the response, and the model goes on; the results train nothing (``minirl.rollout.tools``).
+    Needs chat prompts and a template that renders tool calls."""
+    max_tool_iterations: int | None = Field(None, ge=1)
+    """``task.tools``: rounds of tool calls per response at most (TRL's ``max_tool_calling_iterations``, verl's
+    ``multi_turn.max_assistant_turns`` less one); null: until the model stops calling or ``rollout.max_new_tokens``,
+    which counts the results' tokens too, is spent."""
+    tool_parser: Literal["hermes", "tokenizer"] = "hermes"
+    """``task.tools``: how a call is read from the model's turn: ``hermes`` = ``<tool_call>{"name": ..., "arguments":
+    {...}}</tool_call>`` blocks (Qwen2.5/3, Hermes; verl's default format); ``tokenizer`` = the tokenizer's own
+    ``parse_response`` (transformers' response schema, as TRL reads calls)."""
     on_bad_row: Literal["error", "skip"] = "error"
     """JSONL: a malformed or too long row stops the load (error) or is skipped and counted (skip)."""
     max_prompt_chars: int | None = Field(None, ge=1)
@@ -1118,6 +1132,17 @@ class Config(Section):
             raise ValueError("critic.warmup_steps: the steps without a policy update have no forward at theta_old for "
                              "the monitor under algo.logp_old_source=rollout; set algo.logp_old_source: trainer or 0")
 
+    def _check_tools(self) -> None:
+        """``task.tools``: calls and results are written by the chat template, and a response is sampled whole."""
+        if not self.task.tools:  # max_tool_iterations and tool_parser may be set for tools given later (minirl.train)
+            return
+        if self.task.chat_template == "plain":
+            raise ValueError("task.tools: tool calls and their results are written by the chat template; "
+                             "task.chat_template=plain has none (use auto or a template file)")
+        if self.rollout.partial_rollout:
+            raise ValueError("task.tools: a response with tool calls is sampled whole within its step; "
+                             "set rollout.partial_rollout=false")
+
     def _check_async(self) -> None:
         """``rollout.async_steps``: a CUDA-graph capture must not overlap the update's kernels in one process (the
         single-process placement; spawned trainer ranks and Ray actors run the update elsewhere)."""
@@ -1199,6 +1224,7 @@ class Config(Section):
         self._check_reference()
         self._check_bypass()
         self._check_async()
+        self._check_tools()
         per_token = self.algo.adv_token_returns or self.algo.adv_token_kl or self.algo.adv_baseline in (
             "critic", "optimal_token")
         if per_token and self.diagnostics.every_steps:

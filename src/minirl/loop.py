@@ -187,6 +187,15 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
     except BaseException:
         placement.close()
         raise
+    engine = placement.engine
+    if cfg.task.tools:  # responses that call tools, turn by turn (minirl.rollout.tools)
+        from minirl.rollout.tools import tool_calling
+
+        try:
+            engine = tool_calling(cfg, engine, tokenizer, model, prompts)
+        except BaseException:
+            placement.close()
+            raise
     if cfg.algo.adv_baseline == "critic" and ranks:
         critic = placement.trainer.critic()  # minirl.distributed.group.GroupCritic
     reference = None
@@ -194,9 +203,9 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         from minirl.reference import build_reference
 
         reference = build_reference(placement.trainer)  # the policy as the run starts (LoRA: the base model)
-    return Run(cfg, model, tokenizer, task, rewards, placement.replay, placement.engine, placement.trainer, prompts,
+    return Run(cfg, model, tokenizer, task, rewards, placement.replay, engine, placement.trainer, prompts,
                DataOrder(len(prompts), seed=cfg.run.seed), placement=placement,
-               rollouts=rollouts if rollouts is not None else EngineRollouts(placement.engine), reference=reference,
+               rollouts=rollouts if rollouts is not None else EngineRollouts(engine), reference=reference,
                critic=critic)
 
 

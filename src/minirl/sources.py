@@ -177,4 +177,7 @@ def _completion_state(c: Completion) -> dict[str, Any]:
     return {"prompt_index": c.prompt_index, "sample_index": c.sample_index, "prompt_ids": list(c.prompt_ids),
             "completion_ids": list(c.completion_ids), "logp_rollout": c.logp_rollout.detach().cpu(),
             "finish_reason": c.finish_reason, "text": c.text,
-            "routes": None if c.routes is None else c.routes.detach().cpu()}
+            "routes": None if c.routes is None else c.routes.detach().cpu(),
+            **({} if c.sampled_mask is None else {"sampled_mask": c.sampled_mask.detach().cpu()}),
+            **({} if c.messages is None else {"messages": c.messages, "tool_calls": c.tool_calls,
+                                              "tool_failures": c.tool_failures})}

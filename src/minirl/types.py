@@ -82,6 +82,12 @@ class Completion:
     routes: torch.Tensor | None = None  # int16 [len(prompt_ids) + len(completion_ids), L, K]
     sampled_at_steps: torch.Tensor | None = None  # int32 [len(completion_ids)]: the global step whose engine weights
     # sampled each token (``rollout.partial_rollout``; None: all of them the step's own)
+    sampled_mask: torch.Tensor | None = None  # bool [len(completion_ids)]: True where the engine sampled the token, False
+    # where a tool's result was inserted (``task.tools``, ``minirl.rollout.tools``; TRL's ``tool_mask``); None: all sampled
+    messages: list[dict[str, Any]] | None = None  # ``task.tools``: the completion as chat messages (assistant turns
+    # with their parsed ``tool_calls``, the ``tool`` results), what TRL hands reward functions as ``completions``
+    tool_calls: int = 0  # ``task.tools``: calls the model wrote in this response (run or not)
+    tool_failures: int = 0  # ``task.tools``: of those, calls that failed (malformed, unknown tool, raised)
 
 
 @dataclass(frozen=True)

@@ -447,7 +447,12 @@ class EngineGroup:
 
             parts = _Checks(control.stop, [(b - a) * n for _, a, b in busy]).run([call(e, a, b) for e, a, b in busy])
             return _renumbered(busy, parts)
-        calls = [(e, e.submit("generate", prompts[a:b], samples_per_prompt, sampling, record_routes, prompt_offset=a)) for e, a, b in busy]
+        n = samples_per_prompt
+        budgets = control is not None and self.continues_in_call  # each row's own budget (else the call's longest)
+        calls = [(e, e.submit("generate", prompts[a:b], n, sampling, record_routes, prompt_offset=a,
+                              **({"control": replace(control, max_new_tokens=control.max_new_tokens[a * n:b * n])}
+                                 if budgets and control is not None else {})))
+                 for e, a, b in busy]
         try:
             parts = gather(calls, "generate")
         except WorkerError:

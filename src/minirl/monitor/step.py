@@ -93,7 +93,12 @@ def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor, thr
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     truncated = sum(c.finish_reason == "length" for c in completions)
     correct_PG = rewards_PG >= threshold
-    return {
+    tools: dict[str, float] = {}
+    if any(c.messages is not None for c in completions):  # task.tools (minirl.rollout.tools), TRL's metrics
+        calls = sum(c.tool_calls for c in completions)
+        tools = {"tools/call_frequency": calls / len(completions),
+                 "tools/failure_frequency": sum(c.tool_failures for c in completions) / max(calls, 1)}
+    return tools | {
         "train/reward_mean": float(rewards_PG.mean()),
         "train/accuracy": float(correct_PG.float().mean()),
         "train/response_length": float(lengths.mean()),

@@ -34,7 +34,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-6, "num_generations": 8, "max_completion_length": 512, "per_device_train_batch_size": 8,
     "gradient_accumulation_steps": 1, "generation_batch_size": None, "steps_per_generation": None,
     "num_iterations": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0,
-    "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
+    "max_tool_calling_iterations": None, "beta": 0.0, "epsilon": 0.2, "epsilon_high": None, "delta": None, "importance_sampling_level": "token",
     "loss_type": "dapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "vespo_k_pos": 2.0,
     "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0, "scale_rewards": "group", "reward_weights": None,
     "multi_objective_aggregation": "sum_then_normalize", "mask_truncated_completions": False,
@@ -137,6 +137,9 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
         note_local_path(out, "model_name_or_path", peer("model_name_or_path"), "model")
     if peer.set_by_user("trust_remote_code"):
         out.set("model.trust_remote_code", bool(peer("trust_remote_code")), peer.show("trust_remote_code"))
+    if peer("max_tool_calling_iterations") is not None:  # the tools themselves are GRPOTrainer(tools=...)'s
+        out.set("task.max_tool_iterations", int(peer("max_tool_calling_iterations")),
+                peer.show("max_tool_calling_iterations") + " (give the tools as task.tools, or minirl.train(tools=...))")
     if peer("use_peft"):
         out.set("model.lora.rank", peer("lora_r"), peer.show("use_peft", "lora_r"))
         out.set("model.lora.alpha", float(peer("lora_alpha")), peer.show("lora_alpha"))

@@ -48,6 +48,8 @@ M = "actor_rollout_ref.model."
 VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
     "data.train_files": None, "data.val_files": None, "data.seed": None,
+    R + "multi_turn.enable": False, R + "multi_turn.max_assistant_turns": None, R + "multi_turn.tool_config_path": None,
+    R + "multi_turn.format": "hermes",
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
@@ -114,7 +116,8 @@ VERL_IGNORED = re.compile(
     r"pf_ppo\..*|filter_groups\.(?!enable$).*)|"
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
-    r"actor_rollout_ref\.rollout\.(multi_turn|agent|checkpoint_engine|prometheus|disaggregation)\..*|"
+    r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format)$)|"
+    r"(agent|checkpoint_engine|prometheus|disaggregation)\.).*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
     r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|"
@@ -425,6 +428,8 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     out.set("eval.repetition_penalty", penalty, peer.show(R + "repetition_penalty") + " (validation samples with it too)")
     if peer("algorithm.filter_groups.enable"):
         _verl_filter_groups(peer, out, prompts)
+    if peer(R + "multi_turn.enable"):
+        _verl_multi_turn(peer, out)
     quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")
     if quantization and not isinstance(quantization, dict):
         out.not_translated.append(f"rollout quantization {quantization!r}: minirl's native engine has its own "
@@ -435,6 +440,29 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
     elif not unset(name):
         out.differs.append(f"{peer.show(R + 'name')}: minirl samples with its native engine (or vLLM)")
     return n
+
+
+def _verl_multi_turn(peer: Peer, out: Translation) -> None:
+    """verl's multi-turn tool agent (``rollout.multi_turn``): its rounds and call format carry over to ``task.tools``'
+    (``minirl.rollout.tools``); its tools, ``BaseTool`` classes named in ``tool_config_path``, do not run here: each
+    is named in one untranslated line, to be given as a function."""
+    turns = peer(R + "multi_turn.max_assistant_turns")
+    if not unset(turns) and int(turns) >= 2:  # n assistant turns: n - 1 rounds of tool calls between them
+        out.set("task.max_tool_iterations", int(turns) - 1, peer.show(R + "multi_turn.max_assistant_turns") + ", less one")
+    fmt = peer(R + "multi_turn.format")
+    if fmt not in (None, "hermes"):
+        out.not_translated.append(f"{peer.show(R + 'multi_turn.format')}: minirl reads Hermes <tool_call> blocks or the "
+                                  "tokenizer's parse_response (task.tool_parser)")
+    path = peer(R + "multi_turn.tool_config_path")
+    names: list[str] = []
+    if not unset(path) and Path(str(path)).is_file():
+        listed = (read_yaml(str(path)) or {}).get("tools") or []
+        names = [str(((tool.get("tool_schema") or {}).get("function") or {}).get("name") or tool.get("class_name"))
+                 for tool in listed if isinstance(tool, dict)]
+    which = f" ({', '.join(names)})" if names else (f" ({path}, not found here)" if not unset(path) else "")
+    out.not_translated.append(f"{peer.show(R + 'multi_turn.enable')}: verl's tool classes{which} do not run in minirl; "
+                              "write each as a function with type hints and a docstring and list it in task.tools "
+                              "(minirl.rollout.tools)")
 
 
 def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:

@@ -18,7 +18,9 @@ ids). **Batched** functions get lists, all by keyword, exactly as TRL's ``GRPOTr
 reward function: ``fn(prompts=[...], completions=[...], completion_ids=[[...]], answer=[...],
 answers=[...], **columns)`` and return a list of numbers, one per sample. So a TRL reward file
 works unchanged. In both forms a completion has its prompt's shape, TRL's rule: the text for a
-text prompt; ``[{"role": "assistant", "content": text}]`` for a chat prompt (list of messages).
+text prompt; ``[{"role": "assistant", "content": text}]`` for a chat prompt (list of messages), and with
+``task.tools`` every turn: ``[{"role": "assistant", "content": ..., "tool_calls": [...]}, {"role": "tool", "name":
+..., "content": result}, ..., {"role": "assistant", "content": answer}]``.
 
 **verl's** ``compute_score`` works unchanged too: a function whose first parameter is
 ``data_source`` is called the way verl's ``NaiveRewardManager`` calls it, all by keyword:
@@ -155,15 +157,17 @@ class Sample:
     completion_ids: list[int] = field(default_factory=list)
     columns: dict[str, Any] = field(default_factory=dict)
     trainer_state: TrainerState | None = None
+    messages: list[dict[str, Any]] | None = None  # ``task.tools``: the completion as chat messages, calls and results
 
 
 def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
-              trainer_state: TrainerState | None = None) -> Sample:
-    """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``."""
+              trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None) -> Sample:
+    """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``; ``messages``: the
+    completion's chat messages when it called tools (``Completion.messages``)."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
-    messages = getattr(prompt, "messages", None)
-    shown = messages if messages is not None else prompt.text
-    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state)
+    prompt_messages = getattr(prompt, "messages", None)
+    shown = prompt_messages if prompt_messages is not None else prompt.text
+    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages)
 
 
 @dataclass
@@ -367,8 +371,11 @@ def _progress(state: TrainerState | None) -> dict[str, TrainerState]:
 
 
 def shaped_completion(sample: Sample) -> Any:
-    """The completion in its prompt's shape (TRL): text, or one assistant message for a chat prompt."""
-    return [{"role": "assistant", "content": sample.completion}] if isinstance(sample.prompt, list) else sample.completion
+    """The completion in its prompt's shape (TRL): text, or for a chat prompt its messages: one assistant message, or
+    with ``task.tools`` each assistant turn (with its ``tool_calls``) and each tool's result, in order."""
+    if not isinstance(sample.prompt, list):
+        return sample.completion
+    return sample.messages if sample.messages is not None else [{"role": "assistant", "content": sample.completion}]
 
 
 def resolve(value: Any) -> Any:

@@ -1,0 +1,400 @@
+"""Tool calls inside a response (``task.tools``): TRL's ``GRPOTrainer(tools=[...])``, verl's multi-turn tool agent.
+
+The model sees the tools' schemas in its prompt: the chat template writes them (``apply_chat_template(tools=...)``),
+each schema read from the function's signature and Google-style docstring by transformers' ``get_json_schema``, as
+TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper of any rollout engine):
+
+1. The engine samples the model's turn, to its end-of-turn token or the response's budget.
+2. The turn's calls are read (``task.tool_parser``: ``hermes``, ``<tool_call>{"name": ..., "arguments": {...}}
+   </tool_call>`` blocks, verl's default format and Qwen's; ``tokenizer``, the tokenizer's own ``parse_response``,
+   TRL's way). A turn that ended at a stop token and holds calls has them run in order (``async def`` tools
+   concurrently), each result as TRL writes it: ``str(fn(**arguments))``, or ``{'error': ...}`` when the tool is
+   unknown or raises. A malformed call (not JSON, no name) is not run and counts as a failed call.
+3. The results are appended as the template renders ``tool`` messages after that turn, up to the next assistant
+   header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
+   sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
+
+This repeats until a turn makes no call, ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
+is spent: it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
+one more sampled token are not appended, and the response ends there unfinished (finish ``length``).
+
+What the trainer sees: the response's tokens, results included, with ``Completion.sampled_mask`` False on the results,
+so they train nothing (TRL's ``tool_mask``, verl's ``response_mask``); their ``logp_rollout`` is 0. Each sampled token
+keeps the log-prob of the law it was drawn from. R3 replays the routes of the engine's last call over the whole
+response (its prefill of the earlier turns and of the results, at the same weights), as partial rollouts do. Reward
+functions get the response as chat messages (``Completion.messages``: assistant turns with their ``tool_calls``, then
+``tool`` results), TRL's ``completions``; built-in verifiers and verl's ``solution_str`` read its whole text.
+
+Each continuation call draws from a stream of its own: seed ``sampling.seed + k * TURN_SEED_STRIDE`` for round k.
+Metrics (``tools/*``, TRL's names): ``call_frequency``, calls per response; ``failure_frequency``, failed calls per
+call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from minirl.config import ConfigError
+from minirl.rollout.base import DecodeControl
+from minirl.tasks.chat import KWARGS_ATTRIBUTE, encode_text, render_chat, row_template_args
+from minirl.types import Completion, Prompt, SamplingParams
+
+TURN_SEED_STRIDE = 1_000_033
+HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    def message(self) -> dict[str, Any]:
+        """As an assistant message's ``tool_calls`` entry (the OpenAI / transformers shape)."""
+        return {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ParsedTurn:
+    """One model turn: its text without the calls, the calls, and how many calls could not be read."""
+
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+    malformed: int = 0
+
+
+def parse_hermes(text: str) -> ParsedTurn:
+    """The Hermes tool-call format: each ``<tool_call>...</tool_call>`` block a JSON object with a string ``name`` and
+    an object ``arguments`` (or a JSON string of one); a block that is not, or an opened block never closed, is
+    malformed."""
+    calls, malformed = [], 0
+    blocks = HERMES_CALL.findall(text)
+    for block in blocks:
+        call = _tool_call(_json(block))
+        if call is None:
+            malformed += 1
+        else:
+            calls.append(call)
+    malformed += max(text.count("<tool_call>") - len(blocks), 0)
+    return ParsedTurn(HERMES_CALL.sub("", text).strip(), calls, malformed)
+
+
+def parse_with_tokenizer(tokenizer: Any, ids: Sequence[int], prefix: Sequence[int]) -> ParsedTurn:
+    """A turn read by the tokenizer's ``parse_response`` (its ``response_template``: transformers' response parsing, as
+    TRL reads calls), ``prefix`` the ids before the turn (a template may open the turn in the prompt, e.g. with
+    ``<think>``); a turn it cannot parse is plain text (TRL's fallback)."""
+    try:
+        try:
+            parsed = tokenizer.parse_response(list(ids), prefix=list(prefix))
+        except TypeError:  # transformers before 5.13: the legacy response_schema, no prefix
+            parsed = tokenizer.parse_response(list(ids))
+    except Exception:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return ParsedTurn(tokenizer.decode(list(ids), skip_special_tokens=True).strip())
+    calls, malformed = [], 0
+    for entry in parsed.get("tool_calls") or []:
+        function = entry.get("function", entry) if isinstance(entry, dict) else None
+        call = _tool_call(function)
+        if call is None:
+            malformed += 1
+        else:
+            calls.append(call)
+    return ParsedTurn(str(parsed.get("content") or "").strip(), calls, malformed)
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _tool_call(call: Any) -> ToolCall | None:
+    """``{"name": str, "arguments": {...} or a JSON string of one}`` as a ``ToolCall``, else None."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        arguments = _json(arguments) if arguments.strip() else {}
+    return ToolCall(call["name"], arguments) if isinstance(arguments, dict) else None
+
+
+class Toolbox:
+    """The functions of ``task.tools`` by name, their schemas, and running calls of them."""
+
+    def __init__(self, functions: Sequence[Callable[..., Any]]) -> None:
+        self.functions: dict[str, Callable[..., Any]] = {}
+        for fn in functions:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            if name in self.functions:
+                raise ConfigError(f"task.tools: two tools are named {name!r}; the model calls a tool by its name")
+            self.functions[name] = fn
+
+    @classmethod
+    def load(cls, specs: Sequence[str]) -> Toolbox:
+        """The functions ``specs`` name (``package.module:function`` or ``path/file.py:function``)."""
+        from minirl.tasks.rewards import RewardSpecError, load_reward_function
+
+        functions = []
+        for spec in specs:
+            try:
+                functions.append(load_reward_function(spec))
+            except RewardSpecError as error:
+                raise ConfigError("task.tools: " + str(error).replace("reward function ", "tool ", 1)) from None
+        return cls(functions)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Each tool's JSON schema, as ``apply_chat_template(tools=[fn])`` reads it (``get_json_schema``)."""
+        from transformers.utils import get_json_schema
+
+        out = []
+        for name, fn in self.functions.items():
+            try:
+                out.append(get_json_schema(fn))
+            except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
+                raise ConfigError(f"task.tools: no schema for tool {name!r}: {' '.join(str(error).split())} (give it "
+                                  "type hints and a Google-style docstring with an Args section)") from None
+        return out
+
+    def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str, bool]]:
+        """(name, result, failed) of each call, in order: sync tools one after another, ``async def`` ones together."""
+        results: list[Any] = [None] * len(calls)
+        failed = [False] * len(calls)
+        waiting: list[tuple[int, Any]] = []
+        for index, call in enumerate(calls):
+            fn = self.functions.get(call.name)
+            try:
+                if fn is None:
+                    raise ValueError(f"Tool {call.name} not found.")  # TRL's words
+                value = fn(**call.arguments)
+                if inspect.isawaitable(value):
+                    waiting.append((index, value))
+                else:
+                    results[index] = value
+            except Exception as error:
+                results[index], failed[index] = {"error": str(error)}, True
+        if waiting:
+            for (index, _), value in zip(waiting, _gather([value for _, value in waiting])):
+                if isinstance(value, BaseException):
+                    results[index], failed[index] = {"error": str(value)}, True
+                else:
+                    results[index] = value
+        return [(call.name, value if isinstance(value, str) else str(value), bad)
+                for call, value, bad in zip(calls, results, failed)]
+
+
+def _gather(awaitables: list[Any]) -> list[Any]:
+    """The awaitables' results (an exception as its value), run together on an event loop of their own."""
+    from minirl.tasks.reward_functions import resolve
+
+    async def together() -> list[Any]:
+        return list(await asyncio.gather(*awaitables, return_exceptions=True))
+
+    return resolve(together())
+
+
+def apply_tool_schemas(tokenizer: Any, schemas: list[dict[str, Any]]) -> None:
+    """Every later rendering with ``tokenizer`` writes ``schemas`` into the prompt (as ``task.chat_template_kwargs``
+    ride on it, ``minirl.tasks.chat.apply_chat_setting``); a data row's own ``tools`` column still wins."""
+    kwargs = dict(getattr(tokenizer, KWARGS_ATTRIBUTE, None) or {})
+    kwargs.setdefault("tools", schemas)
+    setattr(tokenizer, KWARGS_ATTRIBUTE, kwargs)
+
+
+def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]], stop_ids: Sequence[int],
+                    extra: dict[str, Any] | None = None) -> list[int]:
+    """The token ids the chat template writes after a model's turn that called tools: its ``tool_messages`` and the
+    next assistant header (TRL's ``_get_tool_suffix_ids``: a dummy conversation rendered without and with them, cut
+    after the turn's end token, one of ``stop_ids``). ``ValueError`` when the template does not render the first as a
+    prefix of the second."""
+    calls = [ToolCall(tool_messages[0]["name"], {}).message()]  # the real name: some templates read it
+    head: list[dict[str, Any]] = [{"role": "user", "content": "dummy"},
+                                  {"role": "assistant", "content": "", "tool_calls": calls}]
+    prefix = encode_text(tokenizer, render_chat(tokenizer, head, add_generation_prompt=False, extra=extra),
+                         add_special_tokens=False)
+    full = encode_text(tokenizer, render_chat(tokenizer, head + tool_messages, add_generation_prompt=True, extra=extra),
+                       add_special_tokens=False)
+    ends = [index for index, token in enumerate(prefix) if token in stop_ids]
+    if ends:
+        prefix = prefix[: ends[-1] + 1]
+    if full[: len(prefix)] != prefix:
+        raise ValueError("the chat template renders a turn with tool calls differently once tool results follow it")
+    return full[len(prefix):]
+
+
+def check_tool_template(tokenizer: Any, stop_ids: Sequence[int]) -> None:
+    """``ConfigError`` (one line) unless the chat template writes a tool call's name and arguments and a tool's result
+    (TRL's ``supports_tool_calling``) and renders results after a turn as a suffix of it (``tool_suffix_ids``)."""
+    name, key, value, result = "tool_name_a8f3", "arg_key_b9d4", "arg_value_d6e7", "tool_result_c4f9"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [ToolCall(name, {key: value}).message()]},
+                {"role": "tool", "name": name, "content": result}]
+    try:
+        text = render_chat(tokenizer, messages, add_generation_prompt=False)
+        missing = [part for part in (name, key, value, result) if part not in text]
+        tool_suffix_ids(tokenizer, messages[2:], stop_ids)
+    except Exception as error:
+        raise ConfigError(f"task.tools: the chat template cannot render tool calls: {' '.join(str(error).split())} "
+                          "(give task.chat_template a template that writes tool_calls and tool messages)") from None
+    if missing:
+        raise ConfigError("task.tools: the chat template drops a tool call's " + ("name or arguments" if result not in
+                          missing else "result") + " (give task.chat_template a template that writes tool_calls and "
+                          "tool messages, as Qwen's does)")
+
+
+def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Sequence[Prompt]) -> ToolCalling:
+    """``task.tools``' wrapper of the run's ``engine`` (the tools' schemas already on ``tokenizer``: ``build_model``);
+    ``ConfigError`` (one line) when a training prompt is not a chat or the template cannot write calls and results."""
+    from minirl.tasks.chat import stop_token_ids
+
+    task = cfg.task
+    plain = sum(prompt.messages is None for prompt in prompts)
+    if plain:
+        raise ConfigError(f"task.tools: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
+                          "in a chat (a prompt column of messages, or task.chat_prompts: true)")
+    stops = stop_token_ids(tokenizer, model)
+    check_tool_template(tokenizer, stops)
+    parses = any(getattr(tokenizer, name, None) is not None for name in ("response_template", "response_schema"))
+    if task.tool_parser == "tokenizer" and not (parses and callable(getattr(tokenizer, "parse_response", None))):
+        raise ConfigError("task.tool_parser=tokenizer: the tokenizer has no response_template for parse_response "
+                          "(transformers' response parsing; TRL's add_response_schema sets one for known templates); "
+                          "use task.tool_parser=hermes")
+    return ToolCalling(engine, tokenizer, Toolbox.load(task.tools), stop_ids=stops, parser=task.tool_parser,
+                       max_iterations=task.max_tool_iterations)
+
+
+@dataclass
+class _Response:
+    """One response being sampled in turns."""
+
+    prompt: Prompt
+    completion: Completion
+    turn_start: int = 0  # where the newest model turn begins in ``completion.completion_ids``
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    calls: int = 0
+    failures: int = 0
+
+
+class ToolCalling:
+    """A rollout engine whose responses call ``toolbox``'s tools (module docstring). Everything else is the engine's:
+    ``load_weights``, its RNG state, closing."""
+
+    continues_in_call = False  # a response is sampled whole, turn by turn (no partial rollouts)
+
+    def __init__(self, engine: Any, tokenizer: Any, toolbox: Toolbox, *, stop_ids: Sequence[int],
+                 parser: str = "hermes", max_iterations: int | None = None) -> None:
+        self.engine, self.tokenizer, self.toolbox = engine, tokenizer, toolbox
+        self.stop_ids, self.parser, self.max_iterations = set(stop_ids), parser, max_iterations
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "engine":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def generate(self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams,
+                 record_routes: bool = False) -> list[Completion]:
+        """``RolloutEngine.generate``, each response continued after the results of the calls it makes."""
+        first = self.engine.generate(prompts, samples_per_prompt, sampling, record_routes=record_routes)
+        responses = [_Response(prompts[c.prompt_index], c) for c in first]
+        running = list(responses)
+        rounds = 0
+        while running:
+            ready = [(response, suffix) for response in running
+                     if (suffix := self._take_turn(response, sampling.max_new_tokens, rounds)) is not None]
+            running = [response for response, _ in ready]
+            if running:
+                self._continue(ready, sampling, rounds + 1, record_routes)
+                rounds += 1
+        return [self._finished(response) for response in responses]
+
+    def _take_turn(self, response: _Response, max_new_tokens: int, rounds: int) -> list[int] | None:
+        """Read the newest turn into ``response.messages``; if its calls run (a turn ended at a stop token, rounds
+        left), run them and return the results' token ids to append, or None when the response ends here."""
+        c = response.completion
+        ids = list(c.completion_ids[response.turn_start:])
+        ended = c.finish_reason == "eos" and bool(ids) and ids[-1] in self.stop_ids
+        body = ids[:-1] if ended else ids
+        if self.parser == "tokenizer":
+            turn = parse_with_tokenizer(self.tokenizer, ids, list(c.prompt_ids) + list(c.completion_ids[:response.turn_start]))
+        else:
+            turn = parse_hermes(self.tokenizer.decode(body, skip_special_tokens=False))
+        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        if turn.calls:
+            message["tool_calls"] = [call.message() for call in turn.calls]
+        response.messages.append(message)
+        room_for_rounds = self.max_iterations is None or rounds < self.max_iterations
+        if not (ended and room_for_rounds and (turn.calls or turn.malformed)):
+            return None
+        response.calls += len(turn.calls) + turn.malformed
+        response.failures += turn.malformed
+        if not turn.calls:  # only malformed calls: nothing to run, the response ends
+            return None
+        results = self.toolbox.run(turn.calls)
+        response.failures += sum(failed for _, _, failed in results)
+        tool_messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
+        extra = row_template_args(response.prompt.meta, "prompt") if response.prompt.meta else None
+        suffix = tool_suffix_ids(self.tokenizer, tool_messages, sorted(self.stop_ids), extra)
+        if len(c.completion_ids) + len(suffix) >= max_new_tokens:  # no room left to answer: unfinished (TRL rolls back)
+            c.finish_reason = "length"
+            return None
+        response.messages += tool_messages
+        return suffix
+
+    def _continue(self, ready: list[tuple[_Response, list[int]]], sampling: SamplingParams, round_index: int,
+                  record_routes: bool) -> None:
+        """One engine call continuing each ready response after its results, within the response's budget."""
+        rooms = [sampling.max_new_tokens - len(r.completion.completion_ids) - len(suffix) for r, suffix in ready]
+        prompts = [replace(r.prompt, response_prefix=list(r.completion.completion_ids) + suffix) for r, suffix in ready]
+        turn = replace(sampling, max_new_tokens=max(rooms), seed=sampling.seed + round_index * TURN_SEED_STRIDE)
+        control = {"control": DecodeControl(rooms)} if getattr(self.engine, "continues_in_call", False) else {}
+        news = self.engine.generate(prompts, 1, turn, record_routes=record_routes, **control)
+        for (response, suffix), new, room in zip(ready, news, rooms, strict=True):
+            before = response.completion
+            response.turn_start = len(before.completion_ids) + len(suffix)
+            response.completion = joined(before, suffix, cut_to(new, room))
+
+    def _finished(self, response: _Response) -> Completion:
+        c = response.completion
+        text = self.tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+        return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
+                       tool_failures=response.failures)
+
+
+def cut_to(new: Completion, room: int) -> Completion:
+    """``new`` with at most ``room`` completion tokens (an engine without per-row budgets samples to the call's
+    longest one); a cut one ends unfinished (finish ``length``)."""
+    if len(new.completion_ids) <= room:
+        return new
+    routes = None
+    if new.routes is not None:
+        routes = new.routes[: len(new.prompt_ids) + room].clone()
+        routes[-1] = -1  # the last kept token is never fed while sampling (types.Completion)
+    return replace(new, completion_ids=list(new.completion_ids[:room]), logp_rollout=new.logp_rollout[:room],
+                   finish_reason="length", routes=routes)
+
+
+def joined(before: Completion, suffix: list[int], new: Completion) -> Completion:
+    """A response so far, the tool results appended to it (``suffix``, not sampled: ``sampled_mask`` False,
+    ``logp_rollout`` 0) and the engine's continuation ``new`` (whose prompt is the original prompt, the response so
+    far and the results), as one completion of the original prompt; its routes are the continuation call's."""
+    so_far = list(before.completion_ids) + suffix
+    if list(new.prompt_ids[len(new.prompt_ids) - len(so_far):]) != so_far:
+        raise ValueError("the engine's continuation does not start with the response so far")
+    sampled = before.sampled_mask if before.sampled_mask is not None else torch.ones(len(before.completion_ids), dtype=torch.bool)
+    return replace(
+        before,
+        completion_ids=so_far + list(new.completion_ids),
+        logp_rollout=torch.cat([before.logp_rollout.float(), torch.zeros(len(suffix)), new.logp_rollout.float()]),
+        sampled_mask=torch.cat([sampled, torch.zeros(len(suffix), dtype=torch.bool),
+                                torch.ones(len(new.completion_ids), dtype=torch.bool)]),
+        finish_reason=new.finish_reason,
+        routes=new.routes,
+    )

@@ -1,0 +1,312 @@
+"""Tool calls inside a response (``task.tools``, ``minirl.rollout.tools``): reading calls, running them, the template's
+results appended as token ids, the response continued, and what the trainer and the reward functions then see."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from minirl.batching import collate
+from minirl.config import ConfigError, load_config
+from minirl.rollout.base import DecodeControl
+from minirl.rollout.tools import (
+    TURN_SEED_STRIDE,
+    Toolbox,
+    ToolCall,
+    ToolCalling,
+    apply_tool_schemas,
+    check_tool_template,
+    parse_hermes,
+    tool_suffix_ids,
+)
+from minirl.tasks.chat import encode_prompt
+from minirl.tasks.reward_functions import sample_of, shaped_completion
+from minirl.types import Completion, Prompt, SamplingParams
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The tool-calling example's tokenizer (its template writes Hermes calls), with the calculator's schemas."""
+    builder = _module(EXAMPLES / "tool_calling" / "build_model.py", "tool_calling_build_model")
+    tok = builder.build_tokenizer(EXAMPLES / "tool_calling" / "data")
+    apply_tool_schemas(tok, Toolbox.load([f"{EXAMPLES / 'tool_calling' / 'calculator.py'}:multiply"]).schemas())
+    return tok
+
+
+def _end(tok) -> int:
+    return tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a * b
+
+
+async def slow_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+def fails(x: int) -> int:
+    raise RuntimeError("no luck")
+
+
+# ----------------------------------------------------------------------------- reading and running calls
+
+
+def test_hermes_calls_are_read_and_malformed_ones_counted() -> None:
+    turn = parse_hermes('Let me compute. <tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>'
+                        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call>')
+    assert turn.content == "Let me compute."
+    assert turn.calls == [ToolCall("multiply", {"a": 3, "b": 4}), ToolCall("add", {"a": 1, "b": 2})]
+    assert turn.malformed == 0
+    bad = parse_hermes('<tool_call>{"name": "multiply", "arguments": {"a": 3</tool_call><tool_call>[1]</tool_call>'
+                       '<tool_call>{"arguments": {}}</tool_call> then <tool_call>{"name": "x"')
+    assert bad.calls == [] and bad.malformed == 4  # not JSON, not an object, no name, never closed
+    assert parse_hermes("The answer is 12.").calls == [] and parse_hermes("The answer is 12.").malformed == 0
+
+
+QWEN3_RESPONSE = {  # TRL 1.16's qwen3_template (trl.chat_template_utils), a transformers response_template
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+def test_the_tokenizers_own_parser_reads_calls_as_trl_does(tokenizer) -> None:
+    from minirl.rollout.tools import parse_with_tokenizer
+
+    prompt = encode_prompt(tokenizer, Prompt("q", "", messages=CHAT))
+    ids = tokenizer.encode(CALL, add_special_tokens=False) + [_end(tokenizer)]
+    reader = copy.deepcopy(tokenizer)
+    reader.response_template = QWEN3_RESPONSE
+    turn = parse_with_tokenizer(reader, ids, prompt)
+    assert turn.calls == [ToolCall("multiply", {"a": 3, "b": 4})] and turn.content == "" and turn.malformed == 0
+    plain = parse_with_tokenizer(reader, tokenizer.encode("The answer is 12.", add_special_tokens=False), prompt)
+    assert (plain.content, plain.calls) == ("The answer is 12.", [])
+    assert parse_with_tokenizer(tokenizer, ids, prompt).calls == []  # no response_template: plain text (TRL's fallback)
+    _, calling = _calling(reader, [CALL, "The answer is 12."], parser="tokenizer")
+    c, = calling.generate([Prompt("q", "12", messages=CHAT)], 1, SamplingParams(max_new_tokens=200))
+    assert c.tool_calls == 1 and c.messages[1] == {"role": "tool", "name": "multiply", "content": "12"}
+
+
+def test_toolbox_runs_calls_in_order_as_trl_writes_results() -> None:
+    box = Toolbox([multiply, slow_add, fails])
+    results = box.run([ToolCall("slow_add", {"a": 1, "b": 2}), ToolCall("multiply", {"a": 3, "b": 4}),
+                       ToolCall("nope", {}), ToolCall("fails", {"x": 1}), ToolCall("multiply", {"c": 1})])
+    assert [(name, failed) for name, _, failed in results] == [
+        ("slow_add", False), ("multiply", False), ("nope", True), ("fails", True), ("multiply", True)]
+    assert [content for _, content, _ in results[:4]] == ["3", "12", "{'error': 'Tool nope not found.'}",
+                                                            "{'error': 'no luck'}"]
+    assert "unexpected keyword argument 'c'" in results[4][1]
+    with pytest.raises(ConfigError, match="two tools are named 'multiply'"):
+        Toolbox([multiply, multiply])
+
+
+def test_tools_without_a_schema_or_module_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no schema for tool 'fails'") as error:
+        Toolbox([fails]).schemas()
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"task\.tools: tool 'no_such_module:f': module 'no_such_module' not found"):
+        Toolbox.load(["no_such_module:f"])
+
+
+def test_schemas_reach_the_prompt_and_a_row_tools_column_wins(tokenizer) -> None:
+    text = tokenizer.decode(encode_prompt(tokenizer, Prompt("q", "", messages=[{"role": "user", "content": "q"}])))
+    assert "Tools: multiply(a, b)" in text
+    row_tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"properties": {"key": {}}}}}]
+    own = Prompt("q", "", meta={"tools": row_tools}, messages=[{"role": "user", "content": "q"}])
+    assert "Tools: lookup(key)" in tokenizer.decode(encode_prompt(tokenizer, own))
+
+
+def test_results_are_the_templates_suffix_after_the_turn(tokenizer) -> None:
+    suffix = tool_suffix_ids(tokenizer, [{"role": "tool", "name": "multiply", "content": "12"}], [_end(tokenizer)])
+    # the template writes a newline after each end of turn, as Qwen's does; the model's turn ends at <|im_end|>, so
+    # the results start with that newline (the turn's rendering is cut after its end token, TRL's rule)
+    assert tokenizer.decode(suffix) == "\n<|im_start|>user\n<tool_response>12</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    check_tool_template(tokenizer, [_end(tokenizer)])
+    chat_math = _module(EXAMPLES / "chat_math" / "build_model.py", "chat_math_build_model")
+    plain = chat_math.build_tokenizer(chat_math.corpus(EXAMPLES / "chat_math" / "data"))
+    with pytest.raises(ConfigError, match="the chat template drops a tool call's name or arguments") as error:
+        check_tool_template(plain, [_end(plain)])
+    assert "\n" not in str(error.value)
+
+
+# ----------------------------------------------------------------------------- a response in turns
+
+
+class TurnEngine:
+    """Answers each prompt by its script of turns: which turn is next, the response so far tells (its length). Turn
+    k's token t has logp -(10 k + t) / 100; routes are the call's index on every position (-1 on the last). Records
+    the calls."""
+
+    def __init__(self, tok, turns: list[str], *, in_call: bool = False) -> None:
+        end = _end(tok)
+        self.tok, self.turns = tok, [tok.encode(text, add_special_tokens=False) + [end] for text in turns]
+        self.continues_in_call, self.calls = in_call, []
+
+    def generate(self, prompts, n, sampling, record_routes=False, control=None):
+        self.calls.append((len(prompts), n, sampling, control))
+        out = []
+        for index, prompt in enumerate(prompts):
+            done = list(prompt.response_prefix or [])
+            k = self._turn(done)
+            for sample in range(n):
+                ids = self.turns[k][: sampling.max_new_tokens]
+                full = encode_prompt(self.tok, prompt) + done
+                routes = torch.full((len(full) + len(ids), 1, 1), len(self.calls), dtype=torch.int16)
+                routes[-1] = -1
+                out.append(Completion(index, sample, full, list(ids), torch.tensor([-(10 * k + t) / 100 for t in range(len(ids))]),
+                                      "eos" if len(ids) == len(self.turns[k]) else "length", "",
+                                      routes if record_routes else None))
+        return out
+
+    def _turn(self, done: list[int]) -> int:
+        """How many scripted turns the response so far holds (each ends at <|im_end|>)."""
+        return done.count(_end(self.tok)) // 2 if done else 0  # a turn's end, then the result's own end
+
+
+CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>'
+CHAT = [{"role": "user", "content": "What is 3 * 4?"}]
+
+
+def _calling(tok, turns, **kwargs) -> tuple[TurnEngine, ToolCalling]:
+    engine = TurnEngine(tok, turns, in_call=kwargs.pop("in_call", False))
+    return engine, ToolCalling(engine, tok, Toolbox([multiply]), stop_ids=[_end(tok), tok.eos_token_id], **kwargs)
+
+
+def test_a_call_is_run_its_result_appended_and_the_response_continued(tokenizer) -> None:
+    engine, calling = _calling(tokenizer, [CALL, "The answer is 12."])
+    prompt = Prompt("What is 3 * 4?", "12", messages=CHAT)
+    out = calling.generate([prompt], 2, SamplingParams(max_new_tokens=64, seed=5), record_routes=True)
+    assert len(out) == 2 and [c.sample_index for c in out] == [0, 1]
+    first, suffix, second = (engine.turns[0], tool_suffix_ids(tokenizer, [{"role": "tool", "name": "multiply", "content": "12"}],
+                             [_end(tokenizer)]), engine.turns[1])
+    c = out[0]
+    assert c.completion_ids == first + suffix + second and c.prompt_ids == encode_prompt(tokenizer, prompt)
+    expected_logp = [-t / 100 for t in range(len(first))] + [0.0] * len(suffix) + [-(10 + t) / 100 for t in range(len(second))]
+    assert c.logp_rollout.tolist() == pytest.approx(expected_logp, abs=1e-7)
+    assert c.sampled_mask.tolist() == [True] * len(first) + [False] * len(suffix) + [True] * len(second)
+    assert c.finish_reason == "eos" and c.tool_calls == 1 and c.tool_failures == 0
+    assert c.messages == [{"role": "assistant", "content": "", "tool_calls": [ToolCall("multiply", {"a": 3, "b": 4}).message()]},
+                          {"role": "tool", "name": "multiply", "content": "12"},
+                          {"role": "assistant", "content": "The answer is 12."}]
+    assert "<tool_response>12</tool_response>" in c.text and c.text.endswith("The answer is 12.")
+    assert c.routes.shape[0] == len(c.prompt_ids) + len(c.completion_ids) and int(c.routes[0]) == 2  # the last call's
+    # the continuation: both rows in one call, one sample each, a stream of its own, the response's budget left
+    (rows, n, sampling, control), = engine.calls[1:]
+    assert (rows, n, control) == (2, 1, None)
+    assert sampling.seed == 5 + TURN_SEED_STRIDE and sampling.max_new_tokens == 64 - len(first) - len(suffix)
+    # the trainer: the results train nothing and have no mu; every sampled token trains
+    batch = collate(out, torch.ones(2), pad_token_id=tokenizer.pad_token_id)
+    n_prompt = len(c.prompt_ids)
+    trained = batch.mask[0, n_prompt - 1: n_prompt - 1 + len(c.completion_ids)]
+    assert trained.tolist() == c.sampled_mask.tolist() and int(batch.mask[0].sum()) == len(first) + len(second)
+    # the reward functions: TRL's completions for a chat prompt, the turns and the result
+    assert shaped_completion(sample_of(prompt, c.text, c.completion_ids, messages=c.messages)) == c.messages
+
+
+def test_budgets_rounds_and_unfinished_turns(tokenizer) -> None:
+    prompt = Prompt("What is 3 * 4?", "12", messages=CHAT)
+    # the engine takes per-row budgets: the continuation gets them
+    engine, calling = _calling(tokenizer, [CALL, "The answer is 12."], in_call=True)
+    calling.generate([prompt], 1, SamplingParams(max_new_tokens=64))
+    control = engine.calls[1][3]
+    assert isinstance(control, DecodeControl) and control.stop is None and control.max_new_tokens == [engine.calls[1][2].max_new_tokens]
+    # results that leave no room for one more token are not appended: the response ends unfinished
+    first = len(engine.turns[0])
+    suffix = len(tool_suffix_ids(tokenizer, [{"role": "tool", "name": "multiply", "content": "12"}], [_end(tokenizer)]))
+    engine, calling = _calling(tokenizer, [CALL, "The answer is 12."])
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=first + suffix))
+    assert len(engine.calls) == 1 and c.finish_reason == "length" and c.completion_ids == engine.turns[0]
+    assert c.tool_calls == 1 and [m["role"] for m in c.messages] == ["assistant"]  # the call, no result
+    # one token of room: the continuation is cut there
+    engine, calling = _calling(tokenizer, [CALL, "The answer is 12."])
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=first + suffix + 1))
+    assert len(c.completion_ids) == first + suffix + 1 and c.finish_reason == "length" and c.sampled_mask[-1]
+    # max_tool_iterations: a call beyond the last round is not run
+    engine, calling = _calling(tokenizer, [CALL, CALL, "The answer is 12."], max_iterations=1)
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=200))
+    assert len(engine.calls) == 2 and c.tool_calls == 1 and [m["role"] for m in c.messages] == ["assistant", "tool", "assistant"]
+    assert "tool_calls" in c.messages[-1]  # what the model wrote, not run
+    # a turn cut by the budget is not run, even if a whole call is in it
+    engine, calling = _calling(tokenizer, [CALL, "The answer is 12."])
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=first - 1))
+    assert len(engine.calls) == 1 and c.tool_calls == 0 and c.finish_reason == "length"
+
+
+def test_failed_and_malformed_calls_count(tokenizer) -> None:
+    prompt = Prompt("q", "", messages=CHAT)
+    engine, calling = _calling(tokenizer, ['<tool_call>{"name": "divide", "arguments": {}}</tool_call>', "Sorry."])
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=200))
+    assert (c.tool_calls, c.tool_failures) == (1, 1) and c.messages[1]["content"] == "{'error': 'Tool divide not found.'}"
+    engine, calling = _calling(tokenizer, ['<tool_call>{"name": "multiply", "arguments": {"a": 3</tool_call>'])
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=200))
+    assert (c.tool_calls, c.tool_failures, len(engine.calls)) == (1, 1, 1)  # nothing to run: the response ends
+
+
+def test_metrics_and_dumps_carry_the_calls(tokenizer) -> None:
+    from minirl.monitor.step import rollout_metrics
+    from minirl.sources import _completion_state
+
+    _, calling = _calling(tokenizer, [CALL, "The answer is 12."])
+    out = calling.generate([Prompt("q", "12", messages=CHAT)], 2, SamplingParams(max_new_tokens=200))
+    out[1] = replace(out[1], tool_calls=2, tool_failures=1)
+    metrics = rollout_metrics(out, torch.ones(1, 2))
+    assert metrics["tools/call_frequency"] == 1.5 and metrics["tools/failure_frequency"] == pytest.approx(1 / 3)
+    again = Completion(**json.loads(json.dumps(_completion_state(out[0]), default=lambda t: t.tolist())))
+    assert again.messages == out[0].messages and again.tool_calls == 1
+
+
+@pytest.mark.parametrize("override, expected", [
+    (["task.tools=[calculator:multiply]", "rollout.partial_rollout=true"], "set rollout.partial_rollout=false"),
+    (["task.tools=[calculator:multiply]", "task.chat_template=plain"], "task.chat_template=plain has none"),
+])
+def test_config_refuses_what_tools_cannot_do(override: list[str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, override)
+
+
+def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
+    from minirl.peers import from_trl, from_verl
+
+    assert from_trl({"max_tool_calling_iterations": 3}).values["task.max_tool_iterations"] == 3
+    assert "task.max_tool_iterations" not in from_trl({}).values
+    tools = tmp_path / "tool_config.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n"
+                     "    tool_schema: {type: function, function: {name: calc_gsm8k_reward, parameters: {}}}\n")
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
+    out = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
+                            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 5,
+                            "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tools)})
+    assert out.values["task.max_tool_iterations"] == 4  # five assistant turns, four rounds of calls between them
+    line, = [line for line in out.not_translated if "multi_turn.enable" in line]
+    assert "(calc_gsm8k_reward)" in line and "task.tools" in line
+    plain = from_verl(base)
+    assert "task.max_tool_iterations" not in plain.values and not any("multi_turn" in x for x in plain.not_translated)
