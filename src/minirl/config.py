@@ -967,10 +967,11 @@ class ColdStartConfig(Section):
 
     enabled: bool = False
     """In ``minirl train``: run SFT first and start RL from its checkpoint."""
-    data: str | None = None
+    data: str | list[str] | None = None
     """Your SFT data (.jsonl, .json, .parquet or a datasets directory) in TRL's shapes: rows
     ``{"prompt", "completion"}`` (strings or chat messages), ``{"messages": [...]}`` or ``{"text": ...}``
-    (trained whole); null = the task's teacher traces in ``style``."""
+    (trained whole); a list: their rows one after another (verl's SFT list of ``data.train_files``); null = the
+    task's teacher traces in ``style``."""
     dataset_config: str | None = None
     """A dataset repository directory ``data``'s config (TRL SFT's ``dataset_config``); null: its only or default one."""
     split: str = "train"

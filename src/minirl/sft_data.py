@@ -50,15 +50,18 @@ class SFTExample:
     loss_mask: list[bool]
 
 
-def read_sft_examples(path: str | Path, tokenizer: Any, *, loss_on: LossOn = "completion",
+def read_sft_examples(path: str | Path | list[str], tokenizer: Any, *, loss_on: LossOn = "completion",
                       columns: tuple[str, str] = ("prompt", "completion"), chat_prompts: bool = False,
                       split: str = "train", config: str | None = None) -> list[SFTExample]:
-    """Every row of ``path`` (any format ``minirl.tasks.data`` reads; ``split`` / ``config`` of a dataset directory)
-    as an ``SFTExample``. ``columns``: where the prompt and the completion are (``cold_start.prompt_column`` /
-    ``completion_column``, dotted names read nested fields); ``chat_prompts``: a string prompt becomes a user
-    message (verl's SFT)."""
+    """Every row of ``path`` (any format ``minirl.tasks.data`` reads; ``split`` / ``config`` of a dataset directory;
+    a list of them: their rows one after another) as an ``SFTExample``. ``columns``: where the prompt and the
+    completion are (``cold_start.prompt_column`` / ``completion_column``, dotted names read nested fields);
+    ``chat_prompts``: a string prompt becomes a user message (verl's SFT)."""
     from minirl.tasks.data import iter_rows
 
+    if isinstance(path, list):
+        return [example for one in path for example in read_sft_examples(
+            one, tokenizer, loss_on=loss_on, columns=columns, chat_prompts=chat_prompts, split=split, config=config)]
     examples = []
     for where, row in iter_rows(Path(path), split=split, config=config):
         if isinstance(row, TaskDataError):

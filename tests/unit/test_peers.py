@@ -465,6 +465,18 @@ def test_verls_engine_sft_trainer_becomes_the_cold_start(tmp_path: Path):
     yaml_only = from_verl({"actor_rollout_ref.rollout.n": 4})  # a YAML: no module, the engine trainer's keys
     add_verl_sft(yaml_only, {"data.train_files": str(rows), "data.messages_key": "messages", "trainer.total_training_steps": 3})
     assert "cold_start.prompt_column" not in yaml_only.values and yaml_only.values["cold_start.steps"] == 3
+    more = tmp_path / "more.jsonl"  # a list of train files: their rows one after another
+    more.write_text('{"messages": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "b"}]}\n' * 24)
+    listed = from_verl({"actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(listed, {"-m": "verl.trainer.sft_trainer", "data.train_files": [str(rows), str(more)],
+                          "data.train_batch_size": 16, "trainer.total_epochs": 2})
+    assert listed.values["cold_start.data"] == [str(rows), str(more)] and listed.values["cold_start.steps"] == 8  # 2 x 64 // 16
+    assert not any("train_files" in line for line in listed.not_translated)
+    from minirl.sft_data import read_sft_examples
+
+    examples = read_sft_examples([str(rows), str(more)], _chat_tokenizer())
+    assert len(examples) == 64 and examples[0].input_ids != examples[-1].input_ids
+    listed.config()
 
 
 def _chat_tokenizer():

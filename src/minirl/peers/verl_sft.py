@@ -109,10 +109,10 @@ def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
 def _train_files(peer: Peer, out: Translation) -> None:
     files = peer("data.train_files")
     files = files if isinstance(files, list) else [files]
-    out.set("cold_start.data", str(files[0]), f"SFT {peer.show('data.train_files')}")
-    note_local_path(out, "SFT data.train_files", str(files[0]), "data", "cold_start.data")
-    if len(files) > 1:
-        out.not_translated.append(f"SFT data.train_files: {len(files) - 1} more file(s) (cold_start.data is one path)")
+    out.set("cold_start.data", str(files[0]) if len(files) == 1 else [str(f) for f in files],
+            f"SFT {peer.show('data.train_files')}")
+    for file in files:
+        note_local_path(out, "SFT data.train_files", str(file), "data", "cold_start.data")
 
 
 def _columns(peer: Peer, out: Translation) -> None:
