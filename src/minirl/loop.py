@@ -834,16 +834,13 @@ def partial_groups(run: Run, step: int, record_routes: bool, clock: _Clock, draw
     cfg, r = run.cfg, run.cfg.rollout
     assert run.partial is not None and run.rollouts is not None
     rollouts, tokenizer, stops = run.rollouts, run.tokenizer, tuple(cfg.task.stop_strings)
-    engine = rollouts.engine if isinstance(rollouts, EngineRollouts) else None
-    in_call = bool(getattr(engine, "continues_in_call", False))
+    in_call = bool(getattr(rollouts, "continues_in_call", False))  # EngineRollouts: whether its engine takes control
 
     def generate(prompts: list[Prompt], call: int, control: DecodeControl) -> list[Completion]:
         sampling = dataclasses.replace(rollout_sampling(cfg, step, call), max_new_tokens=max(control.max_new_tokens))
-        if in_call:
-            assert engine is not None
-            completions = engine.generate(prompts, 1, sampling, record_routes=record_routes, control=control)
-        else:  # an engine without the control: the call's longest budget, the merge cuts each row at its own
-            completions = rollouts.rollouts(step, prompts, 1, sampling, record_routes=record_routes)
+        # without the control: the call's longest budget, and the merge cuts each row at its own
+        completions = rollouts.rollouts(step, prompts, 1, sampling, record_routes=record_routes,
+                                        **({"control": control} if in_call else {}))
         clock.lap("rollout")
         return completions
 

@@ -7,7 +7,8 @@
   and no verifier (``minirl train --rollouts-from DIR``): an invariant test or a bug report runs
   the trainer on fixed data, and a run from its own dump reproduces its training metrics.
 
-A rollout source has ``rollouts(step, prompts, n, sampling, record_routes) -> list[Completion]``;
+A rollout source has ``rollouts(step, prompts, n, sampling, record_routes) -> list[Completion]`` (``EngineRollouts``
+also a ``control``, partial rollouts' one engine call a step, when its engine ``continues_in_call``);
 a reward source ``score(prompts, completions) -> (rewards [n], stats)`` and ``close()`` (the
 task's ``RewardRunner`` is one). ``minirl.loop.train(cfg, rollouts=..., rewards=...)`` takes both. Under
 ``rollout.async_steps`` both are called from a thread beside the update (never two calls at once).
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from minirl.config import ConfigError
+from minirl.rollout.base import DecodeControl
 from minirl.types import Completion, Prompt, SamplingParams
 
 
@@ -57,8 +59,16 @@ class EngineRollouts:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
+    @property
+    def continues_in_call(self) -> bool:
+        """Whether ``rollouts`` takes a ``DecodeControl`` (``minirl.rollout.base``): the engine does."""
+        return bool(getattr(self.engine, "continues_in_call", False))
+
     def rollouts(self, step: int, prompts: list[Prompt], n: int, sampling: SamplingParams, *,
-                 record_routes: bool) -> list[Completion]:
+                 record_routes: bool, control: DecodeControl | None = None) -> list[Completion]:
+        """The engine's completions; ``control`` (partial rollouts' one call a step) only where it takes one."""
+        if control is not None:
+            return self.engine.generate(prompts, n, sampling, record_routes=record_routes, control=control)
         return self.engine.generate(prompts, n, sampling, record_routes=record_routes)
 
 
