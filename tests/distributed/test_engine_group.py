@@ -112,6 +112,13 @@ def test_engines_in_this_process_take_a_partial_rollouts_control_as_one_engine_d
     with pytest.raises(ValueError, match="the pool's stop failed"):
         _group_ids(group, sampling, DecodeControl(budgets, failing, 2))
     assert not EngineGroup([InProcess("engine", object())]).continues_in_call
+    # budgets alone (task.tools' continuations): each engine decodes each of its rows to the row's own budget
+    group = EngineGroup([InProcess(f"engine {i}", _engine(model)) for i in range(2)])
+    one = _engine(model).generate_ids(PROMPTS, 2, sampling, control=DecodeControl(budgets))
+    many = _group_ids(group, sampling, DecodeControl(budgets))
+    assert [len(c.completion_ids) for c in many] == [len(c.completion_ids) for c in one]
+    assert all(len(c.completion_ids) <= budget for c, budget in zip(many, budgets))
+    assert any(len(c.completion_ids) < sampling.max_new_tokens for c in many if c.finish_reason == "length")
 
 
 def _group_ids(group, sampling, control):
