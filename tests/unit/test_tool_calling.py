@@ -310,3 +310,27 @@ def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
     assert "(calc_gsm8k_reward)" in line and "task.tools" in line
     plain = from_verl(base)
     assert "task.max_tool_iterations" not in plain.values and not any("multi_turn" in x for x in plain.not_translated)
+
+
+def test_a_rounds_calls_of_every_response_run_together(tokenizer) -> None:
+    """An ``async def`` tool's calls from all the responses of a round are awaited together (verl's agent loop runs
+    its rollouts concurrently): every call is in flight before the first returns."""
+    flight = {"now": 0, "most": 0}
+
+    async def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        flight["now"] += 1
+        flight["most"] = max(flight["most"], flight["now"])
+        await asyncio.sleep(0)
+        flight["now"] -= 1
+        return key.upper()
+
+    engine = TurnEngine(tokenizer, ['<tool_call>{"name": "lookup", "arguments": {"key": "ab"}}</tool_call>', "AB."])
+    calling = ToolCalling(engine, tokenizer, Toolbox([lookup]), stop_ids=[_end(tokenizer)])
+    out = calling.generate([Prompt("q", "", messages=CHAT), Prompt("r", "", messages=CHAT)], 3, SamplingParams(max_new_tokens=200))
+    assert flight["most"] == 6 and all(c.messages[1]["content"] == "AB" for c in out)
+    assert len(engine.calls) == 2 and engine.calls[1][:2] == (6, 1)  # one continuation call for all six

@@ -234,9 +234,10 @@ def check_tool_template(tokenizer: Any, stop_ids: Sequence[int]) -> None:
     """``ConfigError`` (one line) unless the chat template writes a tool call's name and arguments and a tool's result
     (TRL's ``supports_tool_calling``) and renders results after a turn as a suffix of it (``tool_suffix_ids``)."""
     name, key, value, result = "tool_name_a8f3", "arg_key_b9d4", "arg_value_d6e7", "tool_result_c4f9"
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "", "tool_calls": [ToolCall(name, {key: value}).message()]},
-                {"role": "tool", "name": name, "content": result}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [ToolCall(name, {key: value}).message()]},
+        {"role": "tool", "name": name, "content": result}]
     try:
         text = render_chat(tokenizer, messages, add_generation_prompt=False)
         missing = [part for part in (name, key, value, result) if part not in text]
@@ -301,49 +302,55 @@ class ToolCalling:
 
     def generate(self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams,
                  record_routes: bool = False) -> list[Completion]:
-        """``RolloutEngine.generate``, each response continued after the results of the calls it makes."""
+        """``RolloutEngine.generate``, each response continued after the results of the calls it makes; a round's
+        calls, of every response, run together (``Toolbox.run``: async tools concurrently, as verl's agent loop)."""
         first = self.engine.generate(prompts, samples_per_prompt, sampling, record_routes=record_routes)
         responses = [_Response(prompts[c.prompt_index], c) for c in first]
-        running = list(responses)
-        rounds = 0
+        running, rounds = list(responses), 0
         while running:
-            ready = [(response, suffix) for response in running
-                     if (suffix := self._take_turn(response, sampling.max_new_tokens, rounds)) is not None]
+            calling = [(response, calls) for response in running if (calls := self._read_turn(response, rounds))]
+            results = self.toolbox.run([call for _, calls in calling for call in calls])
+            ready, at = [], 0
+            for response, calls in calling:
+                suffix = self._results(response, results[at: at + len(calls)], sampling.max_new_tokens)
+                at += len(calls)
+                if suffix is not None:
+                    ready.append((response, suffix))
             running = [response for response, _ in ready]
-            if running:
-                self._continue(ready, sampling, rounds + 1, record_routes)
+            if ready:
                 rounds += 1
+                self._continue(ready, sampling, rounds, record_routes)
         return [self._finished(response) for response in responses]
 
-    def _take_turn(self, response: _Response, max_new_tokens: int, rounds: int) -> list[int] | None:
-        """Read the newest turn into ``response.messages``; if its calls run (a turn ended at a stop token, rounds
-        left), run them and return the results' token ids to append, or None when the response ends here."""
+    def _read_turn(self, response: _Response, rounds: int) -> list[ToolCall]:
+        """Read the newest turn into ``response.messages``; the calls to run (a turn that ended at a stop token, with
+        rounds left; its malformed calls counted as failed), or none when the response ends with this turn."""
         c = response.completion
         ids = list(c.completion_ids[response.turn_start:])
         ended = c.finish_reason == "eos" and bool(ids) and ids[-1] in self.stop_ids
-        body = ids[:-1] if ended else ids
         if self.parser == "tokenizer":
             turn = parse_with_tokenizer(self.tokenizer, ids, list(c.prompt_ids) + list(c.completion_ids[:response.turn_start]))
         else:
-            turn = parse_hermes(self.tokenizer.decode(body, skip_special_tokens=False))
+            turn = parse_hermes(self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False))
         message: dict[str, Any] = {"role": "assistant", "content": turn.content}
         if turn.calls:
             message["tool_calls"] = [call.message() for call in turn.calls]
         response.messages.append(message)
-        room_for_rounds = self.max_iterations is None or rounds < self.max_iterations
-        if not (ended and room_for_rounds and (turn.calls or turn.malformed)):
-            return None
+        if not ended or (self.max_iterations is not None and rounds >= self.max_iterations):
+            return []
         response.calls += len(turn.calls) + turn.malformed
         response.failures += turn.malformed
-        if not turn.calls:  # only malformed calls: nothing to run, the response ends
-            return None
-        results = self.toolbox.run(turn.calls)
+        return turn.calls  # only malformed ones: nothing to run, the response ends
+
+    def _results(self, response: _Response, results: list[tuple[str, str, bool]], max_new_tokens: int) -> list[int] | None:
+        """The results' token ids to append to ``response`` (their messages added), or None when they leave no room
+        for one more sampled token: the response then ends unfinished (finish ``length``; TRL rolls them back)."""
         response.failures += sum(failed for _, _, failed in results)
         tool_messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
         extra = row_template_args(response.prompt.meta, "prompt") if response.prompt.meta else None
         suffix = tool_suffix_ids(self.tokenizer, tool_messages, sorted(self.stop_ids), extra)
-        if len(c.completion_ids) + len(suffix) >= max_new_tokens:  # no room left to answer: unfinished (TRL rolls back)
-            c.finish_reason = "length"
+        if len(response.completion.completion_ids) + len(suffix) >= max_new_tokens:
+            response.completion.finish_reason = "length"
             return None
         response.messages += tool_messages
         return suffix
