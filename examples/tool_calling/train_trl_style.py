@@ -22,7 +22,7 @@ summary = minirl.train(
     "config.yaml", "run.name=tool_calling_trl_style", *sys.argv[1:],
     start_from="runs/tool_calling/sft",
     train_dataset=dataset,
-    tools=[multiply, add],
+    tools=[add, multiply],
     reward_funcs=[correct, used_a_tool],
 )
 print(f"held-out accuracy {summary.eval_before:.3f} -> {summary.eval_after:.3f} ({summary.run_dir})")

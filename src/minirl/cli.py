@@ -85,6 +85,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         ("minirl.tasks.chat", "ChatTemplateError"),
         ("minirl.tasks.rewards", "RewardSpecError"),
         ("minirl.tasks.rewards", "RewardFunctionError"),
+        ("minirl.rollout.environments", "EnvironmentFailure"),
     ):
         try:
             errors.append(getattr(__import__(module, fromlist=[name]), name))

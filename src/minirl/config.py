@@ -182,6 +182,11 @@ class TaskConfig(Section):
     ``apply_chat_template(tools=...)`` reads them) go into every chat prompt, a call the model writes is run and its
     result appended to the response, and the model goes on; the results train nothing (``minirl.rollout.tools``).
     Needs chat prompts and a template that renders tool calls."""
+    environment: str | dict[str, str] | None = None
+    """An environment each rollout acts in (TRL's ``GRPOTrainer(environment_factory=...)``): ``module:Class`` whose
+    instance is reset with the row before the rollout (its text, if any, appended to the prompt), whose public
+    methods are tools, and whose ``get_reward()``, if any, is the rollout's reward beside ``task.reward_functions``;
+    ``{name: module:Class}``: each row's ``environment`` column picks one (``minirl.rollout.environments``)."""
     max_tool_iterations: int | None = Field(None, ge=1)
     """``task.tools``: rounds of tool calls per response at most (TRL's ``max_tool_calling_iterations``, verl's
     ``multi_turn.max_assistant_turns`` less one); null: until the model stops calling or ``rollout.max_new_tokens``,
@@ -1134,14 +1139,16 @@ class Config(Section):
                              "the monitor under algo.logp_old_source=rollout; set algo.logp_old_source: trainer or 0")
 
     def _check_tools(self) -> None:
-        """``task.tools``: calls and results are written by the chat template, and a response is sampled whole."""
-        if not self.task.tools:  # max_tool_iterations and tool_parser may be set for tools given later (minirl.train)
+        """``task.tools`` / ``task.environment``: calls and results are written by the chat template, and a response is
+        sampled whole."""
+        if not (self.task.tools or self.task.environment):  # the other tool keys may be set for tools given later
             return
+        key = "task.tools" if self.task.tools else "task.environment"
         if self.task.chat_template == "plain":
-            raise ValueError("task.tools: tool calls and their results are written by the chat template; "
+            raise ValueError(f"{key}: tool calls and their results are written by the chat template; "
                              "task.chat_template=plain has none (use auto or a template file)")
         if self.rollout.partial_rollout:
-            raise ValueError("task.tools: a response with tool calls is sampled whole within its step; "
+            raise ValueError(f"{key}: a response with tool calls is sampled whole within its step; "
                              "set rollout.partial_rollout=false")
 
     def _check_async(self) -> None:

@@ -188,11 +188,11 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         placement.close()
         raise
     engine = placement.engine
-    if cfg.task.tools:  # responses that call tools, turn by turn (minirl.rollout.tools)
+    if cfg.task.tools or cfg.task.environment:  # responses that call tools, turn by turn (minirl.rollout.tools)
         from minirl.rollout.tools import tool_calling
 
         try:
-            engine = tool_calling(cfg, engine, tokenizer, model, prompts)
+            engine = tool_calling(cfg, engine, tokenizer, model, prompts, task.eval_prompts())
         except BaseException:
             placement.close()
             raise

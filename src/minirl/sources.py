@@ -190,4 +190,5 @@ def _completion_state(c: Completion) -> dict[str, Any]:
             "routes": None if c.routes is None else c.routes.detach().cpu(),
             **({} if c.sampled_mask is None else {"sampled_mask": c.sampled_mask.detach().cpu()}),
             **({} if c.messages is None else {"messages": c.messages, "tool_calls": c.tool_calls,
-                                              "tool_failures": c.tool_failures})}
+                                              "tool_failures": c.tool_failures}),
+            **({} if c.environment_reward is None else {"environment_reward": c.environment_reward})}

@@ -88,6 +88,7 @@ class Completion:
     # with their parsed ``tool_calls``, the ``tool`` results), what TRL hands reward functions as ``completions``
     tool_calls: int = 0  # ``task.tools``: calls the model wrote in this response (run or not)
     tool_failures: int = 0  # ``task.tools``: of those, calls that failed (malformed, unknown tool, raised)
+    environment_reward: float | None = None  # ``task.environment``: its ``get_reward()`` once the response ended
 
 
 @dataclass(frozen=True)

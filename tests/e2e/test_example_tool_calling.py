@@ -38,10 +38,18 @@ def test_tool_calling_example(tmp_path: Path) -> None:
     assert first["routing/train_infer_diff_frac"] == pytest.approx(0.0, abs=0.02)  # R3's routes aligned
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert any("<tool_response>" in s["completion"] and "<tool_call>" in s["completion"] for s in samples)
+    # the calculator as an environment (TRL's environment_factory): one instance per rollout, its methods the tools,
+    # its get_reward one more reward function named after the class
+    _run(work, "-m", "minirl", "train", "config.yaml", "--start-from", "runs/tool_calling/sft", "run.name=env",
+         "task.tools=[]", "task.environment=calculator_env:Calculator", "optim.global_steps=2", "eval.every_steps=0")
+    rows = [json.loads(line) for line in (work / "runs" / "env" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["tools/call_frequency"] > 0.5 and 0.0 <= rows[1]["reward/Calculator/mean"] <= 1.0
+    expected = rows[1]["reward/correct/mean"] + rows[1]["reward/used_a_tool/mean"] + rows[1]["reward/Calculator/mean"]
+    assert rows[1]["train/reward_mean"] == pytest.approx(expected, abs=1e-5)
     # from Python, TRL's shape: the tools and the rewards as functions
     out = _run(work, "train_trl_style.py", "optim.global_steps=1", "eval.every_steps=0", "eval.num_prompts=4")
     assert "held-out accuracy" in out
     import yaml
 
     saved = yaml.safe_load((work / "runs" / "tool_calling_trl_style" / "config.yaml").read_text())["task"]
-    assert saved["tools"] == ["calculator:multiply", "calculator:add"]
+    assert saved["tools"] == ["calculator:add", "calculator:multiply"]

@@ -334,3 +334,110 @@ def test_a_rounds_calls_of_every_response_run_together(tokenizer) -> None:
     out = calling.generate([Prompt("q", "", messages=CHAT), Prompt("r", "", messages=CHAT)], 3, SamplingParams(max_new_tokens=200))
     assert flight["most"] == 6 and all(c.messages[1]["content"] == "AB" for c in out)
     assert len(engine.calls) == 2 and engine.calls[1][:2] == (6, 1)  # one continuation call for all six
+
+
+COUNTER = '''
+class Counter:
+    """Each rollout counts in its own instance; the reward: reaching the row's target."""
+
+    made = 0
+
+    def __init__(self):
+        Counter.made += 1
+        self.total, self.target, self.rows = 0, None, []
+
+    def reset(self, **row):
+        self.rows.append(row)
+        self.total, self.target = 0, int(row["answer"])
+        return f" (count to {self.target})"
+
+    def add(self, a: int, b: int) -> int:
+        """Add to the count.
+
+        Args:
+            a: what to add.
+            b: ignored.
+        """
+        self.total += a
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total == self.target)
+
+
+class Quiet:
+    def reset(self, **row):
+        return None
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        return a * b
+'''
+
+
+def test_environments_reset_per_rollout_own_the_tools_and_score(tokenizer, tmp_path: Path) -> None:
+    from minirl.rollout.environments import load_environments
+
+    module = tmp_path / "counter_env.py"
+    module.write_text(COUNTER)
+    envs = load_environments(f"{module}:Counter")
+    assert envs.methods[None] == ["add"] and envs.rewarded == {None: "Counter"}
+    add = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    engine = TurnEngine(tokenizer, [add, "Done."])
+    calling = ToolCalling(engine, tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)], environments=envs)
+    prompts = [Prompt("q", "3", meta={"level": 1}, messages=CHAT), Prompt("r", "5", messages=CHAT)]
+    out = calling.generate(prompts, 2, SamplingParams(max_new_tokens=200))
+    assert [(c.prompt_index, c.sample_index) for c in out] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the reset's text is in the prompt the engine saw; each rollout reset with its row, one instance each
+    assert tokenizer.decode(out[0].prompt_ids).endswith("What is 3 * 4? (count to 3)<|im_end|>\n<|im_start|>assistant\n")
+    assert "(count to 5)" in tokenizer.decode(out[2].prompt_ids)
+    assert engine.calls[0][:2] == (4, 1) and len(envs.pool[None]) == 4
+    first = envs.pool[None][0]
+    assert first.rows[-1] == {"level": 1, "prompt": CHAT, "answer": "3"}
+    # each call went to its rollout's own instance: 3 reaches the first prompt's target, not the second's
+    assert [c.environment_reward for c in out] == [1.0, 1.0, 0.0, 0.0] and out[0].messages[1]["content"] == "3"
+    # the pool is reset, not rebuilt, in the next step
+    made = type(first).made
+    calling.generate(prompts, 2, SamplingParams(max_new_tokens=200))
+    assert type(first).made == made and len(envs.pool[None]) == 4
+    # the reward: a function named after the class, beside the others (minirl.tasks.build_task_from_config)
+    from minirl.tasks import RewardRunner, build_task_from_config
+
+    cfg = load_config(None, ["task.kind=jsonl", f"task.path={EXAMPLES / 'tool_calling' / 'data' / 'train.jsonl'}",
+                             f"task.environment={module}:Counter", "task.reward_timeout_s=null"])
+    runner = RewardRunner.from_config(build_task_from_config(cfg.task), cfg.task)
+    rewards, _ = runner.score(prompts, out)
+    assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0] and [f.name for f in runner.functions] == ["Counter"]
+
+
+def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_path: Path) -> None:
+    from minirl.rollout.environments import load_environments
+
+    module = tmp_path / "two_envs.py"
+    module.write_text(COUNTER)
+    setting = {"count": f"{module}:Counter", "calc": f"{module}:Quiet"}
+    envs = load_environments(setting)
+    assert envs.named and envs.rewarded == {"count": "Counter"}
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.environment={json.dumps(setting)}"])
+    rows = [Prompt("q", "3", meta={"environment": "count"}, messages=CHAT),
+            Prompt("r", "5", meta={"environment": "calc"}, messages=CHAT)]
+    from minirl.rollout.tools import tool_calling
+
+    calling = tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, rows)
+    assert [t["function"]["name"] for t in rows[0].meta["tools"]] == ["add"]
+    assert [t["function"]["name"] for t in rows[1].meta["tools"]] == ["multiply"]
+    assert "Tools: multiply(a, b)" in tokenizer.decode(encode_prompt(tokenizer, rows[1]))
+    out = calling.generate(rows, 1, SamplingParams(max_new_tokens=50))
+    assert [c.environment_reward for c in out] == [0.0, None]  # Quiet has no get_reward
+    with pytest.raises(ConfigError, match="a row's environment 'chess' is none of"):
+        tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None,
+                     [Prompt("q", "3", meta={"environment": "chess"}, messages=CHAT)])
+    from minirl.tasks.reward_functions import environment_reward
+
+    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="calc", environments=["count"]) is None
+    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="count", environments=["count"]) == 1.0

@@ -166,29 +166,39 @@ class Toolbox:
 
     def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str, bool]]:
         """(name, result, failed) of each call, in order: sync tools one after another, ``async def`` ones together."""
-        results: list[Any] = [None] * len(calls)
-        failed = [False] * len(calls)
-        waiting: list[tuple[int, Any]] = []
-        for index, call in enumerate(calls):
-            fn = self.functions.get(call.name)
-            try:
-                if fn is None:
-                    raise ValueError(f"Tool {call.name} not found.")  # TRL's words
-                value = fn(**call.arguments)
-                if inspect.isawaitable(value):
-                    waiting.append((index, value))
-                else:
-                    results[index] = value
-            except Exception as error:
-                results[index], failed[index] = {"error": str(error)}, True
-        if waiting:
-            for (index, _), value in zip(waiting, _gather([value for _, value in waiting])):
-                if isinstance(value, BaseException):
-                    results[index], failed[index] = {"error": str(value)}, True
-                else:
-                    results[index] = value
-        return [(call.name, value if isinstance(value, str) else str(value), bad)
-                for call, value, bad in zip(calls, results, failed)]
+        return run_calls([(self, call) for call in calls])
+
+    def joined(self, functions: Sequence[Callable[..., Any]]) -> Toolbox:
+        """These tools and ``functions`` (an environment's bound methods)."""
+        return Toolbox([*self.functions.values(), *functions])
+
+
+def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str, bool]]:
+    """(name, result, failed) of each call in its toolbox, in order: sync tools one after another, ``async def`` ones
+    together; a result as TRL writes it (``str(value)``, ``{'error': ...}`` for an unknown tool or an exception)."""
+    results: list[Any] = [None] * len(calls)
+    failed = [False] * len(calls)
+    waiting: list[tuple[int, Any]] = []
+    for index, (box, call) in enumerate(calls):
+        fn = box.functions.get(call.name)
+        try:
+            if fn is None:
+                raise ValueError(f"Tool {call.name} not found.")  # TRL's words
+            value = fn(**call.arguments)
+            if inspect.isawaitable(value):
+                waiting.append((index, value))
+            else:
+                results[index] = value
+        except Exception as error:
+            results[index], failed[index] = {"error": str(error)}, True
+    if waiting:
+        for (index, _), value in zip(waiting, _gather([value for _, value in waiting])):
+            if isinstance(value, BaseException):
+                results[index], failed[index] = {"error": str(value)}, True
+            else:
+                results[index] = value
+    return [(call.name, value if isinstance(value, str) else str(value), bad)
+            for (_, call), value, bad in zip(calls, results, failed)]
 
 
 def _gather(awaitables: list[Any]) -> list[Any]:
@@ -199,6 +209,19 @@ def _gather(awaitables: list[Any]) -> list[Any]:
         return list(await asyncio.gather(*awaitables, return_exceptions=True))
 
     return resolve(together())
+
+
+def offered_schemas(tokenizer: Any, task: Any) -> None:
+    """``task.tools``' schemas (and a single ``task.environment``'s methods') in every prompt ``tokenizer`` renders;
+    with named environments each row's prompt shows its own environment's (``tool_calling``)."""
+    from minirl.rollout.environments import load_environments
+
+    schemas = Toolbox.load(task.tools).schemas()
+    if task.environment:
+        environments = load_environments(task.environment)
+        if not environments.named:
+            schemas += environments.schemas(None)
+    apply_tool_schemas(tokenizer, schemas)
 
 
 def apply_tool_schemas(tokenizer: Any, schemas: list[dict[str, Any]]) -> None:
@@ -251,12 +274,20 @@ def check_tool_template(tokenizer: Any, stop_ids: Sequence[int]) -> None:
                           "tool messages, as Qwen's does)")
 
 
-def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Sequence[Prompt]) -> ToolCalling:
-    """``task.tools``' wrapper of the run's ``engine`` (the tools' schemas already on ``tokenizer``: ``build_model``);
+def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Sequence[Prompt],
+                 eval_prompts: Sequence[Prompt] = ()) -> ToolCalling:
+    """``task.tools``' (and ``task.environment``'s) wrapper of the run's ``engine`` (the tools' schemas already on
+    ``tokenizer``: ``offered_schemas``; named environments' set here on each row, as its ``tools`` column);
     ``ConfigError`` (one line) when a training prompt is not a chat or the template cannot write calls and results."""
+    from minirl.rollout.environments import load_environments
     from minirl.tasks.chat import stop_token_ids
 
     task = cfg.task
+    environments = load_environments(task.environment) if task.environment else None
+    if environments is not None and environments.named:
+        standalone = Toolbox.load(task.tools).schemas()
+        for prompt in [*prompts, *eval_prompts]:
+            prompt.meta = {**prompt.meta, "tools": standalone + environments.schemas(environments.name_of(prompt))}
     plain = sum(prompt.messages is None for prompt in prompts)
     if plain:
         raise ConfigError(f"task.tools: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
@@ -269,19 +300,22 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
                           "(transformers' response parsing; TRL's add_response_schema sets one for known templates); "
                           "use task.tool_parser=hermes")
     return ToolCalling(engine, tokenizer, Toolbox.load(task.tools), stop_ids=stops, parser=task.tool_parser,
-                       max_iterations=task.max_tool_iterations)
+                       max_iterations=task.max_tool_iterations, environments=environments)
 
 
 @dataclass
 class _Response:
-    """One response being sampled in turns."""
+    """One response being sampled in turns (with ``task.environment``, in its own instance of its environment)."""
 
     prompt: Prompt
     completion: Completion
+    toolbox: Toolbox
     turn_start: int = 0  # where the newest model turn begins in ``completion.completion_ids``
     messages: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
     failures: int = 0
+    environment: Any = None
+    environment_name: str | None = None
 
 
 class ToolCalling:
@@ -291,9 +325,10 @@ class ToolCalling:
     continues_in_call = False  # a response is sampled whole, turn by turn (no partial rollouts)
 
     def __init__(self, engine: Any, tokenizer: Any, toolbox: Toolbox, *, stop_ids: Sequence[int],
-                 parser: str = "hermes", max_iterations: int | None = None) -> None:
+                 parser: str = "hermes", max_iterations: int | None = None, environments: Any = None) -> None:
         self.engine, self.tokenizer, self.toolbox = engine, tokenizer, toolbox
         self.stop_ids, self.parser, self.max_iterations = set(stop_ids), parser, max_iterations
+        self.environments = environments  # minirl.rollout.environments.Environments, or None
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet (unpickling): no recursion
@@ -304,12 +339,11 @@ class ToolCalling:
                  record_routes: bool = False) -> list[Completion]:
         """``RolloutEngine.generate``, each response continued after the results of the calls it makes; a round's
         calls, of every response, run together (``Toolbox.run``: async tools concurrently, as verl's agent loop)."""
-        first = self.engine.generate(prompts, samples_per_prompt, sampling, record_routes=record_routes)
-        responses = [_Response(prompts[c.prompt_index], c) for c in first]
+        responses = self._first_turns(prompts, samples_per_prompt, sampling, record_routes)
         running, rounds = list(responses), 0
         while running:
             calling = [(response, calls) for response in running if (calls := self._read_turn(response, rounds))]
-            results = self.toolbox.run([call for _, calls in calling for call in calls])
+            results = run_calls([(response.toolbox, call) for response, calls in calling for call in calls])
             ready, at = [], 0
             for response, calls in calling:
                 suffix = self._results(response, results[at: at + len(calls)], sampling.max_new_tokens)
@@ -321,6 +355,21 @@ class ToolCalling:
                 rounds += 1
                 self._continue(ready, sampling, rounds, record_routes)
         return [self._finished(response) for response in responses]
+
+    def _first_turns(self, prompts: list[Prompt], n: int, sampling: SamplingParams, record_routes: bool) -> list[_Response]:
+        """Each response's first turn; with environments, each rollout's instance reset with its row first, and the
+        engine given one prompt per rollout (a reset may add to it), numbered back into groups of ``n``."""
+        if self.environments is None:
+            first = self.engine.generate(prompts, n, sampling, record_routes=record_routes)
+            return [_Response(prompts[c.prompt_index], c, self.toolbox) for c in first]
+        envs = self.environments
+        names = [envs.name_of(prompt) for prompt in prompts for _ in range(n)]
+        instances = envs.take(names)
+        rows = [envs.reset(instance, prompt) for instance, prompt in zip(instances, [p for p in prompts for _ in range(n)])]
+        first = self.engine.generate(rows, 1, sampling, record_routes=record_routes)
+        return [_Response(rows[index], replace(c, prompt_index=index // n, sample_index=index % n),
+                          self.toolbox.joined(envs.tools(instance, name)), environment=instance, environment_name=name)
+                for index, (c, instance, name) in enumerate(zip(first, instances, names, strict=True))]
 
     def _read_turn(self, response: _Response, rounds: int) -> list[ToolCall]:
         """Read the newest turn into ``response.messages``; the calls to run (a turn that ended at a stop token, with
@@ -371,8 +420,10 @@ class ToolCalling:
     def _finished(self, response: _Response) -> Completion:
         c = response.completion
         text = self.tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+        score = None if self.environments is None else self.environments.reward(response.environment,
+                                                                                 response.environment_name)
         return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
-                       tool_failures=response.failures)
+                       tool_failures=response.failures, environment_reward=score)
 
 
 def cut_to(new: Completion, room: int) -> Completion:

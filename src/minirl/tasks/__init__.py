@@ -121,12 +121,23 @@ def build_task_from_config(
             prompt_column=t.prompt_column, answer_column=t.answer_column, plain_chat=t.chat_template == "plain",
             dataset_config=t.dataset_config, train_split=t.train_split, eval_split=t.eval_split,
             system_prompt=t.system_prompt, chat_prompts=t.chat_prompts,
-            answer_required=not (t.reward_function or t.reward_functions),  # a user's reward may need no answer
+            answer_required=not (t.reward_function or t.reward_functions or t.environment),  # a user's may need none
         )
     else:
         kwargs = dict(difficulty=t.difficulty, num_train=t.num_train_prompts, num_eval=t.num_eval_prompts, seed=t.seed)
     functions = [entry.model_dump() for entry in t.reward_functions]
-    return build_task(t.kind, reward_function=t.reward_function, reward_functions=functions, reward_device=reward_device,
+    reward_function = t.reward_function
+    if getattr(t, "environment", None):  # each environment that scores its rollouts: one more reward function
+        from minirl.rollout.environments import load_environments
+
+        rewarded = load_environments(t.environment).rewarded  # environment name (None: the only one) -> class
+        if rewarded and reward_function:
+            functions, reward_function = [{"function": reward_function}], None
+        for cls in sorted(set(rewarded.values())):  # one per class, for the rows of its environments (TRL's rule)
+            names = sorted(name for name, of in rewarded.items() if of == cls and name is not None)
+            functions.append({"function": "minirl.tasks.reward_functions:environment_reward", "name": cls, "weight": 1.0,
+                              **({"kwargs": {"environments": names}} if names else {})})
+    return build_task(t.kind, reward_function=reward_function, reward_functions=functions, reward_device=reward_device,
                       trust_remote_code=trust_remote_code, chat_template_kwargs=getattr(t, "chat_template_kwargs", None),
                       **kwargs)
 

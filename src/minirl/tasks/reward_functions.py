@@ -161,10 +161,14 @@ class Sample:
 
 
 def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
-              trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None) -> Sample:
+              trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None,
+              environment_reward: float | None = None) -> Sample:
     """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``; ``messages``: the
-    completion's chat messages when it called tools (``Completion.messages``)."""
+    completion's chat messages when it called tools (``Completion.messages``); ``environment_reward``: its
+    environment's score (``task.environment``), one more column."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
+    if environment_reward is not None:
+        columns["environment_reward"] = environment_reward
     prompt_messages = getattr(prompt, "messages", None)
     shown = prompt_messages if prompt_messages is not None else prompt.text
     return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages)
@@ -350,6 +354,17 @@ def looks_slime(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return names in (["args", "sample"], ["args", "samples"])
+
+
+def environment_reward(prompt: Any, completion: Any, answer: Any, environment_reward: float | None = None,
+                       environment: str | None = None, environments: list[str] | None = None,
+                       **columns: Any) -> float | None:
+    """The reward a rollout's environment gave it (``get_reward()``, ``task.environment``; TRL's environment reward
+    source); None (does not apply) for a rollout whose environment defines none or, with ``environments`` (the names
+    of one class's environments, ``task.environment`` as a dict), runs in another (the row's ``environment``)."""
+    if environments is not None and environment not in environments:
+        return None
+    return environment_reward
 
 
 def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
