@@ -44,11 +44,14 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
           train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
           peft_config: Any = None, args: Any = None, start_from: str | Path | None = None, resume: bool = False,
-          tools: Sequence[Callable[..., Any] | str] | None = None) -> Any:
+          tools: Sequence[Callable[..., Any] | str] | None = None,
+          environment_factory: Callable[[], Any] | str | dict[str, Callable[[], Any] | str] | None = None) -> Any:
     """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
     (held-out accuracy before and after RL, steps, seconds, run directory). ``args``: a TRL ``GRPOConfig`` in place
     of ``config``, translated as ``minirl config from-trl`` translates its file (what differs printed). ``tools``:
-    TRL's, functions the model may call while it answers (``task.tools``, ``minirl.rollout.tools``). Raises
+    TRL's, functions the model may call while it answers (``task.tools``, ``minirl.rollout.tools``);
+    ``environment_factory``: TRL's, a class (or a dict of them) whose instances the rollouts act in
+    (``task.environment``, ``minirl.rollout.environments``). Raises
     ``ConfigError`` for a user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many
     numerical faults."""
     if args is not None:
@@ -56,7 +59,7 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
             raise ConfigError("minirl.train: give a minirl config or TRL's args (a GRPOConfig), not both")
         config = _from_trl_args(args)
     cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config,
-                     tools)
+                     tools, environment_factory)
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
@@ -113,7 +116,8 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
 def _configure(config: str | Path | Config | None, overrides: list[str], model: str | Path | None,
                train_dataset: DatasetLike, eval_dataset: DatasetLike,
                reward_funcs: Sequence[Callable[..., Any] | str] | None, reward_weights: Sequence[float] | None,
-               peft_config: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None) -> Config:
+               peft_config: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None,
+               environment_factory: Any = None) -> Config:
     """The config with TRL's arguments folded in as overrides (validated once, at the end)."""
     if isinstance(config, Config):
         data: dict[str, Any] = config.model_dump(mode="json")
@@ -134,6 +138,13 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
     if tools is not None:  # run in this process, beside the engine: a function of the script itself is fine
         data["task"]["tools"] = [tool if isinstance(tool, str) else _function_spec(tool, f"tools[{index}]")
                                  for index, tool in enumerate(tools)]
+    if environment_factory is not None:  # TRL's: a factory, or {name: factory} picked by the rows' environment column
+        def named(factory: Any, where: str) -> str:
+            return factory if isinstance(factory, str) else _function_spec(factory, where)
+
+        data["task"]["environment"] = (
+            {str(key): named(value, f"environment_factory[{key!r}]") for key, value in environment_factory.items()}
+            if isinstance(environment_factory, dict) else named(environment_factory, "environment_factory"))
     if reward_funcs is not None:
         weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
         if len(weights) != len(reward_funcs):

@@ -968,7 +968,10 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     rewards, _ = score_completions(rewards, prompts, completions)
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     sources = [(p.meta or {}).get("data_source") for p in prompts]
-    return held_out_metrics(rewards.view(len(prompts), e.samples_per_prompt), lengths, e.accuracy_threshold, sources)
+    metrics = held_out_metrics(rewards.view(len(prompts), e.samples_per_prompt), lengths, e.accuracy_threshold, sources)
+    if any(c.messages is not None for c in completions):  # task.tools / task.environment
+        metrics["eval/tool_call_frequency"] = sum(c.tool_calls for c in completions) / len(completions)
+    return metrics
 
 
 def held_out_metrics(rewards: torch.Tensor, lengths: torch.Tensor, threshold: float,

@@ -36,6 +36,7 @@ def test_tool_calling_example(tmp_path: Path) -> None:
     # the template puts them, and they are not in the loss (their mu would be 0, log 1: a huge mismatch)
     assert abs(first["mismatch/kl_k1"]) < 1e-4 and first["mismatch/abs_dlogp_max"] < 1e-3
     assert first["routing/train_infer_diff_frac"] == pytest.approx(0.0, abs=0.02)  # R3's routes aligned
+    assert rows[0]["eval/tool_call_frequency"] > 0.5  # evaluation calls the tools too
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert any("<tool_response>" in s["completion"] and "<tool_call>" in s["completion"] for s in samples)
     # the calculator as an environment (TRL's environment_factory): one instance per rollout, its methods the tools,

@@ -441,3 +441,22 @@ def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_
 
     assert environment_reward("p", "c", "a", environment_reward=1.0, environment="calc", environments=["count"]) is None
     assert environment_reward("p", "c", "a", environment_reward=1.0, environment="count", environments=["count"]) == 1.0
+
+
+def test_minirl_train_takes_trls_tools_and_environment_factory(tmp_path: Path) -> None:
+    from minirl.api import _configure
+
+    calculator = _module(EXAMPLES / "tool_calling" / "calculator.py", "calculator_for_api")
+    import sys
+
+    sys.modules["calculator_for_api"] = calculator  # importable by name, as a user's module is
+    cfg = _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
+                     tools=[calculator.add, "calculator:multiply"], environment_factory=calculator.multiply)
+    assert cfg.task.tools == ["calculator_for_api:add", "calculator:multiply"]
+    assert cfg.task.environment == "calculator_for_api:multiply"
+    cfg = _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
+                     environment_factory={"calc": calculator.add, "other": "env.py:Other"})
+    assert cfg.task.environment == {"calc": "calculator_for_api:add", "other": "env.py:Other"}
+    with pytest.raises(ConfigError, match=r"^environment_factory: .*lambda.* cannot be named"):
+        _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
+                   environment_factory=lambda: None)
