@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, OlmoeConfig, OlmoeForCausalLM
+from transformers import (
+    DynamicCache,
+    GraniteMoeConfig,
+    GraniteMoeForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+)
 
 from minirl.rollout.fast_decode import FastDecoder, StaticKVCache, _grouped_matmul, _groups, unsupported_reason
 from minirl.rollout.native import NativeEngine
@@ -13,6 +23,43 @@ from minirl.types import SamplingParams
 from tests.unit.test_rollout_native import EOS, PAD, PROMPTS, VOCAB, dense_model, moe_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             num_experts_per_tok=2, max_position_embeddings=256)
+
+
+def _built(cls, config, seed: int):
+    config._experts_implementation = "grouped_mm"
+    torch.manual_seed(seed)
+    return cls._from_config(config, dtype=torch.float32).eval()
+
+
+def olmoe_model(std: float = 0.02, seed: int = 0) -> OlmoeForCausalLM:
+    """OLMoE: q and k normalised over the whole projection, top-k weights not renormalised."""
+    return _built(OlmoeForCausalLM, OlmoeConfig(**SMALL, intermediate_size=64, num_experts=4, initializer_range=std), seed)
+
+
+def mixtral_model(std: float = 0.02, seed: int = 1) -> MixtralForCausalLM:
+    """Mixtral: no q/k norm; the router renormalises its top-k and keeps the weights in fp32 (seed 1: some rows
+    draw EOS early at std 0.3)."""
+    return _built(MixtralForCausalLM, MixtralConfig(**SMALL, intermediate_size=64, num_local_experts=4,
+                                                    initializer_range=std), seed)
+
+
+def qwen2_moe_model(std: float = 0.02, seed: int = 0) -> Qwen2MoeForCausalLM:
+    """Qwen2-MoE: q/k/v biases, a shared expert under a sigmoid gate, a dense first layer (mlp_only_layers)."""
+    config = Qwen2MoeConfig(**SMALL, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                            num_experts=4, mlp_only_layers=[0], norm_topk_prob=True, initializer_range=std)
+    model = _built(Qwen2MoeForCausalLM, config, seed)
+    with torch.no_grad():  # biases away from zero, so that they are seen
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, std)
+    return model
+
+
+FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model]
+FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
@@ -36,7 +83,7 @@ def assert_same_completions(a, b) -> None:
 @pytest.mark.parametrize(
     "precision,kv_cache", [("fp32", "same"), ("bf16", "same"), ("fp8_e4m3", "same"), ("fp4_e2m1", "fp8_e4m3")]
 )
-@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+@pytest.mark.parametrize("build", FAMILY_BUILDS, ids=FAMILY_IDS)
 def test_engine_samples_bitwise_what_the_transformers_forward_samples(build, precision, kv_cache):
     # std 0.3: a peaked model, so some rows draw EOS early and leave the batch mid-rollout
     model = build(std=0.3)
@@ -44,7 +91,7 @@ def test_engine_samples_bitwise_what_the_transformers_forward_samples(build, pre
     if precision == "fp4_e2m1":
         kwargs["fp4_block_size"] = 16
     fast, slow = engines(model, **kwargs)
-    routes = build is moe_model
+    routes = build is not dense_model
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     a = fast.generate_ids(PROMPTS, 4, params, record_routes=routes)
     b = slow.generate_ids(PROMPTS, 4, params, record_routes=routes)
@@ -118,15 +165,26 @@ def test_grouped_matmul_is_bitwise_grouped_mm():
 
 
 def test_other_models_keep_the_transformers_forward():
-    config = OlmoeConfig(
+    config = GraniteMoeConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-        intermediate_size=32, num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
     )  # fmt: skip
-    olmoe = OlmoeForCausalLM._from_config(config, dtype=torch.float32).eval()
-    assert "olmoe" in unsupported_reason(olmoe)
-    engine = NativeEngine(olmoe, eos_token_id=EOS, pad_token_id=PAD)
+    granite = GraniteMoeForCausalLM._from_config(config, dtype=torch.float32).eval()
+    assert "granitemoe" in unsupported_reason(granite)
+    engine = NativeEngine(granite, eos_token_id=EOS, pad_token_id=PAD)
     assert engine._fast is None
     assert len(engine.generate_ids(PROMPTS, 1, SamplingParams(max_new_tokens=4, seed=0))) == 3
+    windowed = mixtral_model()  # Mixtral has no use_sliding_window switch: a window is a window
+    windowed.config.sliding_window = 32
+    assert "sliding-window" in unsupported_reason(windowed)
+    clipped = olmoe_model()
+    clipped.config.clip_qkv = 8.0
+    assert "clip_qkv" in unsupported_reason(clipped)
+    shared = qwen2_moe_model()
+    shared.model.layers[1].mlp.shared_expert_gate = torch.nn.Linear(64, 1, bias=True)
+    assert unsupported_reason(shared) is None  # a bias on the shared gate is still a plain linear
+    shared.model.layers[1].mlp.shared_expert.up_proj = torch.nn.Identity()
+    assert "shared_expert.up_proj" in unsupported_reason(shared)
 
     eager = moe_model()
     eager.config._attn_implementation = "eager"
@@ -183,7 +241,7 @@ def test_fp32_gemm_is_a_half_gemm_with_fp32_accumulation(dtype):
     assert not fp32.fp32_gemm and fp32.lm_head is fp32.model.lm_head.weight
 
 
-@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+@pytest.mark.parametrize("build", FAMILY_BUILDS, ids=FAMILY_IDS)
 def test_prefill_matches_the_transformers_forward(build):
     # the fast prefill (used with half_gemm="fp32") on an fp32 model, so only the path is compared:
     # causal + padding mask, positions, RoPE, cache columns, routes at the real tokens
@@ -192,7 +250,7 @@ def test_prefill_matches_the_transformers_forward(build):
     mask, ids = engine._left_pad(PROMPTS)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     decoder = FastDecoder(model)
-    routed = build is moe_model
+    routed = build is not dense_model
     logits, cache, routes = decoder.prefill(ids, positions, mask, 5, record_routes=routed)
     expected, expected_routes = engine._forward(ids, mask, positions, engine._new_cache(), routed, logits_to_keep=1)
     hf_cache = DynamicCache(config=model.config)
@@ -212,7 +270,7 @@ def test_prefill_matches_the_transformers_forward(build):
         assert routes is None
 
 
-@pytest.mark.parametrize("build", [moe_model, dense_model], ids=["moe", "dense"])
+@pytest.mark.parametrize("build", FAMILY_BUILDS, ids=FAMILY_IDS)
 def test_bf16_engine_with_fp32_gemm_is_close_to_torch_bf16(build):
     # the same bf16 model, torch's bf16 kernels vs fp32 GEMMs on the bf16 values: log-probs of the same
     # completions differ by far less than bf16 differs from fp32 (the mismatch the engine simulates)
@@ -222,10 +280,10 @@ def test_bf16_engine_with_fp32_gemm_is_close_to_torch_bf16(build):
     full = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="fp32")
     assert fast._fast.fp32_gemm and not native._fast.fp32_gemm
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=1.0, seed=5)
-    sampled = fast.generate_ids(PROMPTS, 4, params, record_routes=build is moe_model)
+    sampled = fast.generate_ids(PROMPTS, 4, params, record_routes=build is not dense_model)
     assert len({len(c.completion_ids) for c in sampled}) > 1  # rows left the batch mid-rollout
     assert all(torch.isfinite(c.logp_rollout).all() for c in sampled)
-    if build is moe_model:
+    if build is not dense_model:
         # every token fed through the model has its experts (the last one sampled is never fed: -1)
         assert all(int(c.routes[:-1].min()) >= 0 and bool((c.routes[-1] == -1).all()) for c in sampled)
     prompts = [prompt for prompt in PROMPTS for _ in range(4)]

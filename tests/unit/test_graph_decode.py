@@ -76,6 +76,18 @@ def test_dense_models_and_unpadded_prompts_too():
                         static.generate_ids([[3, 4, 5], [7, 8, 9]], 3, PARAMS), atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe"])
+def test_the_other_moe_families_run_in_buckets_too(family):
+    """OLMoE's whole-projection q/k norm, Mixtral's fp32 top-k weights, Qwen2-MoE's shared expert and dense layer:
+    the buckets' step is the fast decoder's, so they sample what the dynamic loop samples, routes and all."""
+    from tests.unit import test_fast_decode as families
+
+    model = getattr(families, f"{family}_model")(std=0.3)
+    dynamic, static = pair(model)
+    assert_same_samples(dynamic.generate_ids(PROMPTS, 8, PARAMS, record_routes=True),
+                        static.generate_ids(PROMPTS, 8, PARAMS, record_routes=True), atol=1e-5)
+
+
 def test_per_batch_seeding_draws_from_the_law_it_reports():
     """One noise tensor covers the bucket, so the draws are not the dynamic loop's; each reported
     log-prob is still that of the tempered, truncated law the token was drawn from."""

@@ -1,4 +1,5 @@
-"""A lean decode step for Qwen3 and Qwen3-MoE, with a pre-allocated KV cache (``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral and Qwen2-MoE, with a pre-allocated KV cache
+(``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -48,7 +49,10 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe")
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe")
+# where a family normalises queries and keys: per head after the split (Qwen3), over the whole projection before it
+# (OLMoE), or not at all
+QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None}
 HALF_GEMM = ("native", "fp32")
 
 
@@ -69,9 +73,12 @@ def unsupported_reason(model: nn.Module) -> str | None:
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         return f"RoPE type {rope.get('rope_type')!r} (needs 'default')"
-    sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", False)
+    window = getattr(config, "sliding_window", None) is not None
+    sliding = window and (config.model_type == "mixtral" or getattr(config, "use_sliding_window", False))
     if sliding or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return "sliding-window attention"
+    if getattr(config, "clip_qkv", None) is not None:
+        return "clipped q/k/v (clip_qkv)"
     if config.hidden_act != "silu":
         return f"activation {config.hidden_act!r} (needs 'silu')"
     return _structure_reason(model)
@@ -80,17 +87,20 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # The modules the fast path reimplements, by class name: any other class (a subclass, an adapter
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
-    "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm"),
-    "attention": ("Qwen3Attention", "Qwen3MoeAttention"),
-    "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"),
-    "router": ("Qwen3MoeTopKRouter",),
-    "experts": ("Qwen3MoeExperts",),
+    "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"),
+    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm"),
+    "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention"),
+    "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
+            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP"),
+    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter"),
+    "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts"),
+    "shared": ("Qwen2MoeMLP",),  # Qwen2-MoE's shared expert
 }
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def _structure_reason(hf_model: nn.Module) -> str | None:
-    """Why the modules of a Qwen3 / Qwen3-MoE model are not the stock ones (None: they are)."""
+    """Why the modules of a model of ``FAMILIES`` are not the stock ones (None: they are)."""
     model: Any = hf_model  # torch types submodule attributes as Tensor | Module; these are transformers' modules
 
     def unexpected(module: nn.Module, kind: str) -> str | None:
@@ -105,16 +115,21 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         checks += [unexpected(attn, "attention"), unexpected(mlp, "mlp")]
-        norms = (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm, model.model.norm)
+        qk_norms = (attn.q_norm, attn.k_norm) if QK_NORM[model.config.model_type] else ()
+        norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
         checks += [unexpected(norm, "norm") for norm in norms]
         if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
             checks.append(f"layer {index} has a norm epsilon other than rms_norm_eps")
         checks += [plain_linear(getattr(attn, name), f"layer {index} {name}") for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         experts = getattr(mlp, "experts", None)
         if experts is None:
-            checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in ("gate_proj", "up_proj", "down_proj")]
+            checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in DENSE_MLP]
             continue
         checks += [unexpected(mlp.gate, "router"), unexpected(experts, "experts")]
+        shared = getattr(mlp, "shared_expert", None)
+        if shared is not None:  # Qwen2-MoE: a dense expert every token takes, weighed by a sigmoid gate
+            checks += [unexpected(shared, "shared"), plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate")]
+            checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
         implementation = getattr(experts.config, "_experts_implementation", None)
         if implementation != "grouped_mm":
             checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
@@ -133,15 +148,18 @@ class _Layer:
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
     o_bias: torch.Tensor | None
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
+    q_norm: torch.Tensor | None  # None: the family normalises neither (``QK_NORM``)
+    k_norm: torch.Tensor | None
     # MoE block (router + experts) or dense MLP, whichever the layer has
     router: torch.Tensor | None = None
     gate_up: torch.Tensor | None = None  # [E, 2 I, hidden]
     down: torch.Tensor | None = None  # [E, hidden, I]
     top_k: int = 0
     norm_topk_prob: bool = False
+    cast_weights: bool = True  # the top-k weights cast to the router logits' dtype (Mixtral's stay fp32)
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
+    shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
+    shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden]
 
 
 class StaticKVCache:
@@ -179,7 +197,7 @@ class StaticKVCache:
 
 
 class FastDecoder:
-    """One decode step (one new token per row) of a Qwen3 / Qwen3-MoE model, bitwise its forward.
+    """One decode step (one new token per row) of a model of ``FAMILIES``, bitwise its forward.
 
     Holds references to the model's parameters (so in-place weight loads are seen), except the
     concatenated q/k/v weights: call ``refresh`` after the weights change.
@@ -193,7 +211,8 @@ class FastDecoder:
         if half_gemm not in HALF_GEMM:
             raise ValueError(f"half_gemm must be one of {HALF_GEMM} (got {half_gemm!r})")
         config: Any = model.config
-        self.model: Any = model  # a transformers Qwen3 / Qwen3-MoE causal LM (checked above)
+        self.model: Any = model  # a transformers causal LM of FAMILIES (checked above)
+        self.qk_norm = QK_NORM[config.model_type]
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
         head: torch.Tensor = cast(Any, model).lm_head.weight
@@ -239,14 +258,20 @@ class FastDecoder:
                 qkv_bias=gemm(_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj)),
                 o=gemm(attn.o_proj.weight),
                 o_bias=gemm(attn.o_proj.bias),
-                q_norm=attn.q_norm.weight,
-                k_norm=attn.k_norm.weight,
+                q_norm=attn.q_norm.weight if self.qk_norm else None,
+                k_norm=attn.k_norm.weight if self.qk_norm else None,
             )
             if hasattr(mlp, "experts"):
-                spec.router, spec.top_k, spec.norm_topk_prob = gemm(mlp.gate.weight), mlp.gate.top_k, mlp.gate.norm_topk_prob
+                mixtral = type(mlp.gate).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
+                spec.router, spec.top_k = gemm(mlp.gate.weight), mlp.gate.top_k
+                spec.norm_topk_prob, spec.cast_weights = mixtral or mlp.gate.norm_topk_prob, not mixtral
                 spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
+                if getattr(mlp, "shared_expert", None) is not None:
+                    spec.shared = tuple((gemm(getattr(mlp.shared_expert, n).weight), gemm(getattr(mlp.shared_expert, n).bias))
+                                        for n in DENSE_MLP)
+                    spec.shared_gate = gemm(mlp.shared_expert_gate.weight)
             else:
-                spec.dense = tuple((gemm(p.weight), gemm(p.bias)) for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+                spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
             self.layers.append(spec)
         self._rope_rows = 0  # rebuilt on demand
 
@@ -366,8 +391,7 @@ class FastDecoder:
                 [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
                 dim=-1,
             )
-            q = _rms_norm(q.view(rows, length, self.num_heads, self.head_dim), layer.q_norm, self.eps).transpose(1, 2)
-            k = _rms_norm(k.view(rows, length, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps).transpose(1, 2)
+            q, k = self._qk_norms(q, k, layer, rows, length)
             v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
@@ -387,14 +411,17 @@ class FastDecoder:
             residual = hidden
             x = _rms_norm(hidden, layer.post_norm, self.eps)
             if layer.router is not None:
-                x, top_k_index = self._moe(x.reshape(rows * length, -1), layer)
+                flat = x.reshape(rows * length, -1)
+                x, top_k_index = self._moe(flat, layer)
+                if layer.shared is not None:  # Qwen2MoeSparseMoeBlock: experts + sigmoid(gate) * shared expert
+                    assert layer.shared_gate is not None
+                    x = x + F.sigmoid(self._linear(flat, layer.shared_gate)) * self._mlp(flat, layer.shared)
                 x = x.view(rows, length, -1)
                 if record_routes:
                     routes.append(top_k_index.view(rows, length, -1))
             else:
                 assert layer.dense is not None  # refresh: a layer has a router or a dense MLP
-                (gate, gate_bias), (up, up_bias), (down, down_bias) = layer.dense
-                x = self._linear(F.silu(self._linear(x, gate, gate_bias)) * self._linear(x, up, up_bias), down, down_bias)
+                x = self._mlp(x, layer.dense)
             hidden = residual + x
         hidden = _rms_norm(hidden[:, -1], self.final_norm, self.eps)
         logits = self._linear(hidden, self.lm_head, self.lm_head_bias)
@@ -403,6 +430,24 @@ class FastDecoder:
         if not routes:
             raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
         return logits, torch.stack(routes, dim=2).to(torch.int16)  # [b, s, L, K], MoE layers only, as RoutingReplay records
+
+    def _qk_norms(self, q: torch.Tensor, k: torch.Tensor, layer: _Layer, rows: int, length: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k [b, s, heads * D] as [b, heads, s, D], normalised as the family does (``QK_NORM``)."""
+        if self.qk_norm == "full":  # OLMoE: one RMSNorm over the whole projection, then the heads
+            assert layer.q_norm is not None and layer.k_norm is not None
+            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+        q = q.view(rows, length, self.num_heads, self.head_dim)
+        k = k.view(rows, length, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":  # Qwen3: each head normalised on its own
+            assert layer.q_norm is not None and layer.k_norm is not None
+            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    def _mlp(self, x: torch.Tensor, weights: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]) -> torch.Tensor:
+        """A SwiGLU MLP (``Qwen3MLP``, Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x))."""
+        (gate, gate_bias), (up, up_bias), (down, down_bias) = weights
+        return self._linear(F.silu(self._linear(x, gate, gate_bias)) * self._linear(x, up, up_bias), down, down_bias)
 
     def _attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
@@ -425,14 +470,16 @@ class FastDecoder:
         return out.reshape(rows, 1, -1)
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Qwen3MoeTopKRouter`` + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
+        """``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are the same but for ``cast_weights`` and
+        ``norm_topk_prob``) + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
         assert layer.router is not None and layer.gate_up is not None and layer.down is not None  # an MoE layer
         router_logits = self._linear(x, layer.router)
         probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
         weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
         if layer.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(router_logits.dtype)
+        if layer.cast_weights:
+            weights = weights.to(router_logits.dtype)
 
         num_tokens, top_k = top_k_index.shape
         num_experts = layer.gate_up.shape[0]
@@ -477,7 +524,7 @@ def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``Qwen3RMSNorm.forward``."""
+    """``Qwen3RMSNorm.forward`` (OLMoE's, Mixtral's and Qwen2-MoE's are the same)."""
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
