@@ -6,9 +6,10 @@ a few of them: the aten operator count per step, their self CPU time and the par
 A step whose matmuls are a small share of its time is bound by per-operator dispatch, not by
 arithmetic. Two paths, on the same cache contents: ``transformers`` (the model's own forward, what
 HF ``generate`` runs) and ``fast`` (``minirl.rollout.fast_decode``, what ``NativeEngine`` runs for
-Qwen3 / Qwen3-MoE; bitwise the same logits).
+Qwen3, Qwen3-MoE, OLMoE, Mixtral and Qwen2-MoE; bitwise the same logits). ``--preset`` another model preset
+(``olmoe-tiny``, ``mixtral-tiny``, ``qwen2-moe-tiny``: each family's).
 
-    python benchmarks/profile_decode.py [--batches 1,64] [--prompt 16] [--steps 30] [--threads 1]
+    python benchmarks/profile_decode.py [--batches 1,64] [--prompt 16] [--steps 30] [--threads 1] [--preset NAME]
 """
 
 from __future__ import annotations
@@ -74,11 +75,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--preset", default=None, help="model.preset in place of the config's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, _ = build_model(load_config(args.config, ["cold_start.enabled=false"]))
+    preset = [f"model.preset={args.preset}"] if args.preset else []
+    model, _ = build_model(load_config(args.config, ["cold_start.enabled=false", *preset]))
     model.eval()
-    print(f"one decode step (1 new token per row, KV cache of {args.prompt}+ tokens), {args.threads} thread(s)")
+    print(f"{model.config.model_type}: one decode step (1 new token per row, KV cache of {args.prompt}+ tokens), "
+          f"{args.threads} thread(s)")
     print(f"{'path':<13} {'batch':>6} {'step ms':>8} {'aten ops':>9} {'op self ms':>11} {'matmul ms':>10} "
           f"{'matmul share':>13}")
     for batch in args.batches:
