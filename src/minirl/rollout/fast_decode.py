@@ -1,4 +1,4 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral and Qwen2-MoE, with a pre-allocated KV cache
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE and GLM-4-MoE, with a pre-allocated KV cache
 (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
@@ -49,10 +49,17 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe")
-# where a family normalises queries and keys: per head after the split (Qwen3), over the whole projection before it
-# (OLMoE), or not at all
-QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None}
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe")
+# where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
+# whole projection before it (OLMoE), or not at all
+QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head"}
+
+
+def qk_norm_kind(config: Any) -> str | None:
+    """``QK_NORM`` of the config's family (GLM-4-MoE's only with ``use_qk_norm``)."""
+    if config.model_type == "glm4_moe" and not getattr(config, "use_qk_norm", False):
+        return None
+    return QK_NORM[config.model_type]
 HALF_GEMM = ("native", "fp32")
 
 
@@ -87,14 +94,16 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # The modules the fast path reimplements, by class name: any other class (a subclass, an adapter
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
-    "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"),
-    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm"),
-    "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention"),
+    "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+              "Glm4MoeForCausalLM"),
+    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm"),
+    "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
+                  "Glm4MoeAttention"),
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
-            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP"),
-    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter"),
-    "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts"),
-    "shared": ("Qwen2MoeMLP",),  # Qwen2-MoE's shared expert
+            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP"),
+    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter"),
+    "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP"),  # Qwen2-MoE's shared expert, GLM-4-MoE's shared experts
 }
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -115,7 +124,7 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         checks += [unexpected(attn, "attention"), unexpected(mlp, "mlp")]
-        qk_norms = (attn.q_norm, attn.k_norm) if QK_NORM[model.config.model_type] else ()
+        qk_norms = (attn.q_norm, attn.k_norm) if qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
         checks += [unexpected(norm, "norm") for norm in norms]
         if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
@@ -126,10 +135,15 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
             checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in DENSE_MLP]
             continue
         checks += [unexpected(mlp.gate, "router"), unexpected(experts, "experts")]
-        shared = getattr(mlp, "shared_expert", None)
-        if shared is not None:  # Qwen2-MoE: a dense expert every token takes, weighed by a sigmoid gate
-            checks += [unexpected(shared, "shared"), plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate")]
+        shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+        if shared is not None:  # a dense expert every token takes (Qwen2-MoE's weighed by a sigmoid gate)
+            checks += [unexpected(shared, "shared")]
             checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
+        if hasattr(mlp, "shared_expert_gate"):
+            checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
+        group_limited = type(mlp.gate).__name__ == "Glm4MoeTopkRouter"
+        if group_limited and mlp.gate.num_experts % mlp.gate.num_group:
+            checks.append(f"layer {index}: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
         implementation = getattr(experts.config, "_experts_implementation", None)
         if implementation != "grouped_mm":
             checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
@@ -157,9 +171,12 @@ class _Layer:
     top_k: int = 0
     norm_topk_prob: bool = False
     cast_weights: bool = True  # the top-k weights cast to the router logits' dtype (Mixtral's stay fp32)
+    # GLM-4-MoE's router (DeepSeek-V3's noaux_tc): sigmoid scores, bias-corrected group-limited top-k; its
+    # (e_score_correction_bias, groups, groups kept, routed_scaling_factor)
+    group_routing: tuple[torch.Tensor, int, int, float] | None = None
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
     shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
-    shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden]
+    shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
 
 
 class StaticKVCache:
@@ -212,7 +229,7 @@ class FastDecoder:
             raise ValueError(f"half_gemm must be one of {HALF_GEMM} (got {half_gemm!r})")
         config: Any = model.config
         self.model: Any = model  # a transformers causal LM of FAMILIES (checked above)
-        self.qk_norm = QK_NORM[config.model_type]
+        self.qk_norm = qk_norm_kind(config)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
         head: torch.Tensor = cast(Any, model).lm_head.weight
@@ -262,13 +279,19 @@ class FastDecoder:
                 k_norm=attn.k_norm.weight if self.qk_norm else None,
             )
             if hasattr(mlp, "experts"):
-                mixtral = type(mlp.gate).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
-                spec.router, spec.top_k = gemm(mlp.gate.weight), mlp.gate.top_k
-                spec.norm_topk_prob, spec.cast_weights = mixtral or mlp.gate.norm_topk_prob, not mixtral
+                router = mlp.gate
+                mixtral = type(router).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
+                spec.router, spec.top_k = gemm(router.weight), router.top_k
+                spec.norm_topk_prob, spec.cast_weights = mixtral or router.norm_topk_prob, not mixtral
+                if type(router).__name__ == "Glm4MoeTopkRouter":
+                    spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
+                    spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
+                                          router.routed_scaling_factor)
                 spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
-                if getattr(mlp, "shared_expert", None) is not None:
-                    spec.shared = tuple((gemm(getattr(mlp.shared_expert, n).weight), gemm(getattr(mlp.shared_expert, n).bias))
-                                        for n in DENSE_MLP)
+                shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+                if shared is not None:
+                    spec.shared = tuple((gemm(getattr(shared, n).weight), gemm(getattr(shared, n).bias)) for n in DENSE_MLP)
+                if hasattr(mlp, "shared_expert_gate"):
                     spec.shared_gate = gemm(mlp.shared_expert_gate.weight)
             else:
                 spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
@@ -393,8 +416,7 @@ class FastDecoder:
             )
             q, k = self._qk_norms(q, k, layer, rows, length)
             v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
             if self.kv_cache_format is not None:
                 k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
             if isinstance(column, torch.Tensor):
@@ -413,9 +435,11 @@ class FastDecoder:
             if layer.router is not None:
                 flat = x.reshape(rows * length, -1)
                 x, top_k_index = self._moe(flat, layer)
-                if layer.shared is not None:  # Qwen2MoeSparseMoeBlock: experts + sigmoid(gate) * shared expert
-                    assert layer.shared_gate is not None
+                if layer.shared_gate is not None:  # Qwen2MoeSparseMoeBlock: experts + sigmoid(gate) * shared expert
+                    assert layer.shared is not None
                     x = x + F.sigmoid(self._linear(flat, layer.shared_gate)) * self._mlp(flat, layer.shared)
+                elif layer.shared is not None:  # Glm4MoeMoE: experts + shared experts
+                    x = x + self._mlp(flat, layer.shared)
                 x = x.view(rows, length, -1)
                 if record_routes:
                     routes.append(top_k_index.view(rows, length, -1))
@@ -473,13 +497,16 @@ class FastDecoder:
         """``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are the same but for ``cast_weights`` and
         ``norm_topk_prob``) + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
         assert layer.router is not None and layer.gate_up is not None and layer.down is not None  # an MoE layer
-        router_logits = self._linear(x, layer.router)
-        probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
-        weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
-        if layer.norm_topk_prob:
-            weights /= weights.sum(dim=-1, keepdim=True)
-        if layer.cast_weights:
-            weights = weights.to(router_logits.dtype)
+        if layer.group_routing is not None:
+            weights, top_k_index = _group_limited_top_k(x, layer)
+        else:
+            router_logits = self._linear(x, layer.router)
+            probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+            weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
+            if layer.norm_topk_prob:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            if layer.cast_weights:
+                weights = weights.to(router_logits.dtype)
 
         num_tokens, top_k = top_k_index.shape
         num_experts = layer.gate_up.shape[0]
@@ -530,6 +557,38 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
     return weight * x.to(dtype)
+
+
+def _group_limited_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Glm4MoeTopkRouter.forward`` (DeepSeek-V3's noaux_tc) for x [N, hidden]: the top-k weights (fp32) and experts."""
+    assert layer.router is not None and layer.group_routing is not None
+    bias, groups, kept, scale = layer.group_routing
+    router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
+    scores = router_logits.sigmoid()
+    choice = scores + bias
+    experts = choice.shape[-1]
+    group_scores = choice.view(-1, groups, experts // groups).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=kept, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
+    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    top_k_index = torch.topk(choice, k=layer.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, top_k_index)
+    if layer.norm_topk_prob:
+        denominator = weights.sum(dim=-1, keepdim=True) + 1e-20
+        weights /= denominator
+    return weights * scale, top_k_index
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary_pos_emb`` on q or k; a partial rotary table (GLM-4-MoE's ``partial_rotary_factor``) rotates the
+    first dimensions of each head and passes the rest, as transformers does."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rotated, passed = x[..., :rotary], x[..., rotary:]
+    return torch.cat([rotated * cos + _rotate_half(rotated) * sin, passed], dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
