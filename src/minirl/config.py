@@ -191,6 +191,9 @@ class TaskConfig(Section):
     """``task.tools``: rounds of tool calls per response at most (TRL's ``max_tool_calling_iterations``, verl's
     ``multi_turn.max_assistant_turns`` less one); null: until the model stops calling or ``rollout.max_new_tokens``,
     which counts the results' tokens too, is spent."""
+    tool_timeout_s: float | None = Field(None, gt=0)
+    """``task.tools`` / ``task.environment``: seconds one call may run; past it the call's result is an error and the
+    model goes on (its thread is left to finish: Python cannot stop it). null: as long as it takes, as in TRL."""
     tool_parser: Literal["hermes", "tokenizer"] = "hermes"
     """``task.tools``: how a call is read from the model's turn: ``hermes`` = ``<tool_call>{"name": ..., "arguments":
     {...}}</tool_call>`` blocks (Qwen2.5/3, Hermes; verl's default format); ``tokenizer`` = the tokenizer's own

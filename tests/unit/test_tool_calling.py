@@ -460,3 +460,38 @@ def test_minirl_train_takes_trls_tools_and_environment_factory(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"^environment_factory: .*lambda.* cannot be named"):
         _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
                    environment_factory=lambda: None)
+
+
+def test_a_call_past_the_timeout_is_an_error_result_and_the_model_goes_on() -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def stuck(a: int) -> int:
+        """Never answers in time.
+
+        Args:
+            a: anything.
+        """
+        release.wait(5)
+        return a
+
+    async def slow(a: int) -> int:
+        """Answers too late.
+
+        Args:
+            a: anything.
+        """
+        await asyncio.sleep(5)
+        return a
+
+    box = Toolbox([stuck, slow, multiply], timeout_s=0.2)
+    started = time.perf_counter()
+    results = box.run([ToolCall("stuck", {"a": 1}), ToolCall("slow", {"a": 2}), ToolCall("multiply", {"a": 3, "b": 4})])
+    release.set()
+    assert time.perf_counter() - started < 2.0  # both abandoned at 0.2 s, not waited for
+    assert results == [("stuck", "{'error': 'Tool stuck timed out after 0.2 s.'}", True),
+                       ("slow", "{'error': 'Tool slow timed out after 0.2 s.'}", True), ("multiply", "12", False)]
+    assert Toolbox([fails], timeout_s=1.0).run([ToolCall("fails", {"x": 1})])[0][1:] == ("{'error': 'no luck'}", True)
+    assert box.joined([slow_add]).timeout_s == 0.2  # an environment's methods keep the run's timeout

@@ -14,7 +14,9 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
 
-This repeats until a turn makes no call, ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
+``task.tool_timeout_s`` bounds each call: one that runs longer gets ``{'error': 'Tool X timed out after N s.'}`` (a
+sync tool's thread is left behind; Python cannot stop it). This repeats until a turn makes no call,
+``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
 is spent: it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
 one more sampled token are not appended, and the response ends there unfinished (finish ``length``).
 
@@ -36,6 +38,7 @@ import asyncio
 import inspect
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -128,9 +131,11 @@ def _tool_call(call: Any) -> ToolCall | None:
 
 
 class Toolbox:
-    """The functions of ``task.tools`` by name, their schemas, and running calls of them."""
+    """The functions of ``task.tools`` by name, their schemas, and running calls of them; ``timeout_s``: how long a
+    call may run (``task.tool_timeout_s``; None: as long as it takes, as in TRL)."""
 
-    def __init__(self, functions: Sequence[Callable[..., Any]]) -> None:
+    def __init__(self, functions: Sequence[Callable[..., Any]], timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
         self.functions: dict[str, Callable[..., Any]] = {}
         for fn in functions:
             name = getattr(fn, "__name__", type(fn).__name__)
@@ -139,7 +144,7 @@ class Toolbox:
             self.functions[name] = fn
 
     @classmethod
-    def load(cls, specs: Sequence[str]) -> Toolbox:
+    def load(cls, specs: Sequence[str], timeout_s: float | None = None) -> Toolbox:
         """The functions ``specs`` name (``package.module:function`` or ``path/file.py:function``)."""
         from minirl.tasks.rewards import RewardSpecError, load_reward_function
 
@@ -149,7 +154,7 @@ class Toolbox:
                 functions.append(load_reward_function(spec))
             except RewardSpecError as error:
                 raise ConfigError("task.tools: " + str(error).replace("reward function ", "tool ", 1)) from None
-        return cls(functions)
+        return cls(functions, timeout_s)
 
     def schemas(self) -> list[dict[str, Any]]:
         """Each tool's JSON schema, as ``apply_chat_template(tools=[fn])`` reads it (``get_json_schema``)."""
@@ -170,7 +175,7 @@ class Toolbox:
 
     def joined(self, functions: Sequence[Callable[..., Any]]) -> Toolbox:
         """These tools and ``functions`` (an environment's bound methods)."""
-        return Toolbox([*self.functions.values(), *functions])
+        return Toolbox([*self.functions.values(), *functions], self.timeout_s)
 
 
 def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str, bool]]:
@@ -184,9 +189,9 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
         try:
             if fn is None:
                 raise ValueError(f"Tool {call.name} not found.")  # TRL's words
-            value = fn(**call.arguments)
+            value = _call(fn, call, box.timeout_s)
             if inspect.isawaitable(value):
-                waiting.append((index, value))
+                waiting.append((index, _awaited(value, call, box.timeout_s)))
             else:
                 results[index] = value
         except Exception as error:
@@ -199,6 +204,39 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
                 results[index] = value
     return [(call.name, value if isinstance(value, str) else str(value), bad)
             for (_, call), value, bad in zip(calls, results, failed)]
+
+
+def _call(fn: Callable[..., Any], call: ToolCall, timeout_s: float | None) -> Any:
+    """``fn(**call.arguments)``; with a timeout, in a thread of its own that is left behind (a Python thread cannot be
+    stopped) when it runs past it: ``TimeoutError``."""
+    if timeout_s is None:
+        return fn(**call.arguments)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(**call.arguments)
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=f"tool {call.name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"Tool {call.name} timed out after {timeout_s:g} s.")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+async def _awaited(value: Any, call: ToolCall, timeout_s: float | None) -> Any:
+    """An ``async def`` tool's result, within the timeout."""
+    if timeout_s is None:
+        return await value
+    try:
+        return await asyncio.wait_for(value, timeout_s)
+    except TimeoutError:  # asyncio's, since Python 3.11 the builtin
+        raise TimeoutError(f"Tool {call.name} timed out after {timeout_s:g} s.") from None
 
 
 def _gather(awaitables: list[Any]) -> list[Any]:
@@ -299,8 +337,8 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
         raise ConfigError("task.tool_parser=tokenizer: the tokenizer has no response_template for parse_response "
                           "(transformers' response parsing; TRL's add_response_schema sets one for known templates); "
                           "use task.tool_parser=hermes")
-    return ToolCalling(engine, tokenizer, Toolbox.load(task.tools), stop_ids=stops, parser=task.tool_parser,
-                       max_iterations=task.max_tool_iterations, environments=environments)
+    return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
+                       parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments)
 
 
 @dataclass
