@@ -194,6 +194,13 @@ class TaskConfig(Section):
     tool_timeout_s: float | None = Field(None, gt=0)
     """``task.tools`` / ``task.environment``: seconds one call may run; past it the call's result is an error and the
     model goes on (its thread is left to finish: Python cannot stop it). null: as long as it takes, as in TRL."""
+    tool_result_max_chars: int | None = Field(None, ge=1)
+    """``task.tools`` / ``task.environment``: a tool's result longer than this many characters is cut before it joins
+    the response (verl's ``multi_turn.max_tool_response_length``, 256 there by default); null: kept whole, as in TRL."""
+    tool_result_keep: Literal["head", "tail", "middle"] = "middle"
+    """What a cut result keeps: its first characters and ``...(truncated)`` (verl's ``tool_response_truncate_side:
+    left``), ``(truncated)...`` and its last (``right``), or both halves around ``...(truncated)...`` (``middle``,
+    verl's default)."""
     tool_parser: Literal["hermes", "tokenizer"] = "hermes"
     """``task.tools``: how a call is read from the model's turn: ``hermes`` = ``<tool_call>{"name": ..., "arguments":
     {...}}</tool_call>`` blocks (Qwen2.5/3, Hermes; verl's default format); ``tokenizer`` = the tokenizer's own

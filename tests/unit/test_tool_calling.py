@@ -495,3 +495,35 @@ def test_a_call_past_the_timeout_is_an_error_result_and_the_model_goes_on() -> N
                        ("slow", "{'error': 'Tool slow timed out after 0.2 s.'}", True), ("multiply", "12", False)]
     assert Toolbox([fails], timeout_s=1.0).run([ToolCall("fails", {"x": 1})])[0][1:] == ("{'error': 'no luck'}", True)
     assert box.joined([slow_add]).timeout_s == 0.2  # an environment's methods keep the run's timeout
+
+
+def test_long_results_are_cut_as_verl_cuts_them(tokenizer) -> None:
+    from minirl.peers import from_verl
+    from minirl.rollout.tools import cut_result
+
+    text = "abcdefghij"
+    assert cut_result(text, None, "middle") == text and cut_result(text, 10, "head") == text
+    assert cut_result(text, 4, "head") == "abcd...(truncated)"
+    assert cut_result(text, 4, "tail") == "(truncated)...ghij"
+    assert cut_result(text, 4, "middle") == "ab...(truncated)...ij"
+
+    def long(a: int) -> str:
+        """A long result.
+
+        Args:
+            a: its length.
+        """
+        return "x" * a
+
+    engine = TurnEngine(tokenizer, ['<tool_call>{"name": "long", "arguments": {"a": 50}}</tool_call>', "Done."])
+    calling = ToolCalling(engine, tokenizer, Toolbox([long]), stop_ids=[_end(tokenizer)], result_max_chars=6,
+                          result_keep="head")
+    c, = calling.generate([Prompt("q", "", messages=CHAT)], 1, SamplingParams(max_new_tokens=300))
+    assert c.messages[1]["content"] == "xxxxxx...(truncated)" and "xxxxxx...(truncated)</tool_response>" in c.text
+    base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.multi_turn.enable": True}
+    v = from_verl(base).values  # verl cuts every response at 256 characters unless told otherwise
+    assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (256, "middle")
+    v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 1000,
+                          "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "left"}).values
+    assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (1000, "head")

@@ -49,7 +49,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
     "data.train_files": None, "data.val_files": None, "data.seed": None,
     R + "multi_turn.enable": False, R + "multi_turn.max_assistant_turns": None, R + "multi_turn.tool_config_path": None,
-    R + "multi_turn.format": "hermes",
+    R + "multi_turn.format": "hermes", R + "multi_turn.max_tool_response_length": 256,
+    R + "multi_turn.tool_response_truncate_side": "middle",
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
@@ -116,7 +117,8 @@ VERL_IGNORED = re.compile(
     r"pf_ppo\..*|filter_groups\.(?!enable$).*)|"
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
-    r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format)$)|"
+    r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format|"
+    r"max_tool_response_length|tool_response_truncate_side)$)|"
     r"(agent|checkpoint_engine|prometheus|disaggregation)\.).*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
@@ -449,6 +451,11 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     turns = peer(R + "multi_turn.max_assistant_turns")
     if not unset(turns) and int(turns) >= 2:  # n assistant turns: n - 1 rounds of tool calls between them
         out.set("task.max_tool_iterations", int(turns) - 1, peer.show(R + "multi_turn.max_assistant_turns") + ", less one")
+    limit, side = peer(R + "multi_turn.max_tool_response_length"), peer(R + "multi_turn.tool_response_truncate_side")
+    if not unset(limit):  # verl cuts every tool response, 256 characters by default
+        shown = peer.show(R + "multi_turn.max_tool_response_length", R + "multi_turn.tool_response_truncate_side")
+        out.set("task.tool_result_max_chars", int(limit), shown)
+        out.set("task.tool_result_keep", {"left": "head", "right": "tail"}.get(str(side), "middle"), shown)
     fmt = peer(R + "multi_turn.format")
     if fmt not in (None, "hermes"):
         out.not_translated.append(f"{peer.show(R + 'multi_turn.format')}: minirl reads Hermes <tool_call> blocks or the "

@@ -14,7 +14,8 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
 
-``task.tool_timeout_s`` bounds each call: one that runs longer gets ``{'error': 'Tool X timed out after N s.'}`` (a
+``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``). ``task.tool_timeout_s`` bounds each
+call: one that runs longer gets ``{'error': 'Tool X timed out after N s.'}`` (a
 sync tool's thread is left behind; Python cannot stop it). This repeats until a turn makes no call,
 ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
 is spent: it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
@@ -338,7 +339,8 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
                           "(transformers' response parsing; TRL's add_response_schema sets one for known templates); "
                           "use task.tool_parser=hermes")
     return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
-                       parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments)
+                       parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
+                       result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep)
 
 
 @dataclass
@@ -363,9 +365,11 @@ class ToolCalling:
     continues_in_call = False  # a response is sampled whole, turn by turn (no partial rollouts)
 
     def __init__(self, engine: Any, tokenizer: Any, toolbox: Toolbox, *, stop_ids: Sequence[int],
-                 parser: str = "hermes", max_iterations: int | None = None, environments: Any = None) -> None:
+                 parser: str = "hermes", max_iterations: int | None = None, environments: Any = None,
+                 result_max_chars: int | None = None, result_keep: str = "middle") -> None:
         self.engine, self.tokenizer, self.toolbox = engine, tokenizer, toolbox
         self.stop_ids, self.parser, self.max_iterations = set(stop_ids), parser, max_iterations
+        self.result_max_chars, self.result_keep = result_max_chars, result_keep
         self.environments = environments  # minirl.rollout.environments.Environments, or None
 
     def __getattr__(self, name: str) -> Any:
@@ -433,7 +437,9 @@ class ToolCalling:
         """The results' token ids to append to ``response`` (their messages added), or None when they leave no room
         for one more sampled token: the response then ends unfinished (finish ``length``; TRL rolls them back)."""
         response.failures += sum(failed for _, _, failed in results)
-        tool_messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
+        tool_messages = [{"role": "tool", "name": name, "content": cut_result(content, self.result_max_chars,
+                                                                                self.result_keep)}
+                         for name, content, _ in results]
         extra = row_template_args(response.prompt.meta, "prompt") if response.prompt.meta else None
         suffix = tool_suffix_ids(self.tokenizer, tool_messages, sorted(self.stop_ids), extra)
         if len(response.completion.completion_ids) + len(suffix) >= max_new_tokens:
@@ -462,6 +468,20 @@ class ToolCalling:
                                                                                  response.environment_name)
         return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
                        tool_failures=response.failures, environment_reward=score)
+
+
+def cut_result(text: str, max_chars: int | None, keep: str) -> str:
+    """A tool's result cut to ``max_chars`` characters as verl cuts it (``task.tool_result_keep``: ``head`` keeps the
+    first and marks ``...(truncated)``, ``tail`` the last after ``(truncated)...``, ``middle`` half of each around
+    ``...(truncated)...``); whole when it fits or there is no limit."""
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    if keep == "head":
+        return text[:max_chars] + "...(truncated)"
+    if keep == "tail":
+        return "(truncated)..." + text[-max_chars:]
+    half = max_chars // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half:]
 
 
 def cut_to(new: Completion, room: int) -> Completion:
