@@ -527,3 +527,13 @@ def test_long_results_are_cut_as_verl_cuts_them(tokenizer) -> None:
     v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 1000,
                           "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "left"}).values
     assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (1000, "head")
+
+
+def test_slimes_tool_key_is_the_tools_column() -> None:
+    from minirl.peers import from_slime
+
+    base = {"hf-checkpoint": "m", "prompt-data": "d.jsonl", "rollout-batch-size": 2, "n-samples-per-prompt": 2,
+            "global-batch-size": 4}
+    assert not any("tool-key" in line for line in from_slime(base | {"tool-key": "tools"}).not_translated)
+    line, = [line for line in from_slime(base | {"tool-key": "functions"}).not_translated if "tool-key" in line]
+    assert "rename the column" in line

@@ -60,6 +60,7 @@ SLIME_DEFAULTS: dict[str, Any] = {
     "rollout-seed": 42,
     # data
     "prompt-data": None, "input-key": "input", "label-key": None, "metadata-key": "metadata", "apply-chat-template": False,
+    "tool-key": "tools",
     "apply-chat-template-kwargs": "{}", "rollout-shuffle": False, "num-epoch": None, "num-rollout": None,
     "rollout-max-prompt-len": None,
     # rollout and batches
@@ -125,7 +126,7 @@ RM_HUB = "minirl.tasks.slime_rewards:rm_hub"
 
 
 SLIME_TEXT = frozenset({
-    "hf-checkpoint", "load", "ref-load", "save", "prompt-data", "input-key", "label-key", "metadata-key",
+    "hf-checkpoint", "load", "ref-load", "save", "prompt-data", "input-key", "label-key", "metadata-key", "tool-key",
     "apply-chat-template-kwargs", "dynamic-sampling-filter-path", "rollout-stop", "rm-type", "rm-url", "custom-rm-path",
     "reward-key", "advantage-estimator", "pg-loss-type", "loss-type", "kl-loss-type", "custom-tis-function-path",
     "custom-advantage-function-path", "custom-pg-loss-reducer-function-path", "eval-prompt-data", "eval-config",
@@ -294,6 +295,9 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
         out.set("task.stop_strings", [str(s) for s in stops] if isinstance(stops, list) else [str(stops)],
                 peer.show("rollout-stop"))
     peer("metadata-key")  # its column reaches minirl's reward functions as a keyword, as every other column
+    if peer("tool-key") != "tools":  # the schemas slime renders into a row's prompt; minirl reads a "tools" column
+        out.not_translated.append(f"{peer.show('tool-key')}: minirl renders a row's tool schemas from its 'tools' "
+                                  "column: rename the column (the functions themselves: task.tools)")
     if data and not peer("rollout-shuffle"):
         out.differs.append("--rollout-shuffle unset: slime takes the prompts in the file's order, minirl in a seeded "
                            "shuffle of them each epoch")
