@@ -14,12 +14,13 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
 
-``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``). ``task.tool_timeout_s`` bounds each
-call: one that runs longer gets ``{'error': 'Tool X timed out after N s.'}`` (a
-sync tool's thread is left behind; Python cannot stop it). This repeats until a turn makes no call,
-``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
+This repeats until a turn makes no call, ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
 is spent: it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
 one more sampled token are not appended, and the response ends there unfinished (finish ``length``).
+``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``); ``task.tool_timeout_s`` bounds each
+call, one that runs longer getting ``{'error': 'Tool X timed out after N s.'}`` (a sync tool's thread is left
+behind: Python cannot stop it). ``task.environment`` gives each rollout its own instance whose methods are tools
+(``minirl.rollout.environments``).
 
 What the trainer sees: the response's tokens, results included, with ``Completion.sampled_mask`` False on the results,
 so they train nothing (TRL's ``tool_mask``, verl's ``response_mask``); their ``logp_rollout`` is 0. Each sampled token
@@ -57,6 +58,8 @@ HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call the model wrote: a tool's name and the keyword arguments to call it with."""
+
     name: str
     arguments: dict[str, Any]
 
