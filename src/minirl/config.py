@@ -191,6 +191,9 @@ class TaskConfig(Section):
     """``task.tools``: rounds of tool calls per response at most (TRL's ``max_tool_calling_iterations``, verl's
     ``multi_turn.max_assistant_turns`` less one); null: until the model stops calling or ``rollout.max_new_tokens``,
     which counts the results' tokens too, is spent."""
+    max_tool_calls_per_turn: int | None = Field(None, ge=1)
+    """``task.tools`` / ``task.environment``: calls run from one turn at most, the first ones (verl's
+    ``multi_turn.max_parallel_calls``, 1 there by default); null: all of them, as in TRL."""
     tool_timeout_s: float | None = Field(None, gt=0)
     """``task.tools`` / ``task.environment``: seconds one call may run; past it the call's result is an error and the
     model goes on (its thread is left to finish: Python cannot stop it). null: as long as it takes, as in TRL."""

@@ -269,6 +269,11 @@ def test_failed_and_malformed_calls_count(tokenizer) -> None:
     engine, calling = _calling(tokenizer, ['<tool_call>{"name": "multiply", "arguments": {"a": 3</tool_call>'])
     c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=200))
     assert (c.tool_calls, c.tool_failures, len(engine.calls)) == (1, 1, 1)  # nothing to run: the response ends
+    two = '<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>' * 2
+    engine, calling = _calling(tokenizer, [two, "Done."], max_calls_per_turn=1)  # verl's max_parallel_calls
+    c, = calling.generate([prompt], 1, SamplingParams(max_new_tokens=200))
+    assert c.tool_calls == 1 and [m["role"] for m in c.messages] == ["assistant", "tool", "assistant"]
+    assert len(c.messages[0]["tool_calls"]) == 2  # what the model wrote; the first ran
 
 
 def test_metrics_and_dumps_carry_the_calls(tokenizer) -> None:
@@ -306,6 +311,12 @@ def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
                             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 5,
                             "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tools)})
     assert out.values["task.max_tool_iterations"] == 4  # five assistant turns, four rounds of calls between them
+    assert out.values["task.max_tool_calls_per_turn"] == 1  # verl's max_parallel_calls default: the first call runs
+    fewer = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
+                              "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 5,
+                              "actor_rollout_ref.rollout.multi_turn.max_user_turns": 2,
+                              "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": 3}).values
+    assert (fewer["task.max_tool_iterations"], fewer["task.max_tool_calls_per_turn"]) == (2, 3)
     line, = [line for line in out.not_translated if "multi_turn.enable" in line]
     assert "(calc_gsm8k_reward)" in line and "task.tools" in line
     plain = from_verl(base)

@@ -50,7 +50,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.train_files": None, "data.val_files": None, "data.seed": None,
     R + "multi_turn.enable": False, R + "multi_turn.max_assistant_turns": None, R + "multi_turn.tool_config_path": None,
     R + "multi_turn.format": "hermes", R + "multi_turn.max_tool_response_length": 256,
-    R + "multi_turn.tool_response_truncate_side": "middle",
+    R + "multi_turn.tool_response_truncate_side": "middle", R + "multi_turn.max_parallel_calls": 1,
+    R + "multi_turn.max_user_turns": None,
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
@@ -118,7 +119,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format|"
-    r"max_tool_response_length|tool_response_truncate_side)$)|"
+    r"max_tool_response_length|tool_response_truncate_side|max_parallel_calls|max_user_turns)$)|"
     r"(agent|checkpoint_engine|prometheus|disaggregation)\.).*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
@@ -448,9 +449,15 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     """verl's multi-turn tool agent (``rollout.multi_turn``): its rounds and call format carry over to ``task.tools``'
     (``minirl.rollout.tools``); its tools, ``BaseTool`` classes named in ``tool_config_path``, do not run here: each
     is named in one untranslated line, to be given as a function."""
-    turns = peer(R + "multi_turn.max_assistant_turns")
-    if not unset(turns) and int(turns) >= 2:  # n assistant turns: n - 1 rounds of tool calls between them
-        out.set("task.max_tool_iterations", int(turns) - 1, peer.show(R + "multi_turn.max_assistant_turns") + ", less one")
+    turns, replies = peer(R + "multi_turn.max_assistant_turns"), peer(R + "multi_turn.max_user_turns")
+    bounds = [int(turns) - 1] if not unset(turns) and int(turns) >= 2 else []  # n assistant turns: n - 1 rounds
+    bounds += [int(replies)] if not unset(replies) and int(replies) >= 1 else []  # each round a tool (user) turn
+    if bounds:
+        out.set("task.max_tool_iterations", min(bounds), peer.show(R + "multi_turn.max_assistant_turns",
+                                                                  R + "multi_turn.max_user_turns") + " (rounds between)")
+    parallel = peer(R + "multi_turn.max_parallel_calls")
+    if not unset(parallel):  # verl runs the first ones of a turn, 1 by default
+        out.set("task.max_tool_calls_per_turn", int(parallel), peer.show(R + "multi_turn.max_parallel_calls"))
     limit, side = peer(R + "multi_turn.max_tool_response_length"), peer(R + "multi_turn.tool_response_truncate_side")
     if not unset(limit):  # verl cuts every tool response, 256 characters by default
         shown = peer.show(R + "multi_turn.max_tool_response_length", R + "multi_turn.tool_response_truncate_side")

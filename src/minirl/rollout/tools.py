@@ -343,7 +343,8 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
                           "use task.tool_parser=hermes")
     return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
-                       result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep)
+                       result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
+                       max_calls_per_turn=task.max_tool_calls_per_turn)
 
 
 @dataclass
@@ -369,10 +370,12 @@ class ToolCalling:
 
     def __init__(self, engine: Any, tokenizer: Any, toolbox: Toolbox, *, stop_ids: Sequence[int],
                  parser: str = "hermes", max_iterations: int | None = None, environments: Any = None,
-                 result_max_chars: int | None = None, result_keep: str = "middle") -> None:
+                 result_max_chars: int | None = None, result_keep: str = "middle",
+                 max_calls_per_turn: int | None = None) -> None:
         self.engine, self.tokenizer, self.toolbox = engine, tokenizer, toolbox
         self.stop_ids, self.parser, self.max_iterations = set(stop_ids), parser, max_iterations
         self.result_max_chars, self.result_keep = result_max_chars, result_keep
+        self.max_calls_per_turn = max_calls_per_turn  # verl's max_parallel_calls: the first ones run, the rest not
         self.environments = environments  # minirl.rollout.environments.Environments, or None
 
     def __getattr__(self, name: str) -> Any:
@@ -432,9 +435,10 @@ class ToolCalling:
         response.messages.append(message)
         if not ended or (self.max_iterations is not None and rounds >= self.max_iterations):
             return []
-        response.calls += len(turn.calls) + turn.malformed
+        calls = turn.calls[: self.max_calls_per_turn] if self.max_calls_per_turn is not None else turn.calls
+        response.calls += len(calls) + turn.malformed
         response.failures += turn.malformed
-        return turn.calls  # only malformed ones: nothing to run, the response ends
+        return calls  # only malformed ones: nothing to run, the response ends
 
     def _results(self, response: _Response, results: list[tuple[str, str, bool]], max_new_tokens: int) -> list[int] | None:
         """The results' token ids to append to ``response`` (their messages added), or None when they leave no room
