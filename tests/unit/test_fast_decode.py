@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -79,8 +81,29 @@ def glm4_moe_model(std: float = 0.02, seed: int = 2) -> Glm4MoeForCausalLM:
     return model
 
 
-FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model]
-FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe"]
+def deepseek_v3_model(std: float = 0.02, seed: int = 2, *, q_lora: bool = True, yarn: bool = True,
+                      interleave: bool = True) -> DeepseekV3ForCausalLM:
+    """DeepSeek-V3: multi-head latent attention (a query LoRA, a key/value latent expanded every step, values of
+    their own width, interleaved rotary pairs, yarn's scaled frequencies and softmax scale), a dense first layer, shared
+    experts and the group-limited sigmoid router (seed 2: some rows draw EOS early at std 0.3)."""
+    rope = ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+             "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 32.0, "beta_slow": 1.0} if yarn
+            else {"rope_type": "default", "rope_theta": 10000.0})
+    config = DeepseekV3Config(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, intermediate_size=96,
+                              moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1,
+                              first_k_dense_replace=1, q_lora_rank=32 if q_lora else None, kv_lora_rank=16,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, rope_interleave=interleave,
+                              routed_scaling_factor=2.5, initializer_range=std, rope_parameters=rope)
+    model = _built(DeepseekV3ForCausalLM, config, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
+
+
+FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model]
+FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
@@ -348,3 +371,34 @@ def test_device_grouped_mm_experts_are_bitwise_the_per_expert_path(precision):
     finally:
         fast_decode._device_grouped_mm = original
     assert calls  # the grouped path really ran
+
+
+@pytest.mark.parametrize("q_lora, yarn, interleave", [(False, False, False), (True, False, True), (False, True, False)])
+def test_latent_attention_variants_are_bitwise_too(q_lora, yarn, interleave):
+    """DeepSeek-V3's attention without a query LoRA, with the default RoPE, with rotate-half pairs (and the rest):
+    bitwise the transformers forward in fp32 and bf16, routes and all."""
+    for precision in ("fp32", "bf16"):
+        fast, slow = engines(deepseek_v3_model(std=0.3, q_lora=q_lora, yarn=yarn, interleave=interleave),
+                             precision=precision)
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=5)
+        assert_same_completions(fast.generate_ids(PROMPTS, 3, params, record_routes=True),
+                                slow.generate_ids(PROMPTS, 3, params, record_routes=True))
+    model = deepseek_v3_model()
+    model.config.num_key_value_heads = 2
+    assert "fewer key/value heads" in unsupported_reason(model)
+
+
+def test_yarn_rope_is_bitwise_for_the_other_families_too():
+    """yarn's scaled frequencies and its attention factor on the cos/sin tables (Qwen3's long-context setting)."""
+    model = moe_model(std=0.3)
+    model.config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": 64}
+    rebuilt = type(model)._from_config(model.config, dtype=torch.float32).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    assert rebuilt.model.rotary_emb.attention_scaling != 1.0 and unsupported_reason(rebuilt) is None
+    fast, slow = engines(rebuilt)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=5)
+    assert_same_completions(fast.generate_ids(PROMPTS, 3, params, record_routes=True),
+                            slow.generate_ids(PROMPTS, 3, params, record_routes=True))
+    rebuilt.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    assert "RoPE type 'dynamic'" in unsupported_reason(rebuilt)

@@ -1,5 +1,5 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE and GLM-4-MoE, with a pre-allocated KV cache
-(``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE and DeepSeek-V3, with a pre-allocated
+KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -15,11 +15,14 @@ module runs the same step with only the operators that compute something:
 Everything else is the transformers forward op for op (the RMSNorm casts, ``rotate_half``, the
 routing softmax in fp32, the ``grouped_mm`` experts path with its sort and per-token sum, SDPA
 called the way ``sdpa_attention_forward`` calls it), so the logits and the routes are *bitwise*
-those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for the MoE and
-the dense family, with and without padding, in fp32, bf16 and fp8, with an fp8 KV cache. A model
-this module cannot reproduce exactly (another family, another attention or experts implementation,
-RoPE scaling, sliding windows, a module replaced by another class) keeps the transformers forward
-(``unsupported_reason``).
+those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for every family
+(``FAMILIES``), with and without padding, in fp32, bf16, fp8 and fp4, with an fp8 KV cache. The families differ
+in their q/k norms (``QK_NORM``), routers (softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's group-limited
+sigmoid router, ``GROUP_ROUTERS``), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
+attention (``_Latent``: the cache keeps each token's latent and rotated key part, expanded every step as
+transformers does). A model this module cannot reproduce exactly (another family, another attention or experts
+implementation, a RoPE other than the default or yarn, sliding windows, a module replaced by another class) keeps
+the transformers forward (``unsupported_reason``).
 
 The prefill stays on the transformers forward (one call per rollout); its cache is copied in.
 
@@ -49,10 +52,12 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe")
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
-QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head"}
+QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
+           "deepseek_v3": None}
+ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
 def qk_norm_kind(config: Any) -> str | None:
@@ -78,14 +83,16 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (needs 'sdpa')"
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"RoPE type {rope.get('rope_type')!r} (needs 'default')"
+    if rope.get("rope_type", "default") not in ROPE_TYPES:
+        return f"RoPE type {rope.get('rope_type')!r} (needs one of {', '.join(ROPE_TYPES)})"
     window = getattr(config, "sliding_window", None) is not None
     sliding = window and (config.model_type == "mixtral" or getattr(config, "use_sliding_window", False))
     if sliding or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return "sliding-window attention"
     if getattr(config, "clip_qkv", None) is not None:
         return "clipped q/k/v (clip_qkv)"
+    if config.model_type == "deepseek_v3" and config.num_key_value_heads != config.num_attention_heads:
+        return "latent attention with fewer key/value heads than query heads"
     if config.hidden_act != "silu":
         return f"activation {config.hidden_act!r} (needs 'silu')"
     return _structure_reason(model)
@@ -95,16 +102,21 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-              "Glm4MoeForCausalLM"),
-    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm"),
+              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"),
+    "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
+             "DeepseekV3RMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention"),
+    "latent_attention": ("DeepseekV3Attention",),  # multi-head latent attention (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
-            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP"),
-    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter"),
-    "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts"),
-    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP"),  # Qwen2-MoE's shared expert, GLM-4-MoE's shared experts
+            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP"),
+    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
+               "DeepseekV3TopkRouter"),
+    "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
+                "DeepseekV3Experts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP"),  # Qwen2-MoE's shared expert, GLM's and DeepSeek's
 }
+GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")  # DeepSeek-V3's noaux_tc routing
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -123,13 +135,21 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     checks = [unexpected(model, "model"), unexpected(model.model.norm, "norm"), plain_linear(model.lm_head, "lm_head")]
     for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        checks += [unexpected(attn, "attention"), unexpected(mlp, "mlp")]
+        latent = model.config.model_type == "deepseek_v3"
+        checks += [unexpected(attn, "latent_attention" if latent else "attention"), unexpected(mlp, "mlp")]
         qk_norms = (attn.q_norm, attn.k_norm) if qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
         checks += [unexpected(norm, "norm") for norm in norms]
         if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
             checks.append(f"layer {index} has a norm epsilon other than rms_norm_eps")
-        checks += [plain_linear(getattr(attn, name), f"layer {index} {name}") for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        if latent:  # its own projections and norms (whose epsilons are their own)
+            names = ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+            names += ["q_proj"] if attn.q_lora_rank is None else ["q_a_proj", "q_b_proj"]
+            latent_norms = [attn.kv_a_layernorm] + ([attn.q_a_layernorm] if attn.q_lora_rank is not None else [])
+            checks += [unexpected(norm, "norm") for norm in latent_norms]
+        else:
+            names = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        checks += [plain_linear(getattr(attn, name), f"layer {index} {name}") for name in names]
         experts = getattr(mlp, "experts", None)
         if experts is None:
             checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in DENSE_MLP]
@@ -141,7 +161,7 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
             checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
         if hasattr(mlp, "shared_expert_gate"):
             checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
-        group_limited = type(mlp.gate).__name__ == "Glm4MoeTopkRouter"
+        group_limited = type(mlp.gate).__name__ in GROUP_ROUTERS
         if group_limited and mlp.gate.num_experts % mlp.gate.num_group:
             checks.append(f"layer {index}: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
         implementation = getattr(experts.config, "_experts_implementation", None)
@@ -154,11 +174,34 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     return next((reason for reason in checks if reason is not None), None)
 
 
+Linear = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias)
+
+
+@dataclass
+class _Latent:
+    """``DeepseekV3Attention``'s weights (multi-head latent attention): the cache holds each token's normalised latent
+    (``keys``, [b, 1, L, rank]) and its rotated key part (``values``, [b, 1, L, rope]), expanded at every step as
+    transformers does."""
+
+    q: Linear | None  # q_proj, without a query LoRA
+    q_a: Linear | None  # q_a_proj, q_a_layernorm (weight, epsilon), q_b_proj: with one
+    q_a_norm: tuple[torch.Tensor, float] | None
+    q_b: torch.Tensor | None
+    kv_a: Linear  # kv_a_proj_with_mqa
+    kv_a_norm: tuple[torch.Tensor, float]
+    kv_b: torch.Tensor
+    nope: int
+    rope: int
+    rank: int
+    v_dim: int
+    interleave: bool
+
+
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: torch.Tensor  # [q + k + v out, hidden]: the three projections, concatenated
+    qkv: torch.Tensor | None  # [q + k + v out, hidden]: the three projections, concatenated (None: latent attention)
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
     o_bias: torch.Tensor | None
@@ -175,6 +218,7 @@ class _Layer:
     # (e_score_correction_bias, groups, groups kept, routed_scaling_factor)
     group_routing: tuple[torch.Tensor, int, int, float] | None = None
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
+    latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
     shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
 
@@ -192,12 +236,13 @@ class StaticKVCache:
 
     @classmethod
     def from_transformers(cls, cache, length: int) -> StaticKVCache:
-        """Copy a filled transformers cache (``layers[i].keys/values [B, H, W, D]``) into ``length`` columns."""
+        """Copy a filled transformers cache (``layers[i].keys/values [B, H, W, D]``; values may have a D of their own,
+        latent attention's) into ``length`` columns."""
         keys, values = [], []
         for layer in cache.layers:
             rows, heads, width, dim = layer.keys.shape
             k = layer.keys.new_zeros(rows, heads, length, dim)
-            v = layer.values.new_zeros(rows, heads, length, dim)
+            v = layer.values.new_zeros(*layer.values.shape[:2], length, layer.values.shape[3])
             k[:, :, :width] = layer.keys
             v[:, :, :width] = layer.values
             keys.append(k)
@@ -237,7 +282,7 @@ class FastDecoder:
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = config.num_key_value_heads
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling = cast(Any, model).model.layers[0].self_attn.scaling  # head_dim ** -0.5, or DeepSeek's (yarn)
         self.eps: float = config.rms_norm_eps
         self.num_layers: int = config.num_hidden_layers
         # MoE experts as one grouped GEMM with offsets computed on the device (no host sync): by default
@@ -265,25 +310,28 @@ class FastDecoder:
         self.final_norm = base.norm.weight
         self.lm_head, self.lm_head_bias = gemm(self.model.lm_head.weight), gemm(self.model.lm_head.bias)
         self.inv_freq = base.rotary_emb.inv_freq
+        self.rope_scale = float(getattr(base.rotary_emb, "attention_scaling", 1.0))  # yarn's; 1 for the default
         self.layers = []
         for layer in base.layers[: self.num_layers]:
             attn, mlp = layer.self_attn, layer.mlp
+            latent = hasattr(attn, "kv_b_proj")  # DeepSeek-V3's multi-head latent attention
             spec = _Layer(
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                qkv=gemm(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                qkv_bias=gemm(_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj)),
+                qkv=None if latent else gemm(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                qkv_bias=None if latent else gemm(_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj)),
                 o=gemm(attn.o_proj.weight),
                 o_bias=gemm(attn.o_proj.bias),
                 q_norm=attn.q_norm.weight if self.qk_norm else None,
                 k_norm=attn.k_norm.weight if self.qk_norm else None,
+                latent=self._latent(attn) if latent else None,
             )
             if hasattr(mlp, "experts"):
                 router = mlp.gate
                 mixtral = type(router).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
                 spec.router, spec.top_k = gemm(router.weight), router.top_k
                 spec.norm_topk_prob, spec.cast_weights = mixtral or router.norm_topk_prob, not mixtral
-                if type(router).__name__ == "Glm4MoeTopkRouter":
+                if type(router).__name__ in GROUP_ROUTERS:
                     spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
                     spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
                                           router.routed_scaling_factor)
@@ -297,6 +345,22 @@ class FastDecoder:
                 spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
             self.layers.append(spec)
         self._rope_rows = 0  # rebuilt on demand
+
+    def _latent(self, attn: Any) -> _Latent:
+        """``DeepseekV3Attention``'s weights, as the decode step takes them."""
+        gemm = self._gemm_weight
+
+        def linear(module: Any) -> Linear:
+            return gemm(module.weight), gemm(module.bias)
+
+        lora = attn.q_lora_rank is not None
+        return _Latent(
+            q=None if lora else linear(attn.q_proj), q_a=linear(attn.q_a_proj) if lora else None,
+            q_a_norm=(attn.q_a_layernorm.weight, attn.q_a_layernorm.variance_epsilon) if lora else None,
+            q_b=gemm(attn.q_b_proj.weight) if lora else None, kv_a=linear(attn.kv_a_proj_with_mqa),
+            kv_a_norm=(attn.kv_a_layernorm.weight, attn.kv_a_layernorm.variance_epsilon), kv_b=gemm(attn.kv_b_proj.weight),
+            nope=attn.qk_nope_head_dim, rope=attn.qk_rope_head_dim, rank=attn.kv_lora_rank, v_dim=attn.v_head_dim,
+            interleave=bool(attn.config.rope_interleave))
 
     @overload
     def _gemm_weight(self, weight: torch.Tensor) -> torch.Tensor: ...
@@ -324,7 +388,7 @@ class FastDecoder:
         rows = max(needed, 2 * self._rope_rows, 64)
         freqs = torch.arange(rows, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
-        self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._cos, self._sin = (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
         self._rope_rows = rows
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype, reserved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -372,9 +436,8 @@ class FastDecoder:
         Returns (logits of the last column [b, V], the cache, routes int16 [b, w, L, K] or None).
         """
         rows, width = tokens.shape
-        shape = (rows, self.num_kv_heads, width + max_new_tokens, self.head_dim)  # the model's (half) dtype
-        cache = StaticKVCache([self.embed.new_zeros(shape) for _ in self.layers],
-                              [self.embed.new_zeros(shape) for _ in self.layers])
+        shapes = [self._cache_shapes(layer, rows, width + max_new_tokens) for layer in self.layers]  # the model's dtype
+        cache = StaticKVCache([self.embed.new_zeros(k) for k, _ in shapes], [self.embed.new_zeros(v) for _, v in shapes])
         column = torch.arange(width, device=tokens.device)
         mask = column[None, :] <= column[:, None]  # [query, key]: causal
         if key_mask is not None:
@@ -410,13 +473,17 @@ class FastDecoder:
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, self.eps)
-            q, k, v = self._linear(x, layer.qkv, layer.qkv_bias).split(
-                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-                dim=-1,
-            )
-            q, k = self._qk_norms(q, k, layer, rows, length)
-            v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            if layer.latent is not None:
+                q, k, v = self._latent_qkv(x, layer.latent, cos, sin, rows, length)
+            else:
+                assert layer.qkv is not None  # refresh: a layer has q/k/v projections or latent attention
+                q, k, v = self._linear(x, layer.qkv, layer.qkv_bias).split(
+                    [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+                    dim=-1,
+                )
+                q, k = self._qk_norms(q, k, layer, rows, length)
+                v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+                q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
             if self.kv_cache_format is not None:
                 k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
             if isinstance(column, torch.Tensor):
@@ -428,6 +495,8 @@ class FastDecoder:
             keys, values = cache.keys[index], cache.values[index]
             if end is not None:
                 keys, values = keys[:, :, :end], values[:, :, :end]
+            if layer.latent is not None:  # the cached latents expanded into every head's keys and values
+                keys, values = self._latent_expand(keys, values, layer.latent)
             attn = self._attention(q, keys, values, mask)
             hidden = residual + self._linear(attn, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
             residual = hidden
@@ -454,6 +523,42 @@ class FastDecoder:
         if not routes:
             raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
         return logits, torch.stack(routes, dim=2).to(torch.int16)  # [b, s, L, K], MoE layers only, as RoutingReplay records
+
+    def _cache_shapes(self, layer: _Layer, rows: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of a layer's cached keys and values (latent attention: its latent and its rotated key part)."""
+        if layer.latent is not None:
+            return (rows, 1, length, layer.latent.rank), (rows, 1, length, layer.latent.rope)
+        shape = (rows, self.num_kv_heads, length, self.head_dim)
+        return shape, shape
+
+    def _latent_qkv(self, x: torch.Tensor, m: _Latent, cos: torch.Tensor, sin: torch.Tensor, rows: int, length: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``DeepseekV3Attention.forward`` up to its cache: the queries [b, H, s, nope + rope], and what the cache keeps
+        of the new tokens: the normalised latent [b, 1, s, rank] and the rotated key part [b, 1, s, rope]."""
+        if m.q is not None:
+            q = self._linear(x, *m.q)
+        else:
+            assert m.q_a is not None and m.q_a_norm is not None and m.q_b is not None
+            q = self._linear(_rms_norm(self._linear(x, *m.q_a), *m.q_a_norm), m.q_b)
+        q_pass, q_rot = torch.split(q.view(rows, length, -1, m.nope + m.rope).transpose(1, 2), [m.nope, m.rope], dim=-1)
+        latent, k_rot = torch.split(self._linear(x, *m.kv_a), [m.rank, m.rope], dim=-1)
+        latent = _rms_norm(latent, *m.kv_a_norm).view(rows, 1, length, m.rank)
+        k_rot = k_rot.view(rows, 1, length, m.rope)
+        rotate = _apply_rope_interleaved if m.interleave else _apply_rope
+        q_rot, k_rot = rotate(q_rot, cos, sin), rotate(k_rot, cos, sin)
+        return torch.cat((q_pass, q_rot), dim=-1), latent, k_rot
+
+    def _latent_expand(self, latent: torch.Tensor, k_rot: torch.Tensor, m: _Latent) -> tuple[torch.Tensor, torch.Tensor]:
+        """``DeepseekV3Attention.expand_kv``: the cached latents [b, 1, L, rank] and rotated key parts as every head's
+        keys [b, H, L, nope + rope] and values [b, H, L, v]."""
+        rows, _, length, _ = latent.shape
+        kv = self._linear(latent, m.kv_b).view(rows, length, -1, m.nope + m.v_dim).transpose(1, 2)
+        k_nope, values = torch.split(kv, [m.nope, m.v_dim], dim=-1)
+        k_rot = k_rot.expand(-1, k_nope.shape[1], -1, -1)
+        keys = kv.new_empty(*kv.shape[:-1], m.nope + m.rope)
+        keys[..., : m.nope].copy_(k_nope)
+        keys[..., m.nope:].copy_(k_rot)
+        return keys, values
 
     def _qk_norms(self, q: torch.Tensor, k: torch.Tensor, layer: _Layer, rows: int, length: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -589,6 +694,13 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         return x * cos + _rotate_half(x) * sin
     rotated, passed = x[..., :rotary], x[..., rotary:]
     return torch.cat([rotated * cos + _rotate_half(rotated) * sin, passed], dim=-1)
+
+
+def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rotary_pos_emb_interleave`` (DeepSeek's rotary pairs ``(x0, x1), (x2, x3), ...``) on q or k."""
+    cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
