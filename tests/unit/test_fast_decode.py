@@ -351,10 +351,12 @@ def test_half_gemm_auto_follows_the_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8_e4m3"])
-def test_device_grouped_mm_experts_are_bitwise_the_per_expert_path(precision):
+@pytest.mark.parametrize("build", [moe_model, mixtral_model, deepseek_v3_model], ids=["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_device_grouped_mm_experts_are_bitwise_the_per_expert_path(precision, build):
     """The CUDA path of the experts (one grouped GEMM, offsets on the device, no host sync), run on
-    the CPU, samples bitwise what the per-expert path samples: tokens, log-probs and routes."""
-    model = moe_model(std=0.3)
+    the CPU, samples bitwise what the per-expert path samples: tokens, log-probs and routes (top-k weights in the
+    model's dtype, or in fp32 as Mixtral's and DeepSeek's routers give them)."""
+    model = build(std=0.3)
     loop = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision=precision, half_gemm="native")
     grouped = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision=precision, half_gemm="native")
     assert loop._fast.grouped_mm is False  # CPU default: unchanged
