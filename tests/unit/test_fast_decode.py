@@ -11,6 +11,8 @@ from transformers import (
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
     MixtralConfig,
@@ -102,8 +104,24 @@ def deepseek_v3_model(std: float = 0.02, seed: int = 2, *, q_lora: bool = True, 
     return model
 
 
-FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model]
-FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
+def glm4_moe_lite_model(std: float = 0.02, seed: int = 2) -> Glm4MoeLiteForCausalLM:
+    """GLM-4-MoE-Lite: DeepSeek-V3's code under GLM's names, its dense layers by mlp_layer_types."""
+    config = Glm4MoeLiteConfig(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, intermediate_size=96,
+                               moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1,
+                               q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+                               mlp_layer_types=["dense", "sparse", "sparse"], routed_scaling_factor=1.8,
+                               initializer_range=std)
+    model = _built(Glm4MoeLiteForCausalLM, config, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
+
+
+FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
+                 glm4_moe_lite_model]
+FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:

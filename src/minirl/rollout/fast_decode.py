@@ -1,5 +1,5 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE and DeepSeek-V3, with a pre-allocated
-KV cache (``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and GLM-4-MoE-Lite,
+with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -52,11 +52,12 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3")
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite")
+LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code)
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
-           "deepseek_v3": None}
+           "deepseek_v3": None, "glm4_moe_lite": None}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
@@ -91,7 +92,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return "sliding-window attention"
     if getattr(config, "clip_qkv", None) is not None:
         return "clipped q/k/v (clip_qkv)"
-    if config.model_type == "deepseek_v3" and config.num_key_value_heads != config.num_attention_heads:
+    if config.model_type in LATENT_FAMILIES and config.num_key_value_heads != config.num_attention_heads:
         return "latent attention with fewer key/value heads than query heads"
     if config.hidden_act != "silu":
         return f"activation {config.hidden_act!r} (needs 'silu')"
@@ -102,21 +103,22 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM"),
+              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
-             "DeepseekV3RMSNorm"),
+             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention"),
-    "latent_attention": ("DeepseekV3Attention",),  # multi-head latent attention (MLA)
+    "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention"),  # multi-head latent attention (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
-            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP"),
+            "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
+            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
-               "DeepseekV3TopkRouter"),
+               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
-                "DeepseekV3Experts"),
-    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP"),  # Qwen2-MoE's shared expert, GLM's and DeepSeek's
+                "DeepseekV3Experts", "Glm4MoeLiteExperts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP"),  # the shared experts
 }
-GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")  # DeepSeek-V3's noaux_tc routing
+GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter")  # DeepSeek-V3's noaux_tc routing
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -135,7 +137,7 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     checks = [unexpected(model, "model"), unexpected(model.model.norm, "norm"), plain_linear(model.lm_head, "lm_head")]
     for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        latent = model.config.model_type == "deepseek_v3"
+        latent = model.config.model_type in LATENT_FAMILIES
         checks += [unexpected(attn, "latent_attention" if latent else "attention"), unexpected(mlp, "mlp")]
         qk_norms = (attn.q_norm, attn.k_norm) if qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
