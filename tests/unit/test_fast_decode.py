@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Dots1Config,
+    Dots1ForCausalLM,
     DynamicCache,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -119,9 +121,23 @@ def glm4_moe_lite_model(std: float = 0.02, seed: int = 2) -> Glm4MoeLiteForCausa
     return model
 
 
+def dots1_model(std: float = 0.02, seed: int = 2) -> Dots1ForCausalLM:
+    """dots.llm1: Qwen3-MoE's attention (per-head q/k norm) and DeepSeek-V3's MoE (group-limited sigmoid router,
+    shared experts, a dense first layer)."""
+    config = Dots1Config(**{**SMALL, "num_hidden_layers": 3}, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                         n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+                         routed_scaling_factor=1.5, initializer_range=std)
+    model = _built(Dots1ForCausalLM, config, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
-                 glm4_moe_lite_model]
-FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite"]
+                 glm4_moe_lite_model, dots1_model]
+FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:

@@ -1,5 +1,5 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and GLM-4-MoE-Lite,
-with a pre-allocated KV cache (``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3, GLM-4-MoE-Lite and
+dots.llm1, with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -52,12 +52,12 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite")
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1")
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code)
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
-           "deepseek_v3": None, "glm4_moe_lite": None}
+           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head"}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
@@ -103,22 +103,22 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"),
+              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
-             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm"),
+             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
-                  "Glm4MoeAttention"),
+                  "Glm4MoeAttention", "Dots1Attention"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention"),  # multi-head latent attention (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
-            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP"),
+            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
-               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter"),
+               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
-                "DeepseekV3Experts", "Glm4MoeLiteExperts"),
-    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP"),  # the shared experts
+                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP"),  # the shared experts
 }
-GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter")  # DeepSeek-V3's noaux_tc routing
+GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 

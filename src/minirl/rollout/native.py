@@ -11,8 +11,8 @@ The loop, in one sentence per step:
     left-pad the prompts (prefill each distinct prompt once, then repeat its cache G times);
     positions are ``cumsum(mask) - 1`` so a padded row computes what the unpadded prompt would;
     each decode step feeds the last sampled token of every still-running row, with the cache
-    (for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and GLM-4-MoE-Lite through ``fast_decode``: a pre-allocated cache and far fewer
-    operators than the transformers forward, bitwise the same logits);
+    (for the families of ``fast_decode.FAMILIES``: a pre-allocated cache and far fewer operators than the
+    transformers forward, bitwise the same logits);
     rows that sampled EOS (or any of the EOS ids) leave the batch; the rest run to
     ``max_new_tokens`` (finish reason ``"length"``). The EOS token is part of the completion and
     has a log-prob; the last sampled token of every row is never fed, so its route row is -1.
