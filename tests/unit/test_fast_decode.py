@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     Dots1Config,
@@ -135,9 +137,24 @@ def dots1_model(std: float = 0.02, seed: int = 2) -> Dots1ForCausalLM:
     return model
 
 
+def deepseek_v2_model(std: float = 0.02, seed: int = 3, *, method: str = "group_limited_greedy") -> DeepseekV2ForCausalLM:
+    """DeepSeek-V2: latent attention rotated with complex numbers (yarn's scaled table), its fp32 softmax router
+    (top-k within the best groups, or greedy), shared experts, a dense first layer (seed 3: some rows draw EOS early
+    at std 0.3)."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 32.0, "beta_slow": 1.0}
+    config = DeepseekV2Config(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, intermediate_size=96,
+                              moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1,
+                              topk_method=method, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, routed_scaling_factor=1.5,
+                              initializer_range=std, rope_parameters=rope)
+    return _built(DeepseekV2ForCausalLM, config, seed)
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
-                 glm4_moe_lite_model, dots1_model]
-FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1"]
+                 glm4_moe_lite_model, dots1_model, deepseek_v2_model]
+FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
+              "deepseek_v2"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
@@ -422,6 +439,11 @@ def test_latent_attention_variants_are_bitwise_too(q_lora, yarn, interleave):
     model = deepseek_v3_model()
     model.config.num_key_value_heads = 2
     assert "fewer key/value heads" in unsupported_reason(model)
+    greedy = deepseek_v2_model(std=0.3, method="greedy")  # DeepSeek-V2's other router: top-k over all experts
+    fast, slow = engines(greedy)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=5)
+    assert_same_completions(fast.generate_ids(PROMPTS, 3, params, record_routes=True),
+                            slow.generate_ids(PROMPTS, 3, params, record_routes=True))
 
 
 def test_yarn_rope_is_bitwise_for_the_other_families_too():

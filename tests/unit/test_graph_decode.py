@@ -76,7 +76,8 @@ def test_dense_models_and_unpadded_prompts_too():
                         static.generate_ids([[3, 4, 5], [7, 8, 9]], 3, PARAMS), atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1"])
+@pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
+                                    "deepseek_v2"])
 def test_the_other_moe_families_run_in_buckets_too(family):
     """OLMoE's whole-projection q/k norm, Mixtral's fp32 top-k weights, Qwen2-MoE's shared expert and dense layer:
     the buckets' step is the fast decoder's, so they sample what the dynamic loop samples, routes and all."""

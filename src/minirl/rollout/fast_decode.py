@@ -1,5 +1,5 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3, GLM-4-MoE-Lite and
-dots.llm1, with a pre-allocated KV cache (``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite
+and dots.llm1, with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -18,7 +18,7 @@ called the way ``sdpa_attention_forward`` calls it), so the logits and the route
 those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for every family
 (``FAMILIES``), with and without padding, in fp32, bf16, fp8 and fp4, with an fp8 KV cache. The families differ
 in their q/k norms (``QK_NORM``), routers (softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's group-limited
-sigmoid router, ``GROUP_ROUTERS``), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
+sigmoid router, ``GROUP_ROUTERS``, DeepSeek-V2's group-limited softmax), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
 attention (``_Latent``: the cache keeps each token's latent and rotated key part, expanded every step as
 transformers does). A model this module cannot reproduce exactly (another family, another attention or experts
 implementation, a RoPE other than the default or yarn, sliding windows, a module replaced by another class) keeps
@@ -52,12 +52,14 @@ from torch import nn
 
 from minirl.rollout.precision import fake_quantize_kv
 
-FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1")
-LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code)
+FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
+            "deepseek_v2")
+# multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
+LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
-           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head"}
+           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
@@ -103,20 +105,21 @@ def unsupported_reason(model: nn.Module) -> str | None:
 # such as a LoRA layer) keeps the model's own forward. Linear layers may have biases.
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM"),
+              "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
+              "DeepseekV2ForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
-             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm"),
+             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention", "Dots1Attention"),
-    "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention"),  # multi-head latent attention (MLA)
+    "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
-            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP"),
+            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
-               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter"),
+               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
-                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts"),
-    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP"),  # the shared experts
+                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
@@ -196,7 +199,7 @@ class _Latent:
     rope: int
     rank: int
     v_dim: int
-    interleave: bool
+    rotary: str  # how its rope dimensions pair: "interleaved" (DeepSeek-V3's), "half" (rotate_half), "complex" (V2's)
 
 
 @dataclass
@@ -219,6 +222,8 @@ class _Layer:
     # GLM-4-MoE's router (DeepSeek-V3's noaux_tc): sigmoid scores, bias-corrected group-limited top-k; its
     # (e_score_correction_bias, groups, groups kept, routed_scaling_factor)
     group_routing: tuple[torch.Tensor, int, int, float] | None = None
+    # DeepSeek-V2's router: fp32 softmax, top-k greedy or within the best groups; (method, groups, kept, scale)
+    softmax_group_routing: tuple[str, int, int, float] | None = None
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
@@ -277,6 +282,7 @@ class FastDecoder:
         config: Any = model.config
         self.model: Any = model  # a transformers causal LM of FAMILIES (checked above)
         self.qk_norm = qk_norm_kind(config)
+        self.complex_rope = config.model_type == "deepseek_v2"  # its rotary table is complex (freqs_cis)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
         head: torch.Tensor = cast(Any, model).lm_head.weight
@@ -293,7 +299,8 @@ class FastDecoder:
         on_cuda_bf16 = head.device.type == "cuda" and head.dtype == torch.bfloat16
         self.grouped_mm = (on_cuda_bf16 and not self.fp32_gemm) if grouped_mm is None else grouped_mm
         self._rope_rows = 0
-        self._cos: torch.Tensor  # the rotary tables (``_rope_table``)
+        self._rope_dtype: torch.dtype | None = None
+        self._cos: torch.Tensor  # the rotary tables (``_rope_table``; DeepSeek-V2's one complex table in both)
         self._sin: torch.Tensor
         self.embed: torch.Tensor
         self.final_norm: torch.Tensor
@@ -332,7 +339,12 @@ class FastDecoder:
                 router = mlp.gate
                 mixtral = type(router).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
                 spec.router, spec.top_k = gemm(router.weight), router.top_k
-                spec.norm_topk_prob, spec.cast_weights = mixtral or router.norm_topk_prob, not mixtral
+                spec.norm_topk_prob = mixtral or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
+                spec.cast_weights = not mixtral
+                if type(router).__name__ == "DeepseekV2TopkRouter":
+                    spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
+                    spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
+                                                  router.routed_scaling_factor)
                 if type(router).__name__ in GROUP_ROUTERS:
                     spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
                     spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
@@ -362,7 +374,7 @@ class FastDecoder:
             q_b=gemm(attn.q_b_proj.weight) if lora else None, kv_a=linear(attn.kv_a_proj_with_mqa),
             kv_a_norm=(attn.kv_a_layernorm.weight, attn.kv_a_layernorm.variance_epsilon), kv_b=gemm(attn.kv_b_proj.weight),
             nope=attn.qk_nope_head_dim, rope=attn.qk_rope_head_dim, rank=attn.kv_lora_rank, v_dim=attn.v_head_dim,
-            interleave=bool(attn.config.rope_interleave))
+            rotary="complex" if self.complex_rope else "interleaved" if attn.config.rope_interleave else "half")
 
     @overload
     def _gemm_weight(self, weight: torch.Tensor) -> torch.Tensor: ...
@@ -383,21 +395,24 @@ class FastDecoder:
     def reserve_positions(self, positions: int, dtype: torch.dtype) -> None:
         """Build the rotary tables for positions < ``positions`` now, so that steps below it read
         them without a device-to-host sync (``NativeEngine`` calls it once per rollout)."""
-        if positions > self._rope_rows or self._cos.dtype != dtype:
+        if positions > self._rope_rows or self._rope_dtype != dtype:
             self._rope_table(positions, dtype)
 
     def _rope_table(self, needed: int, dtype: torch.dtype) -> None:
         rows = max(needed, 2 * self._rope_rows, 64)
         freqs = torch.arange(rows, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self._cos, self._sin = (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
-        self._rope_rows = rows
+        if self.complex_rope:  # DeepseekV2RotaryEmbedding: polar(1, freqs) * factor, one table read as cos and sin
+            self._cos = self._sin = torch.polar(torch.ones_like(freqs), freqs) * self.rope_scale
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos, self._sin = (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+        self._rope_rows, self._rope_dtype = rows, dtype
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype, reserved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [b, 1, s, D] at ``positions`` (long [b, s]), as ``Qwen3RotaryEmbedding`` computes them.
         ``reserved``: the tables already cover ``positions`` (``reserve_positions``): no sync."""
         needed = 0 if reserved else int(positions.max()) + 1
-        if needed > self._rope_rows or self._cos.dtype != dtype:
+        if needed > self._rope_rows or self._rope_dtype != dtype:
             self._rope_table(needed, dtype)
         return self._cos[positions][:, None], self._sin[positions][:, None]
 
@@ -546,7 +561,7 @@ class FastDecoder:
         latent, k_rot = torch.split(self._linear(x, *m.kv_a), [m.rank, m.rope], dim=-1)
         latent = _rms_norm(latent, *m.kv_a_norm).view(rows, 1, length, m.rank)
         k_rot = k_rot.view(rows, 1, length, m.rope)
-        rotate = _apply_rope_interleaved if m.interleave else _apply_rope
+        rotate = {"interleaved": _apply_rope_interleaved, "half": _apply_rope, "complex": _apply_rope_complex}[m.rotary]
         q_rot, k_rot = rotate(q_rot, cos, sin), rotate(k_rot, cos, sin)
         return torch.cat((q_pass, q_rot), dim=-1), latent, k_rot
 
@@ -606,6 +621,8 @@ class FastDecoder:
         assert layer.router is not None and layer.gate_up is not None and layer.down is not None  # an MoE layer
         if layer.group_routing is not None:
             weights, top_k_index = _group_limited_top_k(x, layer)
+        elif layer.softmax_group_routing is not None:
+            weights, top_k_index = _greedy_top_k(x, layer)
         else:
             router_logits = self._linear(x, layer.router)
             probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
@@ -696,6 +713,31 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
         return x * cos + _rotate_half(x) * sin
     rotated, passed = x[..., :rotary], x[..., rotary:]
     return torch.cat([rotated * cos + _rotate_half(rotated) * sin, passed], dim=-1)
+
+
+def _greedy_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DeepseekV2TopkRouter.forward`` for x [N, hidden]: fp32 softmax scores, top-k over all experts (``greedy``)
+    or over the best groups' (``group_limited_greedy``), scaled; the weights (fp32) and experts."""
+    assert layer.router is not None and layer.softmax_group_routing is not None
+    method, groups, kept, scale = layer.softmax_group_routing
+    router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
+    scores = router_logits.softmax(dim=-1, dtype=torch.float32)
+    if method == "group_limited_greedy":
+        experts = scores.shape[-1]
+        group_scores = scores.view(-1, groups, experts // groups).max(dim=-1).values
+        group_idx = torch.topk(group_scores, k=kept, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
+        scores = scores.masked_fill(~score_mask.bool(), 0.0)
+    weights, top_k_index = torch.topk(scores, k=layer.top_k, dim=-1, sorted=False)
+    return weights * scale, top_k_index
+
+
+def _apply_rope_complex(x: torch.Tensor, cis: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V2's ``apply_rotary_emb`` on q or k: pairs as complex numbers times ``freqs_cis``."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * cis).flatten(3).type_as(x)
 
 
 def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
