@@ -284,13 +284,16 @@ def plain_line(step: int, total: int, parts: list[str], eta_s: float | None) -> 
 def sample_rows(prompts: list[Any], completions: list[Any], rewards: Any, count: int,
                 columns: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The first ``count`` completions of a step as ``{"prompt", "completion", "reward"}`` (chats as messages), with
-    the ``columns`` reward functions logged for each (TRL's ``log_extra``)."""
+    the ``columns`` reward functions logged for each (TRL's ``log_extra``); with ``task.tools``, also the completion's
+    ``messages``: each turn with its calls, and the tools' results."""
     rows = []
     for index, (completion, reward) in enumerate(list(zip(completions, rewards.tolist()))[:count]):
         prompt = prompts[completion.prompt_index]
         shown = prompt.messages if getattr(prompt, "messages", None) is not None else prompt.text
         extra = columns[index] if columns and index < len(columns) else {}
-        rows.append({**extra, "prompt": shown, "completion": completion.text, "reward": float(reward)})
+        turns = getattr(completion, "messages", None)
+        rows.append({**extra, "prompt": shown, "completion": completion.text, "reward": float(reward),
+                     **({"messages": turns} if turns is not None else {})})
     return rows
 
 
