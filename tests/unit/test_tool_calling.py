@@ -445,6 +445,12 @@ def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_
     assert "Tools: multiply(a, b)" in tokenizer.decode(encode_prompt(tokenizer, rows[1]))
     out = calling.generate(rows, 1, SamplingParams(max_new_tokens=50))
     assert [c.environment_reward for c in out] == [0.0, None]  # Quiet has no get_reward
+    broken = tmp_path / "broken_env.py"
+    broken.write_text("class Broken:\n    def __init__(self):\n        raise OSError('no sandbox')\n")
+    from minirl.rollout.environments import EnvironmentFailure
+
+    with pytest.raises(EnvironmentFailure, match=r"making Broken raised OSError: no sandbox$"):
+        load_environments(f"{broken}:Broken")
     with pytest.raises(ConfigError, match="a row's environment 'chess' is none of"):
         tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None,
                      [Prompt("q", "3", meta={"environment": "chess"}, messages=CHAT)])

@@ -59,7 +59,7 @@ class Environments:
         self.methods: dict[str | None, list[str]] = {}
         self.rewarded: dict[str | None, str] = {}  # environments with get_reward: their class name
         for name, factory in factories.items():
-            instance = factory()  # a probe, kept as the pool's first instance
+            instance = _made(factory, name)  # a probe, kept as the pool's first instance
             members = [member for member, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)]
             if "reset" not in members:
                 raise ConfigError(f"task.environment: {_shown(name, instance)} has no reset method (each rollout "
@@ -99,7 +99,7 @@ class Environments:
         for name in names:
             pool = self.pool[name]
             if used[name] == len(pool):
-                pool.append(self.factories[name]())
+                pool.append(_made(self.factories[name], name))
             out.append(pool[used[name]])
             used[name] += 1
         return out
@@ -138,6 +138,16 @@ class Environments:
         if value != value or value in (float("inf"), float("-inf")):
             raise EnvironmentFailure(f"task.environment: {type(instance).__name__}.get_reward returned {value}")
         return value
+
+
+def _made(factory: Callable[[], Any], name: str | None) -> Any:
+    """A new instance from ``factory``; one that raises is one line naming it."""
+    try:
+        return factory()
+    except Exception as error:
+        which = getattr(factory, "__qualname__", type(factory).__name__) + ("" if name is None else f" ({name!r})")
+        raise EnvironmentFailure(f"task.environment: making {which} raised {type(error).__name__}: "
+                                 f"{' '.join(str(error).split())}") from error
 
 
 def _resolved(value: Any) -> Any:
