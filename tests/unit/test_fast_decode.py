@@ -19,6 +19,8 @@ from transformers import (
     Glm4MoeLiteForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -151,10 +153,22 @@ def deepseek_v2_model(std: float = 0.02, seed: int = 3, *, method: str = "group_
     return _built(DeepseekV2ForCausalLM, config, seed)
 
 
+def minimax_m2_model(std: float = 0.02, seed: int = 7) -> MiniMaxM2ForCausalLM:
+    """MiniMax-M2: q/k normalised over the whole projection (as OLMoE), partial RoPE, and a sigmoid router choosing
+    with a correction bias (on the block), renormalised, fp32 weights (seed 7: some rows draw EOS early at std 0.3)."""
+    config = MiniMaxM2Config(**SMALL, head_dim=16, intermediate_size=32, num_local_experts=8, initializer_range=std,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    model = _built(MiniMaxM2ForCausalLM, config, seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
-                 glm4_moe_lite_model, dots1_model, deepseek_v2_model]
+                 glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-              "deepseek_v2"]
+              "deepseek_v2", "minimax_m2"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:

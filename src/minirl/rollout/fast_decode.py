@@ -1,5 +1,5 @@
-"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite
-and dots.llm1, with a pre-allocated KV cache (``NativeEngine``).
+"""A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
+dots.llm1 and MiniMax-M2, with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -18,7 +18,7 @@ called the way ``sdpa_attention_forward`` calls it), so the logits and the route
 those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for every family
 (``FAMILIES``), with and without padding, in fp32, bf16, fp8 and fp4, with an fp8 KV cache. The families differ
 in their q/k norms (``QK_NORM``), routers (softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's group-limited
-sigmoid router, ``GROUP_ROUTERS``, DeepSeek-V2's group-limited softmax), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
+sigmoid router, ``GROUP_ROUTERS``, DeepSeek-V2's group-limited softmax, MiniMax-M2's biased sigmoid), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
 attention (``_Latent``: the cache keeps each token's latent and rotated key part, expanded every step as
 transformers does). A model this module cannot reproduce exactly (another family, another attention or experts
 implementation, a RoPE other than the default or yarn, sliding windows, a module replaced by another class) keeps
@@ -53,13 +53,13 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2")
+            "deepseek_v2", "minimax_m2")
 # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
-           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None}
+           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full"}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
@@ -106,19 +106,21 @@ def unsupported_reason(model: nn.Module) -> str | None:
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
-              "DeepseekV2ForCausalLM"),
+              "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
-             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm"),
+             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
-                  "Glm4MoeAttention", "Dots1Attention"),
+                  "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
-            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP"),
+            "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
+            "MiniMaxM2SparseMoeBlock"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
-               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter"),
+               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
+               "MiniMaxM2TopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
-                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts"),
+                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
@@ -224,6 +226,7 @@ class _Layer:
     group_routing: tuple[torch.Tensor, int, int, float] | None = None
     # DeepSeek-V2's router: fp32 softmax, top-k greedy or within the best groups; (method, groups, kept, scale)
     softmax_group_routing: tuple[str, int, int, float] | None = None
+    sigmoid_bias: torch.Tensor | None = None  # MiniMax-M2's router: sigmoid scores, this bias to choose, renormalised
     dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
@@ -341,6 +344,8 @@ class FastDecoder:
                 spec.router, spec.top_k = gemm(router.weight), router.top_k
                 spec.norm_topk_prob = mixtral or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
                 spec.cast_weights = not mixtral
+                if type(router).__name__ == "MiniMaxM2TopKRouter":  # its correction bias lives on the block
+                    spec.sigmoid_bias, spec.cast_weights = mlp.e_score_correction_bias, False
                 if type(router).__name__ == "DeepseekV2TopkRouter":
                     spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
                     spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
@@ -623,6 +628,12 @@ class FastDecoder:
             weights, top_k_index = _group_limited_top_k(x, layer)
         elif layer.softmax_group_routing is not None:
             weights, top_k_index = _greedy_top_k(x, layer)
+        elif layer.sigmoid_bias is not None:  # MiniMaxM2TopKRouter
+            assert layer.router is not None
+            scores = F.sigmoid(self._linear(x, layer.router).float())
+            top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, top_k_index)
+            weights /= weights.sum(dim=-1, keepdim=True)
         else:
             router_logits = self._linear(x, layer.router)
             probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
