@@ -40,6 +40,15 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attentio
              num_experts_per_tok=2, max_position_embeddings=256)
 
 
+def _corrected(model):
+    """``model`` with its routers' correction biases away from zero (DeepSeek-V3's noaux_tc), so that they are seen."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return model
+
+
 def _built(cls, config, seed: int):
     config._experts_implementation = "grouped_mm"
     torch.manual_seed(seed)
@@ -103,11 +112,7 @@ def deepseek_v3_model(std: float = 0.02, seed: int = 2, *, q_lora: bool = True, 
                               qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, rope_interleave=interleave,
                               routed_scaling_factor=2.5, initializer_range=std, rope_parameters=rope)
     model = _built(DeepseekV3ForCausalLM, config, seed)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
-    return model
+    return _corrected(model)
 
 
 def glm4_moe_lite_model(std: float = 0.02, seed: int = 2) -> Glm4MoeLiteForCausalLM:
@@ -118,11 +123,7 @@ def glm4_moe_lite_model(std: float = 0.02, seed: int = 2) -> Glm4MoeLiteForCausa
                                mlp_layer_types=["dense", "sparse", "sparse"], routed_scaling_factor=1.8,
                                initializer_range=std)
     model = _built(Glm4MoeLiteForCausalLM, config, seed)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
-    return model
+    return _corrected(model)
 
 
 def dots1_model(std: float = 0.02, seed: int = 2) -> Dots1ForCausalLM:
@@ -132,11 +133,7 @@ def dots1_model(std: float = 0.02, seed: int = 2) -> Dots1ForCausalLM:
                          n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                          routed_scaling_factor=1.5, initializer_range=std)
     model = _built(Dots1ForCausalLM, config, seed)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
-    return model
+    return _corrected(model)
 
 
 def deepseek_v2_model(std: float = 0.02, seed: int = 3, *, method: str = "group_limited_greedy") -> DeepseekV2ForCausalLM:

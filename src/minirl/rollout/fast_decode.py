@@ -227,9 +227,9 @@ class _Layer:
     # DeepSeek-V2's router: fp32 softmax, top-k greedy or within the best groups; (method, groups, kept, scale)
     softmax_group_routing: tuple[str, int, int, float] | None = None
     sigmoid_bias: torch.Tensor | None = None  # MiniMax-M2's router: sigmoid scores, this bias to choose, renormalised
-    dense: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
+    dense: tuple[Linear, ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
-    shared: tuple[tuple[torch.Tensor, torch.Tensor | None], ...] | None = None  # Qwen2-MoE's shared expert, as ``dense``
+    shared: tuple[Linear, ...] | None = None  # the shared expert(s), as ``dense``
     shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
 
 
@@ -595,7 +595,7 @@ class FastDecoder:
             q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
         return q.transpose(1, 2), k.transpose(1, 2)
 
-    def _mlp(self, x: torch.Tensor, weights: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]) -> torch.Tensor:
+    def _mlp(self, x: torch.Tensor, weights: tuple[Linear, ...]) -> torch.Tensor:
         """A SwiGLU MLP (``Qwen3MLP``, Qwen2-MoE's shared expert): down(silu(gate(x)) * up(x))."""
         (gate, gate_bias), (up, up_bias), (down, down_bias) = weights
         return self._linear(F.silu(self._linear(x, gate, gate_bias)) * self._linear(x, up, up_bias), down, down_bias)
@@ -701,13 +701,8 @@ def _group_limited_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, 
     router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
     scores = router_logits.sigmoid()
     choice = scores + bias
-    experts = choice.shape[-1]
-    group_scores = choice.view(-1, groups, experts // groups).topk(2, dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=kept, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores)
-    group_mask.scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
-    choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    group_scores = choice.view(-1, groups, choice.shape[-1] // groups).topk(2, dim=-1)[0].sum(dim=-1)
+    choice = choice.masked_fill(~_best_groups(group_scores, kept, choice.shape[-1]), float("-inf"))
     top_k_index = torch.topk(choice, k=layer.top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, top_k_index)
     if layer.norm_topk_prob:
@@ -734,15 +729,20 @@ def _greedy_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.T
     router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
     scores = router_logits.softmax(dim=-1, dtype=torch.float32)
     if method == "group_limited_greedy":
-        experts = scores.shape[-1]
-        group_scores = scores.view(-1, groups, experts // groups).max(dim=-1).values
-        group_idx = torch.topk(group_scores, k=kept, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores)
-        group_mask.scatter_(1, group_idx, 1)
-        score_mask = group_mask.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
-        scores = scores.masked_fill(~score_mask.bool(), 0.0)
+        group_scores = scores.view(-1, groups, scores.shape[-1] // groups).max(dim=-1).values
+        scores = scores.masked_fill(~_best_groups(group_scores, kept, scores.shape[-1]), 0.0)
     weights, top_k_index = torch.topk(scores, k=layer.top_k, dim=-1, sorted=False)
     return weights * scale, top_k_index
+
+
+def _best_groups(group_scores: torch.Tensor, kept: int, experts: int) -> torch.Tensor:
+    """bool [N, experts]: the experts of each token's ``kept`` best groups (``group_scores`` [N, groups]), as both
+    DeepSeek routers build their score mask."""
+    groups = group_scores.shape[-1]
+    group_idx = torch.topk(group_scores, k=kept, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    return group_mask.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts).bool()
 
 
 def _apply_rope_complex(x: torch.Tensor, cis: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
