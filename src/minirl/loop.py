@@ -60,7 +60,7 @@ from minirl.distributed import build_placement, trainer_in_ranks
 from minirl.dynamic_sampling import Sampled, has_spread, round_limit, sample_groups
 from minirl.metrics import MetricsLogger, reset_samples, sample_rows
 from minirl.moe.replay import RoutePlan
-from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics
+from minirl.monitor import StepRecord, approximation_diagnostics, step_metrics, tool_metrics
 from minirl.objective import (
     make_objective,
     with_current_rejection,
@@ -969,9 +969,7 @@ def evaluate(engine: RolloutEngine, rewards: Any, task: Task, cfg: Config, *, st
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     sources = [(p.meta or {}).get("data_source") for p in prompts]
     metrics = held_out_metrics(rewards.view(len(prompts), e.samples_per_prompt), lengths, e.accuracy_threshold, sources)
-    if any(c.messages is not None for c in completions):  # task.tools / task.environment
-        metrics["eval/tool_call_frequency"] = sum(c.tool_calls for c in completions) / len(completions)
-    return metrics
+    return metrics | tool_metrics(completions, "eval/tool_")  # task.tools: eval/tool_call_frequency, ...
 
 
 def held_out_metrics(rewards: torch.Tensor, lengths: torch.Tensor, threshold: float,

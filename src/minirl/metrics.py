@@ -20,8 +20,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``reward/<name>/mean``         each user reward function's mean (``task.reward_functions``)
 ``tools/call_frequency``       ``task.tools`` only: tool calls per response (TRL's name), malformed ones included;
                                ``tools/failure_frequency`` the failed calls per call (malformed, unknown tool,
-                               raised; 0 without calls); ``eval/tool_call_frequency`` the same over the held-out
-                               responses
+                               raised; 0 without calls); ``eval/tool_call_frequency`` and ``eval/tool_failure_frequency``
+                               the same over the held-out responses
 ``train/reward_kl_penalty``    ``algo.kl_in_reward_coef`` > 0: the step's mean of each response's token-mean KL
                                estimate in the reward (verl's ``actor/reward_kl_penalty``); ``train/reward_kl_coef``
                                the coefficient it was weighed by (``train/reward_mean`` stays the verifier's)

@@ -29,6 +29,7 @@ from minirl.monitor.step import (
     rollout_metrics,
     routing_step_metrics,
     step_metrics,
+    tool_metrics,
     update_metrics,
 )
 from minirl.types import Batch
@@ -52,5 +53,6 @@ def approximation_diagnostics(trainer: Any, minibatch: Batch, objective: Any, in
 __all__ = [
     "StepRecord", "approximation_diagnostics", "approximation_metrics", "cosine", "first_order_residual",
     "gradient_fidelity", "importance_weight_stats", "mean_over", "mismatch_metrics", "rollout_metrics",
-    "routing_agreement", "routing_step_metrics", "sequence_is_loss", "step_metrics", "token_entropy", "update_metrics",
+    "routing_agreement", "routing_step_metrics", "sequence_is_loss", "step_metrics", "token_entropy", "tool_metrics",
+    "update_metrics",
 ]

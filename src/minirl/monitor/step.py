@@ -88,17 +88,23 @@ def mean_over(values: torch.Tensor | None, mask: torch.Tensor) -> float:
     return float("nan") if values is None else float(masked_mean(values, mask))
 
 
+def tool_metrics(completions: list[Completion], prefix: str) -> dict[str, float]:
+    """TRL's ``call_frequency`` (tool calls per response) and ``failure_frequency`` (failed calls per call) under
+    ``prefix``, for responses sampled with ``task.tools`` / ``task.environment`` (``minirl.rollout.tools``); none
+    without."""
+    if not any(c.messages is not None for c in completions):
+        return {}
+    calls = sum(c.tool_calls for c in completions)
+    return {f"{prefix}call_frequency": calls / len(completions),
+            f"{prefix}failure_frequency": sum(c.tool_failures for c in completions) / max(calls, 1)}
+
+
 def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor, threshold: float = 1.0) -> dict[str, float]:
     """``train/*`` of a step; correct = reward >= ``threshold`` (``eval.accuracy_threshold``)."""
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     truncated = sum(c.finish_reason == "length" for c in completions)
     correct_PG = rewards_PG >= threshold
-    tools: dict[str, float] = {}
-    if any(c.messages is not None for c in completions):  # task.tools (minirl.rollout.tools), TRL's metrics
-        calls = sum(c.tool_calls for c in completions)
-        tools = {"tools/call_frequency": calls / len(completions),
-                 "tools/failure_frequency": sum(c.tool_failures for c in completions) / max(calls, 1)}
-    return tools | {
+    return tool_metrics(completions, "tools/") | {
         "train/reward_mean": float(rewards_PG.mean()),
         "train/accuracy": float(correct_PG.float().mean()),
         "train/response_length": float(lengths.mean()),
