@@ -6,8 +6,8 @@ a few of them: the aten operator count per step, their self CPU time and the par
 A step whose matmuls are a small share of its time is bound by per-operator dispatch, not by
 arithmetic. Two paths, on the same cache contents: ``transformers`` (the model's own forward, what
 HF ``generate`` runs) and ``fast`` (``minirl.rollout.fast_decode``, what ``NativeEngine`` runs for
-Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE and DeepSeek-V3; bitwise the same logits). ``--preset`` another model preset
-(``olmoe-tiny``, ``mixtral-tiny``, ``qwen2-moe-tiny``: each family's).
+the families of ``fast_decode.FAMILIES``; bitwise the same logits). ``--preset`` another model preset
+(``olmoe-tiny``, ``mixtral-tiny``, ``qwen2-moe-tiny``, ``gpt-oss-tiny``: each family's).
 
     python benchmarks/profile_decode.py [--batches 1,64] [--prompt 16] [--steps 30] [--threads 1] [--preset NAME]
 """

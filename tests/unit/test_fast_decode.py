@@ -17,6 +17,8 @@ from transformers import (
     Glm4MoeForCausalLM,
     Glm4MoeLiteConfig,
     Glm4MoeLiteForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
     MiniMaxM2Config,
@@ -162,10 +164,34 @@ def minimax_m2_model(std: float = 0.02, seed: int = 7) -> MiniMaxM2ForCausalLM:
     return model
 
 
+def gpt_oss_model(std: float = 0.02, seed: int = 1, *, window: int = 4) -> GptOssForCausalLM:
+    """GPT-OSS: eager attention with a sink logit per head, a sliding window of ``window`` columns on every other layer
+    (4: the prompts and their responses outgrow it), yarn RoPE on the two halves of each head, biases everywhere (the
+    router's, the experts' transposed interleaved gate/up and down), a clamped SwiGLU, norms scaled in fp32 (seed 1:
+    some rows draw EOS early at std 0.3)."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    config = GptOssConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=16, intermediate_size=32, num_local_experts=8,
+                          sliding_window=window, swiglu_limit=2.0, initializer_range=std, rope_parameters=rope)
+    model = _built(GptOssForCausalLM, config, seed)
+    with torch.no_grad():  # biases and sinks away from zero (and past the clamp), so that they are seen
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for bias in (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias, attn.o_proj.bias, mlp.router.bias):
+                bias.normal_(0.0, std)
+            attn.sinks.normal_(0.0, 1.0)
+            mlp.experts.gate_up_proj_bias.normal_(0.0, 1.0)
+            mlp.experts.down_proj_bias.normal_(0.0, std)
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norm.weight.normal_(1.0, 0.1)  # not 1: a scale in fp32 rounds otherwise than one in bf16
+        model.model.norm.weight.normal_(1.0, 0.1)
+    return model
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
-                 glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model]
+                 glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-              "deepseek_v2", "minimax_m2"]
+              "deepseek_v2", "minimax_m2", "gpt_oss"]
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
@@ -364,10 +390,13 @@ def test_prefill_matches_the_transformers_forward(build):
         model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=hf_cache, use_cache=True)
     torch.testing.assert_close(logits, expected[:, -1], rtol=0, atol=2e-5)
     assert cache.keys[0].shape[2] == ids.shape[1] + 5 and not cache.keys[0][:, :, ids.shape[1]:].any()
-    real = mask[:, None, :, None]
-    for layer, hf in enumerate(hf_cache.layers):
-        torch.testing.assert_close(cache.keys[layer][:, :, : ids.shape[1]] * real, hf.keys * real, rtol=0, atol=2e-5)
-        torch.testing.assert_close(cache.values[layer][:, :, : ids.shape[1]] * real, hf.values * real, rtol=0, atol=2e-5)
+    width = ids.shape[1]
+    for layer, hf in enumerate(hf_cache.layers):  # a sliding layer (GPT-OSS) keeps its last columns only
+        kept = hf.keys.shape[2]
+        real = mask[:, None, width - kept:, None]
+        for ours, theirs in ((cache.keys[layer], hf.keys), (cache.values[layer], hf.values)):
+            torch.testing.assert_close(ours[:, :, width - kept: width] * real, theirs * real, rtol=0, atol=2e-5)
+    assert any(hf.keys.shape[2] < width for hf in hf_cache.layers) == (build is gpt_oss_model)
     assert torch.isfinite(cache.keys[-1]).all()  # a pad query that sees no real key: zeros, not NaN
     if routed:
         assert routes.shape == expected_routes.shape and routes.dtype == torch.int16

@@ -8,8 +8,10 @@ parameter count (tied embeddings, the 101-token character vocabulary):
     qwen3-moe-20m    Qwen3-MoE, hidden 256, 6 layers, 16 experts top-2 (~20 M).
     qwen3-dense-2m   Qwen3 dense twin of qwen3-moe-2m: same attention, one MLP as wide as all
                      eight experts together (intermediate 1024), so the same total parameters.
-    qwen3-moe-tiny, qwen2-moe-tiny, olmoe-tiny, mixtral-tiny
-                     hidden 64, 2 layers, 4 experts top-2: for tests of each routing-replay family.
+    qwen3-moe-tiny, qwen2-moe-tiny, olmoe-tiny, mixtral-tiny, gpt-oss-tiny
+                     hidden 64, 2 layers, 4 experts top-2: for tests of each routing-replay family
+                     (GPT-OSS: its attention sinks, a 16-token sliding window on the first layer, biased
+                     experts with a clamped SwiGLU).
 
 MoE presets use the ``grouped_mm`` experts implementation (the transformers default where the
 model supports it; ``batched_mm`` is ~50x slower on CPU). The implementation is not saved in
@@ -23,6 +25,7 @@ from collections.abc import Callable
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
     MixtralConfig,
     OlmoeConfig,
     PretrainedConfig,
@@ -154,6 +157,20 @@ def mixtral_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None =
     )
 
 
+def gpt_oss_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
+    return GptOssConfig(
+        **_common(vocab_size, pad_id, eos_id, bos_id),
+        **_TINY_SHAPE,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        intermediate_size=64,  # per expert
+        sliding_window=16,  # layer types: sliding, full
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        experts_implementation=EXPERTS_IMPLEMENTATION,
+    )
+
+
 PRESETS: dict[str, ConfigFactory] = {
     "qwen3-moe-2m": qwen3_moe_2m,
     "qwen3-moe-20m": qwen3_moe_20m,
@@ -162,6 +179,7 @@ PRESETS: dict[str, ConfigFactory] = {
     "qwen2-moe-tiny": qwen2_moe_tiny,
     "olmoe-tiny": olmoe_tiny,
     "mixtral-tiny": mixtral_tiny,
+    "gpt-oss-tiny": gpt_oss_tiny,
 }
 
 

@@ -1,5 +1,5 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1 and MiniMax-M2, with a pre-allocated KV cache (``NativeEngine``).
+dots.llm1, MiniMax-M2 and GPT-OSS, with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -20,9 +20,12 @@ those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this
 in their q/k norms (``QK_NORM``), routers (softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's group-limited
 sigmoid router, ``GROUP_ROUTERS``, DeepSeek-V2's group-limited softmax, MiniMax-M2's biased sigmoid), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
 attention (``_Latent``: the cache keeps each token's latent and rotated key part, expanded every step as
-transformers does). A model this module cannot reproduce exactly (another family, another attention or experts
-implementation, a RoPE other than the default or yarn, sliding windows, a module replaced by another class) keeps
-the transformers forward (``unsupported_reason``).
+transformers does). GPT-OSS runs its own eager attention (``_sink_attention``: a learned sink logit per head, and a
+sliding window on every other layer, which attends to the same last ``sliding_window`` columns transformers' sliding
+cache keeps), its biased router (softmax over the top-k logits) and its biased experts (transposed, interleaved
+gate/up, a clamped SwiGLU), with its norms scaled in fp32. A model this module cannot reproduce exactly (another family,
+another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
+module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
 The prefill stays on the transformers forward (one call per rollout); its cache is copied in.
 
@@ -53,13 +56,16 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2", "minimax_m2")
+            "deepseek_v2", "minimax_m2", "gpt_oss")
 # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
-           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full"}
+           "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
+           "gpt_oss": None}
+# the attention implementation a family's forward must use to be reproduced: SDPA, except GPT-OSS (no SDPA: its sinks)
+ATTENTION = {"gpt_oss": "eager"}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
 
 
@@ -83,14 +89,18 @@ def unsupported_reason(model: nn.Module) -> str | None:
     config: Any = model.config  # a transformers PretrainedConfig (its fields are per model type)
     if config.model_type not in FAMILIES:
         return f"model type {config.model_type!r} (the fast path covers {', '.join(FAMILIES)})"
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (needs 'sdpa')"
+    attention = ATTENTION.get(config.model_type, "sdpa")
+    if getattr(config, "_attn_implementation", None) != attention:
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (needs {attention!r})"
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") not in ROPE_TYPES:
         return f"RoPE type {rope.get('rope_type')!r} (needs one of {', '.join(ROPE_TYPES)})"
     window = getattr(config, "sliding_window", None) is not None
     sliding = window and (config.model_type == "mixtral" or getattr(config, "use_sliding_window", False))
-    if sliding or any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+    layer_kinds = set(getattr(config, "layer_types", None) or [])
+    if config.model_type == "gpt_oss":  # its sliding layers are reproduced (``_window``)
+        layer_kinds -= {"sliding_attention"}
+    if sliding or layer_kinds - {"full_attention"}:
         return "sliding-window attention"
     if getattr(config, "clip_qkv", None) is not None:
         return "clipped q/k/v (clip_qkv)"
@@ -106,25 +116,35 @@ def unsupported_reason(model: nn.Module) -> str | None:
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
-              "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM"),
+              "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
-             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm"),
+             "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
+             "GptOssRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
-                  "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention"),
+                  "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
-            "MiniMaxM2SparseMoeBlock"),
+            "MiniMaxM2SparseMoeBlock", "GptOssMLP"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
-               "MiniMaxM2TopKRouter"),
+               "MiniMaxM2TopKRouter", "GptOssTopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
-                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts"),
+                "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
+                "GptOssExperts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+# experts whose layout differs from the others' ([E, 2 I, hidden], gate then up, no biases): (transposed, concatenated,
+# biased) as transformers declares them; GPT-OSS's are [E, hidden, 2 I], gate and up interleaved, with biases
+EXPERT_LAYOUTS = {"GptOssExperts": (True, False, True)}
+
+
+def router_of(mlp: Any) -> Any:
+    """An MoE block's router (``gate``; GPT-OSS's ``router``)."""
+    return mlp.router if hasattr(mlp, "router") else mlp.gate
 
 
 def _structure_reason(hf_model: nn.Module) -> str | None:
@@ -161,23 +181,26 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
         if experts is None:
             checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in DENSE_MLP]
             continue
-        checks += [unexpected(mlp.gate, "router"), unexpected(experts, "experts")]
+        router = router_of(mlp)
+        checks += [unexpected(router, "router"), unexpected(experts, "experts")]
         shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
         if shared is not None:  # a dense expert every token takes (Qwen2-MoE's weighed by a sigmoid gate)
             checks += [unexpected(shared, "shared")]
             checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
         if hasattr(mlp, "shared_expert_gate"):
             checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
-        group_limited = type(mlp.gate).__name__ in GROUP_ROUTERS
-        if group_limited and mlp.gate.num_experts % mlp.gate.num_group:
-            checks.append(f"layer {index}: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
+        group_limited = type(router).__name__ in GROUP_ROUTERS
+        if group_limited and router.num_experts % router.num_group:
+            checks.append(f"layer {index}: {router.num_experts} experts in {router.num_group} groups")
         implementation = getattr(experts.config, "_experts_implementation", None)
         if implementation != "grouped_mm":
             checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
-        if getattr(experts, "_is_expert_parallel", False) or getattr(experts, "has_bias", False):
-            checks.append("expert parallelism or expert biases")
-        if getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
-            checks.append("a transposed or interleaved expert weight layout")
+        if getattr(experts, "_is_expert_parallel", False):
+            checks.append("expert parallelism")
+        layout = (getattr(experts, "is_transposed", False), getattr(experts, "is_concatenated", True),
+                  getattr(experts, "has_bias", False))
+        if layout != EXPERT_LAYOUTS.get(type(experts).__name__, (False, True, False)):
+            checks.append(f"an expert weight layout (transposed, concatenated, biased) of {layout}")
     return next((reason for reason in checks if reason is not None), None)
 
 
@@ -231,6 +254,14 @@ class _Layer:
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[Linear, ...] | None = None  # the shared expert(s), as ``dense``
     shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
+    # GPT-OSS: a sliding window (columns), a sink logit per head, a biased router whose softmax runs over the top-k
+    # logits, biased experts and their clamped SwiGLU (alpha, limit)
+    window: int | None = None
+    sinks: torch.Tensor | None = None
+    router_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None  # [E, 2 I], in the model's dtype (added after the GEMM is rounded)
+    down_bias: torch.Tensor | None = None
+    clamped_swiglu: tuple[float, float] | None = None
 
 
 class StaticKVCache:
@@ -245,16 +276,18 @@ class StaticKVCache:
         self.keys, self.values = keys, values
 
     @classmethod
-    def from_transformers(cls, cache, length: int) -> StaticKVCache:
+    def from_transformers(cls, cache, length: int, width: int | None = None) -> StaticKVCache:
         """Copy a filled transformers cache (``layers[i].keys/values [B, H, W, D]``; values may have a D of their own,
-        latent attention's) into ``length`` columns."""
+        latent attention's) of ``width`` columns (None: its widest layer's) into ``length`` columns. A sliding layer
+        keeps only its last columns: they go where they were."""
+        width = max(layer.keys.shape[2] for layer in cache.layers) if width is None else width
         keys, values = [], []
         for layer in cache.layers:
-            rows, heads, width, dim = layer.keys.shape
+            rows, heads, kept, dim = layer.keys.shape
             k = layer.keys.new_zeros(rows, heads, length, dim)
             v = layer.values.new_zeros(*layer.values.shape[:2], length, layer.values.shape[3])
-            k[:, :, :width] = layer.keys
-            v[:, :, :width] = layer.values
+            k[:, :, width - kept: width] = layer.keys
+            v[:, :, width - kept: width] = layer.values
             keys.append(k)
             values.append(v)
         return cls(keys, values)
@@ -286,6 +319,7 @@ class FastDecoder:
         self.model: Any = model  # a transformers causal LM of FAMILIES (checked above)
         self.qk_norm = qk_norm_kind(config)
         self.complex_rope = config.model_type == "deepseek_v2"  # its rotary table is complex (freqs_cis)
+        self.gpt_oss = config.model_type == "gpt_oss"  # eager attention with sinks, norms scaled in fp32, rotary halves
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
         head: torch.Tensor = cast(Any, model).lm_head.weight
@@ -328,6 +362,8 @@ class FastDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             latent = hasattr(attn, "kv_b_proj")  # DeepSeek-V3's multi-head latent attention
             spec = _Layer(
+                window=getattr(attn, "sliding_window", None),
+                sinks=getattr(attn, "sinks", None),
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
                 qkv=None if latent else gemm(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
@@ -339,7 +375,7 @@ class FastDecoder:
                 latent=self._latent(attn) if latent else None,
             )
             if hasattr(mlp, "experts"):
-                router = mlp.gate
+                router = router_of(mlp)
                 mixtral = type(router).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
                 spec.router, spec.top_k = gemm(router.weight), router.top_k
                 spec.norm_topk_prob = mixtral or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
@@ -355,6 +391,12 @@ class FastDecoder:
                     spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
                                           router.routed_scaling_factor)
                 spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
+                if type(router).__name__ == "GptOssTopKRouter":  # [E, hidden, out] weights, read as [E, out, hidden]
+                    experts = mlp.experts
+                    spec.gate_up, spec.down = gemm(experts.gate_up_proj.mT), gemm(experts.down_proj.mT)
+                    spec.router_bias, spec.cast_weights = gemm(router.bias), False
+                    spec.gate_up_bias, spec.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
+                    spec.clamped_swiglu = (experts.alpha, experts.limit)
                 shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
                 if shared is not None:
                     spec.shared = tuple((gemm(getattr(shared, n).weight), gemm(getattr(shared, n).bias)) for n in DENSE_MLP)
@@ -494,7 +536,7 @@ class FastDecoder:
         routes = []
         for index, layer in enumerate(self.layers):
             residual = hidden
-            x = _rms_norm(hidden, layer.input_norm, self.eps)
+            x = self._block_norm(hidden, layer.input_norm)
             if layer.latent is not None:
                 q, k, v = self._latent_qkv(x, layer.latent, cos, sin, rows, length)
             else:
@@ -505,7 +547,8 @@ class FastDecoder:
                 )
                 q, k = self._qk_norms(q, k, layer, rows, length)
                 v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+                rotate = _apply_rope_halves if self.gpt_oss else _apply_rope
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             if self.kv_cache_format is not None:
                 k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
             if isinstance(column, torch.Tensor):
@@ -515,14 +558,20 @@ class FastDecoder:
                 cache.keys[index][:, :, column:end] = k
                 cache.values[index][:, :, column:end] = v
             keys, values = cache.keys[index], cache.values[index]
+            start, layer_mask = 0, mask
+            if layer.window is not None:  # GPT-OSS's sliding layers
+                start, layer_mask = _window(mask, layer.window, column, end, length)
             if end is not None:
-                keys, values = keys[:, :, :end], values[:, :, :end]
+                keys, values = keys[:, :, start:end], values[:, :, start:end]
             if layer.latent is not None:  # the cached latents expanded into every head's keys and values
                 keys, values = self._latent_expand(keys, values, layer.latent)
-            attn = self._attention(q, keys, values, mask)
+            if layer.sinks is not None:
+                attn = self._sink_attention(q, keys, values, layer_mask, layer.sinks)
+            else:
+                attn = self._attention(q, keys, values, layer_mask)
             hidden = residual + self._linear(attn, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
             residual = hidden
-            x = _rms_norm(hidden, layer.post_norm, self.eps)
+            x = self._block_norm(hidden, layer.post_norm)
             if layer.router is not None:
                 flat = x.reshape(rows * length, -1)
                 x, top_k_index = self._moe(flat, layer)
@@ -538,13 +587,17 @@ class FastDecoder:
                 assert layer.dense is not None  # refresh: a layer has a router or a dense MLP
                 x = self._mlp(x, layer.dense)
             hidden = residual + x
-        hidden = _rms_norm(hidden[:, -1], self.final_norm, self.eps)
+        hidden = self._block_norm(hidden[:, -1], self.final_norm)
         logits = self._linear(hidden, self.lm_head, self.lm_head_bias)
         if not record_routes:
             return logits, None
         if not routes:
             raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
         return logits, torch.stack(routes, dim=2).to(torch.int16)  # [b, s, L, K], MoE layers only, as RoutingReplay records
+
+    def _block_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """A decoder layer's input / post-attention norm, or the final one (GPT-OSS scales in fp32, then casts)."""
+        return _rms_norm(x, weight, self.eps, scale_in_fp32=self.gpt_oss)
 
     def _cache_shapes(self, layer: _Layer, rows: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The shapes of a layer's cached keys and values (latent attention: its latent and its rotated key part)."""
@@ -620,6 +673,22 @@ class FastDecoder:
             )
         return out.reshape(rows, 1, -1)
 
+    def _sink_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                        sinks: torch.Tensor) -> torch.Tensor:
+        """GPT-OSS's ``eager_attention_forward``: each head's softmax also over a learned sink logit, which is then
+        dropped; masked keys get the dtype's lowest logit. q [b, H, s, D] -> [b, s, H * D]."""
+        rows, length = q.shape[0], q.shape[2]
+        groups = self.num_heads // self.num_kv_heads
+        keys, values = _repeat_kv(keys, groups), _repeat_kv(values, groups)
+        weights = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
+        if mask is not None:  # transformers adds 0 or the lowest value: the same 0 probability (no new tensor: capturable)
+            weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
+        combined = torch.cat([weights, sinks.reshape(1, -1, 1, 1).expand(rows, -1, length, -1)], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = F.softmax(combined, dim=-1, dtype=combined.dtype)
+        out = torch.matmul(probs[..., :-1].to(values.dtype), values)
+        return out.transpose(1, 2).reshape(rows, length, -1)
+
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
         """``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are the same but for ``cast_weights`` and
         ``norm_topk_prob``) + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
@@ -634,6 +703,9 @@ class FastDecoder:
             top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
             weights = scores.gather(1, top_k_index)
             weights /= weights.sum(dim=-1, keepdim=True)
+        elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
+            top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
+            weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
         else:
             router_logits = self._linear(x, layer.router)
             probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
@@ -660,8 +732,16 @@ class FastDecoder:
             # the same mm over the rows of the experts that were chosen is bitwise its result, in far fewer ops
             groups = _groups(torch.bincount(expert_ids, minlength=num_experts).tolist())
         gate_up = self._grouped_matmul(selected, layer.gate_up, groups)
-        gate, up = gate_up.chunk(2, dim=-1)
-        out = self._grouped_matmul((F.silu(gate) * up).to(down_dtype), layer.down, groups)
+        if layer.gate_up_bias is not None:  # GPT-OSS: biases added to the rounded products, as transformers does
+            gate_up.add_(layer.gate_up_bias[expert_ids])
+        if layer.clamped_swiglu is not None:
+            activated = _clamped_swiglu(gate_up, *layer.clamped_swiglu)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            activated = F.silu(gate) * up
+        out = self._grouped_matmul(activated.to(down_dtype), layer.down, groups)
+        if layer.down_bias is not None:
+            out.add_(layer.down_bias[expert_ids])
         out = out * sample_weights.unsqueeze(-1)
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(perm.size(0), device=perm.device)
@@ -685,13 +765,50 @@ def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
                       for bias, linear in zip(biases, linears)])
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``Qwen3RMSNorm.forward`` (OLMoE's, Mixtral's and Qwen2-MoE's are the same)."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
+    """``Qwen3RMSNorm.forward`` (OLMoE's, Mixtral's and Qwen2-MoE's are the same); ``scale_in_fp32``: GPT-OSS's,
+    which scales before casting back."""
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
+    if scale_in_fp32:
+        return (weight * x).to(dtype)
     return weight * x.to(dtype)
+
+
+def _window(mask: torch.Tensor | None, window: int, column: int | torch.Tensor, end: int | None, length: int
+            ) -> tuple[int, torch.Tensor | None]:
+    """A sliding layer's first key column and mask (bool). A decode step attends to the last ``window`` columns, those
+    transformers' sliding cache keeps (``end`` known); with the whole static length (``end`` None, CUDA graphs) the
+    older columns are masked instead; a prefill masks keys ``window`` or more columns before their query."""
+    if length == 1 and end is not None:
+        start = max(0, end - window)
+        return start, None if mask is None else mask[..., start:]
+    assert mask is not None, "a prefill or a whole-length step passes its mask"
+    columns = torch.arange(mask.shape[-1], device=mask.device)
+    if length == 1:  # column: long [1] (graph_decode)
+        return 0, mask & (columns > column - window)
+    assert isinstance(column, int), "a prefill writes from an int column"
+    queries = columns[column: column + length]
+    return 0, mask & (queries[:, None] - columns[None, :] < window)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' ``repeat_kv``: [b, kv heads, L, D] -> [b, kv heads * groups, L, D]."""
+    if groups == 1:
+        return x
+    rows, heads, length, dim = x.shape
+    return x[:, :, None, :, :].expand(rows, heads, groups, length, dim).reshape(rows, heads * groups, length, dim)
+
+
+def _clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """``GptOssExperts._apply_gate``: interleaved gate / up columns, clamped, ``(up + 1) * gate * sigmoid(alpha gate)``."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    glu = gate * torch.sigmoid(gate * alpha)
+    return (up + 1) * glu
 
 
 def _group_limited_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -756,6 +873,14 @@ def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's ``_apply_rotary_emb``: the two halves of each head rotated as pairs (its table is the first half of
+    ours, the same values)."""
+    cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

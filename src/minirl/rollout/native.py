@@ -352,7 +352,7 @@ class NativeEngine:
         width = running.prompt_width
         if self._fast is not None and max_new > 1 and not isinstance(running.cache, StaticKVCache):
             # decode steps write their keys into [width + max_new] columns
-            running.cache = StaticKVCache.from_transformers(running.cache, width + max_new)
+            running.cache = StaticKVCache.from_transformers(running.cache, width + max_new, width)
         if self._fast is not None:  # rotary tables for every position of this rollout: no per-step sync
             self._fast.reserve_positions(width + max_new, self._fast.embed.dtype)
         if prefill_routes is not None:
