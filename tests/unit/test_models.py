@@ -32,7 +32,7 @@ ROUND_TRIP_TEXTS = [
     "",
 ]
 
-TINY_PRESETS = ["qwen3-moe-tiny", "qwen2-moe-tiny", "olmoe-tiny", "mixtral-tiny", "gpt-oss-tiny"]
+TINY_PRESETS = ["qwen3-moe-tiny", "qwen2-moe-tiny", "olmoe-tiny", "mixtral-tiny", "gpt-oss-tiny", "qwen3.5-moe-tiny"]
 
 
 # --- tokenizer ---------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_eos_stops_a_sequence_and_is_kept():
 def _with_eos_bias(model: Qwen3MoeForCausalLM, bias: float) -> Qwen3MoeForCausalLM:
     """A copy of ``model`` whose lm_head adds ``bias`` to the EOS logit (through an lm_head bias)."""
     config = model.config
-    biased = Qwen3MoeForCausalLM._from_config(config, dtype=torch.float32).eval()
+    biased = type(model)._from_config(config, dtype=torch.float32).eval()
     biased.load_state_dict(model.state_dict())
     head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
     with torch.no_grad():
@@ -351,3 +351,34 @@ def test_low_precision_routes_differ_somewhere():
         differing += int((engine_sets != trainer_sets).any(-1).sum())
         total += engine_sets.shape[0] * engine_sets.shape[1]
     assert 0 < differing < 0.5 * total
+
+
+# ------------------------------------------------------------------ hybrid linear attention (Qwen3.5, Qwen3-Next)
+
+
+def hybrid_model(std: float = 0.02, seed: int = 0) -> torch.nn.Module:
+    """Qwen3.5-MoE: Gated DeltaNet layers (a conv state and a recurrent state per row, no keys) beside gated attention."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, initializer_range=std,
+        max_position_embeddings=256,
+    )
+    config._experts_implementation = "grouped_mm"
+    torch.manual_seed(seed)
+    return Qwen3_5MoeForCausalLM._from_config(config, dtype=torch.float32).eval()
+
+
+def test_linear_attention_states_follow_the_rows():
+    # G samples start from copies of their prompt's conv and recurrent states, and rows that stop take theirs along
+    # (transformers 5.24's linear-attention cache layers have neither batch method: minirl.rollout.kv_cache)
+    model = _with_eos_bias(hybrid_model(std=0.1), 1.5)
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
+    completions = engine.generate_ids(PROMPTS, 3, SamplingParams(max_new_tokens=10, seed=3), record_routes=True)
+    assert len({len(c.completion_ids) for c in completions}) > 1  # rows left the batch mid-rollout
+    for completion in completions:  # the decode steps' recurrent rule against the full forward's chunked one: ~2e-6
+        torch.testing.assert_close(completion.logp_rollout, trainer_logp(model, completion), rtol=0, atol=1e-5)
+    _check_routes(model, completions)

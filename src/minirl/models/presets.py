@@ -8,10 +8,11 @@ parameter count (tied embeddings, the 101-token character vocabulary):
     qwen3-moe-20m    Qwen3-MoE, hidden 256, 6 layers, 16 experts top-2 (~20 M).
     qwen3-dense-2m   Qwen3 dense twin of qwen3-moe-2m: same attention, one MLP as wide as all
                      eight experts together (intermediate 1024), so the same total parameters.
-    qwen3-moe-tiny, qwen2-moe-tiny, olmoe-tiny, mixtral-tiny, gpt-oss-tiny
+    qwen3-moe-tiny, qwen2-moe-tiny, olmoe-tiny, mixtral-tiny, gpt-oss-tiny, qwen3.5-moe-tiny
                      hidden 64, 2 layers, 4 experts top-2: for tests of each routing-replay family
                      (GPT-OSS: its attention sinks, a 16-token sliding window on the first layer, biased
-                     experts with a clamped SwiGLU).
+                     experts with a clamped SwiGLU; Qwen3.5-MoE: a linear-attention (Gated DeltaNet)
+                     layer, then a gated full-attention one, each with a shared expert).
 
 MoE presets use the ``grouped_mm`` experts implementation (the transformers default where the
 model supports it; ``batched_mm`` is ~50x slower on CPU). The implementation is not saved in
@@ -31,6 +32,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     Qwen2MoeConfig,
+    Qwen3_5MoeTextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
 )
@@ -171,6 +173,24 @@ def gpt_oss_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None =
     )
 
 
+def qwen3_5_moe_tiny(vocab_size: int, pad_id: int, eos_id: int, bos_id: int | None = None) -> PretrainedConfig:
+    return Qwen3_5MoeTextConfig(
+        **_common(vocab_size, pad_id, eos_id, bos_id),
+        **_TINY_SHAPE,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        experts_implementation=EXPERTS_IMPLEMENTATION,
+    )
+
+
 PRESETS: dict[str, ConfigFactory] = {
     "qwen3-moe-2m": qwen3_moe_2m,
     "qwen3-moe-20m": qwen3_moe_20m,
@@ -180,6 +200,7 @@ PRESETS: dict[str, ConfigFactory] = {
     "olmoe-tiny": olmoe_tiny,
     "mixtral-tiny": mixtral_tiny,
     "gpt-oss-tiny": gpt_oss_tiny,
+    "qwen3.5-moe-tiny": qwen3_5_moe_tiny,
 }
 
 

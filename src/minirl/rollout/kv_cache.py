@@ -20,6 +20,32 @@ from transformers import DynamicCache
 from minirl.rollout.precision import FP8_DTYPES, KV_CACHE_PRECISIONS, fake_quantize_kv
 
 
+def repeat_rows(cache: Any, repeats: int) -> None:
+    """``cache.batch_repeat_interleave(repeats)`` (each row ``repeats`` times in a row), also where transformers gives a
+    layer no such method: the conv and recurrent states of linear attention (Qwen3.5, Qwen3-Next; transformers 5.24)."""
+    _each_layer(cache, "batch_repeat_interleave", repeats, lambda state: state.repeat_interleave(repeats, dim=0))
+
+
+def select_rows(cache: Any, indices: torch.Tensor) -> None:
+    """``cache.batch_select_indices(indices)`` (keep those rows), linear attention's states too."""
+    _each_layer(cache, "batch_select_indices", indices, lambda state: state[indices])
+
+
+def _each_layer(cache: Any, method: str, argument: Any, on_state: Any) -> None:
+    if not hasattr(cache, "layers"):  # minirl's StaticKVCache: its own methods
+        getattr(cache, method)(argument)
+        return
+    for layer in cache.layers:
+        if hasattr(layer, method):
+            getattr(layer, method)(argument)
+            continue
+        for index in range(layer.number_of_states):  # a LinearAttentionCacheLayerMixin
+            if layer.is_conv_states_initialized[index]:
+                layer.conv_states[index] = on_state(layer.conv_states[index])
+            if layer.is_recurrent_states_initialized[index]:
+                layer.recurrent_states[index] = on_state(layer.recurrent_states[index])
+
+
 class FP8DynamicCache(DynamicCache):
     """``DynamicCache`` whose keys and values are rounded to fp8 ``fmt`` (per token and KV head) when written."""
 

@@ -46,6 +46,7 @@ from torch import nn
 
 from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
+from minirl.rollout.kv_cache import repeat_rows, select_rows
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -444,7 +445,7 @@ class NativeEngine:
             cache=cache,
         )
         if group > 1:  # each of the G samples of a prompt starts from a copy of its cache
-            cache.batch_repeat_interleave(group)
+            repeat_rows(cache, group)
             logits = logits.repeat_interleave(group, dim=0)
             routes = None if routes is None else routes.repeat_interleave(group, dim=0)
             running.prompt_lengths = running.prompt_lengths.repeat_interleave(group, dim=0)
@@ -601,7 +602,7 @@ class _Running:
         self.prompt_lengths = self.prompt_lengths[keep]
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask[keep]
-        self.cache.batch_select_indices(keep)
+        select_rows(self.cache, keep)
 
 
 @dataclass
