@@ -382,3 +382,62 @@ def test_linear_attention_states_follow_the_rows():
     for completion in completions:  # the decode steps' recurrent rule against the full forward's chunked one: ~2e-6
         torch.testing.assert_close(completion.logp_rollout, trainer_logp(model, completion), rtol=0, atol=1e-5)
     _check_routes(model, completions)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "jamba", "granitemoehybrid", "lfm2_moe", "kimi_linear", "bailing_hybrid",
+                                    "minimax"])
+def test_every_hybrid_family_samples_what_its_full_forward_scores(family):
+    """Mamba, short-conv and linear-attention layers' states through G copies and leaving rows; MiniMax-Text-01 in
+    the cache class of its own (``minirl.rollout.kv_cache.OWN_CACHES``)."""
+    from tests.unit.test_moe_replay import tiny_model
+
+    model = tiny_model(family).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # peaked enough that the states matter and rows stop at different steps
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, 0.1)
+    model = _with_eos_bias(model, 3.0)
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
+    completions = engine.generate_ids(PROMPTS, 3, SamplingParams(max_new_tokens=8, seed=1))
+    assert len({len(c.completion_ids) for c in completions}) > 1
+    for completion in completions:
+        torch.testing.assert_close(completion.logp_rollout, trainer_logp(model, completion), rtol=0, atol=1e-5)
+
+
+def test_an_own_cache_has_no_fp8_form():
+    from tests.unit.test_moe_replay import tiny_model
+
+    with pytest.raises(ValueError, match=r"rollout\.kv_cache_precision: minimax"):
+        NativeEngine(tiny_model("minimax"), eos_token_id=EOS, pad_token_id=PAD, kv_cache_precision="fp8_e4m3")
+
+
+def test_a_hybrid_layer_moves_its_keys_and_its_states_once():
+    # a layer with both attention and linear-attention states (transformers' "hybrid" layer type): its own batch
+    # methods (DynamicLayer's) move the keys only; minirl moves the states, and never twice
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionAndFullAttentionLayer, LinearAttentionLayer
+
+    from minirl.rollout.kv_cache import repeat_rows, select_rows
+
+    class Moving(LinearAttentionLayer):  # a layer that moves its own states (as a later transformers may)
+        def batch_repeat_interleave(self, repeats):
+            self.conv_states[0] = self.conv_states[0].repeat_interleave(repeats, dim=0)
+            self.recurrent_states[0] = self.recurrent_states[0].repeat_interleave(repeats, dim=0)
+
+        def batch_select_indices(self, indices):
+            self.conv_states[0], self.recurrent_states[0] = self.conv_states[0][indices], self.recurrent_states[0][indices]
+
+    cache = DynamicCache()
+    cache.layers = [LinearAttentionAndFullAttentionLayer(), LinearAttentionLayer(), Moving()]
+    rows = torch.arange(2.0)[:, None, None, None]  # row r holds r everywhere
+    cache.layers[0].update(rows.expand(2, 1, 3, 4).clone(), rows.expand(2, 1, 3, 4).clone())
+    for layer in cache.layers:
+        layer.update_conv_state(rows[..., 0].expand(2, 5, 4).clone())
+        layer.update_recurrent_state(rows.expand(2, 2, 3, 3).clone())
+    repeat_rows(cache, 3)
+    select_rows(cache, torch.tensor([5, 0, 3]))
+    expected = torch.tensor([1.0, 0.0, 1.0])  # rows 0 0 0 1 1 1, then 5, 0, 3
+    first = cache.layers[0]
+    for tensor in (first.keys, first.values, *(s[0] for layer in cache.layers for s in (layer.conv_states, layer.recurrent_states))):
+        assert torch.equal(tensor.flatten(1)[:, 0], expected) and (tensor.flatten(1) == expected[:, None]).all()

@@ -8,16 +8,41 @@ token's scale depends on that token's vector alone, so this is bitwise what an f
 per-token-head scales, dequantised on every read, gives attention; storing the rounded values
 keeps every other cache operation (``batch_repeat_interleave``, ``batch_select_indices``, masks,
 lengths) HF's own. Only ``update`` differs from ``DynamicCache``.
+
+The engine's cache operations for any model (``new_cache``, ``repeat_rows``, ``select_rows``): transformers' own,
+plus the states its batch methods leave behind (the conv and recurrent states of linear-attention, Mamba and
+short-conv layers: Qwen3.5, Qwen3-Next, Jamba, Granite-4, LFM2, Kimi-Linear), and the cache class of its own a model
+may require (``OWN_CACHES``: MiniMax-Text-01's).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from minirl.rollout.precision import FP8_DTYPES, KV_CACHE_PRECISIONS, fake_quantize_kv
+
+# model types whose forward takes only a cache class of its own (from its modeling module): MiniMax-Text-01's lightning
+# attention keeps its linear states in ``MiniMaxCache``
+OWN_CACHES = {"minimax": "MiniMaxCache"}
+
+
+def new_cache(config: Any, kv_cache_precision: str = "same") -> Any:
+    """An empty transformers cache for a model of ``config``: ``DynamicCache`` (with fp8 keys and values for an fp8
+    ``kv_cache_precision``), or the model's own class (``OWN_CACHES``; its keys and values in the compute dtype)."""
+    own = OWN_CACHES.get(config.model_type)
+    if own is not None:
+        if kv_cache_precision != "same":
+            raise ValueError(f"rollout.kv_cache_precision: {config.model_type} models keep their own cache ({own}), "
+                             "which has no fp8 form: set it to 'same'")
+        module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+        return getattr(module, own)()
+    if kv_cache_precision != "same":
+        return FP8DynamicCache(kv_cache_precision, config=config)
+    return DynamicCache(config=config)
 
 
 def repeat_rows(cache: Any, repeats: int) -> None:
@@ -32,18 +57,21 @@ def select_rows(cache: Any, indices: torch.Tensor) -> None:
 
 
 def _each_layer(cache: Any, method: str, argument: Any, on_state: Any) -> None:
-    if not hasattr(cache, "layers"):  # minirl's StaticKVCache: its own methods
+    """``cache.method(argument)`` where the cache class has its own (minirl's ``StaticKVCache``, ``MiniMaxCache``);
+    else each layer's, and ``on_state`` on the linear-attention states it left as they were (a ``LinearAttentionLayer``
+    has no such method; a hybrid layer's, ``DynamicLayer``'s, moves only its keys and values)."""
+    if not hasattr(cache, "layers") or getattr(type(cache), method) is not getattr(Cache, method):
         getattr(cache, method)(argument)
         return
     for layer in cache.layers:
+        states = [getattr(layer, name) for name in ("conv_states", "recurrent_states") if hasattr(layer, name)]
+        before = [dict(by_index) for by_index in states]
         if hasattr(layer, method):
             getattr(layer, method)(argument)
-            continue
-        for index in range(layer.number_of_states):  # a LinearAttentionCacheLayerMixin
-            if layer.is_conv_states_initialized[index]:
-                layer.conv_states[index] = on_state(layer.conv_states[index])
-            if layer.is_recurrent_states_initialized[index]:
-                layer.recurrent_states[index] = on_state(layer.recurrent_states[index])
+        for by_index, old in zip(states, before):
+            for index, state in by_index.items():
+                if state is not None and state is old[index]:  # not moved by the layer's own method
+                    by_index[index] = on_state(state)
 
 
 class FP8DynamicCache(DynamicCache):

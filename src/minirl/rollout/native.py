@@ -46,7 +46,7 @@ from torch import nn
 
 from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
-from minirl.rollout.kv_cache import repeat_rows, select_rows
+from minirl.rollout.kv_cache import OWN_CACHES, new_cache, repeat_rows, select_rows
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -134,6 +134,9 @@ class NativeEngine:
         self.fp8_scale = fp8_scale
         self.fp4_block_size = fp4_block_size
         self.kv_cache_precision = kv_cache_precision
+        config: Any = model.config  # a transformers PretrainedConfig
+        if kv_cache_precision != "same" and config.model_type in OWN_CACHES:
+            new_cache(config, kv_cache_precision)  # raises: that cache has no fp8 form
         self.compute_dtype = compute_dtype_of(precision, compute_dtype)
         if sample_seeding not in ("per_batch", "per_sample"):
             raise ValueError(f"sample_seeding must be 'per_batch' or 'per_sample' (got {sample_seeding!r})")
@@ -502,13 +505,7 @@ class NativeEngine:
         return self._replay
 
     def _new_cache(self) -> Any:
-        if self.kv_cache_precision != "same":
-            from minirl.rollout.kv_cache import FP8DynamicCache
-
-            return FP8DynamicCache(self.kv_cache_precision, config=self.model.config)
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return new_cache(self.model.config, self.kv_cache_precision)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask bool [P, W], ids long [P, W]) with each prompt right-aligned, pads on the left."""
