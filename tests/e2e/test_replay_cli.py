@@ -42,3 +42,21 @@ def test_routing_metrics_in_metrics_jsonl(tmp_path, replay):
         assert row["mismatch/abs_dlogp_mean"] > 0  # bf16 engine vs fp32 trainer
     if replay == "R2":
         assert all(row["routing/r2_drift_mb0"] == 0.0 for row in rows[1:])
+
+
+@pytest.mark.parametrize("preset", ["gpt-oss-tiny", "qwen3.5-moe-tiny"])
+def test_the_newer_families_train_with_r3_and_an_exact_engine(tmp_path, preset):
+    """GPT-OSS (sinks, a sliding layer, the engine's lean step) and Qwen3.5-MoE (Gated DeltaNet beside gated attention:
+    the engine carries each row's linear-attention states) through the CLI: an fp32 engine agrees with the trainer."""
+    settings = [setting for setting in TINY if not setting.startswith(("model.preset=", "rollout.precision="))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "minirl.cli", "train", "configs/demo.yaml", *settings, f"model.preset={preset}",
+         "rollout.precision=fp32", "rollout.kv_cache_precision=same", "moe.routing_replay=R3",
+         f"run.output_dir={tmp_path}", "run.name=r"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        assert row["mismatch/abs_dlogp_max"] < 1e-4, row["mismatch/abs_dlogp_max"]
+        assert row["routing/train_infer_diff_frac"] == 0.0
