@@ -29,6 +29,10 @@ from transformers import (
     OlmoeForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
 )
 
 from minirl.rollout.fast_decode import FastDecoder, StaticKVCache, _grouped_matmul, _groups, unsupported_reason
@@ -188,10 +192,46 @@ def gpt_oss_model(std: float = 0.02, seed: int = 1, *, window: int = 4) -> GptOs
     return model
 
 
+HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention"], linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8)
+
+
+def _qwen3_5(model):
+    """Qwen3.5's zero-centred norm weights and its linear layers' decay and step parameters away from their init."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("layernorm.weight", "norm.weight", "q_norm.weight", "k_norm.weight", "dt_bias")):
+                parameter.normal_(0.0, 0.3)
+    return model
+
+
+def qwen3_5_moe_model(std: float = 0.02, seed: int = 0) -> Qwen3_5MoeForCausalLM:
+    """Qwen3.5-MoE: Gated DeltaNet layers (a causal conv and a gated delta-rule recurrent state per row, a gated norm)
+    beside gated full attention (each head's query with an output gate, partial RoPE, zero-centred q/k norms), every
+    layer MoE with a sigmoid-gated shared expert."""
+    config = Qwen3_5MoeTextConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=16, num_experts=8,
+                                  moe_intermediate_size=32, shared_expert_intermediate_size=32, initializer_range=std,
+                                  **HYBRID)
+    return _qwen3_5(_built(Qwen3_5MoeForCausalLM, config, seed))
+
+
+def qwen3_5_model(std: float = 0.02, seed: int = 0) -> Qwen3_5ForCausalLM:
+    """Qwen3.5 dense: the same layers with a SwiGLU MLP."""
+    small = {key: value for key, value in SMALL.items() if key != "num_experts_per_tok"}
+    config = Qwen3_5TextConfig(**{**small, "num_hidden_layers": 3}, head_dim=16, intermediate_size=96,
+                               initializer_range=std, **HYBRID)
+    torch.manual_seed(seed)
+    return _qwen3_5(Qwen3_5ForCausalLM._from_config(config, dtype=torch.float32).eval())
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
-                 glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model]
+                 glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model, qwen3_5_moe_model,
+                 qwen3_5_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-              "deepseek_v2", "minimax_m2", "gpt_oss"]
+              "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5"]
+
+
+DENSE = (dense_model, qwen3_5_model)  # no routes to record
 
 
 def engines(model, **kwargs) -> tuple[NativeEngine, NativeEngine]:
@@ -223,7 +263,7 @@ def test_engine_samples_bitwise_what_the_transformers_forward_samples(build, pre
     if precision == "fp4_e2m1":
         kwargs["fp4_block_size"] = 16
     fast, slow = engines(model, **kwargs)
-    routes = build is not dense_model
+    routes = build not in DENSE
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, seed=5)
     a = fast.generate_ids(PROMPTS, 4, params, record_routes=routes)
     b = slow.generate_ids(PROMPTS, 4, params, record_routes=routes)
@@ -382,7 +422,11 @@ def test_prefill_matches_the_transformers_forward(build):
     mask, ids = engine._left_pad(PROMPTS)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     decoder = FastDecoder(model)
-    routed = build is not dense_model
+    routed = build not in DENSE
+    if decoder.hybrid:  # Qwen3.5: its linear attention prefills with the transformers forward, even under fp32 GEMMs
+        with pytest.raises(ValueError, match="linear-attention layers prefill with the transformers forward"):
+            decoder.prefill(ids, positions, mask, 5)
+        return
     logits, cache, routes = decoder.prefill(ids, positions, mask, 5, record_routes=routed)
     expected, expected_routes = engine._forward(ids, mask, positions, engine._new_cache(), routed, logits_to_keep=1)
     hf_cache = DynamicCache(config=model.config)
@@ -415,10 +459,10 @@ def test_bf16_engine_with_fp32_gemm_is_close_to_torch_bf16(build):
     full = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, precision="fp32")
     assert fast._fast.fp32_gemm and not native._fast.fp32_gemm
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=1.0, seed=5)
-    sampled = fast.generate_ids(PROMPTS, 4, params, record_routes=build is not dense_model)
+    sampled = fast.generate_ids(PROMPTS, 4, params, record_routes=build not in DENSE)
     assert len({len(c.completion_ids) for c in sampled}) > 1  # rows left the batch mid-rollout
     assert all(torch.isfinite(c.logp_rollout).all() for c in sampled)
-    if build is not dense_model:
+    if build not in DENSE:
         # every token fed through the model has its experts (the last one sampled is never fed: -1)
         assert all(int(c.routes[:-1].min()) >= 0 and bool((c.routes[-1] == -1).all()) for c in sampled)
     prompts = [prompt for prompt in PROMPTS for _ in range(4)]

@@ -125,6 +125,20 @@ def test_fp8_touches_linear_and_expert_weights_only():
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
 
 
+def test_a_linear_attention_layers_conv_stays_in_the_compute_dtype():
+    # Gated DeltaNet's causal conv weight [channels, 1, kernel] is 3-D but no expert tensor: fp8 / fp4 leave it as is
+    from tests.unit.test_rollout_native import hybrid_model
+
+    model = hybrid_model()
+    names = set(fp8_parameter_names(model))
+    deltanet = {f"model.layers.0.linear_attn.{name}.weight" for name in ("in_proj_qkv", "in_proj_z", "in_proj_b",
+                                                                         "in_proj_a", "out_proj")}
+    assert deltanet <= names and not any("conv1d" in name for name in names)
+    conv = model.model.layers[0].linear_attn.conv1d.weight.detach().clone()
+    apply_precision(model, "fp4_e2m1", fp4_block_size=16)
+    assert torch.equal(model.model.layers[0].linear_attn.conv1d.weight, conv)
+
+
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_half_precisions_cast_every_parameter(precision, dtype):
     model = apply_precision(_tiny_moe(), precision)

@@ -1,5 +1,5 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1, MiniMax-M2 and GPT-OSS, with a pre-allocated KV cache (``NativeEngine``).
+dots.llm1, MiniMax-M2, GPT-OSS and Qwen3.5 (dense and MoE), with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -23,7 +23,10 @@ attention (``_Latent``: the cache keeps each token's latent and rotated key part
 transformers does). GPT-OSS runs its own eager attention (``_sink_attention``: a learned sink logit per head, and a
 sliding window on every other layer, which attends to the same last ``sliding_window`` columns transformers' sliding
 cache keeps), its biased router (softmax over the top-k logits) and its biased experts (transposed, interleaved
-gate/up, a clamped SwiGLU), with its norms scaled in fp32. A model this module cannot reproduce exactly (another family,
+gate/up, a clamped SwiGLU), with its norms scaled in fp32. Qwen3.5's Gated DeltaNet layers (``_DeltaNet``) run
+transformers' reference causal-conv update and recurrent gated delta rule on each row's conv and recurrent states (kept
+in the cache's slots of the layer, updated in place), its full-attention layers gate each head's output, and its norms
+are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). A model this module cannot reproduce exactly (another family,
 another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
 module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
@@ -56,14 +59,19 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2", "minimax_m2", "gpt_oss")
+            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text")
+# Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE; ``_DeltaNet``)
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text")
 # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
            "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
-           "gpt_oss": None}
+           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head"}
+# how a family's RMSNorms scale: ``weight * x.to(dtype)`` (most), ``(weight * x).to(dtype)`` in fp32 (GPT-OSS's
+# "fp32_scale"), or ``x * (1 + weight)`` in fp32, a zero-centred weight (Qwen3.5's "offset")
+NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset"}
 # the attention implementation a family's forward must use to be reproduced: SDPA, except GPT-OSS (no SDPA: its sinks)
 ATTENTION = {"gpt_oss": "eager"}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
@@ -100,6 +108,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     layer_kinds = set(getattr(config, "layer_types", None) or [])
     if config.model_type == "gpt_oss":  # its sliding layers are reproduced (``_window``)
         layer_kinds -= {"sliding_attention"}
+    if config.model_type in HYBRID_FAMILIES:  # and Qwen3.5's linear-attention ones (``_DeltaNet``)
+        layer_kinds -= {"linear_attention"}
     if sliding or layer_kinds - {"full_attention"}:
         return "sliding-window attention"
     if getattr(config, "clip_qkv", None) is not None:
@@ -116,26 +126,33 @@ def unsupported_reason(model: nn.Module) -> str | None:
 _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
-              "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"),
+              "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
+              "Qwen3_5MoeForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
              "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
-             "GptOssRMSNorm"),
+             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
-                  "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention"),
+                  "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention", "Qwen3_5Attention",
+                  "Qwen3_5MoeAttention"),
+    "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"),
+    "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
-            "MiniMaxM2SparseMoeBlock", "GptOssMLP"),
+            "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
-               "MiniMaxM2TopKRouter", "GptOssTopKRouter"),
+               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
-                "GptOssExperts"),
-    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP"),  # shared
+                "GptOssExperts", "Qwen3_5MoeExperts"),
+    "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
+               "Qwen3_5MoeMLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
+RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter")  # routers that always renormalise their top-k
+DELTANET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 # experts whose layout differs from the others' ([E, 2 I, hidden], gate then up, no biases): (transposed, concatenated,
 # biased) as transformers declares them; GPT-OSS's are [E, hidden, 2 I], gate and up interleaved, with biases
@@ -161,15 +178,21 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     eps = model.config.rms_norm_eps
     checks = [unexpected(model, "model"), unexpected(model.model.norm, "norm"), plain_linear(model.lm_head, "lm_head")]
     for index, layer in enumerate(model.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
+        attn, mlp = getattr(layer, "self_attn", None), layer.mlp
+        checks.append(unexpected(mlp, "mlp"))
+        if attn is None:  # Qwen3.5's Gated DeltaNet
+            checks += _deltanet_reasons(layer, index, eps, unexpected, plain_linear)
         latent = model.config.model_type in LATENT_FAMILIES
-        checks += [unexpected(attn, "latent_attention" if latent else "attention"), unexpected(mlp, "mlp")]
-        qk_norms = (attn.q_norm, attn.k_norm) if qk_norm_kind(model.config) else ()
+        if attn is not None:
+            checks.append(unexpected(attn, "latent_attention" if latent else "attention"))
+        qk_norms = (attn.q_norm, attn.k_norm) if attn is not None and qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
         checks += [unexpected(norm, "norm") for norm in norms]
         if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
             checks.append(f"layer {index} has a norm epsilon other than rms_norm_eps")
-        if latent:  # its own projections and norms (whose epsilons are their own)
+        if attn is None:
+            names = []
+        elif latent:  # its own projections and norms (whose epsilons are their own)
             names = ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
             names += ["q_proj"] if attn.q_lora_rank is None else ["q_a_proj", "q_b_proj"]
             latent_norms = [attn.kv_a_layernorm] + ([attn.q_a_layernorm] if attn.q_lora_rank is not None else [])
@@ -204,7 +227,39 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     return next((reason for reason in checks if reason is not None), None)
 
 
+def _deltanet_reasons(layer: Any, index: int, eps: float, unexpected: Any, plain_linear: Any) -> list[str | None]:
+    """Why a linear-attention layer is not the stock Gated DeltaNet (Nones where it is)."""
+    net = layer.linear_attn
+    checks = [unexpected(net, "linear_attention"), unexpected(net.norm, "gated_norm")]
+    checks += [plain_linear(getattr(net, name), f"layer {index} {name}") for name in DELTANET_LINEARS]
+    if type(net.conv1d) is not nn.Conv1d:
+        checks.append(f"layer {index} conv1d is a {type(net.conv1d).__name__}, not an nn.Conv1d")
+    if net.norm.variance_epsilon != eps or net.activation != "silu":
+        checks.append(f"layer {index}: a gated norm epsilon other than rms_norm_eps, or a conv activation other than silu")
+    return checks
+
+
 Linear = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias)
+
+
+@dataclass
+class _DeltaNet:
+    """``Qwen3_5GatedDeltaNet``'s weights for one decode step: the cache holds each row's conv state ([b, conv
+    channels, kernel]) in the layer's ``keys`` and its recurrent state ([b, value heads, key dim, value dim], fp32) in
+    its ``values``."""
+
+    # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: four products, as transformers runs them (slices of one product
+    # are strided, and torch's CPU softplus and silu round some elements of a narrow strided slice otherwise)
+    in_proj: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    conv_weight: torch.Tensor  # [channels, 1, kernel]
+    conv_bias: torch.Tensor | None
+    a_log: torch.Tensor  # [value heads]
+    dt_bias: torch.Tensor
+    norm: torch.Tensor  # the gated RMSNorm's weight [value dim]
+    key_heads: int
+    value_heads: int
+    key_dim: int  # per head
+    value_dim: int
 
 
 @dataclass
@@ -251,6 +306,8 @@ class _Layer:
     softmax_group_routing: tuple[str, int, int, float] | None = None
     sigmoid_bias: torch.Tensor | None = None  # MiniMax-M2's router: sigmoid scores, this bias to choose, renormalised
     dense: tuple[Linear, ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
+    deltanet: _DeltaNet | None = None  # Qwen3.5's linear attention in place of qkv (``o``: its out_proj)
+    gated_attention: bool = False  # Qwen3.5's full attention: q_proj gives each head's query and an output gate
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[Linear, ...] | None = None  # the shared expert(s), as ``dense``
     shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
@@ -280,9 +337,13 @@ class StaticKVCache:
         """Copy a filled transformers cache (``layers[i].keys/values [B, H, W, D]``; values may have a D of their own,
         latent attention's) of ``width`` columns (None: its widest layer's) into ``length`` columns. A sliding layer
         keeps only its last columns: they go where they were."""
-        width = max(layer.keys.shape[2] for layer in cache.layers) if width is None else width
+        width = max(layer.keys.shape[2] for layer in cache.layers if hasattr(layer, "keys")) if width is None else width
         keys, values = [], []
         for layer in cache.layers:
+            if not hasattr(layer, "keys"):  # a linear-attention layer (Qwen3.5): its conv and recurrent states
+                keys.append(layer.conv_states[0].clone())
+                values.append(layer.recurrent_states[0].clone())
+                continue
             rows, heads, kept, dim = layer.keys.shape
             k = layer.keys.new_zeros(rows, heads, length, dim)
             v = layer.values.new_zeros(*layer.values.shape[:2], length, layer.values.shape[3])
@@ -319,7 +380,9 @@ class FastDecoder:
         self.model: Any = model  # a transformers causal LM of FAMILIES (checked above)
         self.qk_norm = qk_norm_kind(config)
         self.complex_rope = config.model_type == "deepseek_v2"  # its rotary table is complex (freqs_cis)
-        self.gpt_oss = config.model_type == "gpt_oss"  # eager attention with sinks, norms scaled in fp32, rotary halves
+        self.gpt_oss = config.model_type == "gpt_oss"  # eager attention with sinks, rotary halves
+        self.norm_kind = NORM_KIND.get(config.model_type, "plain")
+        self.hybrid = config.model_type in HYBRID_FAMILIES  # linear-attention layers: decode steps only (no prefill)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
         # fp32 GEMMs on the half-precision values (module docstring); only for a bf16 / fp16 model
         head: torch.Tensor = cast(Any, model).lm_head.weight
@@ -327,7 +390,8 @@ class FastDecoder:
         self.num_heads: int = config.num_attention_heads
         self.num_kv_heads: int = config.num_key_value_heads
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scaling = cast(Any, model).model.layers[0].self_attn.scaling  # head_dim ** -0.5, or DeepSeek's (yarn)
+        attention = next(layer.self_attn for layer in cast(Any, model).model.layers if hasattr(layer, "self_attn"))
+        self.scaling = attention.scaling  # head_dim ** -0.5, or DeepSeek's (yarn)
         self.eps: float = config.rms_norm_eps
         self.num_layers: int = config.num_hidden_layers
         # MoE experts as one grouped GEMM with offsets computed on the device (no host sync): by default
@@ -359,9 +423,15 @@ class FastDecoder:
         self.rope_scale = float(getattr(base.rotary_emb, "attention_scaling", 1.0))  # yarn's; 1 for the default
         self.layers = []
         for layer in base.layers[: self.num_layers]:
-            attn, mlp = layer.self_attn, layer.mlp
+            attn, mlp = getattr(layer, "self_attn", None), layer.mlp
+            if attn is None:  # Qwen3.5's Gated DeltaNet
+                spec = self._deltanet_layer(layer)
+                self._add_mlp(spec, mlp)
+                self.layers.append(spec)
+                continue
             latent = hasattr(attn, "kv_b_proj")  # DeepSeek-V3's multi-head latent attention
             spec = _Layer(
+                gated_attention=self.hybrid,  # Qwen3.5's full attention: q_proj gives queries and output gates
                 window=getattr(attn, "sliding_window", None),
                 sinks=getattr(attn, "sinks", None),
                 input_norm=layer.input_layernorm.weight,
@@ -374,38 +444,56 @@ class FastDecoder:
                 k_norm=attn.k_norm.weight if self.qk_norm else None,
                 latent=self._latent(attn) if latent else None,
             )
-            if hasattr(mlp, "experts"):
-                router = router_of(mlp)
-                mixtral = type(router).__name__ == "MixtralTopKRouter"  # always renormalises, keeps fp32 weights
-                spec.router, spec.top_k = gemm(router.weight), router.top_k
-                spec.norm_topk_prob = mixtral or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
-                spec.cast_weights = not mixtral
-                if type(router).__name__ == "MiniMaxM2TopKRouter":  # its correction bias lives on the block
-                    spec.sigmoid_bias, spec.cast_weights = mlp.e_score_correction_bias, False
-                if type(router).__name__ == "DeepseekV2TopkRouter":
-                    spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
-                    spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
-                                                  router.routed_scaling_factor)
-                if type(router).__name__ in GROUP_ROUTERS:
-                    spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
-                    spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
-                                          router.routed_scaling_factor)
-                spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
-                if type(router).__name__ == "GptOssTopKRouter":  # [E, hidden, out] weights, read as [E, out, hidden]
-                    experts = mlp.experts
-                    spec.gate_up, spec.down = gemm(experts.gate_up_proj.mT), gemm(experts.down_proj.mT)
-                    spec.router_bias, spec.cast_weights = gemm(router.bias), False
-                    spec.gate_up_bias, spec.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
-                    spec.clamped_swiglu = (experts.alpha, experts.limit)
-                shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
-                if shared is not None:
-                    spec.shared = tuple((gemm(getattr(shared, n).weight), gemm(getattr(shared, n).bias)) for n in DENSE_MLP)
-                if hasattr(mlp, "shared_expert_gate"):
-                    spec.shared_gate = gemm(mlp.shared_expert_gate.weight)
-            else:
-                spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
+            self._add_mlp(spec, mlp)
             self.layers.append(spec)
         self._rope_rows = 0  # rebuilt on demand
+
+    def _add_mlp(self, spec: _Layer, mlp: Any) -> None:
+        """A layer's MoE block (router, experts, shared expert) or dense MLP, as the decode step takes them."""
+        gemm = self._gemm_weight
+        if hasattr(mlp, "experts"):
+            router = router_of(mlp)
+            spec.router, spec.top_k = gemm(router.weight), router.top_k
+            renormalise = type(router).__name__ in RENORMALISING
+            spec.norm_topk_prob = renormalise or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
+            spec.cast_weights = type(router).__name__ != "MixtralTopKRouter"  # Mixtral keeps fp32 weights
+            if type(router).__name__ == "MiniMaxM2TopKRouter":  # its correction bias lives on the block
+                spec.sigmoid_bias, spec.cast_weights = mlp.e_score_correction_bias, False
+            if type(router).__name__ == "DeepseekV2TopkRouter":
+                spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
+                spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
+                                              router.routed_scaling_factor)
+            if type(router).__name__ in GROUP_ROUTERS:
+                spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
+                spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
+                                      router.routed_scaling_factor)
+            spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
+            if type(router).__name__ == "GptOssTopKRouter":  # [E, hidden, out] weights, read as [E, out, hidden]
+                experts = mlp.experts
+                spec.gate_up, spec.down = gemm(experts.gate_up_proj.mT), gemm(experts.down_proj.mT)
+                spec.router_bias, spec.cast_weights = gemm(router.bias), False
+                spec.gate_up_bias, spec.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
+                spec.clamped_swiglu = (experts.alpha, experts.limit)
+            shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+            if shared is not None:
+                spec.shared = tuple((gemm(getattr(shared, n).weight), gemm(getattr(shared, n).bias)) for n in DENSE_MLP)
+            if hasattr(mlp, "shared_expert_gate"):
+                spec.shared_gate = gemm(mlp.shared_expert_gate.weight)
+        else:
+            spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
+
+    def _deltanet_layer(self, layer: Any) -> _Layer:
+        """A Gated DeltaNet layer's norms and weights (its out_proj as the layer's ``o``)."""
+        net, gemm = layer.linear_attn, self._gemm_weight
+        projections = (net.in_proj_qkv, net.in_proj_z, net.in_proj_b, net.in_proj_a)
+        return _Layer(
+            input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight, qkv=None,
+            qkv_bias=None, o=gemm(net.out_proj.weight), o_bias=None, q_norm=None, k_norm=None,
+            deltanet=_DeltaNet(
+                in_proj=cast(Any, tuple(gemm(projection.weight) for projection in projections)),
+                conv_weight=net.conv1d.weight, conv_bias=net.conv1d.bias, a_log=net.A_log, dt_bias=net.dt_bias,
+                norm=net.norm.weight, key_heads=net.num_k_heads, value_heads=net.num_v_heads, key_dim=net.head_k_dim,
+                value_dim=net.head_v_dim))
 
     def _latent(self, attn: Any) -> _Latent:
         """``DeepseekV3Attention``'s weights, as the decode step takes them."""
@@ -499,6 +587,8 @@ class FastDecoder:
         forward, which this reproduces only up to the summation order.
         Returns (logits of the last column [b, V], the cache, routes int16 [b, w, L, K] or None).
         """
+        if self.hybrid:
+            raise ValueError("FastDecoder.prefill: linear-attention layers prefill with the transformers forward")
         rows, width = tokens.shape
         shapes = [self._cache_shapes(layer, rows, width + max_new_tokens) for layer in self.layers]  # the model's dtype
         cache = StaticKVCache([self.embed.new_zeros(k) for k, _ in shapes], [self.embed.new_zeros(v) for _, v in shapes])
@@ -526,8 +616,6 @@ class FastDecoder:
         ``column`` a long tensor [1] (one token per row): written with ``index_copy_``, the same shapes
         at every position (``graph_decode`` captures it), attending to columns ``:end`` (None: all,
         under ``mask``). An int ``column`` attends to the columns up to the last one written."""
-        # Over 60 lines: one decoder step of every layer (attention, then dense or MoE MLP, routes recorded), kept
-        # in one place so it reads like the model's own forward.
         rows, length = tokens.shape
         if not isinstance(column, torch.Tensor):
             end = column + length
@@ -536,42 +624,14 @@ class FastDecoder:
         routes = []
         for index, layer in enumerate(self.layers):
             residual = hidden
-            x = self._block_norm(hidden, layer.input_norm)
-            if layer.latent is not None:
-                q, k, v = self._latent_qkv(x, layer.latent, cos, sin, rows, length)
+            x = self._norm(hidden, layer.input_norm)
+            if layer.deltanet is not None:  # Qwen3.5's linear attention: this row's states, updated in place
+                mixed = self._deltanet_step(x, layer.deltanet, cache.keys[index], cache.values[index])
             else:
-                assert layer.qkv is not None  # refresh: a layer has q/k/v projections or latent attention
-                q, k, v = self._linear(x, layer.qkv, layer.qkv_bias).split(
-                    [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-                    dim=-1,
-                )
-                q, k = self._qk_norms(q, k, layer, rows, length)
-                v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                rotate = _apply_rope_halves if self.gpt_oss else _apply_rope
-                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            if self.kv_cache_format is not None:
-                k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
-            if isinstance(column, torch.Tensor):
-                cache.keys[index].index_copy_(2, column, k)
-                cache.values[index].index_copy_(2, column, v)
-            else:
-                cache.keys[index][:, :, column:end] = k
-                cache.values[index][:, :, column:end] = v
-            keys, values = cache.keys[index], cache.values[index]
-            start, layer_mask = 0, mask
-            if layer.window is not None:  # GPT-OSS's sliding layers
-                start, layer_mask = _window(mask, layer.window, column, end, length)
-            if end is not None:
-                keys, values = keys[:, :, start:end], values[:, :, start:end]
-            if layer.latent is not None:  # the cached latents expanded into every head's keys and values
-                keys, values = self._latent_expand(keys, values, layer.latent)
-            if layer.sinks is not None:
-                attn = self._sink_attention(q, keys, values, layer_mask, layer.sinks)
-            else:
-                attn = self._attention(q, keys, values, layer_mask)
-            hidden = residual + self._linear(attn, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
+                mixed = self._self_attention(x, layer, cache, index, (cos, sin), column, end, mask)
+            hidden = residual + self._linear(mixed, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
             residual = hidden
-            x = self._block_norm(hidden, layer.post_norm)
+            x = self._norm(hidden, layer.post_norm)
             if layer.router is not None:
                 flat = x.reshape(rows * length, -1)
                 x, top_k_index = self._moe(flat, layer)
@@ -587,7 +647,7 @@ class FastDecoder:
                 assert layer.dense is not None  # refresh: a layer has a router or a dense MLP
                 x = self._mlp(x, layer.dense)
             hidden = residual + x
-        hidden = self._block_norm(hidden[:, -1], self.final_norm)
+        hidden = self._norm(hidden[:, -1], self.final_norm)
         logits = self._linear(hidden, self.lm_head, self.lm_head_bias)
         if not record_routes:
             return logits, None
@@ -595,9 +655,86 @@ class FastDecoder:
             raise ValueError("record_routes needs a MoE model (no layer of this one routes)")
         return logits, torch.stack(routes, dim=2).to(torch.int16)  # [b, s, L, K], MoE layers only, as RoutingReplay records
 
-    def _block_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """A decoder layer's input / post-attention norm, or the final one (GPT-OSS scales in fp32, then casts)."""
-        return _rms_norm(x, weight, self.eps, scale_in_fp32=self.gpt_oss)
+    def _self_attention(self, x: torch.Tensor, layer: _Layer, cache: StaticKVCache, index: int,
+                        rope: tuple[torch.Tensor, torch.Tensor], column: int | torch.Tensor, end: int | None,
+                        mask: torch.Tensor | None) -> torch.Tensor:
+        """A layer's attention up to its o-projection: q/k/v (or latent attention), the new keys and values into the
+        cache at ``column``, attention over the columns the layer sees; [b, s, H * D]."""
+        rows, length = x.shape[:2]
+        cos, sin = rope
+        gate = None
+        if layer.latent is not None:
+            q, k, v = self._latent_qkv(x, layer.latent, cos, sin, rows, length)
+        else:
+            assert layer.qkv is not None  # refresh: a layer has q/k/v projections or latent attention
+            width = self.num_heads * self.head_dim * (2 if layer.gated_attention else 1)
+            kv_width = self.num_kv_heads * self.head_dim
+            q, k, v = self._linear(x, layer.qkv, layer.qkv_bias).split([width, kv_width, kv_width], dim=-1)
+            if layer.gated_attention:  # Qwen3.5: each head's query, then its output gate
+                q, gate = torch.chunk(q.view(rows, length, -1, self.head_dim * 2), 2, dim=-1)
+                gate = gate.reshape(rows, length, -1)
+            q, k = self._qk_norms(q, k, layer, rows, length)
+            v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            rotate = _apply_rope_halves if self.gpt_oss else _apply_rope
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.kv_cache_format is not None:
+            k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
+        if isinstance(column, torch.Tensor):
+            cache.keys[index].index_copy_(2, column, k)
+            cache.values[index].index_copy_(2, column, v)
+        else:
+            cache.keys[index][:, :, column:end] = k
+            cache.values[index][:, :, column:end] = v
+        keys, values = cache.keys[index], cache.values[index]
+        start, layer_mask = 0, mask
+        if layer.window is not None:  # GPT-OSS's sliding layers
+            start, layer_mask = _window(mask, layer.window, column, end, length)
+        if end is not None:
+            keys, values = keys[:, :, start:end], values[:, :, start:end]
+        if layer.latent is not None:  # the cached latents expanded into every head's keys and values
+            keys, values = self._latent_expand(keys, values, layer.latent)
+        if layer.sinks is not None:
+            attn = self._sink_attention(q, keys, values, layer_mask, layer.sinks)
+        else:
+            attn = self._attention(q, keys, values, layer_mask)
+        return attn if gate is None else attn * torch.sigmoid(gate)
+
+    def _deltanet_step(self, x: torch.Tensor, net: _DeltaNet, conv_state: torch.Tensor, recurrent_state: torch.Tensor
+                       ) -> torch.Tensor:
+        """``Qwen3_5GatedDeltaNet.forward`` for one token per row (x [b, 1, hidden]), with transformers' reference
+        ``causal_conv1d_update`` and ``torch_recurrent_gated_delta_rule``: both states updated in place; the gated
+        norm's output [b, 1, value heads * value dim], before out_proj."""
+        rows, length = x.shape[:2]
+        assert length == 1, "a Gated DeltaNet layer runs decode steps only (its prefill is the transformers forward)"
+        keys, values = net.key_heads * net.key_dim, net.value_heads * net.value_dim
+        mixed, z, b, a = (self._linear(x, weight) for weight in net.in_proj)
+        z = z.reshape(rows, length, -1, net.value_dim)
+        # causal_conv1d_update: the kernel's window is the cached columns and this one
+        hidden_states = mixed.transpose(1, 2)
+        full = torch.cat([conv_state, hidden_states], dim=-1).to(net.conv_weight.dtype)
+        conv_state.copy_(full[:, :, -conv_state.shape[-1]:])
+        convolved = F.conv1d(full, net.conv_weight.squeeze(1).unsqueeze(1), net.conv_bias, padding=0,
+                             groups=hidden_states.shape[1])
+        mixed = F.silu(convolved[:, :, -length:]).to(hidden_states.dtype).transpose(1, 2)
+        query, key, value = torch.split(mixed, [keys, keys, values], dim=-1)
+        query = query.reshape(rows, length, -1, net.key_dim)
+        key = key.reshape(rows, length, -1, net.key_dim)
+        value = value.reshape(rows, length, -1, net.value_dim)
+        beta = b.sigmoid()
+        g = -net.a_log.float().exp() * F.softplus(a.float() + net.dt_bias)
+        core, state = _gated_delta_step(query, key, value, g, beta, recurrent_state)
+        recurrent_state.copy_(state)
+        core = _gated_rms_norm(core.reshape(-1, net.value_dim), z.reshape(-1, net.value_dim), net.norm, self.eps)
+        return core.reshape(rows, length, -1)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm of the decoder (a layer's input / post-attention norm, the final one, per-head q/k norms) as the
+        family scales it (``NORM_KIND``)."""
+        if self.norm_kind == "offset":  # Qwen3.5's zero-centred weight, in fp32
+            normed = x.float()
+            normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (normed * (1.0 + weight.float())).type_as(x)
+        return _rms_norm(x, weight, self.eps, scale_in_fp32=self.norm_kind == "fp32_scale")
 
     def _cache_shapes(self, layer: _Layer, rows: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The shapes of a layer's cached keys and values (latent attention: its latent and its rotated key part)."""
@@ -640,12 +777,12 @@ class FastDecoder:
         """q, k [b, s, heads * D] as [b, heads, s, D], normalised as the family does (``QK_NORM``)."""
         if self.qk_norm == "full":  # OLMoE: one RMSNorm over the whole projection, then the heads
             assert layer.q_norm is not None and layer.k_norm is not None
-            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
         q = q.view(rows, length, self.num_heads, self.head_dim)
         k = k.view(rows, length, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":  # Qwen3: each head normalised on its own
             assert layer.q_norm is not None and layer.k_norm is not None
-            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
         return q.transpose(1, 2), k.transpose(1, 2)
 
     def _mlp(self, x: torch.Tensor, weights: tuple[Linear, ...]) -> torch.Tensor:
@@ -775,6 +912,42 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: 
     if scale_in_fp32:
         return (weight * x).to(dtype)
     return weight * x.to(dtype)
+
+
+def _gated_delta_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      initial_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``torch_recurrent_gated_delta_rule`` for one token (q/k l2-normalised in it), op for op: the
+    output [b, 1, value heads, value dim] in the input dtype and the new recurrent state (fp32)."""
+    dtype = query.dtype
+    key_heads, value_heads = key.shape[2], value.shape[2]
+    if key_heads != value_heads:  # each query/key head serves consecutive value heads
+        query = query.repeat_interleave(value_heads // key_heads, dim=2)
+        key = key.repeat_interleave(value_heads // key_heads, dim=2)
+    query, key, value, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+                                  for x in (query, key, value, beta, g)]
+    query = query * torch.rsqrt((query * query).sum(dim=-1, keepdim=True) + 1e-6)
+    key = key * torch.rsqrt((key * key).sum(dim=-1, keepdim=True) + 1e-6)
+    query = query / (query.shape[-1] ** 0.5)
+    state = initial_state.to(value)
+    out = torch.zeros_like(value)
+    q_t, k_t, v_t = query[:, :, 0], key[:, :, 0], value[:, :, 0]
+    state = state * g[:, :, 0].exp()[..., None, None]
+    kv_mem = (state * k_t.unsqueeze(-1)).sum(dim=-2)
+    delta = (v_t - kv_mem) * beta[:, :, 0].unsqueeze(-1)
+    state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
+    out[:, :, 0] = (state * q_t.unsqueeze(-1)).sum(dim=-2)
+    return out.transpose(1, 2).contiguous().to(dtype), state
+
+
+def _gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``Qwen3_5RMSNormGated.forward``: the norm, then times silu(gate) in fp32."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    x = weight * x.to(dtype)
+    x = x * F.silu(gate.to(torch.float32))
+    return x.to(dtype)
 
 
 def _window(mask: torch.Tensor | None, window: int, column: int | torch.Tensor, end: int | None, length: int

@@ -108,16 +108,26 @@ class BucketDecoder:
             self._step(bucket, column, end, record_routes, padded)
             return
         if bucket.graph is None:  # warm up on a side stream, then capture this bucket's step once
-            # the warm-up writes a column too: the step is idempotent for one column (same k, v, mask)
+            # the warm-up writes a column too: the step is idempotent for one column (same k, v, mask); a linear-
+            # attention layer's states are not (the step advances them), so they are put back after it
+            states = [(kept, kept.clone()) for kept in self._recurrent_states(bucket.cache)]
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 self._step(bucket, column, end, record_routes, padded)
+                for kept, before in states:
+                    kept.copy_(before)
             torch.cuda.current_stream().wait_stream(stream)
             bucket.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(bucket.graph):
                 self._step(bucket, column, end, record_routes, padded)
         bucket.graph.replay()
+
+    def _recurrent_states(self, cache: StaticKVCache) -> list[torch.Tensor]:
+        """The cache tensors a step updates in place rather than at its column: linear-attention layers' conv and
+        recurrent states (``FastDecoder._deltanet_step``)."""
+        return [state for index, layer in enumerate(self.fast.layers) if layer.deltanet is not None
+                for state in (cache.keys[index], cache.values[index])]
 
     # ------------------------------------------------------------------ the loop
 

@@ -432,7 +432,8 @@ class NativeEngine:
         if not bool(prompt_mask.all()):
             completion_mask = torch.ones(num_prompts, max_new, dtype=torch.bool, device=self.device)
             attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        if self._fast is not None and self._fast.fp32_gemm:  # bf16 / fp16 through fp32 GEMMs: prefill too
+        # bf16 / fp16 through fp32 GEMMs: prefill too (not a hybrid's: its linear attention has no fast prefill)
+        if self._fast is not None and self._fast.fp32_gemm and not self._fast.hybrid:
             key_mask = None if attention_mask is None else prompt_mask
             logits, cache, routes = self._fast.prefill(input_ids, position_ids, key_mask, max_new, record_routes)
         else:

@@ -274,7 +274,9 @@ def quantized_input_dims(model: nn.Module) -> dict[str, int]:
     """``{parameter name: its input dimension}`` of every parameter the weight-only formats quantise.
 
     ``Linear`` weights [out, in] -> -1; 3-D expert tensors -> -1 ([E, out, in], as ``F.linear``
-    takes them), or -2 on a module with ``is_transposed = True`` ([E, in, out]).
+    takes them), or -2 on a module with ``is_transposed = True`` ([E, in, out]). Convolutions (the short causal
+    conv of linear-attention and Mamba layers, whose 3-D weight is [channels, 1, kernel]) stay in the compute
+    dtype, as inference engines keep them.
     """
     output_embeddings = cast(Any, model).get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     dims: dict[str, int] = {}
@@ -284,6 +286,8 @@ def quantized_input_dims(model: nn.Module) -> dict[str, int]:
         prefix = f"{module_name}." if module_name else ""
         if isinstance(module, nn.Linear):
             dims[f"{prefix}weight"] = -1
+            continue
+        if isinstance(module, nn.modules.conv._ConvNd):
             continue
         for param_name, param in module.named_parameters(recurse=False):
             if param.ndim == 3:  # fused expert tensors [E, out, in] / [E, in, out]
