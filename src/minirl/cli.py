@@ -128,7 +128,10 @@ def _resume_hint(cfg: Config, args: argparse.Namespace) -> str:
 
     found = find_latest(cfg.run_dir)
     last = f"the last complete checkpoint is {found[0]}" if found else "no checkpoint was completed (a resume starts from step 0)"
-    command = " ".join(shlex.quote(part) for part in ["minirl", args.command, args.config, *args.overrides])
+    flags = [(flag, getattr(args, name, None)) for flag, name in
+             (("--start-from", "start_from"), ("--dump-rollouts", "dump_rollouts"), ("--rollouts-from", "rollouts_from"))]
+    given = [part for flag, value in flags if value for part in (flag, str(value))]  # a run without a checkpoint needs them
+    command = " ".join(shlex.quote(part) for part in ["minirl", args.command, args.config, *args.overrides, *given])
     return f"{last}; resume with: {command}{'' if args.command != 'train' or args.resume else ' --resume'}"
 
 
@@ -180,8 +183,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     set_threads(cfg.run.threads)
     model, tokenizer = build_model(cfg, path=args.checkpoint)
     task = build_task(cfg, model, tokenizer)
+    engine = build_engine(cfg, model, tokenizer)
+    if cfg.task.tools or cfg.task.environment:  # the responses call their tools here too, as in training's evaluation
+        from minirl.rollout.tools import tool_calling
+
+        engine = tool_calling(cfg, engine, tokenizer, model, task.eval_prompts())
     with build_rewards(cfg, task) as rewards:
-        result = evaluate(build_engine(cfg, model, tokenizer), rewards, task, cfg, step=0)
+        result = evaluate(engine, rewards, task, cfg, step=0)
     print(json.dumps({"checkpoint": args.checkpoint, **result}))
     return 0
 

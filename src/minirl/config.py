@@ -196,7 +196,9 @@ class TaskConfig(Section):
     ``multi_turn.max_parallel_calls``, 1 there by default); null: all of them, as in TRL."""
     tool_timeout_s: float | None = Field(None, gt=0)
     """``task.tools`` / ``task.environment``: seconds one call may run; past it the call's result is an error and the
-    model goes on (its thread is left to finish: Python cannot stop it). null: as long as it takes, as in TRL."""
+    model goes on (its thread is left to finish: Python cannot stop it). With a limit each sync call runs in a thread
+    of its own (a tool holding thread-bound state, e.g. a sqlite connection, needs null). null (or .inf): as long as it
+    takes, as in TRL."""
     tool_result_max_chars: int | None = Field(None, ge=1)
     """``task.tools`` / ``task.environment``: a tool's result longer than this many characters is cut before it joins
     the response (verl's ``multi_turn.max_tool_response_length``, 256 there by default); null: kept whole, as in TRL."""

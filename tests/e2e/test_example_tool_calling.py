@@ -40,6 +40,10 @@ def test_tool_calling_example(tmp_path: Path) -> None:
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert any("<tool_response>" in s["completion"] and "<tool_call>" in s["completion"] for s in samples)
     assert any(m["role"] == "tool" for s in samples for m in s["messages"])  # the trajectory, as messages
+    # `minirl eval` of a checkpoint runs the tools as training's evaluation does
+    evaluated = json.loads(_run(work, "-m", "minirl", "eval", "runs/tool_calling/sft", "--config", "config.yaml",
+                                "eval.num_prompts=8").strip().splitlines()[-1])
+    assert evaluated["eval/tool_call_frequency"] > 0.5
     # the calculator as an environment (TRL's environment_factory): one instance per rollout, its methods the tools,
     # its get_reward one more reward function named after the class
     _run(work, "-m", "minirl", "train", "config.yaml", "--start-from", "runs/tool_calling/sft", "run.name=env",

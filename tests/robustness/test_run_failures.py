@@ -225,6 +225,21 @@ def test_a_signal_during_training_ends_in_one_line_naming_the_checkpoint_and_the
     assert _steps(run) == list(range(9))
 
 
+def test_the_resume_command_keeps_the_start_and_the_rollout_flags(tmp_path):
+    # with no checkpoint yet, a resume starts over: from the --start-from checkpoint, not from the config's model
+    import argparse
+
+    from minirl.cli import _resume_hint
+    from minirl.config import load_config
+
+    cfg = load_config(None, [f"run.output_dir={tmp_path}"])
+    args = argparse.Namespace(command="train", config="config.yaml", overrides=["optim.global_steps=3"], resume=False,
+                              start_from="runs/my sft", dump_rollouts="dump", rollouts_from=None)
+    assert _resume_hint(cfg, args) == ("no checkpoint was completed (a resume starts from step 0); resume with: minirl "
+                                       "train config.yaml optim.global_steps=3 --start-from 'runs/my sft' "
+                                       "--dump-rollouts dump --resume")
+
+
 def test_a_signal_during_sft_ends_in_one_line(tmp_path):
     overrides = [o for o in TINY if not o.startswith("cold_start.")]
     output = tmp_path / "sft"

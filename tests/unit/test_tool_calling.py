@@ -84,6 +84,11 @@ def test_hermes_calls_are_read_and_malformed_ones_counted() -> None:
     bad = parse_hermes('<tool_call>{"name": "multiply", "arguments": {"a": 3</tool_call><tool_call>[1]</tool_call>'
                        '<tool_call>{"arguments": {}}</tool_call> then <tool_call>{"name": "x"')
     assert bad.calls == [] and bad.malformed == 4  # not JSON, not an object, no name, never closed
+    # a block that is no call stays in the turn's text (the reward functions see what the model wrote)
+    mixed = parse_hermes('<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call> and '
+                         '<tool_call>{"name": oops}</tool_call>')
+    assert mixed.calls == [ToolCall("multiply", {"a": 3, "b": 4})] and mixed.malformed == 1
+    assert mixed.content == 'and <tool_call>{"name": oops}</tool_call>'
     assert parse_hermes("The answer is 12.").calls == [] and parse_hermes("The answer is 12.").malformed == 0
 
 
@@ -133,6 +138,13 @@ def test_tools_without_a_schema_or_module_are_one_line_errors(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="no schema for tool 'fails'") as error:
         Toolbox([fails]).schemas()
     assert "\n" not in str(error.value)
+
+    class Counter:
+        def add(self, n: int) -> int:
+            return n
+
+    with pytest.raises(ConfigError, match=r"^task\.environment: no schema for method Counter\.add: "):
+        Toolbox([Counter().add]).schemas()
     with pytest.raises(ConfigError, match=r"task\.tools: tool 'no_such_module:f': module 'no_such_module' not found"):
         Toolbox.load(["no_such_module:f"])
 
@@ -512,6 +524,62 @@ def test_a_call_past_the_timeout_is_an_error_result_and_the_model_goes_on() -> N
                        ("slow", "{'error': 'Tool slow timed out after 0.2 s.'}", True), ("multiply", "12", False)]
     assert Toolbox([fails], timeout_s=1.0).run([ToolCall("fails", {"x": 1})])[0][1:] == ("{'error': 'no luck'}", True)
     assert box.joined([slow_add]).timeout_s == 0.2  # an environment's methods keep the run's timeout
+    # no limit past what a thread wait takes (inf): the calls run as without one
+    assert Toolbox([multiply, slow_add], timeout_s=float("inf")).run(
+        [ToolCall("multiply", {"a": 3, "b": 4}), ToolCall("slow_add", {"a": 1, "b": 2})]) == [
+        ("multiply", "12", False), ("slow_add", "3", False)]
+
+
+def test_a_tool_that_exits_is_an_error_result_not_the_end_of_the_run() -> None:
+    import sys
+
+    def leave(code: int) -> int:
+        """Runs the model's exit().
+
+        Args:
+            code: exit status.
+        """
+        sys.exit(code)
+
+    async def leave_later(code: int) -> int:
+        """The same, awaited.
+
+        Args:
+            code: exit status.
+        """
+        sys.exit(code)
+
+    for timeout_s in (None, 1.0):
+        results = Toolbox([leave, leave_later, multiply], timeout_s=timeout_s).run(
+            [ToolCall("leave", {"code": 3}), ToolCall("leave_later", {"code": 4}), ToolCall("multiply", {"a": 2, "b": 2})])
+        assert results == [("leave", "{'error': 'Tool leave exited (SystemExit: 3).'}", True),
+                           ("leave_later", "{'error': 'Tool leave_later exited (SystemExit: 4).'}", True),
+                           ("multiply", "4", False)]
+
+
+LIMIT = asyncio.Semaphore(2)  # bound to the first event loop that uses it
+
+
+async def limited_add(a: int, b: int) -> int:
+    """Adds under a module-level semaphore (as a rate-limited API client would).
+
+    Args:
+        a: first.
+        b: second.
+    """
+    async with LIMIT:
+        await asyncio.sleep(0)
+        return a + b
+
+
+def test_async_tools_and_rewards_share_one_event_loop_across_rounds() -> None:
+    from minirl.tasks.reward_functions import resolve
+
+    box = Toolbox([limited_add])
+    for round_ in range(3):  # a new loop per round made the second round fail ("bound to a different event loop")
+        results = box.run([ToolCall("limited_add", {"a": round_, "b": 1}) for _ in range(4)])
+        assert results == [("limited_add", str(round_ + 1), False)] * 4
+    assert resolve(limited_add(2, 3)) == 5  # an async reward function, awaited on the same loop
 
 
 def test_long_results_are_cut_as_verl_cuts_them(tokenizer) -> None:
@@ -554,3 +622,48 @@ def test_slimes_tool_key_is_the_tools_column() -> None:
     assert not any("tool-key" in line for line in from_slime(base | {"tool-key": "tools"}).not_translated)
     line, = [line for line in from_slime(base | {"tool-key": "functions"}).not_translated if "tool-key" in line]
     assert "rename the column" in line
+
+
+def test_the_event_loop_outlives_an_exit_and_is_one_per_process() -> None:
+    from minirl.tasks.reward_functions import background_loop, resolve
+
+    async def leave() -> None:
+        raise SystemExit(2)
+
+    loop = background_loop()
+    with pytest.raises(SystemExit):  # an async reward function's SystemExit reaches its caller, as a sync one's would
+        resolve(leave())
+    assert background_loop() is loop and loop.is_running()  # and the loop goes on
+
+
+def test_a_class_defined_again_is_a_new_environment(monkeypatch) -> None:
+    # minirl.train twice in one process (a notebook), the class redefined in between: the second run uses the new one
+    import sys
+    import types
+
+    from minirl.rollout.environments import load_environments
+
+    module = types.ModuleType("notebook_env")
+    monkeypatch.setitem(sys.modules, "notebook_env", module)
+
+    class Scored:
+        def reset(self, **row) -> None:
+            return None
+
+        def get_reward(self) -> float:
+            return 0.25
+
+    module.Scored = Scored
+    first = load_environments("notebook_env:Scored")
+    assert load_environments("notebook_env:Scored") is first  # probed once for the same class
+
+    class Scored:  # defined again
+        def reset(self, **row) -> None:
+            return None
+
+        def get_reward(self) -> float:
+            return 0.75
+
+    module.Scored = Scored
+    again = load_environments("notebook_env:Scored")
+    assert again is not first and again.factories[None] is Scored

@@ -22,7 +22,9 @@ kept and reset again in later steps, more made only when a step needs more at on
 sampled in turns as with ``task.tools`` (``minirl.rollout.tools``), its calls going to its instance's methods (and to
 ``task.tools``' functions, offered beside them). Once it ends, ``get_reward()`` (awaited if ``async``) is its reward
 from the environment: a reward function named after the class, weight 1, beside ``task.reward_functions``
-(``reward/<Class>/mean``; it reaches the reward functions as the ``environment_reward`` column too).
+(``reward/<Class>/mean``; it reaches the reward functions as the ``environment_reward`` column too). Like any reward
+function it replaces the task's built-in check (``task.reward``): without ``task.reward_functions`` the environment's
+score is the whole reward.
 
 ``task.environment: {name: "module:Class", ...}`` (TRL's dict of factories): each data row names its environment
 in an ``environment`` column, and its prompt shows that environment's tools only.
@@ -161,19 +163,20 @@ def _shown(name: str | None, instance: Any) -> str:
 
 
 @lru_cache(maxsize=8)
-def _load(spec: tuple[tuple[str | None, str], ...]) -> Environments:
-    from minirl.tasks.rewards import RewardSpecError, load_reward_function
-
-    factories: dict[str | None, Callable[[], Any]] = {}
-    for name, target in spec:
-        try:
-            factories[name] = load_reward_function(target)  # type: ignore[assignment]  # any callable: a factory
-        except RewardSpecError as error:
-            raise ConfigError("task.environment: " + str(error).replace("reward function ", "factory ", 1)) from None
-    return Environments(factories)
+def _probed(factories: tuple[tuple[str | None, Callable[[], Any]], ...]) -> Environments:
+    return Environments(dict(factories))
 
 
 def load_environments(setting: str | dict[str, str]) -> Environments:
-    """``task.environment`` (``module:Class``, or ``{name: module:Class}``), loaded and probed once per process."""
+    """``task.environment`` (``module:Class``, or ``{name: module:Class}``), loaded, and probed once per process for
+    the same classes (a class defined again, in a notebook, is a new one: probed anew)."""
+    from minirl.tasks.rewards import RewardSpecError, load_reward_function
+
     spec = ((None, setting),) if isinstance(setting, str) else tuple(sorted(setting.items()))
-    return _load(spec)
+    factories = []
+    for name, target in spec:
+        try:
+            factories.append((name, load_reward_function(target)))  # any callable: a factory
+        except RewardSpecError as error:
+            raise ConfigError("task.environment: " + str(error).replace("reward function ", "factory ", 1)) from None
+    return _probed(tuple(factories))

@@ -80,17 +80,22 @@ class ParsedTurn:
 def parse_hermes(text: str) -> ParsedTurn:
     """The Hermes tool-call format: each ``<tool_call>...</tool_call>`` block a JSON object with a string ``name`` and
     an object ``arguments`` (or a JSON string of one); a block that is not, or an opened block never closed, is
-    malformed."""
-    calls, malformed = [], 0
-    blocks = HERMES_CALL.findall(text)
-    for block in blocks:
-        call = _tool_call(_json(block))
+    malformed, and stays in the turn's text (as TRL keeps a turn it cannot parse)."""
+    calls, malformed, blocks = [], 0, 0
+
+    def taken(match: re.Match[str]) -> str:  # a call read: out of the text; a malformed block: kept as written
+        nonlocal malformed, blocks
+        blocks += 1
+        call = _tool_call(_json(match.group(1)))
         if call is None:
             malformed += 1
-        else:
-            calls.append(call)
-    malformed += max(text.count("<tool_call>") - len(blocks), 0)
-    return ParsedTurn(HERMES_CALL.sub("", text).strip(), calls, malformed)
+            return match.group(0)
+        calls.append(call)
+        return ""
+
+    content = HERMES_CALL.sub(taken, text)
+    malformed += max(text.count("<tool_call>") - blocks, 0)
+    return ParsedTurn(content.strip(), calls, malformed)
 
 
 def parse_with_tokenizer(tokenizer: Any, ids: Sequence[int], prefix: Sequence[int]) -> ParsedTurn:
@@ -169,8 +174,11 @@ class Toolbox:
             try:
                 out.append(get_json_schema(fn))
             except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
-                raise ConfigError(f"task.tools: no schema for tool {name!r}: {' '.join(str(error).split())} (give it "
-                                  "type hints and a Google-style docstring with an Args section)") from None
+                key, what = "task.tools", f"tool {name!r}"
+                if inspect.ismethod(fn):  # an environment's method (task.environment)
+                    key, what = "task.environment", f"method {type(fn.__self__).__name__}.{name}"
+                raise ConfigError(f"{key}: no schema for {what}: {' '.join(str(error).split())} (give it type hints "
+                                  "and a Google-style docstring with an Args section)") from None
         return out
 
     def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str, bool]]:
@@ -198,6 +206,8 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
                 waiting.append((index, _awaited(value, call, box.timeout_s)))
             else:
                 results[index] = value
+        except SystemExit as error:  # e.g. a code tool running the model's exit(): the call's error, not the run's end
+            results[index], failed[index] = {"error": _exited(call, error)}, True
         except Exception as error:
             results[index], failed[index] = {"error": str(error)}, True
     if waiting:
@@ -213,7 +223,7 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
 def _call(fn: Callable[..., Any], call: ToolCall, timeout_s: float | None) -> Any:
     """``fn(**call.arguments)``; with a timeout, in a thread of its own that is left behind (a Python thread cannot be
     stopped) when it runs past it: ``TimeoutError``."""
-    if timeout_s is None:
+    if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX:  # (inf, or past what a wait takes: no limit)
         return fn(**call.arguments)
     outcome: dict[str, Any] = {}
 
@@ -233,18 +243,30 @@ def _call(fn: Callable[..., Any], call: ToolCall, timeout_s: float | None) -> An
     return outcome["value"]
 
 
+def _exited(call: ToolCall, error: SystemExit) -> str:
+    return f"Tool {call.name} exited (SystemExit: {error.code})."
+
+
 async def _awaited(value: Any, call: ToolCall, timeout_s: float | None) -> Any:
-    """An ``async def`` tool's result, within the timeout."""
-    if timeout_s is None:
-        return await value
+    """An ``async def`` tool's result, within the timeout (its ``SystemExit`` an error: on the event loop it would stop
+    the loop)."""
+    async def guarded() -> Any:  # awaited in this task's frame, so that no task of the loop sees the SystemExit
+        try:
+            return await value
+        except SystemExit as error:
+            raise RuntimeError(_exited(call, error)) from None
+
+    if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX:
+        return await guarded()
     try:
-        return await asyncio.wait_for(value, timeout_s)
+        return await asyncio.wait_for(guarded(), timeout_s)
     except TimeoutError:  # asyncio's, since Python 3.11 the builtin
         raise TimeoutError(f"Tool {call.name} timed out after {timeout_s:g} s.") from None
 
 
 def _gather(awaitables: list[Any]) -> list[Any]:
-    """The awaitables' results (an exception as its value), run together on an event loop of their own."""
+    """The awaitables' results (an exception as its value), run together on the process's event loop (``resolve``: the
+    same loop every round, so what a tool binds to it, a semaphore or a client session, stays usable)."""
     from minirl.tasks.reward_functions import resolve
 
     async def together() -> list[Any]:

@@ -65,6 +65,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -393,32 +394,40 @@ def shaped_completion(sample: Sample) -> Any:
     return sample.messages if sample.messages is not None else [{"role": "assistant", "content": sample.completion}]
 
 
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None  # (the process it runs in, the loop)
+_LOOP_LOCK = threading.Lock()
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for awaited reward functions and tools, running in a daemon thread: the same loop at
+    every call, so what they bind to a loop (an ``asyncio.Semaphore``, an aiohttp session) stays usable, as TRL's
+    async reward functions share one loop. A forked process starts its own."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP[0] != os.getpid() or _LOOP[1].is_closed() or not _LOOP[1].is_running():
+            loop, running = asyncio.new_event_loop(), threading.Event()
+            loop.call_soon(running.set)
+            threading.Thread(target=loop.run_forever, name="minirl event loop", daemon=True).start()
+            running.wait()  # is_running() from here on (a loop that died, e.g. of a SystemExit, is replaced)
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]
+
+
 def resolve(value: Any) -> Any:
-    """``value``, awaited when it is awaitable (an ``async def`` reward function)."""
+    """``value``, awaited when it is awaitable (an ``async def`` reward function), on ``background_loop``."""
     if not inspect.isawaitable(value):
         return value
 
-    async def wait() -> Any:
-        return await value
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(wait())
-    result: dict[str, Any] = {}  # a loop already runs in this thread (a notebook): await in another
-
-    def run() -> None:
+    async def wait() -> tuple[bool, Any]:
         try:
-            result["value"] = asyncio.run(wait())
-        except BaseException as error:  # re-raised in the caller's thread
-            result["error"] = error
+            return True, await value
+        except (SystemExit, KeyboardInterrupt) as error:  # raised here, in the caller's thread: on the loop they stop it
+            return False, error
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    done, result = asyncio.run_coroutine_threadsafe(wait(), background_loop()).result()
+    if not done:
+        raise result
+    return result
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
