@@ -926,7 +926,8 @@ def check_fresh_start(cfg: Config) -> None:
     earlier = checkpoint.logged_steps(run_dir) > 0 or checkpoint.find_latest(run_dir) is not None
     if earlier and not cfg.run.overwrite:
         raise ConfigError(
-            f"run.name: {run_dir} already holds a run; continue it with --resume (run.resume=auto), "
+            f"run.name: {run_dir} already holds a run; continue it with --resume (minirl.train(resume=True); "
+            "run.resume=auto), "
             "start over with run.overwrite=true, or choose another run.name"
         )
 
