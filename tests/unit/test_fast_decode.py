@@ -33,6 +33,8 @@ from transformers import (
     Qwen3_5MoeForCausalLM,
     Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 from minirl.rollout.fast_decode import FastDecoder, StaticKVCache, _grouped_matmul, _groups, unsupported_reason
@@ -224,11 +226,21 @@ def qwen3_5_model(std: float = 0.02, seed: int = 0) -> Qwen3_5ForCausalLM:
     return _qwen3_5(Qwen3_5ForCausalLM._from_config(config, dtype=torch.float32).eval())
 
 
+def qwen3_next_model(std: float = 0.02, seed: int = 1) -> Qwen3NextForCausalLM:
+    """Qwen3-Next: Qwen3.5's layers with the linear attention's projections fused per key head (q, k, v, z and b, a
+    side by side), a renormalising router and a dense layer (mlp_only_layers) (seed 1: some rows draw EOS early at
+    std 0.3)."""
+    config = Qwen3NextConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=16, num_experts=8, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, intermediate_size=96, norm_topk_prob=True,
+                             mlp_only_layers=[1], initializer_range=std, **HYBRID)
+    return _qwen3_5(_built(Qwen3NextForCausalLM, config, seed))
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
                  glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model, qwen3_5_moe_model,
-                 qwen3_5_model]
+                 qwen3_5_model, qwen3_next_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-              "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5"]
+              "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5", "qwen3_next"]
 
 
 DENSE = (dense_model, qwen3_5_model)  # no routes to record

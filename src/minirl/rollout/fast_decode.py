@@ -1,5 +1,6 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1, MiniMax-M2, GPT-OSS and Qwen3.5 (dense and MoE), with a pre-allocated KV cache (``NativeEngine``).
+dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE) and Qwen3-Next, with a pre-allocated KV cache
+(``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -26,7 +27,8 @@ cache keeps), its biased router (softmax over the top-k logits) and its biased e
 gate/up, a clamped SwiGLU), with its norms scaled in fp32. Qwen3.5's Gated DeltaNet layers (``_DeltaNet``) run
 transformers' reference causal-conv update and recurrent gated delta rule on each row's conv and recurrent states (kept
 in the cache's slots of the layer, updated in place), its full-attention layers gate each head's output, and its norms
-are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). A model this module cannot reproduce exactly (another family,
+are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). Qwen3-Next is the same
+but for its fused projections (``_unfused``). A model this module cannot reproduce exactly (another family,
 another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
 module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
@@ -59,19 +61,20 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text")
-# Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE; ``_DeltaNet``)
-HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text")
+            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE, and Qwen3-Next, whose
+# projections are fused per key head; ``_DeltaNet``)
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
            "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
-           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head"}
+           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head"}
 # how a family's RMSNorms scale: ``weight * x.to(dtype)`` (most), ``(weight * x).to(dtype)`` in fp32 (GPT-OSS's
 # "fp32_scale"), or ``x * (1 + weight)`` in fp32, a zero-centred weight (Qwen3.5's "offset")
-NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset"}
+NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset", "qwen3_next": "offset"}
 # the attention implementation a family's forward must use to be reproduced: SDPA, except GPT-OSS (no SDPA: its sinks)
 ATTENTION = {"gpt_oss": "eager"}
 ROPE_TYPES = ("default", "yarn")  # tables fixed at load (yarn's scaled frequencies and attention factor)
@@ -127,32 +130,34 @@ _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
               "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
-              "Qwen3_5MoeForCausalLM"),
+              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
              "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
-             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"),
+             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention", "Qwen3_5Attention",
-                  "Qwen3_5MoeAttention"),
-    "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"),
-    "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated"),
+                  "Qwen3_5MoeAttention", "Qwen3NextAttention"),
+    "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"),
+    "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
     "mlp": ("Qwen3MLP", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock", "MixtralSparseMoeBlock",
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
-            "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock"),
+            "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock", "Qwen3NextMLP",
+            "Qwen3NextSparseMoeBlock"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
-               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter"),
+               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
-                "GptOssExperts", "Qwen3_5MoeExperts"),
+                "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
-               "Qwen3_5MoeMLP"),  # shared
+               "Qwen3_5MoeMLP", "Qwen3NextMLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
 RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter")  # routers that always renormalise their top-k
 DELTANET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+FUSED_DELTANET_LINEARS = ("in_proj_qkvz", "in_proj_ba", "out_proj")  # Qwen3-Next's
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 # experts whose layout differs from the others' ([E, 2 I, hidden], gate then up, no biases): (transposed, concatenated,
 # biased) as transformers declares them; GPT-OSS's are [E, hidden, 2 I], gate and up interleaved, with biases
@@ -231,7 +236,8 @@ def _deltanet_reasons(layer: Any, index: int, eps: float, unexpected: Any, plain
     """Why a linear-attention layer is not the stock Gated DeltaNet (Nones where it is)."""
     net = layer.linear_attn
     checks = [unexpected(net, "linear_attention"), unexpected(net.norm, "gated_norm")]
-    checks += [plain_linear(getattr(net, name), f"layer {index} {name}") for name in DELTANET_LINEARS]
+    names = FUSED_DELTANET_LINEARS if hasattr(net, "in_proj_qkvz") else DELTANET_LINEARS
+    checks += [plain_linear(getattr(net, name), f"layer {index} {name}") for name in names]
     if type(net.conv1d) is not nn.Conv1d:
         checks.append(f"layer {index} conv1d is a {type(net.conv1d).__name__}, not an nn.Conv1d")
     if net.norm.variance_epsilon != eps or net.activation != "silu":
@@ -249,8 +255,9 @@ class _DeltaNet:
     its ``values``."""
 
     # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: four products, as transformers runs them (slices of one product
-    # are strided, and torch's CPU softplus and silu round some elements of a narrow strided slice otherwise)
-    in_proj: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    # are strided, and torch's CPU softplus and silu round some elements of a narrow strided slice otherwise); Qwen3-Next's
+    # in_proj_qkvz and in_proj_ba (``fused``), each key head's q, k, v, z (b, a) side by side
+    in_proj: tuple[torch.Tensor, ...]
     conv_weight: torch.Tensor  # [channels, 1, kernel]
     conv_bias: torch.Tensor | None
     a_log: torch.Tensor  # [value heads]
@@ -260,6 +267,7 @@ class _DeltaNet:
     value_heads: int
     key_dim: int  # per head
     value_dim: int
+    fused: bool = False
 
 
 @dataclass
@@ -485,7 +493,9 @@ class FastDecoder:
     def _deltanet_layer(self, layer: Any) -> _Layer:
         """A Gated DeltaNet layer's norms and weights (its out_proj as the layer's ``o``)."""
         net, gemm = layer.linear_attn, self._gemm_weight
-        projections = (net.in_proj_qkv, net.in_proj_z, net.in_proj_b, net.in_proj_a)
+        fused = hasattr(net, "in_proj_qkvz")
+        projections = (net.in_proj_qkvz, net.in_proj_ba) if fused else (net.in_proj_qkv, net.in_proj_z, net.in_proj_b,
+                                                                          net.in_proj_a)
         return _Layer(
             input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight, qkv=None,
             qkv_bias=None, o=gemm(net.out_proj.weight), o_bias=None, q_norm=None, k_norm=None,
@@ -493,7 +503,7 @@ class FastDecoder:
                 in_proj=cast(Any, tuple(gemm(projection.weight) for projection in projections)),
                 conv_weight=net.conv1d.weight, conv_bias=net.conv1d.bias, a_log=net.A_log, dt_bias=net.dt_bias,
                 norm=net.norm.weight, key_heads=net.num_k_heads, value_heads=net.num_v_heads, key_dim=net.head_k_dim,
-                value_dim=net.head_v_dim))
+                value_dim=net.head_v_dim, fused=fused))
 
     def _latent(self, attn: Any) -> _Latent:
         """``DeepseekV3Attention``'s weights, as the decode step takes them."""
@@ -707,8 +717,13 @@ class FastDecoder:
         rows, length = x.shape[:2]
         assert length == 1, "a Gated DeltaNet layer runs decode steps only (its prefill is the transformers forward)"
         keys, values = net.key_heads * net.key_dim, net.value_heads * net.value_dim
-        mixed, z, b, a = (self._linear(x, weight) for weight in net.in_proj)
-        z = z.reshape(rows, length, -1, net.value_dim)
+        if net.fused:  # Qwen3-Next: fix_query_key_value_ordering
+            query, key, value, z, b, a = _unfused(self._linear(x, net.in_proj[0]), self._linear(x, net.in_proj[1]), net)
+            query, key, value = (part.reshape(part.shape[0], part.shape[1], -1) for part in (query, key, value))
+            mixed = torch.cat((query, key, value), dim=-1)
+        else:
+            mixed, z, b, a = (self._linear(x, weight) for weight in net.in_proj)
+            z = z.reshape(rows, length, -1, net.value_dim)
         # causal_conv1d_update: the kernel's window is the cached columns and this one
         hidden_states = mixed.transpose(1, 2)
         full = torch.cat([conv_state, hidden_states], dim=-1).to(net.conv_weight.dtype)
@@ -937,6 +952,22 @@ def _gated_delta_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
     out[:, :, 0] = (state * q_t.unsqueeze(-1)).sum(dim=-2)
     return out.transpose(1, 2).contiguous().to(dtype), state
+
+
+def _unfused(qkvz: torch.Tensor, ba: torch.Tensor, net: _DeltaNet) -> tuple[torch.Tensor, ...]:
+    """``Qwen3NextGatedDeltaNet.fix_query_key_value_ordering``: q, k, v, z [b, s, heads, dim] and b, a [b, s, value
+    heads] from the fused products, whose columns run key head by key head."""
+    per_key_head = net.value_heads // net.key_heads
+    qkvz = qkvz.view(*qkvz.shape[:-1], net.key_heads, 2 * net.key_dim + 2 * net.value_dim * per_key_head)
+    ba = ba.view(*ba.shape[:-1], net.key_heads, 2 * per_key_head)
+    query, key, value, z = torch.split(qkvz, [net.key_dim, net.key_dim, per_key_head * net.value_dim,
+                                              per_key_head * net.value_dim], dim=3)
+    b, a = torch.split(ba, [per_key_head, per_key_head], dim=3)
+    value = value.reshape(value.size(0), value.size(1), -1, net.value_dim)
+    z = z.reshape(z.size(0), z.size(1), -1, net.value_dim)
+    b = b.reshape(b.size(0), b.size(1), net.value_heads)
+    a = a.reshape(a.size(0), a.size(1), net.value_heads)
+    return query, key, value, z, b, a
 
 
 def _gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
