@@ -13,6 +13,8 @@ from transformers import (
     Dots1Config,
     Dots1ForCausalLM,
     DynamicCache,
+    Ernie4_5_MoeConfig,
+    Ernie4_5_MoeForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     Glm4MoeLiteConfig,
@@ -236,11 +238,26 @@ def qwen3_next_model(std: float = 0.02, seed: int = 1) -> Qwen3NextForCausalLM:
     return _qwen3_5(_built(Qwen3NextForCausalLM, config, seed))
 
 
+def ernie4_5_moe_model(std: float = 0.02, seed: int = 0) -> Ernie4_5_MoeForCausalLM:
+    """ERNIE-4.5-MoE: q/k/v/o and MLP biases, rotary pairs interleaved and computed in fp32, a dense first layer, a
+    shared expert, and its router: an fp32 softmax whose top-k is chosen with a correction bias, renormalised."""
+    config = Ernie4_5_MoeConfig(**{**SMALL, "num_hidden_layers": 3}, num_experts=8, moe_intermediate_size=32,
+                                intermediate_size=96, moe_num_shared_experts=1, moe_layer_start_index=1, use_bias=True,
+                                initializer_range=std)
+    model = _built(Ernie4_5_MoeForCausalLM, config, seed)
+    with torch.no_grad():  # biases away from zero, so that they are seen
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+                parameter.normal_(0.0, 0.1)
+    return model
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
                  glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model, qwen3_5_moe_model,
-                 qwen3_5_model, qwen3_next_model]
+                 qwen3_5_model, qwen3_next_model, ernie4_5_moe_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-              "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5", "qwen3_next"]
+              "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5", "qwen3_next",
+              "ernie4_5_moe"]
 
 
 DENSE = (dense_model, qwen3_5_model)  # no routes to record

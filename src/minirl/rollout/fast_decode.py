@@ -1,6 +1,6 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE) and Qwen3-Next, with a pre-allocated KV cache
-(``NativeEngine``).
+dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE), Qwen3-Next and ERNIE-4.5-MoE, with a pre-allocated KV
+cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -28,7 +28,8 @@ gate/up, a clamped SwiGLU), with its norms scaled in fp32. Qwen3.5's Gated Delta
 transformers' reference causal-conv update and recurrent gated delta rule on each row's conv and recurrent states (kept
 in the cache's slots of the layer, updated in place), its full-attention layers gate each head's output, and its norms
 are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). Qwen3-Next is the same
-but for its fused projections (``_unfused``). A model this module cannot reproduce exactly (another family,
+but for its fused projections (``_unfused``). ERNIE-4.5-MoE rotates interleaved pairs in fp32 from fp32 tables
+and routes by an fp32 softmax with a correction bias. A model this module cannot reproduce exactly (another family,
 another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
 module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
@@ -61,7 +62,7 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "ernie4_5_moe")
 # Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE, and Qwen3-Next, whose
 # projections are fused per key head; ``_DeltaNet``)
 HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -71,7 +72,7 @@ LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
            "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
-           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head"}
+           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head", "ernie4_5_moe": None}
 # how a family's RMSNorms scale: ``weight * x.to(dtype)`` (most), ``(weight * x).to(dtype)`` in fp32 (GPT-OSS's
 # "fp32_scale"), or ``x * (1 + weight)`` in fp32, a zero-centred weight (Qwen3.5's "offset")
 NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset", "qwen3_next": "offset"}
@@ -130,13 +131,13 @@ _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
               "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
-              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM"),
+              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "Ernie4_5_MoeForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
              "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
-             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm"),
+             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm", "Ernie4_5_MoeRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention", "Qwen3_5Attention",
-                  "Qwen3_5MoeAttention", "Qwen3NextAttention"),
+                  "Qwen3_5MoeAttention", "Qwen3NextAttention", "Ernie4_5_MoeAttention"),
     "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"),
     "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
@@ -144,15 +145,16 @@ _EXPECTED = {
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
             "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock", "Qwen3NextMLP",
-            "Qwen3NextSparseMoeBlock"),
+            "Qwen3NextSparseMoeBlock", "Ernie4_5_MoeMLP", "Ernie4_5_MoeSparseMoeBlock"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
-               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter"),
+               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter",
+               "Ernie4_5_MoeTopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
-                "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts"),
+                "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "Ernie4_5_MoeExperts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
-               "Qwen3_5MoeMLP", "Qwen3NextMLP"),  # shared
+               "Qwen3_5MoeMLP", "Qwen3NextMLP", "Ernie4_5_MoeMLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
 RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter")  # routers that always renormalise their top-k
@@ -327,6 +329,8 @@ class _Layer:
     gate_up_bias: torch.Tensor | None = None  # [E, 2 I], in the model's dtype (added after the GEMM is rounded)
     down_bias: torch.Tensor | None = None
     clamped_swiglu: tuple[float, float] | None = None
+    # ERNIE-4.5's router: fp32 softmax, top-k of it plus this correction bias, renormalised (a floor of norm_min)
+    softmax_bias: tuple[torch.Tensor, float] | None = None
 
 
 class StaticKVCache:
@@ -389,6 +393,7 @@ class FastDecoder:
         self.qk_norm = qk_norm_kind(config)
         self.complex_rope = config.model_type == "deepseek_v2"  # its rotary table is complex (freqs_cis)
         self.gpt_oss = config.model_type == "gpt_oss"  # eager attention with sinks, rotary halves
+        self.ernie = config.model_type == "ernie4_5_moe"  # interleaved rotary pairs in fp32 (fp32 tables)
         self.norm_kind = NORM_KIND.get(config.model_type, "plain")
         self.hybrid = config.model_type in HYBRID_FAMILIES  # linear-attention layers: decode steps only (no prefill)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
@@ -471,6 +476,9 @@ class FastDecoder:
                 spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
                 spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
                                               router.routed_scaling_factor)
+            if type(router).__name__ == "Ernie4_5_MoeTopKRouter":
+                spec.router, spec.cast_weights = router.weight, False  # fp32, weights cast to the hidden dtype
+                spec.softmax_bias = (router.moe_statics.e_score_correction_bias, router.norm_min)
             if type(router).__name__ in GROUP_ROUTERS:
                 spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
                 spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
@@ -550,7 +558,8 @@ class FastDecoder:
             self._cos = self._sin = torch.polar(torch.ones_like(freqs), freqs) * self.rope_scale
         else:
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin = (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+            table = torch.float32 if self.ernie else dtype  # ERNIE-4.5 keeps its tables in fp32
+            self._cos, self._sin = (emb.cos() * self.rope_scale).to(table), (emb.sin() * self.rope_scale).to(table)
         self._rope_rows, self._rope_dtype = rows, dtype
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype, reserved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -685,7 +694,7 @@ class FastDecoder:
                 gate = gate.reshape(rows, length, -1)
             q, k = self._qk_norms(q, k, layer, rows, length)
             v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            rotate = _apply_rope_halves if self.gpt_oss else _apply_rope
+            rotate = _apply_rope_halves if self.gpt_oss else _apply_rope_fp32_pairs if self.ernie else _apply_rope
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if self.kv_cache_format is not None:
             k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
@@ -855,6 +864,12 @@ class FastDecoder:
             top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
             weights = scores.gather(1, top_k_index)
             weights /= weights.sum(dim=-1, keepdim=True)
+        elif layer.softmax_bias is not None:  # Ernie4_5_MoeTopKRouter
+            bias, norm_min = layer.softmax_bias
+            probs = F.softmax(F.linear(x.float(), layer.router.float()), dim=1, dtype=torch.float)
+            top_k_index = torch.topk(probs + bias.squeeze(), layer.top_k, dim=-1)[1]
+            weights = torch.gather(probs, dim=-1, index=top_k_index)
+            weights = (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=norm_min)).to(x.dtype)
         elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
             top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
             weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
@@ -1085,6 +1100,15 @@ def _apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
     first, second = torch.chunk(x, 2, dim=-1)
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+def _apply_rope_fp32_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """ERNIE-4.5's ``apply_rotary_pos_emb``: pairs ``(x0, x1), (x2, x3), ...`` rotated in fp32 (its tables are fp32),
+    then cast back."""
+    cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return ((x.float() * cos) + (rotated.float() * sin)).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
