@@ -29,6 +29,8 @@ from transformers import (
     MixtralForCausalLM,
     OlmoeConfig,
     OlmoeForCausalLM,
+    PhimoeConfig,
+    PhimoeForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3_5ForCausalLM,
@@ -252,12 +254,22 @@ def ernie4_5_moe_model(std: float = 0.02, seed: int = 0) -> Ernie4_5_MoeForCausa
     return model
 
 
+def granitemoe_model(std: float = 0.02, seed: int = 1) -> GraniteMoeForCausalLM:
+    """Granite-MoE: Mixtral's layers scaled: embeddings (embedding_multiplier), the attention's softmax scale
+    (attention_multiplier), each residual branch (residual_multiplier), the logits (divided by logits_scaling), and a
+    router taking the top-k of its fp32 logits (seed 1: some rows draw EOS early at std 0.3)."""
+    config = GraniteMoeConfig(**SMALL, intermediate_size=32, num_local_experts=8, embedding_multiplier=3.0,
+                              attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=1.7,
+                              initializer_range=std)
+    return _built(GraniteMoeForCausalLM, config, seed)
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
                  glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model, qwen3_5_moe_model,
-                 qwen3_5_model, qwen3_next_model, ernie4_5_moe_model]
+                 qwen3_5_model, qwen3_next_model, ernie4_5_moe_model, granitemoe_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
               "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5", "qwen3_next",
-              "ernie4_5_moe"]
+              "ernie4_5_moe", "granitemoe"]
 
 
 DENSE = (dense_model, qwen3_5_model)  # no routes to record
@@ -366,13 +378,13 @@ def test_grouped_matmul_is_bitwise_grouped_mm():
 
 
 def test_other_models_keep_the_transformers_forward():
-    config = GraniteMoeConfig(
+    config = PhimoeConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
         intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
     )  # fmt: skip
-    granite = GraniteMoeForCausalLM._from_config(config, dtype=torch.float32).eval()
-    assert "granitemoe" in unsupported_reason(granite)
-    engine = NativeEngine(granite, eos_token_id=EOS, pad_token_id=PAD)
+    phimoe = PhimoeForCausalLM._from_config(config, dtype=torch.float32).eval()
+    assert "phimoe" in unsupported_reason(phimoe)
+    engine = NativeEngine(phimoe, eos_token_id=EOS, pad_token_id=PAD)
     assert engine._fast is None
     assert len(engine.generate_ids(PROMPTS, 1, SamplingParams(max_new_tokens=4, seed=0))) == 3
     windowed = mixtral_model()  # Mixtral has no use_sliding_window switch: a window is a window

@@ -1,6 +1,6 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE), Qwen3-Next and ERNIE-4.5-MoE, with a pre-allocated KV
-cache (``NativeEngine``).
+dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE), Qwen3-Next, ERNIE-4.5-MoE and Granite-MoE, with a
+pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -29,7 +29,8 @@ transformers' reference causal-conv update and recurrent gated delta rule on eac
 in the cache's slots of the layer, updated in place), its full-attention layers gate each head's output, and its norms
 are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). Qwen3-Next is the same
 but for its fused projections (``_unfused``). ERNIE-4.5-MoE rotates interleaved pairs in fp32 from fp32 tables
-and routes by an fp32 softmax with a correction bias. A model this module cannot reproduce exactly (another family,
+and routes by an fp32 softmax with a correction bias. Granite-MoE scales its embeddings, residual branches and
+logits (``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``). A model this module cannot reproduce exactly (another family,
 another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
 module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
@@ -62,7 +63,8 @@ from torch import nn
 from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
-            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "ernie4_5_moe")
+            "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "ernie4_5_moe",
+            "granitemoe")
 # Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE, and Qwen3-Next, whose
 # projections are fused per key head; ``_DeltaNet``)
 HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -72,7 +74,8 @@ LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # whole projection before it (OLMoE), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
            "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
-           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head", "ernie4_5_moe": None}
+           "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head", "ernie4_5_moe": None,
+           "granitemoe": None}
 # how a family's RMSNorms scale: ``weight * x.to(dtype)`` (most), ``(weight * x).to(dtype)`` in fp32 (GPT-OSS's
 # "fp32_scale"), or ``x * (1 + weight)`` in fp32, a zero-centred weight (Qwen3.5's "offset")
 NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset", "qwen3_next": "offset"}
@@ -131,13 +134,15 @@ _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
               "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
-              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "Ernie4_5_MoeForCausalLM"),
+              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
              "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
-             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm", "Ernie4_5_MoeRMSNorm"),
+             "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm", "Ernie4_5_MoeRMSNorm",
+             "GraniteMoeRMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention", "Qwen3_5Attention",
-                  "Qwen3_5MoeAttention", "Qwen3NextAttention", "Ernie4_5_MoeAttention"),
+                  "Qwen3_5MoeAttention", "Qwen3NextAttention", "Ernie4_5_MoeAttention",
+                  "GraniteMoeAttention"),
     "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"),
     "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
@@ -145,14 +150,16 @@ _EXPECTED = {
             "Qwen2MoeSparseMoeBlock", "Qwen2MoeMLP", "Glm4MoeMoE", "Glm4MoeMLP", "DeepseekV3MoE", "DeepseekV3MLP",
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
             "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock", "Qwen3NextMLP",
-            "Qwen3NextSparseMoeBlock", "Ernie4_5_MoeMLP", "Ernie4_5_MoeSparseMoeBlock"),
+            "Qwen3NextSparseMoeBlock", "Ernie4_5_MoeMLP", "Ernie4_5_MoeSparseMoeBlock",
+            "GraniteMoeMoE"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
                "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter",
-               "Ernie4_5_MoeTopKRouter"),
+               "Ernie4_5_MoeTopKRouter", "GraniteMoeTopKRouter"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
-                "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "Ernie4_5_MoeExperts"),
+                "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "Ernie4_5_MoeExperts",
+                "GraniteMoeExperts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
                "Qwen3_5MoeMLP", "Qwen3NextMLP", "Ernie4_5_MoeMLP"),  # shared
 }
@@ -164,6 +171,11 @@ DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 # experts whose layout differs from the others' ([E, 2 I, hidden], gate then up, no biases): (transposed, concatenated,
 # biased) as transformers declares them; GPT-OSS's are [E, hidden, 2 I], gate and up interleaved, with biases
 EXPERT_LAYOUTS = {"GptOssExperts": (True, False, True)}
+
+
+def mlp_of(layer: Any) -> Any:
+    """A decoder layer's MLP or MoE block (``mlp``; Granite-MoE's ``block_sparse_moe``)."""
+    return layer.block_sparse_moe if hasattr(layer, "block_sparse_moe") else layer.mlp
 
 
 def router_of(mlp: Any) -> Any:
@@ -185,7 +197,7 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     eps = model.config.rms_norm_eps
     checks = [unexpected(model, "model"), unexpected(model.model.norm, "norm"), plain_linear(model.lm_head, "lm_head")]
     for index, layer in enumerate(model.model.layers):
-        attn, mlp = getattr(layer, "self_attn", None), layer.mlp
+        attn, mlp = getattr(layer, "self_attn", None), mlp_of(layer)
         checks.append(unexpected(mlp, "mlp"))
         if attn is None:  # Qwen3.5's Gated DeltaNet
             checks += _deltanet_reasons(layer, index, eps, unexpected, plain_linear)
@@ -331,6 +343,7 @@ class _Layer:
     clamped_swiglu: tuple[float, float] | None = None
     # ERNIE-4.5's router: fp32 softmax, top-k of it plus this correction bias, renormalised (a floor of norm_min)
     softmax_bias: tuple[torch.Tensor, float] | None = None
+    fp32_logit_top_k: bool = False  # Granite-MoE's router: top-k of the fp32 logits, an fp32 softmax over them
 
 
 class StaticKVCache:
@@ -394,6 +407,10 @@ class FastDecoder:
         self.complex_rope = config.model_type == "deepseek_v2"  # its rotary table is complex (freqs_cis)
         self.gpt_oss = config.model_type == "gpt_oss"  # eager attention with sinks, rotary halves
         self.ernie = config.model_type == "ernie4_5_moe"  # interleaved rotary pairs in fp32 (fp32 tables)
+        # Granite-MoE's scales: of the embeddings, of each residual branch, and the logits' divisor (1: none)
+        self.embedding_multiplier = float(getattr(config, "embedding_multiplier", 1.0))
+        self.residual_multiplier = float(getattr(config, "residual_multiplier", 1.0))
+        self.logits_scaling = float(getattr(config, "logits_scaling", 1.0))
         self.norm_kind = NORM_KIND.get(config.model_type, "plain")
         self.hybrid = config.model_type in HYBRID_FAMILIES  # linear-attention layers: decode steps only (no prefill)
         self.kv_cache_format = kv_cache_format  # None, or an fp8 format keys/values are rounded to
@@ -436,7 +453,7 @@ class FastDecoder:
         self.rope_scale = float(getattr(base.rotary_emb, "attention_scaling", 1.0))  # yarn's; 1 for the default
         self.layers = []
         for layer in base.layers[: self.num_layers]:
-            attn, mlp = getattr(layer, "self_attn", None), layer.mlp
+            attn, mlp = getattr(layer, "self_attn", None), mlp_of(layer)
             if attn is None:  # Qwen3.5's Gated DeltaNet
                 spec = self._deltanet_layer(layer)
                 self._add_mlp(spec, mlp)
@@ -476,6 +493,7 @@ class FastDecoder:
                 spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
                 spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
                                               router.routed_scaling_factor)
+            spec.fp32_logit_top_k = type(router).__name__ == "GraniteMoeTopKRouter"
             if type(router).__name__ == "Ernie4_5_MoeTopKRouter":
                 spec.router, spec.cast_weights = router.weight, False  # fp32, weights cast to the hidden dtype
                 spec.softmax_bias = (router.moe_statics.e_score_correction_bias, router.norm_min)
@@ -639,6 +657,8 @@ class FastDecoder:
         if not isinstance(column, torch.Tensor):
             end = column + length
         hidden = F.embedding(tokens, self.embed)  # [b, s, hidden]
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         cos, sin = self._rope(positions, hidden.dtype, reserved)
         routes = []
         for index, layer in enumerate(self.layers):
@@ -648,7 +668,8 @@ class FastDecoder:
                 mixed = self._deltanet_step(x, layer.deltanet, cache.keys[index], cache.values[index])
             else:
                 mixed = self._self_attention(x, layer, cache, index, (cos, sin), column, end, mask)
-            hidden = residual + self._linear(mixed, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
+            mixed = self._linear(mixed, layer.o, layer.o_bias)  # [b, s, H * D] -> [b, s, hidden]
+            hidden = residual + (mixed * self.residual_multiplier if self.residual_multiplier != 1.0 else mixed)
             residual = hidden
             x = self._norm(hidden, layer.post_norm)
             if layer.router is not None:
@@ -665,9 +686,11 @@ class FastDecoder:
             else:
                 assert layer.dense is not None  # refresh: a layer has a router or a dense MLP
                 x = self._mlp(x, layer.dense)
-            hidden = residual + x
+            hidden = residual + (x * self.residual_multiplier if self.residual_multiplier != 1.0 else x)
         hidden = self._norm(hidden[:, -1], self.final_norm)
         logits = self._linear(hidden, self.lm_head, self.lm_head_bias)
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
         if not record_routes:
             return logits, None
         if not routes:
@@ -870,6 +893,9 @@ class FastDecoder:
             top_k_index = torch.topk(probs + bias.squeeze(), layer.top_k, dim=-1)[1]
             weights = torch.gather(probs, dim=-1, index=top_k_index)
             weights = (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=norm_min)).to(x.dtype)
+        elif layer.fp32_logit_top_k:  # GraniteMoeTopKRouter
+            top_logits, top_k_index = self._linear(x, layer.router).float().topk(layer.top_k, dim=-1)
+            weights = torch.softmax(top_logits, dim=-1).type_as(x)
         elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
             top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
             weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
