@@ -232,6 +232,8 @@ class TaskConfig(Section):
             raise ValueError("task.path: required when task.kind is 'jsonl' (a JSONL file with prompt/answer)")
         if self.reward_function and self.reward_functions:
             raise ValueError("task.reward_functions: give either task.reward_function (one) or task.reward_functions (a list)")
+        if self.environment == {}:
+            raise ValueError("task.environment: an empty mapping names no environment (null: none)")
         return self
 
 

@@ -304,6 +304,7 @@ def test_metrics_and_dumps_carry_the_calls(tokenizer) -> None:
 @pytest.mark.parametrize("override, expected", [
     (["task.tools=[calculator:multiply]", "rollout.partial_rollout=true"], "set rollout.partial_rollout=false"),
     (["task.tools=[calculator:multiply]", "task.chat_template=plain"], "task.chat_template=plain has none"),
+    (["task.environment={}"], "an empty mapping names no environment"),
 ])
 def test_config_refuses_what_tools_cannot_do(override: list[str], expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
