@@ -223,27 +223,33 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
         if experts is None:
             checks += [plain_linear(getattr(mlp, name), f"layer {index} {name}") for name in DENSE_MLP]
             continue
-        router = router_of(mlp)
-        checks += [unexpected(router, "router"), unexpected(experts, "experts")]
-        shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
-        if shared is not None:  # a dense expert every token takes (Qwen2-MoE's weighed by a sigmoid gate)
-            checks += [unexpected(shared, "shared")]
-            checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
-        if hasattr(mlp, "shared_expert_gate"):
-            checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
-        group_limited = type(router).__name__ in GROUP_ROUTERS
-        if group_limited and router.num_experts % router.num_group:
-            checks.append(f"layer {index}: {router.num_experts} experts in {router.num_group} groups")
-        implementation = getattr(experts.config, "_experts_implementation", None)
-        if implementation != "grouped_mm":
-            checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
-        if getattr(experts, "_is_expert_parallel", False):
-            checks.append("expert parallelism")
-        layout = (getattr(experts, "is_transposed", False), getattr(experts, "is_concatenated", True),
-                  getattr(experts, "has_bias", False))
-        if layout != EXPERT_LAYOUTS.get(type(experts).__name__, (False, True, False)):
-            checks.append(f"an expert weight layout (transposed, concatenated, biased) of {layout}")
+        checks += _moe_reasons(mlp, index, unexpected, plain_linear)
     return next((reason for reason in checks if reason is not None), None)
+
+
+def _moe_reasons(mlp: Any, index: int, unexpected: Any, plain_linear: Any) -> list[str | None]:
+    """Why an MoE block is not a stock one the fast path reproduces (Nones where it is)."""
+    router, experts = router_of(mlp), mlp.experts
+    checks = [unexpected(router, "router"), unexpected(experts, "experts")]
+    shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+    if shared is not None:  # a dense expert every token takes (Qwen2-MoE's weighed by a sigmoid gate)
+        checks += [unexpected(shared, "shared")]
+        checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
+    if hasattr(mlp, "shared_expert_gate"):
+        checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
+    group_limited = type(router).__name__ in GROUP_ROUTERS
+    if group_limited and router.num_experts % router.num_group:
+        checks.append(f"layer {index}: {router.num_experts} experts in {router.num_group} groups")
+    implementation = getattr(experts.config, "_experts_implementation", None)
+    if implementation != "grouped_mm":
+        checks.append(f"experts implementation {implementation!r} (needs 'grouped_mm')")
+    if getattr(experts, "_is_expert_parallel", False):
+        checks.append("expert parallelism")
+    layout = (getattr(experts, "is_transposed", False), getattr(experts, "is_concatenated", True),
+              getattr(experts, "has_bias", False))
+    if layout != EXPERT_LAYOUTS.get(type(experts).__name__, (False, True, False)):
+        checks.append(f"an expert weight layout (transposed, concatenated, biased) of {layout}")
+    return checks
 
 
 def _deltanet_reasons(layer: Any, index: int, eps: float, unexpected: Any, plain_linear: Any) -> list[str | None]:
@@ -874,40 +880,9 @@ class FastDecoder:
         return out.transpose(1, 2).reshape(rows, length, -1)
 
     def _moe(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are the same but for ``cast_weights`` and
-        ``norm_topk_prob``) + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
+        """The layer's router (``_route``) + ``grouped_mm_experts_forward`` (transformers 5.24), for x [N, hidden]."""
         assert layer.router is not None and layer.gate_up is not None and layer.down is not None  # an MoE layer
-        if layer.group_routing is not None:
-            weights, top_k_index = _group_limited_top_k(x, layer)
-        elif layer.softmax_group_routing is not None:
-            weights, top_k_index = _greedy_top_k(x, layer)
-        elif layer.sigmoid_bias is not None:  # MiniMaxM2TopKRouter
-            assert layer.router is not None
-            scores = F.sigmoid(self._linear(x, layer.router).float())
-            top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
-            weights = scores.gather(1, top_k_index)
-            weights /= weights.sum(dim=-1, keepdim=True)
-        elif layer.softmax_bias is not None:  # Ernie4_5_MoeTopKRouter
-            bias, norm_min = layer.softmax_bias
-            probs = F.softmax(F.linear(x.float(), layer.router.float()), dim=1, dtype=torch.float)
-            top_k_index = torch.topk(probs + bias.squeeze(), layer.top_k, dim=-1)[1]
-            weights = torch.gather(probs, dim=-1, index=top_k_index)
-            weights = (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=norm_min)).to(x.dtype)
-        elif layer.fp32_logit_top_k:  # GraniteMoeTopKRouter
-            top_logits, top_k_index = self._linear(x, layer.router).float().topk(layer.top_k, dim=-1)
-            weights = torch.softmax(top_logits, dim=-1).type_as(x)
-        elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
-            top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
-            weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
-        else:
-            router_logits = self._linear(x, layer.router)
-            probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
-            weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
-            if layer.norm_topk_prob:
-                weights /= weights.sum(dim=-1, keepdim=True)
-            if layer.cast_weights:
-                weights = weights.to(router_logits.dtype)
-
+        weights, top_k_index = self._route(x, layer)
         num_tokens, top_k = top_k_index.shape
         num_experts = layer.gate_up.shape[0]
         expert_ids, perm = torch.sort(top_k_index.reshape(-1))
@@ -941,6 +916,42 @@ class FastDecoder:
         out = out[inverse].view(num_tokens, top_k, -1).sum(dim=1)
         return out.to(x.dtype), top_k_index
 
+
+    def _route(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k weights and experts of x [N, hidden]: ``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are
+        the same but for ``cast_weights`` and ``norm_topk_prob``), or the family's own router."""
+        assert layer.router is not None
+        if layer.group_routing is not None:
+            weights, top_k_index = _group_limited_top_k(x, layer)
+        elif layer.softmax_group_routing is not None:
+            weights, top_k_index = _greedy_top_k(x, layer)
+        elif layer.sigmoid_bias is not None:  # MiniMaxM2TopKRouter
+            assert layer.router is not None
+            scores = F.sigmoid(self._linear(x, layer.router).float())
+            top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, top_k_index)
+            weights /= weights.sum(dim=-1, keepdim=True)
+        elif layer.softmax_bias is not None:  # Ernie4_5_MoeTopKRouter
+            bias, norm_min = layer.softmax_bias
+            probs = F.softmax(F.linear(x.float(), layer.router.float()), dim=1, dtype=torch.float)
+            top_k_index = torch.topk(probs + bias.squeeze(), layer.top_k, dim=-1)[1]
+            weights = torch.gather(probs, dim=-1, index=top_k_index)
+            weights = (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=norm_min)).to(x.dtype)
+        elif layer.fp32_logit_top_k:  # GraniteMoeTopKRouter
+            top_logits, top_k_index = self._linear(x, layer.router).float().topk(layer.top_k, dim=-1)
+            weights = torch.softmax(top_logits, dim=-1).type_as(x)
+        elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
+            top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
+            weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
+        else:
+            router_logits = self._linear(x, layer.router)
+            probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+            weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
+            if layer.norm_topk_prob:
+                weights /= weights.sum(dim=-1, keepdim=True)
+            if layer.cast_weights:
+                weights = weights.to(router_logits.dtype)
+        return weights, top_k_index
     def _grouped_matmul(self, rows: torch.Tensor, weight: torch.Tensor,
                         groups: list[tuple[int, int, int]] | torch.Tensor) -> torch.Tensor:
         """``_grouped_matmul`` (``groups`` a list) or transformers' ``grouped_mm`` dispatcher (``groups``
