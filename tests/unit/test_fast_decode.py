@@ -23,6 +23,8 @@ from transformers import (
     GptOssForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
+    HunYuanMoEV1Config,
+    HunYuanMoEV1ForCausalLM,
     MiniMaxM2Config,
     MiniMaxM2ForCausalLM,
     MixtralConfig,
@@ -264,12 +266,26 @@ def granitemoe_model(std: float = 0.02, seed: int = 1) -> GraniteMoeForCausalLM:
     return _built(GraniteMoeForCausalLM, config, seed)
 
 
+def hunyuan_moe_model(std: float = 0.02, seed: int = 0) -> HunYuanMoEV1ForCausalLM:
+    """Hunyuan-MoE: q/k normalised per head after the rotary, NTK-alpha RoPE (labelled "dynamic", a fixed base), a
+    renormalising router in its ``wg`` linear, a shared MLP beside the experts."""
+    config = HunYuanMoEV1Config(**SMALL, head_dim=16, intermediate_size=32, num_experts=8, initializer_range=std,
+                                rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})
+    model = _built(HunYuanMoEV1ForCausalLM, config, seed)
+    with torch.no_grad():  # q/k norm weights away from 1, so that their place is seen
+        for layer in model.model.layers:
+            layer.self_attn.query_layernorm.weight.normal_(1.0, 0.3)
+            layer.self_attn.key_layernorm.weight.normal_(1.0, 0.3)
+    return model
+
+
 FAMILY_BUILDS = [moe_model, dense_model, olmoe_model, mixtral_model, qwen2_moe_model, glm4_moe_model, deepseek_v3_model,
                  glm4_moe_lite_model, dots1_model, deepseek_v2_model, minimax_m2_model, gpt_oss_model, qwen3_5_moe_model,
-                 qwen3_5_model, qwen3_next_model, ernie4_5_moe_model, granitemoe_model]
+                 qwen3_5_model, qwen3_next_model, ernie4_5_moe_model, granitemoe_model,
+                 hunyuan_moe_model]
 FAMILY_IDS = ["qwen3_moe", "qwen3", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
               "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe", "qwen3_5", "qwen3_next",
-              "ernie4_5_moe", "granitemoe"]
+              "ernie4_5_moe", "granitemoe", "hunyuan_v1_moe"]
 
 
 DENSE = (dense_model, qwen3_5_model)  # no routes to record

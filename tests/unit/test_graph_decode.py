@@ -78,7 +78,8 @@ def test_dense_models_and_unpadded_prompts_too():
 
 @pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
                                     "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_moe",
-                                    "qwen3_next", "ernie4_5_moe", "granitemoe"])
+                                    "qwen3_next", "ernie4_5_moe", "granitemoe",
+                                    "hunyuan_moe"])
 def test_the_other_moe_families_run_in_buckets_too(family):
     """OLMoE's whole-projection q/k norm, Mixtral's fp32 top-k weights, Qwen2-MoE's shared expert and dense layer:
     the buckets' step is the fast decoder's, so they sample what the dynamic loop samples, routes and all."""

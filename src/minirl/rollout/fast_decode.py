@@ -1,6 +1,6 @@
 """A lean decode step for Qwen3, Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4-MoE, DeepSeek-V3 and V2, GLM-4-MoE-Lite,
-dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE), Qwen3-Next, ERNIE-4.5-MoE and Granite-MoE, with a
-pre-allocated KV cache (``NativeEngine``).
+dots.llm1, MiniMax-M2, GPT-OSS, Qwen3.5 (dense and MoE), Qwen3-Next, ERNIE-4.5-MoE, Granite-MoE and Hunyuan-MoE,
+with a pre-allocated KV cache (``NativeEngine``).
 
 On CPU, one decode step of a small model through the transformers forward is bound by per-operator
 dispatch, not arithmetic: ~2,000 aten operators per step for the 4-layer demo model, most of them
@@ -30,7 +30,8 @@ in the cache's slots of the layer, updated in place), its full-attention layers 
 are zero-centred; its prompts prefill with the transformers forward (chunked delta rule). Qwen3-Next is the same
 but for its fused projections (``_unfused``). ERNIE-4.5-MoE rotates interleaved pairs in fp32 from fp32 tables
 and routes by an fp32 softmax with a correction bias. Granite-MoE scales its embeddings, residual branches and
-logits (``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``). A model this module cannot reproduce exactly (another family,
+logits (``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``). Hunyuan-MoE normalises q and k once
+rotated, with its NTK-alpha RoPE (a fixed base). A model this module cannot reproduce exactly (another family,
 another attention or experts implementation, a RoPE other than the default or yarn, sliding windows outside GPT-OSS, a
 module replaced by another class) keeps the transformers forward (``unsupported_reason``).
 
@@ -64,18 +65,18 @@ from minirl.rollout.precision import fake_quantize_kv
 
 FAMILIES = ("qwen3", "qwen3_moe", "olmoe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "glm4_moe_lite", "dots1",
             "deepseek_v2", "minimax_m2", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "ernie4_5_moe",
-            "granitemoe")
+            "granitemoe", "hunyuan_v1_moe")
 # Gated DeltaNet (linear attention) layers beside gated full attention (Qwen3.5, dense and MoE, and Qwen3-Next, whose
 # projections are fused per key head; ``_DeltaNet``)
 HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # multi-head latent attention (GLM-4-MoE-Lite is DeepSeek-V3's code; DeepSeek-V2 rotates with complex numbers)
 LATENT_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "deepseek_v2")
 # where a family normalises queries and keys: per head after the split (Qwen3; GLM-4-MoE with use_qk_norm), over the
-# whole projection before it (OLMoE), or not at all
+# whole projection before it (OLMoE), per head after the rotary (Hunyuan), or not at all
 QK_NORM = {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full", "mixtral": None, "qwen2_moe": None, "glm4_moe": "head",
            "deepseek_v3": None, "glm4_moe_lite": None, "dots1": "head", "deepseek_v2": None, "minimax_m2": "full",
            "gpt_oss": None, "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head", "ernie4_5_moe": None,
-           "granitemoe": None}
+           "granitemoe": None, "hunyuan_v1_moe": "after_rope"}
 # how a family's RMSNorms scale: ``weight * x.to(dtype)`` (most), ``(weight * x).to(dtype)`` in fp32 (GPT-OSS's
 # "fp32_scale"), or ``x * (1 + weight)`` in fp32, a zero-centred weight (Qwen3.5's "offset")
 NORM_KIND = {"gpt_oss": "fp32_scale", "qwen3_5_text": "offset", "qwen3_5_moe_text": "offset", "qwen3_next": "offset"}
@@ -108,7 +109,10 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if getattr(config, "_attn_implementation", None) != attention:
         return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (needs {attention!r})"
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in ROPE_TYPES:
+    rope_type = rope.get("rope_type", "default")
+    if config.model_type == "hunyuan_v1_moe" and rope_type == "dynamic" and rope.get("alpha"):
+        rope_type = "default"  # Hunyuan's NTK-alpha: a fixed base (transformers' "ntk_alpha"), its tables read as they are
+    if rope_type not in ROPE_TYPES:
         return f"RoPE type {rope.get('rope_type')!r} (needs one of {', '.join(ROPE_TYPES)})"
     window = getattr(config, "sliding_window", None) is not None
     sliding = window and (config.model_type == "mixtral" or getattr(config, "use_sliding_window", False))
@@ -134,15 +138,16 @@ _EXPECTED = {
     "model": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
               "Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM", "Dots1ForCausalLM",
               "DeepseekV2ForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", "Qwen3_5ForCausalLM",
-              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM"),
+              "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM",
+              "HunYuanMoEV1ForCausalLM"),
     "norm": ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "OlmoeRMSNorm", "MixtralRMSNorm", "Qwen2MoeRMSNorm", "Glm4MoeRMSNorm",
              "DeepseekV3RMSNorm", "Glm4MoeLiteRMSNorm", "Dots1RMSNorm", "DeepseekV2RMSNorm", "MiniMaxM2RMSNorm",
              "GptOssRMSNorm", "Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm", "Ernie4_5_MoeRMSNorm",
-             "GraniteMoeRMSNorm"),
+             "GraniteMoeRMSNorm", "HunYuanMoEV1RMSNorm"),
     "attention": ("Qwen3Attention", "Qwen3MoeAttention", "OlmoeAttention", "MixtralAttention", "Qwen2MoeAttention",
                   "Glm4MoeAttention", "Dots1Attention", "MiniMaxM2Attention", "GptOssAttention", "Qwen3_5Attention",
                   "Qwen3_5MoeAttention", "Qwen3NextAttention", "Ernie4_5_MoeAttention",
-                  "GraniteMoeAttention"),
+                  "GraniteMoeAttention", "HunYuanMoEV1Attention"),
     "linear_attention": ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"),
     "gated_norm": ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated"),
     "latent_attention": ("DeepseekV3Attention", "Glm4MoeLiteAttention", "DeepseekV2Attention"),  # (MLA)
@@ -151,20 +156,20 @@ _EXPECTED = {
             "Glm4MoeLiteMoE", "Glm4MoeLiteMLP", "Dots1MoE", "Dots1MLP", "DeepseekV2Moe", "DeepseekV2MLP",
             "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock", "Qwen3NextMLP",
             "Qwen3NextSparseMoeBlock", "Ernie4_5_MoeMLP", "Ernie4_5_MoeSparseMoeBlock",
-            "GraniteMoeMoE"),
+            "GraniteMoeMoE", "HunYuanMoEV1Moe"),
     "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
                "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
                "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter",
-               "Ernie4_5_MoeTopKRouter", "GraniteMoeTopKRouter"),
+               "Ernie4_5_MoeTopKRouter", "GraniteMoeTopKRouter", "HunYuanMoEV1Gate"),
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
                 "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "Ernie4_5_MoeExperts",
-                "GraniteMoeExperts"),
+                "GraniteMoeExperts", "HunYuanMoEV1Experts"),
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
-               "Qwen3_5MoeMLP", "Qwen3NextMLP", "Ernie4_5_MoeMLP"),  # shared
+               "Qwen3_5MoeMLP", "Qwen3NextMLP", "Ernie4_5_MoeMLP", "HunYuanMoEV1MLP"),  # shared
 }
 GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
-RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter")  # routers that always renormalise their top-k
+RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter", "HunYuanMoEV1Gate")  # always renormalise their top-k
 DELTANET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 FUSED_DELTANET_LINEARS = ("in_proj_qkvz", "in_proj_ba", "out_proj")  # Qwen3-Next's
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
@@ -181,6 +186,19 @@ def mlp_of(layer: Any) -> Any:
 def router_of(mlp: Any) -> Any:
     """An MoE block's router (``gate``; GPT-OSS's ``router``)."""
     return mlp.router if hasattr(mlp, "router") else mlp.gate
+
+
+def router_weight(router: Any) -> torch.Tensor:
+    """A router's weight [experts, hidden] (Hunyuan's in its ``wg`` linear)."""
+    return router.wg.weight if hasattr(router, "wg") else router.weight
+
+
+def shared_of(mlp: Any) -> Any:
+    """An MoE block's shared expert(s), or None (``shared_expert``, ``shared_experts``; Hunyuan's ``shared_mlp``)."""
+    for name in ("shared_expert", "shared_experts", "shared_mlp"):
+        if getattr(mlp, name, None) is not None:
+            return getattr(mlp, name)
+    return None
 
 
 def _structure_reason(hf_model: nn.Module) -> str | None:
@@ -204,7 +222,7 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
         latent = model.config.model_type in LATENT_FAMILIES
         if attn is not None:
             checks.append(unexpected(attn, "latent_attention" if latent else "attention"))
-        qk_norms = (attn.q_norm, attn.k_norm) if attn is not None and qk_norm_kind(model.config) else ()
+        qk_norms = (_qk_norm_module(attn, "q"), _qk_norm_module(attn, "k")) if attn is not None and qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
         checks += [unexpected(norm, "norm") for norm in norms]
         if any(getattr(norm, "variance_epsilon", eps) != eps for norm in norms):
@@ -231,7 +249,7 @@ def _moe_reasons(mlp: Any, index: int, unexpected: Any, plain_linear: Any) -> li
     """Why an MoE block is not a stock one the fast path reproduces (Nones where it is)."""
     router, experts = router_of(mlp), mlp.experts
     checks = [unexpected(router, "router"), unexpected(experts, "experts")]
-    shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+    shared = shared_of(mlp)
     if shared is not None:  # a dense expert every token takes (Qwen2-MoE's weighed by a sigmoid gate)
         checks += [unexpected(shared, "shared")]
         checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
@@ -250,6 +268,11 @@ def _moe_reasons(mlp: Any, index: int, unexpected: Any, plain_linear: Any) -> li
     if layout != EXPERT_LAYOUTS.get(type(experts).__name__, (False, True, False)):
         checks.append(f"an expert weight layout (transposed, concatenated, biased) of {layout}")
     return checks
+
+
+def _qk_norm_module(attn: Any, which: str) -> Any:
+    """An attention's query or key norm (``q_norm`` / ``k_norm``; Hunyuan's ``query_layernorm`` / ``key_layernorm``)."""
+    return getattr(attn, f"{which}_norm", None) or getattr(attn, {"q": "query_layernorm", "k": "key_layernorm"}[which])
 
 
 def _deltanet_reasons(layer: Any, index: int, eps: float, unexpected: Any, plain_linear: Any) -> list[str | None]:
@@ -476,8 +499,8 @@ class FastDecoder:
                 qkv_bias=None if latent else gemm(_cat_biases(attn.q_proj, attn.k_proj, attn.v_proj)),
                 o=gemm(attn.o_proj.weight),
                 o_bias=gemm(attn.o_proj.bias),
-                q_norm=attn.q_norm.weight if self.qk_norm else None,
-                k_norm=attn.k_norm.weight if self.qk_norm else None,
+                q_norm=_qk_norm_module(attn, "q").weight if self.qk_norm else None,
+                k_norm=_qk_norm_module(attn, "k").weight if self.qk_norm else None,
                 latent=self._latent(attn) if latent else None,
             )
             self._add_mlp(spec, mlp)
@@ -489,7 +512,7 @@ class FastDecoder:
         gemm = self._gemm_weight
         if hasattr(mlp, "experts"):
             router = router_of(mlp)
-            spec.router, spec.top_k = gemm(router.weight), router.top_k
+            spec.router, spec.top_k = gemm(router_weight(router)), router.top_k
             renormalise = type(router).__name__ in RENORMALISING
             spec.norm_topk_prob = renormalise or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
             spec.cast_weights = type(router).__name__ != "MixtralTopKRouter"  # Mixtral keeps fp32 weights
@@ -514,7 +537,7 @@ class FastDecoder:
                 spec.router_bias, spec.cast_weights = gemm(router.bias), False
                 spec.gate_up_bias, spec.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
                 spec.clamped_swiglu = (experts.alpha, experts.limit)
-            shared = getattr(mlp, "shared_expert", None) or getattr(mlp, "shared_experts", None)
+            shared = shared_of(mlp)
             if shared is not None:
                 spec.shared = tuple((gemm(getattr(shared, n).weight), gemm(getattr(shared, n).bias)) for n in DENSE_MLP)
             if hasattr(mlp, "shared_expert_gate"):
@@ -725,6 +748,9 @@ class FastDecoder:
             v = v.view(rows, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
             rotate = _apply_rope_halves if self.gpt_oss else _apply_rope_fp32_pairs if self.ernie else _apply_rope
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            if self.qk_norm == "after_rope":  # Hunyuan: each head normalised once rotated
+                assert layer.q_norm is not None and layer.k_norm is not None
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
         if self.kv_cache_format is not None:
             k, v = fake_quantize_kv(k, self.kv_cache_format), fake_quantize_kv(v, self.kv_cache_format)
         if isinstance(column, torch.Tensor):
