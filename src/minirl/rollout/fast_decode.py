@@ -217,10 +217,10 @@ def _structure_reason(hf_model: nn.Module) -> str | None:
     for index, layer in enumerate(model.model.layers):
         attn, mlp = getattr(layer, "self_attn", None), mlp_of(layer)
         checks.append(unexpected(mlp, "mlp"))
+        latent = model.config.model_type in LATENT_FAMILIES
         if attn is None:  # Qwen3.5's Gated DeltaNet
             checks += _deltanet_reasons(layer, index, eps, unexpected, plain_linear)
-        latent = model.config.model_type in LATENT_FAMILIES
-        if attn is not None:
+        else:
             checks.append(unexpected(attn, "latent_attention" if latent else "attention"))
         qk_norms = (_qk_norm_module(attn, "q"), _qk_norm_module(attn, "k")) if attn is not None and qk_norm_kind(model.config) else ()
         norms = (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms, model.model.norm)
@@ -792,8 +792,7 @@ class FastDecoder:
         hidden_states = mixed.transpose(1, 2)
         full = torch.cat([conv_state, hidden_states], dim=-1).to(net.conv_weight.dtype)
         conv_state.copy_(full[:, :, -conv_state.shape[-1]:])
-        convolved = F.conv1d(full, net.conv_weight.squeeze(1).unsqueeze(1), net.conv_bias, padding=0,
-                             groups=hidden_states.shape[1])
+        convolved = F.conv1d(full, net.conv_weight, net.conv_bias, padding=0, groups=hidden_states.shape[1])
         mixed = F.silu(convolved[:, :, -length:]).to(hidden_states.dtype).transpose(1, 2)
         query, key, value = torch.split(mixed, [keys, keys, values], dim=-1)
         query = query.reshape(rows, length, -1, net.key_dim)
@@ -809,11 +808,7 @@ class FastDecoder:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """An RMSNorm of the decoder (a layer's input / post-attention norm, the final one, per-head q/k norms) as the
         family scales it (``NORM_KIND``)."""
-        if self.norm_kind == "offset":  # Qwen3.5's zero-centred weight, in fp32
-            normed = x.float()
-            normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
-            return (normed * (1.0 + weight.float())).type_as(x)
-        return _rms_norm(x, weight, self.eps, scale_in_fp32=self.norm_kind == "fp32_scale")
+        return _rms_norm(x, weight, self.eps, self.norm_kind)
 
     def _cache_shapes(self, layer: _Layer, rows: int, length: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The shapes of a layer's cached keys and values (latent attention: its latent and its rotated key part)."""
@@ -995,15 +990,17 @@ def _cat_biases(*linears: nn.Linear) -> torch.Tensor | None:
                       for bias, linear in zip(biases, linears)])
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale_in_fp32: bool = False) -> torch.Tensor:
-    """``Qwen3RMSNorm.forward`` (OLMoE's, Mixtral's and Qwen2-MoE's are the same); ``scale_in_fp32``: GPT-OSS's,
-    which scales before casting back."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: str = "plain") -> torch.Tensor:
+    """``Qwen3RMSNorm.forward`` (OLMoE's, Mixtral's and Qwen2-MoE's are the same); ``kind`` (``NORM_KIND``):
+    ``fp32_scale``, GPT-OSS's, scales before casting back; ``offset``, Qwen3.5's, scales by 1 + weight in fp32."""
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
-    if scale_in_fp32:
+    if kind == "fp32_scale":
         return (weight * x).to(dtype)
+    if kind == "offset":
+        return (x * (1.0 + weight.float())).to(dtype)
     return weight * x.to(dtype)
 
 
@@ -1050,13 +1047,7 @@ def _unfused(qkvz: torch.Tensor, ba: torch.Tensor, net: _DeltaNet) -> tuple[torc
 
 def _gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``Qwen3_5RMSNormGated.forward``: the norm, then times silu(gate) in fp32."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    x = weight * x.to(dtype)
-    x = x * F.silu(gate.to(torch.float32))
-    return x.to(dtype)
+    return (_rms_norm(x, weight, eps) * F.silu(gate.to(torch.float32))).to(x.dtype)
 
 
 def _window(mask: torch.Tensor | None, window: int, column: int | torch.Tensor, end: int | None, length: int
