@@ -30,14 +30,20 @@ from minirl.rollout.precision import FP8_DTYPES, KV_CACHE_PRECISIONS, fake_quant
 OWN_CACHES = {"minimax": "MiniMaxCache"}
 
 
+def check_cache_precision(config: Any, kv_cache_precision: str) -> None:
+    """``ValueError`` (one line) when a model of ``config`` cannot keep its cache in ``kv_cache_precision``."""
+    own = OWN_CACHES.get(config.model_type)
+    if own is not None and kv_cache_precision != "same":
+        raise ValueError(f"rollout.kv_cache_precision: {config.model_type} models keep their own cache ({own}), "
+                         "which has no fp8 form: set it to 'same'")
+
+
 def new_cache(config: Any, kv_cache_precision: str = "same") -> Any:
     """An empty transformers cache for a model of ``config``: ``DynamicCache`` (with fp8 keys and values for an fp8
     ``kv_cache_precision``), or the model's own class (``OWN_CACHES``; its keys and values in the compute dtype)."""
+    check_cache_precision(config, kv_cache_precision)
     own = OWN_CACHES.get(config.model_type)
     if own is not None:
-        if kv_cache_precision != "same":
-            raise ValueError(f"rollout.kv_cache_precision: {config.model_type} models keep their own cache ({own}), "
-                             "which has no fp8 form: set it to 'same'")
         module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
         return getattr(module, own)()
     if kv_cache_precision != "same":

@@ -46,7 +46,7 @@ from torch import nn
 
 from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
-from minirl.rollout.kv_cache import OWN_CACHES, new_cache, repeat_rows, select_rows
+from minirl.rollout.kv_cache import check_cache_precision, new_cache, repeat_rows, select_rows
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -134,9 +134,7 @@ class NativeEngine:
         self.fp8_scale = fp8_scale
         self.fp4_block_size = fp4_block_size
         self.kv_cache_precision = kv_cache_precision
-        config: Any = model.config  # a transformers PretrainedConfig
-        if kv_cache_precision != "same" and config.model_type in OWN_CACHES:
-            new_cache(config, kv_cache_precision)  # raises: that cache has no fp8 form
+        check_cache_precision(model.config, kv_cache_precision)  # before the weights are copied
         self.compute_dtype = compute_dtype_of(precision, compute_dtype)
         if sample_seeding not in ("per_batch", "per_sample"):
             raise ValueError(f"sample_seeding must be 'per_batch' or 'per_sample' (got {sample_seeding!r})")
