@@ -144,7 +144,8 @@ class Toolbox:
     call may run (``task.tool_timeout_s``; None: as long as it takes, as in TRL)."""
 
     def __init__(self, functions: Sequence[Callable[..., Any]], timeout_s: float | None = None) -> None:
-        self.timeout_s = timeout_s
+        # a limit past what a thread wait takes (inf) is none
+        self.timeout_s = None if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX else timeout_s
         self.functions: dict[str, Callable[..., Any]] = {}
         for fn in functions:
             name = getattr(fn, "__name__", type(fn).__name__)
@@ -223,7 +224,7 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
 def _call(fn: Callable[..., Any], call: ToolCall, timeout_s: float | None) -> Any:
     """``fn(**call.arguments)``; with a timeout, in a thread of its own that is left behind (a Python thread cannot be
     stopped) when it runs past it: ``TimeoutError``."""
-    if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX:  # (inf, or past what a wait takes: no limit)
+    if timeout_s is None:
         return fn(**call.arguments)
     outcome: dict[str, Any] = {}
 
@@ -256,7 +257,7 @@ async def _awaited(value: Any, call: ToolCall, timeout_s: float | None) -> Any:
         except SystemExit as error:
             raise RuntimeError(_exited(call, error)) from None
 
-    if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX:
+    if timeout_s is None:
         return await guarded()
     try:
         return await asyncio.wait_for(guarded(), timeout_s)
