@@ -19,3 +19,9 @@ def correct(completions, answer, **kwargs):
 def used_a_tool(completions, **kwargs):
     """0.1 for a response that got a tool's result, a small nudge towards the calculator."""
     return [0.1 if any(m["role"] == "tool" for m in messages) else 0.0 for messages in completions]
+
+
+def tool_reward(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's signature: 1 when one of verl's tools (``tool_config.yaml``) computed the answer, its step rewards
+    arriving in ``extra_info["tool_rewards"]`` as verl's reward managers pass them."""
+    return max((extra_info or {}).get("tool_rewards") or [0.0])

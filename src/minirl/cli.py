@@ -184,7 +184,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer = build_model(cfg, path=args.checkpoint)
     task = build_task(cfg, model, tokenizer)
     engine = build_engine(cfg, model, tokenizer)
-    if cfg.task.tools or cfg.task.environment:  # the responses call their tools here too, as in training's evaluation
+    if cfg.task.calls_tools:  # the responses call their tools here too, as in training's evaluation
         from minirl.rollout.tools import tool_calling
 
         engine = tool_calling(cfg, engine, tokenizer, model, task.eval_prompts())

@@ -187,6 +187,11 @@ class TaskConfig(Section):
     instance is reset with the row before the rollout (its text, if any, appended to the prompt), whose public
     methods are tools, and whose ``get_reward()``, if any, is the rollout's reward beside ``task.reward_functions``;
     ``{name: module:Class}``: each row's ``environment`` column picks one (``minirl.rollout.environments``)."""
+    tool_config: str | None = None
+    """verl's tool config (the YAML file of ``multi_turn.tool_config_path``): its ``BaseTool`` classes are the model's
+    tools, each call run as verl's tool agent runs it (``create`` with the row's ``extra_info.tools_kwargs``,
+    ``execute``, ``release``), their step rewards reaching reward functions in ``extra_info["tool_rewards"]``
+    (``minirl.rollout.verl_tools``); null: none."""
     max_tool_iterations: int | None = Field(None, ge=1)
     """``task.tools``: rounds of tool calls per response at most (TRL's ``max_tool_calling_iterations``, verl's
     ``multi_turn.max_assistant_turns`` less one); null: until the model stops calling or ``rollout.max_new_tokens``,
@@ -235,6 +240,12 @@ class TaskConfig(Section):
         if self.environment == {}:
             raise ValueError("task.environment: an empty mapping names no environment (null: none)")
         return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Responses are sampled in turns with tool calls (``task.tools``, ``task.environment`` or
+        ``task.tool_config``)."""
+        return bool(self.tools or self.environment or self.tool_config)
 
 
 class RolloutConfig(Section):
@@ -1158,9 +1169,9 @@ class Config(Section):
     def _check_tools(self) -> None:
         """``task.tools`` / ``task.environment``: calls and results are written by the chat template, and a response is
         sampled whole."""
-        if not (self.task.tools or self.task.environment):  # the other tool keys may be set for tools given later
+        if not self.task.calls_tools:  # the other tool keys may be set for tools given later
             return
-        key = "task.tools" if self.task.tools else "task.environment"
+        key = next(f"task.{name}" for name in ("tools", "environment", "tool_config") if getattr(self.task, name))
         if self.task.chat_template == "plain":
             raise ValueError(f"{key}: tool calls and their results are written by the chat template; "
                              "task.chat_template=plain has none (use auto or a template file)")

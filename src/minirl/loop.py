@@ -188,7 +188,7 @@ def setup(cfg: Config, *, start_from: str | None = None, rewards: RewardSource |
         placement.close()
         raise
     engine = placement.engine
-    if cfg.task.tools or cfg.task.environment:  # responses that call tools, turn by turn (minirl.rollout.tools)
+    if cfg.task.calls_tools:  # responses that call tools, turn by turn (minirl.rollout.tools)
         from minirl.rollout.tools import tool_calling
 
         try:

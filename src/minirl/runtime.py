@@ -81,7 +81,7 @@ def build_model(cfg: Config, path: str | None = None) -> tuple[torch.nn.Module, 
         raise ConfigError(str(exc)) from None
     if cfg.task.prompt_truncation != "none":
         apply_prompt_truncation(tokenizer, prompt_token_limit(cfg, model), cfg.task.prompt_truncation)
-    if cfg.task.tools or cfg.task.environment:  # their schemas in every prompt (minirl.rollout.tools)
+    if cfg.task.calls_tools:  # their schemas in every prompt (minirl.rollout.tools)
         from minirl.rollout.tools import offered_schemas
 
         offered_schemas(tokenizer, cfg.task)

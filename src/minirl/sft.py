@@ -202,7 +202,7 @@ NEW_KEYS_AT_DEFAULT = ("reward_functions", "prompt_column", "answer_column", "ch
                        "repetition_penalty", "prompt_truncation", "dataset_config", "train_split", "eval_split",
                        "system_prompt", "chat_prompts", "tools", "max_tool_iterations", "tool_parser",
                        "environment", "tool_timeout_s", "tool_result_max_chars",
-                       "tool_result_keep", "max_tool_calls_per_turn")
+                       "tool_result_keep", "max_tool_calls_per_turn", "tool_config")
 """Keys added after SFT caches were first made: left out of the key while at their default, so earlier caches still match."""
 
 

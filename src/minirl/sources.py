@@ -191,4 +191,5 @@ def _completion_state(c: Completion) -> dict[str, Any]:
             **({} if c.sampled_mask is None else {"sampled_mask": c.sampled_mask.detach().cpu()}),
             **({} if c.messages is None else {"messages": c.messages, "tool_calls": c.tool_calls,
                                               "tool_failures": c.tool_failures}),
-            **({} if c.environment_reward is None else {"environment_reward": c.environment_reward})}
+            **({} if c.environment_reward is None else {"environment_reward": c.environment_reward}),
+            **({} if c.tool_extra_fields is None else {"tool_extra_fields": c.tool_extra_fields})}

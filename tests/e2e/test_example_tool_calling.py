@@ -52,6 +52,15 @@ def test_tool_calling_example(tmp_path: Path) -> None:
     assert rows[1]["tools/call_frequency"] > 0.5 and 0.0 <= rows[1]["reward/Calculator/mean"] <= 1.0
     expected = rows[1]["reward/correct/mean"] + rows[1]["reward/used_a_tool/mean"] + rows[1]["reward/Calculator/mean"]
     assert rows[1]["train/reward_mean"] == pytest.approx(expected, abs=1e-5)
+    # the calculator as verl's tools (verl's tool config and BaseTool methods, task.tool_config) on verl-layout rows:
+    # each call created with its row's extra_info.tools_kwargs, the step rewards reaching a verl compute_score
+    _run(work, "-m", "minirl", "train", "config.yaml", "--start-from", "runs/tool_calling/sft", "run.name=verl_tools",
+         "task.tools=[]", "task.tool_config=tool_config.yaml", "task.path=data/train_verl.jsonl",
+         "task.reward_functions=[{function: 'rewards:correct'}, {function: 'rewards:tool_reward'}]",
+         "optim.global_steps=2", "eval.every_steps=0")
+    rows = [json.loads(line) for line in (work / "runs" / "verl_tools" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["tools/call_frequency"] > 0.5 and rows[1]["reward/errors"] == 0.0
+    assert rows[1]["reward/tool_reward/mean"] > 0.05  # some calls' results were their rows' answers (0.25 seen)
     # from Python, TRL's shape: the tools and the rewards as functions
     out = _run(work, "train_trl_style.py", "optim.global_steps=1", "eval.every_steps=0", "eval.num_prompts=4")
     assert "held-out accuracy" in out

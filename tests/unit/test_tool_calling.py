@@ -330,8 +330,17 @@ def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
                               "actor_rollout_ref.rollout.multi_turn.max_user_turns": 2,
                               "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": 3}).values
     assert (fewer["task.max_tool_iterations"], fewer["task.max_tool_calls_per_turn"]) == (2, 3)
-    line, = [line for line in out.not_translated if "multi_turn.enable" in line]
-    assert "(calc_gsm8k_reward)" in line and "task.tools" in line
+    # verl's tool classes run here (minirl.rollout.verl_tools); its @function_tool files are listed by hand
+    assert out.values["task.tool_config"] == str(tools) and not any("multi_turn" in x for x in out.not_translated)
+    elsewhere = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
+                                  "actor_rollout_ref.rollout.multi_turn.tool_config_path": "/cluster/tools.yaml",
+                                  "actor_rollout_ref.rollout.multi_turn.function_tool_path": "my_tools.py"})
+    assert elsewhere.values["task.tool_config"] == "/cluster/tools.yaml"
+    assert any("tool_config_path" in x and "not found here" in x for x in elsewhere.differs)
+    line, = [line for line in elsewhere.not_translated if "function_tool_path" in line]
+    assert "my_tools.py" in line and "task.tools" in line
+    bare = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True})
+    assert any("multi_turn.enable" in x and "no tools" in x for x in bare.not_translated)
     plain = from_verl(base)
     assert "task.max_tool_iterations" not in plain.values and not any("multi_turn" in x for x in plain.not_translated)
 

@@ -51,7 +51,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     R + "multi_turn.enable": False, R + "multi_turn.max_assistant_turns": None, R + "multi_turn.tool_config_path": None,
     R + "multi_turn.format": "hermes", R + "multi_turn.max_tool_response_length": 256,
     R + "multi_turn.tool_response_truncate_side": "middle", R + "multi_turn.max_parallel_calls": 1,
-    R + "multi_turn.max_user_turns": None,
+    R + "multi_turn.max_user_turns": None, R + "multi_turn.function_tool_path": None,
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
@@ -119,7 +119,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format|"
-    r"max_tool_response_length|tool_response_truncate_side|max_parallel_calls|max_user_turns)$)|"
+    r"max_tool_response_length|tool_response_truncate_side|max_parallel_calls|max_user_turns|function_tool_path)$)|"
     r"(agent|checkpoint_engine|prometheus|disaggregation)\.).*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
@@ -447,8 +447,9 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
 
 def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     """verl's multi-turn tool agent (``rollout.multi_turn``): its rounds and call format carry over to ``task.tools``'
-    (``minirl.rollout.tools``); its tools, ``BaseTool`` classes named in ``tool_config_path``, do not run here: each
-    is named in one untranslated line, to be given as a function."""
+    (``minirl.rollout.tools``), its ``BaseTool`` classes (``tool_config_path``) to ``task.tool_config``
+    (``minirl.rollout.verl_tools``); its ``@function_tool`` functions (``function_tool_path``) are one untranslated
+    line, to be listed in ``task.tools``."""
     turns, replies = peer(R + "multi_turn.max_assistant_turns"), peer(R + "multi_turn.max_user_turns")
     bounds = [int(turns) - 1] if not unset(turns) and int(turns) >= 2 else []  # n assistant turns: n - 1 rounds
     bounds += [int(replies)] if not unset(replies) and int(replies) >= 1 else []  # each round a tool (user) turn
@@ -468,15 +469,19 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
         out.not_translated.append(f"{peer.show(R + 'multi_turn.format')}: minirl reads Hermes <tool_call> blocks or the "
                                   "tokenizer's parse_response (task.tool_parser)")
     path = peer(R + "multi_turn.tool_config_path")
-    names: list[str] = []
-    if not unset(path) and Path(str(path)).is_file():
-        listed = (read_yaml(str(path)) or {}).get("tools") or []
-        names = [str(((tool.get("tool_schema") or {}).get("function") or {}).get("name") or tool.get("class_name"))
-                 for tool in listed if isinstance(tool, dict)]
-    which = f" ({', '.join(names)})" if names else (f" ({path}, not found here)" if not unset(path) else "")
-    out.not_translated.append(f"{peer.show(R + 'multi_turn.enable')}: verl's tool classes{which} do not run in minirl; "
-                              "write each as a function with type hints and a docstring and list it in task.tools "
-                              "(minirl.rollout.tools)")
+    if not unset(path):
+        out.set("task.tool_config", str(path), peer.show(R + "multi_turn.tool_config_path"))
+        if not Path(str(path)).is_file():
+            out.differs.append(f"{peer.show(R + 'multi_turn.tool_config_path')}: not found here; give task.tool_config "
+                               "the file's path where minirl runs")
+    functions = peer(R + "multi_turn.function_tool_path")
+    if not unset(functions):
+        out.not_translated.append(f"{peer.show(R + 'multi_turn.function_tool_path')}: list its @function_tool "
+                                  "functions in task.tools as path.py:function (each a plain function with type hints "
+                                  "and a docstring; the decorator's own name, if it renames one, is not read)")
+    if unset(path) and unset(functions):
+        out.not_translated.append(f"{peer.show(R + 'multi_turn.enable')}: no tools (tool_config_path, "
+                                  "function_tool_path); give task.tools or task.tool_config")
 
 
 def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:

@@ -20,7 +20,7 @@ one more sampled token are not appended, and the response ends there unfinished 
 ``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``); ``task.tool_timeout_s`` bounds each
 call, one that runs longer getting ``{'error': 'Tool X timed out after N s.'}`` (a sync tool's thread is left
 behind: Python cannot stop it). ``task.environment`` gives each rollout its own instance whose methods are tools
-(``minirl.rollout.environments``).
+(``minirl.rollout.environments``); ``task.tool_config`` runs verl's tool classes (``minirl.rollout.verl_tools``).
 
 What the trainer sees: the response's tokens, results included, with ``Completion.sampled_mask`` False on the results,
 so they train nothing (TRL's ``tool_mask``, verl's ``response_mask``); their ``logp_rollout`` is 0. Each sampled token
@@ -276,12 +276,19 @@ def _gather(awaitables: list[Any]) -> list[Any]:
     return resolve(together())
 
 
+def standalone_schemas(task: Any) -> list[dict[str, Any]]:
+    """The schemas of the tools every rollout has: ``task.tools``' functions, then ``task.tool_config``'s verl tools."""
+    from minirl.rollout.verl_tools import load_verl_tools
+
+    return Toolbox.load(task.tools).schemas() + (load_verl_tools(task.tool_config).schemas() if task.tool_config else [])
+
+
 def offered_schemas(tokenizer: Any, task: Any) -> None:
-    """``task.tools``' schemas (and a single ``task.environment``'s methods') in every prompt ``tokenizer`` renders;
-    with named environments each row's prompt shows its own environment's (``tool_calling``)."""
+    """``task.tools``' and ``task.tool_config``'s schemas (and a single ``task.environment``'s methods) in every prompt
+    ``tokenizer`` renders; with named environments each row's prompt shows its own environment's (``tool_calling``)."""
     from minirl.rollout.environments import load_environments
 
-    schemas = Toolbox.load(task.tools).schemas()
+    schemas = standalone_schemas(task)
     if task.environment:
         environments = load_environments(task.environment)
         if not environments.named:
@@ -345,12 +352,13 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
     ``tokenizer``: ``offered_schemas``; named environments' set here on each row, as its ``tools`` column);
     ``ConfigError`` (one line) when a training prompt is not a chat or the template cannot write calls and results."""
     from minirl.rollout.environments import load_environments
+    from minirl.rollout.verl_tools import load_verl_tools
     from minirl.tasks.chat import stop_token_ids
 
     task = cfg.task
     environments = load_environments(task.environment) if task.environment else None
     if environments is not None and environments.named:
-        standalone = Toolbox.load(task.tools).schemas()
+        standalone = standalone_schemas(task)
         for prompt in [*prompts, *eval_prompts]:
             prompt.meta = {**prompt.meta, "tools": standalone + environments.schemas(environments.name_of(prompt))}
     plain = sum(prompt.messages is None for prompt in prompts)
@@ -367,7 +375,8 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
     return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
                        result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
-                       max_calls_per_turn=task.max_tool_calls_per_turn)
+                       max_calls_per_turn=task.max_tool_calls_per_turn,
+                       verl_tools=load_verl_tools(task.tool_config) if task.tool_config else None)
 
 
 @dataclass
@@ -383,6 +392,7 @@ class _Response:
     failures: int = 0
     environment: Any = None
     environment_name: str | None = None
+    agent: Any = None  # ``task.tool_config``: verl's ``AgentData`` of this rollout (``minirl.rollout.verl_tools``)
 
 
 class ToolCalling:
@@ -394,12 +404,13 @@ class ToolCalling:
     def __init__(self, engine: Any, tokenizer: Any, toolbox: Toolbox, *, stop_ids: Sequence[int],
                  parser: str = "hermes", max_iterations: int | None = None, environments: Any = None,
                  result_max_chars: int | None = None, result_keep: str = "middle",
-                 max_calls_per_turn: int | None = None) -> None:
+                 max_calls_per_turn: int | None = None, verl_tools: Any = None) -> None:
         self.engine, self.tokenizer, self.toolbox = engine, tokenizer, toolbox
         self.stop_ids, self.parser, self.max_iterations = set(stop_ids), parser, max_iterations
         self.result_max_chars, self.result_keep = result_max_chars, result_keep
         self.max_calls_per_turn = max_calls_per_turn  # verl's max_parallel_calls: the first ones run, the rest not
         self.environments = environments  # minirl.rollout.environments.Environments, or None
+        self.verl_tools = verl_tools  # minirl.rollout.verl_tools.VerlTools, or None
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet (unpickling): no recursion
@@ -429,18 +440,26 @@ class ToolCalling:
 
     def _first_turns(self, prompts: list[Prompt], n: int, sampling: SamplingParams, record_routes: bool) -> list[_Response]:
         """Each response's first turn; with environments, each rollout's instance reset with its row first, and the
-        engine given one prompt per rollout (a reset may add to it), numbered back into groups of ``n``."""
-        if self.environments is None:
-            first = self.engine.generate(prompts, n, sampling, record_routes=record_routes)
-            return [_Response(prompts[c.prompt_index], c, self.toolbox) for c in first]
+        engine given one prompt per rollout (a reset may add to it), numbered back into groups of ``n``; with verl's
+        tools, each rollout's own ``AgentData`` behind its calls."""
         envs = self.environments
-        names = [envs.name_of(prompt) for prompt in prompts for _ in range(n)]
-        instances = envs.take(names)
-        rows = [envs.reset(instance, prompt) for instance, prompt in zip(instances, [p for p in prompts for _ in range(n)])]
-        first = self.engine.generate(rows, 1, sampling, record_routes=record_routes)
-        return [_Response(rows[index], replace(c, prompt_index=index // n, sample_index=index % n),
-                          self.toolbox.joined(envs.tools(instance, name)), environment=instance, environment_name=name)
-                for index, (c, instance, name) in enumerate(zip(first, instances, names, strict=True))]
+        if envs is None:
+            first = self.engine.generate(prompts, n, sampling, record_routes=record_routes)
+            responses = [_Response(prompts[c.prompt_index], c, self.toolbox) for c in first]
+        else:
+            names = [envs.name_of(prompt) for prompt in prompts for _ in range(n)]
+            instances = envs.take(names)
+            rows = [envs.reset(instance, prompt) for instance, prompt in zip(instances, [p for p in prompts for _ in range(n)])]
+            first = self.engine.generate(rows, 1, sampling, record_routes=record_routes)
+            responses = [_Response(rows[index], replace(c, prompt_index=index // n, sample_index=index % n),
+                                   self.toolbox.joined(envs.tools(instance, name)), environment=instance,
+                                   environment_name=name)
+                         for index, (c, instance, name) in enumerate(zip(first, instances, names, strict=True))]
+        if self.verl_tools is not None:
+            for response in responses:
+                response.agent = self.verl_tools.agent_data(response.prompt, response.messages)
+                response.toolbox = response.toolbox.joined(self.verl_tools.functions(response.agent))
+        return responses
 
     def _read_turn(self, response: _Response, rounds: int) -> list[ToolCall]:
         """Read the newest turn into ``response.messages``; the calls to run (a turn that ended at a stop token, with
@@ -497,7 +516,8 @@ class ToolCalling:
         score = None if self.environments is None else self.environments.reward(response.environment,
                                                                                  response.environment_name)
         return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
-                       tool_failures=response.failures, environment_reward=score)
+                       tool_failures=response.failures, environment_reward=score,
+                       tool_extra_fields=None if response.agent is None else response.agent.tool_extra_fields())
 
 
 def cut_result(text: str, max_chars: int | None, keep: str) -> str:

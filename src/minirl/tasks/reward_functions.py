@@ -163,13 +163,16 @@ class Sample:
 
 def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
               trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None,
-              environment_reward: float | None = None) -> Sample:
+              environment_reward: float | None = None, tool_extra_fields: dict[str, Any] | None = None) -> Sample:
     """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``; ``messages``: the
     completion's chat messages when it called tools (``Completion.messages``); ``environment_reward``: its
-    environment's score (``task.environment``), one more column."""
+    environment's score (``task.environment``), and ``tool_extra_fields``: verl's tools' (``task.tool_config``), one
+    more column each."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
     if environment_reward is not None:
         columns["environment_reward"] = environment_reward
+    if tool_extra_fields is not None:
+        columns["tool_extra_fields"] = tool_extra_fields
     prompt_messages = getattr(prompt, "messages", None)
     shown = prompt_messages if prompt_messages is not None else prompt.text
     return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages)
@@ -296,8 +299,12 @@ VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 def verl_keywords(sample: Sample) -> dict[str, Any]:
     """What verl's reward managers pass for one sample (plus the row's columns and the token ids). The
     ground truth is the row's ``reward_model.ground_truth`` as stored (a number, list or object stays one),
-    else the answer column's text."""
+    else the answer column's text; verl's tools' ``tool_extra_fields`` (``task.tool_config``) are merged into
+    ``extra_info``, as verl's reward managers merge them."""
     extra_info = sample.columns.get("extra_info")
+    fields = sample.columns.get("tool_extra_fields")
+    if fields is not None:
+        extra_info = {**(extra_info if isinstance(extra_info, dict) else {}), **fields}
     reward_model = sample.columns.get("reward_model")
     stored = isinstance(reward_model, dict) and "ground_truth" in reward_model
     return {**sample.columns, "completion_ids": list(sample.completion_ids),

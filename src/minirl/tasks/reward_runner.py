@@ -228,9 +228,10 @@ class RewardRunner:
         ids = [[] if isinstance(item, tuple) else list(item.completion_ids) for item in completions]
         turns = [None if isinstance(item, tuple) else getattr(item, "messages", None) for item in completions]
         scores = [None if isinstance(item, tuple) else getattr(item, "environment_reward", None) for item in completions]
+        fields = [None if isinstance(item, tuple) else getattr(item, "tool_extra_fields", None) for item in completions]
         with self._lock:
             if self.functions:
-                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n])
+                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n], fields[n])
                            for n, (index, text) in enumerate(pairs)]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]

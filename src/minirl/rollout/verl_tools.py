@@ -1,0 +1,225 @@
+"""verl's tools (``task.tool_config``): the ``BaseTool`` classes of verl's ``multi_turn.tool_config_path``, run here.
+
+A verl user's tool config works unchanged::
+
+    tools:
+      - class_name: my_tools.Gsm8kTool           # module.Class (or path/file.py:Class)
+        config: {type: native}                   # passed to the class as ``config``
+        tool_schema:                              # OpenAI function schema; omitted: the class's get_openai_tool_schema()
+          type: function
+          function: {name: calc_gsm8k_reward, description: ..., parameters: {type: object, properties: ..., required: [...]}}
+
+Each class is made once, ``cls(config=..., tool_schema=...)``, as verl's ``initialize_tools_from_config`` makes it,
+its schema offered in every prompt (``model_dump(exclude_unset=True, exclude_none=True)``, what verl offers). A call
+the model writes then runs as verl 0.9's tool agent runs it (``ToolAgentLoop._call_tool``)::
+
+    instance_id, _ = await tool.create(create_kwargs=row.extra_info.tools_kwargs[name].create_kwargs)
+    response, reward, metrics = await tool.execute(instance_id, arguments, agent_data=agent_data)
+    await tool.release(instance_id)
+
+and its ``response.text`` (a plain string from an older tool is taken as it is) is the result the model reads,
+cut as ``task.tool_result_max_chars`` says. Each step ``reward`` joins the rollout's ``tool_rewards``; a call that
+raises adds 0.0, as in verl, and counts as a failed call (``tools/failure_frequency``). Once the response ends, verl's
+``tool_extra_fields`` (``agent_data.extra_fields``, ``turn_scores`` and ``tool_rewards``) reach reward functions as
+verl's reward managers pass them: merged into a verl ``compute_score``'s ``extra_info``; other reward functions get
+them as the ``tool_extra_fields`` column.
+
+``agent_data`` (``AgentData``) carries what a tool may read of verl's: the conversation so far (``messages``), the
+row's ``tools_kwargs``, a ``request_id``, ``extra_fields`` to keep session data in, ``metrics``, ``tool_rewards``.
+
+Tools subclassing verl's ``BaseTool`` need verl importable; any class with the same methods runs without it. When
+verl's ``OpenAIFunctionToolSchema`` is importable (a tool imported verl), the class gets it; otherwise a pydantic model
+of the same fields. Images or videos in a result are refused (text models only).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from minirl.config import ConfigError
+
+KEY = "task.tool_config"
+
+
+class _Property(BaseModel):  # verl.tools.schemas.OpenAIFunctionPropertySchema's fields
+    type: str | list[str]
+    description: str | None = None
+    enum: list[Any] | None = None
+
+
+class _Parameters(BaseModel):
+    type: str
+    properties: dict[str, _Property]
+    required: list[str] = Field(default_factory=list)
+
+
+class _Function(BaseModel):
+    name: str
+    description: str
+    parameters: _Parameters = Field(default_factory=lambda: _Parameters(type="object", properties={}, required=[]))
+    strict: bool = False
+
+
+class OpenAIFunctionToolSchema(BaseModel):
+    """verl's ``OpenAIFunctionToolSchema``, field for field, for tools that run without verl installed."""
+
+    type: str
+    function: _Function
+
+
+@dataclass
+class AgentData:
+    """What verl hands ``execute`` as ``agent_data``, of one rollout (verl's ``AgentData``, its text fields)."""
+
+    prompt_messages: list[dict[str, Any]]
+    response_messages: list[dict[str, Any]]  # the response's turns and results so far (``_Response.messages``)
+    tools_kwargs: dict[str, Any]
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    tool_rewards: list[float] = field(default_factory=list)
+    turn_scores: list[float] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far: the prompt's messages, then the response's."""
+        return [*self.prompt_messages, *self.response_messages]
+
+    def tool_extra_fields(self) -> dict[str, Any]:
+        """What verl's reward managers merge into ``extra_info`` (``tool_extra_fields``)."""
+        return {**self.extra_fields, "turn_scores": list(self.turn_scores), "tool_rewards": list(self.tool_rewards)}
+
+
+class VerlTools:
+    """The tools of one verl tool config by name, their schemas, and per-rollout callables running them."""
+
+    def __init__(self, tools: dict[str, Any]) -> None:
+        self.tools = tools
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Each tool's schema as verl offers it (``model_dump(exclude_unset=True, exclude_none=True)``)."""
+        return [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in self.tools.values()]
+
+    def agent_data(self, prompt: Any, response_messages: list[dict[str, Any]]) -> AgentData:
+        """A rollout's ``AgentData``: the row's ``extra_info.tools_kwargs`` (verl's dataset reads them there)."""
+        extra_info = (prompt.meta or {}).get("extra_info")
+        tools_kwargs = extra_info.get("tools_kwargs") if isinstance(extra_info, dict) else None
+        return AgentData(list(prompt.messages or []), response_messages, copy.deepcopy(tools_kwargs or {}))
+
+    def functions(self, agent: AgentData) -> list[Callable[..., Any]]:
+        """One async callable per tool, named after it, running its calls in ``agent``'s rollout."""
+        out = []
+        for name, tool in self.tools.items():
+            call = _lifecycle(tool, name, agent)
+            call.__name__ = call.__qualname__ = name
+            out.append(call)
+        return out
+
+
+def _lifecycle(tool: Any, name: str, agent: AgentData) -> Callable[..., Any]:
+    async def call(**arguments: Any) -> str:
+        create_kwargs = (agent.tools_kwargs.get(name) or {}).get("create_kwargs", {})
+        instance_id = None
+        try:
+            instance_id, _ = await tool.create(create_kwargs=create_kwargs)
+            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=agent)
+        except BaseException:
+            agent.tool_rewards.append(0.0)  # verl's reward of a call that raised
+            raise
+        finally:
+            if instance_id:
+                await tool.release(instance_id)
+        if reward is not None:
+            agent.tool_rewards.append(float(reward))
+        return _text(response, name)
+
+    return call
+
+
+def _text(response: Any, name: str) -> str:
+    """The text of a tool's ``ToolResponse`` (or of a plain string, as verl's older tools return)."""
+    if response is None or isinstance(response, str):
+        return response or ""
+    if getattr(response, "image", None) or getattr(response, "video", None):
+        raise ValueError(f"Tool {name} returned an image or video; minirl trains text models only.")
+    return str(getattr(response, "text", None) or "")
+
+
+def _schema_model() -> type[BaseModel]:
+    """verl's schema class when a tool imported verl, else ours (the same fields)."""
+    verl_schemas = sys.modules.get("verl.tools.schemas")
+    return getattr(verl_schemas, "OpenAIFunctionToolSchema", OpenAIFunctionToolSchema)
+
+
+def _entry(index: int, entry: Any, path: str) -> Any:
+    """One ``tools`` entry of the config made into its tool, or one line naming what is wrong."""
+    from minirl.tasks.rewards import RewardSpecError, load_reward_function
+
+    where = f"{KEY} ({path}): tools[{index}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+        raise ConfigError(f"{where}: each entry needs a class_name (module.Class)")
+    class_name, config = entry["class_name"], entry.get("config") or {}
+    kind = config.get("type", "native") if isinstance(config, dict) else None
+    if kind != "native":
+        raise ConfigError(f"{where}: config.type {kind!r}; minirl runs native tools (verl 0.9's only kind; MCP tools "
+                          "are not supported)")
+    spec = class_name if ":" in class_name else ":".join(class_name.rsplit(".", 1))
+    try:
+        cls: Any = load_reward_function(spec)
+    except RewardSpecError as error:
+        raise ConfigError(f"{where}: " + str(error).replace("reward function ", "tool class ", 1)) from None
+    schema = entry.get("tool_schema")
+    try:
+        schema = None if schema is None else _schema_model().model_validate(schema)
+        tool = cls(config=config, tool_schema=schema)
+    except ValidationError as error:
+        raise ConfigError(f"{where}: tool_schema is not an OpenAI function schema: "
+                          f"{' '.join(str(error).split())}") from None
+    except Exception as error:
+        raise ConfigError(f"{where}: making {class_name} raised {type(error).__name__}: "
+                          f"{' '.join(str(error).split())}") from None
+    if getattr(tool, "tool_schema", None) is None:
+        raise ConfigError(f"{where}: {class_name} has no tool_schema (give one in the config)")
+    missing = [m for m in ("create", "execute", "release") if not inspect.iscoroutinefunction(getattr(tool, m, None))]
+    if missing:
+        raise ConfigError(f"{where}: {class_name} has no async {', '.join(missing)} (verl's BaseTool methods)")
+    return tool
+
+
+@lru_cache(maxsize=8)
+def _loaded(path: str, mtime: float) -> VerlTools:
+    from minirl.peers.common import read_yaml
+
+    try:
+        listed = read_yaml(path).get("tools")
+    except ConfigError as error:
+        raise ConfigError(f"{KEY}: {error}") from None
+    if not isinstance(listed, list) or not listed:
+        raise ConfigError(f"{KEY} ({path}): no tools list (verl's tool config: tools: [{{class_name, config, "
+                          "tool_schema}}, ...])")
+    tools: dict[str, Any] = {}
+    for index, entry in enumerate(listed):
+        tool = _entry(index, entry, path)
+        name = tool.tool_schema.function.name
+        if name in tools:
+            raise ConfigError(f"{KEY} ({path}): two tools are named {name!r}; the model calls a tool by its name")
+        tools[name] = tool
+    return VerlTools(tools)
+
+
+def load_verl_tools(path: str) -> VerlTools:
+    """The tools of verl's tool config at ``path``, made once per process per version of the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{KEY}: no file {path} (verl's multi_turn.tool_config_path YAML)")
+    return _loaded(str(file), file.stat().st_mtime)

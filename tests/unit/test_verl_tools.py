@@ -1,0 +1,232 @@
+"""verl's tools (``task.tool_config``, ``minirl.rollout.verl_tools``): a verl tool config's ``BaseTool`` classes made as
+verl makes them, each call run as verl 0.9's tool agent runs it (create with the row's ``tools_kwargs``, execute with
+``agent_data``, release), and the step rewards reaching a verl ``compute_score`` in ``extra_info``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from minirl.config import ConfigError, load_config
+from minirl.rollout.tools import Toolbox, ToolCalling, offered_schemas
+from minirl.rollout.verl_tools import load_verl_tools
+from minirl.sources import _completion_state
+from minirl.tasks.chat import encode_prompt
+from minirl.tasks.reward_functions import sample_of, verl_keywords
+from minirl.types import Completion, Prompt, SamplingParams
+from tests.unit.test_tool_calling import CHAT, EXAMPLES, TurnEngine, _end, tokenizer  # noqa: F401 (a fixture)
+
+GSM8K_LIKE = textwrap.dedent('''
+    import uuid
+    from pydantic import BaseModel
+
+    class ToolResponse(BaseModel):  # verl's ToolResponse, its text and images
+        text: str | None = None
+        image: list | None = None
+
+    LOG = []
+
+    class AnswerTool:
+        """verl's Gsm8kTool, in short: the row's ground truth at create, the answer checked at execute."""
+
+        def __init__(self, config, tool_schema):
+            self.config, self.tool_schema, self.name = config, tool_schema, tool_schema.function.name
+            self.states = {}
+
+        async def create(self, instance_id=None, **kwargs):
+            instance_id = instance_id or uuid.uuid4().hex
+            self.states[instance_id] = kwargs["create_kwargs"]["ground_truth"]
+            LOG.append(("create", instance_id, kwargs))
+            return instance_id, ToolResponse()
+
+        async def execute(self, instance_id, parameters, **kwargs):
+            agent = kwargs["agent_data"]
+            LOG.append(("execute", instance_id, parameters, [m["role"] for m in agent.messages]))
+            if parameters["answer"] == "boom":
+                raise RuntimeError("the checker broke")
+            if parameters["answer"] == "picture":
+                return ToolResponse(text="see", image=[object()]), 0.5, {}
+            agent.extra_fields["checked"] = agent.extra_fields.get("checked", 0) + 1
+            reward = float(parameters["answer"] == self.states[instance_id])
+            return ToolResponse(text=f"Current parsed answer={parameters['answer']} reward={reward}"), reward, {}
+
+        async def release(self, instance_id, **kwargs):
+            LOG.append(("release", instance_id))
+            del self.states[instance_id]
+
+    class NoSandbox(AnswerTool):
+        def __init__(self, config, tool_schema):
+            raise OSError("no sandbox here")
+
+    class SyncTool(AnswerTool):
+        def create(self, instance_id=None, **kwargs):
+            return "x", None
+''')
+
+SCHEMA = {"type": "function", "function": {"name": "check_answer", "description": "Check an answer.", "parameters": {
+    "type": "object", "properties": {"answer": {"type": "string", "description": "The answer."}},
+    "required": ["answer"]}}}
+
+
+def _config(tmp_path: Path, entries: list | None = None) -> Path:
+    (tmp_path / "answer_tool.py").write_text(GSM8K_LIKE)
+    path = tmp_path / "tool_config.yaml"
+    listed = entries if entries is not None else [
+        {"class_name": "answer_tool.AnswerTool", "config": {"type": "native"}, "tool_schema": SCHEMA}]
+    path.write_text(json.dumps({"tools": listed}))  # JSON is YAML
+    return path
+
+
+def _call(answer: str) -> str:
+    return '<tool_call>{"name": "check_answer", "arguments": {"answer": "' + answer + '"}}</tool_call>'
+
+
+@pytest.fixture()
+def tool_module(tmp_path: Path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    path = _config(tmp_path)
+    yield load_verl_tools(str(path)), path
+    sys.modules.pop("answer_tool", None)
+
+
+def test_a_call_runs_create_execute_release_with_the_rows_tools_kwargs(tokenizer, tool_module) -> None:  # noqa: F811
+    tools, _ = tool_module
+    assert tools.schemas() == [SCHEMA] and list(tools.tools) == ["check_answer"]
+    engine = TurnEngine(tokenizer, [_call("42"), "The answer is 42."])
+    calling = ToolCalling(engine, tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)], verl_tools=tools)
+    extra_info = {"index": 7, "tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "42"}}}}
+    prompts = [Prompt("q", "42", meta={"extra_info": extra_info}, messages=CHAT),
+               Prompt("r", "5", meta={"extra_info": {"tools_kwargs": {"check_answer": {"create_kwargs":
+                                                                                       {"ground_truth": "5"}}}}},
+                      messages=CHAT)]
+    out = calling.generate(prompts, 2, SamplingParams(max_new_tokens=200))
+    log = sys.modules["answer_tool"].LOG
+    # per call, as verl's _call_tool: create (the row's create_kwargs), execute (the parsed arguments, agent_data
+    # with the conversation so far), release of the same instance; four rollouts, one call each
+    creates = [entry for entry in log if entry[0] == "create"]
+    assert [entry[2] for entry in creates] == [{"create_kwargs": {"ground_truth": "42"}}] * 2 + [
+        {"create_kwargs": {"ground_truth": "5"}}] * 2
+    first = [entry for entry in log if entry[1] == creates[0][1]]
+    assert [entry[0] for entry in first] == ["create", "execute", "release"]
+    assert first[1][2:] == ({"answer": "42"}, ["user", "assistant"])
+    assert tools.tools["check_answer"].states == {}  # every instance released
+    # the result is the response's text, the step reward the rollout's, the tools' extra_fields beside them
+    assert out[0].messages[1] == {"role": "tool", "name": "check_answer", "content": "Current parsed answer=42 reward=1.0"}
+    assert [c.tool_extra_fields for c in out] == [{"checked": 1, "turn_scores": [], "tool_rewards": [1.0]}] * 2 + [
+        {"checked": 1, "turn_scores": [], "tool_rewards": [0.0]}] * 2
+    assert out[0].tool_calls == 1 and out[0].tool_failures == 0
+    # a verl compute_score gets them in extra_info, merged into the row's own (verl's reward managers); other reward
+    # functions as the tool_extra_fields column; a dump keeps them
+    sample = sample_of(prompts[0], out[0].text, out[0].completion_ids, tool_extra_fields=out[0].tool_extra_fields)
+    assert verl_keywords(sample)["extra_info"] == {**extra_info, "checked": 1, "turn_scores": [], "tool_rewards": [1.0]}
+    assert sample.columns["tool_extra_fields"]["tool_rewards"] == [1.0]
+    again = Completion(**json.loads(json.dumps(_completion_state(out[0]), default=lambda t: t.tolist())))
+    assert again.tool_extra_fields == out[0].tool_extra_fields
+
+
+def test_a_call_that_raises_is_a_failed_call_with_verls_zero_reward(tokenizer, tool_module) -> None:  # noqa: F811
+    tools, _ = tool_module
+    engine = TurnEngine(tokenizer, [_call("boom") + _call("picture"), "Sorry."])
+    calling = ToolCalling(engine, tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)], verl_tools=tools)
+    row = Prompt("q", "1", meta={"extra_info": {"tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "1"}}}}},
+                 messages=CHAT)
+    c, = calling.generate([row], 1, SamplingParams(max_new_tokens=300))
+    assert c.tool_calls == 2 and c.tool_failures == 2
+    assert [m["content"] for m in c.messages if m["role"] == "tool"] == [
+        "{'error': 'the checker broke'}",
+        "{'error': 'Tool check_answer returned an image or video; minirl trains text models only.'}"]
+    assert c.tool_extra_fields["tool_rewards"] == [0.0, 0.5]  # verl adds 0 for the call that raised
+    assert tools.tools["check_answer"].states == {}  # released all the same
+    # a row without tools_kwargs: create gets verl's empty create_kwargs (this tool then raises: a failed call)
+    c, = calling.generate([Prompt("q", "1", messages=CHAT)], 1, SamplingParams(max_new_tokens=300))
+    assert c.tool_failures == 2 and "'ground_truth'" in c.messages[1]["content"]
+
+
+def test_the_schemas_reach_every_prompt_beside_task_tools(tokenizer, tool_module, tmp_path: Path) -> None:  # noqa: F811
+    _, path = tool_module
+    import copy
+
+    from minirl.tasks.chat import KWARGS_ATTRIBUTE
+
+    tok = copy.deepcopy(tokenizer)
+    setattr(tok, KWARGS_ATTRIBUTE, None)  # the fixture's schemas off: these are offered instead
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={path}",
+                             f"task.tools=[{EXAMPLES / 'tool_calling' / 'calculator.py'}:multiply]"])
+    offered_schemas(tok, cfg.task)
+    text = tok.decode(encode_prompt(tok, Prompt("q", "1", messages=CHAT)))
+    assert "Tools: multiply(a, b) check_answer(answer)" in text
+    with pytest.raises(ConfigError, match=r"^task.tool_config: tool calls and their results are written by"):
+        load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={path}",
+                           "task.chat_template=plain"])
+
+
+BAD = [
+    ({"tools": []}, r"no tools list"),
+    ({"tools": [{"config": {"type": "native"}}]}, r"tools\[0\]: each entry needs a class_name"),
+    ({"tools": [{"class_name": "answer_tool.AnswerTool", "config": {"type": "mcp"}}]},
+     r"tools\[0\]: config.type 'mcp'; minirl runs native tools"),
+    ({"tools": [{"class_name": "no_such_module_x1.Tool", "config": {"type": "native"}, "tool_schema": SCHEMA}]},
+     r"tools\[0\]: tool class 'no_such_module_x1:Tool': module 'no_such_module_x1' not found"),
+    ({"tools": [{"class_name": "answer_tool.AnswerTool", "tool_schema": {"type": "function", "function": {}}}]},
+     r"tools\[0\]: tool_schema is not an OpenAI function schema"),
+    ({"tools": [{"class_name": "answer_tool.AnswerTool", "tool_schema": SCHEMA}] * 2},
+     r"two tools are named 'check_answer'"),
+    ({"tools": [{"class_name": "answer_tool.NoSandbox", "tool_schema": SCHEMA}]},
+     r"tools\[0\]: making answer_tool.NoSandbox raised OSError: no sandbox here$"),
+    ({"tools": [{"class_name": "answer_tool.ToolResponse", "config": {"type": "native"}}]},
+     r"tools\[0\]: answer_tool.ToolResponse has no tool_schema \(give one in the config\)"),
+    ({"tools": [{"class_name": "answer_tool.SyncTool", "tool_schema": SCHEMA}]},
+     r"tools\[0\]: answer_tool.SyncTool has no async create \(verl's BaseTool methods\)"),
+]
+
+
+@pytest.mark.parametrize("content, expected", BAD)
+def test_a_broken_tool_config_is_one_line_naming_the_key_and_entry(tmp_path: Path, monkeypatch, content, expected) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    path = _config(tmp_path, content["tools"])
+    with pytest.raises(ConfigError, match=r"^task.tool_config \(.*tool_config.yaml\): " + expected) as error:
+        load_verl_tools(str(path))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"^task.tool_config: no file .*missing.yaml"):
+        load_verl_tools(str(tmp_path / "missing.yaml"))
+    (tmp_path / "broken.yaml").write_text("tools: [")
+    with pytest.raises(ConfigError, match=r"^task.tool_config: .*broken.yaml: not valid YAML"):
+        load_verl_tools(str(tmp_path / "broken.yaml"))
+
+
+VERL_SUBCLASS = textwrap.dedent('''
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import ToolResponse
+
+    class DoubleTool(BaseTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            return ToolResponse(text=str(2 * int(parameters["x"]))), 0.25, {"doubled": 1}
+''')
+
+
+def test_a_subclass_of_verls_own_base_tool_runs(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """Where verl is installed (skipped otherwise): its ``BaseTool`` (``create`` / ``release`` inherited) gets verl's
+    ``OpenAIFunctionToolSchema``, and its ``ToolResponse`` is read."""
+    pytest.importorskip("verl.tools.base_tool")
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    (tmp_path / "double_tool.py").write_text(VERL_SUBCLASS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    schema = {"type": "function", "function": {"name": "double", "description": "Double x.", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "description": "A number."}}, "required": ["x"]}}}
+    path = tmp_path / "verl_tools.yaml"
+    path.write_text(json.dumps({"tools": [{"class_name": "double_tool.DoubleTool", "config": {"type": "native"},
+                                           "tool_schema": schema}]}))
+    tools = load_verl_tools(str(path))
+    assert isinstance(tools.tools["double"].tool_schema, OpenAIFunctionToolSchema) and tools.schemas() == [schema]
+    call = '<tool_call>{"name": "double", "arguments": {"x": 21}}</tool_call>'
+    calling = ToolCalling(TurnEngine(tokenizer, [call, "42."]), tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)],
+                          verl_tools=tools)
+    c, = calling.generate([Prompt("q", "42", messages=CHAT)], 1, SamplingParams(max_new_tokens=200))
+    assert c.messages[1]["content"] == "42" and c.tool_extra_fields["tool_rewards"] == [0.25] and c.tool_failures == 0
