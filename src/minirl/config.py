@@ -17,7 +17,8 @@ import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -30,6 +31,29 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # a field's docstring is its description: ``minirl config`` prints it beside the key
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data: Any) -> Any:
+        """``true`` / ``false`` given for a number is a mistake, not 1 / 0 (pydantic's lax mode would take it): it goes
+        on as the text it was, which no number field takes (the error names the key and shows ``'true'``)."""
+        if not isinstance(data, dict):
+            return data
+        return {key: str(value).lower() if isinstance(value, bool) and key in cls.model_fields
+                and _numeric(cls.model_fields[key].annotation) else value for key, value in data.items()}
+
+
+def _numeric(annotation: Any) -> bool:
+    """A field that takes a number and not a bool (at its top level: through ``X | None`` and ``Annotated``)."""
+    kinds = _kinds(annotation)
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        return set().union(*(_kinds(arg) for arg in (args[:1] if get_origin(annotation) is Annotated else args)))
+    return {annotation}
 
 
 class RunConfig(Section):

@@ -108,6 +108,24 @@ def test_a_section_rule_says_its_values_without_dumping_the_section():
     assert str(err.value) == "algo: entropy_coef_min (2.0) must not exceed entropy_coef_max (1.0)"
 
 
+@pytest.mark.parametrize("override, key", [("rollout.max_new_tokens=true", "rollout.max_new_tokens"),
+                                           ("optim.lr=false", "optim.lr"),
+                                           ("task.max_tool_calls_per_turn=true", "task.max_tool_calls_per_turn"),
+                                           ("algo.eps_low=true", "algo.eps_low")])
+def test_true_or_false_for_a_number_is_an_error_not_one_or_zero(override, key, tmp_path):
+    """pydantic's lax mode would read them as 1 and 0; in a file as on the command line they are refused."""
+    with pytest.raises(ConfigError, match=rf"^{key}: must be a valid (integer|number).*\(got '(true|false)'\)$"):
+        load_config(None, [override])
+    section, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {name}: yes\n")  # YAML 1.1's yes is true
+    with pytest.raises(ConfigError, match=rf"c.yaml: {key}: must be a valid"):
+        load_config(path)
+    # a bool field still takes them, and a number still takes numbers
+    cfg = load_config(None, ["rollout.partial_rollout=true", "optim.lr=1", "task.max_tool_calls_per_turn=2"])
+    assert cfg.rollout.partial_rollout is True and cfg.optim.lr == 1.0 and cfg.task.max_tool_calls_per_turn == 2
+
+
 def test_toml_configs_load(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[optim]\nlr = 0.002\nminibatches_per_step = 4\n")
