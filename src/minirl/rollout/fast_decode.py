@@ -18,8 +18,9 @@ routing softmax in fp32, the ``grouped_mm`` experts path with its sort and per-t
 called the way ``sdpa_attention_forward`` calls it), so the logits and the routes are *bitwise*
 those of the model's own forward: ``tests/unit/test_fast_decode.py`` checks this for every family
 (``FAMILIES``), with and without padding, in fp32, bf16, fp8 and fp4, with an fp8 KV cache. The families differ
-in their q/k norms (``QK_NORM``), routers (softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's group-limited
-sigmoid router, ``GROUP_ROUTERS``, DeepSeek-V2's group-limited softmax, MiniMax-M2's biased sigmoid), shared experts, partial RoPE (GLM) and DeepSeek-V3's multi-head latent
+in their q/k norms (``QK_NORM``), routers (``ROUTER_KINDS``: softmax top-k, Mixtral's fp32 weights, DeepSeek-V3's
+group-limited sigmoid router, DeepSeek-V2's group-limited softmax, MiniMax-M2's biased sigmoid, ...), shared experts,
+partial RoPE (GLM) and DeepSeek-V3's multi-head latent
 attention (``_Latent``: the cache keeps each token's latent and rotated key part, expanded every step as
 transformers does). GPT-OSS runs its own eager attention (``_sink_attention``: a learned sink logit per head, and a
 sliding window on every other layer, which attends to the same last ``sliding_window`` columns transformers' sliding
@@ -54,6 +55,7 @@ keeps torch's kernels and the bitwise match with the transformers forward; ``Nat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast, overload
 
@@ -157,10 +159,7 @@ _EXPECTED = {
             "MiniMaxM2SparseMoeBlock", "GptOssMLP", "Qwen3_5MLP", "Qwen3_5MoeSparseMoeBlock", "Qwen3NextMLP",
             "Qwen3NextSparseMoeBlock", "Ernie4_5_MoeMLP", "Ernie4_5_MoeSparseMoeBlock",
             "GraniteMoeMoE", "HunYuanMoEV1Moe"),
-    "router": ("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter", "Glm4MoeTopkRouter",
-               "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter", "DeepseekV2TopkRouter",
-               "MiniMaxM2TopKRouter", "GptOssTopKRouter", "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter",
-               "Ernie4_5_MoeTopKRouter", "GraniteMoeTopKRouter", "HunYuanMoEV1Gate"),
+    "router": (),  # ROUTER_KINDS' keys (below)
     "experts": ("Qwen3MoeExperts", "OlmoeExperts", "MixtralExperts", "Qwen2MoeExperts", "Glm4MoeExperts",
                 "DeepseekV3Experts", "Glm4MoeLiteExperts", "Dots1Experts", "DeepseekV2Experts", "MiniMaxM2Experts",
                 "GptOssExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "Ernie4_5_MoeExperts",
@@ -168,7 +167,21 @@ _EXPECTED = {
     "shared": ("Qwen2MoeMLP", "Glm4MoeMLP", "DeepseekV3MLP", "Glm4MoeLiteMLP", "Dots1MLP", "DeepseekV2MLP",
                "Qwen3_5MoeMLP", "Qwen3NextMLP", "Ernie4_5_MoeMLP", "HunYuanMoEV1MLP"),  # shared
 }
-GROUP_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter")  # noaux_tc
+# each router the fast path reproduces and its rule (``_Router.kind``, run by ``ROUTES``): ``softmax`` = Qwen3-MoE's
+# top-k of an fp32 softmax; ``group_sigmoid`` = DeepSeek-V3's noaux_tc (bias-corrected, group-limited sigmoid);
+# ``group_softmax`` = DeepSeek-V2's greedy or group-limited softmax; ``biased_sigmoid`` = MiniMax-M2's;
+# ``biased_softmax`` = ERNIE-4.5's; ``logit_top_k`` = Granite-MoE's softmax over the top-k fp32 logits;
+# ``top_k_softmax`` = GPT-OSS's softmax over the top-k biased logits, in the model's dtype
+ROUTER_KINDS = {
+    **dict.fromkeys(("Qwen3MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter",
+                     "Qwen3_5MoeTopKRouter", "Qwen3NextTopKRouter", "HunYuanMoEV1Gate"), "softmax"),
+    **dict.fromkeys(("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter"),
+                    "group_sigmoid"),
+    "DeepseekV2TopkRouter": "group_softmax", "MiniMaxM2TopKRouter": "biased_sigmoid",
+    "Ernie4_5_MoeTopKRouter": "biased_softmax", "GraniteMoeTopKRouter": "logit_top_k", "GptOssTopKRouter": "top_k_softmax",
+}
+_EXPECTED["router"] = tuple(ROUTER_KINDS)
+FP32_ROUTERS = ("group_sigmoid", "group_softmax", "biased_softmax")  # routed in fp32 whatever the model's dtype
 RENORMALISING = ("MixtralTopKRouter", "Qwen3_5MoeTopKRouter", "HunYuanMoEV1Gate")  # always renormalise their top-k
 DELTANET_LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 FUSED_DELTANET_LINEARS = ("in_proj_qkvz", "in_proj_ba", "out_proj")  # Qwen3-Next's
@@ -255,7 +268,7 @@ def _moe_reasons(mlp: Any, index: int, unexpected: Any, plain_linear: Any) -> li
         checks += [plain_linear(getattr(shared, name), f"layer {index} shared_expert.{name}") for name in DENSE_MLP]
     if hasattr(mlp, "shared_expert_gate"):
         checks.append(plain_linear(mlp.shared_expert_gate, f"layer {index} shared_expert_gate"))
-    group_limited = type(router).__name__ in GROUP_ROUTERS
+    group_limited = ROUTER_KINDS.get(type(router).__name__) == "group_sigmoid"
     if group_limited and router.num_experts % router.num_group:
         checks.append(f"layer {index}: {router.num_experts} experts in {router.num_group} groups")
     implementation = getattr(experts.config, "_experts_implementation", None)
@@ -334,6 +347,23 @@ class _Latent:
 
 
 @dataclass
+class _Router:
+    """An MoE layer's router as the decode step runs it: its rule (``ROUTER_KINDS``) and that rule's parameters."""
+
+    kind: str
+    weight: torch.Tensor  # [experts, hidden]: the GEMM's copy, or the module's own for ``FP32_ROUTERS``
+    top_k: int
+    renormalise: bool = False  # softmax, group_sigmoid: the top-k weights divided by their sum
+    cast_weights: bool = True  # softmax: the weights cast to the logits' dtype (Mixtral's stay fp32)
+    bias: torch.Tensor | None = None  # the correction bias (group_sigmoid, biased_*), or the linear's (top_k_softmax)
+    groups: int = 1  # group_*: expert groups, groups kept, the weights' scale (routed_scaling_factor)
+    kept: int = 1
+    scale: float = 1.0
+    method: str = "greedy"  # group_softmax: DeepSeek-V2's topk_method
+    norm_min: float = 0.0  # biased_softmax: the floor of the renormalising sum
+
+
+@dataclass
 class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -344,35 +374,21 @@ class _Layer:
     q_norm: torch.Tensor | None  # None: the family normalises neither (``QK_NORM``)
     k_norm: torch.Tensor | None
     # MoE block (router + experts) or dense MLP, whichever the layer has
-    router: torch.Tensor | None = None
+    router: _Router | None = None
     gate_up: torch.Tensor | None = None  # [E, 2 I, hidden]
     down: torch.Tensor | None = None  # [E, hidden, I]
-    top_k: int = 0
-    norm_topk_prob: bool = False
-    cast_weights: bool = True  # the top-k weights cast to the router logits' dtype (Mixtral's stay fp32)
-    # GLM-4-MoE's router (DeepSeek-V3's noaux_tc): sigmoid scores, bias-corrected group-limited top-k; its
-    # (e_score_correction_bias, groups, groups kept, routed_scaling_factor)
-    group_routing: tuple[torch.Tensor, int, int, float] | None = None
-    # DeepSeek-V2's router: fp32 softmax, top-k greedy or within the best groups; (method, groups, kept, scale)
-    softmax_group_routing: tuple[str, int, int, float] | None = None
-    sigmoid_bias: torch.Tensor | None = None  # MiniMax-M2's router: sigmoid scores, this bias to choose, renormalised
     dense: tuple[Linear, ...] | None = None  # (weight, bias) of a dense MLP's gate, up, down
     deltanet: _DeltaNet | None = None  # Qwen3.5's linear attention in place of qkv (``o``: its out_proj)
     gated_attention: bool = False  # Qwen3.5's full attention: q_proj gives each head's query and an output gate
     latent: _Latent | None = None  # DeepSeek-V3's attention in place of qkv
     shared: tuple[Linear, ...] | None = None  # the shared expert(s), as ``dense``
     shared_gate: torch.Tensor | None = None  # its sigmoid gate [1, hidden] (GLM-4-MoE's shared experts have none)
-    # GPT-OSS: a sliding window (columns), a sink logit per head, a biased router whose softmax runs over the top-k
-    # logits, biased experts and their clamped SwiGLU (alpha, limit)
+    # GPT-OSS: a sliding window (columns), a sink logit per head, biased experts and their clamped SwiGLU (alpha, limit)
     window: int | None = None
     sinks: torch.Tensor | None = None
-    router_bias: torch.Tensor | None = None
     gate_up_bias: torch.Tensor | None = None  # [E, 2 I], in the model's dtype (added after the GEMM is rounded)
     down_bias: torch.Tensor | None = None
     clamped_swiglu: tuple[float, float] | None = None
-    # ERNIE-4.5's router: fp32 softmax, top-k of it plus this correction bias, renormalised (a floor of norm_min)
-    softmax_bias: tuple[torch.Tensor, float] | None = None
-    fp32_logit_top_k: bool = False  # Granite-MoE's router: top-k of the fp32 logits, an fp32 softmax over them
 
 
 class StaticKVCache:
@@ -511,30 +527,11 @@ class FastDecoder:
         """A layer's MoE block (router, experts, shared expert) or dense MLP, as the decode step takes them."""
         gemm = self._gemm_weight
         if hasattr(mlp, "experts"):
-            router = router_of(mlp)
-            spec.router, spec.top_k = gemm(router_weight(router)), router.top_k
-            renormalise = type(router).__name__ in RENORMALISING
-            spec.norm_topk_prob = renormalise or getattr(router, "norm_topk_prob", False)  # DeepSeek-V2's: none
-            spec.cast_weights = type(router).__name__ != "MixtralTopKRouter"  # Mixtral keeps fp32 weights
-            if type(router).__name__ == "MiniMaxM2TopKRouter":  # its correction bias lives on the block
-                spec.sigmoid_bias, spec.cast_weights = mlp.e_score_correction_bias, False
-            if type(router).__name__ == "DeepseekV2TopkRouter":
-                spec.router, spec.cast_weights = router.weight, False  # fp32, as the group routers
-                spec.softmax_group_routing = (router.topk_method, router.num_group or 1, router.topk_group or 1,
-                                              router.routed_scaling_factor)
-            spec.fp32_logit_top_k = type(router).__name__ == "GraniteMoeTopKRouter"
-            if type(router).__name__ == "Ernie4_5_MoeTopKRouter":
-                spec.router, spec.cast_weights = router.weight, False  # fp32, weights cast to the hidden dtype
-                spec.softmax_bias = (router.moe_statics.e_score_correction_bias, router.norm_min)
-            if type(router).__name__ in GROUP_ROUTERS:
-                spec.router, spec.cast_weights = router.weight, False  # computed in fp32 whatever the model's dtype
-                spec.group_routing = (router.e_score_correction_bias, router.num_group, router.topk_group,
-                                      router.routed_scaling_factor)
-            spec.gate_up, spec.down = gemm(mlp.experts.gate_up_proj), gemm(mlp.experts.down_proj)
-            if type(router).__name__ == "GptOssTopKRouter":  # [E, hidden, out] weights, read as [E, out, hidden]
-                experts = mlp.experts
+            spec.router = self._router(mlp)
+            experts = mlp.experts
+            spec.gate_up, spec.down = gemm(experts.gate_up_proj), gemm(experts.down_proj)
+            if type(experts).__name__ == "GptOssExperts":  # [E, hidden, out] weights, read as [E, out, hidden]
                 spec.gate_up, spec.down = gemm(experts.gate_up_proj.mT), gemm(experts.down_proj.mT)
-                spec.router_bias, spec.cast_weights = gemm(router.bias), False
                 spec.gate_up_bias, spec.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
                 spec.clamped_swiglu = (experts.alpha, experts.limit)
             shared = shared_of(mlp)
@@ -544,6 +541,28 @@ class FastDecoder:
                 spec.shared_gate = gemm(mlp.shared_expert_gate.weight)
         else:
             spec.dense = tuple((gemm(getattr(mlp, n).weight), gemm(getattr(mlp, n).bias)) for n in DENSE_MLP)
+
+    def _router(self, mlp: Any) -> _Router:
+        """An MoE block's router as ``_route`` runs it (``ROUTER_KINDS``)."""
+        router = router_of(mlp)
+        name = type(router).__name__
+        kind = ROUTER_KINDS[name]
+        weight = router.weight if kind in FP32_ROUTERS else self._gemm_weight(router_weight(router))
+        spec = _Router(kind, weight, router.top_k, cast_weights=name != "MixtralTopKRouter",  # Mixtral's stay fp32
+                       renormalise=name in RENORMALISING or getattr(router, "norm_topk_prob", False))
+        if kind == "group_sigmoid":
+            spec.bias, spec.groups, spec.kept = router.e_score_correction_bias, router.num_group, router.topk_group
+            spec.scale = router.routed_scaling_factor
+        elif kind == "group_softmax":
+            spec.groups, spec.kept, spec.scale = router.num_group or 1, router.topk_group or 1, router.routed_scaling_factor
+            spec.method = router.topk_method
+        elif kind == "biased_sigmoid":  # its correction bias lives on the block
+            spec.bias = mlp.e_score_correction_bias
+        elif kind == "biased_softmax":
+            spec.bias, spec.norm_min = router.moe_statics.e_score_correction_bias, router.norm_min
+        elif kind == "top_k_softmax":
+            spec.bias = self._gemm_weight(router.bias)
+        return spec
 
     def _deltanet_layer(self, layer: Any) -> _Layer:
         """A Gated DeltaNet layer's norms and weights (its out_proj as the layer's ``o``)."""
@@ -939,40 +958,9 @@ class FastDecoder:
 
 
     def _route(self, x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        """The top-k weights and experts of x [N, hidden]: ``Qwen3MoeTopKRouter`` (OLMoE's, Qwen2-MoE's and Mixtral's are
-        the same but for ``cast_weights`` and ``norm_topk_prob``), or the family's own router."""
+        """The top-k weights and experts of x [N, hidden], by the layer's router's rule (``ROUTES``)."""
         assert layer.router is not None
-        if layer.group_routing is not None:
-            weights, top_k_index = _group_limited_top_k(x, layer)
-        elif layer.softmax_group_routing is not None:
-            weights, top_k_index = _greedy_top_k(x, layer)
-        elif layer.sigmoid_bias is not None:  # MiniMaxM2TopKRouter
-            assert layer.router is not None
-            scores = F.sigmoid(self._linear(x, layer.router).float())
-            top_k_index = torch.topk(scores + layer.sigmoid_bias, layer.top_k, dim=-1, sorted=False)[1]
-            weights = scores.gather(1, top_k_index)
-            weights /= weights.sum(dim=-1, keepdim=True)
-        elif layer.softmax_bias is not None:  # Ernie4_5_MoeTopKRouter
-            bias, norm_min = layer.softmax_bias
-            probs = F.softmax(F.linear(x.float(), layer.router.float()), dim=1, dtype=torch.float)
-            top_k_index = torch.topk(probs + bias.squeeze(), layer.top_k, dim=-1)[1]
-            weights = torch.gather(probs, dim=-1, index=top_k_index)
-            weights = (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=norm_min)).to(x.dtype)
-        elif layer.fp32_logit_top_k:  # GraniteMoeTopKRouter
-            top_logits, top_k_index = self._linear(x, layer.router).float().topk(layer.top_k, dim=-1)
-            weights = torch.softmax(top_logits, dim=-1).type_as(x)
-        elif layer.router_bias is not None:  # GptOssTopKRouter: the softmax over the top-k logits (model dtype)
-            top_values, top_k_index = torch.topk(self._linear(x, layer.router, layer.router_bias), layer.top_k, dim=-1)
-            weights = F.softmax(top_values, dim=1, dtype=top_values.dtype)
-        else:
-            router_logits = self._linear(x, layer.router)
-            probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
-            weights, top_k_index = torch.topk(probs, layer.top_k, dim=-1)
-            if layer.norm_topk_prob:
-                weights /= weights.sum(dim=-1, keepdim=True)
-            if layer.cast_weights:
-                weights = weights.to(router_logits.dtype)
-        return weights, top_k_index
+        return ROUTES[layer.router.kind](x, layer.router, self._linear)
     def _grouped_matmul(self, rows: torch.Tensor, weight: torch.Tensor,
                         groups: list[tuple[int, int, int]] | torch.Tensor) -> torch.Tensor:
         """``_grouped_matmul`` (``groups`` a list) or transformers' ``grouped_mm`` dispatcher (``groups``
@@ -1084,21 +1072,68 @@ def _clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.
     return (up + 1) * glu
 
 
-def _group_limited_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+Route = tuple[torch.Tensor, torch.Tensor]  # the top-k weights [N, k] and experts [N, k] of N tokens
+
+
+def _softmax_top_k(x: torch.Tensor, router: _Router, linear: Callable[..., torch.Tensor]) -> Route:
+    """``Qwen3MoeTopKRouter.forward`` (OLMoE's, Qwen2-MoE's, Mixtral's, Qwen3.5's, Hunyuan's: the same but for
+    ``cast_weights`` and ``renormalise``): the top-k of an fp32 softmax of the logits."""
+    router_logits = linear(x, router.weight)
+    probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+    weights, top_k_index = torch.topk(probs, router.top_k, dim=-1)
+    if router.renormalise:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    if router.cast_weights:
+        weights = weights.to(router_logits.dtype)
+    return weights, top_k_index
+
+
+def _group_limited_top_k(x: torch.Tensor, router: _Router, _: Callable[..., torch.Tensor]) -> Route:
     """``Glm4MoeTopkRouter.forward`` (DeepSeek-V3's noaux_tc) for x [N, hidden]: the top-k weights (fp32) and experts."""
-    assert layer.router is not None and layer.group_routing is not None
-    bias, groups, kept, scale = layer.group_routing
-    router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
+    assert router.bias is not None
+    router_logits = F.linear(x.type(torch.float32), router.weight.type(torch.float32))
     scores = router_logits.sigmoid()
-    choice = scores + bias
-    group_scores = choice.view(-1, groups, choice.shape[-1] // groups).topk(2, dim=-1)[0].sum(dim=-1)
-    choice = choice.masked_fill(~_best_groups(group_scores, kept, choice.shape[-1]), float("-inf"))
-    top_k_index = torch.topk(choice, k=layer.top_k, dim=-1, sorted=False)[1]
+    choice = scores + router.bias
+    group_scores = choice.view(-1, router.groups, choice.shape[-1] // router.groups).topk(2, dim=-1)[0].sum(dim=-1)
+    choice = choice.masked_fill(~_best_groups(group_scores, router.kept, choice.shape[-1]), float("-inf"))
+    top_k_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, top_k_index)
-    if layer.norm_topk_prob:
+    if router.renormalise:
         denominator = weights.sum(dim=-1, keepdim=True) + 1e-20
         weights /= denominator
-    return weights * scale, top_k_index
+    return weights * router.scale, top_k_index
+
+
+def _biased_sigmoid_top_k(x: torch.Tensor, router: _Router, linear: Callable[..., torch.Tensor]) -> Route:
+    """``MiniMaxM2TopKRouter`` (with its block's correction bias): sigmoid scores, the bias to choose, renormalised."""
+    assert router.bias is not None
+    scores = F.sigmoid(linear(x, router.weight).float())
+    top_k_index = torch.topk(scores + router.bias, router.top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, top_k_index)
+    weights /= weights.sum(dim=-1, keepdim=True)
+    return weights, top_k_index
+
+
+def _biased_softmax_top_k(x: torch.Tensor, router: _Router, _: Callable[..., torch.Tensor]) -> Route:
+    """``Ernie4_5_MoeTopKRouter``: an fp32 softmax, top-k of it plus the correction bias, renormalised (a floor of
+    ``norm_min``), the weights cast to the hidden dtype."""
+    assert router.bias is not None
+    probs = F.softmax(F.linear(x.float(), router.weight.float()), dim=1, dtype=torch.float)
+    top_k_index = torch.topk(probs + router.bias.squeeze(), router.top_k, dim=-1)[1]
+    weights = torch.gather(probs, dim=-1, index=top_k_index)
+    return (weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=router.norm_min)).to(x.dtype), top_k_index
+
+
+def _logit_top_k(x: torch.Tensor, router: _Router, linear: Callable[..., torch.Tensor]) -> Route:
+    """``GraniteMoeTopKRouter``: the top-k of the fp32 logits, an fp32 softmax over them."""
+    top_logits, top_k_index = linear(x, router.weight).float().topk(router.top_k, dim=-1)
+    return torch.softmax(top_logits, dim=-1).type_as(x), top_k_index
+
+
+def _top_k_softmax(x: torch.Tensor, router: _Router, linear: Callable[..., torch.Tensor]) -> Route:
+    """``GptOssTopKRouter``: the softmax over the top-k biased logits, in the model's dtype."""
+    top_values, top_k_index = torch.topk(linear(x, router.weight, router.bias), router.top_k, dim=-1)
+    return F.softmax(top_values, dim=1, dtype=top_values.dtype), top_k_index
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -1111,18 +1146,25 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat([rotated * cos + _rotate_half(rotated) * sin, passed], dim=-1)
 
 
-def _greedy_top_k(x: torch.Tensor, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+def _greedy_top_k(x: torch.Tensor, router: _Router, _: Callable[..., torch.Tensor]) -> Route:
     """``DeepseekV2TopkRouter.forward`` for x [N, hidden]: fp32 softmax scores, top-k over all experts (``greedy``)
     or over the best groups' (``group_limited_greedy``), scaled; the weights (fp32) and experts."""
-    assert layer.router is not None and layer.softmax_group_routing is not None
-    method, groups, kept, scale = layer.softmax_group_routing
-    router_logits = F.linear(x.type(torch.float32), layer.router.type(torch.float32))
+    router_logits = F.linear(x.type(torch.float32), router.weight.type(torch.float32))
     scores = router_logits.softmax(dim=-1, dtype=torch.float32)
-    if method == "group_limited_greedy":
-        group_scores = scores.view(-1, groups, scores.shape[-1] // groups).max(dim=-1).values
-        scores = scores.masked_fill(~_best_groups(group_scores, kept, scores.shape[-1]), 0.0)
-    weights, top_k_index = torch.topk(scores, k=layer.top_k, dim=-1, sorted=False)
-    return weights * scale, top_k_index
+    if router.method == "group_limited_greedy":
+        group_scores = scores.view(-1, router.groups, scores.shape[-1] // router.groups).max(dim=-1).values
+        scores = scores.masked_fill(~_best_groups(group_scores, router.kept, scores.shape[-1]), 0.0)
+    weights, top_k_index = torch.topk(scores, k=router.top_k, dim=-1, sorted=False)
+    return weights * router.scale, top_k_index
+
+
+ROUTES: dict[str, Callable[[torch.Tensor, _Router, Callable[..., torch.Tensor]], Route]] = {
+    "softmax": _softmax_top_k, "group_sigmoid": _group_limited_top_k, "group_softmax": _greedy_top_k,
+    "biased_sigmoid": _biased_sigmoid_top_k, "biased_softmax": _biased_softmax_top_k, "logit_top_k": _logit_top_k,
+    "top_k_softmax": _top_k_softmax,
+}
+"""Each router rule (``ROUTER_KINDS``): ``(x [N, hidden], router, linear)`` -> the top-k weights and experts;
+``linear`` is the decoder's GEMM (``FastDecoder._linear``), the fp32 rules run their own."""
 
 
 def _best_groups(group_scores: torch.Tensor, kept: int, experts: int) -> torch.Tensor:
