@@ -230,3 +230,28 @@ def test_a_subclass_of_verls_own_base_tool_runs(tokenizer, tmp_path: Path, monke
                           verl_tools=tools)
     c, = calling.generate([Prompt("q", "42", messages=CHAT)], 1, SamplingParams(max_new_tokens=200))
     assert c.messages[1]["content"] == "42" and c.tool_extra_fields["tool_rewards"] == [0.25] and c.tool_failures == 0
+
+
+def test_a_rows_tool_selection_offers_and_runs_those_tools_only(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """verl 0.9's ``extra_info.tool_selection``: the row's prompt lists the tools it names (known ones, in its order),
+    and a call of another is an unknown tool; rows without one get every tool."""
+    from minirl.rollout.tools import tool_calling
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    other = {"type": "function", "function": {"name": "other_check", "description": "Another.", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "string", "description": "The answer."}}, "required": ["answer"]}}}
+    entry = {"class_name": "answer_tool.AnswerTool", "config": {"type": "native"}}
+    path = _config(tmp_path, [entry | {"tool_schema": SCHEMA}, entry | {"tool_schema": other}])
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={path}"])
+    kwargs = {"tools_kwargs": {name: {"create_kwargs": {"ground_truth": "1"}} for name in ("check_answer", "other_check")}}
+    rows = [Prompt("q", "1", meta={"extra_info": kwargs | {"tool_selection": ["other_check", "gone"]}}, messages=CHAT),
+            Prompt("r", "1", meta={"extra_info": kwargs}, messages=CHAT)]
+    calling = tool_calling(cfg, TurnEngine(tokenizer, [_call("1"), "Done."]), tokenizer, None, rows)
+    calling.stop_ids.add(_end(tokenizer))  # the model's generation_config would add it (there is no model here)
+    assert [t["function"]["name"] for t in rows[0].meta["tools"]] == ["other_check"]
+    assert [t["function"]["name"] for t in rows[1].meta["tools"]] == ["check_answer", "other_check"]
+    assert "Tools: other_check(answer)<|im_end|>" in tokenizer.decode(encode_prompt(tokenizer, rows[0]))
+    selected, everything = calling.generate(rows, 1, SamplingParams(max_new_tokens=300))
+    assert selected.tool_failures == 1 and selected.messages[1]["content"] == "{'error': 'Tool check_answer not found.'}"
+    assert everything.tool_failures == 0 and everything.tool_extra_fields["tool_rewards"] == [1.0]

@@ -348,19 +348,25 @@ def check_tool_template(tokenizer: Any, stop_ids: Sequence[int]) -> None:
 
 def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Sequence[Prompt],
                  eval_prompts: Sequence[Prompt] = ()) -> ToolCalling:
-    """``task.tools``' (and ``task.environment``'s) wrapper of the run's ``engine`` (the tools' schemas already on
-    ``tokenizer``: ``offered_schemas``; named environments' set here on each row, as its ``tools`` column);
-    ``ConfigError`` (one line) when a training prompt is not a chat or the template cannot write calls and results."""
+    """``task.tools``' (and ``task.environment``'s, ``task.tool_config``'s) wrapper of the run's ``engine`` (the
+    tools' schemas already on ``tokenizer``: ``offered_schemas``; a row's own set here, as its ``tools`` column, when
+    named environments or verl's ``tool_selection`` make them differ by row); ``ConfigError`` (one line) when a
+    training prompt is not a chat or the template cannot write calls and results."""
     from minirl.rollout.environments import load_environments
     from minirl.rollout.verl_tools import load_verl_tools
     from minirl.tasks.chat import stop_token_ids
 
     task = cfg.task
     environments = load_environments(task.environment) if task.environment else None
-    if environments is not None and environments.named:
-        standalone = standalone_schemas(task)
-        for prompt in [*prompts, *eval_prompts]:
-            prompt.meta = {**prompt.meta, "tools": standalone + environments.schemas(environments.name_of(prompt))}
+    verl = load_verl_tools(task.tool_config) if task.tool_config else None
+    rows = [*prompts, *eval_prompts]
+    named = environments is not None and environments.named
+    if named or (verl is not None and any(verl.selection(prompt) is not None for prompt in rows)):
+        functions = Toolbox.load(task.tools).schemas()
+        for prompt in rows:
+            own = functions + (verl.schemas(verl.selection(prompt)) if verl is not None else [])
+            own += environments.schemas(environments.name_of(prompt)) if environments is not None and named else []
+            prompt.meta = {**prompt.meta, "tools": own}
     plain = sum(prompt.messages is None for prompt in prompts)
     if plain:
         raise ConfigError(f"task.tools: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
@@ -375,8 +381,7 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
     return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
                        result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
-                       max_calls_per_turn=task.max_tool_calls_per_turn,
-                       verl_tools=load_verl_tools(task.tool_config) if task.tool_config else None)
+                       max_calls_per_turn=task.max_tool_calls_per_turn, verl_tools=verl)
 
 
 @dataclass
@@ -458,7 +463,8 @@ class ToolCalling:
         if self.verl_tools is not None:
             for response in responses:
                 response.agent = self.verl_tools.agent_data(response.prompt, response.messages)
-                response.toolbox = response.toolbox.joined(self.verl_tools.functions(response.agent))
+                chosen = self.verl_tools.selection(response.prompt)
+                response.toolbox = response.toolbox.joined(self.verl_tools.functions(response.agent, chosen))
         return responses
 
     def _read_turn(self, response: _Response, rounds: int) -> list[ToolCall]:

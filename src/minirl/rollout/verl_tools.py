@@ -24,7 +24,8 @@ raises adds 0.0, as in verl, and counts as a failed call (``tools/failure_freque
 verl's reward managers pass them: merged into a verl ``compute_score``'s ``extra_info``; other reward functions get
 them as the ``tool_extra_fields`` column.
 
-``agent_data`` (``AgentData``) carries what a tool may read of verl's: the conversation so far (``messages``), the
+A row whose ``extra_info.tool_selection`` names some of the tools is offered and runs those only (verl 0.9's per-row
+selection). ``agent_data`` (``AgentData``) carries what a tool may read of verl's: the conversation so far (``messages``), the
 row's ``tools_kwargs``, a ``request_id``, ``extra_fields`` to keep session data in, ``metrics``, ``tool_rewards``.
 
 Tools subclassing verl's ``BaseTool`` need verl importable; any class with the same methods runs without it. When
@@ -106,9 +107,18 @@ class VerlTools:
     def __init__(self, tools: dict[str, Any]) -> None:
         self.tools = tools
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """Each tool's schema as verl offers it (``model_dump(exclude_unset=True, exclude_none=True)``)."""
-        return [tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for tool in self.tools.values()]
+    def schemas(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Each tool's schema (of ``names``; None: all) as verl offers it (``model_dump(exclude_unset=True,
+        exclude_none=True)``)."""
+        return [self.tools[name].tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+                for name in (names if names is not None else self.tools)]
+
+    def selection(self, prompt: Any) -> list[str] | None:
+        """The tools of this row only, by name (verl 0.9's ``extra_info.tool_selection``; names of no tool dropped, as
+        verl drops them), or None: all of them."""
+        extra_info = (prompt.meta or {}).get("extra_info")
+        chosen = extra_info.get("tool_selection") if isinstance(extra_info, dict) else None
+        return [name for name in chosen if name in self.tools] if chosen else None
 
     def agent_data(self, prompt: Any, response_messages: list[dict[str, Any]]) -> AgentData:
         """A rollout's ``AgentData``: the row's ``extra_info.tools_kwargs`` (verl's dataset reads them there)."""
@@ -116,11 +126,12 @@ class VerlTools:
         tools_kwargs = extra_info.get("tools_kwargs") if isinstance(extra_info, dict) else None
         return AgentData(list(prompt.messages or []), response_messages, copy.deepcopy(tools_kwargs or {}))
 
-    def functions(self, agent: AgentData) -> list[Callable[..., Any]]:
-        """One async callable per tool, named after it, running its calls in ``agent``'s rollout."""
+    def functions(self, agent: AgentData, names: list[str] | None = None) -> list[Callable[..., Any]]:
+        """One async callable per tool (of ``names``; None: all), named after it, running its calls in ``agent``'s
+        rollout."""
         out = []
-        for name, tool in self.tools.items():
-            call = _lifecycle(tool, name, agent)
+        for name in names if names is not None else self.tools:
+            call = _lifecycle(self.tools[name], name, agent)
             call.__name__ = call.__qualname__ = name
             out.append(call)
         return out
