@@ -91,6 +91,8 @@ class Completion:
     environment_reward: float | None = None  # ``task.environment``: its ``get_reward()`` once the response ended
     tool_extra_fields: dict[str, Any] | None = None  # ``task.tool_config``: verl's ``tool_extra_fields`` (the tools'
     # ``extra_fields``, ``turn_scores``, ``tool_rewards``), for reward functions' ``extra_info``
+    environment: Any = field(default=None, repr=False, compare=False)  # ``task.environment``: the rollout's instance,
+    # held for reward functions taking ``environments`` (TRL's); never saved (a dump, a checkpoint drop it)
 
 
 @dataclass(frozen=True)

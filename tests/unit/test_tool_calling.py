@@ -448,6 +448,60 @@ def test_environments_reset_per_rollout_own_the_tools_and_score(tokenizer, tmp_p
     assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0] and [f.name for f in runner.functions] == ["Counter"]
 
 
+ENVIRONMENT_REWARDS = '''
+import os
+
+
+def counted(environments, **kwargs):
+    """TRL's reward function over the rollouts' instances (GRPOTrainer passes environments=)."""
+    return [float(env.total) for env in environments]
+
+
+def where(completions, environments, **kwargs):
+    """The process it runs in: the trainer's, where the instances are."""
+    return [float(os.getpid())] * len(completions)
+'''
+
+
+def test_reward_functions_taking_environments_get_the_rollouts_instances(tokenizer, tmp_path: Path) -> None:
+    """TRL passes ``environments=`` (the batch's instances) to every reward function; one that names the parameter is
+    scored in the trainer's process, beside the workers that score the others; a dump or an async checkpoint does not
+    keep the instance."""
+    import os
+
+    from minirl.rollout.environments import load_environments
+    from minirl.sources import _completion_state
+    from minirl.tasks import RewardRunner, build_task_from_config
+
+    (tmp_path / "counter_env2.py").write_text(COUNTER)
+    (tmp_path / "env_rewards.py").write_text(ENVIRONMENT_REWARDS)
+    envs = load_environments(f"{tmp_path / 'counter_env2.py'}:Counter")
+    add = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
+    calling = ToolCalling(TurnEngine(tokenizer, [add, "Done."]), tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)],
+                          environments=envs)
+    prompts = [Prompt("q", "3", messages=CHAT), Prompt("r", "5", messages=CHAT)]
+    out = calling.generate(prompts, 2, SamplingParams(max_new_tokens=200))
+    assert all(c.environment is not None for c in out) and len({id(c.environment) for c in out}) == 4
+    functions = json.dumps([{"function": f"{tmp_path / 'env_rewards.py'}:counted"},
+                            {"function": f"{tmp_path / 'env_rewards.py'}:where", "weight": 0.0},
+                            {"function": f"{EXAMPLES / 'tool_calling' / 'rewards.py'}:used_a_tool", "weight": 0.0}])
+    cfg = load_config(None, ["task.kind=jsonl", f"task.path={EXAMPLES / 'tool_calling' / 'data' / 'train.jsonl'}",
+                             f"task.reward_functions={functions}", "task.reward_timeout_s=10"])
+    with RewardRunner.from_config(build_task_from_config(cfg.task), cfg.task) as runner:
+        assert runner.in_worker  # used_a_tool runs in a worker; the two taking environments here
+        rewards, stats = runner.score(prompts, out)
+    assert rewards.tolist() == [3.0] * 4 and stats["reward/where/mean"] == float(os.getpid())
+    assert stats["reward/used_a_tool/mean"] == pytest.approx(0.1)
+    assert "environment" not in _completion_state(out[0])
+    from minirl.async_rollout import _plain
+    from minirl.dynamic_sampling import Sampled
+
+    kept = _plain(1, Sampled(prompts=prompts, completions=out, rewards=rewards, reward_stats={}, columns=[],
+                             generated_tokens=0),
+                  {id(p): n for n, p in enumerate(prompts)})
+    assert all(c["environment"] is None for c in kept["completions"])
+
+
 def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_path: Path) -> None:
     from minirl.rollout.environments import load_environments
 
@@ -478,8 +532,10 @@ def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_
                      [Prompt("q", "3", meta={"environment": "chess"}, messages=CHAT)])
     from minirl.tasks.reward_functions import environment_reward
 
-    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="calc", environments=["count"]) is None
-    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="count", environments=["count"]) == 1.0
+    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="calc",
+                              class_environments=["count"]) is None
+    assert environment_reward("p", "c", "a", environment_reward=1.0, environment="count",
+                              class_environments=["count"]) == 1.0
 
 
 def test_minirl_train_takes_trls_tools_and_environment_factory(tmp_path: Path) -> None:

@@ -29,9 +29,10 @@ score is the whole reward.
 ``task.environment: {name: "module:Class", ...}`` (TRL's dict of factories): each data row names its environment
 in an ``environment`` column, and its prompt shows that environment's tools only.
 
-Unlike TRL, reward functions do not get the instances (``environments=``): they run in a worker process; the
-environment's own score reaches them through ``get_reward``. ``reset``'s text is in the prompt the engine and the
-trainer see; reward functions get the row's prompt as written.
+A reward function that names an ``environments`` parameter gets the rollouts' instances, as TRL passes them
+(``def reward(environments, **kwargs): return [env.score for env in environments]``); it runs in the trainer's process,
+where the instances live, while the others run in workers (the instances are not sent there, nor saved in a dump).
+``reset``'s text is in the prompt the engine and the trainer see; reward functions get the row's prompt as written.
 """
 
 from __future__ import annotations

@@ -522,7 +522,7 @@ class ToolCalling:
         score = None if self.environments is None else self.environments.reward(response.environment,
                                                                                  response.environment_name)
         return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
-                       tool_failures=response.failures, environment_reward=score,
+                       tool_failures=response.failures, environment_reward=score, environment=response.environment,
                        tool_extra_fields=None if response.agent is None else response.agent.tool_extra_fields())
 
 

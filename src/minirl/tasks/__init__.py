@@ -136,7 +136,7 @@ def build_task_from_config(
         for cls in sorted(set(rewarded.values())):  # one per class, for the rows of its environments (TRL's rule)
             names = sorted(name for name, of in rewarded.items() if of == cls and name is not None)
             functions.append({"function": "minirl.tasks.reward_functions:environment_reward", "name": cls, "weight": 1.0,
-                              **({"kwargs": {"environments": names}} if names else {})})
+                              **({"kwargs": {"class_environments": names}} if names else {})})
     return build_task(t.kind, reward_function=reward_function, reward_functions=functions, reward_device=reward_device,
                       trust_remote_code=trust_remote_code, chat_template_kwargs=getattr(t, "chat_template_kwargs", None),
                       **kwargs)

@@ -84,7 +84,7 @@ from minirl.tasks.rewards import (
 if TYPE_CHECKING:
     from minirl.types import Prompt
 
-BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "completion_ids", "data_sources")
+BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "completion_ids", "data_sources", "environments")
 VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
 
 
@@ -159,15 +159,20 @@ class Sample:
     columns: dict[str, Any] = field(default_factory=dict)
     trainer_state: TrainerState | None = None
     messages: list[dict[str, Any]] | None = None  # ``task.tools``: the completion as chat messages, calls and results
+    environment: Any = None  # ``task.environment``: the rollout's instance, for functions taking ``environments``
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to a worker without its environment (scored here: not needed)
+        return {**self.__dict__, "environment": None}
 
 
 def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
               trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None,
-              environment_reward: float | None = None, tool_extra_fields: dict[str, Any] | None = None) -> Sample:
+              environment_reward: float | None = None, tool_extra_fields: dict[str, Any] | None = None,
+              environment: Any = None) -> Sample:
     """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``; ``messages``: the
     completion's chat messages when it called tools (``Completion.messages``); ``environment_reward``: its
     environment's score (``task.environment``), and ``tool_extra_fields``: verl's tools' (``task.tool_config``), one
-    more column each."""
+    more column each; ``environment``: the rollout's instance (``Sample.environment``)."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
     if environment_reward is not None:
         columns["environment_reward"] = environment_reward
@@ -175,7 +180,7 @@ def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (
         columns["tool_extra_fields"] = tool_extra_fields
     prompt_messages = getattr(prompt, "messages", None)
     shown = prompt_messages if prompt_messages is not None else prompt.text
-    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages)
+    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages, environment)
 
 
 @dataclass
@@ -203,6 +208,7 @@ class RewardFn:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
         self.full_name = function_name(self.fn)
         self._accepts = _accepted_keywords(self.fn)
+        self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
         unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
@@ -365,12 +371,12 @@ def looks_slime(fn: Callable[..., Any]) -> bool:
 
 
 def environment_reward(prompt: Any, completion: Any, answer: Any, environment_reward: float | None = None,
-                       environment: str | None = None, environments: list[str] | None = None,
+                       environment: str | None = None, class_environments: list[str] | None = None,
                        **columns: Any) -> float | None:
     """The reward a rollout's environment gave it (``get_reward()``, ``task.environment``; TRL's environment reward
-    source); None (does not apply) for a rollout whose environment defines none or, with ``environments`` (the names
-    of one class's environments, ``task.environment`` as a dict), runs in another (the row's ``environment``)."""
-    if environments is not None and environment not in environments:
+    source); None (does not apply) for a rollout whose environment defines none or, with ``class_environments`` (the
+    names of one class's environments, ``task.environment`` as a dict), runs in another (the row's ``environment``)."""
+    if class_environments is not None and environment not in class_environments:
         return None
     return environment_reward
 
@@ -383,6 +389,8 @@ def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
         for key, value in sample.columns.items():
             columns.setdefault(key, [None] * len(samples))[index] = value
     answers = [s.answer for s in samples]
+    if any(s.environment is not None for s in samples):  # TRL's environments=: the rollouts' instances
+        columns["environments"] = [s.environment for s in samples]
     return {**columns, "prompts": [s.prompt for s in samples], "completions": completions,
             "completion_ids": [list(s.completion_ids) for s in samples], "answer": answers, "answers": answers,
             **_progress(samples[0].trainer_state if samples else None)}
@@ -446,6 +454,14 @@ def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _names_parameter(fn: Callable[..., Any], name: str) -> bool:
+    """``fn`` has a parameter of this name (not only ``**kwargs``)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _first_parameter(fn: Callable[..., Any]) -> str | None:

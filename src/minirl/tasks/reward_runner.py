@@ -140,8 +140,9 @@ def extra_means(name: str, rewards: Sequence[Any]) -> dict[str, float]:
 
 
 def _in_process(entry: RewardFn) -> bool:
-    """A reward function the trainer's process scores even when others run in workers (a reward model)."""
-    return bool(getattr(entry.fn, "in_process", False))
+    """A reward function the trainer's process scores even when others run in workers: a reward model, or one that
+    reads the rollouts' environments (TRL's ``environments=``; the instances live here)."""
+    return bool(getattr(entry.fn, "in_process", False)) or entry.takes_environments
 
 
 def _kill_all(workers: _Pool, closed: bool = True) -> None:
@@ -229,9 +230,11 @@ class RewardRunner:
         turns = [None if isinstance(item, tuple) else getattr(item, "messages", None) for item in completions]
         scores = [None if isinstance(item, tuple) else getattr(item, "environment_reward", None) for item in completions]
         fields = [None if isinstance(item, tuple) else getattr(item, "tool_extra_fields", None) for item in completions]
+        instances = [None if isinstance(item, tuple) else getattr(item, "environment", None) for item in completions]
         with self._lock:
             if self.functions:
-                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n], fields[n])
+                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n], fields[n],
+                                     instances[n])
                            for n, (index, text) in enumerate(pairs)]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]
@@ -272,7 +275,7 @@ class RewardRunner:
         entry = self.functions[k]
         if not entry.batched:
             items: list[Any] = list(samples)
-        elif _in_process(entry):  # a reward model: one call, which batches its forwards itself
+        elif _in_process(entry):  # a reward model (one call, which batches its forwards itself), or environments
             items = [list(samples)] if samples else []
         else:  # one call per worker, on a contiguous share of the samples
             share = max(1, math.ceil(len(samples) / self.num_workers))
