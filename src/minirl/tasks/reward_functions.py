@@ -51,9 +51,10 @@ apply (0 if none did), and the function's ``reward/<name>/mean`` is over the sam
 
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
-its first parameter is named ``prompts``, ``completions`` or ``completion_ids`` (TRL's convention) or
-``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
-awaitable) are awaited.
+its first parameter is named ``prompts``, ``completions``, ``completion_ids`` or ``environments`` (TRL's convention)
+or ``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
+awaitable) are awaited. One naming ``environments`` gets the rollouts' instances (``task.environment``; TRL's
+``environments=``) and runs in the trainer's process.
 
 Like ``minirl.tasks.rewards`` this imports nothing heavy: the reward worker process uses it.
 """
