@@ -4,6 +4,7 @@ defaults and ``$((...))`` arithmetic expanded), a YAML config or ``key=value`` w
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import re
@@ -448,8 +449,7 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
 def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     """verl's multi-turn tool agent (``rollout.multi_turn``): its rounds and call format carry over to ``task.tools``'
     (``minirl.rollout.tools``), its ``BaseTool`` classes (``tool_config_path``) to ``task.tool_config``
-    (``minirl.rollout.verl_tools``); its ``@function_tool`` functions (``function_tool_path``) are one untranslated
-    line, to be listed in ``task.tools``."""
+    (``minirl.rollout.verl_tools``), its ``@function_tool`` functions (``function_tool_path``) to ``task.tools``."""
     turns, replies = peer(R + "multi_turn.max_assistant_turns"), peer(R + "multi_turn.max_user_turns")
     bounds = [int(turns) - 1] if not unset(turns) and int(turns) >= 2 else []  # n assistant turns: n - 1 rounds
     bounds += [int(replies)] if not unset(replies) and int(replies) >= 1 else []  # each round a tool (user) turn
@@ -476,12 +476,42 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
                                "the file's path where minirl runs")
     functions = peer(R + "multi_turn.function_tool_path")
     if not unset(functions):
-        out.not_translated.append(f"{peer.show(R + 'multi_turn.function_tool_path')}: list its @function_tool "
-                                  "functions in task.tools as path.py:function (each a plain function with type hints "
-                                  "and a docstring; the decorator's own name, if it renames one, is not read)")
+        _verl_function_tools(peer, out, str(functions))
     if unset(path) and unset(functions):
         out.not_translated.append(f"{peer.show(R + 'multi_turn.enable')}: no tools (tool_config_path, "
                                   "function_tool_path); give task.tools or task.tool_config")
+
+
+def _verl_function_tools(peer: Peer, out: Translation, path: str) -> None:
+    """verl 0.9's ``function_tool_path``: its ``@function_tool`` functions (read from the file's source, not run) as
+    ``task.tools``; one the decorator renames or gives a schema is named as not translated (minirl reads a function's
+    schema from its name, hints and docstring)."""
+    shown = peer.show(R + "multi_turn.function_tool_path")
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError) as error:
+        out.not_translated.append(f"{shown}: cannot read its functions here ({type(error).__name__}); list its "
+                                  "@function_tool functions in task.tools as path.py:function")
+        return
+    plain: list[str] = []
+    changed: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for decorator in node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if getattr(target, "id", getattr(target, "attr", None)) == "function_tool":
+                given = isinstance(decorator, ast.Call) and bool(decorator.args or decorator.keywords)
+                (changed if given else plain).append(node.name)
+    if plain:
+        out.set("task.tools", [f"{path}:{name}" for name in plain], shown)
+        out.differs.append(f"{shown}: a result that is not text is written as Python's str() (TRL's rule), where verl "
+                           "writes a dict as JSON")
+    if changed:
+        out.not_translated.append(f"{shown}: {', '.join(changed)} renamed or given a schema by @function_tool; "
+                                  "minirl names a tool after its function")
+    if not plain and not changed:
+        out.not_translated.append(f"{shown}: no @function_tool functions found in {path}")
 
 
 def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
