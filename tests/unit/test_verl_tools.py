@@ -255,3 +255,5 @@ def test_a_rows_tool_selection_offers_and_runs_those_tools_only(tokenizer, tmp_p
     selected, everything = calling.generate(rows, 1, SamplingParams(max_new_tokens=300))
     assert selected.tool_failures == 1 and selected.messages[1]["content"] == "{'error': 'Tool check_answer not found.'}"
     assert everything.tool_failures == 0 and everything.tool_extra_fields["tool_rewards"] == [1.0]
+    with pytest.raises(ConfigError, match=r"^task.tool_config: 1 of 1 training prompts are plain text"):
+        tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, [Prompt("q", "1")])
