@@ -24,7 +24,8 @@ sampled in turns as with ``task.tools`` (``minirl.rollout.tools``), its calls go
 from the environment: a reward function named after the class, weight 1, beside ``task.reward_functions``
 (``reward/<Class>/mean``; it reaches the reward functions as the ``environment_reward`` column too). Like any reward
 function it replaces the task's built-in check (``task.reward``): without ``task.reward_functions`` the environment's
-score is the whole reward.
+score is the whole reward. A call whose result leaves no room in the response's budget has still run (the response
+ends unfinished without it), so ``get_reward`` sees what it did, as in TRL.
 
 ``task.environment: {name: "module:Class", ...}`` (TRL's dict of factories): each data row names its environment
 in an ``environment`` column, and its prompt shows that environment's tools only.
