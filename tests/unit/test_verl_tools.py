@@ -62,9 +62,25 @@ GSM8K_LIKE = textwrap.dedent('''
         def __init__(self, config, tool_schema):
             raise OSError("no sandbox here")
 
-    class SyncTool(AnswerTool):
+    class OldStyle(AnswerTool):
+        """An older tool: create returns the id alone, and the methods are plain functions."""
+
         def create(self, instance_id=None, **kwargs):
-            return "x", None
+            self.states["old"] = kwargs["create_kwargs"]["ground_truth"]
+            return "old"
+
+        def execute(self, instance_id, parameters, **kwargs):
+            return "seen " + parameters["answer"], 0.5, {}
+
+        def release(self, instance_id, **kwargs):
+            del self.states[instance_id]
+
+    class Incomplete:
+        def __init__(self, config, tool_schema):
+            self.tool_schema = tool_schema
+
+        async def create(self, instance_id=None, **kwargs):
+            return "x"
 ''')
 
 SCHEMA = {"type": "function", "function": {"name": "check_answer", "description": "Check an answer.", "parameters": {
@@ -147,6 +163,19 @@ def test_a_call_that_raises_is_a_failed_call_with_verls_zero_reward(tokenizer, t
     assert c.tool_failures == 2 and "'ground_truth'" in c.messages[1]["content"]
 
 
+def test_an_older_tool_with_plain_methods_and_a_bare_id_runs(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    tools = load_verl_tools(str(_config(tmp_path, [{"class_name": "answer_tool.OldStyle", "tool_schema": SCHEMA}])))
+    calling = ToolCalling(TurnEngine(tokenizer, [_call("7"), "7."]), tokenizer, Toolbox([]), stop_ids=[_end(tokenizer)],
+                          verl_tools=tools)
+    row = Prompt("q", "7", meta={"extra_info": {"tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "7"}}}}},
+                 messages=CHAT)
+    c, = calling.generate([row], 1, SamplingParams(max_new_tokens=200))
+    assert c.messages[1]["content"] == "seen 7" and c.tool_extra_fields["tool_rewards"] == [0.5] and c.tool_failures == 0
+    assert tools.tools["check_answer"].states == {}
+
+
 def test_the_schemas_reach_every_prompt_beside_task_tools(tokenizer, tool_module, tmp_path: Path) -> None:  # noqa: F811
     _, path = tool_module
     import copy
@@ -180,8 +209,8 @@ BAD = [
      r"tools\[0\]: making answer_tool.NoSandbox raised OSError: no sandbox here$"),
     ({"tools": [{"class_name": "answer_tool.ToolResponse", "config": {"type": "native"}}]},
      r"tools\[0\]: answer_tool.ToolResponse has no tool_schema \(give one in the config\)"),
-    ({"tools": [{"class_name": "answer_tool.SyncTool", "tool_schema": SCHEMA}]},
-     r"tools\[0\]: answer_tool.SyncTool has no async create \(verl's BaseTool methods\)"),
+    ({"tools": [{"class_name": "answer_tool.Incomplete", "tool_schema": SCHEMA}]},
+     r"tools\[0\]: answer_tool.Incomplete has no execute, release method \(verl's BaseTool methods\)"),
 ]
 
 
@@ -201,12 +230,38 @@ def test_a_broken_tool_config_is_one_line_naming_the_key_and_entry(tmp_path: Pat
 
 
 VERL_SUBCLASS = textwrap.dedent('''
+    from uuid import uuid4
+
     from verl.tools.base_tool import BaseTool
     from verl.tools.schemas import ToolResponse
+    from verl.utils.reward_score import gsm8k
+    from verl.utils.rollout_trace import rollout_trace_op
 
     class DoubleTool(BaseTool):
         async def execute(self, instance_id, parameters, **kwargs):
             return ToolResponse(text=str(2 * int(parameters["x"]))), 0.25, {"doubled": 1}
+
+    class GradedTool(BaseTool):
+        """verl's Gsm8kTool contract: the ground truth from create_kwargs, the answer graded by verl's gsm8k scorer,
+        a traced execute."""
+
+        def __init__(self, config, tool_schema):
+            super().__init__(config, tool_schema)
+            self.answers = {}
+
+        async def create(self, instance_id=None, ground_truth=None, **kwargs):
+            instance_id = instance_id or str(uuid4())
+            self.answers[instance_id] = ground_truth or kwargs.get("create_kwargs", {}).get("ground_truth")
+            return instance_id, ToolResponse()
+
+        @rollout_trace_op
+        async def execute(self, instance_id, parameters, **kwargs):
+            score = gsm8k.compute_score("#### " + str(parameters["answer"]), self.answers[instance_id],
+                                        method="flexible", format_score=0.0, score=1.0)
+            return ToolResponse(text=f"reward={score}"), score, {}
+
+        async def release(self, instance_id, **kwargs):
+            del self.answers[instance_id]
 ''')
 
 
@@ -230,6 +285,18 @@ def test_a_subclass_of_verls_own_base_tool_runs(tokenizer, tmp_path: Path, monke
                           verl_tools=tools)
     c, = calling.generate([Prompt("q", "42", messages=CHAT)], 1, SamplingParams(max_new_tokens=200))
     assert c.messages[1]["content"] == "42" and c.tool_extra_fields["tool_rewards"] == [0.25] and c.tool_failures == 0
+    # a Gsm8kTool-like one: verl's scorer, its traced execute, the row's ground truth at create
+    other = tmp_path / "graded_tools.yaml"
+    other.write_text(json.dumps({"tools": [{"class_name": "double_tool.GradedTool", "config": {"type": "native"},
+                                            "tool_schema": SCHEMA}]}))
+    graded = load_verl_tools(str(other))
+    calling = ToolCalling(TurnEngine(tokenizer, [_call("18"), "18."]), tokenizer, Toolbox([]),
+                          stop_ids=[_end(tokenizer)], verl_tools=graded)
+    extra_info = {"tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "18"}}}}
+    c, = calling.generate([Prompt("q", "18", meta={"extra_info": extra_info}, messages=CHAT)], 1,
+                          SamplingParams(max_new_tokens=200))
+    assert c.messages[1]["content"] == "reward=1.0" and c.tool_extra_fields["tool_rewards"] == [1.0]
+    assert graded.tools["check_answer"].answers == {}
 
 
 def test_a_rows_tool_selection_offers_and_runs_those_tools_only(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811

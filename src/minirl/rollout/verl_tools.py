@@ -142,19 +142,25 @@ def _lifecycle(tool: Any, name: str, agent: AgentData) -> Callable[..., Any]:
         create_kwargs = (agent.tools_kwargs.get(name) or {}).get("create_kwargs", {})
         instance_id = None
         try:
-            instance_id, _ = await tool.create(create_kwargs=create_kwargs)
-            response, reward, _ = await tool.execute(instance_id, arguments, agent_data=agent)
+            created = await _awaited(tool.create(create_kwargs=create_kwargs))
+            instance_id = created[0] if isinstance(created, tuple) else created  # (id, ToolResponse); older tools: id
+            response, reward, _ = await _awaited(tool.execute(instance_id, arguments, agent_data=agent))
         except BaseException:
             agent.tool_rewards.append(0.0)  # verl's reward of a call that raised
             raise
         finally:
             if instance_id:
-                await tool.release(instance_id)
+                await _awaited(tool.release(instance_id))
         if reward is not None:
             agent.tool_rewards.append(float(reward))
         return _text(response, name)
 
     return call
+
+
+async def _awaited(value: Any) -> Any:
+    """A tool method's result, awaited when it is awaitable (verl's are ``async def``; a plain one works too)."""
+    return await value if inspect.isawaitable(value) else value
 
 
 def _text(response: Any, name: str) -> str:
@@ -201,9 +207,9 @@ def _entry(index: int, entry: Any, path: str) -> Any:
                           f"{' '.join(str(error).split())}") from None
     if getattr(tool, "tool_schema", None) is None:
         raise ConfigError(f"{where}: {class_name} has no tool_schema (give one in the config)")
-    missing = [m for m in ("create", "execute", "release") if not inspect.iscoroutinefunction(getattr(tool, m, None))]
+    missing = [m for m in ("create", "execute", "release") if not callable(getattr(tool, m, None))]
     if missing:
-        raise ConfigError(f"{where}: {class_name} has no async {', '.join(missing)} (verl's BaseTool methods)")
+        raise ConfigError(f"{where}: {class_name} has no {', '.join(missing)} method (verl's BaseTool methods)")
     return tool
 
 
