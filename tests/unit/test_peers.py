@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1029,11 +1030,19 @@ def test_verl_script_values_from_a_command_are_unresolved(tmp_path: Path, monkey
     variable) is unresolved, not its text taken as written."""
     monkeypatch.delenv("NGPUS", raising=False)
     (tmp_path / "run.sh").write_text("NGPUS=$(nproc)\npython3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$NGPUS \\\n"
-                                     "  trainer.default_local_dir=$(pwd)/ckpt trainer.experiment_name=`date` trainer.nnodes=1\n")
+                                     "  trainer.default_local_dir=$(hostname)/ckpt trainer.experiment_name=`date` trainer.nnodes=1\n")
     given = script_overrides(tmp_path / "run.sh")
     assert given["trainer.nnodes"] == 1
     assert all(isinstance(given[f"trainer.{key}"], Unresolved)
                for key in ("n_gpus_per_node", "default_local_dir", "experiment_name"))
+    assert given["trainer.n_gpus_per_node"].command == f"$(nproc) ({tmp_path / 'run.sh'}:1)"  # a CommandOutput
+    # $(pwd) is where this runs, until the script changes directory
+    (tmp_path / "run.sh").write_text("HERE=\"$(pwd)\"\npython3 -m verl.trainer.main_ppo data.train_files=$HERE/a.parquet "
+                                     "data.val_files=`pwd`/b.parquet\ncd /elsewhere\n"
+                                     "python3 -m verl.trainer.main_ppo trainer.default_local_dir=$(pwd)/ckpt\n")
+    given = script_overrides(tmp_path / "run.sh")
+    assert given["data.train_files"] == f"{os.getcwd()}/a.parquet" and given["data.val_files"] == f"{os.getcwd()}/b.parquet"
+    assert isinstance(given["trainer.default_local_dir"], Unresolved)
 
 
 
@@ -1055,7 +1064,7 @@ def test_verl_script_variables_reassigned_from_a_command_drop_the_environments(t
     taking it is unresolved, not the environment's value."""
     monkeypatch.setenv("MODEL", "/env/model")
     monkeypatch.setenv("DATA", "/env/data")
-    (tmp_path / "run.sh").write_text("MODEL=$(realpath x)\nexport DATA=`pwd`/data\n"
+    (tmp_path / "run.sh").write_text("MODEL=$(realpath x)\nexport DATA=`hostname`/data\n"
                                      "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$MODEL \\\n"
                                      "  data.train_files=${DATA}/train.parquet trainer.nnodes=1\n")
     given = script_overrides(tmp_path / "run.sh")
@@ -1191,6 +1200,78 @@ def test_verl_run_script_translation(tmp_path: Path, monkeypatch):
     assert (v["eval.temperature"], v["eval.samples_per_prompt"]) == (0.0, 1)  # verl's default validation: greedy, n 1
     assert "actor_rollout_ref.rollout.gpu_memory_utilization" in out.ignored
     out.config()
+
+
+MULTITURN_SCRIPT = """#!/usr/bin/env bash
+set -xeuo pipefail
+PROJECT_DIR="$(pwd)"
+CONFIG_PATH="$PROJECT_DIR/config"
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-}
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-32}
+PPO_MINI_BATCH_SIZE=${PPO_MINI_BATCH_SIZE:-${TRAIN_BATCH_SIZE}}
+EXPERIMENT_NAME=${EXPERIMENT_NAME:-gsm8k_multiturn_$(date '+%d-%H-%M')}
+DATA=(
+    algorithm.adv_estimator=grpo
+    data.train_files=$PROJECT_DIR/train.parquet
+    data.train_batch_size=${TRAIN_BATCH_SIZE}
+)
+ACTOR=(
+    actor_rollout_ref.actor.ppo_mini_batch_size=${PPO_MINI_BATCH_SIZE}
+    actor_rollout_ref.model.path="$MODEL_SET_NOWHERE"
+)
+ROLLOUT=(
+    actor_rollout_ref.rollout.n=8
+    actor_rollout_ref.rollout.multi_turn.enable=true
+    actor_rollout_ref.rollout.multi_turn.tool_config_path="$PROJECT_DIR/config/tool_config.yaml"
+)
+TRAINER=(trainer.experiment_name="${EXPERIMENT_NAME}")
+CONFIG=(
+    --config-path="$CONFIG_PATH"
+    --config-name=multiturn_grpo
+)
+python3 -m verl.trainer.main_ppo \\
+    "${CONFIG[@]}" \\
+    "${DATA[@]}" \\
+    "${ACTOR[@]}" \\
+    "${ROLLOUT[@]}" \\
+    "${TRAINER[@]}" \\
+    actor_rollout_ref.actor.optim.lr=1e-6 "$@"
+"""
+
+
+def test_verls_multiturn_example_script_arrays_hydra_config_and_pwd(tmp_path: Path, monkeypatch):
+    """verl's current example scripts (``examples/sglang_multiturn``): overrides gathered in bash arrays spliced into
+    the command as ``"${DATA[@]}"``, ``PROJECT_DIR="$(pwd)"``, the run's Hydra config named by ``--config-path`` /
+    ``--config-name`` (read under the script's overrides), an experiment name with a date in it."""
+    for name in ("TRAIN_BATCH_SIZE", "PPO_MINI_BATCH_SIZE", "EXPERIMENT_NAME", "MODEL_SET_NOWHERE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "multiturn_grpo.yaml").write_text(
+        "hydra:\n  searchpath: [file://verl/trainer/config]\ndefaults: [ppo_trainer, _self_]\n"
+        "data: {max_response_length: 512, train_batch_size: 256}\n"
+        "actor_rollout_ref:\n  rollout:\n    multi_turn: {enable: true, max_assistant_turns: 5}\n")
+    (tmp_path / "run.sh").write_text(MULTITURN_SCRIPT)
+    given = read_verl([str(tmp_path / "run.sh")], ["actor_rollout_ref.model.path=/models/qwen"])
+    assert given["data.train_batch_size"] == 32  # the script's array, over its config's 256
+    assert given["actor_rollout_ref.actor.ppo_mini_batch_size"] == 32 and given["data.max_response_length"] == 512
+    assert given["data.train_files"] == f"{tmp_path}/train.parquet"
+    assert "--config-path" not in given and "--config-name" not in given
+    out = from_verl(given)
+    v = out.values
+    assert (v["rollout.prompts_per_step"], v["rollout.max_new_tokens"], v["task.max_tool_iterations"]) == (32, 512, 4)
+    assert v["task.tool_config"] == f"{tmp_path}/config/tool_config.yaml"
+    assert v["run.name"] == "gsm8k" and any("takes the output of $(date '+%d-%H-%M')" in x and "verl's default 'gsm8k'"
+                                            in x for x in out.differs)
+    # an array's element naming a variable set nowhere is unresolved, and an error where the translation needs it
+    bare = read_verl([str(tmp_path / "run.sh")], [])
+    with pytest.raises(ConfigError, match=r"run.sh:16: actor_rollout_ref.model.path uses a variable the script does not "
+                                          r"set \(\$MODEL_SET_NOWHERE\)"):
+        from_verl(bare)
+    # a config name that is not there is one line
+    (tmp_path / "config" / "multiturn_grpo.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"--config-name multiturn_grpo names .*multiturn_grpo.yaml, not found here"):
+        read_verl([str(tmp_path / "run.sh")], [])
 
 
 def test_verl_greedy_validation_with_n_evaluates_once_and_says_so():

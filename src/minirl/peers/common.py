@@ -129,6 +129,9 @@ class Peer:
     def __call__(self, key: str) -> Any:
         self.read.add(key)
         value = self.given.get(key, self.defaults.get(key))
+        if isinstance(value, CommandOutput):
+            raise ConfigError(f"{value.where}: {key} takes the output of {value.command}, a command the translation "
+                              f"does not run; give {self.override_hint(key)} after the script")
         if isinstance(value, Unresolved):
             raise ConfigError(f"{value.where}: {key} uses a variable the script does not set ({value.text}); "
                               f"set it in the environment or give {self.override_hint(key)} after the script")
@@ -305,6 +308,15 @@ class Unresolved:
 
     text: str
     where: str
+
+
+@dataclass(frozen=True)
+class CommandOutput(Unresolved):
+    """A script's word taking a command's output (``$(nproc)``, backticks, a variable set from one), which the
+    translation does not run: an error only if the translation reads it."""
+
+    command: str = ""
+    """The command and where the script runs it (``$(nproc) (run.sh:3)``)."""
 
 
 def template_kwargs(peer: Peer, out: Translation, key: str) -> None:

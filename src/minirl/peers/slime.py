@@ -20,6 +20,7 @@ from typing import Any
 from minirl.config import ConfigError
 from minirl.peers.common import (
     MEGATRON_MODULES,
+    CommandOutput,
     Objective,
     Peer,
     Translation,
@@ -135,15 +136,6 @@ SLIME_TEXT = frozenset({
     "custom-config-path", "train-backend"})
 """The flags the translation reads that slime's argparse takes as text (``type=str``, choices or ``json.loads``):
 their values are kept as written (``--rollout-stop "yes" "[END]"`` is two strings, not a bool and a list)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandOutput(Unresolved):
-    """A script's word taking a command's output (``$(nproc)``, backticks, a variable set from one), which the
-    translation does not run: an error only if the translation reads it."""
-
-    command: str = ""
-    """The command and where the script runs it (``$(nproc) (run.sh:3)``)."""
 
 
 class SlimePeer(Peer):

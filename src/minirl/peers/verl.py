@@ -8,12 +8,14 @@ import ast
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 from minirl.config import ConfigError, MiniRLConfig
 from minirl.peers.common import (
     MEGATRON_MODULES,
+    CommandOutput,
     Objective,
     Peer,
     Translation,
@@ -32,13 +34,19 @@ from minirl.peers.common import (
 from minirl.peers.shell import (
     ARRAY,
     CLOSE,
+    COMMAND,
+    LITERAL,
     NAME_VALUE,
     OPEN,
+    UNCOMMAND,
+    UNLITERAL,
     arguments,
     assigned,
     default_assignments,
     fields,
+    names,
     statements,
+    substitution,
     unquoted,
     why_unresolved,
 )
@@ -514,6 +522,18 @@ def _verl_function_tools(peer: Peer, out: Translation, path: str) -> None:
         out.not_translated.append(f"{shown}: no @function_tool functions found in {path}")
 
 
+def _run_name(peer: Peer, out: Translation, key: str) -> Any:
+    """A run's project or experiment name; one taking a command's output (a date, a git hash: not run here) is
+    verl's default instead, said in a line."""
+    try:
+        return peer(key)
+    except ConfigError as error:
+        if not isinstance(peer.given.get(key), CommandOutput):
+            raise
+        out.differs.append(f"{error}; the run's directory takes verl's default {peer.defaults[key]!r} instead")
+        return peer.defaults[key]
+
+
 def _verl_filter_groups(peer: Peer, out: Translation, prompts: int) -> None:
     """DAPO's dynamic sampling: verl's ``algorithm.filter_groups`` and ``data.gen_batch_size``."""
     F = "algorithm.filter_groups."
@@ -613,9 +633,10 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
 
 
 def _verl_runs(peer: Peer, out: Translation) -> None:
-    local = peer("trainer.default_local_dir") or f"checkpoints/{peer('trainer.project_name')}/{peer('trainer.experiment_name')}"
-    local = local.replace("${trainer.project_name}", str(peer("trainer.project_name")))
-    local = local.replace("${trainer.experiment_name}", str(peer("trainer.experiment_name")))
+    named = {key: _run_name(peer, out, key) for key in ("trainer.project_name", "trainer.experiment_name")}
+    local = peer("trainer.default_local_dir") or f"checkpoints/{named['trainer.project_name']}/{named['trainer.experiment_name']}"
+    local = local.replace("${trainer.project_name}", str(named["trainer.project_name"]))
+    local = local.replace("${trainer.experiment_name}", str(named["trainer.experiment_name"]))
     out.set("run.output_dir", str(Path(local).parent), peer.show("trainer.default_local_dir") if peer("trainer.default_local_dir") else "trainer.project_name")
     out.set("run.name", Path(local).name, "trainer.experiment_name")
     if peer("data.seed") is not None:
@@ -1028,7 +1049,9 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
         if path.endswith((".yaml", ".yml")):
             given.update(flatten(read_yaml(path), skip=("defaults", "hydra", "_target_")))
         else:
-            given.update(script_overrides(Path(path)))
+            overrides = script_overrides(Path(path))
+            given.update(_hydra_config(overrides, path))
+            given.update(overrides)
             module = re.search(r"-m\s+((?:verl|recipe)\.[\w.]+)", Path(path).read_text(encoding="utf-8"))
             if module:  # main_ppo, or one of verl's asynchronous trainers
                 given["-m"] = module.group(1)
@@ -1039,44 +1062,122 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
 
 
 _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
+_HYDRA_FLAGS = ("--config-path", "--config-name")
+
+
+def _hydra_config(overrides: dict[str, Any], script: str) -> dict[str, Any]:
+    """The settings of the config a run script names (Hydra's ``--config-path`` / ``--config-name``, as verl's
+    examples do), flattened, under the script's own overrides; ``overrides`` loses the two flags."""
+    folder, name = (overrides.pop(flag, None) for flag in _HYDRA_FLAGS)
+    if name is None:
+        return {}
+    if isinstance(folder, Unresolved) or isinstance(name, Unresolved):
+        raise ConfigError(f"{script}: its --config-path / --config-name are not known here; give the config YAML "
+                          "after the script (minirl config from-verl run.sh config.yaml)")
+    file = Path(str(folder or ".")) / (str(name) if str(name).endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not file.is_file():
+        raise ConfigError(f"{script}: --config-name {name} names {file}, not found here; give the config YAML after "
+                          "the script (minirl config from-verl run.sh config.yaml)")
+    return flatten(read_yaml(str(file)), skip=("defaults", "hydra", "_target_"))
 
 
 def script_overrides(path: Path) -> dict[str, Any]:
     """The ``key=value`` Hydra overrides of a verl run script, read as bash reads the script (``shell.statements``:
     redirections, ``&&`` / ``||``, groups and quotes), with its ``NAME=value`` variables and arrays (and the
     environment's) expanded; an override naming a variable set nowhere, or a command's output (not run here), is kept
-    ``Unresolved`` (an error line once a translation needs it; a setting minirl ignores may stay unresolved)."""
+    ``Unresolved`` (an error line once a translation needs it; a setting minirl ignores may stay unresolved). A
+    ``"${ARGS[@]}"`` word of a command gives the array's overrides (verl's examples gather them in ``DATA=(...)``,
+    ``ACTOR=(...)`` arrays), each as bash expanded it where the array was set. ``$(pwd)`` is the directory this runs
+    in until the script changes directory (verl's examples set ``PROJECT_DIR="$(pwd)"``, run from the repository)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
     variables, arrays = {**os.environ, **arguments((), str(path))}, dict[str, list[str | None]]()  # `bash run.sh`
+    written: dict[str, list[_Item]] = {}  # each array's words as written, with their expansion there and line
+    commanded: dict[str, str] = {}  # variables set from a command's output: the command and its file:line
     overrides: dict[str, Any] = {}
     lines = text.splitlines()
+    moved = False  # the script changed directory: $(pwd) is not known here
     for number, words, _ in statements(text):
+        moved = moved or unquoted(words[0]) in ("cd", "pushd", "popd")
+        words = words if moved else [_here(word) for word in words]
         for word in words:  # ${X:=v}: bash assigns X as it expands the word
             for name, value in default_assignments(word, variables):
                 _assign(variables, arrays, name, value, f"{path}:{number}")
         array = ARRAY.fullmatch(words[0])
         if array and words[1:2] == [OPEN]:
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
+            listed = [_Item(item, fields(item, variables, arrays=arrays), number) for item in items]
+            written[array.group(1)] = (written.get(array.group(1), []) if array.group(2) else []) + listed
             _assign_array(variables, arrays, array.group(1), items, bool(array.group(2)))
         elif all(NAME_VALUE.fullmatch(word) for word in words):
             for name, value in (NAME_VALUE.fullmatch(word).groups() for word in words):  # type: ignore[union-attr]
                 _assign(variables, arrays, name, value, f"{path}:{number}")
+                command = _command(value, commanded, f"{path}:{number}")
+                commanded.pop(name, None) if command is None else commanded.__setitem__(name, command)
         else:
-            for word in words:
-                override = _OVERRIDE.match(unquoted(word))
+            for item in _spliced(words, number, written):
+                for field in item.expanded if item.expanded is not None else fields(item.word, variables,
+                                                                                     arrays=arrays) or []:
+                    flag, equals, value = field.partition("=")
+                    if flag in _HYDRA_FLAGS and equals:  # --config-path=DIR / --config-name=NAME
+                        overrides[flag] = value
+                    known = _OVERRIDE.match(field) if item.expanded is not None else None
+                    if known:  # an array's element, expanded where it was set
+                        overrides[known.group(1)] = parse_value(known.group(2))
+                override = _OVERRIDE.match(unquoted(item.word)) if item.expanded is None else None
                 if override:
                     key, value = override.groups()
-                    expanded = fields(word, variables, arrays=arrays)
-                    at = number + next((i for i, part in enumerate(lines[number - 1:]) if f"{key}=" in part), 0)
-                    shown = why_unresolved(value, word, variables, arrays)
-                    overrides[key] = (Unresolved(shown, f"{path}:{at}") if expanded is None
-                                      else parse_value(expanded[0].partition("=")[2]))
+                    expanded = fields(item.word, variables, arrays=arrays)
+                    at = item.line + next((i for i, part in enumerate(lines[item.line - 1:]) if f"{key}=" in part), 0)
+                    shown = why_unresolved(value, item.word, variables, arrays)
+                    command = _command(item.word, commanded, f"{path}:{item.line}")
+                    overrides[key] = (parse_value(expanded[0].partition("=")[2]) if expanded is not None
+                                      else CommandOutput(shown, f"{path}:{at}", command) if command
+                                      else Unresolved(shown, f"{path}:{at}"))
     if not overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
     return overrides
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A word of a command or of an array, its expansion where an array set it (None: a command's own word, expanded
+    where it is read, or an element not known here), and the line it is on."""
+
+    word: str
+    expanded: list[str] | None
+    line: int
+
+
+def _command(word: str, commanded: dict[str, str], where: str) -> str | None:
+    """The command whose output a word takes, itself (``$(date ...)``) or through a variable set from one, as
+    ``command (file:line)``; None for none."""
+    direct = substitution(word)
+    if direct:
+        return f"{direct} ({where})"
+    return next((commanded[name] for name in sorted(names(word)) if name in commanded), None)
+
+
+def _here(word: str) -> str:
+    """A word with its ``$(pwd)`` / `` `pwd` `` the directory this runs in (the script's, as long as it stays)."""
+    for pwd in ("$(pwd)", "`pwd`"):
+        word = word.replace(f"{COMMAND}{pwd}{UNCOMMAND}", LITERAL + os.getcwd() + UNLITERAL)
+    return word
+
+
+_ARRAY_WORD = re.compile(r"\$\{([A-Za-z_]\w*)\[[@*]\]\}")
+
+
+def _spliced(words: list[str], number: int, written: dict[str, list[_Item]]) -> list[_Item]:
+    """A command's words with each ``"${ARGS[@]}"`` (or unquoted ``${ARGS[@]}``, ``${ARGS[*]}``) of an array the script
+    set replaced by that array's elements."""
+    out: list[_Item] = []
+    for word in words:
+        whole = _ARRAY_WORD.fullmatch(unquoted(word))
+        out += written[whole.group(1)] if whole and whole.group(1) in written else [_Item(word, None, number)]
+    return out
 
 
 def _assign(variables: dict[str, str], arrays: dict[str, list[str | None]], name: str, value: str, where: str) -> None:
