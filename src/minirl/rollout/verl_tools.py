@@ -18,8 +18,12 @@ the model writes then runs as verl 0.9's tool agent runs it (``ToolAgentLoop._ca
     await tool.release(instance_id)
 
 and its ``response.text`` (a plain string from an older tool is taken as it is) is the result the model reads,
-cut as ``task.tool_result_max_chars`` says. Each step ``reward`` joins the rollout's ``tool_rewards``; a call that
-raises adds 0.0, as in verl, and counts as a failed call (``tools/failure_frequency``). Once the response ends, verl's
+cut as ``task.tool_result_max_chars`` says. ``arguments`` is the call's parsed dict (verl 0.9's; a tool written for
+verl's older JSON-string parameters needs updating); an older ``create`` returning the id alone, or plain (not
+``async``) methods, work too; ``calc_reward`` is not called (neither does verl 0.9's agent loop). Each step ``reward``
+joins the rollout's ``tool_rewards``; a call that raises adds 0.0, as in verl, and is a failed call
+(``tools/failure_frequency``) whose result is TRL's ``{'error': ...}`` (verl writes ``Error executing tool ...``).
+Once the response ends, verl's
 ``tool_extra_fields`` (``agent_data.extra_fields``, ``turn_scores`` and ``tool_rewards``) reach reward functions as
 verl's reward managers pass them: merged into a verl ``compute_score``'s ``extra_info``; other reward functions get
 them as the ``tool_extra_fields`` column.
