@@ -1268,6 +1268,10 @@ def test_verls_multiturn_example_script_arrays_hydra_config_and_pwd(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"run.sh:16: actor_rollout_ref.model.path uses a variable the script does not "
                                           r"set \(\$MODEL_SET_NOWHERE\)"):
         from_verl(bare)
+    # Hydra's other spellings: -cp DIR -cn NAME, the value as the next word
+    (tmp_path / "short.sh").write_text(MULTITURN_SCRIPT.replace('--config-path="$CONFIG_PATH"', '-cp "$CONFIG_PATH"')
+                                       .replace("--config-name=multiturn_grpo", "--config-name multiturn_grpo"))
+    assert read_verl([str(tmp_path / "short.sh")], [])["data.max_response_length"] == 512
     # a config name that is not there is one line
     (tmp_path / "config" / "multiturn_grpo.yaml").unlink()
     with pytest.raises(ConfigError, match=r"--config-name multiturn_grpo names .*multiturn_grpo.yaml, not found here"):

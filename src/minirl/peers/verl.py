@@ -1063,6 +1063,19 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
 
 _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
 _HYDRA_FLAGS = ("--config-path", "--config-name")
+_HYDRA_SHORT = {"-cp": "--config-path", "-cn": "--config-name"}
+
+
+def _hydra_flags(words: list[str]) -> dict[str, str]:
+    """A command's ``--config-path`` / ``--config-name`` (``-cp`` / ``-cn``; ``=value`` or the next word), as Hydra
+    reads them."""
+    found = {}
+    for k, word in enumerate(words):
+        flag, equals, value = word.partition("=")
+        flag = _HYDRA_SHORT.get(flag, flag)
+        if flag in _HYDRA_FLAGS and (equals or k + 1 < len(words)):
+            found[flag] = value if equals else words[k + 1]
+    return found
 
 
 def _hydra_config(overrides: dict[str, Any], script: str) -> dict[str, Any]:
@@ -1117,14 +1130,13 @@ def script_overrides(path: Path) -> dict[str, Any]:
                 command = _command(value, commanded, f"{path}:{number}")
                 commanded.pop(name, None) if command is None else commanded.__setitem__(name, command)
         else:
-            for item in _spliced(words, number, written):
-                for field in item.expanded if item.expanded is not None else fields(item.word, variables,
-                                                                                     arrays=arrays) or []:
-                    flag, equals, value = field.partition("=")
-                    if flag in _HYDRA_FLAGS and equals:  # --config-path=DIR / --config-name=NAME
-                        overrides[flag] = value
-                    known = _OVERRIDE.match(field) if item.expanded is not None else None
-                    if known:  # an array's element, expanded where it was set
+            spliced = _spliced(words, number, written)
+            overrides |= _hydra_flags([field for item in spliced for field in (
+                item.expanded if item.expanded is not None else fields(item.word, variables, arrays=arrays) or [])])
+            for item in spliced:
+                for field in item.expanded or []:  # an array's element, expanded where it was set
+                    known = _OVERRIDE.match(field)
+                    if known:
                         overrides[known.group(1)] = parse_value(known.group(2))
                 override = _OVERRIDE.match(unquoted(item.word)) if item.expanded is None else None
                 if override:
