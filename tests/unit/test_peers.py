@@ -1278,6 +1278,69 @@ def test_verls_multiturn_example_script_arrays_hydra_config_and_pwd(tmp_path: Pa
         read_verl([str(tmp_path / "run.sh")], [])
 
 
+BRANCHES_SCRIPT = """DEVICE=${DEVICE:-gpu}
+QUANT=
+case "${DEVICE}" in
+    npu)
+        train_batch_size=256
+        ;;
+    gpu|cuda)
+        train_batch_size=512
+        ;;
+    *) train_batch_size=1 ;;
+esac
+EXTRA=()
+if [ "${QUANT}" = fp8 ]; then
+    EXTRA+=(actor_rollout_ref.rollout.temperature=0.5)
+elif [[ $DEVICE == g* ]]; then
+    LR=2e-6
+else
+    LR=9e-6
+fi
+[ -n "$QUANT" ] && EXTRA+=(actor_rollout_ref.rollout.top_p=0.5)
+[ -z "$QUANT" ] && N=4
+HOST=$(hostname)
+if [ "$HOST" = node1 ]; then
+    NODES=2
+fi
+ROLLOUT="actor_rollout_ref.rollout.n=$N actor_rollout_ref.actor.optim.lr=$LR"
+python3 -m verl.trainer.main_ppo --config-path=config -cn ppo_trainer \\
+    data.train_batch_size=${train_batch_size} actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
+    trainer.nnodes=${NODES:-1} "${EXTRA[@]}" $ROLLOUT
+"""
+
+
+def test_verl_script_branches_known_here_run_alone_and_the_others_are_named(tmp_path: Path, monkeypatch):
+    """verl's scripts switch on the device and options with ``case`` / ``if``: a branch whose condition is known here
+    runs alone (``gpu|cuda)``, ``[ "$Q" = fp8 ]``, ``[[ $D == g* ]]``, ``[ -n ... ] &&``); one that is not (a
+    command's output) is read as if it ran and named; an unquoted ``$ROLLOUT`` gives its overrides; a relative
+    ``--config-path`` with verl's own ``ppo_trainer`` is verl's defaults."""
+    for name in ("DEVICE", "QUANT", "N", "LR", "NODES", "HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.sh").write_text(BRANCHES_SCRIPT)
+    given = read_verl([str(tmp_path / "run.sh")], [])
+    assert given["data.train_batch_size"] == 512  # the gpu|cuda) branch, not npu) or *)
+    assert given["actor_rollout_ref.actor.optim.lr"] == 2e-6 and given["actor_rollout_ref.rollout.n"] == 4
+    assert "actor_rollout_ref.rollout.temperature" not in given and "actor_rollout_ref.rollout.top_p" not in given
+    assert given["trainer.nnodes"] == 2  # HOST is a command's output: the if is read as if it ran ...
+    line, = given["$conditional"]
+    assert line.startswith(f"{tmp_path / 'run.sh'}:24: NODES is set inside an if / case / loop block") and \
+        "(trainer.nnodes take it)" in line
+    out = from_verl(dict(given))
+    assert line in out.differs  # ... and said in the header
+    monkeypatch.setenv("DEVICE", "npu")
+    assert read_verl([str(tmp_path / "run.sh")], [])["data.train_batch_size"] == 256
+    monkeypatch.setenv("DEVICE", "tpu")
+    assert read_verl([str(tmp_path / "run.sh")], [])["data.train_batch_size"] == 1
+    monkeypatch.delenv("DEVICE")
+    # a script bash cannot parse is one line (verl's run would not start either)
+    (tmp_path / "broken.sh").write_text("case x in\n  a)\n    if true; then\n      N=1\n    ;;\nesac\n"
+                                        "python3 -m verl.trainer.main_ppo data.train_batch_size=8\n")
+    with pytest.raises(ConfigError, match=r"broken.sh: bash cannot parse it \(line 5: syntax error"):
+        read_verl([str(tmp_path / "broken.sh")], [])
+
+
 def test_verl_greedy_validation_with_n_evaluates_once_and_says_so():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     greedy = from_verl(base | {"actor_rollout_ref.rollout.val_kwargs.n": 4})

@@ -11,6 +11,7 @@ import os
 import re
 import string
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
 
 Arrays = Mapping[str, Sequence[str | None]]
 """A script's arrays: each one's elements (``COMMAND`` for one taking a command's output, None for one naming a
@@ -735,23 +736,41 @@ DECLARE = ("export", "declare", "typeset", "local", "readonly")
 NAME_VALUE = re.compile(r"([A-Za-z_]\w*)=(.*)", re.S)
 ARRAY = re.compile(r"([A-Za-z_]\w*)(\+?)=")
 
-_Block = tuple[str, str, bool | None]
+_Block = tuple[str, str, bool | None, Any]
 """An open block: the word closing it, how its commands may not run (``IN_BLOCK``...; "" for none), whether it runs
-(a ``{ ...; }`` group as the list before it lets it: False never, None not known here)."""
+(a ``{ ...; }`` group as the list before it lets it: False never, None not known here), and a decided ``if``'s or
+``case``'s state (``_branch``: whether a branch was taken; a case's subject too), else None."""
 
 
-def statements(text: str) -> Iterator[tuple[int, list[str], str]]:
+Decide = Callable[[str, list[str]], "bool | None"]
+"""``statements``' ``decide(kind, words)``: whether an ``if`` / ``elif`` condition holds (kind ``if``, its words), or a
+``case``'s subject matches a branch's patterns (kind ``case``: the subject word, then the patterns); None: not known."""
+
+
+def statements(text: str, decide: Decide | None = None) -> Iterator[tuple[int, list[str], str]]:
     """The simple commands of a script that bash may run: (first line, words without the shell syntax around them,
     how: "" for one that runs, else ``IN_BLOCK``, ``IN_FUNCTION`` or ``AFTER_CONDITION``). One bash never runs
-    (``false && X=1``, a ``false && { ...; }`` group's) is left out; a bare ``{ ...; }`` group's commands run."""
+    (``false && X=1``, a ``false && { ...; }`` group's) is left out; a bare ``{ ...; }`` group's commands run. With
+    ``decide`` (the caller knows the variables as the script reaches each block), an ``if`` / ``elif`` / ``else`` or
+    ``case`` branch whose condition it decides runs alone (how "") and the others not at all; an undecided one is read
+    as if it ran (``IN_BLOCK``), as every branch is without it."""
     blocks: list[_Block] = []  # the open if / case / loops, groups and function bodies
     status: int | None = 0  # the exit status of the && / || list so far (None: not known)
-    for line, words in commands(text):
+    listed = commands(text)
+    alternatives: list[str] = []  # a case pattern's `a|b)` alternatives read so far (the | ends a command)
+    for index, (line, words) in enumerate(listed):
         joined = words[0] if words[0] in (AND_IF, OR_IF) else None
         words, runs = words[1:] if joined else words, _runs(joined, status)
         if words == ["}"] and blocks and blocks[-1][0] == "}":  # a group's end: its status, its last command's
             status = None if blocks.pop()[2] is None else status
             continue
+        if decide is not None:
+            following = listed[index + 1] if index + 1 < len(listed) else (0, [])
+            if _alternative(words, blocks, line, following):
+                alternatives.append(words[0])
+                continue
+            compound = bool(following[1]) and following[1][0] in (AND_IF, OR_IF)  # `if [ a ] && [ b ]`: not read
+            words = _branch(words, blocks, (lambda kind, w: None) if compound else decide, alternatives)
         words = _keywords(words, blocks)
         body = _group(words, blocks, runs)
         words, runs = (body, True) if body is not None else (words, runs)
@@ -759,9 +778,107 @@ def statements(text: str) -> Iterator[tuple[int, list[str], str]]:
         if runs is False or any(block[2] is False for block in blocks):
             continue
         status = _status(words) if runs else None
+        if decide is not None and runs and status is None and words and unquoted(words[0]) in ("[", "[[", "test", "!"):
+            held = decide("if", words)  # `[ -n "$X" ] && Y=1`: the test's status, where it is known
+            status = None if held is None else int(not held)
         if words:
             hows = {block[1] for block in blocks} | ({AFTER_CONDITION} if runs is None else set())
             yield line, words, next((how for how in (IN_BLOCK, IN_FUNCTION, AFTER_CONDITION) if how in hows), "")
+
+
+def _alternative(words: list[str], blocks: list[_Block], line: int, following: tuple[int, list[str]]) -> bool:
+    """A case pattern's alternative before a ``|`` (``gpu|cuda)`` reads as ``gpu``, then ``cuda ) ...``): one word in a
+    case block, the next command on its line opening a branch."""
+    nxt = following[1]
+    return (bool(blocks) and blocks[-1][0] == "esac" and len(words) == 1 and CLOSE not in words and following[0] == line
+            and len(nxt) > 1 and nxt[1] == CLOSE)
+
+
+def _branch(words: list[str], blocks: list[_Block], decide: Decide, alternatives: list[str]) -> list[str]:
+    """An ``if`` / ``elif`` / ``else`` line or a case branch's ``pattern)`` decided (``statements``' ``decide``): the
+    block's entry set to whether its branch runs; the words as ``_keywords`` then reads them."""
+    keyword = unquoted(words[0]) if words else ""
+    top = blocks[-1] if blocks else None
+    if keyword == "if":
+        ran = decide("if", words[1:])
+        blocks.append(("fi", "" if ran else IN_BLOCK, ran is not False, ran))
+        return []
+    if top is not None and top[0] == "fi" and keyword in ("elif", "else"):
+        taken = top[3]
+        ran = (False if taken else None if taken is None else decide("if", words[1:])) if keyword == "elif" else (
+            None if taken is None else not taken)
+        blocks[-1] = ("fi", "" if ran else IN_BLOCK, ran is not False, True if taken else ran)
+        return [] if keyword == "elif" else words[1:]
+    if keyword == "case" and len(words) >= 3:
+        blocks.append(("esac", IN_BLOCK, False, (words[1], False)))  # nothing runs before a pattern
+        return []
+    if top is not None and top[0] == "esac" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
+        subject, taken = top[3]
+        simple = len(words) > 1 and words[1] == CLOSE  # `pattern) ...` (not `(pattern) ...`)
+        matched = False if taken else decide("case", [subject, *alternatives, words[0]]) if simple else None
+        alternatives.clear()
+        blocks[-1] = ("esac", "" if matched and taken is False else IN_BLOCK, matched is not False,
+                      (subject, True if matched else None if matched is None or taken is None else taken))
+        return words[words.index(CLOSE) + 1:]
+    return words
+
+
+def condition(words: list[str], variables: Mapping[str, str], arrays: Arrays | None = None) -> bool | None:
+    """Whether bash's ``[ ... ]`` / ``[[ ... ]]`` / ``test ...`` holds: ``A = B`` / ``==`` / ``!=`` (a glob on the
+    right within ``[[ ]]``), ``-n A`` / ``-z A`` / ``A``, ``-eq`` ``-ne`` ``-lt`` ``-le`` ``-gt`` ``-ge`` of integers, a
+    leading ``!``; None for any other condition (a command's status, ``-f``, ``&&`` inside) or an operand not known."""
+    negate = bool(words) and unquoted(words[0]) == "!"
+    words = words[1:] if negate else words
+    shape = [unquoted(w) for w in words]
+    if shape[:1] == ["test"]:
+        inner, glob = words[1:], False
+    elif shape[:1] == ["["] and shape[-1:] == ["]"]:
+        inner, glob = words[1:-1], False
+    elif shape[:1] == ["[["] and shape[-1:] == ["]]"]:
+        inner, glob = words[1:-1], True
+    else:
+        return None
+    held = _held_test(inner, glob, variables, arrays)
+    return None if held is None else held != negate
+
+
+def _held_test(inner: list[str], glob: bool, variables: Mapping[str, str], arrays: Arrays | None) -> bool | None:
+    expanded = [word_value(word, variables, arrays) for word in inner]
+    values = [value for value in expanded if value is not None and COMMAND not in value]
+    if len(values) < len(expanded):
+        return None
+    ops = [unquoted(word) for word in inner]
+    if len(inner) == 1:
+        return bool(values[0])
+    if len(inner) == 2 and ops[0] in ("-n", "-z"):
+        return bool(values[1]) == (ops[0] == "-n")
+    if len(inner) != 3:
+        return None
+    left, right = values[0], values[2]
+    if ops[1] in ("=", "==", "!="):
+        same = (re.fullmatch(_glob(right), left, re.S) is not None) if glob and QUOTED not in inner[2] and \
+            LITERAL not in inner[2] else left == right
+        return same == (ops[1] != "!=")
+    numbers = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__, "-gt": int.__gt__,
+               "-ge": int.__ge__}
+    if ops[1] in numbers and re.fullmatch(r"-?\d+", left.strip()) and re.fullmatch(r"-?\d+", right.strip()):
+        return bool(numbers[ops[1]](int(left), int(right)))
+    return None
+
+
+def case_matches(words: list[str], variables: Mapping[str, str], arrays: Arrays | None = None) -> bool | None:
+    """Whether a case subject (``words[0]``) matches one of the patterns after it (globs; a quoted part as written);
+    None where the subject or a pattern is not known here."""
+    subject = word_value(words[0], variables, arrays)
+    if subject is None or COMMAND in subject:
+        return None
+    for pattern in words[1:]:
+        glob = _escaped(pattern, "\\*?[]", variables, arrays or {})
+        if glob is None:
+            return None
+        if re.fullmatch(_glob(glob), subject, re.S):
+            return True
+    return False
 
 
 def _runs(joined: str | None, status: int | None) -> bool | None:
@@ -792,7 +909,7 @@ def _keywords(words: list[str], blocks: list[_Block]) -> list[str]:
         blocks.pop()
         return []
     if keyword in BLOCKS or keyword == "elif":
-        blocks += [(BLOCKS[keyword], IN_BLOCK, True)] if keyword in BLOCKS else []
+        blocks += [(BLOCKS[keyword], IN_BLOCK, True, None)] if keyword in BLOCKS else []
         return []
     while words and unquoted(words[0]) in ("then", "else", "do"):
         words = words[1:]
@@ -807,7 +924,7 @@ def _group(words: list[str], blocks: list[_Block], runs: bool | None) -> list[st
     function's ``{`` may be on a later line."""
     function = _function(words)
     if function is not None and function[:1] != ["{"]:
-        blocks.append(("{", IN_FUNCTION, True))  # its { to come
+        blocks.append(("{", IN_FUNCTION, True, None))  # its { to come
         return []
     if blocks and blocks[-1][0] == "{":
         blocks.pop()
@@ -815,7 +932,8 @@ def _group(words: list[str], blocks: list[_Block], runs: bool | None) -> list[st
     body = words if function is None else function
     if body[:1] != ["{"]:
         return None
-    blocks.append(("}", IN_FUNCTION, True) if function is not None else ("}", "" if runs else AFTER_CONDITION, runs))
+    blocks.append(("}", IN_FUNCTION, True, None) if function is not None else
+                  ("}", "" if runs else AFTER_CONDITION, runs, None))
     return body[1:]
 
 

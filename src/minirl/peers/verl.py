@@ -8,7 +8,9 @@ import ast
 import math
 import os
 import re
-from dataclasses import dataclass
+import shutil
+import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -42,6 +44,8 @@ from minirl.peers.shell import (
     UNLITERAL,
     arguments,
     assigned,
+    case_matches,
+    condition,
     default_assignments,
     fields,
     names,
@@ -194,11 +198,13 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
     """Translate verl ``main_ppo`` settings (flat dotted Hydra keys; ``-m``: the module a script runs)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
     module = str(given.pop("-m", "verl.trainer.main_ppo"))
+    conditional = given.pop("$conditional", [])
     fully_async = "fully_async_policy" in module or any(key.startswith(T) for key in given)
     one_step_off = not fully_async and ("one_step_off_policy" in module
                                         or bool({"rollout.nnodes", "rollout.n_gpus_per_node"} & set(given)))
     defaults = {**VERL_DEFAULTS, **(ONE_STEP_OFF_DEFAULTS if one_step_off else {}), **(FULLY_ASYNC_DEFAULTS if fully_async else {})}
     peer, out = Peer(given, defaults), Translation("verl")
+    out.differs += conditional
     if fully_async:  # the actor's old log-probs are the rollout's (use_rollout_log_probs): its bypass, unless the
         # trainer computes them (compute_prox_log_prob: AReaL's decoupled PPO, with the rollout correction on top)
         defaults[BYPASS] = bool(peer(T + "use_rollout_log_probs")) and not peer(T + "compute_prox_log_prob")
@@ -1063,6 +1069,8 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
 
 _OVERRIDE = re.compile(r"^(\+{0,2}~?[A-Za-z_][\w-]*(?:\.[\w-]+)+)=(.*)$", re.S)
 _HYDRA_FLAGS = ("--config-path", "--config-name")
+VERL_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
+"""verl's own trainer configs (``verl/trainer/config``), which a script names with a relative ``--config-path``."""
 _HYDRA_SHORT = {"-cp": "--config-path", "-cn": "--config-name"}
 
 
@@ -1088,6 +1096,8 @@ def _hydra_config(overrides: dict[str, Any], script: str) -> dict[str, Any]:
         raise ConfigError(f"{script}: its --config-path / --config-name are not known here; give the config YAML "
                           "after the script (minirl config from-verl run.sh config.yaml)")
     file = Path(str(folder or ".")) / (str(name) if str(name).endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not file.is_file() and Path(str(name)).stem in VERL_CONFIGS and not Path(str(folder or ".")).is_absolute():
+        return {}  # verl's own config (Hydra reads a relative path from main_ppo.py's folder): the defaults used here
     if not file.is_file():
         raise ConfigError(f"{script}: --config-name {name} names {file}, not found here; give the config YAML after "
                           "the script (minirl config from-verl run.sh config.yaml)")
@@ -1100,57 +1110,152 @@ def script_overrides(path: Path) -> dict[str, Any]:
     environment's) expanded; an override naming a variable set nowhere, or a command's output (not run here), is kept
     ``Unresolved`` (an error line once a translation needs it; a setting minirl ignores may stay unresolved). A
     ``"${ARGS[@]}"`` word of a command gives the array's overrides (verl's examples gather them in ``DATA=(...)``,
-    ``ACTOR=(...)`` arrays), each as bash expanded it where the array was set. ``$(pwd)`` is the directory this runs
-    in until the script changes directory (verl's examples set ``PROJECT_DIR="$(pwd)"``, run from the repository)."""
+    ``ACTOR=(...)`` arrays), each as bash expanded it where the array was set; an unquoted ``$EXTRA`` holding several
+    overrides gives each. ``$(pwd)`` is the directory this runs in until the script changes directory (verl's
+    examples set ``PROJECT_DIR="$(pwd)"``, run from the repository). An ``if`` / ``elif`` / ``else`` or ``case``
+    branch whose condition is known here (``shell.condition``: ``[ "$X" = v ]``, ``[[ $X == v* ]]``, ``-n`` / ``-z``,
+    integer tests; ``shell.case_matches``) runs alone; an undecided one is read as if it ran, the last assignment
+    winning, and ``$conditional`` has a line for each variable set in one that an override takes
+    (``_Script.conditional``)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror or err}") from None
-    variables, arrays = {**os.environ, **arguments((), str(path))}, dict[str, list[str | None]]()  # `bash run.sh`
-    written: dict[str, list[_Item]] = {}  # each array's words as written, with their expansion there and line
-    commanded: dict[str, str] = {}  # variables set from a command's output: the command and its file:line
-    overrides: dict[str, Any] = {}
-    lines = text.splitlines()
+    _parses(path)
+    script = _Script(path, text.splitlines(), {**os.environ, **arguments((), str(path))})  # `bash run.sh`
     moved = False  # the script changed directory: $(pwd) is not known here
-    for number, words, _ in statements(text):
+
+    def decide(kind: str, words: list[str]) -> bool | None:  # an if / case branch, with the variables at that point
+        read = condition if kind == "if" else case_matches
+        return read(words if moved else [_here(word) for word in words], script.variables, script.arrays)
+
+    for number, words, how in statements(text, decide):
         moved = moved or unquoted(words[0]) in ("cd", "pushd", "popd")
         words = words if moved else [_here(word) for word in words]
         for word in words:  # ${X:=v}: bash assigns X as it expands the word
-            for name, value in default_assignments(word, variables):
-                _assign(variables, arrays, name, value, f"{path}:{number}")
+            for name, value in default_assignments(word, script.variables):
+                script.assign(name, value, number, how)
         array = ARRAY.fullmatch(words[0])
         if array and words[1:2] == [OPEN]:
             items = words[2:words.index(CLOSE)] if CLOSE in words else words[2:]
-            listed = [_Item(item, fields(item, variables, arrays=arrays), number) for item in items]
-            written[array.group(1)] = (written.get(array.group(1), []) if array.group(2) else []) + listed
-            _assign_array(variables, arrays, array.group(1), items, bool(array.group(2)))
+            script.assign_array(array.group(1), items, bool(array.group(2)), number, how)
         elif all(NAME_VALUE.fullmatch(word) for word in words):
             for name, value in (NAME_VALUE.fullmatch(word).groups() for word in words):  # type: ignore[union-attr]
-                _assign(variables, arrays, name, value, f"{path}:{number}")
-                command = _command(value, commanded, f"{path}:{number}")
-                commanded.pop(name, None) if command is None else commanded.__setitem__(name, command)
+                script.assign(name, value, number, how)
         else:
-            spliced = _spliced(words, number, written)
-            overrides |= _hydra_flags([field for item in spliced for field in (
-                item.expanded if item.expanded is not None else fields(item.word, variables, arrays=arrays) or [])])
-            for item in spliced:
-                for field in item.expanded or []:  # an array's element, expanded where it was set
-                    known = _OVERRIDE.match(field)
-                    if known:
-                        overrides[known.group(1)] = parse_value(known.group(2))
-                override = _OVERRIDE.match(unquoted(item.word)) if item.expanded is None else None
-                if override:
-                    key, value = override.groups()
-                    expanded = fields(item.word, variables, arrays=arrays)
-                    at = item.line + next((i for i, part in enumerate(lines[item.line - 1:]) if f"{key}=" in part), 0)
-                    shown = why_unresolved(value, item.word, variables, arrays)
-                    command = _command(item.word, commanded, f"{path}:{item.line}")
-                    overrides[key] = (parse_value(expanded[0].partition("=")[2]) if expanded is not None
-                                      else CommandOutput(shown, f"{path}:{at}", command) if command
-                                      else Unresolved(shown, f"{path}:{at}"))
-    if not overrides:
+            script.command(words, number, how)
+    if not script.overrides:
         raise ConfigError(f"{path}: no verl key=value overrides found (expected e.g. data.train_files=...)")
-    return overrides
+    lines = script.conditional()
+    return script.overrides | ({"$conditional": lines} if lines else {})
+
+
+def _parses(path: Path) -> None:
+    """One line when bash cannot parse the script (``bash -n``: read, nothing run), where there is a bash."""
+    shell = shutil.which("bash")
+    if shell is None:
+        return
+    try:
+        checked = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if checked.returncode != 0:
+        said = next((line.strip() for line in checked.stderr.splitlines() if line.strip()), "a syntax error")
+        raise ConfigError(f"{path}: bash cannot parse it ({said.removeprefix(f'{path}: ')}), so verl's run would not "
+                          "start from it either: mend the script")
+
+
+@dataclass
+class _Script:
+    """What reading a run script has found so far: its variables and arrays, each array's words as written (with
+    their expansion there and line), the variables set from a command's output (the command and its file:line), the
+    conditionally set names behind each variable (``tainted``) and where each was so set, and the overrides."""
+
+    path: Path
+    lines: list[str]
+    variables: dict[str, str]
+    arrays: dict[str, list[str | None]] = field(default_factory=dict)
+    written: dict[str, list[_Item]] = field(default_factory=dict)
+    commanded: dict[str, str] = field(default_factory=dict)
+    tainted: dict[str, set[str]] = field(default_factory=dict)
+    where: dict[str, tuple[int, str]] = field(default_factory=dict)
+    taken: dict[str, list[str]] = field(default_factory=dict)  # conditional name -> the override keys taking it
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def _behind(self, word: str) -> set[str]:
+        """The conditionally set names a word's value comes from."""
+        return set().union(*(self.tainted.get(name, set()) for name in names(word)))
+
+    def _mark(self, name: str, behind: set[str], number: int, how: str) -> None:
+        self.tainted[name] = behind | ({name} if how else set())
+        if how:
+            self.where[name] = (number, how)
+
+    def assign(self, name: str, value: str, number: int, how: str) -> None:
+        _assign(self.variables, self.arrays, name, value, f"{self.path}:{number}")
+        command = _command(value, self.commanded, f"{self.path}:{number}")
+        self.commanded.pop(name, None) if command is None else self.commanded.__setitem__(name, command)
+        self._mark(name, self._behind(value), number, how)
+
+    def assign_array(self, name: str, items: list[str], append: bool, number: int, how: str) -> None:
+        listed = [_Item(item, fields(item, self.variables, arrays=self.arrays), number) for item in items]
+        self.written[name] = (self.written.get(name, []) if append else []) + listed
+        _assign_array(self.variables, self.arrays, name, items, append)
+        behind = set().union(*(self._behind(item) for item in items)) | (self.tainted.get(name, set()) if append else set())
+        self._mark(name, behind, number, how)
+
+    def command(self, words: list[str], number: int, how: str) -> None:
+        """A command's overrides (and Hydra's ``--config-path`` / ``--config-name``): its ``key=value`` words, an
+        array's elements it splices in, the overrides an unquoted ``$EXTRA`` expands to."""
+        spliced = _spliced(words, number, self.written)
+        expansions = [item.expanded if item.expanded is not None else fields(item.word, self.variables,
+                                                                             arrays=self.arrays) for item in spliced]
+        self.overrides |= _hydra_flags([part for parts in expansions for part in parts or []])
+        for item, parts in zip(spliced, expansions, strict=True):
+            whole = _OVERRIDE.match(unquoted(item.word)) if item.expanded is None else None
+            if whole:
+                self._word(item, whole.group(1), whole.group(2), parts)
+                self._took(whole.group(1), item, number, how)
+                continue
+            for part in parts or []:  # an array's element, or what a word such as $EXTRA expands to
+                known = _OVERRIDE.match(part)
+                if known:
+                    self.overrides[known.group(1)] = parse_value(known.group(2))
+                    self._took(known.group(1), item, number, how)
+
+    def _word(self, item: _Item, key: str, value: str, expanded: list[str] | None) -> None:
+        """A ``key=value`` word of the command: its value, or why it is not known here."""
+        at = item.line + next((i for i, part in enumerate(self.lines[item.line - 1:]) if f"{key}=" in part), 0)
+        shown = why_unresolved(value, item.word, self.variables, self.arrays)
+        command = _command(item.word, self.commanded, f"{self.path}:{item.line}")
+        self.overrides[key] = (parse_value(expanded[0].partition("=")[2]) if expanded is not None
+                               else CommandOutput(shown, f"{self.path}:{at}", command) if command
+                               else Unresolved(shown, f"{self.path}:{at}"))
+
+    def _took(self, key: str, item: _Item, number: int, how: str) -> None:
+        """``key`` set by ``item`` of the command on line ``number``: from the conditionally set names behind the word
+        (or the array it came from), or by a command that itself runs conditionally (``how``)."""
+        behind = self._behind(item.word) | set().union(*(self.tainted.get(name, set()) for name in self.written
+                                                         if item in self.written[name]))
+        if how:
+            behind.add(f"the command on line {number}")
+            self.where[f"the command on line {number}"] = (number, how)
+        for name in sorted(behind):
+            if key not in self.taken.setdefault(name, []):
+                self.taken[name].append(key)
+
+    def conditional(self) -> list[str]:
+        """A line for each variable set inside an ``if`` / ``case`` / loop block or a function, or after ``cond &&`` /
+        ``cond ||``, that an override takes (the translation reads the script's last assignment to it)."""
+        out = []
+        for name, keys in self.taken.items():
+            if keys and name in self.where:
+                line, how = self.where[name]
+                read = ("runs " + how + "; the translation reads its overrides" if name.startswith("the command") else
+                        f"is set {how}; the translation reads the script's last assignment to it")
+                out.append(f"{self.path}:{line}: {name} {read}, whatever the condition ({', '.join(keys)} take it): "
+                           "check them")
+        return out
 
 
 @dataclass(frozen=True)

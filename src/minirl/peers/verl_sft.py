@@ -68,6 +68,7 @@ ENGINE_ONLY = ("engine.", "data.messages_key", "data.tools_key", "data.enable_th
 def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a verl SFT run's settings (``read_verl`` of its script or YAML)."""
     given = {key.lstrip("+~"): value for key, value in given.items()}
+    out.differs += given.pop("$conditional", [])
     engine_keys = any(key.startswith(ENGINE_ONLY) for key in given)  # a YAML names no module: its keys tell
     module = str(given.pop("-m", "verl.trainer.sft_trainer" if engine_keys else "verl.trainer.fsdp_sft_trainer"))
     if "sft" not in module:
