@@ -231,6 +231,12 @@ def test_fp16_training_carries_over_from_trl_and_verl():
                      ).values["optim.precision"] == "bf16"
     with pytest.raises(ConfigError, match=r"mixed_precision\.param_dtype='int8': not a dtype verl knows"):
         from_verl(base | {key: "int8"})
+    # verl's model_dtype=bfloat16 (GPT-OSS's example) stores the weights in bf16: no fp32 master copy, said
+    pure = from_verl(base | {"actor_rollout_ref.actor.fsdp_config.model_dtype": "bfloat16"})
+    assert any("model_dtype" in line and "no fp32 master copy" in line for line in pure.differs)
+    assert "actor_rollout_ref.actor.fsdp_config.model_dtype" not in " ".join(pure.ignored)
+    assert not any("model_dtype" in line for line in from_verl(base | {
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32"}).differs)
 
 
 def test_verls_prefix_grouper_is_the_shared_prompt():

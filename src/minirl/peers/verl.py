@@ -165,7 +165,14 @@ VERL_DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16", 
 
 def _verl_precision(peer: Peer, out: Translation) -> None:
     """The actor's FSDP ``mixed_precision.param_dtype`` (bf16 unless set; fp32 master weights either way); under fp16
-    the actor's ``ShardedGradScaler`` grows its scale every 400 clean updates (torch's other defaults)."""
+    the actor's ``ShardedGradScaler`` grows its scale every 400 clean updates (torch's other defaults). A half
+    ``fsdp_config.model_dtype`` keeps verl's weights and AdamW state themselves in it (no fp32 master copy), which
+    minirl has not: said."""
+    stored = peer(A + "fsdp_config.model_dtype")
+    if stored is not None and VERL_DTYPES.get(str(stored).lower()) in ("bf16", "fp16"):
+        out.differs.append(f"{peer.show(A + 'fsdp_config.model_dtype')}: verl keeps the actor's weights and AdamW "
+                           "state in that dtype, with no fp32 master copy; minirl computes in optim.precision and keeps "
+                           "fp32 master weights, so its updates are finer than verl's there")
     key = A + "fsdp_config.mixed_precision"
     given = peer.mapping(key).get("param_dtype")
     if given is None:
