@@ -211,6 +211,11 @@ def test_verls_actor_offload_is_the_cpu_offload():
     assert len(said) == 1 and "param_offload=True" in said[0] and "between its phases" in said[0]
     assert phases.ignored == ["actor_rollout_ref.ref.fsdp_config.param_offload"]
     assert not any("actor.fsdp_config" in line for line in phases.not_translated)
+    # a Megatron actor's offloads are the same (verl's Megatron GSPO / DAPO examples)
+    megatron = from_verl(base | {"actor_rollout_ref.actor.megatron.param_offload": True,
+                                 "actor_rollout_ref.actor.megatron.grad_offload": True})
+    assert megatron.values["optim.cpu_offload"] is True and not megatron.ignored
+    assert any("megatron.grad_offload=True" in line and "between its phases" in line for line in megatron.differs)
 
 
 def test_fp16_training_carries_over_from_trl_and_verl():

@@ -189,8 +189,10 @@ def _verl_precision(peer: Peer, out: Translation) -> None:
 def _verl_offload(peer: Peer, out: Translation) -> None:
     """The actor's CPU offload. ``offload_policy`` is FSDP2's ``CPUOffloadPolicy``, as minirl's ``optim.cpu_offload``;
     ``param_offload`` / ``optimizer_offload`` move the parameters / AdamW state to the CPU between verl's phases
-    (to free the GPU for its rollout), which minirl has not: they become the same offload, which keeps them there."""
+    (to free the GPU for its rollout), which minirl has not: they become the same offload, which keeps them there.
+    A Megatron actor's ``param_offload`` / ``grad_offload`` / ``optimizer_offload`` are read the same way."""
     keys = [A + "fsdp_config." + name for name in ("offload_policy", "param_offload", "optimizer_offload")]
+    keys += [A + "megatron." + name for name in ("param_offload", "grad_offload", "optimizer_offload")]
     given = [key for key in keys if peer(key)]
     out.set("optim.cpu_offload", bool(given), ", ".join(peer.show(key) for key in given) if given else
             f"{peer.show(keys[0])}: the actor's parameters and AdamW state on the GPU")
