@@ -211,6 +211,12 @@ def test_verls_actor_offload_is_the_cpu_offload():
     assert len(said) == 1 and "param_offload=True" in said[0] and "between its phases" in said[0]
     assert phases.ignored == ["actor_rollout_ref.ref.fsdp_config.param_offload"]
     assert not any("actor.fsdp_config" in line for line in phases.not_translated)
+    # verl reads resume_from_path only under resume_mode=resume_path: otherwise it is nothing to say
+    resumed = {"trainer.resume_from_path": "/ckpt/global_step_40"}
+    assert not any("resume_from_path" in line for line in from_verl(base | resumed).not_translated)
+    line, = [x for x in from_verl(base | resumed | {"trainer.resume_mode": "resume_path"}).not_translated
+             if "resume_from_path" in x]
+    assert "--start-from" in line
     # a Megatron actor's offloads are the same (verl's Megatron GSPO / DAPO examples)
     megatron = from_verl(base | {"actor_rollout_ref.actor.megatron.param_offload": True,
                                  "actor_rollout_ref.actor.megatron.grad_offload": True})

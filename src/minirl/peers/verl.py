@@ -102,7 +102,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.total_epochs": 30, "trainer.total_training_steps": None, "trainer.project_name": "verl_examples",
     "trainer.experiment_name": "gsm8k", "trainer.default_local_dir": None, "trainer.logger": ["console", "wandb"],
     "trainer.save_freq": -1, "trainer.max_actor_ckpt_to_keep": None, "trainer.test_freq": -1,
-    "trainer.resume_mode": "auto", "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
+    "trainer.resume_mode": "auto", "trainer.resume_from_path": None, "trainer.n_gpus_per_node": 8, "trainer.nnodes": 1, "trainer.device": "cuda",
     "trainer.log_val_generations": 0, "algorithm.filter_groups.enable": False, R + "quantization": None,
     "algorithm.filter_groups.metric": None, "algorithm.filter_groups.max_num_gen_batches": 0, "data.gen_batch_size": None,
     "reward_model.reward_manager": None, "reward.reward_manager.name": "naive",
@@ -657,6 +657,10 @@ def _verl_runs(peer: Peer, out: Translation) -> None:
     if peer("data.seed") is not None:
         out.set("run.seed", int(peer("data.seed")), peer.show("data.seed"))
     out.set("run.resume", "auto" if peer("trainer.resume_mode") == "auto" else "never", peer.show("trainer.resume_mode"))
+    if peer("trainer.resume_from_path") and peer("trainer.resume_mode") == "resume_path":  # read by verl only then
+        out.not_translated.append(f"{peer.show('trainer.resume_mode', 'trainer.resume_from_path')}: a verl checkpoint; "
+                                  "minirl resumes its own run directory (run.resume), or starts from a model directory "
+                                  "(minirl train --start-from DIR)")
     if peer("trainer.save_freq") and peer("trainer.save_freq") > 0:
         out.set("checkpoint.every_steps", int(peer("trainer.save_freq")), peer.show("trainer.save_freq"))
     else:
