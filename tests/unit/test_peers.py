@@ -1351,6 +1351,10 @@ def test_verl_script_branches_known_here_run_alone_and_the_others_are_named(tmp_
     monkeypatch.setenv("DEVICE", "tpu")
     assert read_verl([str(tmp_path / "run.sh")], [])["data.train_batch_size"] == 1
     monkeypatch.delenv("DEVICE")
+    # a case on one line keeps its first branch
+    (tmp_path / "one.sh").write_text("M=a\ncase $M in a) B=8;; b) B=16;; esac\n"
+                                     "python3 -m verl.trainer.main_ppo data.train_batch_size=$B\n")
+    assert read_verl([str(tmp_path / "one.sh")], [])["data.train_batch_size"] == 8
     # a script bash cannot parse is one line (verl's run would not start either)
     (tmp_path / "broken.sh").write_text("case x in\n  a)\n    if true; then\n      N=1\n    ;;\nesac\n"
                                         "python3 -m verl.trainer.main_ppo data.train_batch_size=8\n")

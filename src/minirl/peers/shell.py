@@ -811,7 +811,7 @@ def _branch(words: list[str], blocks: list[_Block], decide: Decide, alternatives
         return [] if keyword == "elif" else words[1:]
     if keyword == "case" and len(words) >= 3:
         blocks.append(("esac", IN_BLOCK, False, (words[1], False)))  # nothing runs before a pattern
-        return []
+        return _branch(words[3:], blocks, decide, alternatives) if len(words) > 3 else []  # `case X in a) ...`
     if top is not None and top[0] == "esac" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
         subject, taken = top[3]
         simple = len(words) > 1 and words[1] == CLOSE  # `pattern) ...` (not `(pattern) ...`)
@@ -910,7 +910,8 @@ def _keywords(words: list[str], blocks: list[_Block]) -> list[str]:
         return []
     if keyword in BLOCKS or keyword == "elif":
         blocks += [(BLOCKS[keyword], IN_BLOCK, True, None)] if keyword in BLOCKS else []
-        return []
+        rest = words[3:] if keyword == "case" else []  # `case X in a) N=1;;` on one line: its first branch
+        return _keywords(rest, blocks) if rest else []
     while words and unquoted(words[0]) in ("then", "else", "do"):
         words = words[1:]
     if blocks and blocks[-1][0] == "esac" and CLOSE in words and not (len(words) > 1 and words[1] == OPEN):
