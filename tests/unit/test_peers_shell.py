@@ -12,7 +12,9 @@ from minirl.peers.shell import (
     ansi_c,
     arguments,
     assigned,
+    case_matches,
     commands,
+    condition,
     default_assignments,
     expand,
     fields,
@@ -248,3 +250,26 @@ def test_a_required_value_keeps_its_message_through_variables():
     assert stopped("${X:?}", {}) == "X: parameter null or not set" and stopped("${X?}", {"X": ""}) is None
     assert stopped("${M:-${X?}}", {}) == "X: parameter not set" and stopped("${X:?need $N}", {"N": "X"}) == "X: need X"
     assert assigned("${X:?set X}", {"X": "m"}) == "m" and stopped("$M", {"M": "m"}) is None
+
+
+@pytest.mark.parametrize("test, held", [
+    ('[ "$D" = gpu ]', True), ('[ "$D" = npu ]', False), ('[ "$D" != npu ]', True), ('[[ $D == g* ]]', True),
+    ('[[ $D == "g*" ]]', False), ('[ "$D" = "g*" ]', False), ('[ -n "$E" ]', False), ('[ -z "$E" ]', True),
+    ('[ "$D" ]', True), ('! [ "$D" = gpu ]', False), ('[ "$N" -gt 4 ]', True), ('[ "$N" -le 4 ]', False),
+    ('test "$N" -eq 8', True), ('[ "$U" = x ]', None), ('[ -f /etc/passwd ]', None), ('[ "$C" = x ]', None),
+    ('[ "$N" -gt x ]', None), ('command -v npu-smi', None),
+])
+def test_conditions_as_bash_reads_them(test: str, held: bool | None):
+    """``condition``: what the verl reader decides an ``if`` by (None where it is not known here: an unset variable, a
+    file test, a command's output, a command's status)."""
+    [(_, words)] = commands(test + "\n")
+    assert condition(words, {"D": "gpu", "E": "", "N": "8", "C": COMMAND}) is held
+
+
+@pytest.mark.parametrize("subject, patterns, matched", [
+    ("$D", ["npu"], False), ("$D", ["gpu"], True), ("$D", ["g?u"], True), ("$D", ["*"], True),
+    ("$D", ["npu", "cuda", "gp*"], True), ('"$D"', ['"g*"'], False), ("$U", ["gpu"], None),
+])
+def test_case_patterns_as_bash_matches_them(subject: str, patterns: list[str], matched: bool | None):
+    [(_, words)] = commands(" ".join([subject, *patterns]) + "\n")
+    assert case_matches(words, {"D": "gpu"}) is matched
