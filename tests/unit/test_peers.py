@@ -1351,6 +1351,11 @@ def test_verl_script_branches_known_here_run_alone_and_the_others_are_named(tmp_
     monkeypatch.setenv("DEVICE", "tpu")
     assert read_verl([str(tmp_path / "run.sh")], [])["data.train_batch_size"] == 1
     monkeypatch.delenv("DEVICE")
+    # Hydra reads a relative --config-path from main_ppo.py's folder: ppo_trainer there is verl's own (its defaults),
+    # not a file of that name where the translation runs
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "ppo_trainer.yaml").write_text("data: {max_response_length: 77}\n")
+    assert "data.max_response_length" not in read_verl([str(tmp_path / "run.sh")], [])
     # a case on one line keeps its first branch
     (tmp_path / "one.sh").write_text("M=a\ncase $M in a) B=8;; b) B=16;; esac\n"
                                      "python3 -m verl.trainer.main_ppo data.train_batch_size=$B\n")

@@ -1109,7 +1109,7 @@ def _hydra_config(overrides: dict[str, Any], script: str) -> dict[str, Any]:
         raise ConfigError(f"{script}: its --config-path / --config-name are not known here; give the config YAML "
                           "after the script (minirl config from-verl run.sh config.yaml)")
     file = Path(str(folder or ".")) / (str(name) if str(name).endswith((".yaml", ".yml")) else f"{name}.yaml")
-    if not file.is_file() and Path(str(name)).stem in VERL_CONFIGS and not Path(str(folder or ".")).is_absolute():
+    if Path(str(name)).stem in VERL_CONFIGS and not Path(str(folder or ".")).is_absolute():
         return {}  # verl's own config (Hydra reads a relative path from main_ppo.py's folder): the defaults used here
     if not file.is_file():
         raise ConfigError(f"{script}: --config-name {name} names {file}, not found here; give the config YAML after "
