@@ -823,6 +823,21 @@ def _branch(words: list[str], blocks: list[_Block], decide: Decide, alternatives
     return words
 
 
+def command_behind(word: str, commanded: Mapping[str, str], where: str) -> str | None:
+    """The command whose output a word takes, itself (``$(nproc)``) or through a variable set from one (``commanded``:
+    each such variable's ``command (file:line)``), as ``command (file:line)`` (``where``: the word's); None for none."""
+    direct = substitution(word)
+    if direct:
+        return f"{direct} ({where})"
+    return next((commanded[name] for name in sorted(names(word)) if name in commanded), None)
+
+
+def depends_on(word: str, depends: Mapping[str, set[str]]) -> set[str]:
+    """The conditionally set names behind a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))`` (``depends``: each
+    variable's)."""
+    return set().union(*(depends.get(name, set()) for name in names(word)))
+
+
 def condition(words: list[str], variables: Mapping[str, str], arrays: Arrays | None = None) -> bool | None:
     """Whether bash's ``[ ... ]`` / ``[[ ... ]]`` / ``test ...`` holds: ``A = B`` / ``==`` / ``!=`` (a glob on the
     right within ``[[ ]]``), ``-n A`` / ``-z A`` / ``A``, ``-eq`` ``-ne`` ``-lt`` ``-le`` ``-gt`` ``-ge`` of integers, a

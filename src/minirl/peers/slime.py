@@ -45,11 +45,11 @@ from minirl.peers.shell import (
     arguments,
     assigned,
     bounds,
+    command_behind,
     default_assignments,
+    depends_on,
     fields,
-    names,
     statements,
-    substitution,
     unquoted,
     why_unresolved,
 )
@@ -1056,8 +1056,8 @@ def _assign(scope: _Scope, word: str, where: tuple[int, str], at: str) -> None:
     it as it was. On an array, bash sets its first element (``ARR=x`` is ``ARR[0]=x``)."""
     name, value = NAME_VALUE.fullmatch(word).groups()  # type: ignore[union-attr]
     expanded = assigned(value, scope.variables, scope.elements(), where=at)
-    command = _command(value, scope, at) if expanded == COMMAND else None
-    deps = _depends(value, scope.depends) | ({name} if where[1] else set())
+    command = command_behind(value, scope.commanded, at) if expanded == COMMAND else None
+    deps = depends_on(value, scope.depends) | ({name} if where[1] else set())
     if name in scope.arrays:
         text = why_unresolved(unquoted(value), value, scope.variables, scope.elements())
         item = (CommandOutput(unquoted(value), at, command) if command else Unresolved(text, at)
@@ -1119,26 +1119,12 @@ def _word(word: str, scope: _Scope, where: str) -> tuple[list[tuple[Any, set[str
             return [(piece, deps) for value, deps in items[span[0]:span[1]]
                     for piece in (value.split() if isinstance(value, str) and not whole.group(1) else [value])], []
     expanded = fields(word, scope.variables, arrays=scope.elements())
-    deps = _depends(word, scope.depends)
+    deps = depends_on(word, scope.depends)
     if expanded is not None:
         return [(value, deps) for value in expanded], []
-    command = _command(word, scope, where)
+    command = command_behind(word, scope.commanded, where)
     text = why_unresolved(unquoted(word), word, scope.variables, scope.elements())
     return [(CommandOutput(unquoted(word), where, command) if command else Unresolved(text, where), deps)], []
-
-
-def _command(word: str, scope: _Scope, where: str) -> str | None:
-    """The command whose output a word takes, itself (``$(nproc)``) or through a variable set from one, as
-    ``command (file:line)``; None for none."""
-    direct = substitution(word)
-    if direct:
-        return f"{direct} ({where})"
-    return next((scope.commanded[name] for name in sorted(names(word)) if name in scope.commanded), None)
-
-
-def _depends(word: str, depends: dict[str, set[str]]) -> set[str]:
-    """The conditionally set names behind a word's ``$NAME`` / ``${NAME...}`` / ``$((NAME ...))``."""
-    return set().union(*(depends.get(name, set()) for name in names(word)))
 
 
 def _conditional(words: list[tuple[Any, set[str]]], where: dict[str, tuple[int, str]], path: Path) -> dict[str, Any]:

@@ -45,12 +45,12 @@ from minirl.peers.shell import (
     arguments,
     assigned,
     case_matches,
+    command_behind,
     condition,
     default_assignments,
+    depends_on,
     fields,
-    names,
     statements,
-    substitution,
     unquoted,
     why_unresolved,
 )
@@ -1108,9 +1108,9 @@ def _hydra_config(overrides: dict[str, Any], script: str) -> dict[str, Any]:
     if isinstance(folder, Unresolved) or isinstance(name, Unresolved):
         raise ConfigError(f"{script}: its --config-path / --config-name are not known here; give the config YAML "
                           "after the script (minirl config from-verl run.sh config.yaml)")
-    file = Path(str(folder or ".")) / (str(name) if str(name).endswith((".yaml", ".yml")) else f"{name}.yaml")
     if Path(str(name)).stem in VERL_CONFIGS and not Path(str(folder or ".")).is_absolute():
         return {}  # verl's own config (Hydra reads a relative path from main_ppo.py's folder): the defaults used here
+    file = Path(str(folder or ".")) / (str(name) if str(name).endswith((".yaml", ".yml")) else f"{name}.yaml")
     if not file.is_file():
         raise ConfigError(f"{script}: --config-name {name} names {file}, not found here; give the config YAML after "
                           "the script (minirl config from-verl run.sh config.yaml)")
@@ -1195,10 +1195,6 @@ class _Script:
     taken: dict[str, list[str]] = field(default_factory=dict)  # conditional name -> the override keys taking it
     overrides: dict[str, Any] = field(default_factory=dict)
 
-    def _behind(self, word: str) -> set[str]:
-        """The conditionally set names a word's value comes from."""
-        return set().union(*(self.tainted.get(name, set()) for name in names(word)))
-
     def _mark(self, name: str, behind: set[str], number: int, how: str) -> None:
         self.tainted[name] = behind | ({name} if how else set())
         if how:
@@ -1206,15 +1202,18 @@ class _Script:
 
     def assign(self, name: str, value: str, number: int, how: str) -> None:
         _assign(self.variables, self.arrays, name, value, f"{self.path}:{number}")
-        command = _command(value, self.commanded, f"{self.path}:{number}")
-        self.commanded.pop(name, None) if command is None else self.commanded.__setitem__(name, command)
-        self._mark(name, self._behind(value), number, how)
+        command = command_behind(value, self.commanded, f"{self.path}:{number}")
+        if command is None:
+            self.commanded.pop(name, None)
+        else:
+            self.commanded[name] = command
+        self._mark(name, depends_on(value, self.tainted), number, how)
 
     def assign_array(self, name: str, items: list[str], append: bool, number: int, how: str) -> None:
-        listed = [_Item(item, fields(item, self.variables, arrays=self.arrays), number) for item in items]
+        listed = [_Item(item, fields(item, self.variables, arrays=self.arrays), number, name) for item in items]
         self.written[name] = (self.written.get(name, []) if append else []) + listed
         _assign_array(self.variables, self.arrays, name, items, append)
-        behind = set().union(*(self._behind(item) for item in items)) | (self.tainted.get(name, set()) if append else set())
+        behind = set().union(*(depends_on(item, self.tainted) for item in items)) | (self.tainted.get(name, set()) if append else set())
         self._mark(name, behind, number, how)
 
     def command(self, words: list[str], number: int, how: str) -> None:
@@ -1240,7 +1239,7 @@ class _Script:
         """A ``key=value`` word of the command: its value, or why it is not known here."""
         at = item.line + next((i for i, part in enumerate(self.lines[item.line - 1:]) if f"{key}=" in part), 0)
         shown = why_unresolved(value, item.word, self.variables, self.arrays)
-        command = _command(item.word, self.commanded, f"{self.path}:{item.line}")
+        command = command_behind(item.word, self.commanded, f"{self.path}:{item.line}")
         self.overrides[key] = (parse_value(expanded[0].partition("=")[2]) if expanded is not None
                                else CommandOutput(shown, f"{self.path}:{at}", command) if command
                                else Unresolved(shown, f"{self.path}:{at}"))
@@ -1248,8 +1247,7 @@ class _Script:
     def _took(self, key: str, item: _Item, number: int, how: str) -> None:
         """``key`` set by ``item`` of the command on line ``number``: from the conditionally set names behind the word
         (or the array it came from), or by a command that itself runs conditionally (``how``)."""
-        behind = self._behind(item.word) | set().union(*(self.tainted.get(name, set()) for name in self.written
-                                                         if item in self.written[name]))
+        behind = depends_on(item.word, self.tainted) | self.tainted.get(item.array or "", set())
         if how:
             behind.add(f"the command on line {number}")
             self.where[f"the command on line {number}"] = (number, how)
@@ -1279,15 +1277,7 @@ class _Item:
     word: str
     expanded: list[str] | None
     line: int
-
-
-def _command(word: str, commanded: dict[str, str], where: str) -> str | None:
-    """The command whose output a word takes, itself (``$(date ...)``) or through a variable set from one, as
-    ``command (file:line)``; None for none."""
-    direct = substitution(word)
-    if direct:
-        return f"{direct} ({where})"
-    return next((commanded[name] for name in sorted(names(word)) if name in commanded), None)
+    array: str | None = None  # the array it is an element of
 
 
 def _here(word: str) -> str:
