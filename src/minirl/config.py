@@ -271,6 +271,13 @@ class TaskConfig(Section):
         ``task.tool_config``)."""
         return bool(self.tools or self.environment or self.tool_config)
 
+    @property
+    def tools_key(self) -> str:
+        """The first key that asks for tool calls (``task.tools``, ``task.environment``, ``task.tool_config``), for
+        an error line to name."""
+        return next((f"task.{name}" for name in ("tools", "environment", "tool_config") if getattr(self, name)),
+                    "task.tools")
+
 
 class RolloutConfig(Section):
     prompts_per_step: int = Field(8, ge=1)
@@ -1195,7 +1202,7 @@ class Config(Section):
         sampled whole."""
         if not self.task.calls_tools:  # the other tool keys may be set for tools given later
             return
-        key = next(f"task.{name}" for name in ("tools", "environment", "tool_config") if getattr(self.task, name))
+        key = self.task.tools_key
         if self.task.chat_template == "plain":
             raise ValueError(f"{key}: tool calls and their results are written by the chat template; "
                              "task.chat_template=plain has none (use auto or a template file)")

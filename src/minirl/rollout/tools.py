@@ -369,8 +369,7 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
             prompt.meta = {**prompt.meta, "tools": own}
     plain = sum(prompt.messages is None for prompt in prompts)
     if plain:
-        key = next(f"task.{name}" for name in ("tools", "environment", "tool_config") if getattr(task, name))
-        raise ConfigError(f"{key}: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
+        raise ConfigError(f"{task.tools_key}: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
                           "in a chat (a prompt column of messages, or task.chat_prompts: true)")
     stops = stop_token_ids(tokenizer, model)
     check_tool_template(tokenizer, stops)
