@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,8 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (package / "scoring.py").write_text(USER_MODULE)
     (package / "broken.py").write_text("import a_dependency_that_does_not_exist\n")
     (package / "syntax.py").write_text("def f(:\n")
+    (package / "uses_verl.py").write_text("from verl.utils.reward_score import gsm8k\n")
+    (package / "uses_trl.py").write_text("from trl.rewards import accuracy_reward\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return "user_rewards_pkg.scoring"
 
@@ -78,6 +81,19 @@ def test_bad_reward_specs_give_one_line_naming_the_spec(user_module: str, spec: 
     assert text.startswith(f"reward function {spec!r}: ")
     assert message in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("module, hint", [("uses_verl", "`pip install --no-deps verl`"), ("uses_trl", "`pip install trl`")])
+def test_a_file_importing_an_uninstalled_peer_says_how_to_install_it(user_module: str, module: str, hint: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verl user's scorer importing verl (or a TRL user's importing trl) where it is not installed: the line says how
+    to install it here (a plain ``pip install verl`` would replace minirl's transformers)."""
+    for peer in ("verl", "trl"):
+        monkeypatch.setitem(sys.modules, peer, None)  # not importable, whatever is installed
+    with pytest.raises(RewardSpecError) as error:
+        load_reward_function(f"user_rewards_pkg.{module}:fn")
+    text = str(error.value)
+    assert f"importing 'user_rewards_pkg.{module}' failed: " in text and hint in text and "\n" not in text
 
 
 def _task() -> ReverseTask:

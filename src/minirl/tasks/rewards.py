@@ -86,13 +86,31 @@ def _import_module(spec: str, module_name: str) -> Any:
                 f"{os.getcwd()} and on sys.path; a file path also works: '{module_name.replace('.', '/')}.py:"
                 f"{spec.partition(':')[2]}')"
             ) from None
-        raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}") from error
+        raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: {error}"
+                              f"{peer_install_hint(error)}") from error
     except RewardSpecError:
         raise
     except Exception as error:  # a user module that fails to import: name it, then the error
         raise RewardSpecError(
             f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}"
         ) from error
+
+
+PEER_INSTALL = {
+    "verl": "verl is not installed here: `pip install --no-deps verl` and `pip install ray tensordict codetiming "
+            "hydra-core dill pylatexenc` make its tools and scorers importable (a plain `pip install verl` would replace "
+            "minirl's transformers: verl 0.9 pins < 5.11); verl's default scorer is also "
+            "minirl.tasks.verl_scores:default_compute_score, without verl",
+    "trl": "TRL is not installed here: `pip install trl` (its trl.rewards functions are also minirl.tasks.trl_rewards, "
+           "without TRL)",
+}
+"""How to install a peer framework that a user's file imports (verl's tools and scorers, TRL's rewards), by package."""
+
+
+def peer_install_hint(error: ModuleNotFoundError) -> str:
+    """``"; <how to install it>"`` when the missing module is a peer framework's (``PEER_INSTALL``), else ``""``."""
+    top = (error.name or "").split(".")[0]
+    return f"; {PEER_INSTALL[top]}" if top in PEER_INSTALL else ""
 
 
 def _add_working_directory(module_name: str) -> None:
