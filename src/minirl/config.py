@@ -205,7 +205,8 @@ class TaskConfig(Section):
     ``package.module:function`` or ``path/file.py:function``; their schemas (from the signature and docstring, as
     ``apply_chat_template(tools=...)`` reads them) go into every chat prompt, a call the model writes is run and its
     result appended to the response, and the model goes on; the results train nothing (``minirl.rollout.tools``).
-    Needs chat prompts and a template that renders tool calls."""
+    verl's ``@function_tool`` functions run as verl runs them (``minirl.rollout.verl_tools``). Needs chat prompts and
+    a template that renders tool calls."""
     environment: str | dict[str, str] | None = None
     """An environment each rollout acts in (TRL's ``GRPOTrainer(environment_factory=...)``): ``module:Class`` whose
     instance is reset with the row before the rollout (its text, if any, appended to the prompt), whose public

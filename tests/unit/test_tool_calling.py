@@ -339,15 +339,17 @@ def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
     assert any("tool_config_path" in x and "not found here" in x for x in elsewhere.differs)
     line, = [line for line in elsewhere.not_translated if "function_tool_path" in line]
     assert "cannot read its functions here" in line and "task.tools" in line
-    # verl 0.9's @function_tool file: its plain functions become task.tools; a renamed one is named
+    # verl 0.9's @function_tool file: its functions become task.tools (a renamed one too: the loader reads verl's
+    # registry); where verl is not installed, a line says how to install it
     functions = tmp_path / "function_tools.py"
     functions.write_text("from verl.tools.function_tool import function_tool\n\n@function_tool\ndef get_weather(city: str)"
                          " -> dict:\n    return {}\n\n@function_tool('calc')\nasync def calculator(e: str) -> str:\n"
                          "    return e\n\ndef helper():\n    pass\n")
     read = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
                              "actor_rollout_ref.rollout.multi_turn.function_tool_path": str(functions)})
-    assert read.values["task.tools"] == [f"{functions}:get_weather"]
-    assert any("calculator renamed or given a schema" in x for x in read.not_translated)
+    assert read.values["task.tools"] == [f"{functions}:get_weather", f"{functions}:calculator"]
+    assert not any("function_tool" in x for x in read.not_translated)
+    assert any("imports verl's @function_tool" in x for x in read.differs) == (importlib.util.find_spec("verl") is None)
     bare = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True})
     assert any("multi_turn.enable" in x and "no tools" in x for x in bare.not_translated)
     plain = from_verl(base)

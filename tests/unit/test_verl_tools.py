@@ -324,3 +324,103 @@ def test_a_rows_tool_selection_offers_and_runs_those_tools_only(tokenizer, tmp_p
     assert everything.tool_failures == 0 and everything.tool_extra_fields["tool_rewards"] == [1.0]
     with pytest.raises(ConfigError, match=r"^task.tool_config: 1 of 1 training prompts are plain text"):
         tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, [Prompt("q", "1")])
+
+
+FUNCTION_TOOLS = textwrap.dedent('''
+    from verl.tools.function_tool import function_tool
+
+    @function_tool
+    def lookup(city: str) -> dict:
+        """Look a city up.
+
+        Args:
+            city: The city.
+        """
+        return {"city": city, "population": 3}
+
+    @function_tool(name="grade")
+    async def grade_answer(answer: str):
+        """Grade an answer.
+
+        Args:
+            answer: The answer.
+        """
+        return f"graded {answer}", float(answer == "3"), {"graded": 1}
+''')
+
+FAKE_VERL = textwrap.dedent('''
+    """A stand-in for verl 0.9.1's ``verl.tools.function_tool`` (its registry, decorator, ``FunctionTool.call`` and
+    ``normalize_function_tool_return``, in short), for machines without verl."""
+    import asyncio, inspect, json
+    from dataclasses import dataclass
+    from transformers.utils import get_json_schema
+    from minirl.rollout.verl_tools import OpenAIFunctionToolSchema as Schema
+
+    FUNCTION_TOOL_REGISTRY = {}
+
+    @dataclass
+    class FunctionTool:
+        name: str
+        fn: object
+        tool_schema: object
+        is_async: bool = False
+
+        async def call(self, parameters):
+            return await self.fn(**parameters) if self.is_async else await asyncio.to_thread(self.fn, **parameters)
+
+    def function_tool(name=None):
+        def decorator(fn, tool_name=None):
+            tool_name = tool_name or fn.__name__
+            raw = get_json_schema(fn)
+            raw["function"]["name"] = tool_name
+            FUNCTION_TOOL_REGISTRY[tool_name] = FunctionTool(tool_name, fn, Schema.model_validate(raw),
+                                                             inspect.iscoroutinefunction(fn))
+            return fn
+        return decorator(name) if callable(name) else (lambda fn: decorator(fn, name))
+
+    def normalize_function_tool_return(ret):
+        text = lambda value: json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else str(value)
+        if isinstance(ret, tuple):
+            return text(ret[0]), 0.0 if len(ret) < 2 or ret[1] is None else float(ret[1]), {}
+        return text(ret), 0.0, {}
+''')
+
+
+@pytest.mark.parametrize("verl", ["stand-in", "installed"])
+def test_verls_function_tools_run_as_verl_runs_them(tokenizer, tmp_path: Path, monkeypatch, verl: str) -> None:  # noqa: F811
+    """``@function_tool`` functions in ``task.tools`` (verl 0.9's ``function_tool_path``): named and described as the
+    decorator says, a dict result written as JSON, a ``(response, reward, metrics)`` tuple's reward joining the rollout's
+    ``tool_rewards``, beside a row's ``tool_selection``; with verl itself where it is installed."""
+    from minirl.rollout.tools import tool_calling
+
+    if verl == "installed":
+        pytest.importorskip("verl.tools.function_tool")
+    else:
+        fake = tmp_path / "fake_verl"
+        fake.mkdir()
+        (fake / "function_tool.py").write_text(FAKE_VERL)
+        for name in ("verl", "verl.tools"):
+            monkeypatch.setitem(sys.modules, name, type(sys)(name))
+        spec = __import__("importlib.util").util.spec_from_file_location("verl.tools.function_tool", fake / "function_tool.py")
+        module = __import__("importlib.util").util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        monkeypatch.setitem(sys.modules, "verl.tools.function_tool", module)
+    registry = sys.modules["verl.tools.function_tool"].FUNCTION_TOOL_REGISTRY
+    for name in ("lookup", "grade"):
+        monkeypatch.delitem(registry, name, raising=False)
+    (tmp_path / "functions.py").write_text(FUNCTION_TOOLS)
+    specs = f"[{tmp_path}/functions.py:lookup,{tmp_path}/functions.py:grade_answer]"
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tools={specs}"])
+    rows = [Prompt("q", "3", meta={"extra_info": {"tool_selection": ["grade"]}}, messages=CHAT), Prompt("r", "3", messages=CHAT)]
+    calls = ('<tool_call>{"name": "lookup", "arguments": {"city": "Oslo"}}</tool_call>'
+             '<tool_call>{"name": "grade", "arguments": {"answer": "3"}}</tool_call>')
+    calling = tool_calling(cfg, TurnEngine(tokenizer, [calls, "3."]), tokenizer, None, rows)
+    calling.stop_ids.add(_end(tokenizer))
+    assert [t["function"]["name"] for t in rows[1].meta["tools"]] == ["lookup", "grade"]
+    assert [t["function"]["name"] for t in rows[0].meta["tools"]] == ["grade"]
+    assert rows[1].meta["tools"][1]["function"]["description"] == "Grade an answer."
+    selected, both = calling.generate(rows, 1, SamplingParams(max_new_tokens=300))
+    assert [m["content"] for m in both.messages if m["role"] == "tool"] == ['{"city": "Oslo", "population": 3}',
+                                                                          "graded 3"]
+    assert both.tool_extra_fields["tool_rewards"] == [0.0, 1.0] and both.tool_failures == 0
+    assert selected.tool_failures == 1 and selected.tool_extra_fields["tool_rewards"] == [1.0]

@@ -5,6 +5,7 @@ defaults and ``$((...))`` arithmetic expanded), a YAML config or ``key=value`` w
 from __future__ import annotations
 
 import ast
+import importlib.util
 import math
 import os
 import re
@@ -507,8 +508,8 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
 
 def _verl_function_tools(peer: Peer, out: Translation, path: str) -> None:
     """verl 0.9's ``function_tool_path``: its ``@function_tool`` functions (read from the file's source, not run) as
-    ``task.tools``; one the decorator renames or gives a schema is named as not translated (minirl reads a function's
-    schema from its name, hints and docstring)."""
+    ``task.tools``, where they run as verl runs them (``minirl.rollout.verl_tools.FunctionTool``: the decorator's name
+    and schema, its results read by verl's rules); the file imports verl's decorator, so verl must be installed here."""
     shown = peer.show(R + "multi_turn.function_tool_path")
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
@@ -516,25 +517,17 @@ def _verl_function_tools(peer: Peer, out: Translation, path: str) -> None:
         out.not_translated.append(f"{shown}: cannot read its functions here ({type(error).__name__}); list its "
                                   "@function_tool functions in task.tools as path.py:function")
         return
-    plain: list[str] = []
-    changed: list[str] = []
-    for node in tree.body:
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for decorator in node.decorator_list:
-            target = decorator.func if isinstance(decorator, ast.Call) else decorator
-            if getattr(target, "id", getattr(target, "attr", None)) == "function_tool":
-                given = isinstance(decorator, ast.Call) and bool(decorator.args or decorator.keywords)
-                (changed if given else plain).append(node.name)
-    if plain:
-        out.set("task.tools", [f"{path}:{name}" for name in plain], shown)
-        out.differs.append(f"{shown}: a result that is not text is written as Python's str() (TRL's rule), where verl "
-                           "writes a dict as JSON")
-    if changed:
-        out.not_translated.append(f"{shown}: {', '.join(changed)} renamed or given a schema by @function_tool; "
-                                  "minirl names a tool after its function")
-    if not plain and not changed:
+    names = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and any(getattr(target, "id", getattr(target, "attr", None)) == "function_tool"
+                     for target in (d.func if isinstance(d, ast.Call) else d for d in node.decorator_list))]
+    if not names:
         out.not_translated.append(f"{shown}: no @function_tool functions found in {path}")
+        return
+    out.set("task.tools", [f"{path}:{name}" for name in names], shown)
+    if importlib.util.find_spec("verl") is None:
+        from minirl.tasks.rewards import PEER_INSTALL
+
+        out.differs.append(f"{shown}: the file imports verl's @function_tool; {PEER_INSTALL['verl']}")
 
 
 def _run_name(peer: Peer, out: Translation, key: str) -> Any:

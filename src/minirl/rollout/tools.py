@@ -146,12 +146,19 @@ class Toolbox:
     def __init__(self, functions: Sequence[Callable[..., Any]], timeout_s: float | None = None) -> None:
         # a limit past what a thread wait takes (inf) is none
         self.timeout_s = None if timeout_s is None or timeout_s >= threading.TIMEOUT_MAX else timeout_s
+        from minirl.rollout.verl_tools import FunctionTool, verl_function_tool
+
         self.functions: dict[str, Callable[..., Any]] = {}
+        self.verl_functions: dict[str, FunctionTool] = {}  # verl's @function_tool functions, run as verl runs them
         for fn in functions:
-            name = getattr(fn, "__name__", type(fn).__name__)
-            if name in self.functions:
+            entry = verl_function_tool(fn)
+            name = getattr(fn, "__name__", type(fn).__name__) if entry is None else entry.name
+            if name in self.functions or name in self.verl_functions:
                 raise ConfigError(f"task.tools: two tools are named {name!r}; the model calls a tool by its name")
-            self.functions[name] = fn
+            if entry is None:
+                self.functions[name] = fn
+            else:
+                self.verl_functions[name] = FunctionTool(entry)
 
     @classmethod
     def load(cls, specs: Sequence[str], timeout_s: float | None = None) -> Toolbox:
@@ -277,10 +284,28 @@ def _gather(awaitables: list[Any]) -> list[Any]:
 
 
 def standalone_schemas(task: Any) -> list[dict[str, Any]]:
-    """The schemas of the tools every rollout has: ``task.tools``' functions, then ``task.tool_config``'s verl tools."""
-    from minirl.rollout.verl_tools import load_verl_tools
+    """The schemas of the tools every rollout has: ``task.tools``' functions, then verl's tools (``task.tool_config``'s
+    classes, then ``task.tools``' ``@function_tool`` functions)."""
+    toolbox = Toolbox.load(task.tools)
+    verl = verl_tools_of(task, toolbox)
+    return toolbox.schemas() + (verl.schemas() if verl is not None else [])
 
-    return Toolbox.load(task.tools).schemas() + (load_verl_tools(task.tool_config).schemas() if task.tool_config else [])
+
+def verl_tools_of(task: Any, toolbox: Toolbox) -> Any:
+    """The run's verl tools (``VerlTools``): ``task.tool_config``'s classes and ``toolbox``'s ``@function_tool``
+    functions (both in verl's ``tools``: a row's ``tool_selection`` picks among all of them), or None without any."""
+    from minirl.rollout.verl_tools import VerlTools, load_verl_tools
+
+    verl = load_verl_tools(task.tool_config) if task.tool_config else None
+    if not toolbox.verl_functions:
+        return verl
+    tools = dict(verl.tools) if verl is not None else {}
+    for name, tool in toolbox.verl_functions.items():
+        if name in tools:
+            raise ConfigError(f"task.tools: the @function_tool {name!r} has the name of a task.tool_config tool; the "
+                              "model calls a tool by its name")
+        tools[name] = tool
+    return VerlTools(tools)
 
 
 def offered_schemas(tokenizer: Any, task: Any) -> None:
@@ -353,16 +378,16 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
     named environments or verl's ``tool_selection`` make them differ by row); ``ConfigError`` (one line) when a
     training prompt is not a chat or the template cannot write calls and results."""
     from minirl.rollout.environments import load_environments
-    from minirl.rollout.verl_tools import load_verl_tools
     from minirl.tasks.chat import stop_token_ids
 
     task = cfg.task
     environments = load_environments(task.environment) if task.environment else None
-    verl = load_verl_tools(task.tool_config) if task.tool_config else None
+    toolbox = Toolbox.load(task.tools, task.tool_timeout_s)
+    verl = verl_tools_of(task, toolbox)
     rows = [*prompts, *eval_prompts]
     named = environments is not None and environments.named
     if named or (verl is not None and any(verl.selection(prompt) is not None for prompt in rows)):
-        functions = Toolbox.load(task.tools).schemas()
+        functions = toolbox.schemas()
         for prompt in rows:
             own = functions + (verl.schemas(verl.selection(prompt)) if verl is not None else [])
             own += environments.schemas(environments.name_of(prompt)) if environments is not None and named else []
@@ -378,7 +403,7 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
         raise ConfigError("task.tool_parser=tokenizer: the tokenizer has no response_template for parse_response "
                           "(transformers' response parsing; TRL's add_response_schema sets one for known templates); "
                           "use task.tool_parser=hermes")
-    return ToolCalling(engine, tokenizer, Toolbox.load(task.tools, task.tool_timeout_s), stop_ids=stops,
+    return ToolCalling(engine, tokenizer, toolbox, stop_ids=stops,
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
                        result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
                        max_calls_per_turn=task.max_tool_calls_per_turn, verl_tools=verl)

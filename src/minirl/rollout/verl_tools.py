@@ -32,6 +32,10 @@ A row whose ``extra_info.tool_selection`` names some of the tools is offered and
 selection). ``agent_data`` (``AgentData``) carries what a tool may read of verl's: the conversation so far (``messages``), the
 row's ``tools_kwargs``, a ``request_id``, ``extra_fields`` to keep session data in, ``metrics``, ``tool_rewards``.
 
+verl 0.9's ``@function_tool`` functions (``multi_turn.function_tool_path``), listed in ``task.tools``, run the same way
+(``FunctionTool``: the name and schema the decorator gave them, their return value read by verl's
+``normalize_function_tool_return``), beside the config's classes; a row's ``tool_selection`` picks among both.
+
 Tools subclassing verl's ``BaseTool`` need verl importable; any class with the same methods runs without it. When
 verl's ``OpenAIFunctionToolSchema`` is importable (a tool imported verl), the class gets it; otherwise a pydantic model
 of the same fields. Images or videos in a result are refused (text models only).
@@ -92,7 +96,7 @@ class AgentData:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     metrics: dict[str, Any] = field(default_factory=dict)
     extra_fields: dict[str, Any] = field(default_factory=dict)
-    tool_rewards: list[float] = field(default_factory=list)
+    tool_rewards: list[float | None] = field(default_factory=list)  # None: a call whose reward was None (not kept)
     turn_scores: list[float] = field(default_factory=list)
 
     @property
@@ -102,7 +106,8 @@ class AgentData:
 
     def tool_extra_fields(self) -> dict[str, Any]:
         """What verl's reward managers merge into ``extra_info`` (``tool_extra_fields``)."""
-        return {**self.extra_fields, "turn_scores": list(self.turn_scores), "tool_rewards": list(self.tool_rewards)}
+        return {**self.extra_fields, "turn_scores": list(self.turn_scores),
+                "tool_rewards": [reward for reward in self.tool_rewards if reward is not None]}
 
 
 class VerlTools:
@@ -141,22 +146,48 @@ class VerlTools:
         return out
 
 
+def verl_function_tool(fn: Any) -> Any:
+    """verl's ``FunctionTool`` of ``fn`` when it is an ``@function_tool`` function (its file imported verl's decorator,
+    which registers it), else None."""
+    registry = getattr(sys.modules.get("verl.tools.function_tool"), "FUNCTION_TOOL_REGISTRY", None) or {}
+    return next((entry for entry in registry.values() if getattr(entry, "fn", None) is fn), None)
+
+
+class FunctionTool:
+    """An ``@function_tool`` function (verl 0.9's ``multi_turn.function_tool_path``) run as verl's tool agent runs one:
+    named and described as the decorator says (``name=``, ``schema=``), no state (the row's ``tools_kwargs`` are not
+    passed, as in verl), its return value read by verl's ``normalize_function_tool_return``: text as it is, a dict as
+    JSON, ``(response, reward, metrics)`` with the reward joining ``tool_rewards``."""
+
+    def __init__(self, entry: Any) -> None:
+        self.entry, self.name, self.tool_schema = entry, entry.name, entry.tool_schema
+
+    async def create(self, **kwargs: Any) -> tuple[str, None]:
+        return uuid.uuid4().hex, None
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> Any:
+        normalize = sys.modules["verl.tools.function_tool"].normalize_function_tool_return
+        return normalize(await self.entry.call(parameters))
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        return None
+
+
 def _lifecycle(tool: Any, name: str, agent: AgentData) -> Callable[..., Any]:
     async def call(**arguments: Any) -> str:
         create_kwargs = (agent.tools_kwargs.get(name) or {}).get("create_kwargs", {})
         instance_id = None
+        # a round's calls run together; verl appends their rewards in call order, so each call takes its slot first
+        slot = len(agent.tool_rewards)
+        agent.tool_rewards.append(0.0)  # verl's reward of a call that raises
         try:
             created = await _awaited(tool.create(create_kwargs=create_kwargs))
             instance_id = created[0] if isinstance(created, tuple) else created  # (id, ToolResponse); older tools: id
             response, reward, _ = await _awaited(tool.execute(instance_id, arguments, agent_data=agent))
-        except BaseException:
-            agent.tool_rewards.append(0.0)  # verl's reward of a call that raised
-            raise
         finally:
             if instance_id:
                 await _awaited(tool.release(instance_id))
-        if reward is not None:
-            agent.tool_rewards.append(float(reward))
+        agent.tool_rewards[slot] = None if reward is None else float(reward)  # verl keeps no reward of None
         return _text(response, name)
 
     return call
