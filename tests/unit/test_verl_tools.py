@@ -154,8 +154,8 @@ def test_a_call_that_raises_is_a_failed_call_with_verls_zero_reward(tokenizer, t
     c, = calling.generate([row], 1, SamplingParams(max_new_tokens=300))
     assert c.tool_calls == 2 and c.tool_failures == 2
     assert [m["content"] for m in c.messages if m["role"] == "tool"] == [
-        "{'error': 'the checker broke'}",
-        "{'error': 'Tool check_answer returned an image or video; minirl trains text models only.'}"]
+        "Error executing tool 'check_answer': the checker broke",  # verl's text
+        "Tool check_answer returned an image or video; minirl trains text models only."]
     assert c.tool_extra_fields["tool_rewards"] == [0.0, 0.5]  # verl adds 0 for the call that raised
     assert tools.tools["check_answer"].states == {}  # released all the same
     # a row without tools_kwargs: create gets verl's empty create_kwargs (this tool then raises: a failed call)

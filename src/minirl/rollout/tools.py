@@ -9,7 +9,7 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    </tool_call>`` blocks, verl's default format and Qwen's; ``tokenizer``, the tokenizer's own ``parse_response``,
    TRL's way). A turn that ended at a stop token and holds calls has them run in order (``async def`` tools
    concurrently), each result as TRL writes it: ``str(fn(**arguments))``, or ``{'error': ...}`` when the tool is
-   unknown or raises. A malformed call (not JSON, no name) is not run and counts as a failed call.
+   unknown or raises (verl's tools: verl's texts, ``minirl.rollout.verl_tools``). A malformed call (not JSON, no name) is not run and counts as a failed call.
 3. The results are appended as the template renders ``tool`` messages after that turn, up to the next assistant
    header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
@@ -217,15 +217,28 @@ def run_calls(calls: Sequence[tuple[Toolbox, ToolCall]]) -> list[tuple[str, str,
         except SystemExit as error:  # e.g. a code tool running the model's exit(): the call's error, not the run's end
             results[index], failed[index] = {"error": _exited(call, error)}, True
         except Exception as error:
-            results[index], failed[index] = {"error": str(error)}, True
+            results[index], failed[index] = _error_result(error), True
     if waiting:
         for (index, _), value in zip(waiting, _gather([value for _, value in waiting])):
             if isinstance(value, BaseException):
-                results[index], failed[index] = {"error": str(value)}, True
+                results[index], failed[index] = _error_result(value), True
             else:
                 results[index] = value
     return [(call.name, value if isinstance(value, str) else str(value), bad)
             for (_, call), value, bad in zip(calls, results, failed)]
+
+
+class FailedCall(Exception):
+    """A call that failed, with the result its framework writes for it (verl's ``Error executing tool ...``)."""
+
+    def __init__(self, result: str) -> None:
+        super().__init__(result)
+        self.result = result
+
+
+def _error_result(error: BaseException) -> Any:
+    """The result of a call that raised ``error``: TRL's ``{'error': ...}``, or a ``FailedCall``'s own text."""
+    return error.result if isinstance(error, FailedCall) else {"error": str(error)}
 
 
 def _call(fn: Callable[..., Any], call: ToolCall, timeout_s: float | None) -> Any:

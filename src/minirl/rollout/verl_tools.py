@@ -22,7 +22,7 @@ cut as ``task.tool_result_max_chars`` says. ``arguments`` is the call's parsed d
 verl's older JSON-string parameters needs updating); an older ``create`` returning the id alone, or plain (not
 ``async``) methods, work too; ``calc_reward`` is not called (neither does verl 0.9's agent loop). Each step ``reward``
 joins the rollout's ``tool_rewards``; a call that raises adds 0.0, as in verl, and is a failed call
-(``tools/failure_frequency``) whose result is TRL's ``{'error': ...}`` (verl writes ``Error executing tool ...``).
+(``tools/failure_frequency``) whose result is verl's ``Error executing tool '<name>': <error>``.
 Once the response ends, verl's
 ``tool_extra_fields`` (``agent_data.extra_fields``, ``turn_scores`` and ``tool_rewards``) reach reward functions as
 verl's reward managers pass them: merged into a verl ``compute_score``'s ``extra_info``; other reward functions get
@@ -56,6 +56,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from minirl.config import ConfigError
+from minirl.rollout.tools import FailedCall
 
 KEY = "task.tool_config"
 
@@ -184,6 +185,8 @@ def _lifecycle(tool: Any, name: str, agent: AgentData) -> Callable[..., Any]:
             created = await _awaited(tool.create(create_kwargs=create_kwargs))
             instance_id = created[0] if isinstance(created, tuple) else created  # (id, ToolResponse); older tools: id
             response, reward, _ = await _awaited(tool.execute(instance_id, arguments, agent_data=agent))
+        except Exception as error:  # verl's text for it (ToolAgentLoop._call_tool)
+            raise FailedCall(f"Error executing tool '{name}': {error}") from error
         finally:
             if instance_id:
                 await _awaited(tool.release(instance_id))
@@ -199,11 +202,12 @@ async def _awaited(value: Any) -> Any:
 
 
 def _text(response: Any, name: str) -> str:
-    """The text of a tool's ``ToolResponse`` (or of a plain string, as verl's older tools return)."""
+    """The text of a tool's ``ToolResponse`` (or of a plain string, as verl's older tools return); a response with
+    images or videos is a failed call (text models only)."""
     if response is None or isinstance(response, str):
         return response or ""
     if getattr(response, "image", None) or getattr(response, "video", None):
-        raise ValueError(f"Tool {name} returned an image or video; minirl trains text models only.")
+        raise FailedCall(f"Tool {name} returned an image or video; minirl trains text models only.")
     return str(getattr(response, "text", None) or "")
 
 
