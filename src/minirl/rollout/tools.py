@@ -9,7 +9,8 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    </tool_call>`` blocks, verl's default format and Qwen's; ``tokenizer``, the tokenizer's own ``parse_response``,
    TRL's way). A turn that ended at a stop token and holds calls has them run in order (``async def`` tools
    concurrently), each result as TRL writes it: ``str(fn(**arguments))``, or ``{'error': ...}`` when the tool is
-   unknown or raises (verl's tools: verl's texts, ``minirl.rollout.verl_tools``). A malformed call (not JSON, no name) is not run and counts as a failed call.
+   unknown or raises (verl's tools: verl's texts, ``minirl.rollout.verl_tools``). A malformed call (not JSON, no
+   name) is not run and counts as a failed call.
 3. The results are appended as the template renders ``tool`` messages after that turn, up to the next assistant
    header (TRL's ``_get_tool_suffix_ids``: token ids concatenated, the conversation never tokenised again, so every
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
