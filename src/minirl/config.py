@@ -234,8 +234,8 @@ class TaskConfig(Section):
     the response (verl's ``multi_turn.max_tool_response_length``, 256 there by default); null: kept whole, as in TRL."""
     tool_result_keep: Literal["head", "tail", "middle"] = "middle"
     """What a cut result keeps: its first characters and ``...(truncated)`` (verl's ``tool_response_truncate_side:
-    left``), ``(truncated)...`` and its last (``right``), or both halves around ``...(truncated)...`` (``middle``,
-    verl's default)."""
+    right``: the right side is cut), ``(truncated)...`` and its last (``left``), or both halves around
+    ``...(truncated)...`` (``middle``, verl's default)."""
     tool_parser: Literal["hermes", "tokenizer"] = "hermes"
     """``task.tools``: how a call is read from the model's turn: ``hermes`` = ``<tool_call>{"name": ..., "arguments":
     {...}}</tool_call>`` blocks (Qwen2.5/3, Hermes; verl's default format); ``tokenizer`` = the tokenizer's own

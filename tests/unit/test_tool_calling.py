@@ -688,7 +688,10 @@ def test_long_results_are_cut_as_verl_cuts_them(tokenizer) -> None:
     assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (256, "middle")
     v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 1000,
                           "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "left"}).values
-    assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (1000, "head")
+    # verl's side is the one cut (tool_agent_loop.py: left -> "(truncated)..." + text[-n:])
+    assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (1000, "tail")
+    v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "right"}).values
+    assert v["task.tool_result_keep"] == "head"
 
 
 def test_slimes_tool_key_is_the_tools_column() -> None:

@@ -487,7 +487,8 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     if not unset(limit):  # verl cuts every tool response, 256 characters by default
         shown = peer.show(R + "multi_turn.max_tool_response_length", R + "multi_turn.tool_response_truncate_side")
         out.set("task.tool_result_max_chars", int(limit), shown)
-        out.set("task.tool_result_keep", {"left": "head", "right": "tail"}.get(str(side), "middle"), shown)
+        # verl's side is the one cut: left keeps the tail, right the head (ToolAgentLoop._call_tool)
+        out.set("task.tool_result_keep", {"left": "tail", "right": "head"}.get(str(side), "middle"), shown)
     fmt = peer(R + "multi_turn.format")
     if fmt not in (None, "hermes"):
         out.not_translated.append(f"{peer.show(R + 'multi_turn.format')}: minirl reads Hermes <tool_call> blocks or the "
