@@ -424,3 +424,49 @@ def test_verls_function_tools_run_as_verl_runs_them(tokenizer, tmp_path: Path, m
                                                                           "graded 3"]
     assert both.tool_extra_fields["tool_rewards"] == [0.0, 1.0] and both.tool_failures == 0
     assert selected.tool_failures == 1 and selected.tool_extra_fields["tool_rewards"] == [1.0]
+
+
+def test_selections_and_environments_offer_what_each_row_may_call(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """A row whose ``tool_selection`` names no known tool is offered none (verl's empty selection), and an environment's
+    methods stay in every row's prompt beside the verl tools a row selects."""
+    from minirl.rollout.tools import tool_calling
+    from tests.unit.test_tool_calling import COUNTER
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    (tmp_path / "counter_env.py").write_text(COUNTER)
+    path = _config(tmp_path)
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={path}",
+                             f"task.environment={tmp_path}/counter_env.py:Counter"])
+    rows = [Prompt("q", "1", meta={"extra_info": {"tool_selection": ["gone"]}}, messages=CHAT),
+            Prompt("r", "1", meta={"extra_info": {"tool_selection": ["check_answer"]}}, messages=CHAT),
+            Prompt("s", "1", meta={"extra_info": {}}, messages=CHAT)]
+    tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, rows)
+    offered = [[t["function"]["name"] for t in row.meta["tools"]] for row in rows]
+    assert offered == [["add"], ["check_answer", "add"], ["check_answer", "add"]]
+    alone = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={path}"])
+    tool_calling(alone, TurnEngine(tokenizer, ["Done."]), tokenizer, None, rows[:1])
+    assert rows[0].meta["tools"] == [] and "Tools:" not in tokenizer.decode(encode_prompt(tokenizer, rows[0]))
+
+
+def test_two_tools_of_one_name_are_refused_before_the_run(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """A ``task.tools`` function, a ``task.tool_config`` tool or an environment's method with the name of another: one
+    line naming both keys, when the run is set up (not at the first call)."""
+    from minirl.rollout.tools import tool_calling
+    from tests.unit.test_tool_calling import COUNTER
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    (tmp_path / "counter_env.py").write_text(COUNTER)
+    (tmp_path / "mine.py").write_text("def check_answer(answer: str) -> str:\n    '''Check.\n\n    Args:\n"
+                                      "        answer: it.\n    '''\n    return answer\n\n\ndef add(a: int) -> int:\n"
+                                      "    '''Add.\n\n    Args:\n        a: it.\n    '''\n    return a\n")
+    path = _config(tmp_path)
+    base = ["task.kind=jsonl", "task.path=x.jsonl"]
+    rows = [Prompt("q", "1", messages=CHAT)]
+    for given, expected in [([f"task.tools=[{tmp_path}/mine.py:check_answer]", f"task.tool_config={path}"],
+                             "task.tools and task.tool_config both have a tool named 'check_answer'"),
+                            ([f"task.tools=[{tmp_path}/mine.py:add]", f"task.environment={tmp_path}/counter_env.py:Counter"],
+                             "task.tools and task.environment both have a tool named 'add'")]:
+        with pytest.raises(ConfigError, match=f"^{expected}; the model calls a tool by its name$"):
+            tool_calling(load_config(None, base + given), TurnEngine(tokenizer, ["Done."]), tokenizer, None, rows)

@@ -404,8 +404,9 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
         functions = toolbox.schemas()
         for prompt in rows:
             own = functions + (verl.schemas(verl.selection(prompt)) if verl is not None else [])
-            own += environments.schemas(environments.name_of(prompt)) if environments is not None and named else []
+            own += environments.schemas(environments.name_of(prompt)) if environments is not None else []
             prompt.meta = {**prompt.meta, "tools": own}
+    _distinct_tool_names(task, toolbox, verl, environments)
     plain = sum(prompt.messages is None for prompt in prompts)
     if plain:
         raise ConfigError(f"{task.tools_key}: {plain} of {len(prompts)} training prompts are plain text; tools are offered "
@@ -421,6 +422,26 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
                        result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
                        max_calls_per_turn=task.max_tool_calls_per_turn, verl_tools=verl)
+
+
+def _distinct_tool_names(task: Any, toolbox: Toolbox, verl: Any, environments: Any) -> None:
+    """``ConfigError`` (one line naming both keys) when two tools of one rollout share a name: ``task.tools``'
+    functions, verl's tools (``task.tool_config``) and the rollout's environment's methods meet in one toolbox, and the
+    model calls a tool by its name (verl refuses the same at load)."""
+    owners: dict[str, str] = {}
+    configured = [name for name in (verl.tools if verl is not None else {}) if name not in toolbox.verl_functions]
+    sources = [("task.tools", [*toolbox.functions, *toolbox.verl_functions]), ("task.tool_config", configured)]
+    for key, listed in sources:
+        for name in listed:
+            if owners.setdefault(name, key) != key:
+                raise ConfigError(f"{owners[name]} and {key} both have a tool named {name!r}; the model calls a tool by "
+                                  "its name")
+    for environment, methods in (environments.methods.items() if environments is not None else ()):
+        for name in methods:
+            if name in owners:
+                key = f"task.environment {environment}" if environment else "task.environment"
+                raise ConfigError(f"{owners[name]} and {key} both have a tool named {name!r}; the model calls a tool "
+                                  "by its name")
 
 
 @dataclass

@@ -132,10 +132,10 @@ def row_template_args(row: dict[str, Any], where: str) -> dict[str, Any]:
             tools = json.loads(tools)
         except json.JSONDecodeError:
             raise ValueError(f'{where}: field "tools" is a string but not JSON (a list of function schemas)') from None
-    if tools:
+    if tools is not None and not (isinstance(tools, str) and not tools.strip()):
         if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
             raise ValueError(f'{where}: field "tools" must be a list of function schemas (objects)')
-        args["tools"] = tools
+        args["tools"] = tools  # an empty list too: this row is offered no tools (apply_chat_template's tools=[])
     return args
 
 
