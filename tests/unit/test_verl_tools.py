@@ -50,6 +50,8 @@ GSM8K_LIKE = textwrap.dedent('''
                 raise RuntimeError("the checker broke")
             if parameters["answer"] == "picture":
                 return ToolResponse(text="see", image=[object()]), 0.5, {}
+            if parameters["answer"] == "dict":
+                return {"text": "a dict"}, 0.25, {}
             agent.extra_fields["checked"] = agent.extra_fields.get("checked", 0) + 1
             reward = float(parameters["answer"] == self.states[instance_id])
             return ToolResponse(text=f"Current parsed answer={parameters['answer']} reward={reward}"), reward, {}
@@ -157,6 +159,11 @@ def test_a_call_that_raises_is_a_failed_call_with_verls_zero_reward(tokenizer, t
         "Error executing tool 'check_answer': the checker broke",  # verl's text
         "Tool check_answer returned an image or video; minirl trains text models only."]
     assert c.tool_extra_fields["tool_rewards"] == [0.0, 0.5]  # verl adds 0 for the call that raised
+    odd = ToolCalling(TurnEngine(tokenizer, [_call("dict"), "Sorry."]), tokenizer, Toolbox([]),
+                      stop_ids=[_end(tokenizer)], verl_tools=tools)
+    d, = odd.generate([row], 1, SamplingParams(max_new_tokens=300))  # not a ToolResponse: a failed call, said
+    assert d.messages[1]["content"] == "Tool check_answer returned a dict; a verl tool returns a ToolResponse or text."
+    assert d.tool_failures == 1
     assert tools.tools["check_answer"].states == {}  # released all the same
     # a row without tools_kwargs: create gets verl's empty create_kwargs (this tool then raises: a failed call)
     c, = calling.generate([Prompt("q", "1", messages=CHAT)], 1, SamplingParams(max_new_tokens=300))
@@ -470,3 +477,43 @@ def test_two_tools_of_one_name_are_refused_before_the_run(tokenizer, tmp_path: P
                              "task.tools and task.environment both have a tool named 'add'")]:
         with pytest.raises(ConfigError, match=f"^{expected}; the model calls a tool by its name$"):
             tool_calling(load_config(None, base + given), TurnEngine(tokenizer, ["Done."]), tokenizer, None, rows)
+
+
+SLOW_SYNC = textwrap.dedent('''
+    import time
+
+    class SlowTool:
+        """An older tool whose methods are plain functions, the execute one slow."""
+
+        def __init__(self, config, tool_schema):
+            self.tool_schema, self.seconds = tool_schema, config["seconds"]
+
+        def create(self, **kwargs):
+            return "only"
+
+        def execute(self, instance_id, parameters, **kwargs):
+            time.sleep(self.seconds)
+            return "late " + parameters["answer"], 1.0, {}
+
+        def release(self, instance_id, **kwargs):
+            pass
+''')
+
+
+def test_a_plain_tool_method_runs_in_a_thread_within_the_timeout(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """An older tool's plain (not ``async``) ``execute`` runs in a thread: ``task.tool_timeout_s`` bounds it, and the
+    round's calls of every response run together instead of one after another on the event loop."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "slow_tool.py").write_text(SLOW_SYNC)
+    for seconds, timeout_s, expected in [(0.6, 0.15, "{'error': 'Tool check_answer timed out after 0.15 s.'}"),
+                                         (0.3, 5.0, "late 1")]:
+        path = tmp_path / f"slow_{seconds}.yaml"
+        path.write_text(json.dumps({"tools": [{"class_name": "slow_tool.SlowTool",
+                                               "config": {"type": "native", "seconds": seconds}, "tool_schema": SCHEMA}]}))
+        calling = ToolCalling(TurnEngine(tokenizer, [_call("1"), "Done."]), tokenizer, Toolbox([], timeout_s=timeout_s),
+                              stop_ids=[_end(tokenizer)], verl_tools=load_verl_tools(str(path)))
+        started = __import__("time").perf_counter()
+        out = calling.generate([Prompt("q", "1", messages=CHAT)], 4, SamplingParams(max_new_tokens=200))
+        took = __import__("time").perf_counter() - started
+        assert {c.messages[1]["content"] for c in out} == {expected}
+        assert took < 4 * seconds - 0.2  # four responses' calls together, not one after another

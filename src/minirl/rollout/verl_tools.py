@@ -20,7 +20,7 @@ the model writes then runs as verl 0.9's tool agent runs it (``ToolAgentLoop._ca
 and its ``response.text`` (a plain string from an older tool is taken as it is) is the result the model reads,
 cut as ``task.tool_result_max_chars`` says. ``arguments`` is the call's parsed dict (verl 0.9's; a tool written for
 verl's older JSON-string parameters needs updating); an older ``create`` returning the id alone, or plain (not
-``async``) methods, work too; ``calc_reward`` is not called (neither does verl 0.9's agent loop). Each step ``reward``
+``async``) methods (run in a thread, within ``task.tool_timeout_s``), work too; ``calc_reward`` is not called (neither does verl 0.9's agent loop). Each step ``reward``
 joins the rollout's ``tool_rewards``; a call that raises adds 0.0, as in verl, and is a failed call
 (``tools/failure_frequency``) whose result is verl's ``Error executing tool '<name>': <error>``.
 Once the response ends, verl's
@@ -43,6 +43,7 @@ of the same fields. Images or videos in a result are refused (text models only).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 import sys
@@ -182,22 +183,26 @@ def _lifecycle(tool: Any, name: str, agent: AgentData) -> Callable[..., Any]:
         slot = len(agent.tool_rewards)
         agent.tool_rewards.append(0.0)  # verl's reward of a call that raises
         try:
-            created = await _awaited(tool.create(create_kwargs=create_kwargs))
+            created = await _run(tool.create, create_kwargs=create_kwargs)
             instance_id = created[0] if isinstance(created, tuple) else created  # (id, ToolResponse); older tools: id
-            response, reward, _ = await _awaited(tool.execute(instance_id, arguments, agent_data=agent))
+            response, reward, _ = await _run(tool.execute, instance_id, arguments, agent_data=agent)
         except Exception as error:  # verl's text for it (ToolAgentLoop._call_tool)
             raise FailedCall(f"Error executing tool '{name}': {error}") from error
         finally:
             if instance_id:
-                await _awaited(tool.release(instance_id))
+                await _run(tool.release, instance_id)
         agent.tool_rewards[slot] = None if reward is None else float(reward)  # verl keeps no reward of None
         return _text(response, name)
 
     return call
 
 
-async def _awaited(value: Any) -> Any:
-    """A tool method's result, awaited when it is awaitable (verl's are ``async def``; a plain one works too)."""
+async def _run(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A tool method's result: verl's ``async def`` ones awaited; a plain one (an older tool's) in a thread, so that it
+    neither holds up the round's other calls nor escapes ``task.tool_timeout_s``."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args, **kwargs)
+    value = await asyncio.to_thread(method, *args, **kwargs)
     return await value if inspect.isawaitable(value) else value
 
 
@@ -206,9 +211,11 @@ def _text(response: Any, name: str) -> str:
     images or videos is a failed call (text models only)."""
     if response is None or isinstance(response, str):
         return response or ""
+    if not hasattr(response, "text"):  # verl reads .text and stops there
+        raise FailedCall(f"Tool {name} returned a {type(response).__name__}; a verl tool returns a ToolResponse or text.")
     if getattr(response, "image", None) or getattr(response, "video", None):
         raise FailedCall(f"Tool {name} returned an image or video; minirl trains text models only.")
-    return str(getattr(response, "text", None) or "")
+    return str(response.text or "")
 
 
 def _schema_model() -> type[BaseModel]:
