@@ -352,6 +352,21 @@ def test_trl_and_verl_tool_settings_carry_over(tmp_path: Path) -> None:
     assert any("imports verl's @function_tool" in x for x in read.differs) == (importlib.util.find_spec("verl") is None)
     bare = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True})
     assert any("multi_turn.enable" in x and "no tools" in x for x in bare.not_translated)
+    # verl 0.9 runs a row's calls only under its tool_agent: the default agent loop says which rows that is
+    assert any("default_agent_loop" in x and "agent_name column is tool_agent" in x for x in out.differs)
+    agent = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
+                              "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tools),
+                              "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent"})
+    assert not any("agent_loop" in x or "agent_name" in x for x in agent.differs + agent.not_translated + agent.ignored)
+    react = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.enable": True,
+                              "actor_rollout_ref.rollout.agent.default_agent_loop": "react_agent"})
+    assert any("default_agent_loop" in x for x in react.not_translated)
+    # tools given with multi_turn off, and verl's interactions: said, not dropped or "ignored"
+    off = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tools),
+                            "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "interaction.yaml"})
+    assert "task.tool_config" not in off.values
+    assert any("tool_config_path" in x and "multi_turn off" in x for x in off.not_translated)
+    assert any("interaction_config_path" in x and "not translated" in x for x in off.not_translated)
     plain = from_verl(base)
     assert "task.max_tool_iterations" not in plain.values and not any("multi_turn" in x for x in plain.not_translated)
 

@@ -517,3 +517,26 @@ def test_a_plain_tool_method_runs_in_a_thread_within_the_timeout(tokenizer, tmp_
         took = __import__("time").perf_counter() - started
         assert {c.messages[1]["content"] for c in out} == {expected}
         assert took < 4 * seconds - 0.2  # four responses' calls together, not one after another
+
+
+def test_a_rows_agent_name_decides_whether_it_calls_tools(tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    """verl runs a row's calls only under its ``tool_agent``: a row whose ``agent_name`` is ``single_turn_agent`` is
+    offered no tools and its response is one turn (a call it writes is not run); an agent loop minirl does not have is
+    one line."""
+    from minirl.rollout.tools import tool_calling
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    cfg = load_config(None, ["task.kind=jsonl", "task.path=x.jsonl", f"task.tool_config={_config(tmp_path)}"])
+    kwargs = {"extra_info": {"tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "1"}}}}}
+    rows = [Prompt("q", "1", meta=kwargs | {"agent_name": "single_turn_agent"}, messages=CHAT),
+            Prompt("r", "1", meta=kwargs | {"agent_name": "tool_agent"}, messages=CHAT)]
+    calling = tool_calling(cfg, TurnEngine(tokenizer, [_call("1"), "Done."]), tokenizer, None, rows)
+    calling.stop_ids.add(_end(tokenizer))
+    assert [[t["function"]["name"] for t in row.meta["tools"]] for row in rows] == [[], ["check_answer"]]
+    alone, agent = calling.generate(rows, 1, SamplingParams(max_new_tokens=300))
+    assert alone.tool_calls == 0 and [m["role"] for m in alone.messages] == ["assistant"]
+    assert agent.tool_calls == 1 and agent.tool_extra_fields["tool_rewards"] == [1.0]
+    other = [Prompt("q", "1", meta={"agent_name": "react_agent"}, messages=CHAT)]
+    with pytest.raises(ConfigError, match=r"^a row's agent_name 'react_agent': minirl runs verl's tool_agent and "):
+        tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, other)

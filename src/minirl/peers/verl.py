@@ -66,6 +66,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     R + "multi_turn.format": "hermes", R + "multi_turn.max_tool_response_length": 256,
     R + "multi_turn.tool_response_truncate_side": "middle", R + "multi_turn.max_parallel_calls": 1,
     R + "multi_turn.max_user_turns": None, R + "multi_turn.function_tool_path": None,
+    R + "multi_turn.interaction_config_path": None, R + "agent.default_agent_loop": "single_turn_agent",
     "data.max_prompt_length": 512, "data.truncation": "error", "data.filter_overlong_prompts": False,
     R + "n": 1, R + "temperature": 1.0, R + "top_p": 1.0, R + "top_k": -1, R + "repetition_penalty": 1.0, R + "name": None,
     R + "val_kwargs.n": 1, R + "val_kwargs.temperature": 0, R + "val_kwargs.top_p": 1.0, R + "val_kwargs.top_k": -1,
@@ -133,8 +134,8 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.actor\.(qat\..*|policy_loss\.(clip_cov|kl_cov|ppo_kl|dro).*|optim\.optimizer_impl|"
     r"optim\.zero_indexed_step|entropy_from_logits_chunk_size)|"
     r"actor_rollout_ref\.rollout\.(multi_turn\.(?!(enable|max_assistant_turns|tool_config_path|format|"
-    r"max_tool_response_length|tool_response_truncate_side|max_parallel_calls|max_user_turns|function_tool_path)$)|"
-    r"(agent|checkpoint_engine|prometheus|disaggregation)\.).*|"
+    r"max_tool_response_length|tool_response_truncate_side|max_parallel_calls|max_user_turns|function_tool_path|"
+    r"interaction_config_path)$)|agent\.(?!default_agent_loop$)|(checkpoint_engine|prometheus|disaggregation)\.).*|"
     r"actor_rollout_ref\.rollout\.(pipeline_model_parallel_size|logprobs_mode|scheduling_policy|do_sample|"
     r"skip_tokenizer_init)|"
     r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|"
@@ -458,6 +459,14 @@ def _verl_batch(peer: Peer, out: Translation) -> int:
         _verl_filter_groups(peer, out, prompts)
     if peer(R + "multi_turn.enable"):
         _verl_multi_turn(peer, out)
+    else:
+        tools = [key for key in ("tool_config_path", "function_tool_path") if not unset(peer(R + "multi_turn." + key))]
+        if tools:
+            out.not_translated.append(f"{peer.show(R + 'multi_turn.enable', *(R + 'multi_turn.' + k for k in tools))}: "
+                                      "tools given with multi_turn off; none translated (turn it on for task.tool_config)")
+    if not unset(peer(R + "multi_turn.interaction_config_path")):
+        out.not_translated.append(f"{peer.show(R + 'multi_turn.interaction_config_path')}: verl's interactions (a "
+                                  "simulated user's turns) are not translated")
     quantization = peer(R + "quantization.weight_dtype") or peer(R + "quantization")
     if quantization and not isinstance(quantization, dict):
         out.not_translated.append(f"rollout quantization {quantization!r}: minirl's native engine has its own "
@@ -505,6 +514,14 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     if unset(path) and unset(functions):
         out.not_translated.append(f"{peer.show(R + 'multi_turn.enable')}: no tools (tool_config_path, "
                                   "function_tool_path); give task.tools or task.tool_config")
+    loop = peer(R + "agent.default_agent_loop")
+    if loop == "single_turn_agent":  # verl's default: a row runs its calls only when its agent_name is tool_agent
+        out.differs.append(f"{peer.show(R + 'agent.default_agent_loop')}: verl runs tools only on rows whose "
+                           "agent_name column is tool_agent; minirl offers them to every row but those whose "
+                           "agent_name is single_turn_agent")
+    elif loop != "tool_agent":
+        out.not_translated.append(f"{peer.show(R + 'agent.default_agent_loop')}: minirl runs verl's tool_agent and "
+                                  "single_turn_agent only")
 
 
 def _verl_function_tools(peer: Peer, out: Translation, path: str) -> None:

@@ -16,7 +16,8 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
    sampled token stays as sampled), and the engine continues the response from there (``Prompt.response_prefix``).
 
 This repeats until a turn makes no call, ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
-is spent: it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
+is spent (a row whose ``agent_name`` column is verl's ``single_turn_agent`` is offered no tools and sampled as one
+turn; verl runs calls under its ``tool_agent`` only): it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
 one more sampled token are not appended, and the response ends there unfinished (finish ``length``).
 ``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``); ``task.tool_timeout_s`` bounds each
 call, one that runs longer getting ``{'error': 'Tool X timed out after N s.'}`` (a sync tool's thread is left
@@ -400,12 +401,13 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
     verl = verl_tools_of(task, toolbox)
     rows = [*prompts, *eval_prompts]
     named = environments is not None and environments.named
-    if named or (verl is not None and any(verl.selection(prompt) is not None for prompt in rows)):
+    single = [single_turn(prompt) for prompt in rows]
+    if named or any(single) or (verl is not None and any(verl.selection(prompt) is not None for prompt in rows)):
         functions = toolbox.schemas()
-        for prompt in rows:
+        for prompt, alone in zip(rows, single, strict=True):
             own = functions + (verl.schemas(verl.selection(prompt)) if verl is not None else [])
             own += environments.schemas(environments.name_of(prompt)) if environments is not None else []
-            prompt.meta = {**prompt.meta, "tools": own}
+            prompt.meta = {**prompt.meta, "tools": [] if alone else own}
     _distinct_tool_names(task, toolbox, verl, environments)
     plain = sum(prompt.messages is None for prompt in prompts)
     if plain:
@@ -422,6 +424,20 @@ def tool_calling(cfg: Any, engine: Any, tokenizer: Any, model: Any, prompts: Seq
                        parser=task.tool_parser, max_iterations=task.max_tool_iterations, environments=environments,
                        result_max_chars=task.tool_result_max_chars, result_keep=task.tool_result_keep,
                        max_calls_per_turn=task.max_tool_calls_per_turn, verl_tools=verl)
+
+
+AGENT_LOOPS = ("tool_agent", "single_turn_agent")
+"""verl's agent loops a row may name in its ``agent_name`` column: its tool agent, or one plain turn without tools."""
+
+
+def single_turn(prompt: Prompt) -> bool:
+    """Whether the row is sampled as one turn without tools: its ``agent_name`` is verl's ``single_turn_agent`` (verl
+    runs a row's calls only under its ``tool_agent``); ``ConfigError`` for an agent loop minirl does not have."""
+    name = (prompt.meta or {}).get("agent_name")
+    if name is not None and name not in AGENT_LOOPS:
+        raise ConfigError(f"a row's agent_name {name!r}: minirl runs verl's {' and '.join(AGENT_LOOPS)} "
+                          "(task.tool_config); another agent loop is not translated")
+    return name == "single_turn_agent"
 
 
 def _distinct_tool_names(task: Any, toolbox: Toolbox, verl: Any, environments: Any) -> None:
@@ -458,6 +474,7 @@ class _Response:
     environment: Any = None
     environment_name: str | None = None
     agent: Any = None  # ``task.tool_config``: verl's ``AgentData`` of this rollout (``minirl.rollout.verl_tools``)
+    single_turn: bool = False  # the row's agent_name is verl's single_turn_agent: one turn, its calls not run
 
 
 class ToolCalling:
@@ -520,6 +537,8 @@ class ToolCalling:
                                    self.toolbox.joined(envs.tools(instance, name)), environment=instance,
                                    environment_name=name)
                          for index, (c, instance, name) in enumerate(zip(first, instances, names, strict=True))]
+        for response in responses:
+            response.single_turn = single_turn(response.prompt)
         if self.verl_tools is not None:
             for response in responses:
                 response.agent = self.verl_tools.agent_data(response.prompt, response.messages)
@@ -541,7 +560,7 @@ class ToolCalling:
         if turn.calls:
             message["tool_calls"] = [call.message() for call in turn.calls]
         response.messages.append(message)
-        if not ended or (self.max_iterations is not None and rounds >= self.max_iterations):
+        if not ended or response.single_turn or (self.max_iterations is not None and rounds >= self.max_iterations):
             return []
         calls = turn.calls[: self.max_calls_per_turn] if self.max_calls_per_turn is not None else turn.calls
         response.calls += len(calls) + turn.malformed
