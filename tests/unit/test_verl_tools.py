@@ -140,8 +140,12 @@ def test_a_call_runs_create_execute_release_with_the_rows_tools_kwargs(tokenizer
     assert out[0].tool_calls == 1 and out[0].tool_failures == 0
     # a verl compute_score gets them in extra_info, merged into the row's own (verl's reward managers); other reward
     # functions as the tool_extra_fields column; a dump keeps them
-    sample = sample_of(prompts[0], out[0].text, out[0].completion_ids, tool_extra_fields=out[0].tool_extra_fields)
-    assert verl_keywords(sample)["extra_info"] == {**extra_info, "checked": 1, "turn_scores": [], "tool_rewards": [1.0]}
+    sample = sample_of(prompts[0], out[0].text, out[0].completion_ids, messages=out[0].messages,
+                       tool_extra_fields=out[0].tool_extra_fields)
+    # and verl's num_turns (its tool agent's: two model turns, one round of results, the prompt) and reward scores
+    assert verl_keywords(sample)["extra_info"] == {**extra_info, "checked": 1, "turn_scores": [], "tool_rewards": [1.0],
+                                                   "num_turns": 4, "rollout_reward_scores": {}}
+    assert verl_keywords(sample_of(prompts[0], "plain"))["extra_info"]["num_turns"] == 2  # verl's single-turn agent
     assert sample.columns["tool_extra_fields"]["tool_rewards"] == [1.0]
     again = Completion(**json.loads(json.dumps(_completion_state(out[0]), default=lambda t: t.tolist())))
     assert again.tool_extra_fields == out[0].tool_extra_fields

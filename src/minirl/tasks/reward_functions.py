@@ -307,17 +307,26 @@ def verl_keywords(sample: Sample) -> dict[str, Any]:
     """What verl's reward managers pass for one sample (plus the row's columns and the token ids). The
     ground truth is the row's ``reward_model.ground_truth`` as stored (a number, list or object stays one),
     else the answer column's text; verl's tools' ``tool_extra_fields`` (``task.tool_config``) are merged into
-    ``extra_info``, as verl's reward managers merge them."""
+    ``extra_info``, and its ``num_turns`` and ``rollout_reward_scores`` (none here) set, as verl's reward managers do."""
     extra_info = sample.columns.get("extra_info")
-    fields = sample.columns.get("tool_extra_fields")
-    if fields is not None:
-        extra_info = {**(extra_info if isinstance(extra_info, dict) else {}), **fields}
+    extra_info = {**(extra_info if isinstance(extra_info, dict) else {}), **(sample.columns.get("tool_extra_fields") or {}),
+                  "num_turns": verl_num_turns(sample.messages), "rollout_reward_scores": {}}
     reward_model = sample.columns.get("reward_model")
     stored = isinstance(reward_model, dict) and "ground_truth" in reward_model
     return {**sample.columns, "completion_ids": list(sample.completion_ids),
             "data_source": sample.columns.get("data_source"), "solution_str": sample.completion,
             "ground_truth": reward_model["ground_truth"] if stored else sample.answer,  # type: ignore[index]
-            "extra_info": extra_info if extra_info is not None else {}}
+            "extra_info": extra_info}
+
+
+def verl_num_turns(messages: list[dict[str, Any]] | None) -> int:
+    """verl's ``num_turns`` of a response: the prompt's turn, each model turn and each round of tool results (its tool
+    agent's ``user_turns + assistant_turns + 1``; 2 for a plain response, as its single-turn agent says)."""
+    if not messages:
+        return 2
+    roles = [message.get("role") for message in messages]
+    rounds = sum(role == "tool" and (index == 0 or roles[index - 1] != "tool") for index, role in enumerate(roles))
+    return 1 + roles.count("assistant") + rounds
 
 
 class SlimeArgs(argparse.Namespace):
