@@ -544,3 +544,24 @@ def test_a_rows_agent_name_decides_whether_it_calls_tools(tokenizer, tmp_path: P
     other = [Prompt("q", "1", meta={"agent_name": "react_agent"}, messages=CHAT)]
     with pytest.raises(ConfigError, match=r"^a row's agent_name 'react_agent': minirl runs verl's tool_agent and "):
         tool_calling(cfg, TurnEngine(tokenizer, ["Done."]), tokenizer, None, other)
+
+
+def test_tool_extra_fields_are_plain_values_a_dump_loads_again(tmp_path: Path) -> None:
+    """Tools may keep anything in ``agent_data.extra_fields`` (numpy values, sets, objects): the completion keeps them
+    as plain JSON values, which a rollout dump and a checkpoint (``torch.load(weights_only=True)``) read back."""
+    import numpy as np
+    import torch
+
+    from minirl.rollout.verl_tools import AgentData
+
+    agent = AgentData([], [], {})
+    agent.extra_fields |= {"score": np.float64(0.5), "seen": np.array([1, 2]), "tags": {"a"}, "when": Path("x"),
+                           "kept": {"n": 3}}
+    agent.tool_rewards += [np.float32(1.0), None]
+    fields = agent.tool_extra_fields()
+    assert fields == {"score": 0.5, "seen": [1, 2], "tags": ["a"], "when": "x", "kept": {"n": 3}, "turn_scores": [],
+                      "tool_rewards": [1.0]}
+    completion = Completion(0, 0, [1], [2], torch.zeros(1), "eos", "x", tool_extra_fields=fields)
+    torch.save({"completions": [_completion_state(completion)]}, tmp_path / "dump.pt")
+    again = torch.load(tmp_path / "dump.pt", weights_only=True)["completions"][0]
+    assert Completion(**again).tool_extra_fields == fields

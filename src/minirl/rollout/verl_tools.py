@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import sys
 import uuid
 from collections.abc import Callable
@@ -107,9 +108,21 @@ class AgentData:
         return [*self.prompt_messages, *self.response_messages]
 
     def tool_extra_fields(self) -> dict[str, Any]:
-        """What verl's reward managers merge into ``extra_info`` (``tool_extra_fields``)."""
-        return {**self.extra_fields, "turn_scores": list(self.turn_scores),
-                "tool_rewards": [reward for reward in self.tool_rewards if reward is not None]}
+        """What verl's reward managers merge into ``extra_info`` (``tool_extra_fields``), as plain JSON values (numpy
+        and torch values as numbers and lists, anything else as its text): they are kept in rollout dumps and
+        checkpoints, which load only plain values."""
+        fields = {**self.extra_fields, "turn_scores": list(self.turn_scores),
+                  "tool_rewards": [reward for reward in self.tool_rewards if reward is not None]}
+        return json.loads(json.dumps(fields, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for what ``json`` cannot write: an array's or tensor's list, a scalar's number, else its text."""
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
 
 
 class VerlTools:
