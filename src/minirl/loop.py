@@ -814,8 +814,10 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
     if not r.filter_groups:
         prompts = draw(r.prompts_per_step)
         completions = generate(prompts, 0)
+        # scored before ReMax's greedy rollouts: those reuse the environments' instances (task.environment) a reward
+        # function reads; the columns and parts returned are this batch's
+        rewards, stats, columns, parts = score(prompts, completions)
         greedy = greedy_rewards(run, step, prompts, clock) if cfg.algo.adv_baseline == "greedy" else None
-        rewards, stats, columns, parts = score(prompts, completions)  # last: the reward source keeps its columns
         if greedy is not None:
             stats["train/greedy_reward_mean"] = float(greedy.mean())
         return Sampled(prompts, completions, rewards, stats, columns or [],

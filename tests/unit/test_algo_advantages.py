@@ -316,3 +316,35 @@ def test_the_greedy_rollout_is_one_temperature_0_sample_per_prompt_on_the_steps_
     assert sampling.seed == rollout_sampling(cfg, 3).seed
     with pytest.raises(Exception, match=r"rollout\.filter_groups"):
         load_config(None, ["algo.adv_baseline=greedy", "rollout.filter_groups=true"])
+
+
+def test_the_steps_batch_is_scored_before_the_greedy_rollouts() -> None:
+    """ReMax's greedy rollouts run after the step's batch is scored: they reuse the environments' instances
+    (``task.environment``) that a reward function taking ``environments`` reads for the batch."""
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.loop import _Clock, rollout_and_score
+
+    events = []
+
+    class Rollouts:
+        def rollouts(self, step, prompts, n, sampling, record_routes=False):
+            events.append("rollouts")
+            return [SimpleNamespace(completion_ids=[1]) for _ in range(len(prompts) * n)]
+
+    class Engine:
+        def generate(self, prompts, n, sampling, record_routes=False):
+            events.append("greedy rollouts")
+            return [SimpleNamespace(completion_ids=[1]) for _ in prompts]
+
+    class Rewards:
+        def score(self, prompts, completions):
+            events.append(f"score {len(completions)}")
+            return torch.zeros(len(completions)), {}
+
+    cfg = load_config(None, ["algo.adv_baseline=greedy", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2"])
+    run = SimpleNamespace(cfg=cfg, rollouts=Rollouts(), engine=Engine(), rewards=Rewards(), partial=None,
+                          prompts=["p", "q"], order=SimpleNamespace(next=lambda count: [0, 1][:count]))
+    sampled = rollout_and_score(run, 1, False, _Clock())
+    assert events == ["rollouts", "score 4", "greedy rollouts", "score 2"] and sampled.greedy_rewards.tolist() == [0, 0]
