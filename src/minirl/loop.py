@@ -348,10 +348,20 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
         plain=cfg.log.plain,
     )
-    for line in (changed, uncorrected_lag(cfg)):
+    for line in (changed, uncorrected_lag(cfg), repeated_prompts(cfg, len(run.prompts))):
         if line:
             logger.print(line)
     return state, logger
+
+
+def repeated_prompts(cfg: Config, rows: int) -> str | None:
+    """One line when a step draws more prompts than the training data has: each step then holds some twice (verl's
+    and TRL's loaders, which drop a last partial batch, would make no step at all)."""
+    wanted = cfg.rollout.prompts_per_step
+    if 0 < rows < wanted:
+        return (f"rollout.prompts_per_step={wanted} is more than the {rows} training prompts: each step holds some of "
+                "them twice (verl's and TRL's loaders would make no step)")
+    return None
 
 
 def uncorrected_lag(cfg: Config) -> str | None:

@@ -1855,6 +1855,25 @@ def test_verl_epochs_become_global_steps_when_the_data_is_here(tmp_path: Path):
     assert both.values["optim.global_steps"] == 3 * (16 // 4)
     task = build_task_from_config(both.config().task)
     assert [p.text for p in task.train_prompts()] == ["p"] * 10 + ["q"] * 6
+    # fewer rows than a batch: verl makes no step, said; the validation file: all of its rows are evaluated, as verl
+    # validates on all of them (or its first val_max_samples)
+    small = from_verl(given | {"data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 64})
+    assert any("10 training rows < data.train_batch_size=64" in line for line in small.not_translated)
+    assert both.values["eval.num_prompts"] == 10
+    assert from_verl(given | {"data.val_files": files, "data.val_max_samples": 12}).values["eval.num_prompts"] == 12
+    gone = from_verl(given | {"data.val_files": str(tmp_path / "gone.parquet")})
+    assert "eval.num_prompts" not in gone.values
+    assert any("verl validates on all of its rows" in line for line in gone.differs)
+
+
+def test_more_prompts_a_step_than_rows_is_said_at_the_start() -> None:
+    from minirl.config import load_config
+    from minirl.loop import repeated_prompts
+
+    cfg = load_config(None, ["rollout.prompts_per_step=8"])
+    assert repeated_prompts(cfg, 8) is None and repeated_prompts(cfg, 0) is None
+    assert repeated_prompts(cfg, 5) == ("rollout.prompts_per_step=8 is more than the 5 training prompts: each step "
+                                        "holds some of them twice (verl's and TRL's loaders would make no step)")
 
 
 def test_verls_outcome_estimators_are_minirls_advantages():

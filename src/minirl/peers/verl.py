@@ -61,7 +61,7 @@ R = "actor_rollout_ref.rollout."
 M = "actor_rollout_ref.model."
 VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024, "data.max_response_length": 512, "data.prompt_key": "prompt",
-    "data.train_files": None, "data.val_files": None, "data.seed": None,
+    "data.train_files": None, "data.val_files": None, "data.seed": None, "data.val_max_samples": -1,
     R + "multi_turn.enable": False, R + "multi_turn.max_assistant_turns": None, R + "multi_turn.tool_config_path": None,
     R + "multi_turn.format": "hermes", R + "multi_turn.max_tool_response_length": 256,
     R + "multi_turn.tool_response_truncate_side": "middle", R + "multi_turn.max_parallel_calls": 1,
@@ -141,7 +141,7 @@ VERL_IGNORED = re.compile(
     r"actor_rollout_ref\.model\.(mtp|tiled_mlp|fused_kernel_options)\..*|"
     r"actor_rollout_ref\.model\.lora\.(type|merge|dropout_position|lora_A_init_method|lora_B_init_method|freeze_.*|"
     r"dtype|a2a_experimental)|"
-    r"data\.(train_max_samples|val_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
+    r"data\.(train_max_samples|image_patch_size|image_key|video_key|audio_key|return_multi_modal_inputs))$")
 
 
 T = "async_training."
@@ -314,11 +314,29 @@ def _verl_model_and_data(peer: Peer, out: Translation) -> None:
             out.set(ours, [str(v) for v in value] if isinstance(value, list) else value, peer.show(theirs))
             for one in value if isinstance(value, list) else [value]:
                 note_local_path(out, theirs, str(one), "data", ours)
+    if peer("data.val_files"):
+        _verl_validation_rows(peer, out)
     if peer.set_by_user("data.prompt_key"):
         out.set("task.prompt_column", peer("data.prompt_key"), peer.show("data.prompt_key"))
     template_kwargs(peer, out, "data.apply_chat_template_kwargs")
     _verl_prompt_length(peer, out)
     _verl_rewards(peer, out)
+
+
+def _verl_validation_rows(peer: Peer, out: Translation) -> None:
+    """verl validates on every row of ``val_files`` (or its first ``val_max_samples``): ``eval.num_prompts`` is that
+    count where the files are here, else a line says to set it."""
+    rows, most = count_rows(out.values.get("task.eval_path")), peer("data.val_max_samples")
+    limit = int(most) if isinstance(most, int) and most > 0 else None
+    if rows is not None:
+        count = max(1, min(rows, limit) if limit is not None else rows)
+        out.set("eval.num_prompts", count, f"{peer.show('data.val_files')} ({rows} rows: verl validates on all"
+                + (f", up to data.val_max_samples={limit})" if limit is not None else ")"))
+    elif limit is not None:
+        out.set("eval.num_prompts", limit, peer.show("data.val_max_samples"))
+    else:
+        out.differs.append(f"{peer.show('data.val_files')}: verl validates on all of its rows; minirl on "
+                           "eval.num_prompts of them (64 by default): set it to the file's row count")
 
 
 def _verl_prompt_length(peer: Peer, out: Translation) -> None:
@@ -622,6 +640,10 @@ def _verl_optimizer(peer: Peer, out: Translation) -> None:
     elif rows is not None and rows >= peer("data.train_batch_size"):  # verl's loader drops a last partial batch
         steps = epochs * (rows // peer("data.train_batch_size"))
         out.set("optim.global_steps", steps, f"trainer.total_epochs={epochs} x ({rows} rows // data.train_batch_size)")
+    elif rows is not None:
+        out.not_translated.append(f"trainer.total_epochs={epochs}: {rows} training rows < data.train_batch_size="
+                                  f"{peer('data.train_batch_size')}, so verl's loader (it drops a last partial batch) "
+                                  "makes no step; set optim.global_steps")
     else:
         out.not_translated.append(f"trainer.total_epochs={epochs} without total_training_steps: set "
                                   "optim.global_steps (one epoch = training prompts / data.train_batch_size)")
