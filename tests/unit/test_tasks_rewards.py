@@ -166,3 +166,22 @@ def test_build_task_with_reward_function(user_module: str) -> None:
     assert task.reward(prompt, f"it is {prompt.answer}!") == 1.0
     with pytest.raises(RewardSpecError):
         build_task("add", reward_function="nope")
+
+
+def test_a_peers_own_module_not_found_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's example tool named as ``verl.tools.gsm8k_tool.Gsm8kTool``: where verl is not installed the line says how to
+    install it; where it is but has no such module (its example tools are not in its wheel), it says to copy the file."""
+    monkeypatch.setitem(sys.modules, "verl", None)
+    with pytest.raises(RewardSpecError, match=r"module 'verl.tools.gsm8k_tool' not found; verl is not installed here: "):
+        load_reward_function("verl.tools.gsm8k_tool:Gsm8kTool")
+    (tmp_path / "verl" / "tools").mkdir(parents=True)
+    (tmp_path / "verl" / "__init__.py").write_text("")
+    (tmp_path / "verl" / "tools" / "__init__.py").write_text("")
+    monkeypatch.delitem(sys.modules, "verl")
+    for name in ("verl.tools", "verl.tools.gsm8k_tool"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardSpecError) as error:
+        load_reward_function("verl.tools.gsm8k_tool:Gsm8kTool")
+    assert "is installed here but has no verl.tools.gsm8k_tool" in str(error.value)
+    assert "copy the file beside your config" in str(error.value) and "\n" not in str(error.value)

@@ -81,6 +81,9 @@ def _import_module(spec: str, module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
+            if error.name.split(".")[0] in PEER_INSTALL:  # a peer's own module (verl.tools.gsm8k_tool, trl.rewards)
+                raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} not found"
+                                      f"{peer_install_hint(error) or _peer_module_hint(module_name)}") from None
             raise RewardSpecError(
                 f"reward function {spec!r}: module {module_name!r} not found (looked in the working directory "
                 f"{os.getcwd()} and on sys.path; a file path also works: '{module_name.replace('.', '/')}.py:"
@@ -110,7 +113,23 @@ PEER_INSTALL = {
 def peer_install_hint(error: ModuleNotFoundError) -> str:
     """``"; <how to install it>"`` when the missing module is a peer framework's (``PEER_INSTALL``), else ``""``."""
     top = (error.name or "").split(".")[0]
-    return f"; {PEER_INSTALL[top]}" if top in PEER_INSTALL else ""
+    if top not in PEER_INSTALL:
+        return ""
+    missing = sys.modules[top] is None if top in sys.modules else importlib.util.find_spec(top) is None
+    return f"; {PEER_INSTALL[top]}" if missing else ""
+
+
+def _peer_module_hint(module_name: str) -> str:
+    """Where a module of an installed peer framework went: verl's example tools and scorers move between releases."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    top = module_name.split(".")[0]
+    try:
+        installed = f"{top} {version(top)}"
+    except PackageNotFoundError:
+        installed = top
+    return (f"; {installed} is installed here but has no {module_name} (verl's example tools, e.g. its gsm8k_tool, "
+            "are not in its wheel: copy the file beside your config, make its imports absolute, and name it there)")
 
 
 def _add_working_directory(module_name: str) -> None:
