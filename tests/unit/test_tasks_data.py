@@ -51,12 +51,17 @@ def test_a_bad_row_in_parquet_names_its_row(tmp_path: Path) -> None:
     assert skipped.skipped_reasons == [f'{path}:row 2: field "prompt" is empty']
 
 
-def test_unreadable_files_are_one_line(tmp_path: Path) -> None:
+def test_unreadable_files_are_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"not parquet at all")
     with pytest.raises(TaskDataError) as error:
         JsonlTask(broken)
     assert str(error.value).startswith(f"{broken}: cannot read as PARQUET (") and "\n" not in str(error.value)
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(TaskDataError, match="cannot read as PARQUET"):
+        JsonlTask(empty)
+    assert not [r for r in caplog.records if r.name.startswith("datasets")]  # not the library's line before minirl's
     empty_dir = tmp_path / "plain_dir"
     empty_dir.mkdir()
     with pytest.raises(TaskDataError, match="a directory, but neither a save_to_disk directory nor a dataset repository"):

@@ -76,10 +76,12 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _quiet_datasets() -> Any:
+    """The ``datasets`` library without its progress bars and log lines."""
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    # its loaders log a file they cannot read before raising; minirl says it in its own one line
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 
