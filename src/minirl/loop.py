@@ -348,7 +348,10 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
         plain=cfg.log.plain,
     )
-    for line in (changed, uncorrected_lag(cfg), repeated_prompts(cfg, len(run.prompts))):
+    from minirl.rollout.verl_tools import missing_tools_kwargs
+
+    tools_kwargs = missing_tools_kwargs(run.prompts) if cfg.task.tool_config else None
+    for line in (changed, uncorrected_lag(cfg), repeated_prompts(cfg, len(run.prompts)), tools_kwargs):
         if line:
             logger.print(line)
     return state, logger

@@ -565,3 +565,14 @@ def test_tool_extra_fields_are_plain_values_a_dump_loads_again(tmp_path: Path) -
     torch.save({"completions": [_completion_state(completion)]}, tmp_path / "dump.pt")
     again = torch.load(tmp_path / "dump.pt", weights_only=True)["completions"][0]
     assert Completion(**again).tool_extra_fields == fields
+
+
+def test_rows_needing_tools_kwargs_without_them_are_counted_in_one_line() -> None:
+    from minirl.rollout.verl_tools import missing_tools_kwargs
+
+    rows = [Prompt("q", "1", meta={"extra_info": {"need_tools_kwargs": True, "tools_kwargs": {}}}),
+            Prompt("r", "1", meta={"extra_info": {"need_tools_kwargs": True, "tools_kwargs": {"t": {}}}}),
+            Prompt("s", "1", meta={"extra_info": {"need_tools_kwargs": False}}), Prompt("t", "1")]
+    assert missing_tools_kwargs(rows) == ("1 of 4 training rows set extra_info.need_tools_kwargs but have no "
+                                          "tools_kwargs: their tools are created with empty create_kwargs")
+    assert missing_tools_kwargs(rows[1:]) is None

@@ -161,6 +161,21 @@ class VerlTools:
         return out
 
 
+def missing_tools_kwargs(prompts: list[Any]) -> str | None:
+    """One line when rows mark ``extra_info.need_tools_kwargs`` but carry no ``tools_kwargs``: their tools are created
+    with empty ``create_kwargs`` (no ground truth; verl logs the same per row)."""
+    def lacking(prompt: Any) -> bool:
+        extra_info = (prompt.meta or {}).get("extra_info")
+        return isinstance(extra_info, dict) and bool(extra_info.get("need_tools_kwargs")) \
+            and not extra_info.get("tools_kwargs")
+
+    count = sum(lacking(prompt) for prompt in prompts)
+    if not count:
+        return None
+    return (f"{count} of {len(prompts)} training rows set extra_info.need_tools_kwargs but have no tools_kwargs: their "
+            "tools are created with empty create_kwargs")
+
+
 def verl_function_tool(fn: Any) -> Any:
     """verl's ``FunctionTool`` of ``fn`` when it is an ``@function_tool`` function (its file imported verl's decorator,
     which registers it), else None."""
