@@ -1383,6 +1383,11 @@ def test_verl_reward_kwargs_ride_with_the_function():
     assert from_verl(base).values["task.reward_function"] == "r.py:compute_score"
     v = from_verl(base | {"custom_reward_function.name": "score", "custom_reward_function.reward_kwargs": {"k": 2}}).values
     assert v["task.reward_functions"] == [{"function": "r.py:score", "kwargs": {"k": 2}}] and "task.reward_function" not in v
+    # both the legacy key and verl 0.9's: verl scores with the latter, and a line names the one not used
+    both = from_verl(base | {"reward.custom_reward_function.path": "shaping.py"})
+    assert both.values["task.reward_function"] == "shaping.py:compute_score"
+    assert any(line.startswith("custom_reward_function.path='r.py': not used") for line in both.differs)
+    assert not any("not used" in line for line in from_verl(base).differs)
 
 
 OVERLONG = "minirl.tasks.trl_rewards:soft_overlong_punishment_reward"

@@ -359,6 +359,11 @@ def _verl_prompt_length(peer: Peer, out: Translation) -> None:
 
 
 def _verl_rewards(peer: Peer, out: Translation) -> None:
+    legacy, current = peer("custom_reward_function.path"), peer("reward.custom_reward_function.path")
+    if legacy and current and (legacy, peer("custom_reward_function.name")) != (
+            current, peer("reward.custom_reward_function.name")):
+        out.differs.append(f"{peer.show('custom_reward_function.path')}: not used; verl 0.9 scores with "
+                           f"{peer.show('reward.custom_reward_function.path')}, and so does minirl")
     for prefix in ("", "reward."):
         if peer(prefix + "custom_reward_function.path"):
             spec = f"{peer(prefix + 'custom_reward_function.path')}:{peer(prefix + 'custom_reward_function.name')}"
