@@ -93,6 +93,10 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
                   file=sys.stderr)
         else:
             resume_from = found
+            done = int(found.name.removeprefix("step_"))
+            if done >= cfg.optim.global_steps:  # e.g. a peer's run name with a date in it, translated to a fixed one
+                print(f"minirl: resume: {cfg.run_dir} already finished its {done} steps ({found.name}); nothing is left "
+                      "to train (give another run.name, or run.resume=never to train it again)", file=sys.stderr)
     check_sources(cfg, dump_rollouts=dump_rollouts, rollouts_from=rollouts_from)  # before the cold start's minutes
     if resume_from is None:
         check_fresh_start(cfg)  # before any work: never silently start over an earlier run

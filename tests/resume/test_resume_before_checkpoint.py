@@ -57,3 +57,14 @@ def test_a_run_that_failed_before_its_first_step_reruns_without_overwrite(tmp_pa
     # a run that got past step 1 is still protected
     assert main(_base(tmp_path)) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_says_nothing_is_left(tmp_path, capsys):
+    """A run resumed at its last step (a peer's dated run name translated to a fixed one, launched again): one line says
+    it already finished and how to train again."""
+    base = [arg for arg in _base(tmp_path) if arg != "run.overwrite=false"] + ["run.resume=auto", "checkpoint.every_steps=1"]
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert f"minirl: resume: {tmp_path / 'z'} already finished its 2 steps (step_000002); nothing is left to train" in err

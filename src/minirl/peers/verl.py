@@ -579,7 +579,8 @@ def _run_name(peer: Peer, out: Translation, key: str) -> Any:
     except ConfigError as error:
         if not isinstance(peer.given.get(key), CommandOutput):
             raise
-        out.differs.append(f"{error}; the run's directory takes verl's default {peer.defaults[key]!r} instead")
+        out.differs.append(f"{error}; the run's directory takes verl's default {peer.defaults[key]!r} instead, so "
+                           "each launch of this config resumes the same run (give run.name per launch for a new one)")
         return peer.defaults[key]
 
 
