@@ -1367,6 +1367,20 @@ def test_verl_script_branches_known_here_run_alone_and_the_others_are_named(tmp_
         read_verl([str(tmp_path / "broken.sh")], [])
 
 
+@pytest.mark.parametrize("script", [
+    # a condition on a variable set in an undecided branch is itself undecided (bash: a.lr=1)
+    'if [ -d / ]; then MODE=a; else MODE=b; fi\nif [ "$MODE" = a ]; then L=1; else L=2; fi\n',
+    'if [ -d / ]; then MODE=a; else MODE=b; fi\ncase $MODE in\n  a) L=1 ;;\n  *) L=2 ;;\nesac\n',
+    # bash's ;& runs the next branch too, ;;& tests the next patterns: no case branch is decided (bash: a.lr=1)
+    "X=a\nL=0\ncase $X in\n  a) L=1 ;&\n  b) M=2 ;;\nesac\n",
+    "X=a\nL=0\ncase $X in\n  a) L=1 ;;&\n  a*) M=2 ;;\nesac\n",
+], ids=["if-on-undecided", "case-on-undecided", "fall-through", "test-next"])
+def test_verl_script_branches_not_known_here_are_named_not_decided(tmp_path: Path, script: str):
+    (tmp_path / "run.sh").write_text(script + "python3 -m verl.trainer.main_ppo a.lr=$L\n")
+    given = read_verl([str(tmp_path / "run.sh")], [])
+    assert any("L is set inside an if / case / loop block" in line for line in given["$conditional"])
+
+
 def test_verl_greedy_validation_with_n_evaluates_once_and_says_so():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     greedy = from_verl(base | {"actor_rollout_ref.rollout.val_kwargs.n": 4})

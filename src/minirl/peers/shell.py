@@ -756,6 +756,8 @@ def statements(text: str, decide: Decide | None = None) -> Iterator[tuple[int, l
     as if it ran (``IN_BLOCK``), as every branch is without it."""
     blocks: list[_Block] = []  # the open if / case / loops, groups and function bodies
     status: int | None = 0  # the exit status of the && / || list so far (None: not known)
+    if decide is not None and FALL_THROUGH.search(text):  # a case branch may go on into the next: none decided
+        decide = _cases_undecided(decide)
     listed = commands(text)
     alternatives: list[str] = []  # a case pattern's `a|b)` alternatives read so far (the | ends a command)
     for index, (line, words) in enumerate(listed):
@@ -784,6 +786,15 @@ def statements(text: str, decide: Decide | None = None) -> Iterator[tuple[int, l
         if words:
             hows = {block[1] for block in blocks} | ({AFTER_CONDITION} if runs is None else set())
             yield line, words, next((how for how in (IN_BLOCK, IN_FUNCTION, AFTER_CONDITION) if how in hows), "")
+
+
+FALL_THROUGH = re.compile(r";;?&")
+"""bash's case terminators ``;&`` (run the next branch too) and ``;;&`` (test the next patterns too)."""
+
+
+def _cases_undecided(decide: Decide) -> Decide:
+    """``decide`` for ``if`` conditions only: every case branch is read as if it ran (``IN_BLOCK``)."""
+    return lambda kind, words: None if kind == "case" else decide(kind, words)
 
 
 def _alternative(words: list[str], blocks: list[_Block], line: int, following: tuple[int, list[str]]) -> bool:

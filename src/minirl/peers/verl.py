@@ -1178,6 +1178,8 @@ def script_overrides(path: Path) -> dict[str, Any]:
     moved = False  # the script changed directory: $(pwd) is not known here
 
     def decide(kind: str, words: list[str]) -> bool | None:  # an if / case branch, with the variables at that point
+        if any(depends_on(word, script.tainted) for word in words):  # a value set in an undecided branch: unknown
+            return None
         read = condition if kind == "if" else case_matches
         return read(words if moved else [_here(word) for word in words], script.variables, script.arrays)
 
