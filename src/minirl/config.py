@@ -171,7 +171,9 @@ class TaskConfig(Section):
     extra data column reaches them as a keyword (``minirl.tasks.reward_functions``)."""
     reward_timeout_s: float | None = Field(10.0, gt=0)
     """Seconds one call of ``reward_function`` may take (it runs in a worker process that is killed
-    past it); null = no timeout, called in the trainer's process. Built-in verifiers never time out."""
+    past it); null = no timeout, called in the trainer's process. Built-in verifiers never time out, nor do reward
+    models and functions reading the rollouts' environments (TRL's ``environments=``), which run in the trainer's
+    process."""
     reward_on_error: Literal["fail", "fallback"] = "fail"
     """A reward function that raises, returns a non-finite/non-number or times out: stop the run
     (fail) or give the sample ``reward_fallback`` and count it in ``reward/*`` (fallback)."""

@@ -486,6 +486,11 @@ def counted(environments, **kwargs):
 def where(completions, environments, **kwargs):
     """The process it runs in: the trainer's, where the instances are."""
     return [float(os.getpid())] * len(completions)
+
+
+def from_kwargs(completions, **kwargs):
+    """TRL's other way to read them: every reward function gets environments=, a **kwargs one too."""
+    return [float(env.total) for env in kwargs["environments"]]
 '''
 
 
@@ -510,6 +515,7 @@ def test_reward_functions_taking_environments_get_the_rollouts_instances(tokeniz
     assert all(c.environment is not None for c in out) and len({id(c.environment) for c in out}) == 4
     functions = json.dumps([{"function": f"{tmp_path / 'env_rewards.py'}:counted"},
                             {"function": f"{tmp_path / 'env_rewards.py'}:where", "weight": 0.0},
+                            {"function": f"{tmp_path / 'env_rewards.py'}:from_kwargs", "weight": 0.0},
                             {"function": f"{EXAMPLES / 'tool_calling' / 'rewards.py'}:used_a_tool", "weight": 0.0}])
     cfg = load_config(None, ["task.kind=jsonl", f"task.path={EXAMPLES / 'tool_calling' / 'data' / 'train.jsonl'}",
                              f"task.reward_functions={functions}", "task.reward_timeout_s=10"])
@@ -517,6 +523,7 @@ def test_reward_functions_taking_environments_get_the_rollouts_instances(tokeniz
         assert runner.in_worker  # used_a_tool runs in a worker; the two taking environments here
         rewards, stats = runner.score(prompts, out)
     assert rewards.tolist() == [3.0] * 4 and stats["reward/where/mean"] == float(os.getpid())
+    assert stats["reward/from_kwargs/mean"] == 3.0
     assert stats["reward/used_a_tool/mean"] == pytest.approx(0.1)
     assert "environment" not in _completion_state(out[0])
     from minirl.async_rollout import _plain

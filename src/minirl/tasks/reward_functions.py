@@ -54,7 +54,8 @@ of them). Whether a function is batched: the entry's ``batched`` flag; if absent
 its first parameter is named ``prompts``, ``completions``, ``completion_ids`` or ``environments`` (TRL's convention)
 or ``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
 awaitable) are awaited. One naming ``environments`` gets the rollouts' instances (``task.environment``; TRL's
-``environments=``) and runs in the trainer's process.
+``environments=``) and runs in the trainer's process; so does a batched one taking ``**kwargs`` when the rollouts have
+environments (TRL passes them to every reward function).
 
 Like ``minirl.tasks.rewards`` this imports nothing heavy: the reward worker process uses it.
 """
@@ -210,6 +211,7 @@ class RewardFn:
         self.full_name = function_name(self.fn)
         self._accepts = _accepted_keywords(self.fn)
         self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
+        self.takes_any_keyword = self._accepts is None  # **kwargs: gets environments too, as TRL passes them to all
         unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")

@@ -139,10 +139,12 @@ def extra_means(name: str, rewards: Sequence[Any]) -> dict[str, float]:
     return {f"reward/{name}/{key}": sum(numbers) / len(numbers) for key, numbers in sums.items()}
 
 
-def _in_process(entry: RewardFn) -> bool:
+def _in_process(entry: RewardFn, environments: bool = False) -> bool:
     """A reward function the trainer's process scores even when others run in workers: a reward model, or one that
-    reads the rollouts' environments (TRL's ``environments=``; the instances live here)."""
-    return bool(getattr(entry.fn, "in_process", False)) or entry.takes_environments
+    reads the rollouts' environments (TRL's ``environments=``; the instances live here): one naming it, or, when the
+    rollouts have environments, one taking ``**kwargs`` (TRL passes them to every reward function)."""
+    return bool(getattr(entry.fn, "in_process", False)) or entry.takes_environments or (
+        environments and entry.batched and entry.takes_any_keyword)
 
 
 def _kill_all(workers: _Pool, closed: bool = True) -> None:
@@ -273,14 +275,15 @@ class RewardRunner:
     def _score_function(self, k: int, samples: list[Sample]) -> list[tuple[str, Any]]:
         """``(kind, value)`` per sample of function ``k``: in the workers, or here without a timeout."""
         entry = self.functions[k]
+        here = _in_process(entry, any(sample.environment is not None for sample in samples))
         if not entry.batched:
             items: list[Any] = list(samples)
-        elif _in_process(entry):  # a reward model (one call, which batches its forwards itself), or environments
+        elif here:  # a reward model (one call, which batches its forwards itself), or environments
             items = [list(samples)] if samples else []
         else:  # one call per worker, on a contiguous share of the samples
             share = max(1, math.ceil(len(samples) / self.num_workers))
             items = [samples[i : i + share] for i in range(0, len(samples), share)]
-        if self.in_worker and not _in_process(entry):
+        if self.in_worker and not here:
             answers = self._score_in_workers([(k, item) for item in items], entry.full_name)
         else:
             answers = [self._call_here(entry, item) for item in items]
