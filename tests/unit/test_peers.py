@@ -1379,6 +1379,10 @@ def test_verl_script_branches_not_known_here_are_named_not_decided(tmp_path: Pat
     (tmp_path / "run.sh").write_text(script + "python3 -m verl.trainer.main_ppo a.lr=$L\n")
     given = read_verl([str(tmp_path / "run.sh")], [])
     assert any("L is set inside an if / case / loop block" in line for line in given["$conditional"])
+    # two scripts read together: each one's lines are kept
+    (tmp_path / "two.sh").write_text("if [ -d / ]; then M=1; else M=2; fi\npython3 -m verl.trainer.main_ppo a.m=$M\n")
+    both = read_verl([str(tmp_path / "run.sh"), str(tmp_path / "two.sh")], [])["$conditional"]
+    assert set(given["$conditional"]) < set(both) and any("M is set inside" in line for line in both)
 
 
 def test_verl_greedy_validation_with_n_evaluates_once_and_says_so():

@@ -1109,7 +1109,8 @@ def read_verl(paths: list[str], words: list[str]) -> dict[str, Any]:
         else:
             overrides = script_overrides(Path(path))
             given.update(_hydra_config(overrides, path))
-            given.update(overrides)
+            lines = given.get("$conditional", []) + overrides.pop("$conditional", [])  # each script's, all kept
+            given.update(overrides | ({"$conditional": lines} if lines else {}))
             module = re.search(r"-m\s+((?:verl|recipe)\.[\w.]+)", Path(path).read_text(encoding="utf-8"))
             if module:  # main_ppo, or one of verl's asynchronous trainers
                 given["-m"] = module.group(1)
