@@ -520,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"minirl: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # one line per mistake (preflight reports all it finds)
+            print(f"minirl: error: {line}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as exc:
         distributed = sys.modules.get("minirl.distributed.group")  # loaded only when a run built workers

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class ConfigError(ValueError):
-    """A user's configuration mistake; ``str()`` is one line naming the key."""
+    """A user's configuration mistake; ``str()`` is one line naming the key (``minirl.preflight``: one per mistake)."""
 
 
 class Section(BaseModel):

@@ -1,5 +1,6 @@
 """Check before working: everything the config alone decides, before the SFT cold start, any model
-build, Ray's start-up or a vLLM import (``minirl train`` calls ``preflight`` first).
+build, Ray's start-up or a vLLM import (``minirl train`` calls ``preflight`` first). Every check runs, and each
+mistake found is one line of the ``ConfigError`` (the command line prints each as its own ``minirl: error:``).
 
 * the run directory can be made and written (not under a regular file, not read-only);
 * sizes: ``rollout.max_new_tokens`` (and ``eval.max_new_tokens``) fit the model's context; a
@@ -23,6 +24,7 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,14 +80,26 @@ def model_dims(cfg: Config) -> ModelDims | None:
 
 
 def preflight(cfg: Config) -> None:
-    """Every check the config alone decides; ``ConfigError`` (one line naming the key) at the first failure."""
-    check_run_dir(cfg.run_dir)
-    dims = model_dims(cfg)
+    """Every check the config alone decides, all of them: ``ConfigError`` with one line (naming the key) per failure,
+    so that a run meeting a new machine learns everything it must change at once."""
+    found: list[str] = []
+
+    def check(run: Callable[[], Any]) -> Any:
+        try:
+            return run()
+        except ConfigError as error:
+            found.append(str(error))
+            return None
+
+    check(lambda: check_run_dir(cfg.run_dir))
+    dims = check(lambda: model_dims(cfg))
     if dims is not None:
-        check_sizes(cfg, dims)
-    check_engine_backend(cfg, dims)
-    check_devices(cfg)
-    check_optional_packages(cfg)
+        check(lambda: check_sizes(cfg, dims))
+    check(lambda: check_engine_backend(cfg, dims))
+    check(lambda: check_devices(cfg))
+    check(lambda: check_optional_packages(cfg))
+    if found:
+        raise ConfigError("\n".join(found))
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -111,10 +125,12 @@ def check_sizes(cfg: Config, dims: ModelDims) -> None:
     context = dims.context_tokens
     r = cfg.rollout
     if context:
-        for key, value in (("rollout.max_new_tokens", r.max_new_tokens), ("eval.max_new_tokens", cfg.eval.max_new_tokens)):
-            if value is not None and value >= context:
-                raise ConfigError(f"{key}: {value} new tokens do not fit the model's context of {context} tokens "
-                                  f"(max_position_embeddings; a prompt needs at least one): at most {context - 1}")
+        over = [f"{key}: {value} new tokens do not fit the model's context of {context} tokens "
+                f"(max_position_embeddings; a prompt needs at least one): at most {context - 1}"
+                for key, value in (("rollout.max_new_tokens", r.max_new_tokens), ("eval.max_new_tokens", cfg.eval.max_new_tokens))
+                if value is not None and value >= context]
+        if over:  # each said (the memory estimate below would only repeat them)
+            raise ConfigError("\n".join(over))
     per_round = r.filter_groups_prompts_per_round if r.filter_groups else 0  # dynamic sampling's rounds
     key = "rollout.filter_groups_prompts_per_round" if per_round > r.prompts_per_step else "rollout.prompts_per_step"
     sequences = -(-max(r.prompts_per_step, per_round) * r.samples_per_prompt // cfg.cluster.rollout_engines)

@@ -106,6 +106,14 @@ def test_absurd_sizes_are_refused_before_any_work(tmp_path, capsys, override, me
     assert not (tmp_path / "r" / "sft").exists() and not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
+def test_every_config_decided_mistake_is_said_at_once(tmp_path, capsys):
+    """A run meeting a new machine learns all it must change in one go: one line per mistake the config decides."""
+    assert main(_args(tmp_path, 1, "rollout.max_new_tokens=1000000000", "eval.max_new_tokens=512")) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minirl:")]
+    assert [line.split(":")[2].strip() for line in lines] == ["rollout.max_new_tokens", "eval.max_new_tokens"]
+    assert all(line.startswith("minirl: error: ") for line in lines)
+
+
 def test_a_latin1_config_file(tmp_path, capsys):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
