@@ -45,7 +45,8 @@ GSM8K_LIKE = textwrap.dedent('''
 
         async def execute(self, instance_id, parameters, **kwargs):
             agent = kwargs["agent_data"]
-            LOG.append(("execute", instance_id, parameters, [m["role"] for m in agent.messages]))
+            LOG.append(("execute", instance_id, parameters, [m["role"] for m in agent.messages],
+                        (agent.assistant_turns, agent.user_turns, agent.image_data)))
             if parameters["answer"] == "boom":
                 raise RuntimeError("the checker broke")
             if parameters["answer"] == "picture":
@@ -131,7 +132,7 @@ def test_a_call_runs_create_execute_release_with_the_rows_tools_kwargs(tokenizer
         {"create_kwargs": {"ground_truth": "5"}}] * 2
     first = [entry for entry in log if entry[1] == creates[0][1]]
     assert [entry[0] for entry in first] == ["create", "execute", "release"]
-    assert first[1][2:] == ({"answer": "42"}, ["user", "assistant"])
+    assert first[1][2:] == ({"answer": "42"}, ["user", "assistant"], (1, 0, []))  # verl's turn counters too
     assert tools.tools["check_answer"].states == {}  # every instance released
     # the result is the response's text, the step reward the rollout's, the tools' extra_fields beside them
     assert out[0].messages[1] == {"role": "tool", "name": "check_answer", "content": "Current parsed answer=42 reward=1.0"}
@@ -554,7 +555,8 @@ def test_tool_extra_fields_are_plain_values_a_dump_loads_again(tmp_path: Path) -
 
     from minirl.rollout.verl_tools import AgentData
 
-    agent = AgentData([], [], {})
+    agent = AgentData([], [{"role": "assistant"}, {"role": "tool"}, {"role": "tool"}, {"role": "assistant"}], {})
+    assert (agent.assistant_turns, agent.user_turns) == (2, 1)  # one round of two results: one user turn (verl)
     agent.extra_fields |= {"score": np.float64(0.5), "seen": np.array([1, 2]), "tags": {"a"}, "when": Path("x"),
                            "kept": {"n": 3}}
     agent.tool_rewards += [np.float32(1.0), None]

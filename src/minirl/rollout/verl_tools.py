@@ -102,10 +102,27 @@ class AgentData:
     tool_rewards: list[float | None] = field(default_factory=list)  # None: a call whose reward was None (not kept)
     turn_scores: list[float] = field(default_factory=list)
 
+    image_data: list[Any] = field(default_factory=list)  # verl's multimodal inputs: none here (text models)
+    video_data: list[Any] = field(default_factory=list)
+    audio_data: list[Any] | None = None
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation so far: the prompt's messages, then the response's."""
         return [*self.prompt_messages, *self.response_messages]
+
+    @property
+    def assistant_turns(self) -> int:
+        """The model's turns so far (verl's counter)."""
+        return sum(message.get("role") == "assistant" for message in self.response_messages)
+
+    @property
+    def user_turns(self) -> int:
+        """The rounds of tool results so far (verl counts each round as one user turn)."""
+        from minirl.tasks.reward_functions import verl_num_turns
+
+        return verl_num_turns(self.response_messages) - 1 - self.assistant_turns if self.response_messages else 0
 
     def tool_extra_fields(self) -> dict[str, Any]:
         """What verl's reward managers merge into ``extra_info`` (``tool_extra_fields``), as plain JSON values (numpy
