@@ -578,3 +578,27 @@ def test_rows_needing_tools_kwargs_without_them_are_counted_in_one_line() -> Non
     assert missing_tools_kwargs(rows) == ("1 of 4 training rows set extra_info.need_tools_kwargs but have no "
                                           "tools_kwargs: their tools are created with empty create_kwargs")
     assert missing_tools_kwargs(rows[1:]) is None
+
+
+def test_the_tool_configs_environment_interpolations_resolve_as_verl_reads_them(tmp_path: Path, monkeypatch) -> None:
+    """verl reads the tool config with OmegaConf: ``${oc.env:NAME}`` (with a default after a comma) is the variable's
+    value; an unset one without a default is one line; another interpolation needs omegaconf (one line without it)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "answer_tool", raising=False)
+    monkeypatch.setenv("CHECKER_URL", "http://checker:8080")
+    monkeypatch.delenv("CHECKER_TOKEN", raising=False)
+    entry = {"class_name": "answer_tool.AnswerTool", "tool_schema": SCHEMA,
+             "config": {"type": "native", "url": "${oc.env:CHECKER_URL}/v1", "token": "${oc.env:CHECKER_TOKEN,none}"}}
+    tools = load_verl_tools(str(_config(tmp_path, [entry])))
+    assert tools.tools["check_answer"].config == {"type": "native", "url": "http://checker:8080/v1", "token": "none"}
+    unset = tmp_path / "unset.yaml"
+    unset.write_text(json.dumps({"tools": [entry | {"config": {"type": "native", "token": "${oc.env:CHECKER_TOKEN}"}}]}))
+    with pytest.raises(ConfigError, match=r"CHECKER_TOKEN"):  # ours, or OmegaConf's words where it is installed
+        load_verl_tools(str(unset))
+    if importlib.util.find_spec("omegaconf") is None:
+        other = tmp_path / "other.yaml"
+        other.write_text(json.dumps({"tools": [entry | {"config": {"type": "native", "url": "${base.url}"}}]}))
+        with pytest.raises(ConfigError, match=r"pip install omegaconf"):
+            load_verl_tools(str(other))

@@ -47,6 +47,8 @@ import asyncio
 import copy
 import inspect
 import json
+import os
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -304,12 +306,53 @@ def _entry(index: int, entry: Any, path: str) -> Any:
     return tool
 
 
+ENV_INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+
+
+def _interpolated(data: Any, path: str) -> Any:
+    """The config's ``${...}`` interpolations resolved, as verl reads the file (OmegaConf): ``${oc.env:NAME}`` and
+    ``${oc.env:NAME,default}`` here; any other through OmegaConf where it is installed, else one line."""
+    if "${" not in json.dumps(data):
+        return data
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:
+        OmegaConf = None
+    if OmegaConf is not None:
+        try:
+            return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+        except Exception as error:
+            raise ConfigError(f"{path}: an interpolation does not resolve ({' '.join(str(error).split())})") from None
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: resolved(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [resolved(item) for item in value]
+        if not isinstance(value, str) or "${" not in value:
+            return value
+
+        def variable(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name not in os.environ and default is None:
+                raise ConfigError(f"{path}: {match.group(0)} names the environment variable {name}, which is not set")
+            return os.environ.get(name, default or "")
+
+        out = ENV_INTERPOLATION.sub(variable, value)
+        if "${" in out:
+            raise ConfigError(f"{path}: {value!r}: only ${{oc.env:NAME}} interpolations resolve without omegaconf "
+                              "(pip install omegaconf, which verl reads this file with)")
+        return out
+
+    return resolved(data)
+
+
 @lru_cache(maxsize=8)
 def _loaded(path: str, mtime: float) -> VerlTools:
     from minirl.peers.common import read_yaml
 
     try:
-        listed = read_yaml(path).get("tools")
+        listed = _interpolated(read_yaml(path), path).get("tools")
     except ConfigError as error:
         raise ConfigError(f"{KEY}: {error}") from None
     if not isinstance(listed, list) or not listed:
