@@ -17,6 +17,10 @@ The loop, in one sentence per step:
     ``max_new_tokens`` (finish reason ``"length"``). The EOS token is part of the completion and
     has a log-prob; the last sampled token of every row is never fed, so its route row is -1.
 
+Tool rounds (``keeping_prefixes``): inside it, each row that ends keeps its KV cache and routes, and a later call
+whose prompt begins with a kept row's tokens feeds only the rest (the token sampled last and a tool's result): the
+conversation is not prefilled again, and each position keeps the route recorded when the engine first fed it.
+
 Randomness: one ``torch.Generator`` per seed value. The first call with ``sampling.seed = s``
 seeds it with ``s``; later calls with the same seed continue that stream. So a loop that passes
 a new seed each step (``minirl.loop`` does) gets samples that depend only on that step's seed,
@@ -37,16 +41,26 @@ import copy
 import hashlib
 import inspect
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from minirl.rollout.base import DecodeControl
-from minirl.rollout.fast_decode import HALF_GEMM, FastDecoder, StaticKVCache, native_half_gemm, unsupported_reason
-from minirl.rollout.kv_cache import check_cache_precision, new_cache, repeat_rows, select_rows
+from minirl.rollout.fast_decode import (
+    HALF_GEMM,
+    HYBRID_FAMILIES,
+    LATENT_FAMILIES,
+    FastDecoder,
+    StaticKVCache,
+    native_half_gemm,
+    unsupported_reason,
+)
+from minirl.rollout.kv_cache import OWN_CACHES, check_cache_precision, new_cache, repeat_rows, select_rows
 from minirl.rollout.precision import (
     DEFAULT_FP4_BLOCK_SIZE,
     KV_CACHE_PRECISIONS,
@@ -180,6 +194,7 @@ class NativeEngine:
             self._buckets = BucketDecoder(self._fast, graphs=graphs)
         self._generators: OrderedDict[int, torch.Generator] = OrderedDict()
         self._replay: Any = None  # minirl.moe.RoutingReplay over self.model, built on first use
+        self._prefixes: list[_Kept] | None = None  # rows kept inside ``keeping_prefixes`` (None: outside)
 
     # ---------------------------------------------------------------- weights
 
@@ -193,6 +208,8 @@ class NativeEngine:
         missing = [name for name, _ in self._params if name not in state_dict]
         if missing:
             raise KeyError(f"load_weights: state dict lacks {len(missing)} parameter(s), e.g. {missing[:3]}")
+        if self._prefixes is not None:  # kept caches belong to the old weights
+            self._prefixes.clear()
         for name, param in self._params:
             source = state_dict[name]
             if name in self._quantized:
@@ -250,6 +267,37 @@ class NativeEngine:
     continues_in_call = True
     """A partial rollout's step is one call with a ``DecodeControl`` (its KV cache kept from check to check), on the
     dynamic loop and on the static buckets (CUDA graphs) alike."""
+
+    @contextmanager
+    def keeping_prefixes(self) -> Iterator[None]:
+        """Within it, every row that ends keeps its KV cache (and routes), and a later call's prompt that begins with a
+        kept row's tokens feeds only the rest: a tool round's results and the token before them
+        (``minirl.rollout.tools``), not the whole conversation again. The tokens before stay as they were computed,
+        so every sampled token's ``logp_rollout`` and each position's recorded route come from one computation (R3
+        replays routes that produced the log-probs of every turn). Nothing is kept outside it, or where
+        ``prefix_reuse_reason`` says the cache cannot be cut by rows (the calls then prefill whole, as before)."""
+        if self._prefixes is not None or self.prefix_reuse_reason() is not None:
+            yield
+            return
+        self._prefixes = []
+        try:
+            yield
+        finally:
+            self._prefixes = None
+
+    def prefix_reuse_reason(self) -> str | None:
+        """Why ``keeping_prefixes`` keeps nothing for this engine, or None: the static buckets (CUDA graphs), an fp8
+        KV cache, caches not made of full-attention keys and values per token (linear attention, latent attention,
+        sliding windows, a model's own cache class)."""
+        config: Any = self.model.config
+        layer_kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        sliding = getattr(config, "sliding_window", None) is not None and (
+            config.model_type == "mixtral" or getattr(config, "use_sliding_window", False))
+        reasons = [(self._buckets is not None, "the static decode buckets"),
+                   (self.kv_cache_precision != "same", "an fp8 KV cache"),
+                   (config.model_type in (*HYBRID_FAMILIES, *LATENT_FAMILIES) or config.model_type in OWN_CACHES
+                    or layer_kinds != {"full_attention"} or sliding, f"{config.model_type}'s cache")]
+        return next((why for found, why in reasons if found), None)
 
     def generate(
         self,
@@ -343,6 +391,7 @@ class NativeEngine:
         record_routes: bool = False,
         control: DecodeControl | None = None,
     ) -> _Outputs:
+        # Over 60 lines: the decode loop reads best whole (draw, record, end rows and keep them, step).
         """Prefill, then one decode step per new token; rows = prompts x samples, grouped.
 
         ``forced = (tokens long [B, N], lengths long [B])`` feeds given tokens instead of drawing
@@ -375,10 +424,12 @@ class NativeEngine:
             out.tokens[running.rows, step] = tokens
             out.logp[running.rows, step] = logp
             if step == max_new - 1:
+                self._keep(running, None, width, step, out, prompt_ids, samples_per_prompt)
                 break
             finished = self._finished(tokens, out, running, step, stops, forced, budgets)
-            if finished.any():  # finished rows leave the batch (and their caches are dropped)
+            if finished.any():  # finished rows leave the batch (and their caches are dropped, or kept)
                 out.num_tokens[running.rows[finished]] = step + 1
+                self._keep(running, finished, width, step, out, prompt_ids, samples_per_prompt)
                 keep = (~finished).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
@@ -407,6 +458,87 @@ class NativeEngine:
             finished |= budgets[running.rows] <= step + 1
         return finished
 
+    def _keep(self, running: _Running, ending: torch.Tensor | None, width: int, step: int, out: _Outputs,
+              prompt_ids: list[list[int]], group: int) -> None:
+        """Inside ``keeping_prefixes``: keep the ending batch rows' (bool [b]; None: all) fed tokens (prompt and
+        completion, not the token just drawn at ``step``), each layer's keys and values of them, and their routes."""
+        if self._prefixes is None:
+            return
+        batch_rows = torch.arange(running.rows.numel()) if ending is None else ending.nonzero().squeeze(-1)
+        cache = running.cache
+        pairs = list(zip(cache.keys, cache.values)) if isinstance(cache, StaticKVCache) else \
+            [(layer.keys, layer.values) for layer in cache.layers]
+        for b in batch_rows.tolist():
+            row, start = int(running.rows[b]), width - int(running.prompt_lengths[b])
+            ids = list(prompt_ids[row // group]) + out.tokens[row, :step].tolist()
+            self._prefixes.append(_Kept(
+                ids, [k[b:b + 1, :, start:width + step].clone() for k, _ in pairs],
+                [v[b:b + 1, :, start:width + step].clone() for _, v in pairs],
+                None if out.routes is None else out.routes[row, start:width + step].clone()))
+
+    def _kept_prefix(self, ids: list[int], record_routes: bool) -> tuple[_Kept, int] | None:
+        """The kept row sharing the longest start with ``ids`` (one token of ``ids`` left to feed at least), and that
+        length; None for none (or one without the routes this call records)."""
+        best, length = None, 0
+        for kept in self._prefixes or ():
+            limit = min(len(kept.ids), len(ids) - 1)
+            same = next((i for i in range(limit) if kept.ids[i] != ids[i]), limit)
+            if same > length and not (record_routes and kept.routes is None):
+                best, length = kept, same
+        return None if best is None else (best, length)
+
+    def _prefill_kept(self, prompt_ids: list[list[int]], kept: list[tuple[_Kept, int] | None], group: int, max_new: int,
+                      record_routes: bool) -> tuple[_Running, torch.Tensor, torch.Tensor | None]:
+        # Over 60 lines: the kept caches laid out for one call, the call, and the rows laid out again, in one place.
+        """``_prefill`` where some prompts begin with a kept row's tokens: one model call feeds the rest of every prompt
+        (left-padded, after the kept keys and values of its start, right-aligned: a gap of masked columns between
+        them), then each row's columns are laid out again as ``_prefill`` leaves them (left padding only)."""
+        done = [0 if hit is None else hit[1] for hit in kept]
+        rests = [ids[d:] for ids, d in zip(prompt_ids, done, strict=True)]
+        start, block = max(done), max(len(rest) for rest in rests)
+        batch = len(prompt_ids)
+        cache = self._new_cache()
+        rows = [hit[0] for hit in kept if hit is not None]
+        for layer in range(len(rows[0].keys)):
+            k = rows[0].keys[layer].new_zeros(batch, rows[0].keys[layer].shape[1], start, rows[0].keys[layer].shape[3])
+            v = rows[0].values[layer].new_zeros(batch, rows[0].values[layer].shape[1], start, rows[0].values[layer].shape[3])
+            for i, hit in enumerate(kept):
+                if hit is not None and done[i]:
+                    k[i, :, start - done[i]:] = hit[0].keys[layer][0, :, :done[i]]
+                    v[i, :, start - done[i]:] = hit[0].values[layer][0, :, :done[i]]
+            DynamicCache.update(cache, k, v, layer)  # as kept (an fp8 cache's values are already rounded)
+        mask = torch.zeros(batch, start + block, dtype=torch.bool)
+        input_ids = torch.full((batch, block), self.pad_token_id, dtype=torch.long)
+        positions = torch.zeros(batch, block, dtype=torch.long)
+        for i, rest in enumerate(rests):
+            mask[i, start - done[i]:start] = True
+            mask[i, start + block - len(rest):] = True
+            input_ids[i, block - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            positions[i, block - len(rest):] = torch.arange(done[i], done[i] + len(rest))
+        mask, input_ids, positions = mask.to(self.device), input_ids.to(self.device), positions.to(self.device)
+        logits, new_routes = self._forward(input_ids, mask, positions, cache, record_routes, logits_to_keep=1)
+        width = max(len(ids) for ids in prompt_ids)
+        laid = self._new_cache()
+        for layer, (keys, values) in enumerate((c.keys, c.values) for c in cache.layers):
+            k = keys.new_zeros(batch, keys.shape[1], width, keys.shape[3])
+            v = values.new_zeros(batch, values.shape[1], width, values.shape[3])
+            for i in range(batch):
+                valid = mask[i].nonzero().squeeze(-1)
+                k[i, :, width - valid.numel():] = keys[i, :, valid]
+                v[i, :, width - valid.numel():] = values[i, :, valid]
+            DynamicCache.update(laid, k, v, layer)
+        routes = None
+        if new_routes is not None:
+            routes = torch.full((batch, width, *new_routes.shape[2:]), -1, dtype=torch.int16, device=new_routes.device)
+            for i, hit in enumerate(kept):
+                fed = new_routes[i, block - len(rests[i]):]
+                if hit is not None:
+                    assert hit[0].routes is not None  # _kept_prefix matches only rows with routes when recording
+                    fed = torch.cat([hit[0].routes[:done[i]], fed])
+                routes[i, width - len(prompt_ids[i]):] = fed
+        prompt_mask, _ = self._left_pad(prompt_ids)
+        return self._grouped(prompt_mask, laid, logits[:, -1], routes, group, max_new)
+
     def _stops(self, vocab_size: int) -> StopStrings | None:
         """The in-loop stop-string check (``minirl.rollout.stop_strings``), or None without stop strings."""
         if not self.stop_strings or self.tokenizer is None:
@@ -421,6 +553,10 @@ class NativeEngine:
         """Run the left-padded prompts once each; expand cache, logits and routes to G rows each."""
         if any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("every prompt needs at least one token")
+        if self._prefixes:
+            kept = [self._kept_prefix(ids, record_routes) for ids in prompt_ids]
+            if any(hit is not None for hit in kept):
+                return self._prefill_kept(prompt_ids, kept, group, max_new, record_routes)
         prompt_mask, input_ids = self._left_pad(prompt_ids)
         num_prompts, width = input_ids.shape
         position_ids = (prompt_mask.cumsum(dim=1) - 1).clamp_(min=0)
@@ -439,6 +575,16 @@ class NativeEngine:
             prefill_mask = None if attention_mask is None else attention_mask[:, :width]
             logits, routes = self._forward(input_ids, prefill_mask, position_ids, cache, record_routes, logits_to_keep=1)
             logits = logits[:, -1]
+        return self._grouped(prompt_mask, cache, logits, routes, group, max_new)
+
+    def _grouped(self, prompt_mask: torch.Tensor, cache: Any, logits: torch.Tensor, routes: torch.Tensor | None,
+                 group: int, max_new: int) -> tuple[_Running, torch.Tensor, torch.Tensor | None]:
+        """The decode batch of prefilled prompts (left-padded ``prompt_mask`` [P, W]), each repeated ``group`` times."""
+        num_prompts, width = prompt_mask.shape
+        attention_mask = None  # over [prompt | completion] columns; none without padding (causal, unmasked SDPA)
+        if not bool(prompt_mask.all()):
+            completion_mask = torch.ones(num_prompts, max_new, dtype=torch.bool, device=self.device)
+            attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         running = _Running(
             rows=torch.arange(num_prompts * group, device=self.device),
             prompt_lengths=prompt_mask.sum(dim=1),
@@ -599,6 +745,17 @@ class _Running:
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask[keep]
         select_rows(self.cache, keep)
+
+
+@dataclass
+class _Kept:
+    """A row that ended inside ``NativeEngine.keeping_prefixes``: its fed tokens, each layer's keys and values of them
+    ([1, kv heads, tokens, head dim]) and their routes (int16 [tokens, L, K], or None when not recorded)."""
+
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    routes: torch.Tensor | None
 
 
 @dataclass

@@ -26,8 +26,11 @@ behind: Python cannot stop it). ``task.environment`` gives each rollout its own 
 
 What the trainer sees: the response's tokens, results included, with ``Completion.sampled_mask`` False on the results,
 so they train nothing (TRL's ``tool_mask``, verl's ``response_mask``); their ``logp_rollout`` is 0. Each sampled token
-keeps the log-prob of the law it was drawn from. R3 replays the routes of the engine's last call over the whole
-response (its prefill of the earlier turns and of the results, at the same weights), as partial rollouts do. Reward
+keeps the log-prob of the law it was drawn from. With minirl's engine each continuation feeds only the results (and
+the token before them) on the kept KV cache of the response so far (``NativeEngine.keeping_prefixes``), so every
+position's route is the one recorded when the engine first fed it, and R3 replays the routes behind every turn's
+log-probs; an engine that cannot keep its caches prefills the whole conversation again, and R3 then replays the routes
+of its last call (its prefill of the earlier turns, at the same weights), as partial rollouts do. Reward
 functions get the response as chat messages (``Completion.messages``: assistant turns with their ``tool_calls``, then
 ``tool`` results), TRL's ``completions``; built-in verifiers and verl's ``solution_str`` read its whole text.
 
@@ -39,6 +42,7 @@ call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import re
@@ -502,7 +506,15 @@ class ToolCalling:
     def generate(self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams,
                  record_routes: bool = False) -> list[Completion]:
         """``RolloutEngine.generate``, each response continued after the results of the calls it makes; a round's
-        calls, of every response, run together (``Toolbox.run``: async tools concurrently, as verl's agent loop)."""
+        calls, of every response, run together (``Toolbox.run``: async tools concurrently, as verl's agent loop). An
+        engine that can keep its rows' KV caches (``NativeEngine.keeping_prefixes``) feeds each continuation only the
+        results, not the conversation again."""
+        keeping = getattr(self.engine, "keeping_prefixes", None)
+        with keeping() if callable(keeping) else contextlib.nullcontext():
+            return self._generate(prompts, samples_per_prompt, sampling, record_routes)
+
+    def _generate(self, prompts: list[Prompt], samples_per_prompt: int, sampling: SamplingParams,
+                  record_routes: bool) -> list[Completion]:
         responses = self._first_turns(prompts, samples_per_prompt, sampling, record_routes)
         running, rounds = list(responses), 0
         while running:
