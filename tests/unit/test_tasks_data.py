@@ -233,3 +233,19 @@ def test_system_prompt_and_chat_prompts(tmp_path: Path) -> None:
     assert plain.messages is None and plain.text == "2+2?"  # TRL's rule: a text prompt is plain text
     chat, *_ = JsonlTask(path, eval_fraction=0.0, chat_prompts=True).train_prompts()
     assert chat.messages == [{"role": "user", "content": "2+2?"}]
+
+
+@pytest.mark.parametrize("column", ["images", "image", "videos"])
+def test_a_row_with_images_is_one_line_not_trained_text_only(tmp_path: Path, column: str) -> None:
+    """verl's multimodal rows (an images column beside a prompt with <image>) and TRL's vision datasets: minirl trains
+    text models, so a row holding media is one line (skipped and counted with task.on_bad_row: skip); an empty or null
+    media column is nothing."""
+    rows = [{"prompt": "p", "answer": "a"}, {"prompt": "<image>q", "answer": "b", column: [{"bytes": "..."}]},
+            {"prompt": "r", "answer": "c", column: []}, {"prompt": "s", "answer": "d", column: None}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(TaskDataError) as error:
+        JsonlTask(path)
+    assert str(error.value) == (f'{path}:2: field "{column}" holds images or videos; minirl trains text models (drop '
+                                "the column to train on the text alone)")
+    assert JsonlTask(path, on_bad_row="skip", eval_fraction=0.0).skipped_rows == 1

@@ -338,6 +338,10 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     else:
         answer_text = _answer_text(answer, where, answer_key)
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
+    media = next((key for key in MEDIA_COLUMNS if _holds_media(extra.get(key))), None)
+    if media is not None:
+        raise TaskDataError(f'{where}: field "{media}" holds images or videos; minirl trains text models (drop the '
+                            "column to train on the text alone)")
     try:  # a row's own tools and template variables (TRL's columns), checked now; JSON-string tools read once
         tools = row_template_args(extra, where).get("tools")
     except ValueError as exc:
@@ -400,6 +404,21 @@ def _answer_text(answer: Any, where: str, key: str) -> str:
     if not answer_text.strip():
         raise TaskDataError(f'{where}: field "{key}" is empty')
     return answer_text
+
+
+MEDIA_COLUMNS = ("images", "image", "videos", "video")
+"""The columns that carry a row's images or videos: verl's multimodal rows (``data.image_key`` / ``video_key``),
+TRL's vision datasets."""
+
+
+def _holds_media(value: Any) -> bool:
+    """Whether a media column's value holds anything (not null, not an empty list or string)."""
+    if value is None:
+        return False
+    try:
+        return len(value) > 0
+    except TypeError:  # one image object
+        return True
 
 
 def check_messages(messages: list, where: str, key: str) -> list[dict]:
