@@ -235,9 +235,9 @@ class TaskConfig(Section):
     """``task.tools`` / ``task.environment``: a tool's result longer than this many characters is cut before it joins
     the response (verl's ``multi_turn.max_tool_response_length``, 256 there by default); null: kept whole, as in TRL."""
     tool_result_keep: Literal["head", "tail", "middle"] = "middle"
-    """What a cut result keeps: its first characters and ``...(truncated)`` (verl's ``tool_response_truncate_side:
-    right``: the right side is cut), ``(truncated)...`` and its last (``left``), or both halves around
-    ``...(truncated)...`` (``middle``, verl's default)."""
+    """What a cut result keeps: its first characters and ``...(truncated)`` (verl 0.9's ``tool_response_truncate_side:
+    right``: the right side is cut; verl before 0.9 read ``left`` so), ``(truncated)...`` and its last (verl 0.9's
+    ``left``), or both halves around ``...(truncated)...`` (``middle``, verl's default)."""
     tool_parser: Literal["hermes", "tokenizer"] = "hermes"
     """``task.tools``: how a call is read from the model's turn: ``hermes`` = ``<tool_call>{"name": ..., "arguments":
     {...}}</tool_call>`` blocks (Qwen2.5/3, Hermes; verl's default format); ``tokenizer`` = the tokenizer's own

@@ -75,3 +75,34 @@ def test_kept_caches_go_with_new_weights_and_outside_the_context() -> None:
     assert engine._prefixes is None
     assert NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD, kv_cache_precision="fp8_e4m3") \
         .prefix_reuse_reason() == "an fp8 KV cache"
+
+
+def test_a_call_takes_the_rows_kept_before_it_so_no_more_than_one_calls_caches_are_held() -> None:
+    """Each tool round is one call: it takes the rows the call before kept (used or not) and keeps its own."""
+    engine = NativeEngine(moe_model(std=0.5), eos_token_id=EOS, pad_token_id=PAD)
+    sampling = SamplingParams(max_new_tokens=4, seed=1)
+    with engine.keeping_prefixes():
+        first = engine.generate_ids(PROMPTS, 2, sampling)
+        assert len(engine._prefixes) == 6
+        one = first[0]
+        engine.generate_ids([one.prompt_ids + one.completion_ids + SUFFIX], 1, sampling)
+        assert len(engine._prefixes) == 1  # the five rows not continued are gone with the call
+        assert engine._prefixes[0].ids[:len(one.prompt_ids) + len(one.completion_ids) + len(SUFFIX)] == \
+            one.prompt_ids + one.completion_ids + SUFFIX
+
+
+def test_caches_that_cannot_be_cut_by_rows_are_refused() -> None:
+    """A sliding-window model (Mistral's window, set without use_sliding_window) keeps only its last columns: its calls
+    prefill whole, as before."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, sliding_window=12)
+    model = MistralForCausalLM._from_config(config, dtype=torch.float32).eval()
+    engine = NativeEngine(model, eos_token_id=EOS, pad_token_id=PAD)
+    assert engine.prefix_reuse_reason() is not None
+    sampling = SamplingParams(max_new_tokens=8, seed=1)
+    with engine.keeping_prefixes():
+        first = engine.generate_ids([list(range(2, 20))], 1, sampling)
+        assert engine._prefixes is None
+        engine.generate_ids([first[0].prompt_ids + first[0].completion_ids + SUFFIX], 1, sampling)

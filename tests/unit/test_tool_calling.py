@@ -710,8 +710,11 @@ def test_long_results_are_cut_as_verl_cuts_them(tokenizer) -> None:
     assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (256, "middle")
     v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 1000,
                           "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "left"}).values
-    # verl's side is the one cut (tool_agent_loop.py: left -> "(truncated)..." + text[-n:])
+    # verl 0.9's side is the one cut (tool_agent_loop.py: left -> "(truncated)..." + text[-n:]); before 0.9 it was
+    # the side kept, which a line says
     assert (v["task.tool_result_max_chars"], v["task.tool_result_keep"]) == (1000, "tail")
+    assert any("verl before 0.9 kept that side" in line and "task.tool_result_keep=head" in line for line in from_verl(
+        base | {"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "left"}).differs)
     v = from_verl(base | {"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": "right"}).values
     assert v["task.tool_result_keep"] == "head"
 

@@ -602,3 +602,7 @@ def test_the_tool_configs_environment_interpolations_resolve_as_verl_reads_them(
         other.write_text(json.dumps({"tools": [entry | {"config": {"type": "native", "url": "${base.url}"}}]}))
         with pytest.raises(ConfigError, match=r"pip install omegaconf"):
             load_verl_tools(str(other))
+    dated = tmp_path / "dated.yaml"  # a YAML date (not JSON) loads as before
+    dated.write_text("tools:\n  - class_name: answer_tool.AnswerTool\n    config: {type: native, since: 2026-01-02}\n"
+                     f"    tool_schema: {json.dumps(SCHEMA)}\n")
+    assert str(load_verl_tools(str(dated)).tools["check_answer"].config["since"]) == "2026-01-02"

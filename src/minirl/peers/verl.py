@@ -519,8 +519,12 @@ def _verl_multi_turn(peer: Peer, out: Translation) -> None:
     if not unset(limit):  # verl cuts every tool response, 256 characters by default
         shown = peer.show(R + "multi_turn.max_tool_response_length", R + "multi_turn.tool_response_truncate_side")
         out.set("task.tool_result_max_chars", int(limit), shown)
-        # verl's side is the one cut: left keeps the tail, right the head (ToolAgentLoop._call_tool)
+        # verl 0.9's side is the one cut: left keeps the tail, right the head (ToolAgentLoop._call_tool)
         out.set("task.tool_result_keep", {"left": "tail", "right": "head"}.get(str(side), "middle"), shown)
+        if str(side) in ("left", "right"):
+            out.differs.append(f"{peer.show(R + 'multi_turn.tool_response_truncate_side')}: read as verl 0.9 reads it "
+                               "(the side cut); verl before 0.9 kept that side instead: with an older verl, set "
+                               f"task.tool_result_keep={'head' if side == 'left' else 'tail'}")
     fmt = peer(R + "multi_turn.format")
     if fmt not in (None, "hermes"):
         out.not_translated.append(f"{peer.show(R + 'multi_turn.format')}: minirl reads Hermes <tool_call> blocks or the "

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from minirl.rollout.base import DecodeControl
 from minirl.rollout.fast_decode import (
@@ -270,11 +271,12 @@ class NativeEngine:
 
     @contextmanager
     def keeping_prefixes(self) -> Iterator[None]:
-        """Within it, every row that ends keeps its KV cache (and routes), and a later call's prompt that begins with a
-        kept row's tokens feeds only the rest: a tool round's results and the token before them
-        (``minirl.rollout.tools``), not the whole conversation again. The tokens before stay as they were computed,
-        so every sampled token's ``logp_rollout`` and each position's recorded route come from one computation (R3
-        replays routes that produced the log-probs of every turn). Nothing is kept outside it, or where
+        """Within it, every row that ends keeps its KV cache (and routes) until the next call, and a prompt of that
+        call that begins with a kept row's tokens feeds only the rest: a tool round's results and the token before
+        them (``minirl.rollout.tools``: each round is one call), not the whole conversation again. The tokens before
+        stay as they were computed, so every sampled token's ``logp_rollout`` and each position's recorded route come
+        from one computation (R3 replays routes that produced the log-probs of every turn). A call takes the rows kept
+        before it, so no more is held than one call's caches. Nothing is kept outside it, or where
         ``prefix_reuse_reason`` says the cache cannot be cut by rows (the calls then prefill whole, as before)."""
         if self._prefixes is not None or self.prefix_reuse_reason() is not None:
             yield
@@ -297,7 +299,10 @@ class NativeEngine:
                    (self.kv_cache_precision != "same", "an fp8 KV cache"),
                    (config.model_type in (*HYBRID_FAMILIES, *LATENT_FAMILIES) or config.model_type in OWN_CACHES
                     or layer_kinds != {"full_attention"} or sliding, f"{config.model_type}'s cache")]
-        return next((why for found, why in reasons if found), None)
+        found = next((why for found, why in reasons if found), None)
+        if found is None and any(type(layer) is not DynamicLayer for layer in self._new_cache().layers):
+            found = f"{config.model_type}'s cache layers (sliding windows, or states that are not per token)"
+        return found
 
     def generate(
         self,
@@ -476,16 +481,14 @@ class NativeEngine:
                 [v[b:b + 1, :, start:width + step].clone() for _, v in pairs],
                 None if out.routes is None else out.routes[row, start:width + step].clone()))
 
-    def _kept_prefix(self, ids: list[int], record_routes: bool) -> tuple[_Kept, int] | None:
-        """The kept row sharing the longest start with ``ids`` (one token of ``ids`` left to feed at least), and that
-        length; None for none (or one without the routes this call records)."""
-        best, length = None, 0
-        for kept in self._prefixes or ():
-            limit = min(len(kept.ids), len(ids) - 1)
-            same = next((i for i in range(limit) if kept.ids[i] != ids[i]), limit)
-            if same > length and not (record_routes and kept.routes is None):
-                best, length = kept, same
-        return None if best is None else (best, length)
+    @staticmethod
+    def _kept_prefix(ids: list[int], kept: dict[tuple[int, ...], _Kept], lengths: list[int]) -> tuple[_Kept, int] | None:
+        """The longest kept row (``kept`` by its tokens; their ``lengths``, longest first) whose tokens begin ``ids``
+        with at least one token of ``ids`` left to feed, and its length; None for none."""
+        for length in lengths:
+            if length < len(ids) and (row := kept.get(tuple(ids[:length]))) is not None:
+                return row, length
+        return None
 
     def _prefill_kept(self, prompt_ids: list[list[int]], kept: list[tuple[_Kept, int] | None], group: int, max_new: int,
                       record_routes: bool) -> tuple[_Running, torch.Tensor, torch.Tensor | None]:
@@ -553,8 +556,11 @@ class NativeEngine:
         """Run the left-padded prompts once each; expand cache, logits and routes to G rows each."""
         if any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("every prompt needs at least one token")
-        if self._prefixes:
-            kept = [self._kept_prefix(ids, record_routes) for ids in prompt_ids]
+        if self._prefixes:  # the rows the call before kept (this call keeps its own in their place)
+            rows = {tuple(row.ids): row for row in self._prefixes if not (record_routes and row.routes is None)}
+            self._prefixes = []
+            lengths = sorted({len(key) for key in rows}, reverse=True)
+            kept = [self._kept_prefix(ids, rows, lengths) for ids in prompt_ids]
             if any(hit is not None for hit in kept):
                 return self._prefill_kept(prompt_ids, kept, group, max_new, record_routes)
         prompt_mask, input_ids = self._left_pad(prompt_ids)

@@ -312,7 +312,7 @@ ENV_INTERPOLATION = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*)
 def _interpolated(data: Any, path: str) -> Any:
     """The config's ``${...}`` interpolations resolved, as verl reads the file (OmegaConf): ``${oc.env:NAME}`` and
     ``${oc.env:NAME,default}`` here; any other through OmegaConf where it is installed, else one line."""
-    if "${" not in json.dumps(data):
+    if "${" not in json.dumps(data, default=str):  # a YAML date or the like: text for this test only
         return data
     try:
         from omegaconf import OmegaConf
