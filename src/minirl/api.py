@@ -45,7 +45,8 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,
           peft_config: Any = None, args: Any = None, start_from: str | Path | None = None, resume: bool = False,
           tools: Sequence[Callable[..., Any] | str] | None = None,
-          environment_factory: Callable[[], Any] | str | dict[str, Callable[[], Any] | str] | None = None) -> Any:
+          environment_factory: Callable[[], Any] | str | dict[str, Callable[[], Any] | str] | None = None,
+          **unsupported: Any) -> Any:
     """Train as ``minirl train CONFIG OVERRIDES`` would, with TRL's arguments; returns the ``RunSummary``
     (held-out accuracy before and after RL, steps, seconds, run directory). ``args``: a TRL ``GRPOConfig`` in place
     of ``config``, translated as ``minirl config from-trl`` translates its file (what differs printed). ``tools``:
@@ -53,11 +54,20 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
     ``environment_factory``: TRL's, a class (or a dict of them) whose instances the rollouts act in
     (``task.environment``, ``minirl.rollout.environments``). Raises
     ``ConfigError`` for a user's mistake (one line) and ``minirl.loop.NumericalFaultStop`` after too many
-    numerical faults."""
+    numerical faults. As ``GRPOTrainer``, a single reward function may be given bare, and ``args.reward_weights``
+    weigh ``reward_funcs``."""
+    if unsupported:
+        name = sorted(unsupported)[0]
+        raise ConfigError(f"minirl.train: {name} is not taken ({UNSUPPORTED.get(name, 'not a GRPOTrainer argument minirl reads')})")
+    if callable(reward_funcs) or isinstance(reward_funcs, str):  # GRPOTrainer takes one bare
+        reward_funcs = [reward_funcs]
+    model = _model_path(model)
     if args is not None:
         if config is not None:
             raise ConfigError("minirl.train: give a minirl config or TRL's args (a GRPOConfig), not both")
-        config = _from_trl_args(args)
+        if reward_funcs is not None and reward_weights is None and getattr(args, "reward_weights", None) is not None:
+            reward_weights = list(args.reward_weights)  # GRPOTrainer reads them from its args
+        config = _from_trl_args(args, rewards_given=reward_funcs is not None, train_rows=_rows(train_dataset))
     cfg = _configure(config, list(overrides), model, train_dataset, eval_dataset, reward_funcs, reward_weights, peft_config,
                      tools, environment_factory)
     from rich.console import Console
@@ -166,9 +176,44 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         raise ConfigError(format_error(err, "minirl.train")) from None
 
 
-def _from_trl_args(args: Any) -> Config:
+UNSUPPORTED = {
+    "processing_class": "minirl reads the tokenizer from the model's directory (model.path, or model.tokenizer)",
+    "rollout_func": "TRL's rollout_func drives its own vLLM server; minirl samples with its engine (task.tools and "
+                    "task.environment for multi-turn rollouts)",
+    "callbacks": "minirl logs to metrics.jsonl, TensorBoard or wandb (log.*)",
+    "optimizers": "minirl trains with AdamW (optim.*)",
+    "reward_processing_classes": "a reward model's tokenizer is read from its directory",
+}
+"""``GRPOTrainer`` arguments ``minirl.train`` does not take, and what minirl does instead."""
+
+
+def _model_path(model: Any) -> Any:
+    """``model`` as a path: a loaded model object is refused in one line naming the path it came from (minirl loads
+    its own copy, and an object changed in memory would not be what it loads)."""
+    if model is None or isinstance(model, (str, Path)):
+        return model
+    source = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    where = f"; this one was loaded from {source!r}" if source else ""
+    raise ConfigError(f"minirl.train: model: give the model's path (a local directory; minirl loads it itself){where}")
+
+
+def _rows(dataset: DatasetLike) -> int | None:
+    """The training rows of an in-memory dataset or a list (for TRL's ``num_train_epochs``), else None."""
+    if dataset is None or isinstance(dataset, (str, Path)):
+        return None
+    if hasattr(dataset, "keys") and "train" in dataset:  # a DatasetDict
+        dataset = dataset["train"]
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _from_trl_args(args: Any, rewards_given: bool = False, train_rows: int | None = None) -> Config:
     """A ``GRPOConfig`` (any dataclass with ``to_dict``) as a minirl config: the settings that differ from a fresh
-    ``type(args)()`` are the user's, read against TRL's defaults (``minirl.peers.trl.from_trl``)."""
+    ``type(args)()`` are the user's, read against TRL's defaults (``minirl.peers.trl.from_trl``). ``rewards_given``:
+    ``reward_funcs`` came beside it (its ``reward_weights`` are theirs); ``train_rows``: the rows of the
+    ``train_dataset`` beside it (for ``num_train_epochs``)."""
     from minirl.peers import from_trl
 
     if not (dataclasses.is_dataclass(args) and hasattr(args, "to_dict")):
@@ -181,7 +226,10 @@ def _from_trl_args(args: Any) -> Config:
         elif spec.default_factory is not dataclasses.MISSING:
             declared[spec.name] = spec.default_factory()
     given = {key: value for key, value in settings.items() if key not in declared or declared[key] != value}
-    translation = from_trl(given, trainer="rloo" if type(args).__name__ == "RLOOConfig" else "grpo")
+    if rewards_given:
+        given.pop("reward_weights", None)
+    translation = from_trl(given, trainer="rloo" if type(args).__name__ == "RLOOConfig" else "grpo",
+                           train_rows=train_rows, script=False)
     for line in [f"objective: {translation.objective}", *translation.differs, *translation.not_translated]:
         print(f"minirl: TRL args: {line}", file=sys.stderr)
     return translation.config()

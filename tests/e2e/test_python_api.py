@@ -116,6 +116,8 @@ class StandInGRPOConfig:
     num_generations: int = 8
     loss_type: str = "dapo"
     max_steps: int = -1
+    num_train_epochs: float = 3.0
+    reward_weights: list | None = None
     logging_dir: str | None = None  # derived from output_dir by TrainingArguments.__post_init__
     report_to: list = dataclasses.field(default_factory=lambda: ["none"])
 
@@ -140,6 +142,48 @@ def test_trls_grpo_config_object_is_translated_as_from_trl_does(tmp_path: Path, 
         train("configs/demo.yaml", args=args)
     with pytest.raises(ConfigError, match=r"^args: expected TRL's GRPOConfig or RLOOConfig, got dict$"):
         _from_trl_args({"learning_rate": 1e-6})
+
+
+def test_what_grpotrainer_takes_beside_its_args(tmp_path: Path):
+    """``GRPOConfig(reward_weights=...)`` weighs the ``reward_funcs`` given beside it; ``num_train_epochs`` counts the
+    ``train_dataset``'s rows; one bare reward function; a loaded model object, ``processing_class`` or ``rollout_func``
+    are one line."""
+    from minirl.api import _rows
+
+    args = StandInGRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                             num_train_epochs=2.0, reward_weights=[1.0, 0.5])
+    rows = [{"prompt": f"p{i}", "answer": "a"} for i in range(8)]
+    assert _rows(rows) == 8 and _rows({"train": rows}) == 8 and _rows("x.jsonl") is None
+    cfg = _from_trl_args(args, rewards_given=True, train_rows=8)
+    assert cfg.optim.global_steps == 2 * 8 // 1  # 2 epochs x 8 rows / 1 prompt a step (4 rows / 4 generations)
+    seen = {}
+
+    def stop(config, *overrides, **kwargs):  # the arguments train() would configure the run with
+        seen.update(kwargs)
+        raise SystemExit
+
+    import minirl.api as api
+    real = api._configure
+    api._configure = lambda config, overrides, model, train_dataset, eval_dataset, reward_funcs, reward_weights, *rest: \
+        stop(config, reward_funcs=reward_funcs, reward_weights=reward_weights)
+    try:
+        with pytest.raises(SystemExit):
+            train(args=args, reward_funcs=["a:b", "c:d"], train_dataset=rows)
+        assert seen["reward_weights"] == [1.0, 0.5]
+        with pytest.raises(SystemExit):
+            train(args=StandInGRPOConfig(output_dir=str(tmp_path / "run")), reward_funcs="a:b")
+        assert seen["reward_funcs"] == ["a:b"]
+    finally:
+        api._configure = real
+
+    class Loaded:
+        name_or_path = "/models/qwen"
+
+    with pytest.raises(ConfigError, match=r"^minirl.train: model: give the model's path .* loaded from '/models/qwen'$"):
+        train("configs/demo.yaml", model=Loaded())
+    for name in ("processing_class", "rollout_func"):
+        with pytest.raises(ConfigError, match=rf"^minirl.train: {name} is not taken \("):
+            train("configs/demo.yaml", **{name: object()})
 
 
 @dataclasses.dataclass

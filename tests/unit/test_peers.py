@@ -2144,3 +2144,27 @@ def test_verls_gdpo_is_keyed_reward_entries_and_a_token_whitened_sum():
     ours = token_whiten(decoupled_sum(parts.view(3, 4, 2), weights).reshape(-1), lengths)
     theirs = _verl_gdpo(parts, weights, [i // 4 for i in range(12)], lengths)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-9)
+
+
+def test_trl_dataset_mixture_missing_data_and_rewards_and_the_kl_correction(tmp_path: Path):
+    """``trl grpo``'s ``datasets:`` list (one entry: task.path with its config and split); a run with no dataset or no
+    reward, which ``trl grpo`` refuses, is said; TRL's bias-corrected KL (its default) is minirl's unbiased KL; a
+    warm-up ratio's steps round up, as transformers rounds them."""
+    from minirl.peers import from_trl
+
+    base = {"reward_funcs": ["accuracy_reward"], "num_generations": 4, "per_device_train_batch_size": 4}
+    one = from_trl(base | {"datasets": [{"path": str(tmp_path), "name": "main", "split": "train[:90%]"}]})
+    assert (one.values["task.path"], one.values["task.dataset_config"], one.values["task.train_split"]) == \
+        (str(tmp_path), "main", "train[:90%]")
+    mixture = from_trl(base | {"datasets": [{"path": "a"}, {"path": "b"}]})
+    assert any("a mixture of 2 datasets" in line for line in mixture.not_translated)
+    assert any("no dataset_name or datasets" in line for line in mixture.differs)
+    bare = from_trl({"dataset_name": str(tmp_path)})
+    assert any(line.startswith("no reward_funcs: `trl grpo` refuses to run") for line in bare.differs)
+    assert not any("refuses" in line for line in from_trl(base | {"dataset_name": str(tmp_path)}).differs)
+    assert not any("refuses" in line for line in from_trl({}, script=False).differs)  # a GRPOConfig from Python
+    kl = from_trl(base | {"dataset_name": str(tmp_path), "beta": 0.04, "loss_type": "grpo"})
+    assert kl.values["algo.kl_loss_unbiased"] is True
+    assert any("beta with loss_type='grpo'" in line for line in kl.differs)
+    warm = from_trl(base | {"dataset_name": str(tmp_path), "max_steps": 10, "warmup_ratio": 0.05}).values
+    assert warm["optim.warmup_updates"] == 1  # ceil(0.5)

@@ -54,7 +54,8 @@ TRL_DEFAULTS: dict[str, Any] = {
     "eval_strategy": "no", "eval_steps": None, "report_to": "none", "resume_from_checkpoint": None,
     "trust_remote_code": False,
     # the script's arguments and ModelConfig
-    "model_name_or_path": None, "dataset_name": None, "dataset_config": None, "dataset_train_split": "train",
+    "model_name_or_path": None, "dataset_name": None, "datasets": None, "dataset_config": None,
+    "dataset_train_split": "train",
     "dataset_test_split": "test", "reward_funcs": None, "reward_model_name_or_path": None,
     "router_aux_loss_coef": None,
     "num_processes": 1, "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
@@ -93,10 +94,12 @@ GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level", "delta",
 
 
 def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str | None = None,
-             accelerate: dict[str, Any] | None = None) -> Translation:
+             accelerate: dict[str, Any] | None = None, train_rows: int | None = None, script: bool = True) -> Translation:
     """Translate the settings of ``trl grpo --config FILE`` or ``trl rloo --config FILE`` (a flat mapping;
     ``trainer`` None: RLOO when a key only ``RLOOConfig`` has is set, else GRPO). ``accelerate``: the settings of
-    the ``accelerate launch --config_file`` it ran under (``minirl.peers.launcher.read_accelerate``), or None."""
+    the ``accelerate launch --config_file`` it ran under (``minirl.peers.launcher.read_accelerate``), or None.
+    ``train_rows``: the training rows when the data is not in the settings (``minirl.train(train_dataset=...)``);
+    ``script``: the settings are a whole ``trl grpo`` run's (its dataset and rewards in them), not a ``GRPOConfig``."""
     trainer = _trl_trainer(given, trainer)
     given = launch_processes(given, accelerate)
     if trainer == "rloo":  # RLOOConfig's own defaults over GRPOConfig's (beta 0.05, num_generations 2)
@@ -105,8 +108,10 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
     else:
         peer, out = Peer(given, TRL_DEFAULTS), Translation("TRL")
     _trl_model_and_data(peer, out)
+    if script:
+        _trl_script_needs(peer, out)
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
-    _trl_optimizer(peer, out, n)
+    _trl_optimizer(peer, out, n, train_rows)
     _trl_logprob_head(peer, out)
     _trl_async(peer, out)
     _trl_runs(peer, out, n)
@@ -116,6 +121,18 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
     apply_objective(out, keep_objective, objective)
     leftovers(peer, out, TRL_IGNORED)
     return out
+
+
+def _trl_script_needs(peer: Peer, out: Translation) -> None:
+    """What ``trl grpo`` refuses to run without: a dataset (``dataset_name`` or ``datasets``) and a reward
+    (``reward_funcs`` or ``reward_model_name_or_path``); minirl would train its built-in task, or score with the
+    task's verifier, so each missing one is a line."""
+    if "task.path" not in out.values:
+        out.differs.append("no dataset_name or datasets: `trl grpo` refuses to run; this config trains minirl's "
+                           "built-in task (task.kind) until you give task.path")
+    if not peer("reward_funcs") and not peer("reward_model_name_or_path"):
+        out.differs.append("no reward_funcs: `trl grpo` refuses to run (no reward source); minirl scores with the "
+                           "task's verifier (task.reward_functions to give yours)")
 
 
 def _trl_trainer(given: dict[str, Any], trainer: str | None) -> str:
@@ -155,6 +172,8 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
         out.set("task.kind", "jsonl", "dataset_name given")
         out.set("task.path", peer("dataset_name"), peer.show("dataset_name"))
         note_local_path(out, "dataset_name", peer("dataset_name"), "data")
+    elif peer("datasets"):
+        _trl_datasets(peer, out)
     _open_r1_prompts(peer, out)
     if peer("dataset_config"):  # a dataset directory's, as TRL's load_dataset(dataset_name, name=dataset_config)
         out.set("task.dataset_config", str(peer("dataset_config")), peer.show("dataset_config"))
@@ -228,6 +247,33 @@ def _trl_async(peer: Peer, out: Translation) -> None:
                        f"synced every weight_sync_steps={every}) and drops older ones; minirl's one-step-off batches "
                        "are each exactly one global step old, none dropped (rollout.async_steps: k, a fixed lag of k "
                        "steps, for more)")
+
+
+def _trl_datasets(peer: Peer, out: Translation) -> None:
+    """``trl grpo``'s ``datasets:`` list (``DatasetMixtureConfig``: each ``path``, ``name``, ``data_dir``,
+    ``data_files``, ``split``, ``columns``): one entry is ``task.path`` (its config and split with it); a mixture of
+    several is named as not translated."""
+    listed = peer("datasets")
+    entries = listed if isinstance(listed, list) else [listed]
+    if len(entries) != 1 or not isinstance(entries[0], dict) or not entries[0].get("path"):
+        out.not_translated.append(f"datasets: a mixture of {len(entries)} datasets; give task.path one dataset (or a "
+                                  "list of data files, read one after another)")
+        return
+    entry = entries[0]
+    files = entry.get("data_files")
+    path = files if isinstance(files, str) else str(Path(str(entry["path"])) / str(entry["data_dir"])) \
+        if entry.get("data_dir") else str(entry["path"])
+    out.set("task.kind", "jsonl", "datasets given")
+    out.set("task.path", path, f"datasets[0].{'data_files' if isinstance(files, str) else 'path'}={path!r}")
+    note_local_path(out, "datasets[0].path", path, "data")
+    if entry.get("name"):
+        out.set("task.dataset_config", str(entry["name"]), f"datasets[0].name={entry['name']!r}")
+    if entry.get("split", "train") != "train":
+        out.set("task.train_split", str(entry["split"]), f"datasets[0].split={entry['split']!r}")
+    rest = sorted(set(entry) - {"path", "name", "data_dir", "data_files", "split"})
+    if rest or (files is not None and not isinstance(files, str)):
+        out.not_translated.append(f"datasets[0]: {', '.join(rest) or 'data_files'} (minirl reads the whole rows of "
+                                  "one path)")
 
 
 def _open_r1_prompts(peer: Peer, out: Translation) -> None:
@@ -347,7 +393,7 @@ def _trl_batch(peer: Peer, out: Translation) -> int:
     return n * int(peer("num_iterations"))  # optimizer steps per generation: what TRL's step counts divide by
 
 
-def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
+def _trl_optimizer(peer: Peer, out: Translation, n: int, train_rows: int | None = None) -> None:
     out.set("optim.lr", float(peer("learning_rate")), peer.show("learning_rate"))
     for theirs, ours in (("weight_decay", "optim.weight_decay"), ("adam_beta1", "optim.adam_beta1"),
                          ("adam_beta2", "optim.adam_beta2"), ("adam_epsilon", "optim.adam_eps"),
@@ -358,7 +404,7 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
         out.set("optim.global_steps", math.ceil(max_steps / n), f"{peer.show('max_steps')} optimizer steps / (N x E) = {n}")
         if max_steps % n:
             out.differs.append(f"max_steps={max_steps} is not a multiple of N x E = {n}: rounded up to whole global steps")
-    elif (rows := count_rows(out.values.get("task.path"), out.values.get("task.train_split", "train"),
+    elif (rows := train_rows or count_rows(out.values.get("task.path"), out.values.get("task.train_split", "train"),
                                       out.values.get("task.dataset_config"))) and rows >= out.values["rollout.prompts_per_step"]:
         steps = int(peer("num_train_epochs") * rows) // out.values["rollout.prompts_per_step"]
         out.set("optim.global_steps", steps, f"{peer.show('num_train_epochs')} x {rows} rows / prompts per step")
@@ -369,8 +415,8 @@ def _trl_optimizer(peer: Peer, out: Translation, n: int) -> None:
     warmup, ratio = peer("warmup_steps"), peer("warmup_ratio")
     if ratio or (isinstance(warmup, float) and 0 < warmup < 1):
         fraction = ratio or warmup
-        if max_steps and max_steps > 0:
-            out.set("optim.warmup_updates", round(fraction * max_steps), f"{fraction} x max_steps")
+        if max_steps and max_steps > 0:  # transformers rounds a ratio's steps up
+            out.set("optim.warmup_updates", math.ceil(fraction * max_steps), f"{fraction} x max_steps, rounded up")
         else:
             out.not_translated.append(f"warm-up ratio {fraction} without max_steps: set optim.warmup_updates")
     elif warmup:
@@ -516,9 +562,12 @@ def _trl_reference(peer: Peer, obj: Objective, n: int) -> None:
     if peer("beta"):
         obj.set("kl_coef", float(peer("beta")), peer.show("beta"))
         obj.set("kl_loss_type", "k3", "TRL's per-token KL is k3")
-        if peer("use_bias_correction_kl") and n > 1:
-            obj.differs.append("use_bias_correction_kl=True: TRL weights its KL term by pi_theta/pi_old; minirl does "
-                               "not (the same when N = 1)")
+        if peer("use_bias_correction_kl"):  # its gradient flows through pi_theta/pi_old, even where the ratio is 1
+            obj.set("kl_loss_unbiased", True, peer.show("use_bias_correction_kl"))
+        if peer("loss_type") != "dapo":
+            obj.differs.append(f"beta with loss_type={peer('loss_type')!r}: TRL adds the KL to each token before the "
+                               "loss type's aggregation; minirl averages it over the mini-batch's tokens (dapo's way), "
+                               "so its weight differs")
     _trl_ref_sync(peer, obj)
 
 
