@@ -303,3 +303,14 @@ def test_trls_log_metric_and_log_extra_reach_the_metrics_and_the_samples(timeout
     assert [c["first_char"] for c in columns] == ["4", "5", "7", "7"]
     rows = sample_rows(PROMPTS, [SimpleNamespace(prompt_index=i, text=t) for i, t in COMPLETIONS], rewards, 2, columns)
     assert rows[1] == {"first_char": "5", "prompt": "2+2?", "completion": "5", "reward": 1.0}
+
+
+def test_keyword_only_functions_and_the_datasets_own_columns_as_trl_passes_them() -> None:
+    fns = __import__(MOD, fromlist=["x"])
+    assert looks_batched(fns.from_kwargs_only) and not looks_batched(fns.exact)
+    rows = [Prompt(text="a?", answer="4", meta={"source": "f:1", "answers": {"text": ["4", "four"]}}),
+            Prompt(text="b?", answer="7", meta={"source": "f:2", "answers": {"text": ["seven"]}})]
+    functions = [{"function": f"{MOD}:from_kwargs_only"}, {"function": f"{MOD}:squad_answers", "weight": 10.0}]
+    with _runner(functions) as runner:
+        rewards, _ = runner.score(rows, [(0, "4"), (1, "7")])
+    assert rewards.tolist() == [11.0, 1.0]  # "7" is the answer, but not in the row's own answers column

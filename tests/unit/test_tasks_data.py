@@ -39,7 +39,10 @@ def test_formats_and_column_mapping(tmp_path: Path, kind: str) -> None:
     prompts = task.train_prompts()
     assert [p.answer for p in prompts] == ["4", "6"]
     assert prompts[1].messages == [{"role": "user", "content": "3+3?"}] and prompts[1].text == "3+3?"
-    assert prompts[1].meta == {"source": f"{path}:row 2", "level": 2}
+    # a number in the answer column stays a number in the row's columns (TRL hands reward functions the stored value;
+    # the answer itself is its text)
+    stored = {"solution": 6} if kind == "json" else {}
+    assert prompts[1].meta == {"source": f"{path}:row 2", "level": 2, **stored}
 
 
 def test_a_bad_row_in_parquet_names_its_row(tmp_path: Path) -> None:

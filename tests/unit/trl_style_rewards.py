@@ -114,3 +114,13 @@ def logs_through_kwargs(completions, **kwargs):  # the same, reaching them throu
 
 def length_reward(completions, **kwargs):  # a second objective, on another scale than correctness
     return [len(text(c)) / 10 for c in completions]
+
+
+def from_kwargs_only(**kwargs):
+    """TRL calls every reward function with keywords: one taking them alone is batched."""
+    return [float(completion == answer) for completion, answer in zip(kwargs["completions"], kwargs["answer"])]
+
+
+def squad_answers(completions, answers, **kwargs):
+    """A dataset's own ``answers`` column (SQuAD's dicts) reaches the function as stored, not minirl's answer list."""
+    return [float(completion in entry["text"]) for completion, entry in zip(completions, answers)]

@@ -338,6 +338,8 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     else:
         answer_text = _answer_text(answer, where, answer_key)
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
+    if found and isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        extra[answer_key] = answer  # TRL passes a column as stored: a batched reward function reads the number
     media = next((key for key in MEDIA_COLUMNS if _holds_media(extra.get(key))), None)
     if media is not None:
         raise TaskDataError(f'{where}: field "{media}" holds images or videos; minirl trains text models (drop the '

@@ -403,8 +403,9 @@ def batch_keywords(samples: Sequence[Sample]) -> dict[str, Any]:
     answers = [s.answer for s in samples]
     if any(s.environment is not None for s in samples):  # TRL's environments=: the rollouts' instances
         columns["environments"] = [s.environment for s in samples]
-    return {**columns, "prompts": [s.prompt for s in samples], "completions": completions,
-            "completion_ids": [list(s.completion_ids) for s in samples], "answer": answers, "answers": answers,
+    # the dataset's own columns win over minirl's answer / answers lists (a SQuAD-style "answers" column stays its own)
+    return {"answer": answers, "answers": answers, **columns, "prompts": [s.prompt for s in samples],
+            "completions": completions, "completion_ids": [list(s.completion_ids) for s in samples],
             **_progress(samples[0].trainer_state if samples else None)}
 
 
@@ -484,10 +485,19 @@ def _first_parameter(fn: Callable[..., Any]) -> str | None:
     return parameters[0].name if parameters else None
 
 
+def _keywords_only(fn: Callable[..., Any]) -> bool:
+    """``fn`` takes keyword arguments alone (``def r(**kwargs)``, or keyword-only parameters): TRL calls it so."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(parameters) and all(p.kind in (p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
+
+
 def looks_batched(fn: Callable[..., Any]) -> bool:
-    """TRL's convention (the first parameter is ``prompts`` or ``completions``) or verl's batched one
-    (``data_sources``)."""
-    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS
+    """TRL's convention (the first parameter is ``prompts`` or ``completions``, or keyword arguments alone, which
+    only TRL's keyword call can fill) or verl's batched one (``data_sources``)."""
+    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS or _keywords_only(fn)
 
 
 def looks_verl(fn: Callable[..., Any]) -> bool:
