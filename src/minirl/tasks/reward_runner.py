@@ -244,7 +244,9 @@ class RewardRunner:
                 results = [[self._score_here(prompts[index], text)] for index, text in pairs]
         weights = [f.weight for f in self.functions] or [1.0]
         values = [[value if kind == "ok" else self.fallback_reward for kind, value in row] for row in results]
-        unscored = [all(v is None for v in row) for row in values]  # no function applied (TRL: reward 0)
+        # no function applied: reward 0 and trained on (TRL before 1.16; TRL 1.16 leaves such a response out of its
+        # group's statistics and gives it advantage 0, which minirl does not do yet, except under GDPO's aggregation)
+        unscored = [all(v is None for v in row) for row in values]
         if self.functions and values and all(unscored):
             raise unscored_batch(self.functions, len(values))
         rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
