@@ -235,10 +235,23 @@ def _from_trl_args(args: Any, rewards_given: bool = False, train_rows: int | Non
     return translation.config()
 
 
+PEFT_NOT_CARRIED: dict[str, Any] = {"use_rslora": False, "use_dora": False, "modules_to_save": None, "bias": "none",
+                                     "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}}
+"""peft ``LoraConfig`` fields (and their defaults) that ``model.lora`` has no key for: one set otherwise is refused."""
+
+
 def _lora(peft_config: Any) -> dict[str, Any]:
     """``model.lora`` from a peft ``LoraConfig`` (its rank, alpha, dropout, target modules and parameters)."""
     if not all(hasattr(peft_config, name) for name in ("r", "lora_alpha", "target_modules")):
         raise ConfigError(f"peft_config: expected a peft LoraConfig, got {type(peft_config).__name__}")
+    changed = [f"{name}={value!r}" for name, default in PEFT_NOT_CARRIED.items()
+               if (value := getattr(peft_config, name, default)) not in (default, None, [], {})]
+    if changed:
+        raise ConfigError(f"peft_config: {', '.join(changed)} is not carried over (minirl's LoRA takes r, lora_alpha, "
+                          "lora_dropout, target_modules and target_parameters)")
+    if float(getattr(peft_config, "lora_dropout", 0.0) or 0.0) > 0:
+        print("minirl: peft_config: lora_dropout is off during RL, as every dropout (r = pi_theta / pi_old is then 1 "
+              "at theta_old; TRL's disable_dropout=True)", file=sys.stderr)
     targets = peft_config.target_modules
     lora: dict[str, Any] = {"rank": int(peft_config.r), "alpha": float(peft_config.lora_alpha),
                             "dropout": float(getattr(peft_config, "lora_dropout", 0.0) or 0.0)}

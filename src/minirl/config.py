@@ -80,6 +80,8 @@ class LoRAConfig(Section):
     alpha: float = Field(32.0, gt=0)
     """Scale alpha / rank on the adapter's update (peft's ``lora_alpha``)."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """peft's ``lora_dropout``; RL turns every dropout off (``minirl.trainer.disable_stochastic_layers``: pi_theta /
+    pi_old is then 1 at theta_old), so it acts in the SFT cold start only."""
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     """Module names (suffixes) to adapt, as peft's ``target_modules``; names that do not exist in a
     model are skipped, but at least one must match. ``[all-linear]``: every ``nn.Linear`` but the output

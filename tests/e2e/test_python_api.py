@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,10 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     assert (lora.target_modules, lora.target_parameters) == ([], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
     with pytest.raises(ConfigError, match=r"^peft_config: expected a peft LoraConfig, got dict$"):
         _configure(None, [], None, None, None, None, None, {"r": 8})
+    for given, shown in (({"use_dora": True}, "use_dora=True"), ({"use_rslora": True}, "use_rslora=True"),
+                         ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']")):
+        with pytest.raises(ConfigError, match=rf"^peft_config: {re.escape(shown)} is not carried over \("):
+            _configure(None, [], None, None, None, None, None, LoraConfig(r=8, target_modules="all-linear", **given))
     with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):
         _configure(None, [], None, None, None, [lambda completions, **kw: [0.0] * len(completions)], None)
     # functools.partial and TRL's reward factories: the function, with their arguments as the entry's kwargs

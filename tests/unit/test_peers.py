@@ -2168,3 +2168,5 @@ def test_trl_dataset_mixture_missing_data_and_rewards_and_the_kl_correction(tmp_
     assert any("beta with loss_type='grpo'" in line for line in kl.differs)
     warm = from_trl(base | {"dataset_name": str(tmp_path), "max_steps": 10, "warmup_ratio": 0.05}).values
     assert warm["optim.warmup_updates"] == 1  # ceil(0.5)
+    lora = from_trl(base | {"dataset_name": str(tmp_path), "use_peft": True})  # TRL's lora_dropout 0.05, kept by TRL
+    assert any(line.startswith("lora_dropout=0.05: RL runs without dropout here") for line in lora.differs)

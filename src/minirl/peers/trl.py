@@ -161,6 +161,9 @@ def _trl_model_and_data(peer: Peer, out: Translation) -> None:
         out.set("model.lora.rank", peer("lora_r"), peer.show("use_peft", "lora_r"))
         out.set("model.lora.alpha", float(peer("lora_alpha")), peer.show("lora_alpha"))
         out.set("model.lora.dropout", float(peer("lora_dropout")), peer.show("lora_dropout"))
+        if peer("lora_dropout") and not peer("disable_dropout"):
+            out.differs.append(f"{peer.show('lora_dropout')}: RL runs without dropout here (pi_theta / pi_old is then 1 "
+                               "at theta_old; TRL's disable_dropout=True); TRL keeps it unless disable_dropout")
         if peer("lora_target_modules"):
             modules = peer("lora_target_modules")
             modules = [modules] if isinstance(modules, str) else list(modules)
