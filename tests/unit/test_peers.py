@@ -2168,5 +2168,8 @@ def test_trl_dataset_mixture_missing_data_and_rewards_and_the_kl_correction(tmp_
     assert any("beta with loss_type='grpo'" in line for line in kl.differs)
     warm = from_trl(base | {"dataset_name": str(tmp_path), "max_steps": 10, "warmup_ratio": 0.05}).values
     assert warm["optim.warmup_updates"] == 1  # ceil(0.5)
+    evaluated = from_trl(base | {"dataset_name": str(tmp_path), "eval_strategy": "steps", "eval_steps": 5}).values
+    assert evaluated["eval.samples_per_prompt"] == 4  # TRL: num_generations_eval, else num_generations
+    assert any("TRL trains on all of them" in line for line in from_trl(base | {"dataset_name": str(tmp_path)}).differs)
     lora = from_trl(base | {"dataset_name": str(tmp_path), "use_peft": True})  # TRL's lora_dropout 0.05, kept by TRL
     assert any(line.startswith("lora_dropout=0.05: RL runs without dropout here") for line in lora.differs)

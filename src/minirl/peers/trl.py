@@ -460,13 +460,18 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
         out.set("eval.every_steps", max(1, math.ceil(every / n)), f"eval_steps={every} / (N x E)")
     elif peer("eval_strategy") == "no":
         out.set("eval.every_steps", 0, peer.show("eval_strategy"))
-        out.differs.append("eval_strategy='no': minirl still evaluates before and after training (eval.every_steps: 0)")
+        out.differs.append("eval_strategy='no': minirl still evaluates before and after training (eval.every_steps: 0), "
+                           "on task.eval_path, or else on task.eval_fraction (10%) of the training rows held out: "
+                           "TRL trains on all of them (give task.eval_path to keep every row for training)")
     else:
         out.not_translated.append(f"{peer.show('eval_strategy')}: give eval.every_steps in global steps")
     if peer("eval_strategy") != "no":
         _trl_test_split(peer, out)
     if peer("num_generations_eval"):
         out.set("eval.samples_per_prompt", int(peer("num_generations_eval")), peer.show("num_generations_eval"))
+    elif peer("eval_strategy") != "no":  # TRL samples num_generations_eval or num_generations per eval prompt
+        out.set("eval.samples_per_prompt", int(peer("num_generations")), peer.show("num_generations") +
+                " (TRL evaluates with num_generations when num_generations_eval is unset)")
     for key, (value, origin) in _trl_law(peer, out).items():
         out.set(f"eval.{key}", value, origin + " (TRL evaluates as it samples)")
     if peer("log_completions"):
