@@ -2171,5 +2171,9 @@ def test_trl_dataset_mixture_missing_data_and_rewards_and_the_kl_correction(tmp_
     evaluated = from_trl(base | {"dataset_name": str(tmp_path), "eval_strategy": "steps", "eval_steps": 5}).values
     assert evaluated["eval.samples_per_prompt"] == 4  # TRL: num_generations_eval, else num_generations
     assert any("TRL trains on all of them" in line for line in from_trl(base | {"dataset_name": str(tmp_path)}).differs)
+    said = from_trl(base | {"dataset_name": str(tmp_path), "shuffle_dataset": False, "dtype": "bfloat16",
+                            "output_dir": "out/run1"}).differs
+    assert [any(line.startswith(start) for line in said) for start in ("shuffle_dataset=False", "dtype='bfloat16'",
+                                                                       "output_dir='out/run1'")] == [True] * 3
     lora = from_trl(base | {"dataset_name": str(tmp_path), "use_peft": True})  # TRL's lora_dropout 0.05, kept by TRL
     assert any(line.startswith("lora_dropout=0.05: RL runs without dropout here") for line in lora.differs)

@@ -110,6 +110,7 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
     _trl_model_and_data(peer, out)
     if script:
         _trl_script_needs(peer, out)
+    _trl_said(peer, out)
     n = _trl_batch(peer, out)  # optimizer steps per global step: N x num_iterations
     _trl_optimizer(peer, out, n, train_rows)
     _trl_logprob_head(peer, out)
@@ -121,6 +122,20 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
     apply_objective(out, keep_objective, objective)
     leftovers(peer, out, TRL_IGNORED)
     return out
+
+
+def _trl_said(peer: Peer, out: Translation) -> None:
+    """Settings minirl does not carry over that change what a TRL user gets, each said: the data's order, the weights'
+    dtype, where the model is written."""
+    if peer.given.get("shuffle_dataset") is False:
+        out.differs.append("shuffle_dataset=False: minirl draws prompts in a shuffled order each epoch (run.seed)")
+    dtype = peer.given.get("dtype", peer.given.get("torch_dtype"))
+    if dtype not in (None, "auto", "float32"):
+        out.differs.append(f"dtype={dtype!r}: minirl keeps fp32 weights and trains in optim.precision (fp32 or bf16 "
+                           "compute); the checkpoint keeps the dtype the model came in")
+    if peer.given.get("output_dir"):
+        out.differs.append(f"{peer.show('output_dir')}: minirl writes the run there as run.output_dir/run.name: the "
+                           "final model in checkpoint/ (with adapter/ under LoRA), resumable ones in checkpoints/step_N")
 
 
 def _trl_script_needs(peer: Peer, out: Translation) -> None:
