@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from minirl.algo import group_advantages
+from minirl.algo import group_advantages, scored_group_advantages
 from minirl.algo._common import train_infer_factor
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
@@ -470,6 +470,14 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
         summed = decoupled_sum(parts, part_weights).reshape(-1)  # verl's: over the step's tokens
         scored = ~torch.isnan(summed)  # a response no function applied to: no advantage, not in the statistics
         return token_whiten(summed.nan_to_num(0.0), lengths * scored) * scored
+    applied = None if sampled.reward_parts is None else ~torch.isnan(sampled.reward_parts).all(dim=1)
+    if applied is not None and not bool(applied.all()) and a.adv_baseline == "group_mean" and not a.adv_nonzero_rescale:
+        # responses no reward function scored: out of their group's statistics, advantage 0 (TRL 1.16)
+        advantages = scored_group_advantages(rewards_PG, applied.view(rewards_PG.shape), a.adv_std_normalize,
+                                             std_scope=a.adv_std_scope).reshape(-1)
+        if a.adv_whiten and whiten:
+            advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
+        return advantages
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),

@@ -348,3 +348,44 @@ def test_the_steps_batch_is_scored_before_the_greedy_rollouts() -> None:
                           prompts=["p", "q"], order=SimpleNamespace(next=lambda count: [0, 1][:count]))
     sampled = rollout_and_score(run, 1, False, _Clock())
     assert events == ["rollouts", "score 4", "greedy rollouts", "score 2"] and sampled.greedy_rewards.tolist() == [0, 0]
+
+
+def test_unscored_responses_are_out_of_their_groups_statistics_by_hand() -> None:
+    """TRL 1.16: a response no reward function scored is out of its group's mean and std, with advantage 0; a group
+    with one scored response (std undefined) or none gives 0 to all."""
+    from minirl.algo import scored_group_advantages
+
+    rewards = torch.tensor([[1.0, 0.0, 5.0, 2.0], [3.0, float("nan"), 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]])
+    scored = torch.tensor([[True, True, False, True], [True, False, False, False], [False] * 4])
+    # group 0: mean over (1, 0, 2) = 1; group 1: mean 3 (its one scored response); group 2: none scored
+    expected = torch.tensor([[0.0, -1.0, 0.0, 1.0], [0.0] * 4, [0.0] * 4])
+    torch.testing.assert_close(scored_group_advantages(rewards, scored), expected, rtol=0, atol=0)
+    # std over (1, 0, 2), unbiased: 1; group 1's std is undefined (one response): 0 for it
+    torch.testing.assert_close(scored_group_advantages(rewards, scored, std_normalize=True),
+                               torch.tensor([[0.0, -1.0 / (1 + 1e-6), 0.0, 1.0 / (1 + 1e-6)], [0.0] * 4, [0.0] * 4]),
+                               rtol=0, atol=1e-7)
+    # batch std over every scored reward (1, 0, 2, 3): mean 1.5, unbiased variance (0.25 + 2.25 + 0.25 + 2.25) / 3
+    batch_std = (5.0 / 3) ** 0.5
+    torch.testing.assert_close(scored_group_advantages(rewards, scored, std_normalize=True, std_scope="batch"),
+                               torch.tensor([[0.0, -1.0, 0.0, 1.0], [0.0] * 4, [0.0] * 4]) / (batch_std + 1e-6),
+                               rtol=0, atol=1e-6)
+    with pytest.raises(FloatingPointError):  # a NaN in a scored reward is ours: loud
+        scored_group_advantages(torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True, True]]))
+
+
+def test_in_the_loop_unscored_responses_get_no_advantage() -> None:
+    """``step_advantages``: a response whose every reward function returned None (NaN in each function's values)."""
+    from types import SimpleNamespace
+
+    from minirl.config import load_config
+    from minirl.loop import step_advantages
+
+    cfg = load_config(None, ["rollout.samples_per_prompt=3"])
+    nan = float("nan")
+    sampled = SimpleNamespace(prompts=["p"], rewards=torch.tensor([1.0, 0.0, 0.0]), greedy_rewards=None,
+                              completions=[SimpleNamespace(completion_ids=[1, 2])] * 3,
+                              reward_parts=torch.tensor([[1.0, nan], [nan, 0.0], [nan, nan]]))
+    torch.testing.assert_close(step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])), torch.tensor([0.5, -0.5, 0.0]))
+    sampled.reward_parts = torch.tensor([[1.0, nan], [nan, 0.0], [0.0, nan]])  # all scored: as before
+    torch.testing.assert_close(step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])),
+                               torch.tensor([2 / 3, -1 / 3, -1 / 3]))

@@ -244,8 +244,8 @@ class RewardRunner:
                 results = [[self._score_here(prompts[index], text)] for index, text in pairs]
         weights = [f.weight for f in self.functions] or [1.0]
         values = [[value if kind == "ok" else self.fallback_reward for kind, value in row] for row in results]
-        # no function applied: reward 0 and trained on (TRL before 1.16; TRL 1.16 leaves such a response out of its
-        # group's statistics and gives it advantage 0, which minirl does not do yet, except under GDPO's aggregation)
+        # no function applied: reward 0 here (TRL before 1.16); its NaN row in last_parts leaves it out of its group's
+        # statistics with advantage 0 (TRL 1.16; minirl.loop.step_advantages, group-mean baselines and GDPO)
         unscored = [all(v is None for v in row) for row in values]
         if self.functions and values and all(unscored):
             raise unscored_batch(self.functions, len(values))
