@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from minirl.algo import group_advantages, scored_group_advantages
+from minirl.algo import group_advantages
 from minirl.algo._common import train_infer_factor
 from minirl.algo.variants.baselines import response_whiten, token_whiten
 from minirl.algo.variants.entropy import adaptive_entropy_coef
@@ -52,6 +52,7 @@ from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.otb import optimal_token_advantages
 from minirl.algo.variants.rejection import rejection_keep
+from minirl.algo.variants.scored import scored_group_advantages
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.async_rollout import RolloutAhead, engine_weights
 from minirl.batching import collate, split

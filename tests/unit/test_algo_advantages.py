@@ -353,7 +353,7 @@ def test_the_steps_batch_is_scored_before_the_greedy_rollouts() -> None:
 def test_unscored_responses_are_out_of_their_groups_statistics_by_hand() -> None:
     """TRL 1.16: a response no reward function scored is out of its group's mean and std, with advantage 0; a group
     with one scored response (std undefined) or none gives 0 to all."""
-    from minirl.algo import scored_group_advantages
+    from minirl.algo.variants.scored import scored_group_advantages
 
     rewards = torch.tensor([[1.0, 0.0, 5.0, 2.0], [3.0, float("nan"), 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]])
     scored = torch.tensor([[True, True, False, True], [True, False, False, False], [False] * 4])

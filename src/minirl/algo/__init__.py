@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from minirl.algo.advantages import group_advantages, scored_group_advantages
+from minirl.algo.advantages import group_advantages
 from minirl.algo.cispo import cispo_loss
 from minirl.algo.grpo import grpo_loss
 from minirl.algo.gspo import gspo_loss
@@ -42,5 +42,5 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {"minirl": minirl_loss, "grpo": grpo_loss
 
 __all__ = [
     "POLICY_LOSSES", "LossInputs", "PolicyLoss", "cispo_loss", "group_advantages", "grpo_loss", "gspo_loss",
-    "minirl_loss", "sapo_loss", "scored_group_advantages", "to_floats", "token_logprobs", "vespo_loss",
+    "minirl_loss", "sapo_loss", "to_floats", "token_logprobs", "vespo_loss",
 ]

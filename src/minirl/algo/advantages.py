@@ -55,36 +55,6 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
     return centred
 
 
-def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, std_normalize: bool = False, *,
-                            std_scope: str = "group") -> torch.Tensor:
-    """``group_advantages`` (its group-mean baseline) over each group's scored responses only, as TRL 1.16 treats a
-    response no reward function scored (every one returned None): it is out of the mean and std, and its advantage 0.
-
-    A_i = R_i - mean_{j scored}(R_j);  std_normalize: / (std_{j scored}(R_j) + 1e-6), unbiased (n_scored - 1), over
-    the group or (std_scope "batch") every scored reward; A_i = 0 for an unscored i, and for every response of a group
-    whose std is undefined (one scored response) or that has none scored.
-
-    ``scored_PG``: bool [P, G]. The unscored rewards' values are ignored (NaN allowed there, nowhere else).
-    """
-    if scored_PG.shape != rewards_PG.shape or scored_PG.dtype != torch.bool:
-        raise ValueError(f"scored_PG must be a bool tensor of the rewards' shape {tuple(rewards_PG.shape)}")
-    rewards = torch.where(scored_PG, rewards_PG, torch.zeros((), dtype=rewards_PG.dtype))
-    rewards = _checked_rewards(rewards)
-    counts = scored_PG.sum(dim=1, keepdim=True)
-    mean = rewards.sum(dim=1, keepdim=True) / counts.clamp(min=1)
-    centred = torch.where(scored_PG, rewards - mean, torch.zeros_like(rewards))
-    if std_normalize:
-        if std_scope == "batch":
-            total = scored_PG.sum()
-            values = rewards[scored_PG]
-            std = values.std(correction=1) if total > 1 else torch.tensor(float("nan"))
-        else:
-            std = (centred.square().sum(dim=1, keepdim=True) / (counts - 1).clamp(min=1)).sqrt()
-            std = torch.where(counts > 1, std, torch.full_like(std, float("nan")))
-        centred = torch.nan_to_num(centred / (std + STD_EPS), nan=0.0) * scored_PG
-    return centred
-
-
 def _checked_rewards(rewards_PG: torch.Tensor) -> torch.Tensor:
     if not isinstance(rewards_PG, torch.Tensor) or rewards_PG.ndim != 2:
         shape = tuple(rewards_PG.shape) if isinstance(rewards_PG, torch.Tensor) else type(rewards_PG).__name__

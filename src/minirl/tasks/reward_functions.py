@@ -49,7 +49,7 @@ A function may return ``None`` for a sample it does not apply to (TRL's rule, e.
 task in a mixed dataset): the sample's reward is then the weighted sum of the functions that did
 apply, and the function's ``reward/<name>/mean`` is over the samples it scored. A sample none applied to has reward 0,
 and with a group-mean baseline (or GDPO's aggregation) it is out of its group's statistics with advantage 0, as in TRL
-1.16 (``minirl.algo.scored_group_advantages``); other baselines train it at reward 0.
+1.16 (``minirl.algo.variants.scored``); other baselines train it at reward 0.
 
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when

@@ -1,0 +1,37 @@
+"""TRL 1.16's advantages when some responses were scored by no reward function (every one returned None): such a
+response is out of its group's mean and std, and its advantage is 0 (``GRPOTrainer._generate_and_score_completions``).
+Not the paper's math ([P] §4.1 has every response scored): the group-mean baseline of ``minirl.algo.group_advantages``
+over the scored responses only."""
+
+from __future__ import annotations
+
+import torch
+
+from minirl.algo.advantages import STD_EPS, _checked_rewards
+
+
+def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, std_normalize: bool = False, *,
+                            std_scope: str = "group") -> torch.Tensor:
+    """``group_advantages`` (its group-mean baseline) over each group's scored responses only.
+
+    A_i = R_i - mean_{j scored}(R_j);  std_normalize: / (std_{j scored}(R_j) + 1e-6), unbiased (n_scored - 1), over
+    the group or (std_scope "batch") every scored reward; A_i = 0 for an unscored i, and for every response of a group
+    whose std is undefined (one scored response) or that has none scored.
+
+    ``scored_PG``: bool [P, G]. The unscored rewards' values are ignored (NaN allowed there, nowhere else).
+    """
+    if scored_PG.shape != rewards_PG.shape or scored_PG.dtype != torch.bool:
+        raise ValueError(f"scored_PG must be a bool tensor of the rewards' shape {tuple(rewards_PG.shape)}")
+    rewards = _checked_rewards(torch.where(scored_PG, rewards_PG, torch.zeros((), dtype=rewards_PG.dtype)))
+    counts = scored_PG.sum(dim=1, keepdim=True)
+    mean = rewards.sum(dim=1, keepdim=True) / counts.clamp(min=1)
+    centred = torch.where(scored_PG, rewards - mean, torch.zeros_like(rewards))
+    if std_normalize:
+        if std_scope == "batch":
+            values = rewards[scored_PG]
+            std = values.std(correction=1) if values.numel() > 1 else torch.tensor(float("nan"))
+        else:
+            std = (centred.square().sum(dim=1, keepdim=True) / (counts - 1).clamp(min=1)).sqrt()
+            std = torch.where(counts > 1, std, torch.full_like(std, float("nan")))
+        centred = torch.nan_to_num(centred / (std + STD_EPS), nan=0.0) * scored_PG
+    return centred
