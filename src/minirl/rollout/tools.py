@@ -17,7 +17,8 @@ TRL reads them. A response is then sampled in turns (``ToolCalling``, a wrapper 
 
 This repeats until a turn makes no call, ``task.max_tool_iterations`` rounds have run, or ``rollout.max_new_tokens``
 is spent (a row whose ``agent_name`` column is verl's ``single_turn_agent`` is offered no tools and sampled as one
-turn; verl runs calls under its ``tool_agent`` only): it counts the results' tokens too (TRL's ``max_completion_length``). Results that would leave no room for
+turn; verl runs calls under its ``tool_agent`` only): it counts the results' tokens too (TRL's
+``max_completion_length``). Results that would leave no room for
 one more sampled token are not appended, and the response ends there unfinished (finish ``length``).
 ``task.tool_result_max_chars`` cuts a long result as verl does (``cut_result``); ``task.tool_timeout_s`` bounds each
 call, one that runs longer getting ``{'error': 'Tool X timed out after N s.'}`` (a sync tool's thread is left
@@ -321,8 +322,8 @@ def verl_tools_of(task: Any, toolbox: Toolbox) -> Any:
     tools = dict(verl.tools) if verl is not None else {}
     for name, tool in toolbox.verl_functions.items():
         if name in tools:
-            raise ConfigError(f"task.tools: the @function_tool {name!r} has the name of a task.tool_config tool; the "
-                              "model calls a tool by its name")
+            raise ConfigError(f"task.tool_config and task.tools both have a tool named {name!r}; the model calls a "
+                              "tool by its name")  # as _distinct_tool_names says it (merged here, so said here)
         tools[name] = tool
     return VerlTools(tools)
 

@@ -20,7 +20,8 @@ the model writes then runs as verl 0.9's tool agent runs it (``ToolAgentLoop._ca
 and its ``response.text`` (a plain string from an older tool is taken as it is) is the result the model reads,
 cut as ``task.tool_result_max_chars`` says. ``arguments`` is the call's parsed dict (verl 0.9's; a tool written for
 verl's older JSON-string parameters needs updating); an older ``create`` returning the id alone, or plain (not
-``async``) methods (run in a thread, within ``task.tool_timeout_s``), work too; ``calc_reward`` is not called (neither does verl 0.9's agent loop). Each step ``reward``
+``async``) methods (run in a thread, within ``task.tool_timeout_s``), work too; ``calc_reward`` is not called
+(neither does verl 0.9's agent loop). Each step ``reward``
 joins the rollout's ``tool_rewards``; a call that raises adds 0.0, as in verl, and is a failed call
 (``tools/failure_frequency``) whose result is verl's ``Error executing tool '<name>': <error>``.
 Once the response ends, verl's
