@@ -175,6 +175,16 @@ def test_trl_max_prompt_length_cuts_from_the_left():
     assert "task.prompt_truncation" not in _trl().values and "task.max_prompt_tokens" not in _trl().values
 
 
+def test_settings_trl_1_16_refuses_are_translated_and_each_said():
+    """max_prompt_length (gone since TRL 0.24), warmup_ratio (gone from transformers 5), use_liger_loss (gone):
+    TRL 1.16's `trl grpo` refuses each; an older config still translates, with a line naming the key."""
+    out = _trl(max_prompt_length=64, warmup_ratio=0.1, use_liger_loss=True, max_steps=20)
+    said = [line for line in out.differs if "not a TRL 1.16 setting" in line]
+    assert [line.split(":")[0] for line in said] == ["max_prompt_length=64", "warmup_ratio=0.1", "use_liger_loss=True"]
+    assert (out.values["task.max_prompt_tokens"], out.values["optim.warmup_updates"]) == (64, 2)
+    assert not out.not_translated and not any("not a TRL 1.16" in line for line in _trl(max_steps=20).differs)
+
+
 def test_verl_top_k_minus_one_is_off():
     base = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}
     v = from_verl(base).values

@@ -70,10 +70,18 @@ TRL_IGNORED = re.compile(
     r"model_impl)|attn_implementation|dtype|torch_dtype|model_revision|remove_unused_columns|shuffle_dataset|"
     r"pad_to_multiple_of|cache_implementation|run_name|log_unique_prompts|log_multimodal|save_only_model|"
     r"overwrite_output_dir|ddp_.*|fsdp.*|deepspeed|per_device_eval_batch_size|disable_dropout|"
-    r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|bf16_full_eval|tf32|vllm_device|"
+    r"cast_lm_head_to_fp32|do_train|do_eval|save_safetensors|use_liger_kernel|use_liger_loss|bf16_full_eval|tf32|vllm_device|"
     r"gradient_checkpointing_kwargs|activation_checkpointing_kwargs|save_on_each_node|local_rank|use_cpu|"
     r"accelerator_config|parallelism_config|queue_maxsize|max_inflight_tasks|heartbeat_stale_after_s|request_timeout|"
     r"weight_sync_timeout|vllm_server_timeout)$")
+
+OLDER_TRL = {
+    "max_prompt_length": "translated as earlier TRL read it (prompts cut to their last tokens)",
+    "warmup_ratio": "translated as a fraction of max_steps (transformers 5 takes a float warmup_steps instead)",
+    "use_liger_loss": "a Liger kernel for the loss: a speed choice, ignored",
+}
+"""Settings earlier TRL (or transformers) versions took that TRL 1.16's ``trl grpo`` refuses: translated all the same,
+each with a line, so a config from an older TRL works and its user learns it would not run on TRL 1.16."""
 
 ASYNC_GRPO_KEYS = ("max_staleness", "weight_sync_steps", "max_inflight_tasks", "queue_maxsize", "token_budget")
 """Keys only ``trl.experimental.async_grpo.AsyncGRPOConfig`` has: a config of TRL's asynchronous trainer."""
@@ -127,6 +135,9 @@ def from_trl(given: dict[str, Any], keep_objective: bool = False, trainer: str |
 def _trl_said(peer: Peer, out: Translation) -> None:
     """Settings minirl does not carry over that change what a TRL user gets, each said: the data's order, the weights'
     dtype, where the model is written."""
+    for key, how in OLDER_TRL.items():
+        if key in peer.given:
+            out.differs.append(f"{peer.show(key)}: not a TRL 1.16 setting (its `trl grpo` refuses it); {how}")
     if peer.given.get("shuffle_dataset") is False:
         out.differs.append("shuffle_dataset=False: minirl draws prompts in a shuffled order each epoch (run.seed)")
     dtype = peer.given.get("dtype", peer.given.get("torch_dtype"))
