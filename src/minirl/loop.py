@@ -52,7 +52,7 @@ from minirl.algo.variants.gdpo import decoupled_advantages, decoupled_sum
 from minirl.algo.variants.kl_reward import adaptive_kl_coef, kl_penalized_rewards, token_kl_estimate
 from minirl.algo.variants.otb import optimal_token_advantages
 from minirl.algo.variants.rejection import rejection_keep
-from minirl.algo.variants.scored import scored_group_advantages
+from minirl.algo.variants.scored import defined_advantages, scored_group_advantages, scored_response_whiten
 from minirl.algo.variants.token_returns import masked_whiten, token_returns
 from minirl.async_rollout import RolloutAhead, engine_weights
 from minirl.batching import collate, split
@@ -472,12 +472,15 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
         scored = ~torch.isnan(summed)  # a response no function applied to: no advantage, not in the statistics
         return token_whiten(summed.nan_to_num(0.0), lengths * scored) * scored
     applied = None if sampled.reward_parts is None else ~torch.isnan(sampled.reward_parts).all(dim=1)
-    if applied is not None and not bool(applied.all()) and a.adv_baseline == "group_mean" and not a.adv_nonzero_rescale:
-        # responses no reward function scored: out of their group's statistics, advantage 0 (TRL 1.16)
+    if applied is not None and not bool(applied.all()) and a.adv_baseline in ("group_mean", "leave_one_out") \
+            and not a.adv_nonzero_rescale:  # responses no reward function scored: out of the statistics, advantage 0
         advantages = scored_group_advantages(rewards_PG, applied.view(rewards_PG.shape), a.adv_std_normalize,
-                                             std_scope=a.adv_std_scope).reshape(-1)
-        if a.adv_whiten and whiten:
-            advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
+                                             std_scope=a.adv_std_scope, baseline=a.adv_baseline).reshape(-1)
+        if a.adv_whiten and whiten:  # over the responses given one (TRL 1.16's RLOO)
+            kept = defined_advantages(applied.view(rewards_PG.shape), baseline=a.adv_baseline, std_scope=a.adv_std_scope,
+                                      std_normalize=a.adv_std_normalize).reshape(-1)
+            advantages = (token_whiten(advantages, lengths * kept) * kept if a.adv_whiten_over == "tokens"
+                          else scored_response_whiten(advantages, kept))
         return advantages
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,

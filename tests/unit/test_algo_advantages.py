@@ -373,6 +373,30 @@ def test_unscored_responses_are_out_of_their_groups_statistics_by_hand() -> None
         scored_group_advantages(torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True, True]]))
 
 
+def test_leave_one_out_over_the_scored_others_and_whitening_over_the_scored_by_hand() -> None:
+    """TRL 1.16's RLOO: the baseline is the mean of the scored others (none: advantage 0); normalize_advantages
+    whitens over the scored responses, (A - mean) / (std + 1e-4), the unscored kept at 0."""
+    from minirl.algo.variants.scored import defined_advantages, scored_group_advantages, scored_response_whiten
+
+    rewards = torch.tensor([[1.0, 0.0, 5.0, 2.0], [3.0, 4.0, 9.0, 9.0]])
+    scored = torch.tensor([[True, True, False, True], [True, False, False, False]])
+    # group 0: 1 - (0 + 2)/2 = 0, 0 - (1 + 2)/2 = -1.5, 2 - (1 + 0)/2 = 1.5; group 1: one scored, no other: 0
+    expected = torch.tensor([[0.0, -1.5, 0.0, 1.5], [0.0] * 4])
+    got = scored_group_advantages(rewards, scored, baseline="leave_one_out")
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # whitened over (0, -1.5, 1.5): mean 0, unbiased std 1.5; group 1's lone scored response has no defined advantage
+    kept = defined_advantages(scored, baseline="leave_one_out")
+    assert kept.tolist() == [[True, True, False, True], [False] * 4]
+    assert defined_advantages(scored).tolist() == scored.tolist()  # group mean: a lone response's is defined (0)
+    assert defined_advantages(scored, std_normalize=True).tolist() == kept.tolist()  # its group's std is not
+    flat = scored_response_whiten(got.reshape(-1), kept.reshape(-1))
+    torch.testing.assert_close(flat, torch.tensor([0.0, -1.5, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0]) / (1.5 + 1e-4),
+                               rtol=0, atol=1e-7)
+    assert scored_response_whiten(torch.tensor([2.0, 1.0]), torch.tensor([True, False])).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="group_mean or leave_one_out"):
+        scored_group_advantages(rewards, scored, baseline="none")
+
+
 def test_in_the_loop_unscored_responses_get_no_advantage() -> None:
     """``step_advantages``: a response whose every reward function returned None (NaN in each function's values)."""
     from types import SimpleNamespace
@@ -389,3 +413,10 @@ def test_in_the_loop_unscored_responses_get_no_advantage() -> None:
     sampled.reward_parts = torch.tensor([[1.0, nan], [nan, 0.0], [0.0, nan]])  # all scored: as before
     torch.testing.assert_close(step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])),
                                torch.tensor([2 / 3, -1 / 3, -1 / 3]))
+    # TRL's RLOO (leave-one-out, whitened over its responses): over the two scored, 1 - 0 = 1 and 0 - 1 = -1, whitened
+    # by their std sqrt(2); the unscored one stays 0
+    cfg = load_config(None, ["rollout.samples_per_prompt=3", "algo.adv_baseline=leave_one_out", "algo.adv_whiten=true",
+                             "algo.adv_whiten_over=responses"])
+    sampled.reward_parts = torch.tensor([[1.0, nan], [nan, 0.0], [nan, nan]])
+    torch.testing.assert_close(step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])),
+                               torch.tensor([1.0, -1.0, 0.0]) / (2 ** 0.5 + 1e-4))

@@ -25,12 +25,13 @@ def test_algo_fits_its_line_budget():
     ~40-80 lines each), 520 since verl's token-level returns did (REINFORCE++ and ReMax with the KL at each token,
     discounted), 580 since verl's PPO with a critic did (GAE and the clipped value loss), 630 since verl's optimal token
     baseline did (a baseline per token position, weighted by each path's energy), 670 since TRL 1.16's group baseline
-    over the scored responses did (a response no reward function scored: out of the statistics, advantage 0). A new
-    variant goes to ``variants/``."""
+    over the scored responses did (a response no reward function scored: out of the statistics, advantage 0), 700 since
+    its RLOO's did (the leave-one-out mean over the scored others, the whitening over the scored). A new variant goes
+    to ``variants/``."""
     paper = sum(len(p.read_text().splitlines()) for p in ALGO.glob("*.py"))
     variants = sum(len(p.read_text().splitlines()) for p in (ALGO / "variants").glob("*.py"))
     assert paper <= 640, f"minirl/algo/ has {paper} lines (budget 640): put what is not the paper's math in algo/variants/"
-    assert variants <= 670, f"minirl/algo/variants/ has {variants} lines (budget 670)"
+    assert variants <= 700, f"minirl/algo/variants/ has {variants} lines (budget 700)"
 
 
 def test_algo_imports_only_the_math_helpers():
