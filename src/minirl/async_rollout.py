@@ -107,7 +107,8 @@ class RolloutAhead:
 
 def _plain(step: int, s: Sampled, position: dict[int, int]) -> dict[str, Any]:
     return {"step": step, "prompts": [position[id(p)] for p in s.prompts],
-            "completions": [dataclasses.asdict(dataclasses.replace(c, environment=None)) for c in s.completions],
+            "completions": [dataclasses.asdict(dataclasses.replace(c, environment=None, environment_prompt=None))
+                            for c in s.completions],  # scored already: the instance and its prompt are not needed
             "rewards": s.rewards,
             "reward_stats": dict(s.reward_stats), "columns": json.dumps(s.columns, default=str),
             "generated_tokens": s.generated_tokens, "reward_parts": s.reward_parts, "part_weights": s.part_weights,

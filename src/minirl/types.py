@@ -89,6 +89,8 @@ class Completion:
     tool_calls: int = 0  # ``task.tools``: calls the model wrote in this response (run or not)
     tool_failures: int = 0  # ``task.tools``: of those, calls that failed (malformed, unknown tool, raised)
     environment_reward: float | None = None  # ``task.environment``: its ``get_reward()`` once the response ended
+    environment_prompt: Any = None  # ``task.environment``: the ``Prompt`` its ``reset()`` added text to, what the reward
+    # functions are shown (TRL's ``prompts``); None: the row's own
     tool_extra_fields: dict[str, Any] | None = None  # ``task.tool_config``: verl's ``tool_extra_fields`` (the tools'
     # ``extra_fields``, ``turn_scores``, ``tool_rewards``), for reward functions' ``extra_info``
     environment: Any = field(default=None, repr=False, compare=False)  # ``task.environment``: the rollout's instance,

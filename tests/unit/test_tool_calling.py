@@ -491,6 +491,11 @@ def where(completions, environments, **kwargs):
 def from_kwargs(completions, **kwargs):
     """TRL's other way to read them: every reward function gets environments=, a **kwargs one too."""
     return [float(env.total) for env in kwargs["environments"]]
+
+
+def saw_reset(prompts, completions):
+    """TRL shows the reward functions the prompt with the reset()'s text (scored in a worker: no environments)."""
+    return [float(p[-1]["content"].endswith("(count to 3)")) for p in prompts]
 '''
 
 
@@ -516,6 +521,7 @@ def test_reward_functions_taking_environments_get_the_rollouts_instances(tokeniz
     functions = json.dumps([{"function": f"{tmp_path / 'env_rewards.py'}:counted"},
                             {"function": f"{tmp_path / 'env_rewards.py'}:where", "weight": 0.0},
                             {"function": f"{tmp_path / 'env_rewards.py'}:from_kwargs", "weight": 0.0},
+                            {"function": f"{tmp_path / 'env_rewards.py'}:saw_reset", "weight": 0.0},
                             {"function": f"{EXAMPLES / 'tool_calling' / 'rewards.py'}:used_a_tool", "weight": 0.0}])
     cfg = load_config(None, ["task.kind=jsonl", f"task.path={EXAMPLES / 'tool_calling' / 'data' / 'train.jsonl'}",
                              f"task.reward_functions={functions}", "task.reward_timeout_s=10"])
@@ -524,6 +530,7 @@ def test_reward_functions_taking_environments_get_the_rollouts_instances(tokeniz
         rewards, stats = runner.score(prompts, out)
     assert rewards.tolist() == [3.0] * 4 and stats["reward/where/mean"] == float(os.getpid())
     assert stats["reward/from_kwargs/mean"] == 3.0
+    assert stats["reward/saw_reset/mean"] == 0.5  # the first prompt's two rollouts: "(count to 3)"; the second's: 5
     assert stats["reward/used_a_tool/mean"] == pytest.approx(0.1)
     assert "environment" not in _completion_state(out[0])
     from minirl.async_rollout import _plain
@@ -532,7 +539,7 @@ def test_reward_functions_taking_environments_get_the_rollouts_instances(tokeniz
     kept = _plain(1, Sampled(prompts=prompts, completions=out, rewards=rewards, reward_stats={}, columns=[],
                              generated_tokens=0),
                   {id(p): n for n, p in enumerate(prompts)})
-    assert all(c["environment"] is None for c in kept["completions"])
+    assert all(c["environment"] is None and c["environment_prompt"] is None for c in kept["completions"])
 
 
 def test_named_environments_pick_by_row_and_show_their_own_tools(tokenizer, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ An environment is a class (or any factory) whose instances hold the state of one
     class Counter:
         def reset(self, **row):              # before each rollout, with the data row's fields (prompt, answer, ...)
             self.total = 0
-            return "Count to 3."             # None, or text appended to the prompt's last message
+            return "Count to 3."             # None, or text appended to the prompt's last message (the reward
+                                             # functions' prompts too, as TRL's)
         def add(self, n: int) -> int:        # every public method is a tool (type hints and a docstring, as tools)
             \"\"\"Add n to the total.
 

@@ -615,6 +615,7 @@ class ToolCalling:
                                                                                  response.environment_name)
         return replace(c, text=text, messages=response.messages, tool_calls=response.calls,
                        tool_failures=response.failures, environment_reward=score, environment=response.environment,
+                       environment_prompt=None if self.environments is None else response.prompt,
                        tool_extra_fields=None if response.agent is None else response.agent.tool_extra_fields())
 
 

@@ -233,10 +233,11 @@ class RewardRunner:
         scores = [None if isinstance(item, tuple) else getattr(item, "environment_reward", None) for item in completions]
         fields = [None if isinstance(item, tuple) else getattr(item, "tool_extra_fields", None) for item in completions]
         instances = [None if isinstance(item, tuple) else getattr(item, "environment", None) for item in completions]
+        reset = [None if isinstance(item, tuple) else getattr(item, "environment_prompt", None) for item in completions]
         with self._lock:
-            if self.functions:
-                samples = [sample_of(prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n], fields[n],
-                                     instances[n])
+            if self.functions:  # an environment's rollout: its prompt with the reset()'s text (TRL's)
+                samples = [sample_of(reset[n] or prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n],
+                                     fields[n], instances[n])
                            for n, (index, text) in enumerate(pairs)]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]
