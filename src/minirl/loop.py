@@ -396,7 +396,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
     last_good: Path | None = Path(resume_from) if resume_from is not None else None
     try:
         if state is None:
-            tell_progress(run.rewards, 0, cfg)
+            tell_progress(run.rewards, 0, cfg, len(run.prompts))
             eval_before = eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=0)
             logger.log(0, {**eval_before, **data_metrics(run.task)})
         else:
@@ -412,7 +412,7 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
             for reason in run.faults:
                 logger.print(f"step {step}: {reason}")
             if step == last or (cfg.eval.every_steps and step % cfg.eval.every_steps == 0):
-                tell_progress(run.rewards, step * cfg.updates_per_step, cfg)
+                tell_progress(run.rewards, step, cfg, len(run.prompts))
                 eval_metrics = evaluate(run.engine, run.rewards, run.task, cfg, step=step)
                 metrics.update(eval_metrics)
             logger.log(step, metrics)
@@ -829,7 +829,7 @@ def rollout_and_score(run: Run, step: int, record_routes: bool, clock: _Clock) -
         return completions
 
     def score(prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float], Any, Any]:
-        tell_progress(run.rewards, (step - 1) * cfg.updates_per_step, cfg)
+        tell_progress(run.rewards, step - 1, cfg, len(run.prompts))
         rewards, stats = score_completions(run.rewards, prompts, completions)
         clock.lap("reward")
         return rewards, stats, getattr(run.rewards, "last_columns", None), getattr(run.rewards, "last_parts", None)
@@ -967,13 +967,15 @@ def rollout_sampling(cfg: Config, step: int, round_index: int = 0) -> SamplingPa
                           seed=cfg.run.seed * 100_003 + step + round_index * 1_000_003)
 
 
-def tell_progress(rewards: Any, updates: int, cfg: Config) -> None:
-    """The training progress TRL hands reward functions as ``trainer_state`` (gradient updates done, and
-    the run's total), on a reward source that takes it (the task's ``RewardRunner``)."""
+def tell_progress(rewards: Any, steps_done: int, cfg: Config, train_prompts: int) -> None:
+    """The training progress TRL hands reward functions as ``trainer_state`` (gradient updates done, the run's total,
+    and epochs done over the ``train_prompts``), on a reward source that takes it (the task's ``RewardRunner``)."""
     if hasattr(rewards, "trainer_state"):
         from minirl.tasks.reward_functions import TrainerState
 
-        rewards.trainer_state = TrainerState(updates, cfg.optim.global_steps * cfg.updates_per_step)
+        epoch = steps_done * cfg.rollout.prompts_per_step / max(train_prompts, 1)
+        rewards.trainer_state = TrainerState(steps_done * cfg.updates_per_step, cfg.optim.global_steps * cfg.updates_per_step,
+                                             epoch)
 
 
 def score_completions(rewards: Any, prompts: list[Prompt], completions: list[Completion]) -> tuple[torch.Tensor, dict[str, float]]:

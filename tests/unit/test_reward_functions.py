@@ -210,19 +210,21 @@ def test_trl_trainer_state_reaches_reward_functions(timeout_s: float | None) -> 
 
 def test_the_loop_tells_reward_functions_its_progress(tmp_path: Path) -> None:
     """TRL's ``trainer_state.global_step`` = gradient updates before the completions were scored: (step - 1) x N
-    for a training step's rollouts, step x N for the evaluation after it; ``max_steps`` = global steps x N."""
+    for a training step's rollouts, step x N for the evaluation after it; ``max_steps`` = global steps x N; ``epoch``
+    = the steps' prompts over the training prompts (transformers' fraction)."""
     import torch
 
     import minirl.loop as loop
     from minirl.config import load_config
 
-    seen: list[tuple[int, int, int]] = []
+    seen: list[tuple[int, int, int, float]] = []
 
     class Recorder:
         trainer_state = None
 
         def score(self, prompts, completions):
-            seen.append((len(completions), self.trainer_state.global_step, self.trainer_state.max_steps))
+            state = self.trainer_state
+            seen.append((len(completions), state.global_step, state.max_steps, state.epoch))
             return torch.zeros(len(completions)), {}
 
         def close(self) -> None:
@@ -236,8 +238,9 @@ def test_the_loop_tells_reward_functions_its_progress(tmp_path: Path) -> None:
         "eval.samples_per_prompt=2", "cold_start.enabled=false", "log.console=false", "run.threads=1",
         f"run.output_dir={tmp_path}", "checkpoint.every_steps=0"])
     loop.train(cfg, rewards=Recorder())
-    # eval before RL (0 updates), step 1 (0), step 2 (2), eval after step 2 (4), step 3 (4), final eval (6)
-    assert seen == [(4, 0, 6), (4, 0, 6), (4, 2, 6), (4, 4, 6), (4, 4, 6), (4, 6, 6)]
+    # eval before RL (0 updates), step 1 (0), step 2 (2), eval after step 2 (4), step 3 (4), final eval (6); the
+    # epoch: 2 of the 16 training prompts a step, 1/8 of an epoch
+    assert seen == [(4, 0, 6, 0.0), (4, 0, 6, 0.0), (4, 2, 6, 0.125), (4, 4, 6, 0.25), (4, 4, 6, 0.25), (4, 6, 6, 0.375)]
 
 
 def test_rollout_dump_and_replay_pass_the_progress_on(tmp_path: Path) -> None:

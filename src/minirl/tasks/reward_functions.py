@@ -40,7 +40,8 @@ is awaited per sample as slime's rollout calls it, ``(args, samples)`` (or the e
 from-slime`` carries over; None for any other). A dict it returns gives its ``reward_key`` entry (``score`` by default).
 
 Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
-updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps), for rewards
+updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps; ``trainer_state.epoch``: passes
+over the training prompts, a float), for rewards
 shaped by training progress. A batched TRL function also gets TRL's ``log_metric(name, value)`` (its mean
 logged as ``reward/<name>/<metric>``) and ``log_extra(column, values)`` (one value per sample, written with
 the samples to ``samples.jsonl``): ``TrlLogs``.
@@ -150,6 +151,9 @@ class TrainerState:
     """Gradient updates done before these completions were scored (TRL's optimizer steps)."""
     max_steps: int = 0
     """Gradient updates of the whole run (``optim.global_steps`` x ``minibatches_per_step`` x ``epochs_per_step``)."""
+    epoch: float = 0.0
+    """Passes over the training prompts before these completions were scored, a fraction within one (transformers'
+    ``state.epoch``: global steps done x ``rollout.prompts_per_step`` / training prompts)."""
 
 
 @dataclass
