@@ -121,8 +121,9 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
     summary = rl_train(cfg, start_from=start_from, resume_from=resume_from, dump_rollouts=dump_rollouts,
                        rollouts_from=rollouts_from, run_dir_held=True)
     console.print(
-        f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy "
-        f"before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  run dir {summary.run_dir}"
+        f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy (reward >= "
+        f"{cfg.eval.accuracy_threshold:g}) before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  "
+        f"run dir {summary.run_dir}"
     )
     return summary
 

@@ -37,7 +37,7 @@ def test_train_with_cold_start_writes_a_complete_run(tmp_path, replay, minibatch
         "diagnostics.every_steps=2", *extra,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "held-out accuracy before RL" in proc.stderr and "run dir" in proc.stderr
+    assert "held-out accuracy (reward >= 1) before RL" in proc.stderr and "run dir" in proc.stderr
     run = tmp_path / "e2e"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
