@@ -40,6 +40,28 @@ from minirl.config import Config, ConfigError, apply_override, format_error, loa
 DatasetLike = Any  # datasets.Dataset | datasets.DatasetDict | list[dict] | str | Path
 
 
+def _short_for_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` raising a user's mistake (a bad key, file, model directory or data row: ``minirl.cli.user_errors``) with
+    the traceback cut to the caller's line, as the CLI's one line: the message says what to mend, minirl's frames
+    would not. A reward function or environment that raised keeps its whole traceback (the user's own code)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from minirl.cli import user_errors
+        from minirl.rollout.environments import EnvironmentFailure
+        from minirl.tasks.rewards import RewardFunctionError
+
+        try:
+            return fn(*args, **kwargs)
+        except user_errors() as exc:
+            if isinstance(exc, (RewardFunctionError, EnvironmentFailure)):
+                raise
+            raise exc.with_traceback(None) from None
+
+    return wrapper
+
+
+@_short_for_user_errors
 def train(config: str | Path | Config | None = None, *overrides: str, model: str | Path | None = None,
           train_dataset: DatasetLike = None, eval_dataset: DatasetLike = None,
           reward_funcs: Sequence[Callable[..., Any] | str] | None = None, reward_weights: Sequence[float] | None = None,

@@ -74,7 +74,7 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
+def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'the user's input is wrong' (reported in one line)."""
     errors: list[type[BaseException]] = [ConfigError]
     for module, name in (
@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         if distributed is not None and isinstance(exc, distributed.WorkerError):
             print(f"minirl: error: {exc}", file=sys.stderr)  # a trainer rank or engine failed: one line
             return 1
-        if not isinstance(exc, _user_errors()):
+        if not isinstance(exc, user_errors()):
             raise
         print(f"minirl: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -108,6 +108,13 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
         _configure(None, ["optim.lr=fast"], None, None, None, None, None)
     with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset, a list of row dicts"):
         _configure(None, [], None, 42, None, None, None)
+    # through minirl.train, a mistake's traceback stops at the call: the message is what to mend, not minirl's frames
+    import minirl
+
+    with pytest.raises(ConfigError, match=r"^optim.lr") as error:
+        minirl.train(None, "optim.lr=fast")
+    frames = [entry.name for entry in error.traceback]
+    assert frames[-1] == "wrapper" and "_configure" not in frames and error.value.__suppress_context__
 
 
 @dataclasses.dataclass

@@ -199,9 +199,9 @@ def test_unsupported_models_are_refused_in_one_line():
 
 
 def test_the_cli_reports_an_unsupported_model_in_one_line():
-    from minirl.cli import _user_errors
+    from minirl.cli import user_errors
 
-    assert issubclass(pf.PaddingFreeError, _user_errors())
+    assert issubclass(pf.PaddingFreeError, user_errors())
 
 
 def test_a_linear_attention_family_is_refused_at_its_first_forward():
