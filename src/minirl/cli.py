@@ -502,6 +502,9 @@ def _stacks_on_sigusr1() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["config"] and argv[1:2] in (["from-trl"], ["from-verl"], ["from-slime"]) and \
+            any(word in ("-h", "--help") for word in argv[2:]):  # before the peer's words take them as settings
+        argv = ["config", "--help"]
     if argv[:2] == ["config", "from-trl"]:  # `trl grpo --config FILE --learning_rate 1e-6 ...` as TRL users type it
         argv = argv[:2] + trl_command_line(argv[2:])
     slime = None

@@ -123,6 +123,9 @@ class RewardFunctionConfig(Section):
     key: str | None = Field(None, description="the entry of the function's returned dict that is this reward (verl's "
                             "algorithm.gdpo_reward_keys: one entry per key); its other numbers are logged; null: "
                             "verl's 'score' (slime's: kwargs.reward_key)")
+    convention: Literal["auto", "slime"] = Field("auto", description="how it is called: auto (TRL's or verl's by its "
+                                                 "parameters' names, slime's when they are (args, sample)) | slime "
+                                                 "(fn(args, sample) whatever they are named; from-slime writes it)")
 
     @model_validator(mode="after")
     def _function_or_model(self) -> RewardFunctionConfig:
@@ -186,8 +189,9 @@ class TaskConfig(Section):
     prompt_column: str = "prompt"
     """Data column holding the prompt: a string, or a chat (TRL's ``[{"role": ..., "content": ...}]``)."""
     answer_column: str = "answer"
-    """Data column holding the reference answer (optional when user reward functions are given); a dotted
-    name reads a field of an object column. A verl data file needs none: without an ``answer`` column
+    """Data column holding the reference answer (optional when user reward functions are given, unless named
+    here: a column other than ``answer`` must be in every row, as slime's ``--label-key``); a dotted name reads a field of an object
+    column. A verl data file needs none: without an ``answer`` column
     the default reads verl's ``reward_model.ground_truth``."""
     system_prompt: str | None = None
     """Data task: a system message before every prompt, a text prompt becoming the chat [system, user] and a chat

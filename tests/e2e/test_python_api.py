@@ -51,7 +51,7 @@ def test_a_trl_style_script_trains_with_rows_and_its_own_reward_function(tmp_pat
     assert result["steps"] == 2 and 0.0 <= result["after"] <= 1.0
     saved = yaml.safe_load((tmp_path / "runs" / "first" / "config.yaml").read_text())
     assert saved["task"]["reward_functions"] == [{"function": "__main__:correct", "model": None, "weight": 1.0, "batched": None,
-                                                  "name": None, "kwargs": {}, "key": None}]
+                                                  "name": None, "kwargs": {}, "key": None, "convention": "auto"}]
     assert saved["task"]["reward_timeout_s"] is None and saved["task"]["kind"] == "jsonl"
     data = Path(tmp_path / saved["task"]["path"])
     assert data.parent == tmp_path / "runs" / "_datasets" and len(list(data.parent.iterdir())) == 1  # saved once

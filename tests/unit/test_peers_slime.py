@@ -542,6 +542,100 @@ def test_a_custom_reward_is_called_as_slime_calls_it(tmp_path: Path, monkeypatch
     assert asyncio.iscoroutinefunction(score)
 
 
+def test_a_slime_sample_is_slimes_and_a_group_rm_gets_one_group_per_call(tmp_path: Path):
+    """slime's Sample: the label as stored (a dict stays one), tokens = the prompt's and the response's, index and
+    group_index, TRUNCATED at the budget; --group-rm: one call per prompt's group, the values back in the samples'
+    order; an async def's samples awaited together (each waits for all to have started: one at a time would hang)."""
+    from minirl.tasks.jsonl import ColumnMap, TaskDataError, _row_to_prompt
+    from minirl.tasks.reward_functions import sample_of
+    from minirl.tasks.slime_types import Sample as SlimeSample
+
+    row = _row_to_prompt({"prompt": "q", "label": {"ground_truth": {"target": ["1"]}}}, "f:1",
+                         ColumnMap(answer="label", answer_required=False, answer_named=True))
+    samples = [sample_of(row, text, [7, 8], prompt_ids=[1, 2, 3], index=n, group_index=group, truncated=n == 0)
+               for n, (text, group) in enumerate([("a", 0), ("b", 1), ("c", 0), ("d", 1)])]
+    seen: list = []
+
+    async def rm(arguments, smp, **kwargs):  # any names: the entry says slime's convention
+        seen.append(smp)
+        started.append(1)
+        await asyncio.wait_for(all_started.wait(), 5)  # every sample's call is running at once
+        return float(smp.index)
+
+    async def group_rm(args, samples, **kwargs):
+        return [len(samples) * 10 + s.index for s in samples]
+
+    started: list = []
+    all_started = asyncio.Event()
+
+    async def watch():
+        while len(started) < 4:
+            await asyncio.sleep(0.01)
+        all_started.set()
+
+    from minirl.tasks.reward_functions import background_loop
+    asyncio.run_coroutine_threadsafe(watch(), background_loop())
+    fn = make_reward_fn(rm, kwargs={"label_key": "label"}, convention="slime")
+    assert fn.slime and fn.awaited and fn.score_each(samples) == [("ok", 0.0), ("ok", 1.0), ("ok", 2.0), ("ok", 3.0)]
+    first = next(s for s in seen if s.index == 0)
+    assert isinstance(first, SlimeSample) and first.label == {"ground_truth": {"target": ["1"]}}
+    assert (first.tokens, first.response_length, first.group_index) == ([1, 2, 3, 7, 8], 2, 0)
+    assert first.status is SlimeSample.Status.TRUNCATED
+    assert next(s for s in seen if s.index == 3).status is SlimeSample.Status.COMPLETED
+    grouped = make_reward_fn(group_rm, batched=True, convention="slime")
+    assert grouped.score(samples) == [20.0, 21.0, 22.0, 23.0]  # two samples a call, back in the samples' order
+    with pytest.raises(TaskDataError, match=r'^f:2: field "label" is missing'):  # slime's data[label_key]: KeyError
+        _row_to_prompt({"prompt": "q"}, "f:2", ColumnMap(answer="label", answer_required=False, answer_named=True))
+
+
+def test_a_custom_config_reaches_the_reward_functions_args(tmp_path: Path):
+    """--custom-config-path: slime sets each key on args after the flags; its flags are translated, the rest reach the
+    reward function's args (not "not translated"); a file that is not there is one line."""
+    custom = tmp_path / "custom.yaml"
+    custom.write_text("eps_clip_high: 0.3\nmy_threshold: 0.5\n")
+    given = BASE | read_slime([], ["--custom-rm-path", "my_rm.score", "--custom-config-path", str(custom)])
+    out = from_slime(given)
+    entry = out.values["task.reward_functions"][0]
+    assert entry["convention"] == "slime" and entry["kwargs"]["my_threshold"] == 0.5 and out.values["algo.eps_high"] == 0.3
+    assert out.values["task.reward_timeout_s"] is None
+    assert not any("threshold" in line or "custom-config" in line for line in out.not_translated), out.not_translated
+    assert any("its keys (eps_clip_high, my_threshold) are on the reward function's args" in line for line in out.differs)
+    with pytest.raises(ConfigError, match=r"^--custom-config-path .*nope.yaml: no such file"):
+        read_slime([], ["--rollout-batch-size", "4", "--custom-config-path", str(tmp_path / "nope.yaml")])
+
+
+@pytest.mark.parametrize("flags, words", [
+    ({"use-rollout-logprobs": True, "use-tis": True}, "use_rollout_logprobs and use_tis cannot be set"),
+    ({"kl-coef": 0.01, "kl-loss-coef": 0.01}, "only one of kl_coef and kl_loss_coef"),
+    ({"advantage-estimator": "reinforce_plus_plus"}, "requires --normalize-advantages"),
+    ({"eval-interval": 5}, "evaluation datasets must be configured"),
+])
+def test_what_slime_refuses_is_refused(flags, words):
+    with pytest.raises(ConfigError, match=rf"^slime refuses these settings: .*{re.escape(words)}"):
+        from_slime(BASE | flags)
+
+
+def test_a_reward_file_importing_slimes_sample_gets_the_stand_in(tmp_path: Path, monkeypatch):
+    """``from slime.utils.types import Sample`` where slime is not installed: minirl's stand-in, said once; another
+    slime module is one line."""
+    import sys
+
+    from minirl.tasks.rewards import RewardSpecError, load_reward_function
+    from minirl.tasks.slime_types import Sample as SlimeSample
+
+    for name in ("slime", "slime.utils", "slime.utils.types"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    (tmp_path / "typed_rm.py").write_text("from slime.utils.types import Sample\n\n"
+                                          "async def rm(args, sample):\n    return float(isinstance(sample, Sample))\n")
+    (tmp_path / "hub_rm.py").write_text("from slime.rollout.rm_hub import grade\n")
+    fn = make_reward_fn(load_reward_function(f"{tmp_path / 'typed_rm.py'}:rm"))
+    assert fn.score([Sample("q", "a", "a")]) == [1.0] and sys.modules["slime.utils.types"].Sample is SlimeSample
+    with pytest.raises(RewardSpecError, match=r"it imports slime.rollout, and slime is not installed here"):
+        load_reward_function(f"{tmp_path / 'hub_rm.py'}:grade")
+    for name in ("slime", "slime.utils", "slime.utils.types"):
+        sys.modules.pop(name, None)
+
+
 def test_built_in_rm_types():
     assert slime_rewards.dapo(None, "so the sum is 12.\nAnswer: 12", "12") == {"score": 1.0, "acc": 1.0}
     assert slime_rewards.dapo(None, "Answer: 13", 12)["score"] == -1.0  # a label stored as a number

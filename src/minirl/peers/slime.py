@@ -231,6 +231,7 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     inside a block)."""
     given = dict(given)
     sourced, script = given.pop("$sourced", []), str(given.pop("$script", "train.py"))
+    custom = given.pop("$custom_config", {})  # --custom-config-path's keys: set on slime's args, as its reward reads
     conditional = given.pop("$conditional", [])
     peer, out = SlimePeer(given, SLIME_DEFAULTS), Translation("slime")
     out.differs += conditional
@@ -239,8 +240,9 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
     if sourced:
         out.ignored.append(f"{', '.join(sourced)} (arrays the script expands but does not set: a sourced file's, such as "
                            "Megatron's model flags, which minirl reads from --hf-checkpoint's config.json, or empty ones)")
+    _check_slime_refusals(peer)
     _slime_model_and_data(peer, out)
-    _slime_rewards(peer, out)
+    _slime_rewards(peer, out, custom)
     n = _slime_batch(peer, out)
     _slime_optimizer(peer, out, n)
     _slime_lora(peer, out)
@@ -254,8 +256,29 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
         out.ignored.append(f"--eps-clip-c (no dual clip in slime's {'REINFORCE' if peer('pg-loss-type') == 'reinforce' else 'CISPO'} "
                            "loss: it has no effect there)")
     _slime_cluster(peer, out)
+    peer("custom-config-path")  # read before the translation (read_slime): its keys are among the flags
+    if custom and peer("custom-rm-path"):  # on the reward function's args: read, whatever minirl makes of them
+        peer.read |= {key.replace("_", "-") for key in custom}
     leftovers(peer, out, SLIME_IGNORED, prefix="--")
     return out
+
+
+SLIME_REFUSALS = (
+    (lambda peer: peer("use-rollout-logprobs") and peer("use-tis"), "use_rollout_logprobs and use_tis cannot be set at "
+     "the same time"),
+    (lambda peer: peer("kl-coef") and peer("kl-loss-coef"), "only one of kl_coef and kl_loss_coef can be set"),
+    (lambda peer: peer("advantage-estimator") == "reinforce_plus_plus" and not peer("normalize-advantages"),
+     "--advantage-estimator reinforce_plus_plus requires --normalize-advantages"),
+    (lambda peer: peer("eval-interval") and not (peer("eval-prompt-data") or peer("eval-config")),
+     "evaluation datasets must be configured when --eval-interval is set (--eval-prompt-data or --eval-config)"),
+)
+"""Combinations slime's ``slime_validate_args`` asserts against: refused here too, in its words."""
+
+
+def _check_slime_refusals(peer: SlimePeer) -> None:
+    for refused, why in SLIME_REFUSALS:
+        if refused(peer):
+            raise ConfigError(f"slime refuses these settings: {why}")
 
 
 def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
@@ -290,6 +313,10 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
     if peer("tool-key") != "tools":  # the schemas slime renders into a row's prompt; minirl reads a "tools" column
         out.not_translated.append(f"{peer.show('tool-key')}: minirl renders a row's tool schemas from its 'tools' "
                                   "column: rename the column (the functions themselves: task.tools)")
+    if data and not (peer("eval-prompt-data") or peer("eval-config")):
+        out.differs.append("no --eval-prompt-data: minirl evaluates before and after training on task.eval_fraction (10%) "
+                           "of the training rows, held out; slime trains on all of them (give task.eval_path to keep "
+                           "every row for training)")
     if data and not peer("rollout-shuffle"):
         out.differs.append("--rollout-shuffle unset: slime takes the prompts in the file's order, minirl in a seeded "
                            "shuffle of them each epoch")
@@ -304,19 +331,30 @@ def _row_slice(data: str) -> tuple[str, slice | None]:
     return match.group(1), slice(start, end)
 
 
-def _slime_rewards(peer: SlimePeer, out: Translation) -> None:
-    """``--custom-rm-path module.function`` (called as slime calls it: ``minirl.tasks.reward_functions``) or a built-in
-    ``--rm-type``."""
+def _slime_rewards(peer: SlimePeer, out: Translation, settings: dict[str, Any]) -> None:
+    """``--custom-rm-path module.function`` (called as slime calls it: ``minirl.tasks.reward_functions``; ``settings``:
+    ``--custom-config-path``'s keys, on its ``args`` too) or a built-in ``--rm-type``."""
     custom, kind = peer("custom-rm-path"), peer("rm-type")
     if custom:
         module, _, name = str(custom).rpartition(".")
-        entry: dict[str, Any] = {"function": f"{module}:{name}"}
+        entry: dict[str, Any] = {"function": f"{module}:{name}", "convention": "slime"}
         if peer("group-rm"):
             entry["batched"] = True
         args = {key.replace("-", "_"): peer(key) for key in SLIME_RM_ARGS if peer(key) is not None}
+        args |= settings  # as slime's setattr(args, key, value), under the YAML's own names
         if args:  # what a slime reward function reads from its args
             entry["kwargs"] = args
         out.set("task.reward_functions", [entry], peer.show("custom-rm-path", "group-rm"))
+        if settings:
+            out.differs.append(f"{peer.show('custom-config-path')}: its keys ({', '.join(settings)}) are on the reward "
+                               "function's args, as slime sets them; those that are slime flags are translated as flags")
+        if peer("group-rm"):
+            out.differs.append(f"{peer.show('group-rm')}: the function gets each prompt's group of samples in a call, as "
+                               "slime's; the groups' calls are awaited together")
+        out.set("task.reward_timeout_s", None, peer.show("custom-rm-path") + " (slime sets no time limit on a reward call)")
+        out.differs.append(f"{peer.show('custom-rm-path')}: no time limit on a reward call, as in slime "
+                           "(task.reward_timeout_s: null; it runs in the trainer's process, an async def's samples "
+                           "awaited together): give seconds to have a call that hangs killed")
         out.differs.append(f"{peer.show('custom-rm-path')}: minirl calls it with slime's (args, sample); sample.prompt "
                            "is the row's prompt as written (a chat stays a list of messages, not the templated text) and "
                            "args holds the flags a reward function reads (hf_checkpoint, reward_key, rm_type, ...)")
@@ -954,6 +992,14 @@ def read_slime(paths: list[str], words: list[str]) -> dict[str, Any]:
         else:
             given.update(script_flags(Path(path)))
     given.update(parse_flags(words))
+    custom = given.get("custom-config-path")
+    if custom:  # slime sets each of its keys on args after parsing the flags (slime_validate_args): they win
+        if not Path(str(custom)).is_file():
+            raise ConfigError(f"--custom-config-path {custom}: no such file (slime reads it at start; run the "
+                              "translation where the script runs, or give its path)")
+        values = read_yaml(str(custom))
+        given.update({str(key).replace("_", "-"): value for key, value in values.items()})
+        given["$custom_config"] = {str(key): value for key, value in values.items()}
     return given
 
 

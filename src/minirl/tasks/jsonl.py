@@ -147,6 +147,7 @@ class JsonlTask:
         prompt_column: str = "prompt",
         answer_column: str = "answer",
         answer_required: bool = True,
+        answer_named: bool = False,
         plain_chat: bool = False,
         dataset_config: str | None = None,
         train_split: str = "train",
@@ -167,7 +168,8 @@ class JsonlTask:
         read: dict[str, Any] = dict(
             on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
             count_tokens=count_tokens, skipped=self.skipped_reasons,
-            columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat, system_prompt, chat_prompts),
+            columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat, system_prompt, chat_prompts,
+                              answer_named),
         )
         rows = [row for p in paths for row in read_jsonl_prompts(p, split=train_split, config=dataset_config, **read)]
         if eval_path is not None or eval_split is not None:  # held-out files, or a split of the dataset directories
@@ -305,7 +307,8 @@ def _check_length(
 @dataclass(frozen=True)
 class ColumnMap:
     """Which data columns hold the prompt and the answer (``task.prompt_column`` / ``answer_column``);
-    ``answer_required=False`` lets rows without one through (user reward functions may not need it);
+    ``answer_required=False`` lets rows without one through (user reward functions may not need it), unless the
+    column is named (``answer_named``: ``task.answer_column`` given);
     ``plain_chat``: chat prompts become their plain text (``task.chat_template=plain``); ``system_prompt`` /
     ``chat_prompts``: text prompts become chats (with that system message first; ``task.system_prompt``)."""
 
@@ -315,6 +318,7 @@ class ColumnMap:
     plain_chat: bool = False
     system_prompt: str | None = None
     chat_prompts: bool = False
+    answer_named: bool = False
 
 
 def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Prompt:
@@ -327,8 +331,8 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
         raise TaskDataError(f'{where}: field "{prompt_key}" is missing')
     answer_key = _answer_key(row, answer_key)
     found, answer = lookup_column(row, answer_key)
-    if not found and columns.answer_required:
-        raise TaskDataError(f'{where}: field "{answer_key}" is missing')
+    if not found and (columns.answer_required or columns.answer_named):  # a column named is every row's (slime's
+        raise TaskDataError(f'{where}: field "{answer_key}" is missing')  # --label-key: a KeyError there)
     messages = _prompt_messages(row[prompt_key], where, prompt_key, columns)
     prompt = row[prompt_key] if messages is None else flatten_messages(messages)
     if not columns.answer_required and (answer is None or isinstance(answer, (list, dict))):
@@ -338,8 +342,9 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
     else:
         answer_text = _answer_text(answer, where, answer_key)
     extra = {key: value for key, value in row.items() if key not in (prompt_key, answer_key)}
-    if found and isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        extra[answer_key] = answer  # TRL passes a column as stored: a batched reward function reads the number
+    if found and ((isinstance(answer, (int, float)) and not isinstance(answer, bool))
+                  or (isinstance(answer, (list, dict)) and answer_key in row)):
+        extra[answer_key] = answer  # TRL and slime pass a column as stored: a number, a list or an object stays one
     media = next((key for key in MEDIA_COLUMNS if _holds_media(extra.get(key))), None)
     if media is not None:
         raise TaskDataError(f'{where}: field "{media}" holds images or videos; minirl trains text models (drop the '

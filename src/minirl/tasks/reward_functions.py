@@ -168,6 +168,10 @@ class Sample:
     trainer_state: TrainerState | None = None
     messages: list[dict[str, Any]] | None = None  # ``task.tools``: the completion as chat messages, calls and results
     environment: Any = None  # ``task.environment``: the rollout's instance, for functions taking ``environments``
+    prompt_ids: list[int] = field(default_factory=list)  # the prompt's token ids (slime's ``Sample.tokens`` begin so)
+    index: int = 0  # its place among the samples scored together (slime's ``Sample.index``)
+    group_index: int = 0  # its prompt's place among them: a group's samples share it (slime's ``group_index``)
+    truncated: bool = False  # cut at the response budget (finish ``length``; slime's ``Status.TRUNCATED``)
 
     def __getstate__(self) -> dict[str, Any]:  # sent to a worker without its environment (scored here: not needed)
         return {**self.__dict__, "environment": None}
@@ -176,11 +180,12 @@ class Sample:
 def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (),
               trainer_state: TrainerState | None = None, messages: list[dict[str, Any]] | None = None,
               environment_reward: float | None = None, tool_extra_fields: dict[str, Any] | None = None,
-              environment: Any = None) -> Sample:
+              environment: Any = None, **place: Any) -> Sample:
     """The ``Sample`` of ``completion`` to ``prompt``: its columns are ``meta`` less ``source``; ``messages``: the
     completion's chat messages when it called tools (``Completion.messages``); ``environment_reward``: its
     environment's score (``task.environment``), and ``tool_extra_fields``: verl's tools' (``task.tool_config``), one
-    more column each; ``environment``: the rollout's instance (``Sample.environment``)."""
+    more column each; ``environment``: the rollout's instance (``Sample.environment``); ``place``: ``prompt_ids``,
+    ``index``, ``group_index`` and ``truncated`` (``Sample``'s)."""
     columns = {key: value for key, value in (getattr(prompt, "meta", None) or {}).items() if key != "source"}
     if environment_reward is not None:
         columns["environment_reward"] = environment_reward
@@ -188,7 +193,8 @@ def sample_of(prompt: Prompt, completion: str, completion_ids: Sequence[int] = (
         columns["tool_extra_fields"] = tool_extra_fields
     prompt_messages = getattr(prompt, "messages", None)
     shown = prompt_messages if prompt_messages is not None else prompt.text
-    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages, environment)
+    return Sample(shown, completion, prompt.answer, list(completion_ids), columns, trainer_state, messages, environment,
+                  **place)
 
 
 @dataclass
@@ -244,17 +250,43 @@ class RewardFn:
 
     def _score_one(self, sample: Sample) -> float | None:
         try:
-            if self.slime:
-                value = resolve(self.fn(SlimeArgs(self.kwargs), slime_sample(sample, self.kwargs)))
-            elif self.verl:
-                value = resolve(self.fn(**self.keywords(verl_keywords(sample))))
-            else:
-                kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids,
-                                        **_progress(sample.trainer_state)})
-                value = resolve(self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs))
+            value = resolve(self._call(sample))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
         return self._checked(value)
+
+    def _call(self, sample: Sample) -> Any:
+        """The per-sample call, as the function's convention makes it (an awaitable for an ``async def``)."""
+        if self.slime:
+            return self.fn(SlimeArgs(self.kwargs), slime_sample(sample, self.kwargs))
+        if self.verl:
+            return self.fn(**self.keywords(verl_keywords(sample)))
+        kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids, **_progress(sample.trainer_state)})
+        return self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs)
+
+    @property
+    def awaited(self) -> bool:
+        """A per-sample ``async def``: ``score_each`` awaits its samples' calls together."""
+        call = type(self.fn).__call__ if not inspect.isroutine(self.fn) else None  # an object whose __call__ is async
+        return not self.batched and (inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(call))
+
+    def score_each(self, samples: Sequence[Sample]) -> list[tuple[str, Any]]:
+        """``("ok", reward)`` or ``("error", message)`` per sample, every sample's call awaited together (slime's
+        rollout awaits a task per sample; a reward that waits on a server or a judge takes one wait, not n)."""
+
+        async def one(sample: Sample) -> tuple[str, Any]:
+            try:
+                value = self._call(sample)
+                return "ok", self._checked(await value if inspect.isawaitable(value) else value)
+            except RewardFunctionError as error:
+                return "error", str(error)
+            except Exception as error:
+                return "error", raised_message(self.full_name, error)
+
+        async def every() -> list[tuple[str, Any]]:
+            return list(await asyncio.gather(*(one(sample) for sample in samples)))
+
+        return list(resolve(every()))
 
     def _checked(self, value: Any) -> float | None:
         """``value`` as a finite float; ``None`` as ``None`` (TRL: this function does not apply to this
@@ -270,8 +302,10 @@ class RewardFn:
         elif self.slime and isinstance(value, dict):  # slime's Sample.get_reward_value: reward[args.reward_key]
             key = self.kwargs.get("reward_key") or "score"
             if key not in value:
-                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} (slime's "
-                                          f"--reward-key; keys: {', '.join(map(str, value))})")
+                which = ("slime's --reward-key" if self.kwargs.get("reward_key") else
+                         "no --reward-key names the entry that is the reward; minirl reads 'score' then")
+                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without {key!r} ({which}; "
+                                          f"keys: {', '.join(map(str, value))})")
         elif not (self.verl and isinstance(value, dict)):
             return check_reward_value(value, self.full_name)
         elif "score" not in value:
@@ -290,12 +324,25 @@ class RewardFn:
         else:
             available |= {"log_metric": logs.log_metric, "log_extra": logs.log_extra}
         try:
-            if self.slime:  # slime's --group-rm: the whole list at once
-                values = resolve(self.fn(SlimeArgs(self.kwargs), [slime_sample(s, self.kwargs) for s in samples]))
+            if self.slime:  # slime's --group-rm: one call per prompt's group, the groups awaited together
+                groups = [[n for n, s in enumerate(samples) if s.group_index == g]
+                          for g in dict.fromkeys(s.group_index for s in samples)]
+                args = SlimeArgs(self.kwargs)
+                parts = together([self.fn(args, [slime_sample(samples[n], self.kwargs) for n in group]) for group in groups])
+                values = [None] * len(samples)
+                for group, part in zip(groups, parts):
+                    for n, value in zip(group, self._listed(part, group)):
+                        values[n] = value
             else:
                 values = resolve(self.fn(**self.keywords(available)))
+        except RewardFunctionError:
+            raise
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
+        return logs.attach([self._checked(value) for value in self._listed(values, samples)])
+
+    def _listed(self, values: Any, samples: Sequence[Any]) -> Sequence[Any]:
+        """A batched call's ``values``, checked to be one per sample."""
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise RewardFunctionError(
                 f"reward function {self.full_name} is batched and returned {type(values).__name__} {values!r:.60}, "
@@ -305,7 +352,7 @@ class RewardFn:
             raise RewardFunctionError(
                 f"reward function {self.full_name} returned {len(values)} rewards for {len(samples)} completions"
             )
-        return logs.attach([self._checked(value) for value in values])
+        return values
 
 
 VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -351,32 +398,20 @@ class SlimeArgs(argparse.Namespace):
         return None
 
 
-@dataclass
-class SlimeSample:
-    """What slime's ``Sample`` gives a reward function (``slime/utils/types.py``): the prompt as the row has it, the
-    response text and token ids, the label and the row's metadata column."""
+def slime_sample(sample: Sample, args: dict[str, Any]) -> Any:
+    """slime's ``Sample`` of ``sample`` (``minirl.tasks.slime_types``): its ``label`` is the ``label_key`` column as
+    stored (slime's ``data[label_key]``; else the answer column's text, None for none), ``tokens`` the prompt's and
+    the response's ids."""
+    from minirl.tasks.slime_types import Sample as SlimeSample
 
-    prompt: Any
-    response: str
-    label: Any
-    metadata: dict[str, Any]
-    response_length: int
-    tokens: list[int]
-    index: int = 0
-    group_index: int = 0
-    reward: Any = None
-    status: str = "completed"
-
-    def get_reward_value(self, args: Any) -> Any:
-        key = getattr(args, "reward_key", None)
-        return self.reward[key] if key and isinstance(self.reward, dict) else self.reward
-
-
-def slime_sample(sample: Sample, args: dict[str, Any]) -> SlimeSample:
     metadata = sample.columns.get(args.get("metadata_key") or "metadata")
-    return SlimeSample(prompt=sample.prompt, response=sample.completion, label=sample.answer,
-                       metadata=dict(metadata) if isinstance(metadata, dict) else {},
-                       response_length=len(sample.completion_ids), tokens=list(sample.completion_ids))
+    label_key = args.get("label_key")
+    label = sample.columns.get(label_key, sample.answer) if label_key else sample.answer or None
+    return SlimeSample(group_index=sample.group_index, index=sample.index, prompt=sample.prompt,
+                       tokens=[*sample.prompt_ids, *sample.completion_ids], response=sample.completion,
+                       response_length=len(sample.completion_ids), label=label,
+                       status=SlimeSample.Status.TRUNCATED if sample.truncated else SlimeSample.Status.COMPLETED,
+                       metadata=dict(metadata) if isinstance(metadata, dict) else {})
 
 
 def looks_slime(fn: Callable[..., Any]) -> bool:
@@ -447,6 +482,21 @@ def background_loop() -> asyncio.AbstractEventLoop:
         return _LOOP[1]
 
 
+def together(values: list[Any]) -> list[Any]:
+    """``values`` with the awaitable ones awaited concurrently on ``background_loop`` (slime's rollout: a task per
+    sample or group); an exception raised by one is raised here."""
+    if not any(inspect.isawaitable(value) for value in values):
+        return values
+
+    async def one(value: Any) -> Any:
+        return await value if inspect.isawaitable(value) else value
+
+    async def every() -> list[Any]:
+        return list(await asyncio.gather(*(one(value) for value in values)))
+
+    return list(resolve(every()))
+
+
 def resolve(value: Any) -> Any:
     """``value``, awaited when it is awaitable (an ``async def`` reward function), on ``background_loop``."""
     if not inspect.isawaitable(value):
@@ -513,15 +563,16 @@ def looks_verl(fn: Callable[..., Any]) -> bool:
 
 def make_reward_fn(
     target: str | Callable[..., Any], weight: float = 1.0, batched: bool | None = None, name: str | None = None,
-    kwargs: dict[str, Any] | None = None, key: str | None = None,
+    kwargs: dict[str, Any] | None = None, key: str | None = None, convention: str = "auto",
 ) -> RewardFn:
-    """A ``RewardFn`` from a ``module:function`` spec (or a callable); ``key``: the entry of its returned dict."""
+    """A ``RewardFn`` from a ``module:function`` spec (or a callable); ``key``: the entry of its returned dict;
+    ``convention`` "slime": called as slime calls it, whatever its parameters are named."""
     fn = load_reward_function(target) if isinstance(target, str) else target
     if not callable(fn):
         raise RewardSpecError(f"reward function {target!r} is not callable")
     spec = target if isinstance(target, str) else reward_spec(fn)
-    if looks_slime(fn):  # batched when the entry says so (slime's --group-rm) or its parameter is ``samples``
-        group = list(inspect.signature(fn).parameters)[1] == "samples"
+    if convention == "slime" or looks_slime(fn):  # batched when the entry says so (--group-rm) or it takes ``samples``
+        group = list(inspect.signature(fn).parameters)[1:2] == ["samples"]
         return RewardFn(fn, float(weight), group if batched is None else bool(batched), name or "", spec,
                         kwargs=dict(kwargs or {}), slime=True, key=key)
     verl = looks_verl(fn)

@@ -237,8 +237,8 @@ class RewardRunner:
         with self._lock:
             if self.functions:  # an environment's rollout: its prompt with the reset()'s text (TRL's)
                 samples = [sample_of(reset[n] or prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n],
-                                     fields[n], instances[n])
-                           for n, (index, text) in enumerate(pairs)]
+                                     fields[n], instances[n], **_place(item, n, index))
+                           for n, ((index, text), item) in enumerate(zip(pairs, completions))]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]
             else:
@@ -279,6 +279,12 @@ class RewardRunner:
         """``(kind, value)`` per sample of function ``k``: in the workers, or here without a timeout."""
         entry = self.functions[k]
         here = _in_process(entry, any(sample.environment is not None for sample in samples))
+        if entry.awaited and (here or not self.in_worker):  # an async def: its samples awaited together
+            answers = entry.score_each(samples)
+            failed = next((value for kind, value in answers if kind == "error"), None)
+            if failed is not None and self.on_error == "fail":
+                raise RewardFunctionError(failed)
+            return answers
         if not entry.batched:
             items: list[Any] = list(samples)
         elif here:  # a reward model (one call, which batches its forwards itself), or environments
@@ -456,3 +462,11 @@ class RewardRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _place(item: Any, index: int, group_index: int) -> dict[str, Any]:
+    """A sample's place in the scored batch and what its ``Completion`` says of it (``sample_of``'s ``place``)."""
+    if isinstance(item, tuple):
+        return {"index": index, "group_index": group_index}
+    return {"index": index, "group_index": group_index, "prompt_ids": list(getattr(item, "prompt_ids", [])),
+            "truncated": getattr(item, "finish_reason", None) == "length"}

@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import importlib.util
 import math
+import multiprocessing
 import numbers
 import os
 import sys
@@ -80,6 +81,8 @@ def _import_module(spec: str, module_name: str) -> Any:
         _add_working_directory(module_name)
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] == "slime" and not module_name.startswith("slime"):
+            return _with_slime_stand_in(spec, module_name, error)
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             if error.name.split(".")[0] in PEER_INSTALL:  # a peer's own module (verl.tools.gsm8k_tool, trl.rewards)
                 raise RewardSpecError(f"reward function {spec!r}: module {module_name!r} not found"
@@ -97,6 +100,22 @@ def _import_module(spec: str, module_name: str) -> Any:
         raise RewardSpecError(
             f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}"
         ) from error
+
+
+def _with_slime_stand_in(spec: str, module_name: str, error: ModuleNotFoundError) -> Any:
+    """A slime user's reward file importing ``slime.utils.types`` (its ``Sample``) where slime is not installed:
+    imported again with minirl's stand-in in place (said once, in the main process); any other slime module is one
+    line."""
+    from minirl.tasks.slime_types import STAND_IN_MODULES, _StandIn, stand_in_for_slime
+
+    if error.name in STAND_IN_MODULES and not isinstance(sys.modules.get("slime"), _StandIn) and stand_in_for_slime():
+        if multiprocessing.parent_process() is None:
+            print(f"minirl: {module_name} imports {error.name}; slime is not installed here, so it gets minirl's "
+                  "stand-in (minirl.tasks.slime_types.Sample: what a slime reward function is handed)", file=sys.stderr)
+        return _import_module(spec, module_name)
+    raise RewardSpecError(f"reward function {spec!r}: importing {module_name!r} failed: it imports {error.name}, and "
+                          "slime is not installed here (minirl stands in for slime.utils.types' Sample only): install "
+                          "slime, or import only that") from None
 
 
 PEER_INSTALL = {
