@@ -1145,3 +1145,13 @@ def test_a_default_taken_from_a_command_is_its_output(tmp_path: Path, monkeypatc
     with pytest.raises(ConfigError, match=r"run.sh:2: --actor-num-gpus-per-node takes the output of \$\(nproc\) "
                                           r"\(.*run.sh:1\), a command the translation does not run"):
         from_slime(BASE | {"actor-num-gpus-per-node": flags["actor-num-gpus-per-node"]}).config()
+
+
+@pytest.mark.parametrize("peer", ["from-trl", "from-verl", "from-slime"])
+def test_a_translations_help_is_help(peer, capsys):
+    """``minirl config from-slime run.sh --help``: the help, not "--help" read as one of the peer's settings."""
+    from minirl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["config", peer, "run.sh", "--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: minirl config")
