@@ -302,7 +302,7 @@ def train(cfg: Config, *, start_from: str | None = None, resume_from: Path | Non
         except BaseException:
             run.close()
             raise
-        return _train(run, resume_from=resume_from)
+        return _train(run, resume_from=resume_from, start_from=start_from)
 
 
 def check_sources(cfg: Config, *, rollouts: RolloutSource | None = None, dump_rollouts: str | Path | None = None,
@@ -384,7 +384,7 @@ def uncorrected_lag(cfg: Config) -> str | None:
             f"theta_t) and nothing in algo.name={cfg.algo.name} as configured corrects for it; set {' or '.join(fixes)}")
 
 
-def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
+def _train(run: Run, *, resume_from: Path | None, start_from: str | None = None) -> RunSummary:
     from minirl import checkpoint
 
     started, cfg = time.perf_counter(), run.cfg
@@ -426,9 +426,11 @@ def _train(run: Run, *, resume_from: Path | None) -> RunSummary:
     finally:
         logger.close()
         run.close()
-    from minirl.models.io import save_checkpoint
+    from minirl.models.io import dtype_on_disk, save_checkpoint
 
-    save_checkpoint(run.trainer.model, run.tokenizer, cfg.run_dir / "checkpoint")
+    # the final model in the dtype it came in (a bf16 model stays bf16); resumable checkpoints keep fp32 master weights
+    save_checkpoint(run.trainer.model, run.tokenizer, cfg.run_dir / "checkpoint",
+                    dtype=dtype_on_disk(start_from or cfg.model.path))
     return RunSummary(run_dir=cfg.run_dir, eval_before=eval_before["eval/accuracy"], eval_after=eval_metrics["eval/accuracy"],
                       steps=cfg.optim.global_steps, seconds=time.perf_counter() - started)
 

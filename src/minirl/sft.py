@@ -93,7 +93,7 @@ def cross_entropy_objective(minibatch: Batch):
 def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     """Fine-tune ``cfg.model`` on teacher traces of ``cfg.task``; returns the checkpoint directory."""
     # Over 60 lines: the SFT loop with its two stopping rules, faults, progress and summary in one readable place.
-    from minirl.models.io import save_checkpoint
+    from minirl.models.io import dtype_on_disk, save_checkpoint
 
     c = cfg.cold_start
     seed = cfg.run.seed if c.seed is None else c.seed
@@ -145,7 +145,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
                 f"held-out accuracy still below cold_start.until_accuracy={c.until_accuracy}")
             log(f"sft: warning: {what} after all {c.steps} steps")
     stack.close()
-    save_checkpoint(model, tokenizer, output)
+    save_checkpoint(model, tokenizer, output, dtype=dtype_on_disk(cfg.model.path))  # in the dtype it came in
     dump_config(cfg, output / "minirl_sft_config.yaml")
     summary = {"style": c.style if not c.data else None, "data": c.data, "steps": len(losses),
                "final_loss": losses[-1] if losses else None,

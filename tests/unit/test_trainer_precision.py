@@ -90,6 +90,38 @@ def test_bf16_update_keeps_float32_master_weights_and_optimizer_state(tmp_path):
         assert {f.get_slice(key).get_dtype() for key in f.keys()} == {"F32"}  # the dtype the model came in
 
 
+def test_a_bf16_model_comes_back_bf16_the_trainers_weights_rounded_once(tmp_path):
+    """A model directory in bf16 (config.json "dtype"): trained in fp32 master weights, written back in bf16 (plain and
+    merged LoRA alike), its config saying so; a preset or a directory naming no dtype: as trained (fp32)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from minirl.models.io import dtype_on_disk, load_model_and_tokenizer, save_checkpoint
+    from minirl.models.lora import add_lora
+    from minirl.models.tokenizer import build_char_tokenizer
+
+    make_tiny_moe(0).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    build_char_tokenizer().save_pretrained(tmp_path / "bf16")
+    assert dtype_on_disk(tmp_path / "bf16") == torch.bfloat16
+    assert dtype_on_disk("qwen3-moe-2m") is None and dtype_on_disk(tmp_path / "nothing") is None
+    model, tokenizer = load_model_and_tokenizer(str(tmp_path / "bf16"))
+    assert next(model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1e-3)  # a step below bf16's resolution at some weights: rounded once, on the way out
+    save_checkpoint(model, tokenizer, tmp_path / "out", dtype=dtype_on_disk(tmp_path / "bf16"))
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(key).get_dtype() for key in f.keys()} == {"BF16"}
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16).state_dict()
+    assert all(torch.equal(back[key], value.to(torch.bfloat16)) for key, value in model.state_dict().items())
+    assert '"dtype": "bfloat16"' in (tmp_path / "out" / "config.json").read_text()
+    assert next(model.parameters()).dtype == torch.float32  # the trainer's weights are left as they were
+    add_lora(model, rank=2, alpha=4.0, dropout=0.0, target_modules=["q_proj"])
+    save_checkpoint(model, tokenizer, tmp_path / "lora", dtype=torch.bfloat16)
+    with safe_open(str(tmp_path / "lora" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(key).get_dtype() for key in f.keys()} == {"BF16"}
+
+
 def test_config_knobs_reach_the_trainer_and_name_their_key():
     cfg = load_config(None, ["optim.precision=bf16"])
     trainer = build_trainer(cfg, make_tiny_moe(0), replay=None)

@@ -211,16 +211,46 @@ def check_compatible(checkpoint_dir: str | Path, expected_config: PretrainedConf
         raise ModelLoadError(f"checkpoint {str(checkpoint_dir)!r} is from another model: {', '.join(differences)}")
 
 
-def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path,
+                    dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` (safetensors) and ``tokenizer`` into the directory ``path`` (created). A model
-    with LoRA adapters is written merged, its adapter beside it (``minirl.models.lora``)."""
-    from minirl.models.lora import has_lora, save_lora_checkpoint
+    with LoRA adapters is written merged, its adapter beside it (``minirl.models.lora``). ``dtype``: the weights
+    written in it (the dtype the model came in, ``dtype_on_disk``; the trainer's fp32 master weights rounded once),
+    but the modules the model keeps in fp32 (``_keep_in_fp32_modules``); None: as they are."""
+    from minirl.models.lora import has_lora, merged_state_dict, save_lora_checkpoint
 
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
+    state = merged_state_dict(model) if has_lora(model) else model.state_dict()
+    cast = dtype is not None and any(v.is_floating_point() and v.dtype != dtype for v in state.values())
+    if cast:
+        keep = {*(getattr(model, "_keep_in_fp32_modules", None) or ()), *(getattr(model, "_keep_in_fp32_modules_strict", None) or ())}
+        state = {key: value.to(dtype) if value.is_floating_point() and not any(k in key for k in keep) else value
+                 for key, value in state.items()}
     if has_lora(model):
-        save_lora_checkpoint(model, directory)
+        save_lora_checkpoint(model, directory, state)
     else:
-        model.save_pretrained(directory, safe_serialization=True)
+        model.save_pretrained(directory, safe_serialization=True, **({"state_dict": state} if cast else {}))
+    if cast:  # save_pretrained writes the dtype of the model's parameters (fp32): say the one written
+        config_path = directory / "config.json"
+        config = json.loads(config_path.read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def dtype_on_disk(path_or_preset: str | Path | None) -> torch.dtype | None:
+    """The dtype a model directory's ``config.json`` gives its weights (``dtype``, or transformers 4's
+    ``torch_dtype``): what the final model is written back in (``save_checkpoint``). None for a preset, a directory
+    that names none (``auto``), or one that is not there."""
+    config_path = Path(str(path_or_preset)) / "config.json" if path_or_preset else None
+    if config_path is None or not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("dtype") or config.get("torch_dtype")
+    value = getattr(torch, str(name).removeprefix("torch."), None) if name else None
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None

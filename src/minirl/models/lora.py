@@ -155,13 +155,13 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
-def save_lora_checkpoint(model: Any, directory: Path) -> None:
-    """Merged weights as a plain Hugging Face model in ``directory``, the adapter (peft's
-    ``adapter_config.json`` + ``adapter_model.safetensors``) in ``directory/adapter``."""
+def save_lora_checkpoint(model: Any, directory: Path, merged: dict[str, torch.Tensor] | None = None) -> None:
+    """Merged weights (``merged``, else ``merged_state_dict``) as a plain Hugging Face model in ``directory``, the
+    adapter (peft's ``adapter_config.json`` + ``adapter_model.safetensors``) in ``directory/adapter``."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    merged = {key: value.detach().clone() for key, value in merged_state_dict(model).items()}
+    merged = {key: value.detach().clone() for key, value in (merged or merged_state_dict(model)).items()}
     model.save_pretrained(directory, state_dict=merged, safe_serialization=True)
     adapter = {key: value.detach().contiguous() for key, value in get_peft_model_state_dict(model).items()}
     (directory / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
