@@ -176,6 +176,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.config is None:  # the run's own config beside its model, else the built-in task (said either way)
+        args.config = _run_config_of(Path(args.checkpoint))
+        said = (f"the run's config {args.config} (--config to give another)" if args.config else
+                "no --config and no run config beside the checkpoint: the built-in task (task.kind) and defaults")
+        print(f"minirl eval: {said}", file=sys.stderr)
     cfg = _config(args)
     from minirl.loop import evaluate
     from minirl.runtime import build_engine, build_model, build_rewards, build_task, set_threads
@@ -190,8 +195,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         engine = tool_calling(cfg, engine, tokenizer, model, task.eval_prompts())
     with build_rewards(cfg, task) as rewards:
         result = evaluate(engine, rewards, task, cfg, step=0)
-    print(json.dumps({"checkpoint": args.checkpoint, **result}))
+    print(json.dumps({"checkpoint": args.checkpoint, "task": cfg.task.path or cfg.task.kind, **result}))
     return 0
+
+
+def _run_config_of(checkpoint: Path) -> str | None:
+    """The config of the run that wrote ``checkpoint``: ``RUN/config.yaml`` beside ``RUN/checkpoint``, above
+    ``RUN/checkpoints/step_N/model``, or an SFT output's ``minirl_sft_config.yaml``; None for none."""
+    for candidate in (checkpoint.parent / "config.yaml", checkpoint.parent.parent.parent / "config.yaml",
+                      checkpoint / "minirl_sft_config.yaml"):
+        if candidate.is_file() and (candidate.name != "config.yaml" or (candidate.parent / "metrics.jsonl").exists()):
+            return str(candidate)
+    return None
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -375,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="held-out mean@n accuracy of a checkpoint")
-    p.add_argument("checkpoint", help="HF checkpoint directory (or a model preset name)")
+    p.add_argument("checkpoint", help="HF checkpoint directory (or a model preset name); without --config, the config "
+                   "of the run that wrote it (RUN/config.yaml beside RUN/checkpoint, or an SFT's), said in one line")
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
 

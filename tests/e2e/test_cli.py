@@ -78,6 +78,9 @@ def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
     assert all(ev.returncode == 0 for ev in greedy), greedy[0].stderr[-3000:]
     results = [json.loads(ev.stdout.strip().splitlines()[-1]) for ev in greedy]
     assert 0.0 <= results[0]["eval/accuracy"] <= 1.0 and results[0] == results[1]
+    # without --config: the config of the run that wrote the checkpoint, said in one line
+    assert f"minirl eval: the run's config {tmp_path / 't' / 'config.yaml'}" in greedy[0].stderr
+    assert results[0]["task"] == "reverse"
 
 
 def test_dense_model_with_replay_is_a_config_error(tmp_path):
