@@ -34,6 +34,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -321,7 +322,8 @@ def check_sources(cfg: Config, *, rollouts: RolloutSource | None = None, dump_ro
                           "minirl's engine (Prompt.response_prefix); give no rollout source")
 
 
-def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | None, MetricsLogger]:
+def _open_run_dir(run: Run, resume_from: Path | None,
+                  start_from: str | None = None) -> tuple[dict[str, Any] | None, MetricsLogger]:
     """Restore a resumed run (metrics cut back to its step) or clear an earlier one; the resolved
     config, one ``environment.jsonl`` line and the metrics logger."""
     from minirl import checkpoint
@@ -335,15 +337,17 @@ def _open_run_dir(run: Run, resume_from: Path | None) -> tuple[dict[str, Any] | 
         if (run_dir / "metrics.jsonl").exists():
             os.truncate(run_dir / "metrics.jsonl", int(state["metrics_bytes"]))
         reset_samples(run_dir, int(state["step"]))
-    else:  # a fresh start: metrics and resumable checkpoints of an earlier run in this directory go
+    else:  # a fresh start: metrics, resumable checkpoints and the final model of an earlier run in this directory go
         check_fresh_start(cfg)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         reset_samples(run_dir, 0)
         checkpoint.remove_all(run_dir)
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # never an earlier run's model beside this config  # never an earlier run's model beside this config
     dump_config(cfg, run_dir / "config.yaml")
     with open(run_dir / "environment.jsonl", "a", encoding="utf-8") as env_file:  # one line per start or resume
         env_file.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                   "from_step": 0 if state is None else int(state["step"]), **environment()}) + "\n")
+                                   "from_step": 0 if state is None else int(state["step"]),
+                                   "start_from": start_from, **environment()}) + "\n")  # the weights, when not model.path
     logger = MetricsLogger(
         run_dir, total_steps=cfg.optim.global_steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),
@@ -389,7 +393,7 @@ def _train(run: Run, *, resume_from: Path | None, start_from: str | None = None)
 
     started, cfg = time.perf_counter(), run.cfg
     try:
-        state, logger = _open_run_dir(run, resume_from)
+        state, logger = _open_run_dir(run, resume_from, start_from)
     except BaseException:
         run.close()
         raise

@@ -191,6 +191,23 @@ def test_resume_refuses_a_different_algorithm_config_and_says_when_there_is_none
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
 
 
+def test_starting_over_removes_the_earlier_runs_model_and_a_start_records_its_weights(tmp_path, capsys):
+    """run.overwrite=true: the earlier run's final checkpoint/ goes with its metrics, even when the new run stops before
+    writing its own (a reward that raises at the first evaluation); environment.jsonl names --start-from."""
+    overrides = [o for o in TINY if not o.startswith("optim.global_steps=")]
+    base = ["train", "configs/demo.yaml", *overrides, "optim.global_steps=1", f"run.output_dir={tmp_path}", "run.name=o"]
+    assert main(base) == 0 and (tmp_path / "o" / "checkpoint" / "model.safetensors").is_file()
+    start = json.loads((tmp_path / "o" / "environment.jsonl").read_text().splitlines()[-1])
+    assert start["start_from"] is None
+    (tmp_path / "boom.py").write_text("def boom(prompt, completion, answer, **kwargs):\n    raise ValueError('no')\n")
+    failing = [f"task.reward_function={tmp_path / 'boom.py'}:boom", "run.overwrite=true"]
+    assert main([*base, *failing, "--start-from", str(tmp_path / "o" / "checkpoint")]) == 2
+    assert "boom raised ValueError" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "checkpoint").exists()
+    start = json.loads((tmp_path / "o" / "environment.jsonl").read_text().splitlines()[-1])
+    assert start["start_from"] == str(tmp_path / "o" / "checkpoint")
+
+
 def test_config_error_type():
     with pytest.raises(ConfigError):
         checkpoint.check_config(checkpoint.Path("x"), {"optim": {"lr": 1.0}}, load_config(None))
