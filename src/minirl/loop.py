@@ -342,7 +342,7 @@ def _open_run_dir(run: Run, resume_from: Path | None,
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         reset_samples(run_dir, 0)
         checkpoint.remove_all(run_dir)
-        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # never an earlier run's model beside this config  # never an earlier run's model beside this config
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # never an earlier run's model beside this config
     dump_config(cfg, run_dir / "config.yaml")
     with open(run_dir / "environment.jsonl", "a", encoding="utf-8") as env_file:  # one line per start or resume
         env_file.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
