@@ -178,9 +178,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.config is None:  # the run's own config beside its model, else the built-in task (said either way)
         args.config = _run_config_of(Path(args.checkpoint))
-        said = (f"the run's config {args.config} (--config to give another)" if args.config else
-                "no --config and no run config beside the checkpoint: the built-in task (task.kind) and defaults")
-        print(f"minirl eval: {said}", file=sys.stderr)
+        if args.config:
+            print(f"minirl eval: the run's config {args.config} (--config to give another)", file=sys.stderr)
+        elif not any(item.startswith("task.") for item in args.overrides):
+            print("minirl eval: no --config and no run config beside the checkpoint: the built-in task (task.kind) and "
+                  "the defaults", file=sys.stderr)
     cfg = _config(args)
     from minirl.loop import evaluate
     from minirl.runtime import build_engine, build_model, build_rewards, build_task, set_threads

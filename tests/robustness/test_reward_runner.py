@@ -47,7 +47,7 @@ def test_fallback_scores_problems_and_counts_them() -> None:
         assert stats == {"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/fallback_frac": 2 / 7,
                          "reward/unscored_frac": 0.0, "reward/flaky/mean": 0.0}  # (1 - 1 + 1 - 1 + 0 + 0 + 0) / 7
         assert runner.last_problems == [
-            f"reward function {BAD}:flaky raised RuntimeError: boom",
+            f"reward function {BAD}:flaky raised RuntimeError: boom (at tests/robustness/bad_rewards.py:68, in flaky)",
             f"reward function {BAD}:flaky returned nan, expected a finite number",
         ]
 
@@ -121,8 +121,8 @@ def test_a_reward_file_is_imported_from_its_spec_once_per_process(tmp_path: Path
     with RewardRunner(task, timeout_s=5.0, on_error="fallback") as runner:
         runner.score(PROMPTS, [(0, "a"), (1, "b")])
         assert runner.last_problems == [
-            f"reward function {module}:score raised KeyError: 'a'",
-            f"reward function {module}:score raised KeyError: 'b'",
+            f"reward function {module}:score raised KeyError: 'a' (at {module}:7, in score)",  # the user's file and line
+            f"reward function {module}:score raised KeyError: 'b' (at {module}:7, in score)",
         ]
         worker_pid = runner._workers[0].proc.pid
     assert log.read_text().split() == [str(os.getpid()), str(worker_pid)]
@@ -235,7 +235,8 @@ def test_several_functions_batched_and_async_keep_timeouts_and_fallback() -> Non
     assert rewards.tolist() == [1.0 - 9.0, 0.0 - 9.0]
     assert stats["reward/timeouts"] == 4.0 and stats["reward/errors"] == 2.0 and stats["reward/fallback_frac"] == 6 / 8
     assert stats["reward/good/mean"] == 0.5 and stats["reward/hangs_batched/mean"] == -1.0
-    assert f"reward function {BAD}:raises_batched raised ValueError: batched verifier broke" in runner.last_problems
+    assert (f"reward function {BAD}:raises_batched raised ValueError: batched verifier broke (at "
+            "tests/robustness/bad_rewards.py:97, in raises_batched)") in runner.last_problems
     with RewardRunner(build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=functions[2:3]),
                       timeout_s=0.3) as runner, pytest.raises(RewardFunctionError) as error:
         runner.score(PROMPTS, [(0, "ba")])

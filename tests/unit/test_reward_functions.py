@@ -87,6 +87,18 @@ def test_a_batched_function_returning_the_wrong_length_is_one_line() -> None:
     assert str(error.value) == f"reward function {MOD}:wrong_length returned 1 rewards for 4 completions"
 
 
+def test_a_batched_function_may_return_an_array_or_a_tensor_as_in_trl() -> None:
+    """TRL iterates over what a reward function returns: a numpy array or a torch tensor works there, and here."""
+    import numpy as np
+
+    from minirl.tasks.reward_functions import Sample
+
+    samples = [Sample("q", "a", "a"), Sample("q", "b", "a")]
+    for values in (np.array([1.0, 0.5]), torch.tensor([1.0, 0.5])):
+        fn = make_reward_fn(lambda completions, values=values, **kwargs: values)
+        assert fn.batched and fn.score(samples) == [1.0, 0.5]
+
+
 def test_module_in_the_working_directory_is_found_and_a_miss_says_where(tmp_path: Path) -> None:
     (tmp_path / "my_rewards_cwd.py").write_text("def score(prompt, completion, answer):\n    return 2.0\n")
     script = (

@@ -154,7 +154,8 @@ def test_user_function_exception_is_reraised_on_one_line() -> None:
     with pytest.raises(RewardFunctionError) as error:
         task.reward(task.train_prompts()[0], "x")
     assert str(error.value) == (
-        f"reward function {__name__}:raises_value_error raised ValueError: bad completion"
+        f"reward function {__name__}:raises_value_error raised ValueError: bad completion (at "
+        f"tests/unit/test_tasks_rewards.py:{raises_value_error.__code__.co_firstlineno + 1}, in raises_value_error)"
     )
     assert isinstance(error.value.__cause__, ValueError)
 

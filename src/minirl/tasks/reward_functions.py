@@ -342,7 +342,9 @@ class RewardFn:
         return logs.attach([self._checked(value) for value in self._listed(values, samples)])
 
     def _listed(self, values: Any, samples: Sequence[Any]) -> Sequence[Any]:
-        """A batched call's ``values``, checked to be one per sample."""
+        """A batched call's ``values``, checked to be one per sample (an array or tensor, as TRL takes it, as a list)."""
+        if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):  # numpy's ndarray, torch's Tensor
+            values = values.tolist()
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise RewardFunctionError(
                 f"reward function {self.full_name} is batched and returned {type(values).__name__} {values!r:.60}, "

@@ -28,6 +28,8 @@ import multiprocessing
 import numbers
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,7 +212,24 @@ def reward_spec(fn: Callable) -> str | None:
 
 
 def raised_message(name: str, error: BaseException) -> str:
-    return f"reward function {name} raised {type(error).__name__}: {_one_line(error)}"
+    """One line: the function, the error and where in the user's code it was raised (the deepest frame outside minirl,
+    the standard library and installed packages; a worker process's traceback does not reach the user)."""
+    return f"reward function {name} raised {type(error).__name__}: {_one_line(error)}{_raised_at(error)}"
+
+
+def _raised_at(error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    ours = str(Path(__file__).resolve().parents[1])
+    libraries = {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")}
+    users = [frame for frame in frames if not frame.filename.startswith((ours, *libraries, "<"))]
+    if not users:
+        return ""
+    frame = users[-1]
+    try:
+        shown = os.path.relpath(frame.filename)
+    except ValueError:
+        shown = frame.filename
+    return f" (at {shown if not shown.startswith('..') else frame.filename}:{frame.lineno}, in {frame.name})"
 
 
 def check_reward_value(value: Any, name: str) -> float:
