@@ -213,8 +213,8 @@ def _without_new_defaults(section: Any, also: set[str] | None = None) -> dict[st
     dump = section.model_dump(mode="json", exclude={key for key in NEW_KEYS_AT_DEFAULT if key in type(section).model_fields
                                                      and getattr(section, key) == getattr(default, key)} | (also or set()))
     for entry in dump.get("reward_functions", []):  # a reward function's entry from before reward models and keys
-        for new in ("model", "key"):
-            if entry.get(new) is None:
+        for new, default in (("model", None), ("key", None), ("convention", "auto")):
+            if entry.get(new) == default:
                 entry.pop(new, None)
     return dump
 

@@ -34,7 +34,7 @@ def test_new_task_keys_change_the_key_only_when_set():
     assert sft_cache_key(load_config(None, ["task.chat_template_kwargs={enable_thinking: false}"])) != sft_cache_key(base)
     # the cold start runs the trainer's forward: shared prompts change its gradients' rounding, so its cache
     assert sft_cache_key(load_config(None, ["optim.shared_prompt=true"])) != sft_cache_key(base)
-    # a reward function's entry hashes as before reward models and keys existed (no "model" / "key": null in it)
+    # a reward function's entry hashes as before reward models, keys and conventions existed (none of them in it)
     from minirl.sft import _without_new_defaults
 
     entry = _without_new_defaults(load_config(None, ["task.reward_functions=[{function: 'a:b'}]"]).task)["reward_functions"][0]
