@@ -164,6 +164,29 @@ def test_lora_checkpoint_is_merged_hf_weights_with_the_adapter_beside(tmp_path):
     assert has_lora(model)  # saving left the adapter in place
 
 
+def test_an_adapter_names_its_base_and_an_adapter_or_step_directory_as_the_model_says_what_to_give(tmp_path):
+    """adapter_config.json names the directory the base came from (AutoPeftModel finds it); an adapter directory or a
+    resumable checkpoint's step directory given as the model is one line saying which directory to give."""
+    import json
+
+    from minirl.models.io import ModelLoadError, load_model_and_tokenizer
+
+    make_tiny_moe(0).save_pretrained(tmp_path / "base")
+    build_char_tokenizer().save_pretrained(tmp_path / "base")
+    model, tokenizer = load_model_and_tokenizer(str(tmp_path / "base"))
+    add_lora(model, rank=2, alpha=4.0, dropout=0.0, target_modules=ATTENTION)
+    save_checkpoint(model, tokenizer, tmp_path / "ckpt")
+    adapter = json.loads((tmp_path / "ckpt" / ADAPTER_DIR / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(tmp_path / "base")
+    with pytest.raises(ModelLoadError, match=r"it is a LoRA adapter \(adapter_config.json\): give its base model "
+                                             rf"\({tmp_path / 'base'}\) or the merged model beside it"):
+        load_model_and_tokenizer(str(tmp_path / "ckpt" / ADAPTER_DIR))
+    (tmp_path / "step_000002").mkdir()
+    (tmp_path / "ckpt").rename(tmp_path / "step_000002" / "model")
+    with pytest.raises(ModelLoadError, match=r"a minirl checkpoint keeps its model in .*step_000002/model: give that"):
+        load_model_and_tokenizer(str(tmp_path / "step_000002"))
+
+
 def test_a_checkpoints_adapter_loads_back_into_a_rebuilt_base(tmp_path):
     from minirl.models.lora import load_adapter_weights
 

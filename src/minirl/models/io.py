@@ -123,7 +123,8 @@ def read_config_json(path: Path) -> dict[str, Any]:
     """``path/config.json`` as a dict; ``ModelLoadError`` when missing or not a JSON object."""
     where = str(path)
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise ModelLoadError(f"model directory {where!r} has no config.json (not a Hugging Face model directory)")
+        raise ModelLoadError(f"model directory {where!r} has no config.json (not a Hugging Face model directory"
+                             f"{_what_it_is(path)})")
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -132,6 +133,21 @@ def read_config_json(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ModelLoadError(f"model directory {where!r}: config.json is not a JSON object")
     return config
+
+
+def _what_it_is(path: Path) -> str:
+    """What a directory without ``config.json`` holds instead, when minirl or peft wrote it: how to name the model."""
+    if (path / "adapter_config.json").is_file():
+        try:
+            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError):
+            base = None
+        merged = " or the merged model beside it (its parent)" if (path.parent / "config.json").is_file() else ""
+        return (f"; it is a LoRA adapter (adapter_config.json): give its base model{f' ({base})' if base else ''}"
+                f"{merged} as the model, and model.lora to train adapters")
+    if (path / "model" / "config.json").is_file():
+        return f"; a minirl checkpoint keeps its model in {path / 'model'}: give that"
+    return ""
 
 
 def check_model_directory(path: str | Path, *, trust_remote_code: bool = False) -> None:

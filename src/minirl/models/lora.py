@@ -165,7 +165,11 @@ def save_lora_checkpoint(model: Any, directory: Path, merged: dict[str, torch.Te
     model.save_pretrained(directory, state_dict=merged, safe_serialization=True)
     adapter = {key: value.detach().contiguous() for key, value in get_peft_model_state_dict(model).items()}
     (directory / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
-    model._minirl_lora_config.save_pretrained(directory / ADAPTER_DIR)
+    config = model._minirl_lora_config
+    came_from = str(getattr(model.config, "_name_or_path", None) or "")  # the directory the base was loaded from:
+    if not config.base_model_name_or_path and came_from:  # AutoPeftModel finds the base by it
+        config.base_model_name_or_path = came_from
+    config.save_pretrained(directory / ADAPTER_DIR)
     save_file(adapter, str(directory / ADAPTER_DIR / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
