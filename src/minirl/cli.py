@@ -122,12 +122,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             return EXIT_USER_ERROR
 
 
+def _sft_kept(output: Path) -> str:
+    """What a stopped SFT left in ``output``: its state after some step (``cold_start.checkpoint_every_steps``)."""
+    from minirl.sft import SFT_STATE
+
+    if not (output / SFT_STATE).is_file():
+        return f"no SFT state was kept in {output} (cold_start.checkpoint_every_steps: 0), it starts again from step 1"
+    import torch
+
+    step = torch.load(output / SFT_STATE, weights_only=True).get("step")
+    return f"the SFT's state after step {step} is in {output / SFT_STATE}, the same command continues from it"
+
+
 def _resume_hint(cfg: Config, args: argparse.Namespace) -> str:
     """'the last complete checkpoint is ...; resume with: minirl train ... --resume' (one line)."""
     from minirl.checkpoint import find_latest
 
     found = find_latest(cfg.run_dir)
     last = f"the last complete checkpoint is {found[0]}" if found else "no checkpoint was completed (a resume starts from step 0)"
+    if not found and cfg.cold_start.enabled and not cfg.cold_start.cache_dir:  # stopped in the cold start
+        last += f"; the cold start: {_sft_kept(cfg.run_dir / 'sft')}"
     flags = [(flag, getattr(args, name, None)) for flag, name in
              (("--start-from", "start_from"), ("--dump-rollouts", "dump_rollouts"), ("--rollouts-from", "rollouts_from"))]
     given = [part for flag, value in flags if value for part in (flag, str(value))]  # a run without a checkpoint needs them
@@ -162,9 +176,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     except NumericalFaultStop as exc:
         print(f"minirl: stopped: {exc}", file=sys.stderr)
         return EXIT_NUMERICAL_FAULT
-    except Interrupted as exc:  # an SFT has no checkpoint to resume from: it starts again
-        print(f"minirl: {exc.signal_name}: stopped; no SFT checkpoint was written to {output}; run the same command again",
-              file=sys.stderr)
+    except Interrupted as exc:  # the same command continues from the SFT's kept state, or starts again
+        print(f"minirl: {exc.signal_name}: stopped; {_sft_kept(output)}; run the same command again", file=sys.stderr)
         return 128 + exc.signal_number
     except OSError as exc:
         if not is_storage_error(exc):

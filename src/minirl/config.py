@@ -1093,6 +1093,10 @@ class ColdStartConfig(Section):
     """SFT learning-rate warm-up steps."""
     output: str | None = None
     """Where ``minirl sft`` saves the checkpoint (default: the run directory's ``checkpoint``)."""
+    checkpoint_every_steps: int = Field(0, ge=0)
+    """Keep the SFT's state (weights, optimizer, data order) every this many steps in ``OUTPUT/sft_state.pt`` (TRL's
+    ``save_steps``): the same command, stopped, continues from it, bitwise as if never stopped; removed once the SFT
+    is done. 0: none (a stopped SFT starts again)."""
     seed: int | None = None
     """Seed of the SFT (data order and initial weights); ``null``: ``run.seed``. A fixed value gives every RL
     seed the same cold-start checkpoint, so seeds vary only the RL sampling."""

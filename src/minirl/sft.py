@@ -19,9 +19,11 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from minirl.batching import collate
@@ -113,7 +115,10 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
     reached = False
     stack = contextlib.ExitStack()
     target = accuracy_target(cfg, model, tokenizer, task, stack)  # cold_start.until_accuracy: None when off
-    for step in range(1, c.steps + 1):
+    kept = SftState(output / SFT_STATE, sft_cache_key(cfg), c.checkpoint_every_steps)
+    first = kept.restore(model, trainer, rng, losses, target, log)  # 1, or the step after the state kept
+    for step in range(first, c.steps + 1):
+        kept.keep(step, model, trainer, rng, losses, target)  # every checkpoint_every_steps, what steps < step left
         batch = make_batch([examples[rng.randrange(len(examples))] for _ in range(c.batch_sequences)])
         update = trainer.update(batch, cross_entropy_objective(batch))
         if update.fault is not None:  # a numerical fault: skipped and counted as in RL (``Trainer._skip``)
@@ -146,6 +151,7 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
             log(f"sft: warning: {what} after all {c.steps} steps")
     stack.close()
     save_checkpoint(model, tokenizer, output, dtype=dtype_on_disk(cfg.model.path))  # in the dtype it came in
+    kept.path.unlink(missing_ok=True)  # done: the same command trains it again from step 1
     dump_config(cfg, output / "minirl_sft_config.yaml")
     summary = {"style": c.style if not c.data else None, "data": c.data, "steps": len(losses),
                "final_loss": losses[-1] if losses else None,
@@ -160,6 +166,60 @@ def run_sft(cfg: Config, output: Path | None = None, log=print) -> Path:
 SUMMARY = "minirl_sft_summary.json"
 
 
+def _numpy_state() -> tuple[Any, ...]:
+    """numpy's global RNG state with its key array as a tensor (``torch.load(weights_only=True)`` takes it)."""
+    name, keys, position, has_gauss, gauss = cast(tuple[str, Any, int, int, float], np.random.get_state())
+    return name, torch.from_numpy(keys.copy()), int(position), int(has_gauss), float(gauss)
+SFT_STATE = "sft_state.pt"
+
+
+@dataclass
+class SftState:
+    """``cold_start.checkpoint_every_steps``: the SFT's state kept in ``path`` (weights, optimizer and schedule, the
+    data order's and the global RNGs, the losses and the accuracy rule's history), written atomically every
+    ``every`` steps; the same configuration (``key``: ``sft_cache_key``) continues from it, bitwise."""
+
+    path: Path
+    key: str
+    every: int
+
+    def keep(self, step: int, model: Any, trainer: Any, rng: random.Random, losses: list[float], target: Any) -> None:
+        """Before ``step``: keep what steps < ``step`` left, when ``step - 1`` is a multiple of ``every``."""
+        if not self.every or step == 1 or (step - 1) % self.every:
+            return
+        state = {"key": self.key, "step": step - 1, "model": model.state_dict(), "trainer": trainer.checkpoint_state(),
+                 "rng": {"data": rng.getstate(), "torch": torch.get_rng_state(), "python": random.getstate(),
+                         "numpy": _numpy_state()},
+                 "losses": list(losses), "history": [] if target is None else [list(h) for h in target.history]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+
+    def restore(self, model: Any, trainer: Any, rng: random.Random, losses: list[float], target: Any,
+                log: Callable[[str], Any]) -> int:
+        """The step to start at: 1, or the one after the state kept in ``path`` (loaded) when it is this
+        configuration's; another configuration's is said and left to be replaced."""
+        if not self.path.is_file():
+            return 1
+        state = torch.load(self.path, weights_only=True)  # tensors and plain types only: loading it runs no code
+        if state.get("key") != self.key:
+            log(f"sft: {self.path} is another configuration's state; starting from step 1")
+            return 1
+        model.load_state_dict(state["model"])
+        trainer.load_checkpoint_state(state["trainer"])
+        rng.setstate(state["rng"]["data"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        name, keys, position, has_gauss, gauss = state["rng"]["numpy"]
+        np.random.set_state((name, keys.numpy(), position, has_gauss, gauss))
+        losses[:] = state["losses"]
+        if target is not None:
+            target.history[:] = [tuple(h) for h in state["history"]]
+        log(f"sft: continuing from its state after step {state['step']} ({self.path})")
+        return int(state["step"]) + 1
+
+
 def window_loss(losses: list[float], window: int) -> float | None:
     """Mean of the last ``window`` losses; ``None`` until there are that many."""
     if len(losses) < window:
@@ -172,7 +232,8 @@ def sft_cache_key(cfg: Config) -> str:
     parts = {
         "model": _without_new_defaults(cfg.model),
         "task": _without_new_defaults(cfg.task),
-        "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed", *(
+        "cold_start": cfg.cold_start.model_dump(mode="json", exclude={"enabled", "output", "cache_dir", "seed",
+                                                                      "checkpoint_every_steps", *(
             ("until_loss", "loss_window_steps") if cfg.cold_start.until_loss is None else ()), *(
             ("until_accuracy", "accuracy_every_steps") if cfg.cold_start.until_accuracy is None else ()), *(
             ("data", "loss_on", "packing", "max_length") if cfg.cold_start.data is None else ()), *(

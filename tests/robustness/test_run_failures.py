@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,25 +249,34 @@ def test_the_resume_command_keeps_the_start_and_the_rollout_flags(tmp_path):
                                        "--dump-rollouts dump --resume")
 
 
-def test_a_signal_during_sft_ends_in_one_line(tmp_path):
+@pytest.mark.parametrize("every", [0, 1])
+def test_a_signal_during_sft_ends_in_one_line(tmp_path, every):
+    """Without cold_start.checkpoint_every_steps nothing is kept; with it, the line names the state kept and the step."""
     overrides = [o for o in TINY if not o.startswith("cold_start.")]
     output = tmp_path / "sft"
     command = [sys.executable, "-m", "minirl.cli", "sft", "configs/demo.yaml", *overrides, "cold_start.steps=100000",
-               "cold_start.batch_sequences=4", f"run.output_dir={tmp_path}", "run.name=r", "--output", str(output)]
+               "cold_start.batch_sequences=4", f"cold_start.checkpoint_every_steps={every}", f"run.output_dir={tmp_path}",
+               "run.name=r", "--output", str(output)]
     proc = subprocess.Popen(command, cwd=ROOT, env={**_env(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
         first = proc.stdout.readline()  # the first progress line: SFT is running
         assert b"sft step 1/" in first, first
+        time.sleep(1.0 if every else 0.0)  # some steps, each keeping its state
         os.killpg(proc.pid, signal.SIGINT)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err.decode()[-3000:]
-    assert one_line(err.decode(), prefix="minirl: SIGINT: stopped; ") == (
-        f"no SFT checkpoint was written to {output}; run the same command again")
-    assert not output.exists()
+    said = one_line(err.decode(), prefix="minirl: SIGINT: stopped; ")
+    if not every:
+        assert said == (f"no SFT state was kept in {output} (cold_start.checkpoint_every_steps: 0), it starts again "
+                        "from step 1; run the same command again")
+        assert not output.exists()
+    else:
+        assert re.fullmatch(rf"the SFT's state after step \d+ is in {re.escape(str(output / 'sft_state.pt'))}, the same "
+                            r"command continues from it; run the same command again", said), said
 
 
 SECOND_SIGNAL = """

@@ -376,6 +376,7 @@ def test_a_trl_sft_config_becomes_the_cold_start(tmp_path: Path):
     v = out.values
     assert (v["cold_start.enabled"], v["cold_start.data"], v["cold_start.batch_sequences"]) == (True, str(rows), 16)
     assert (v["cold_start.steps"], v["cold_start.warmup_steps"], v["cold_start.lr"]) == (13, 1, 2e-5)  # ceil(2 x 100 / 16)
+    assert v["cold_start.checkpoint_every_steps"] == 500  # TRL's save_steps: the state a stopped SFT continues from
     assert (v["cold_start.max_length"], v["cold_start.packing"], v["cold_start.loss_on"]) == (1024, True, "completion")
     assert any("SFT model_name_or_path='other/m'" in line for line in out.differs)
     assert not any("packing_strategy" in line or "SFT lr_scheduler" in line for line in out.differs)
