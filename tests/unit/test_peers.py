@@ -441,6 +441,10 @@ def test_a_verl_sft_run_becomes_the_cold_start(tmp_path: Path, monkeypatch):
     assert (v["cold_start.prompt_column"], v["cold_start.completion_column"]) == ("extra_info.question", "extra_info.answer")
     assert (v["cold_start.batch_sequences"], v["cold_start.lr"], v["cold_start.max_length"]) == (32, 1e-4, 1024)
     assert (v["cold_start.steps"], v["cold_start.warmup_steps"], v["optim.padding_free"]) == (6, 0, True)  # 2 x (100 // 32)
+    assert "cold_start.checkpoint_every_steps" not in v  # the script saves no SFT checkpoints
+    out2 = from_verl({"data.train_files": str(tmp_path / "train.parquet"), "actor_rollout_ref.rollout.n": 4})
+    add_verl_sft(out2, read_verl([str(script)], ["trainer.save_freq=50"]))
+    assert out2.values["cold_start.checkpoint_every_steps"] == 50
     assert any(line.startswith("SFT model.partial_pretrain='Qwen/Qwen2.5-0.5B-Instruct'") for line in out.differs)
     assert any(line.startswith("SFT data.truncation='error'") for line in out.differs)
     assert any(line.startswith("SFT optim.lr_scheduler='cosine'") for line in out.differs)

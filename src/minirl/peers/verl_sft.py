@@ -90,6 +90,9 @@ def add_verl_sft(out: Translation, given: dict[str, Any]) -> None:
         out.differs.append(f"SFT {peer.show('data.truncation')}: minirl cuts a row longer than cold_start.max_length "
                            "at its end (verl's 'right'); verl's 'error' stops at it, 'left' cuts its start")
     _steps(peer, out, batch, engine)
+    save = peer("trainer.save_freq")
+    if isinstance(save, int) and not isinstance(save, bool) and save > 0:  # its checkpoints: the state a stop continues from
+        out.set("cold_start.checkpoint_every_steps", save, f"SFT {peer.show('trainer.save_freq')}")
     model_key = "model.path" if engine else "model.partial_pretrain"
     rl_model = out.values.get("model.path")
     if rl_model and peer(model_key) != rl_model:
