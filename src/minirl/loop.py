@@ -485,8 +485,11 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
         if a.adv_whiten and whiten:  # over the responses given one (TRL 1.16's RLOO)
             kept = defined_advantages(applied.view(rewards_PG.shape), baseline=a.adv_baseline, std_scope=a.adv_std_scope,
                                       std_normalize=a.adv_std_normalize).reshape(-1)
-            advantages = (token_whiten(advantages, lengths * kept) * kept if a.adv_whiten_over == "tokens"
-                          else scored_response_whiten(advantages, kept))
+            if a.adv_whiten_over == "responses":
+                advantages = scored_response_whiten(advantages, kept)
+            else:  # fewer than two tokens given an advantage: no variance, all 0 (as over the responses)
+                tokens = lengths * kept
+                advantages = token_whiten(advantages, tokens) * kept if int(tokens.sum()) >= 2 else advantages * 0
         return advantages
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,

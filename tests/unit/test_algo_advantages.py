@@ -395,6 +395,17 @@ def test_leave_one_out_over_the_scored_others_and_whitening_over_the_scored_by_h
     assert scored_response_whiten(torch.tensor([2.0, 1.0]), torch.tensor([True, False])).tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="group_mean or leave_one_out"):
         scored_group_advantages(rewards, scored, baseline="none")
+    # every response scored: group_advantages' values, for both baselines, with and without the std
+    from minirl.algo import group_advantages
+
+    every = torch.ones_like(scored)
+    for baseline in ("group_mean", "leave_one_out"):
+        for std_normalize in (False, True):
+            for std_scope in ("group", "batch"):
+                torch.testing.assert_close(
+                    scored_group_advantages(rewards, every, std_normalize, std_scope=std_scope, baseline=baseline),
+                    group_advantages(rewards, std_normalize, baseline=baseline, std_scope=std_scope),
+                    rtol=1e-6, atol=1e-6)
 
 
 def test_in_the_loop_unscored_responses_get_no_advantage() -> None:
@@ -420,3 +431,7 @@ def test_in_the_loop_unscored_responses_get_no_advantage() -> None:
     sampled.reward_parts = torch.tensor([[1.0, nan], [nan, 0.0], [nan, nan]])
     torch.testing.assert_close(step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])),
                                torch.tensor([1.0, -1.0, 0.0]) / (2 ** 0.5 + 1e-4))
+    # whitened over the tokens with no response given an advantage (one scored in the group: no other): all 0, no error
+    cfg = load_config(None, ["rollout.samples_per_prompt=3", "algo.adv_baseline=leave_one_out", "algo.adv_whiten=true"])
+    sampled.reward_parts = torch.tensor([[1.0, nan], [nan, nan], [nan, nan]])
+    assert step_advantages(cfg, sampled, torch.tensor([1.0, 1.0])).tolist() == [0.0, 0.0, 0.0]

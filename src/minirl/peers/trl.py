@@ -807,6 +807,18 @@ def _trl_sft_data(peer: Peer, out: Translation) -> None:
         out.set("cold_start.split", str(peer("dataset_train_split")), f"SFT {peer.show('dataset_train_split')}")
 
 
+def _trl_sft_saves(peer: Peer, out: Translation, steps: Any) -> None:
+    """SFT ``save_steps`` (a fraction < 1: of the run's ``steps``, as transformers reads it): the state a stopped SFT
+    continues from, every so many steps (``cold_start.checkpoint_every_steps``)."""
+    save = peer("save_steps")
+    if peer("save_strategy") != "steps" or not save:
+        return
+    every = math.ceil(save * steps) if save < 1 and steps and steps > 0 else int(save) if save >= 1 else 0
+    if every:
+        out.set("cold_start.checkpoint_every_steps", every, f"SFT {peer.show('save_strategy', 'save_steps')} (the "
+                "state a stopped SFT continues from, kept in one file)")
+
+
 def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
     """The cold start of ``out`` from a ``trl sft --config`` file: SFT on its data before RL (``cold_start.*``)."""
     peer = Peer(given, TRL_DEFAULTS | TRL_SFT_DEFAULTS)  # a TrainingArguments key the RL file reads is no SFT leftover
@@ -844,12 +856,7 @@ def add_trl_sft(out: Translation, given: dict[str, Any]) -> None:
             out.not_translated.append(f"SFT warm-up ratio {ratio or warmup} without steps: set cold_start.warmup_steps")
     else:
         out.set("cold_start.warmup_steps", int(warmup), f"SFT {peer.show('warmup_steps')}")
-    save = peer("save_steps")
-    if peer("save_strategy") == "steps" and save:  # a fraction < 1: of the run's steps, as transformers reads it
-        every = math.ceil(save * steps) if save < 1 and steps and steps > 0 else int(save) if save >= 1 else 0
-        if every:
-            out.set("cold_start.checkpoint_every_steps", every, f"SFT {peer.show('save_strategy', 'save_steps')} (the "
-                    "state a stopped SFT continues from, kept in one file)")
+    _trl_sft_saves(peer, out, steps)
     if peer("lr_scheduler_type") not in ("constant", "constant_with_warmup"):
         out.differs.append(f"SFT {peer.show('lr_scheduler_type')}: minirl's SFT keeps its rate constant after warm-up")
     if peer("completion_only_loss") is False:

@@ -28,17 +28,19 @@ def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, s
     rewards = _checked_rewards(torch.where(scored_PG, rewards_PG, torch.zeros((), dtype=rewards_PG.dtype)))
     counts = scored_PG.sum(dim=1, keepdim=True)
     mean = rewards.sum(dim=1, keepdim=True) / counts.clamp(min=1)
-    centred = torch.where(scored_PG, rewards - mean, torch.zeros_like(rewards))
+    deviation = torch.where(scored_PG, rewards - mean, torch.zeros_like(rewards))  # the std's, before RLOO's factor
     if baseline == "leave_one_out":
-        centred = centred * (counts / (counts - 1).clamp(min=1)) * (counts > 1)
-    elif baseline != "group_mean":
+        centred = deviation * (counts / (counts - 1).clamp(min=1)) * (counts > 1)
+    elif baseline == "group_mean":
+        centred = deviation
+    else:
         raise ValueError(f"baseline={baseline!r}: over the scored responses, group_mean or leave_one_out")
     if std_normalize:
         if std_scope == "batch":
             values = rewards[scored_PG]
             std = values.std(correction=1) if values.numel() > 1 else torch.tensor(float("nan"))
         else:
-            std = (centred.square().sum(dim=1, keepdim=True) / (counts - 1).clamp(min=1)).sqrt()
+            std = (deviation.square().sum(dim=1, keepdim=True) / (counts - 1).clamp(min=1)).sqrt()
             std = torch.where(counts > 1, std, torch.full_like(std, float("nan")))
         centred = torch.nan_to_num(centred / (std + STD_EPS), nan=0.0) * scored_PG
     return centred
