@@ -99,6 +99,24 @@ def test_a_batched_function_may_return_an_array_or_a_tensor_as_in_trl() -> None:
         assert fn.batched and fn.score(samples) == [1.0, 0.5]
 
 
+def test_an_answer_column_kept_as_stored_is_not_passed_twice() -> None:
+    """A number, list or object answer is kept as stored among the columns (TRL's batched functions read it); a
+    per-sample ``f(prompt, completion, answer, **kwargs)`` gets it once, in ``answer``."""
+    from minirl.tasks.jsonl import ColumnMap, _row_to_prompt
+    from minirl.tasks.reward_functions import sample_of
+
+    seen: list = []
+
+    def reward(prompt, completion, answer, **kwargs):
+        seen.append((answer, sorted(kwargs)))
+        return 1.0
+
+    for stored in (3, {"x": 1}, [1, 2]):
+        row = _row_to_prompt({"prompt": "q", "answer": stored, "level": 2}, "f:1", ColumnMap(answer_required=False))
+        assert make_reward_fn(reward).score([sample_of(row, "c")]) == [1.0]
+    assert [keys for _, keys in seen] == [["completion_ids", "level"]] * 3 and [a for a, _ in seen] == ["3", "{\"x\": 1}", "[1, 2]"]
+
+
 def test_module_in_the_working_directory_is_found_and_a_miss_says_where(tmp_path: Path) -> None:
     (tmp_path / "my_rewards_cwd.py").write_text("def score(prompt, completion, answer):\n    return 2.0\n")
     script = (

@@ -40,6 +40,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (package / "scoring.py").write_text(USER_MODULE)
     (package / "broken.py").write_text("import a_dependency_that_does_not_exist\n")
     (package / "syntax.py").write_text("def f(:\n")
+    (package / "raises.py").write_text("LIMIT = 1\nSCALE = LIMIT / undefined_constant\n")
     (package / "uses_verl.py").write_text("from verl.utils.reward_score import gsm8k\n")
     (package / "uses_trl.py").write_text("from trl.rewards import accuracy_reward\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -71,6 +72,7 @@ def test_load_reward_function_from_a_file_path(tmp_path: Path) -> None:
         ("user_rewards_pkg.scoring:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not callable"),
         ("user_rewards_pkg.broken:fn", "importing 'user_rewards_pkg.broken' failed: No module named"),
         ("user_rewards_pkg.syntax:f", "importing 'user_rewards_pkg.syntax' failed: SyntaxError"),
+        ("user_rewards_pkg.raises:f", "failed: NameError: name 'undefined_constant' is not defined (at "),  # the line
         ("/no/such/file.py:fn", "file '/no/such/file.py' not found"),
     ],
 )
@@ -78,6 +80,10 @@ def test_bad_reward_specs_give_one_line_naming_the_spec(user_module: str, spec: 
     with pytest.raises(RewardSpecError) as error:
         load_reward_function(spec)
     text = str(error.value)
+    if "raises" in spec:  # where in the user's file: its line
+        assert text.endswith("raises.py:2, in <module>)"), text
+    if "syntax" in spec:
+        assert text.endswith("syntax.py:1)"), text
     assert text.startswith(f"reward function {spec!r}: ")
     assert message in text
     assert "\n" not in text

@@ -34,10 +34,13 @@ that carry them (``Scored``). A data file in verl's layout keeps its answer in
 ``reward_model.ground_truth`` (``minirl.tasks.jsonl``).
 
 **slime's** ``--custom-rm-path`` functions work unchanged as well: one whose first parameters are ``(args, sample)``
-is awaited per sample as slime's rollout calls it, ``(args, samples)`` (or the entry's ``batched``: slime's
-``--group-rm``) with the list; ``sample`` is a ``SlimeSample`` (``prompt``, ``response``, ``label``, ``metadata``,
-``response_length``, ``tokens``), ``args`` a ``SlimeArgs`` holding the entry's ``kwargs`` (the flags ``minirl config
-from-slime`` carries over; None for any other). A dict it returns gives its ``reward_key`` entry (``score`` by default).
+(or any two, with the entry's ``convention: slime``) is called per sample as slime's rollout calls it, an ``async
+def``'s samples awaited together (``RewardFn.score_each``); ``(args, samples)`` (or the entry's ``batched``: slime's
+``--group-rm``) once per prompt's group. ``sample`` is slime's ``Sample`` (``minirl.tasks.slime_types``: ``prompt``,
+``response``, ``label`` as stored, ``metadata``, ``response_length``, ``tokens``, ``index``, ``group_index``,
+``status``), ``args`` a ``SlimeArgs`` holding the entry's ``kwargs`` (the flags ``minirl config from-slime`` carries
+over, and its ``--custom-config-path`` keys; None for any other). A dict it returns gives its ``reward_key`` entry
+(``score`` by default).
 
 Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
 updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps; ``trainer_state.epoch``: passes
@@ -222,6 +225,7 @@ class RewardFn:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
         self.full_name = function_name(self.fn)
         self._accepts = _accepted_keywords(self.fn)
+        self._given_first = _first_three(self.fn)  # a column named like them (an "answer" kept as stored) is not a keyword
         self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
         self.takes_any_keyword = self._accepts is None  # **kwargs: gets environments too, as TRL passes them to all
         unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None and not self.slime else []
@@ -261,7 +265,8 @@ class RewardFn:
             return self.fn(SlimeArgs(self.kwargs), slime_sample(sample, self.kwargs))
         if self.verl:
             return self.fn(**self.keywords(verl_keywords(sample)))
-        kwargs = self.keywords({**sample.columns, "completion_ids": sample.completion_ids, **_progress(sample.trainer_state)})
+        columns = {key: value for key, value in sample.columns.items() if key not in self._given_first}
+        kwargs = self.keywords({**columns, "completion_ids": sample.completion_ids, **_progress(sample.trainer_state)})
         return self.fn(sample.prompt, shaped_completion(sample), sample.answer, **kwargs)
 
     @property
@@ -514,6 +519,17 @@ def resolve(value: Any) -> Any:
     if not done:
         raise result
     return result
+
+
+def _first_three(fn: Callable[..., Any]) -> frozenset[str]:
+    """The names of ``fn``'s first three positional parameters: a per-sample call passes prompt, completion and answer
+    in them, so no column may be passed again by those names."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset({"prompt", "completion", "answer"})
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return frozenset(positional[:3])
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:

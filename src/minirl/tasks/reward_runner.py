@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from minirl.tasks._reward_worker import BOOT
 from minirl.tasks.reward_functions import RewardFn, Sample, Scored, TrainerState, sample_of
 from minirl.tasks.rewards import (
+    WORKER_ENV,
     CustomRewardTask,
     RewardFunctionError,
     RewardSpecError,
@@ -92,7 +93,7 @@ class _Worker:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT.format(src=_SRC), str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w), start_new_session=True, stdin=subprocess.DEVNULL,
-                env={**os.environ, TIMEOUT_ENV: str(timeout_s)} if timeout_s else None,
+                env={**os.environ, WORKER_ENV: "1", **({TIMEOUT_ENV: str(timeout_s)} if timeout_s else {})},
             )
         except BaseException:
             os.close(to_child_w)
@@ -289,9 +290,11 @@ class RewardRunner:
             items: list[Any] = list(samples)
         elif here:  # a reward model (one call, which batches its forwards itself), or environments
             items = [list(samples)] if samples else []
-        else:  # one call per worker, on a contiguous share of the samples
+        else:  # one call per worker, on a contiguous share of the samples (of whole groups for slime's --group-rm)
             share = max(1, math.ceil(len(samples) / self.num_workers))
             items = [samples[i : i + share] for i in range(0, len(samples), share)]
+            if entry.slime:
+                items = _whole_groups(samples, share)
         if self.in_worker and not here:
             answers = self._score_in_workers([(k, item) for item in items], entry.full_name)
         else:
@@ -470,3 +473,15 @@ def _place(item: Any, index: int, group_index: int) -> dict[str, Any]:
         return {"index": index, "group_index": group_index}
     return {"index": index, "group_index": group_index, "prompt_ids": list(getattr(item, "prompt_ids", [])),
             "truncated": getattr(item, "finish_reason", None) == "length"}
+
+
+def _whole_groups(samples: list[Any], share: int) -> list[list[Any]]:
+    """``samples`` in contiguous shares of about ``share``, each ending at a group's end (``group_index`` changes):
+    a slime ``--group-rm`` function sees every sample of each group it is handed."""
+    items: list[list[Any]] = [[]]
+    for index, sample in enumerate(samples):
+        items[-1].append(sample)
+        ends = index + 1 == len(samples) or samples[index + 1].group_index != sample.group_index
+        if ends and len(items[-1]) >= share and index + 1 < len(samples):
+            items.append([])
+    return items

@@ -83,7 +83,7 @@ def _import_module(spec: str, module_name: str) -> Any:
         _add_working_directory(module_name)
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] == "slime" and not module_name.startswith("slime"):
+        if (error.name or "").split(".")[0] == "slime" and module_name.split(".")[0] != "slime":
             return _with_slime_stand_in(spec, module_name, error)
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             if error.name.split(".")[0] in PEER_INSTALL:  # a peer's own module (verl.tools.gsm8k_tool, trl.rewards)
@@ -98,10 +98,17 @@ def _import_module(spec: str, module_name: str) -> Any:
                               f"{peer_install_hint(error)}") from error
     except RewardSpecError:
         raise
-    except Exception as error:  # a user module that fails to import: name it, then the error
+    except Exception as error:  # a user module that fails to import: name it, then the error and where it was raised
+        where = (f" (at {error.filename}:{error.lineno})" if isinstance(error, SyntaxError) and error.filename
+                 else _raised_at(error))
         raise RewardSpecError(
-            f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}"
+            f"reward function {spec!r}: importing {module_name!r} failed: {type(error).__name__}: {_one_line(error)}{where}"
         ) from error
+
+
+WORKER_ENV = "MINIRL_REWARD_WORKER"
+"""Set in a reward worker's environment (``minirl.tasks.reward_runner``): what importing a reward module says once,
+the main process says, not each worker."""
 
 
 def _with_slime_stand_in(spec: str, module_name: str, error: ModuleNotFoundError) -> Any:
@@ -111,7 +118,7 @@ def _with_slime_stand_in(spec: str, module_name: str, error: ModuleNotFoundError
     from minirl.tasks.slime_types import STAND_IN_MODULES, _StandIn, stand_in_for_slime
 
     if error.name in STAND_IN_MODULES and not isinstance(sys.modules.get("slime"), _StandIn) and stand_in_for_slime():
-        if multiprocessing.parent_process() is None:
+        if multiprocessing.parent_process() is None and not os.environ.get(WORKER_ENV):  # said once, by the main process
             print(f"minirl: {module_name} imports {error.name}; slime is not installed here, so it gets minirl's "
                   "stand-in (minirl.tasks.slime_types.Sample: what a slime reward function is handed)", file=sys.stderr)
         return _import_module(spec, module_name)
