@@ -131,7 +131,7 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
                       "to train (give another run.name, or run.resume=never to train it again)", file=sys.stderr)
     check_sources(cfg, dump_rollouts=dump_rollouts, rollouts_from=rollouts_from)  # before the cold start's minutes
     if resume_from is None:
-        check_fresh_start(cfg)  # before any work: never silently start over an earlier run
+        check_fresh_start(cfg, start_from)  # before any work: never silently start over an earlier run
     if cfg.cold_start.enabled and not start_from and resume_from is None:
         what = (f"your data {cfg.cold_start.data}" if cfg.cold_start.data
                 else f"'{cfg.cold_start.style}' teacher traces of task '{cfg.task.kind}'")

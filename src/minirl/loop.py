@@ -338,7 +338,7 @@ def _open_run_dir(run: Run, resume_from: Path | None,
             os.truncate(run_dir / "metrics.jsonl", int(state["metrics_bytes"]))
         reset_samples(run_dir, int(state["step"]))
     else:  # a fresh start: metrics, resumable checkpoints and the final model of an earlier run in this directory go
-        check_fresh_start(cfg)
+        check_fresh_start(cfg, start_from)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         reset_samples(run_dir, 0)
         checkpoint.remove_all(run_dir)
@@ -953,12 +953,19 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def check_fresh_start(cfg: Config) -> None:
+def check_fresh_start(cfg: Config, start_from: str | None = None) -> None:
     """Refuse to start over in a directory holding an earlier run, unless ``run.overwrite``; a run
-    that ended before its first global step (no checkpoint, no metrics past step 0) is no loss."""
+    that ended before its first global step (no checkpoint, no metrics past step 0) is no loss. Starting over removes
+    the earlier run's final ``checkpoint/``: refused when the weights to start from (``start_from``, ``model.path``)
+    are in it."""
     from minirl import checkpoint
 
     run_dir = cfg.run_dir
+    final = (run_dir / "checkpoint").resolve()
+    for key, source in (("--start-from", start_from), ("model.path", cfg.model.path)):
+        if source and (final == Path(source).resolve() or final in Path(source).resolve().parents) and final.exists():
+            raise ConfigError(f"{key} {source} is this run's own checkpoint/, which starting over removes: copy it "
+                              "elsewhere first, or give another run.name")
     earlier = checkpoint.logged_steps(run_dir) > 0 or checkpoint.find_latest(run_dir) is not None
     if earlier and not cfg.run.overwrite:
         raise ConfigError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -201,11 +202,15 @@ def test_starting_over_removes_the_earlier_runs_model_and_a_start_records_its_we
     assert start["start_from"] is None
     (tmp_path / "boom.py").write_text("def boom(prompt, completion, answer, **kwargs):\n    raise ValueError('no')\n")
     failing = [f"task.reward_function={tmp_path / 'boom.py'}:boom", "run.overwrite=true"]
+    # starting over from the run's own final model would remove the weights it starts from: refused, in one line
     assert main([*base, *failing, "--start-from", str(tmp_path / "o" / "checkpoint")]) == 2
+    assert "is this run's own checkpoint/, which starting over removes" in capsys.readouterr().err
+    shutil.copytree(tmp_path / "o" / "checkpoint", tmp_path / "kept")
+    assert main([*base, *failing, "--start-from", str(tmp_path / "kept")]) == 2
     assert "boom raised ValueError" in capsys.readouterr().err
     assert not (tmp_path / "o" / "checkpoint").exists()
     start = json.loads((tmp_path / "o" / "environment.jsonl").read_text().splitlines()[-1])
-    assert start["start_from"] == str(tmp_path / "o" / "checkpoint")
+    assert start["start_from"] == str(tmp_path / "kept")
 
 
 def test_config_error_type():
