@@ -193,6 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.config = _run_config_of(Path(args.checkpoint))
         if args.config:
             print(f"minirl eval: the run's config {args.config} (--config to give another)", file=sys.stderr)
+            _into_runs_directory(args)
         elif not any(item.startswith("task.") for item in args.overrides):
             print("minirl eval: no --config and no run config beside the checkpoint: the built-in task (task.kind) and "
                   "the defaults", file=sys.stderr)
@@ -212,6 +213,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = evaluate(engine, rewards, task, cfg, step=0)
     print(json.dumps({"checkpoint": args.checkpoint, "task": cfg.task.path or cfg.task.kind, **result}))
     return 0
+
+
+def _into_runs_directory(args: argparse.Namespace) -> None:
+    """Evaluate in the working directory the run was started in (``environment.jsonl``'s ``cwd``): its config's
+    relative paths (data, reward modules) mean what they meant there (said when it is not this one)."""
+    log = Path(args.config).parent / "environment.jsonl"
+    try:
+        cwd = json.loads(log.read_text().splitlines()[-1]).get("cwd")
+    except (OSError, ValueError, IndexError):
+        return
+    if cwd and Path(cwd).is_dir() and Path(cwd).resolve() != Path.cwd().resolve():
+        args.config = str(Path(args.config).resolve())
+        args.checkpoint = str(Path(args.checkpoint).resolve()) if Path(args.checkpoint).exists() else args.checkpoint
+        os.chdir(cwd)
+        print(f"minirl eval: in the run's working directory {cwd} (its config's relative paths)", file=sys.stderr)
 
 
 def _run_config_of(checkpoint: Path) -> str | None:

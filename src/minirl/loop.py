@@ -347,7 +347,8 @@ def _open_run_dir(run: Run, resume_from: Path | None,
     with open(run_dir / "environment.jsonl", "a", encoding="utf-8") as env_file:  # one line per start or resume
         env_file.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                    "from_step": 0 if state is None else int(state["step"]),
-                                   "start_from": start_from, **environment()}) + "\n")  # the weights, when not model.path
+                                   "start_from": start_from, "cwd": os.getcwd(),  # the weights; its relative paths' base
+                                   **environment()}) + "\n")
     logger = MetricsLogger(
         run_dir, total_steps=cfg.optim.global_steps, console=cfg.log.console, tensorboard=cfg.log.tensorboard,
         wandb=cfg.log.wandb, wandb_project=cfg.log.wandb_project, config=cfg.model_dump(mode="json"),

@@ -81,6 +81,13 @@ def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
     # without --config: the config of the run that wrote the checkpoint, said in one line
     assert f"minirl eval: the run's config {tmp_path / 't' / 'config.yaml'}" in greedy[0].stderr
     assert results[0]["task"] == "reverse"
+    # from another directory: evaluated in the run's own (its config names configs/... relative to it), said
+    elsewhere = subprocess.run([sys.executable, "-m", "minirl.cli", "eval", str(tmp_path / "t" / "checkpoint"), *TINY,
+                                "eval.temperature=0", "eval.samples_per_prompt=1"], capture_output=True, text=True,
+                               timeout=300, cwd=tmp_path)
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert f"minirl eval: in the run's working directory {ROOT}" in elsewhere.stderr
+    assert json.loads(elsewhere.stdout.strip().splitlines()[-1])["eval/accuracy"] == results[0]["eval/accuracy"]
 
 
 def test_dense_model_with_replay_is_a_config_error(tmp_path):
