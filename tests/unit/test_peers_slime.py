@@ -419,7 +419,8 @@ def test_each_loss_has_slimes_gradient(case):
     ({"advantage-estimator": "cispo"}, "--calculate-per-token-loss unset"),
     ({"advantage-estimator": "gspo", "use-tis": True}, "GSPO's sequence loss"),
     ({"advantage-estimator": "gspo", "calculate-per-token-loss": True}, "--calculate-per-token-loss"),
-    ({"advantage-estimator": "reinforce_plus_plus_baseline", "kl-coef": 0.01, "kl-loss-type": "k4"},
+    ({"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True, "kl-coef": 0.01,
+      "kl-loss-type": "k4"},
      "--kl-coef 0.01, --kl-loss-type k4"),
     ({"use-kl-loss": True, "kl-loss-coef": 0.01, "kl-loss-type": "k4"}, "--kl-loss-type k4"),
     ({"custom-tis-function-path": "my.tis"}, "--custom-tis-function-path my.tis"),
@@ -614,7 +615,8 @@ def test_a_custom_config_reaches_the_reward_functions_args(tmp_path: Path):
 @pytest.mark.parametrize("flags, words", [
     ({"use-rollout-logprobs": True, "use-tis": True}, "use_rollout_logprobs and use_tis cannot be set"),
     ({"kl-coef": 0.01, "kl-loss-coef": 0.01}, "only one of kl_coef and kl_loss_coef"),
-    ({"advantage-estimator": "reinforce_plus_plus"}, "requires --normalize-advantages"),
+    ({"advantage-estimator": "reinforce_plus_plus"}, "require --normalize-advantages"),
+    ({"advantage-estimator": "reinforce_plus_plus_baseline"}, "require --normalize-advantages"),
     ({"eval-interval": 5}, "evaluation datasets must be configured"),
 ])
 def test_what_slime_refuses_is_refused(flags, words):

@@ -264,11 +264,12 @@ def from_slime(given: dict[str, Any], keep_objective: bool = False) -> Translati
 
 
 SLIME_REFUSALS = (
-    (lambda peer: peer("use-rollout-logprobs") and peer("use-tis"), "use_rollout_logprobs and use_tis cannot be set at "
-     "the same time"),
+    (lambda peer: peer("use-rollout-logprobs") and peer("use-tis") and peer("pg-loss-type") != "reinforce",
+     "use_rollout_logprobs and use_tis cannot be set at the same time"),
     (lambda peer: peer("kl-coef") and peer("kl-loss-coef"), "only one of kl_coef and kl_loss_coef can be set"),
-    (lambda peer: peer("advantage-estimator") == "reinforce_plus_plus" and not peer("normalize-advantages"),
-     "--advantage-estimator reinforce_plus_plus requires --normalize-advantages"),
+    (lambda peer: peer("advantage-estimator") in ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+     and not peer("normalize-advantages"),
+     "the reinforce_plus_plus and reinforce_plus_plus_baseline advantage estimators require --normalize-advantages"),
     (lambda peer: peer("eval-interval") and not (peer("eval-prompt-data") or peer("eval-config")),
      "evaluation datasets must be configured when --eval-interval is set (--eval-prompt-data or --eval-config)"),
 )
