@@ -166,7 +166,8 @@ def save_lora_checkpoint(model: Any, directory: Path, merged: dict[str, torch.Te
     adapter = {key: value.detach().contiguous() for key, value in get_peft_model_state_dict(model).items()}
     (directory / ADAPTER_DIR).mkdir(parents=True, exist_ok=True)
     config = model._minirl_lora_config
-    came_from = str(getattr(model.config, "_name_or_path", None) or "")  # the directory the base was loaded from:
+    came_from = str(getattr(model.config, "_name_or_path", None) or "")  # the directory the base was loaded from
+    came_from = str(Path(came_from).resolve()) if came_from and Path(came_from).is_dir() else came_from  # anywhere:
     if not config.base_model_name_or_path and came_from:  # AutoPeftModel finds the base by it
         config.base_model_name_or_path = came_from
     config.save_pretrained(directory / ADAPTER_DIR)

@@ -9,6 +9,7 @@ holding it in ``sys.modules`` (``minirl.tasks.rewards`` does so when such an imp
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -81,3 +82,4 @@ class _StandIn(types.ModuleType):
     def __init__(self, name: str) -> None:
         super().__init__(name, "minirl's stand-in for slime (minirl.tasks.slime_types)")
         self.__path__: list[str] = []
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)  # find_spec answers, not raises
