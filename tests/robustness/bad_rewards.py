@@ -25,10 +25,6 @@ def returns_inf(prompt: str, completion: str, answer: str) -> float:
     return float("-inf")
 
 
-def returns_none(prompt: str, completion: str, answer: str) -> None:
-    return None
-
-
 def returns_str(prompt: str, completion: str, answer: str) -> str:
     return "1.0"
 

@@ -313,8 +313,6 @@ BAD_FUNCTIONS = [
     ("raises", "raised ValueError: no answer found (at tests/robustness/bad_rewards.py:17, in raises)"),
     ("returns_nan", "returned nan, expected a finite number"),
     ("returns_inf", "returned -inf, expected a finite number"),
-    ("returns_none", "returned None for every one of the 1 sample, expected a number (None means 'does not apply', "
-                     "TRL's rule; some function must score a batch: a missing return?)"),
     ("returns_str", "returned str '1.0', expected a number"),
 ]
 

@@ -291,7 +291,7 @@ def test_rollout_dump_and_replay_pass_the_progress_on(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("timeout_s", [None, 5.0])
-def test_none_means_the_function_does_not_apply(timeout_s: float | None) -> None:
+def test_none_means_the_function_does_not_apply(timeout_s: float | None, capsys: pytest.CaptureFixture) -> None:
     """TRL's rule: a function may return None for a sample; the reward sums the functions that applied (0 if
     none did) and the function's mean is over the samples it scored (TRL's nanmean)."""
     functions = [{"function": f"{MOD}:only_units", "weight": 2.0}, {"function": f"{MOD}:exact"},
@@ -310,12 +310,15 @@ def test_none_means_the_function_does_not_apply(timeout_s: float | None) -> None
     with _runner([{"function": f"{MOD}:only_units"}], timeout_s) as runner:  # samples 1 and 3: no function applied
         rewards, stats = runner.score(PROMPTS, COMPLETIONS)
     assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and stats["reward/unscored_frac"] == 0.5
-    # a batch no function scored is a mistake (a missing return?), not a reward of 0: one line
-    with _runner([{"function": f"{MOD}:never_applies"}], timeout_s) as runner, pytest.raises(RewardFunctionError) as error:
+    # a batch no function scored: TRL 1.16 warns and goes on (advantages 0); so does minirl, once (a missing return?)
+    with _runner([{"function": f"{MOD}:never_applies"}], timeout_s) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
         runner.score(PROMPTS, COMPLETIONS)
-    assert str(error.value) == (f"reward function {MOD}:never_applies returned None for every one of the 4 samples, "
-                                "expected a number (None means 'does not apply', TRL's rule; some function must score a "
-                                "batch: a missing return?)")
+    assert rewards.tolist() == [0.0] * 4 and stats["reward/unscored_frac"] == 1.0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minirl: warning:")]
+    assert said == [f"minirl: warning: reward function {MOD}:never_applies returned None for every one of the 4 samples, "
+                    "expected a number (None means 'does not apply', TRL's rule; some function must score a batch: a "
+                    "missing return?) (said once; such a batch trains nothing, and reward/unscored_frac counts them)"]
 
 
 @pytest.mark.parametrize("timeout_s", [None, 5.0])

@@ -203,6 +203,7 @@ class RewardRunner:
         fallback where it failed; K = 1 for a task's own verifier. ``part_weights`` [K]: their weights."""
         self.part_weights: Any = None
         self._lock = threading.Lock()
+        self._said_unscored = False
         self._workers = _Pool()
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         if self.in_worker:
@@ -249,8 +250,10 @@ class RewardRunner:
         # no function applied: reward 0 here (TRL before 1.16); its NaN row in last_parts leaves it out of its group's
         # statistics with advantage 0 (TRL 1.16; minirl.loop.step_advantages, group-mean baselines and GDPO)
         unscored = [all(v is None for v in row) for row in values]
-        if self.functions and values and all(unscored):
-            raise unscored_batch(self.functions, len(values))
+        if self.functions and values and all(unscored) and not self._said_unscored:  # TRL warns and goes on
+            self._said_unscored = True
+            print(f"minirl: warning: {unscored_batch(self.functions, len(values))} (said once; such a batch trains "
+                  "nothing, and reward/unscored_frac counts them)", file=sys.stderr)
         rewards = [sum(w * v for w, v in zip(weights, row) if v is not None) for row in values]  # None: not applicable
         # each function's own rewards [n, K] (NaN: did not apply) and weights, for GDPO's advantages
         self.last_parts = torch.tensor([[math.nan if v is None else float(v) for v in row] for row in values],

@@ -256,8 +256,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 def unscored_batch(functions: list[Any], samples: int) -> RewardFunctionError:
-    """The error for a batch no reward function scored: ``None`` means "does not apply" (TRL's rule), and
-    a batch nothing applies to is a mistake (most often a function without a ``return``)."""
+    """What a batch no reward function scored says: ``None`` means "does not apply" (TRL's rule); a batch nothing
+    applies to may be a mistake (most often a function without a ``return``): a warning in a run (TRL 1.16 warns and
+    goes on, the samples' advantages 0), an error for the one sample of ``CustomRewardTask.reward``."""
     names = ", ".join(entry.full_name for entry in functions)
     return RewardFunctionError(
         f"reward function{'s' if len(functions) > 1 else ''} {names} returned None for every one of the {samples} "
