@@ -75,6 +75,23 @@ def test_trl_signature_works_unchanged_with_chat_prompts() -> None:
     assert rewards.tolist() == pytest.approx([1.02, 1.01, 0.0])
 
 
+def test_a_trl_function_naming_completions_anywhere_is_batched_and_called_by_keyword() -> None:
+    """TRL calls every reward function by keyword: ``accuracy(solution, completions, **kwargs)`` and
+    ``curriculum(trainer_state, completions, **kwargs)`` work there, whatever their order; here too."""
+    from minirl.tasks.reward_functions import Sample, TrainerState
+
+    def accuracy(solution, completions, **kwargs):
+        return [float(s in c) for s, c in zip(solution, completions)]
+
+    def curriculum(trainer_state, completions, **kwargs):
+        return [float(trainer_state.global_step)] * len(completions)
+
+    samples = [Sample("q", "a 7", "7", columns={"solution": "7"}, trainer_state=TrainerState(3, 9)),
+               Sample("q", "b", "8", columns={"solution": "8"}, trainer_state=TrainerState(3, 9))]
+    assert looks_batched(accuracy) and make_reward_fn(accuracy).score(samples) == [1.0, 0.0]
+    assert looks_batched(curriculum) and make_reward_fn(curriculum).score(samples) == [3.0, 3.0]
+
+
 def test_batched_detection_follows_trl_or_the_flag() -> None:
     fns = __import__(MOD, fromlist=["x"])
     assert looks_batched(fns.trl_reward) and looks_batched(fns.bonus_batched) and not looks_batched(fns.exact)

@@ -52,13 +52,13 @@ the samples to ``samples.jsonl``): ``TrlLogs``.
 A function may return ``None`` for a sample it does not apply to (TRL's rule, e.g. one reward per
 task in a mixed dataset): the sample's reward is then the weighted sum of the functions that did
 apply, and the function's ``reward/<name>/mean`` is over the samples it scored. A sample none applied to has reward 0,
-and with a group-mean baseline (or GDPO's aggregation) it is out of its group's statistics with advantage 0, as in TRL
-1.16 (``minirl.algo.variants.scored``); other baselines train it at reward 0.
+and with a group-mean or leave-one-out baseline (or GDPO's aggregation) it is out of its group's statistics with
+advantage 0, as in TRL 1.16 (``minirl.algo.variants.scored``); other baselines train it at reward 0.
 
 A function receives only the keywords it names, unless it takes ``**kwargs`` (then it gets all
 of them). Whether a function is batched: the entry's ``batched`` flag; if absent, batched when
-its first parameter is named ``prompts``, ``completions``, ``completion_ids`` or ``environments`` (TRL's convention)
-or ``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
+it has a parameter named ``prompts``, ``completions``, ``completion_ids`` or ``environments`` (TRL's convention: it
+calls by keyword, so anywhere) or its first is ``data_sources`` (verl's), else per-sample. ``async def`` functions (or any that return an
 awaitable) are awaited. One naming ``environments`` gets the rollouts' instances (``task.environment``; TRL's
 ``environments=``) and runs in the trainer's process; so does a batched one taking ``**kwargs`` when the rollouts have
 environments (TRL passes them to every reward function).
@@ -569,9 +569,15 @@ def _keywords_only(fn: Callable[..., Any]) -> bool:
 
 
 def looks_batched(fn: Callable[..., Any]) -> bool:
-    """TRL's convention (the first parameter is ``prompts`` or ``completions``, or keyword arguments alone, which
-    only TRL's keyword call can fill) or verl's batched one (``data_sources``)."""
-    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS or _keywords_only(fn)
+    """TRL's convention (a parameter named ``prompts``, ``completions``, ``completion_ids`` or ``environments``,
+    wherever it is: TRL calls every reward function by keyword; or keyword arguments alone, which only TRL's keyword
+    call can fill) or verl's batched one (the first parameter ``data_sources``)."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = set()
+    trl = names & {"prompts", "completions", "completion_ids", "environments"}
+    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS or bool(trl) or _keywords_only(fn)
 
 
 def looks_verl(fn: Callable[..., Any]) -> bool:
