@@ -84,6 +84,8 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
     if callable(reward_funcs) or isinstance(reward_funcs, str):  # GRPOTrainer takes one bare
         reward_funcs = [reward_funcs]
     model = _model_path(model)
+    if config is None and args is None and not overrides:  # GRPOTrainer(model, reward_funcs, train_dataset) as copied
+        print(f"minirl.train: no config and no args: {_defaults_said()}", file=sys.stderr)
     if args is not None:
         if config is not None:
             raise ConfigError("minirl.train: give a minirl config or TRL's args (a GRPOConfig), not both")
@@ -104,6 +106,15 @@ def train(config: str | Path | Config | None = None, *overrides: str, model: str
     with hold_run_dir(cfg.run_dir):
         return run_training(cfg, Console(stderr=True), start_from=None if start_from is None else str(start_from),
                             resume=resume)
+
+
+def _defaults_said() -> str:
+    """minirl's defaults where TRL's GRPOTrainer without args takes GRPOConfig()'s, in one line."""
+    d = Config()
+    return (f"minirl's defaults (optim.lr {d.optim.lr:g}, rollout.max_new_tokens {d.rollout.max_new_tokens}, "
+            f"optim.global_steps {d.optim.global_steps}, {d.rollout.prompts_per_step} prompts x "
+            f"{d.rollout.samples_per_prompt} samples: `minirl config defaults`), not GRPOConfig()'s (learning_rate 1e-6, "
+            "max_completion_length 512, 3 epochs): give args=GRPOConfig(...) for TRL's")
 
 
 def run_training(cfg: Config, console: Any, *, start_from: str | None = None, resume: bool = False,

@@ -59,7 +59,7 @@ def test_a_trl_style_script_trains_with_rows_and_its_own_reward_function(tmp_pat
     assert sum("reward/correct/mean" in m and "reward/short/mean" in m for m in metrics) == 2
 
 
-def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path):
+def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path, capsys):
     cfg = _configure(None, [f"run.output_dir={tmp_path}"], "some/model", "train.parquet", str(tmp_path / "eval.jsonl"),
                      ["pkg.mod:fn"], None)
     assert cfg.model.path == "some/model" and cfg.task.eval_path == str(tmp_path / "eval.jsonl")
@@ -111,6 +111,10 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     # through minirl.train, a mistake's traceback stops at the call: the message is what to mend, not minirl's frames
     import minirl
 
+    # GRPOTrainer(model, reward_funcs, train_dataset) copied without args: minirl's defaults, not GRPOConfig()'s: said
+    with pytest.raises(ConfigError, match=r"^train_dataset: expected"):
+        minirl.train(train_dataset=42, reward_funcs=["a:b"])
+    assert "minirl.train: no config and no args: minirl's defaults (optim.lr 0.0001" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"^optim.lr") as error:
         minirl.train(None, "optim.lr=fast")
     frames = [entry.name for entry in error.traceback]
