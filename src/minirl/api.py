@@ -343,6 +343,24 @@ def _function_spec(fn: Callable[..., Any], where: str) -> str:
                       "(a lambda, closure or instance); define it with def at a module's top level")
 
 
+def _named_eval_sets(sets: dict[str, Any]) -> Any:
+    """TRL's ``eval_dataset={name: dataset, ...}`` as one dataset whose rows carry their set's name as
+    ``data_source``: minirl logs ``eval/<name>/accuracy`` and ``reward_mean`` for each (TRL: ``eval_<name>_*``)."""
+    import datasets
+
+    parts = []
+    for source, part in sets.items():
+        rows = part if isinstance(part, datasets.Dataset) else datasets.Dataset.from_list(list(part))
+        if "data_source" in rows.column_names:
+            rows = rows.remove_columns("data_source")
+        parts.append(rows.add_column("data_source", [str(source)] * len(rows)))
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as error:
+        raise ConfigError(f"eval_dataset: its sets ({', '.join(map(str, sets))}) cannot be read as one: "
+                          f"{' '.join(str(error).split())[:200]}") from None
+
+
 def _dataset_path(value: DatasetLike, root: Path, name: str) -> str:
     """A file or directory as it is; a ``datasets`` object or a list of rows saved once under ``root``."""
     if isinstance(value, (str, Path)):
@@ -353,6 +371,8 @@ def _dataset_path(value: DatasetLike, root: Path, name: str) -> str:
         if "train" not in value and len(value) != 1:
             raise ConfigError(f"{name}: a DatasetDict without a 'train' split (splits: {', '.join(value)})")
         value = value["train"] if "train" in value else next(iter(value.values()))
+    elif isinstance(value, dict) and name == "eval_dataset":  # TRL's {name: dataset}: each its data_source
+        value = _named_eval_sets(value)
     if isinstance(value, (list, tuple)):
         if not all(isinstance(row, dict) for row in value):
             raise ConfigError(f"{name}: expected a datasets.Dataset, a list of row dicts or a file path")

@@ -109,8 +109,17 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset, a list of row dicts"):
         _configure(None, [], None, 42, None, None, None)
     # through minirl.train, a mistake's traceback stops at the call: the message is what to mend, not minirl's frames
-    import minirl
+    # TRL's eval_dataset={name: dataset}: one held-out set, each row's data_source its name (eval/<name>/accuracy)
+    import datasets
 
+    import minirl
+    from minirl.api import _dataset_path
+
+    named = _dataset_path({"math": [{"prompt": "1+1", "solution": "2"}], "code": [{"prompt": "x", "solution": "y"}]},
+                          tmp_path, "eval_dataset")
+    assert datasets.load_from_disk(named)["data_source"] == ["math", "code"]
+    with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset"):
+        _dataset_path({"math": [{"prompt": "1+1"}]}, tmp_path, "train_dataset")
     # GRPOTrainer(model, reward_funcs, train_dataset) copied without args: minirl's defaults, not GRPOConfig()'s: said
     with pytest.raises(ConfigError, match=r"^train_dataset: expected"):
         minirl.train(train_dataset=42, reward_funcs=["a:b"])
