@@ -17,9 +17,10 @@ settings it changed read against TRL's defaults, what differs printed). Everythi
 run is the CLI's: the same cold start, checkpoints, resume
 (``resume=True``) and run directory, whose ``config.yaml`` repeats it. In-memory datasets are saved once
 (``save_to_disk``) under ``RUN.output_dir/_datasets/<fingerprint>`` and named in the config; reward
-functions by ``module:function``. A function defined in the script itself (``__main__``) cannot be
-imported by a reward worker process, so such runs call their rewards in this process
-(``task.reward_timeout_s: null``, said in one line); put them in a module to keep the timeout.
+functions by ``module:function``. A function defined in the script itself (``__main__``), a lambda, a closure or
+a callable object (``minirl.api:_IN_PROCESS.<name>``) cannot be imported by a reward worker process, so such runs call
+their rewards in this process (``task.reward_timeout_s: null``, said in one line); put them in a module to keep the
+timeout (and a config that names them for another process).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import sys
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -200,10 +203,12 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         entries = [_reward_entry(fn, index) for index, fn in enumerate(reward_funcs)]
         data["task"]["reward_functions"] = [entry | {"weight": float(w)} for entry, w in zip(entries, weights)]
         data["task"]["reward_function"] = None
-        if any((entry.get("function") or "").startswith("__main__:") for entry in entries) and data["task"]["reward_timeout_s"] is not None:
+        if any((entry.get("function") or "").startswith(IN_PROCESS_PREFIXES) for entry in entries) and \
+                data["task"]["reward_timeout_s"] is not None:
             data["task"]["reward_timeout_s"] = None
-            print("minirl: reward functions defined in the script run in this process, without "
-                  "task.reward_timeout_s (a worker process cannot import __main__; a module can be)", file=sys.stderr)
+            print("minirl: reward functions defined in the script (or lambdas, closures, callable objects) run in this "
+                  "process, without task.reward_timeout_s (a worker process cannot import them; a module's can be)",
+                  file=sys.stderr)
     try:
         return Config.model_validate(data)
     except ValidationError as err:  # the arguments' values, through the same one-line messages as a file's
@@ -339,8 +344,17 @@ def _function_spec(fn: Callable[..., Any], where: str) -> str:
     qualname = getattr(fn, "__qualname__", "")
     if getattr(fn, "__module__", None) == "__main__" and qualname and "<" not in qualname:
         return f"__main__:{qualname}"
-    raise ConfigError(f"{where}: {qualname or type(fn).__name__} cannot be named in the run's config "
-                      "(a lambda, closure or instance); define it with def at a module's top level")
+    # a lambda, a closure or a callable object (TRL takes them): named for this process only
+    key = f"{re.sub(r'[^0-9A-Za-z_]', '_', getattr(fn, '__name__', None) or type(fn).__name__)}_{len(vars(_IN_PROCESS))}"
+    setattr(_IN_PROCESS, key, fn)
+    return f"minirl.api:_IN_PROCESS.{key}"
+
+
+_IN_PROCESS = types.SimpleNamespace()
+"""Reward functions ``minirl.train`` was handed that no module names (a lambda, a closure, a callable object), by the
+name the run's config gives them (``minirl.api:_IN_PROCESS.<name>_<n>``): found in this process only, as a
+script's own functions are."""
+IN_PROCESS_PREFIXES = ("__main__:", "minirl.api:_IN_PROCESS.")
 
 
 def _named_eval_sets(sets: dict[str, Any]) -> Any:

@@ -46,7 +46,7 @@ def test_a_trl_style_script_trains_with_rows_and_its_own_reward_function(tmp_pat
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     proc = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "reward functions defined in the script run in this process" in proc.stderr
+    assert "reward functions defined in the script (or lambdas, closures, callable objects) run in this process" in proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == 2 and 0.0 <= result["after"] <= 1.0
     saved = yaml.safe_load((tmp_path / "runs" / "first" / "config.yaml").read_text())
@@ -80,8 +80,18 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
                          ({"modules_to_save": ["lm_head"]}, "modules_to_save=['lm_head']")):
         with pytest.raises(ConfigError, match=rf"^peft_config: {re.escape(shown)} is not carried over \("):
             _configure(None, [], None, None, None, None, None, LoraConfig(r=8, target_modules="all-linear", **given))
-    with pytest.raises(ConfigError, match=r"^reward_funcs\[0\]: .*lambda.* cannot be named in the run's config"):
-        _configure(None, [], None, None, None, [lambda completions, **kw: [0.0] * len(completions)], None)
+    # a lambda or a callable object (TRL takes them): named for this process, scored here without a timeout
+    from minirl.tasks.rewards import load_reward_function
+
+    class Scorer:
+        def __call__(self, completions, **kwargs):
+            return [1.0] * len(completions)
+
+    given = [lambda completions, **kw: [0.0] * len(completions), Scorer()]
+    task = _configure(None, [], None, None, None, given, None).task
+    names = [entry.function for entry in task.reward_functions]
+    assert names == ["minirl.api:_IN_PROCESS._lambda__0", "minirl.api:_IN_PROCESS.Scorer_1"], names
+    assert [load_reward_function(name) for name in names] == given and task.reward_timeout_s is None
     # functools.partial and TRL's reward factories: the function, with their arguments as the entry's kwargs
     import functools
 
