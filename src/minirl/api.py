@@ -182,6 +182,14 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
     if peft_config is not None:  # TRL's peft_config=LoraConfig(r, lora_alpha, lora_dropout, target_modules)
         data["model"]["lora"] = _lora(peft_config)
     datasets_dir = Path(data["run"]["output_dir"]) / "_datasets"
+    if train_dataset is None and environment_factory is not None and not data["task"].get("path"):
+        if isinstance(environment_factory, dict):
+            raise ConfigError("environment_factory: a dict of environments needs a train_dataset whose rows name theirs "
+                              "in an 'environment' column")
+        train_dataset = [{"prompt": [{"role": "user", "content": ""}]}] * ENVIRONMENT_ROWS  # reset() gives each prompt
+        print(f"minirl.train: no train_dataset: the environment owns the data (TRL's rule), each prompt its reset()'s "
+              f"text ({ENVIRONMENT_ROWS} empty rows; optim.global_steps sets the length, as TRL's max_steps)",
+              file=sys.stderr)
     for name, value, key in (("train_dataset", train_dataset, "path"), ("eval_dataset", eval_dataset, "eval_path")):
         if value is not None:
             data["task"]["kind"] = "jsonl"
@@ -349,6 +357,10 @@ def _function_spec(fn: Callable[..., Any], where: str) -> str:
     setattr(_IN_PROCESS, key, fn)
     return f"minirl.api:_IN_PROCESS.{key}"
 
+
+ENVIRONMENT_ROWS = 256
+"""Rows of an environment that owns its data (``environment_factory`` without ``train_dataset``): empty prompts that
+each rollout's ``reset()`` fills."""
 
 _IN_PROCESS = types.SimpleNamespace()
 """Reward functions ``minirl.train`` was handed that no module names (a lambda, a closure, a callable object), by the

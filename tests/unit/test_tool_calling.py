@@ -592,9 +592,25 @@ def test_minirl_train_takes_trls_tools_and_environment_factory(tmp_path: Path) -
     cfg = _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
                      environment_factory={"calc": calculator.add, "other": "env.py:Other"})
     assert cfg.task.environment == {"calc": "calculator_for_api:add", "other": "env.py:Other"}
-    with pytest.raises(ConfigError, match=r"^environment_factory: .*lambda.* cannot be named"):
-        _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
-                   environment_factory=lambda: None)
+    factory = lambda: None  # noqa: E731  (TRL takes any factory: named for this process)
+    cfg = _configure(None, ["task.kind=jsonl", "task.path=x.jsonl"], None, None, None, None, None,
+                     environment_factory=factory)
+    assert cfg.task.environment.startswith("minirl.api:_IN_PROCESS._lambda__")
+    # no train_dataset: the environment owns the data (TRL's rule): empty prompts, each filled by its reset()
+    import datasets
+
+    from minirl.api import ENVIRONMENT_ROWS
+    from minirl.tasks.jsonl import ColumnMap, _row_to_prompt
+
+    cfg = _configure(None, [f"run.output_dir={tmp_path}"], None, None, None, None, None,
+                     environment_factory=calculator.multiply)
+    rows = datasets.load_from_disk(cfg.task.path)
+    assert len(rows) == ENVIRONMENT_ROWS and rows[0]["prompt"] == [{"role": "user", "content": ""}]
+    prompt = _row_to_prompt({"environment": "calc"}, "f:1", ColumnMap(answer_required=False, environment_prompts=True))
+    assert prompt.messages == [{"role": "user", "content": ""}]  # a row without a prompt: its environment's reset()
+    with pytest.raises(ConfigError, match=r"^environment_factory: a dict of environments needs a train_dataset"):
+        _configure(None, [f"run.output_dir={tmp_path}"], None, None, None, None, None,
+                   environment_factory={"calc": calculator.add})
 
 
 def test_a_call_past_the_timeout_is_an_error_result_and_the_model_goes_on() -> None:

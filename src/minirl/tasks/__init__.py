@@ -122,6 +122,7 @@ def build_task_from_config(
             dataset_config=t.dataset_config, train_split=t.train_split, eval_split=t.eval_split,
             system_prompt=t.system_prompt, chat_prompts=t.chat_prompts,
             answer_required=not (t.reward_function or t.reward_functions or t.environment),  # a user's may need none
+            environment_prompts=bool(t.environment),  # a row's prompt may be its environment's reset() text alone
             answer_named=t.answer_column != "answer",  # ... but a column named is every row's (a saved config repeats
             # every key, so a name is told by its value, not by being set)
         )

@@ -148,6 +148,7 @@ class JsonlTask:
         answer_column: str = "answer",
         answer_required: bool = True,
         answer_named: bool = False,
+        environment_prompts: bool = False,
         plain_chat: bool = False,
         dataset_config: str | None = None,
         train_split: str = "train",
@@ -169,7 +170,7 @@ class JsonlTask:
             on_bad_row=on_bad_row, max_prompt_chars=max_prompt_chars, max_prompt_tokens=max_prompt_tokens,
             count_tokens=count_tokens, skipped=self.skipped_reasons,
             columns=ColumnMap(prompt_column, answer_column, answer_required, plain_chat, system_prompt, chat_prompts,
-                              answer_named),
+                              answer_named, environment_prompts),
         )
         rows = [row for p in paths for row in read_jsonl_prompts(p, split=train_split, config=dataset_config, **read)]
         if eval_path is not None or eval_split is not None:  # held-out files, or a split of the dataset directories
@@ -319,6 +320,7 @@ class ColumnMap:
     system_prompt: str | None = None
     chat_prompts: bool = False
     answer_named: bool = False
+    environment_prompts: bool = False  # task.environment: a row's prompt may be missing or empty (its reset() gives it)
 
 
 def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Prompt:
@@ -327,6 +329,8 @@ def _row_to_prompt(row: Any, where: str, columns: ColumnMap = ColumnMap()) -> Pr
         raise TaskDataError(
             f'{where}: expected a JSON object with "{prompt_key}" and "{answer_key}", got {_json_type(row)}'
         )
+    if prompt_key not in row and columns.environment_prompts:  # TRL: an environment's reset() gives the prompt
+        row = {**row, prompt_key: [{"role": "user", "content": ""}]}
     if prompt_key not in row:
         raise TaskDataError(f'{where}: field "{prompt_key}" is missing')
     answer_key = _answer_key(row, answer_key)
@@ -363,7 +367,7 @@ def _prompt_messages(prompt: Any, where: str, key: str, columns: ColumnMap) -> l
     """A row's prompt as chat messages (None: plain text), with ``task.system_prompt`` first where it has none."""
     if isinstance(prompt, list):
         messages = check_messages(prompt, where, key)
-        if not flatten_messages(messages).strip():
+        if not flatten_messages(messages).strip() and not columns.environment_prompts:  # a reset() may give it all
             raise TaskDataError(f'{where}: field "{key}" is empty')
     elif isinstance(prompt, str):
         if not prompt.strip():
