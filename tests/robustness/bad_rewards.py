@@ -100,3 +100,13 @@ def huge_when_asked(prompt: str, completion: str, answer: str) -> float:
     if os.environ.get("MINIRL_TEST_HUGE_REWARD"):
         return 1e300
     return sum(a == b for a, b in zip(completion, answer)) / max(len(answer), 1)
+
+
+def where_raised(name: str) -> str:
+    """`` (at tests/robustness/bad_rewards.py:LINE, in NAME)``: the line of ``NAME``'s ``raise``, as a reward
+    function's error names it (computed, so editing this file moves no test)."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(globals()[name])
+    offset = next(index for index, line in enumerate(lines) if "raise " in line)
+    return f" (at tests/robustness/bad_rewards.py:{first + offset}, in {name})"

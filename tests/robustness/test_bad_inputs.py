@@ -32,6 +32,7 @@ from minirl.tasks import (
     build_task,
 )
 from minirl.types import Prompt
+from tests.robustness.bad_rewards import where_raised
 
 CORPUS = Path(__file__).parent / "corpus"
 MINIMAL = CORPUS / "minimal.yaml"
@@ -310,7 +311,7 @@ def test_a_lambda_cannot_run_with_a_timeout() -> None:
 PROMPTS = [Prompt(text="rev ab\n", answer="ba")]
 
 BAD_FUNCTIONS = [
-    ("raises", "raised ValueError: no answer found (at tests/robustness/bad_rewards.py:17, in raises)"),
+    ("raises", f"raised ValueError: no answer found{where_raised('raises')}"),
     ("returns_nan", "returned nan, expected a finite number"),
     ("returns_inf", "returned -inf, expected a finite number"),
     ("returns_str", "returned str '1.0', expected a number"),
@@ -335,7 +336,7 @@ def test_bad_reward_function_fails_in_one_line(name: str, problem: str, timeout_
 WORKER_ONLY = [
     ("hangs", "did not return within 0.5 s (task.reward_timeout_s); its worker process was killed"),
     ("sleeps", "did not return within 0.5 s (task.reward_timeout_s); its worker process was killed"),
-    ("exits", "raised SystemExit: 3 (at tests/robustness/bad_rewards.py:55, in exits)"),
+    ("exits", f"raised SystemExit: 3{where_raised('exits')}"),
     ("crashes_on_crash", "killed its worker process (exit code 7)"),
 ]
 
@@ -355,8 +356,7 @@ def test_bad_reward_function_via_the_cli(capsys: pytest.CaptureFixture) -> None:
         capsys, "eval", "--config", str(MINIMAL), "qwen3-moe-tiny", f"task.reward_function={BAD}:raises",
         "eval.num_prompts=1", "eval.samples_per_prompt=1", "rollout.max_new_tokens=2",
     )
-    assert message == (f"reward function {BAD}:raises raised ValueError: no answer found (at "
-                       "tests/robustness/bad_rewards.py:17, in raises)")
+    assert message == f"reward function {BAD}:raises raised ValueError: no answer found{where_raised('raises')}"
 
 
 # --- 5. checkpoint directories -------------------------------------------------------------------

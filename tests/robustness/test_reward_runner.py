@@ -28,6 +28,7 @@ from minirl.tasks import (
 )
 from minirl.types import Prompt
 from tests.robustness import bad_rewards
+from tests.robustness.bad_rewards import where_raised
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = "tests.robustness.bad_rewards"
@@ -47,7 +48,7 @@ def test_fallback_scores_problems_and_counts_them() -> None:
         assert stats == {"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/fallback_frac": 2 / 7,
                          "reward/unscored_frac": 0.0, "reward/flaky/mean": 0.0}  # (1 - 1 + 1 - 1 + 0 + 0 + 0) / 7
         assert runner.last_problems == [
-            f"reward function {BAD}:flaky raised RuntimeError: boom (at tests/robustness/bad_rewards.py:68, in flaky)",
+            f"reward function {BAD}:flaky raised RuntimeError: boom{where_raised('flaky')}",
             f"reward function {BAD}:flaky returned nan, expected a finite number",
         ]
 
@@ -235,8 +236,8 @@ def test_several_functions_batched_and_async_keep_timeouts_and_fallback() -> Non
     assert rewards.tolist() == [1.0 - 9.0, 0.0 - 9.0]
     assert stats["reward/timeouts"] == 4.0 and stats["reward/errors"] == 2.0 and stats["reward/fallback_frac"] == 6 / 8
     assert stats["reward/good/mean"] == 0.5 and stats["reward/hangs_batched/mean"] == -1.0
-    assert (f"reward function {BAD}:raises_batched raised ValueError: batched verifier broke (at "
-            "tests/robustness/bad_rewards.py:97, in raises_batched)") in runner.last_problems
+    assert (f"reward function {BAD}:raises_batched raised ValueError: batched verifier broke"
+            f"{where_raised('raises_batched')}") in runner.last_problems
     with RewardRunner(build_task("reverse", difficulty=2, num_train=2, num_eval=1, reward_functions=functions[2:3]),
                       timeout_s=0.3) as runner, pytest.raises(RewardFunctionError) as error:
         runner.score(PROMPTS, [(0, "ba")])
