@@ -159,7 +159,7 @@ def run_training(cfg: Config, console: Any, *, start_from: str | None = None, re
     console.print(
         f"[bold green]done[/] {summary.steps} steps in {summary.seconds:.0f}s  |  held-out accuracy (reward >= "
         f"{cfg.eval.accuracy_threshold:g}) before RL {summary.eval_before:.3f} -> after RL {summary.eval_after:.3f}  |  "
-        f"run dir {summary.run_dir}"
+        f"run dir {summary.run_dir}", soft_wrap=True,  # one line, whatever the terminal's width (a log greps it)
     )
     return summary
 
