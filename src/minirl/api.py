@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 import sys
 import types
@@ -190,6 +191,8 @@ def _configure(config: str | Path | Config | None, overrides: list[str], model: 
         print(f"minirl.train: no train_dataset: the environment owns the data (TRL's rule), each prompt its reset()'s "
               f"text ({ENVIRONMENT_ROWS} empty rows; optim.global_steps sets the length, as TRL's max_steps)",
               file=sys.stderr)
+    if type(train_dataset).__name__ == "IterableDataset":  # TRL takes one with max_steps: the rows a run reads
+        train_dataset = _first_rows(train_dataset, data)
     for name, value, key in (("train_dataset", train_dataset, "path"), ("eval_dataset", eval_dataset, "eval_path")):
         if value is not None:
             data["task"]["kind"] = "jsonl"
@@ -367,6 +370,22 @@ _IN_PROCESS = types.SimpleNamespace()
 name the run's config gives them (``minirl.api:_IN_PROCESS.<name>_<n>``): found in this process only, as a
 script's own functions are."""
 IN_PROCESS_PREFIXES = ("__main__:", "minirl.api:_IN_PROCESS.")
+
+
+def _first_rows(stream: Any, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """An ``IterableDataset``'s first rows, as many as the run draws (``optim.global_steps`` x
+    ``rollout.prompts_per_step``, and the held-out share ``task.eval_fraction`` without ``eval_dataset``), said in one
+    line: minirl saves its data and reads it from disk."""
+    import itertools
+
+    steps, per_step = int(data["optim"]["global_steps"]), int(data["rollout"]["prompts_per_step"])
+    held = 0.0 if data["task"].get("eval_path") else float(data["task"].get("eval_fraction") or 0.0)
+    wanted = math.ceil(steps * per_step / (1.0 - held)) + 1
+    rows = [dict(row) for row in itertools.islice(stream, wanted)]
+    print(f"minirl.train: train_dataset is an IterableDataset: its first {len(rows)} rows are saved and read (the "
+          f"{steps} steps x {per_step} prompts the run draws, and the held-out share), as TRL reads a stream for "
+          "max_steps", file=sys.stderr)
+    return rows
 
 
 def _named_eval_sets(sets: dict[str, Any]) -> Any:

@@ -131,6 +131,12 @@ def test_arguments_fold_into_the_config_and_mistakes_are_one_line(tmp_path: Path
     assert datasets.load_from_disk(named)["data_source"] == ["math", "code"]
     with pytest.raises(ConfigError, match=r"^train_dataset: expected a datasets.Dataset"):
         _dataset_path({"math": [{"prompt": "1+1"}]}, tmp_path, "train_dataset")
+    # an IterableDataset (TRL takes one with max_steps): the rows the run draws, saved (3 steps x 2 prompts / 0.9, + 1)
+    stream = datasets.Dataset.from_list([{"prompt": f"q{n}", "solution": str(n)} for n in range(100)]).to_iterable_dataset()
+    cfg = _configure(None, [f"run.output_dir={tmp_path}", "optim.global_steps=3", "rollout.prompts_per_step=2"], None,
+                     stream, None, None, None)
+    assert len(datasets.load_from_disk(cfg.task.path)) == 8
+    assert "train_dataset is an IterableDataset: its first 8 rows are saved" in capsys.readouterr().err
     # GRPOTrainer(model, reward_funcs, train_dataset) copied without args: minirl's defaults, not GRPOConfig()'s: said
     with pytest.raises(ConfigError, match=r"^train_dataset: expected"):
         minirl.train(train_dataset=42, reward_funcs=["a:b"])
