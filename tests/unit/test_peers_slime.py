@@ -612,6 +612,13 @@ def test_a_custom_config_reaches_the_reward_functions_args(tmp_path: Path):
         read_slime([], ["--rollout-batch-size", "4", "--custom-config-path", str(tmp_path / "nope.yaml")])
 
 
+def test_a_flag_typo_is_named_with_the_flag_it_looks_like():
+    out = from_slime(BASE | {"rollout-batchsize": 4})
+    assert "--rollout-batchsize=4: not a setting minirl knows how to carry over (did you mean --rollout-batch-size?)" \
+        in out.not_translated, out.not_translated
+    assert not any("did you mean" in line for line in from_slime(BASE | {"my-own-flag": 1}).not_translated)
+
+
 @pytest.mark.parametrize("flags, words", [
     ({"use-rollout-logprobs": True, "use-tis": True}, "use_rollout_logprobs and use_tis cannot be set"),
     ({"kl-coef": 0.01, "kl-loss-coef": 0.01}, "only one of kl_coef and kl_loss_coef"),

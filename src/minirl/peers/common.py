@@ -4,6 +4,7 @@ the small readers both use."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -245,7 +246,9 @@ def leftovers(peer: Peer, out: Translation, ignored: re.Pattern[str], prefix: st
         else:
             value = peer.given[key]
             shown = value.text if isinstance(value, Unresolved) else repr(value)
-            out.not_translated.append(f"{prefix}{key}={shown}: not a setting minirl knows how to carry over")
+            close = difflib.get_close_matches(key, list(peer.defaults), n=1, cutoff=0.85)  # a typo of a peer's key
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            out.not_translated.append(f"{prefix}{key}={shown}: not a setting minirl knows how to carry over{hint}")
 
 
 def count_rows(path: str | list[str] | None, split: str = "train", config: str | None = None) -> int | None:
