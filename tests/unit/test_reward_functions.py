@@ -92,6 +92,20 @@ def test_a_trl_function_naming_completions_anywhere_is_batched_and_called_by_key
     assert looks_batched(curriculum) and make_reward_fn(curriculum).score(samples) == [3.0, 3.0]
 
 
+def test_a_function_fitting_neither_call_is_one_line_at_once() -> None:
+    """TRL's docs' ``reward_func(completions_ids, **kwargs)`` (a typo) fits neither TRL's batched keyword call nor the
+    per-sample ``fn(prompt, completion, answer)``: one line when the function is given, naming the keyword it is near."""
+    from minirl.tasks.rewards import RewardSpecError
+
+    def reward_func(completions_ids, **kwargs):
+        return [0.0] * len(completions_ids)
+
+    with pytest.raises(RewardSpecError, match=r"its parameters \(completions_ids, kwargs\) fit neither TRL's batched "
+                                              r"call .* did you mean 'completion_ids'\?$"):
+        make_reward_fn(reward_func)
+    assert not make_reward_fn(lambda prompt, completion, answer=None: 1.0).batched  # three positional: per sample
+
+
 def test_batched_detection_follows_trl_or_the_flag() -> None:
     fns = __import__(MOD, fromlist=["x"])
     assert looks_batched(fns.trl_reward) and looks_batched(fns.bonus_batched) and not looks_batched(fns.exact)

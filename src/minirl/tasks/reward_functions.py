@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import inspect
 import math
 import numbers
@@ -605,7 +606,31 @@ def make_reward_fn(
                               f"(first parameter {_first_parameter(fn)!r}: "
                               f"{'batched' if looks_batched(fn) else 'per-sample'}); leave 'batched' out")
     batched = looks_batched(fn) if batched is None or verl else bool(batched)
+    if not batched and not verl:
+        _check_per_sample(fn)
     return RewardFn(fn, float(weight), batched, name or "", spec, verl, dict(kwargs or {}), key=key)
+
+
+def _check_per_sample(fn: Callable[..., Any]) -> None:
+    """A function called per sample, ``fn(prompt, completion, answer, ...)``, takes three positional arguments; one
+    that cannot fits neither that nor TRL's batched call: one line now (naming the TRL keyword it comes close to),
+    not a ``TypeError`` at the first step."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 3:
+        return
+    names = [p.name for p in parameters]
+    close = [match for name in names for match in difflib.get_close_matches(name, ("prompts", "completions",
+                                                                                  "completion_ids"), n=1, cutoff=0.8)]
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise RewardSpecError(f"reward function {function_name(fn)}: its parameters ({', '.join(names)}) fit neither TRL's "
+                          "batched call (a parameter prompts, completions or completion_ids) nor the per-sample "
+                          f"fn(prompt, completion, answer, ...){hint}")
 
 
 def unique_names(functions: list[RewardFn]) -> None:
