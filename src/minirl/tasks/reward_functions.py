@@ -93,7 +93,8 @@ from minirl.tasks.rewards import (
 if TYPE_CHECKING:
     from minirl.types import Prompt
 
-BATCHED_FIRST_PARAMETERS = ("prompts", "completions", "completion_ids", "data_sources", "environments")
+TRL_BATCHED_PARAMETERS = frozenset({"prompts", "completions", "completion_ids", "environments"})
+"""A reward function naming one of these (anywhere: TRL calls by keyword) is called batched, TRL's way."""
 VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
 
 
@@ -424,11 +425,7 @@ def slime_sample(sample: Sample, args: dict[str, Any]) -> Any:
 
 def looks_slime(fn: Callable[..., Any]) -> bool:
     """slime's ``--custom-rm-path`` convention: ``(args, sample, **kwargs)`` or ``(args, samples, **kwargs)``."""
-    try:
-        names = [p.name for p in inspect.signature(fn).parameters.values()][:2]
-    except (TypeError, ValueError):
-        return False
-    return names in (["args", "sample"], ["args", "samples"])
+    return [p.name for p in _parameters(fn) or []][:2] in (["args", "sample"], ["args", "samples"])
 
 
 def environment_reward(prompt: Any, completion: Any, answer: Any, environment_reward: float | None = None,
@@ -522,63 +519,51 @@ def resolve(value: Any) -> Any:
     return result
 
 
+def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    """``fn``'s parameters, or None when it has no signature to read (a builtin, an opaque callable)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _positional(parameters: list[inspect.Parameter]) -> list[str]:
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def _first_three(fn: Callable[..., Any]) -> frozenset[str]:
     """The names of ``fn``'s first three positional parameters: a per-sample call passes prompt, completion and answer
     in them, so no column may be passed again by those names."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return frozenset({"prompt", "completion", "answer"})
-    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return frozenset(positional[:3])
+    parameters = _parameters(fn)
+    return frozenset({"prompt", "completion", "answer"} if parameters is None else _positional(parameters)[:3])
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
     """Parameter names ``fn`` takes by keyword; ``None`` when it takes ``**kwargs`` (or is opaque)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    parameters = _parameters(fn)
+    if parameters is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _names_parameter(fn: Callable[..., Any], name: str) -> bool:
     """``fn`` has a parameter of this name (not only ``**kwargs``)."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+    return any(p.name == name for p in _parameters(fn) or [])
 
 
 def _first_parameter(fn: Callable[..., Any]) -> str | None:
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
+    parameters = _parameters(fn)
     return parameters[0].name if parameters else None
-
-
-def _keywords_only(fn: Callable[..., Any]) -> bool:
-    """``fn`` takes keyword arguments alone (``def r(**kwargs)``, or keyword-only parameters): TRL calls it so."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return bool(parameters) and all(p.kind in (p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
 
 
 def looks_batched(fn: Callable[..., Any]) -> bool:
     """TRL's convention (a parameter named ``prompts``, ``completions``, ``completion_ids`` or ``environments``,
     wherever it is: TRL calls every reward function by keyword; or keyword arguments alone, which only TRL's keyword
     call can fill) or verl's batched one (the first parameter ``data_sources``)."""
-    try:
-        names = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        names = set()
-    trl = names & {"prompts", "completions", "completion_ids", "environments"}
-    return _first_parameter(fn) in BATCHED_FIRST_PARAMETERS or bool(trl) or _keywords_only(fn)
+    parameters = _parameters(fn) or []
+    keywords_only = bool(parameters) and all(p.kind in (p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
+    return (_first_parameter(fn) == "data_sources" or bool({p.name for p in parameters} & TRL_BATCHED_PARAMETERS)
+            or keywords_only)
 
 
 def looks_verl(fn: Callable[..., Any]) -> bool:
@@ -597,7 +582,7 @@ def make_reward_fn(
         raise RewardSpecError(f"reward function {target!r} is not callable")
     spec = target if isinstance(target, str) else reward_spec(fn)
     if convention == "slime" or looks_slime(fn):  # batched when the entry says so (--group-rm) or it takes ``samples``
-        group = list(inspect.signature(fn).parameters)[1:2] == ["samples"]
+        group = [p.name for p in _parameters(fn) or []][1:2] == ["samples"]
         return RewardFn(fn, float(weight), group if batched is None else bool(batched), name or "", spec,
                         kwargs=dict(kwargs or {}), slime=True, key=key)
     verl = looks_verl(fn)
@@ -615,14 +600,8 @@ def _check_per_sample(fn: Callable[..., Any]) -> None:
     """A function called per sample, ``fn(prompt, completion, answer, ...)``, takes three positional arguments; one
     that cannot fits neither that nor TRL's batched call: one line now (naming the TRL keyword it comes close to),
     not a ``TypeError`` at the first step."""
-    try:
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-        return
-    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 3:
+    parameters = _parameters(fn)
+    if parameters is None or any(p.kind == p.VAR_POSITIONAL for p in parameters) or len(_positional(parameters)) >= 3:
         return
     names = [p.name for p in parameters]
     close = [match for name in names for match in difflib.get_close_matches(name, ("prompts", "completions",
