@@ -355,9 +355,11 @@ def _function_spec(fn: Callable[..., Any], where: str) -> str:
     qualname = getattr(fn, "__qualname__", "")
     if getattr(fn, "__module__", None) == "__main__" and qualname and "<" not in qualname:
         return f"__main__:{qualname}"
-    # a lambda, a closure or a callable object (TRL takes them): named for this process only
-    key = f"{re.sub(r'[^0-9A-Za-z_]', '_', getattr(fn, '__name__', None) or type(fn).__name__)}_{len(vars(_IN_PROCESS))}"
-    setattr(_IN_PROCESS, key, fn)
+    # a lambda, a closure or a callable object (TRL takes them): named for this process only, once however often given
+    key = next((name for name, known in vars(_IN_PROCESS).items() if known is fn), None)
+    if key is None:
+        key = f"{re.sub(r'[^0-9A-Za-z_]', '_', getattr(fn, '__name__', None) or type(fn).__name__)}_{len(vars(_IN_PROCESS))}"
+        setattr(_IN_PROCESS, key, fn)
     return f"minirl.api:_IN_PROCESS.{key}"
 
 
