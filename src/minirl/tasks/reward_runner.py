@@ -230,17 +230,9 @@ class RewardRunner:
         import torch  # here, so that importing this module stays light
 
         pairs = [item if isinstance(item, tuple) else (item.prompt_index, item.text) for item in completions]
-        ids = [[] if isinstance(item, tuple) else list(item.completion_ids) for item in completions]
-        turns = [None if isinstance(item, tuple) else getattr(item, "messages", None) for item in completions]
-        scores = [None if isinstance(item, tuple) else getattr(item, "environment_reward", None) for item in completions]
-        fields = [None if isinstance(item, tuple) else getattr(item, "tool_extra_fields", None) for item in completions]
-        instances = [None if isinstance(item, tuple) else getattr(item, "environment", None) for item in completions]
-        reset = [None if isinstance(item, tuple) else getattr(item, "environment_prompt", None) for item in completions]
         with self._lock:
-            if self.functions:  # an environment's rollout: its prompt with the reset()'s text (TRL's)
-                samples = [sample_of(reset[n] or prompts[index], text, ids[n], self.trainer_state, turns[n], scores[n],
-                                     fields[n], instances[n], **_place(item, n, index))
-                           for n, ((index, text), item) in enumerate(zip(pairs, completions))]
+            if self.functions:
+                samples = [_sample(prompts, item, n, self.trainer_state) for n, item in enumerate(completions)]
                 per_function = [self._score_function(k, samples) for k in range(len(self.functions))]
                 results = [[column[n] for column in per_function] for n in range(len(samples))]
             else:
@@ -470,12 +462,19 @@ class RewardRunner:
         self.close()
 
 
-def _place(item: Any, index: int, group_index: int) -> dict[str, Any]:
-    """A sample's place in the scored batch and what its ``Completion`` says of it (``sample_of``'s ``place``)."""
+def _sample(prompts: Sequence[Prompt], item: Any, index: int, trainer_state: TrainerState | None) -> Sample:
+    """The ``Sample`` of the ``index``-th item scored: a ``(prompt_index, text)`` pair, or a ``Completion`` with what its
+    rollout recorded (its turns, its environment, the prompt its ``reset()`` added to: TRL's prompt, the prompt's ids,
+    whether it was cut at the budget)."""
     if isinstance(item, tuple):
-        return {"index": index, "group_index": group_index}
-    return {"index": index, "group_index": group_index, "prompt_ids": list(getattr(item, "prompt_ids", [])),
-            "truncated": getattr(item, "finish_reason", None) == "length"}
+        prompt_index, text = item
+        return sample_of(prompts[prompt_index], text, (), trainer_state, index=index, group_index=prompt_index)
+    return sample_of(getattr(item, "environment_prompt", None) or prompts[item.prompt_index], item.text,
+                     item.completion_ids, trainer_state, getattr(item, "messages", None),
+                     getattr(item, "environment_reward", None), getattr(item, "tool_extra_fields", None),
+                     getattr(item, "environment", None), index=index, group_index=item.prompt_index,
+                     prompt_ids=list(getattr(item, "prompt_ids", [])),
+                     truncated=getattr(item, "finish_reason", None) == "length")
 
 
 def _whole_groups(samples: list[Any], share: int) -> list[list[Any]]:
