@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minirl.algo.advantages import STD_EPS, _checked_rewards
+from minirl.algo.variants.baselines import response_whiten
 
 
 def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, std_normalize: bool = False, *,
@@ -56,11 +57,10 @@ def defined_advantages(scored_PG: torch.Tensor, *, baseline: str = "group_mean",
 
 
 def scored_response_whiten(advantages: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
-    """Advantages [B] whitened over the ``scored`` responses only (``defined_advantages``), (A - mean) / (std + 1e-4)
-    with the unbiased std, and 0 for the others (TRL's ``RLOOTrainer`` with ``normalize_advantages``, its nan-aware
-    mean and std). Fewer than two: all 0 (TRL's std of one value is NaN, zeroed)."""
+    """Advantages [B] whitened over the ``scored`` responses only (``defined_advantages``): ``response_whiten`` of
+    them, and 0 for the others (TRL's ``RLOOTrainer`` with ``normalize_advantages``, its nan-aware mean and std).
+    Fewer than two: all 0 (TRL's std of one value is NaN, zeroed)."""
     out = torch.zeros_like(advantages)
     if int(scored.sum()) >= 2:
-        kept = advantages[scored]
-        out[scored] = (kept - kept.mean()) / (kept.std(correction=1) + 1e-4)
+        out[scored] = response_whiten(advantages[scored])
     return out
