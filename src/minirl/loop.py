@@ -35,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -338,7 +339,9 @@ def _open_run_dir(run: Run, resume_from: Path | None,
             os.truncate(run_dir / "metrics.jsonl", int(state["metrics_bytes"]))
         reset_samples(run_dir, int(state["step"]))
     else:  # a fresh start: metrics, resumable checkpoints and the final model of an earlier run in this directory go
-        check_fresh_start(cfg, start_from)
+        if check_fresh_start(cfg, start_from):  # run.overwrite: said, never silent
+            print(f"minirl: run.overwrite: {run_dir} held an earlier run; starting over (its checkpoints and metrics "
+                  "are replaced)", file=sys.stderr)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         reset_samples(run_dir, 0)
         checkpoint.remove_all(run_dir)
@@ -954,11 +957,11 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def check_fresh_start(cfg: Config, start_from: str | None = None) -> None:
+def check_fresh_start(cfg: Config, start_from: str | None = None) -> bool:
     """Refuse to start over in a directory holding an earlier run, unless ``run.overwrite``; a run
     that ended before its first global step (no checkpoint, no metrics past step 0) is no loss. Starting over removes
     the earlier run's final ``checkpoint/``: refused when the weights to start from (``start_from``, ``model.path``)
-    are in it."""
+    are in it. Returns whether there is an earlier run (``run.overwrite``) to replace."""
     from minirl import checkpoint
 
     run_dir = cfg.run_dir
@@ -974,6 +977,7 @@ def check_fresh_start(cfg: Config, start_from: str | None = None) -> None:
             "run.resume=auto), "
             "start over with run.overwrite=true, or choose another run.name"
         )
+    return earlier
 
 
 def rollout_sampling(cfg: Config, step: int, round_index: int = 0) -> SamplingParams:

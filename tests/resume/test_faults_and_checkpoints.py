@@ -207,7 +207,8 @@ def test_starting_over_removes_the_earlier_runs_model_and_a_start_records_its_we
     assert "is this run's own checkpoint/, which starting over removes" in capsys.readouterr().err
     shutil.copytree(tmp_path / "o" / "checkpoint", tmp_path / "kept")
     assert main([*base, *failing, "--start-from", str(tmp_path / "kept")]) == 2
-    assert "boom raised ValueError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "boom raised ValueError" in err and f"run.overwrite: {tmp_path / 'o'} held an earlier run; starting over" in err
     assert not (tmp_path / "o" / "checkpoint").exists()
     start = json.loads((tmp_path / "o" / "environment.jsonl").read_text().splitlines()[-1])
     assert start["start_from"] == str(tmp_path / "kept")
@@ -246,14 +247,14 @@ def test_a_fresh_start_never_silently_replaces_an_earlier_run(tmp_path):
     from minirl.loop import check_fresh_start
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.name=r"])
-    check_fresh_start(cfg)  # an empty directory is fine
+    assert check_fresh_start(cfg) is False  # an empty directory is fine
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     with pytest.raises(ConfigError, match=r"already holds a run; continue it with --resume"):
         check_fresh_start(cfg)
-    check_fresh_start(load_config(None, [f"run.output_dir={tmp_path}", "run.name=r", "run.overwrite=true"]))
+    assert check_fresh_start(load_config(None, [f"run.output_dir={tmp_path}", "run.name=r", "run.overwrite=true"]))
     (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "train/re')  # killed in step 1's row
-    check_fresh_start(cfg)  # a run that ended before its first global step: nothing to lose
+    assert check_fresh_start(cfg) is False  # a run that ended before its first global step: nothing to lose
 
 
 def test_a_run_directory_in_use_refuses_a_second_process(tmp_path, capsys):

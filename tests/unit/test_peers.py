@@ -571,6 +571,8 @@ def test_trl_steps_warmup_checkpoints_and_logging_count_global_steps():
     assert (v["checkpoint.every_steps"], v["checkpoint.keep_last"], v["eval.every_steps"]) == (50, 3, 10)
     assert v["log.completions_every_steps"] == 3 and v["log.tensorboard"] and v["log.wandb"]
     assert (v["run.output_dir"], v["run.name"]) == ("out/runs", "q3")
+    assert v["run.overwrite"] is True  # TRL trains again over an earlier run in output_dir; resuming is asked for
+    assert "run.overwrite" not in _trl(resume_from_checkpoint=True).values
 
 
 @pytest.mark.parametrize("loss_type, level, name", [("grpo", "token", "grpo"), ("grpo", "sequence", "gspo"),
