@@ -1171,3 +1171,28 @@ def test_a_translations_help_is_help(peer, capsys):
     with pytest.raises(SystemExit) as done:
         main(["config", peer, "run.sh", "--help"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: minirl config")
+
+
+def test_a_label_key_no_row_has_is_one_line(tmp_path: Path, monkeypatch):
+    """slime reads ``row[--label-key]`` (a KeyError when no row has it); minirl would score with no label, so the
+    translation says it, with the columns the file has. A column some rows have is theirs (slime's NaN elsewhere)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    Path("d.jsonl").write_text('{"text": "q1", "label": "1"}\n\n{"text": "q2", "label": "2", "answer": "2"}\n')
+    assert from_slime(BASE | {"prompt-data": "d.jsonl", "label-key": "answer"}).values["task.answer_column"] == "answer"
+    Path("d.jsonl").write_text('{"text": "q1", "label": "1"}\n{"text": "q2", "label": "2"}\n')
+    with pytest.raises(ConfigError, match=r"^--label-key answer: no row of d.jsonl has a column 'answer' \(its columns: "
+                                          r"label, text\); slime stops there with a KeyError$"):
+        from_slime(BASE | {"prompt-data": "d.jsonl", "label-key": "answer"})
+    with pytest.raises(ConfigError, match=r"did you mean --label-key label\?$"):
+        from_slime(BASE | {"prompt-data": "d.jsonl@[0:1]", "label-key": "lable"})  # the row slice is not the file
+    pq.write_table(pa.table({"prompt": ["q"], "label": ["1"]}), "d.parquet")
+    with pytest.raises(ConfigError, match=r"^--label-key answer: no row of d.parquet has a column 'answer' "):
+        from_slime(BASE | {"prompt-data": "d.parquet", "label-key": "answer"})
+    assert from_slime(BASE | {"prompt-data": "d.parquet", "label-key": "label"}).values["task.answer_column"] == "label"
+    monkeypatch.setattr("minirl.peers.slime.LABEL_ROWS_READ", 1)
+    Path("d.jsonl").write_text('{"text": "q1"}\n{"text": "q2", "answer": "2"}\n')
+    with pytest.raises(ConfigError, match=r"^--label-key answer: none of the first 1 rows of d.jsonl has"):
+        from_slime(BASE | {"prompt-data": "d.jsonl", "label-key": "answer"})
