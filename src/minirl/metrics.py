@@ -285,10 +285,11 @@ def sample_rows(prompts: list[Any], completions: list[Any], rewards: Any, count:
                 columns: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The first ``count`` completions of a step as ``{"prompt", "completion", "reward"}`` (chats as messages), with
     the ``columns`` reward functions logged for each (TRL's ``log_extra``); with ``task.tools``, also the completion's
-    ``messages``: each turn with its calls, and the tools' results."""
+    ``messages``: each turn with its calls, and the tools' results. With ``task.environment``, the prompt is the one
+    the model saw: the row's with the text its environment's ``reset()`` added."""
     rows = []
     for index, (completion, reward) in enumerate(list(zip(completions, rewards.tolist()))[:count]):
-        prompt = prompts[completion.prompt_index]
+        prompt = getattr(completion, "environment_prompt", None) or prompts[completion.prompt_index]
         shown = prompt.messages if getattr(prompt, "messages", None) is not None else prompt.text
         extra = columns[index] if columns and index < len(columns) else {}
         turns = getattr(completion, "messages", None)

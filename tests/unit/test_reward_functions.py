@@ -370,6 +370,10 @@ def test_trls_log_metric_and_log_extra_reach_the_metrics_and_the_samples(timeout
     assert [c["first_char"] for c in columns] == ["4", "5", "7", "7"]
     rows = sample_rows(PROMPTS, [SimpleNamespace(prompt_index=i, text=t) for i, t in COMPLETIONS], rewards, 2, columns)
     assert rows[1] == {"first_char": "5", "prompt": "2+2?", "completion": "5", "reward": 1.0}
+    # task.environment: the prompt the model saw, with the text its environment's reset() added
+    seen = Prompt(text="2+2? (reset)", answer="4", messages=[{"role": "user", "content": "2+2? (reset)"}])
+    rows = sample_rows(PROMPTS, [SimpleNamespace(prompt_index=0, text="4", environment_prompt=seen)], rewards, 1)
+    assert rows == [{"prompt": [{"role": "user", "content": "2+2? (reset)"}], "completion": "4", "reward": 1.0}]
 
 
 def test_keyword_only_functions_and_the_datasets_own_columns_as_trl_passes_them() -> None:
