@@ -587,11 +587,11 @@ def test_a_slime_sample_is_slimes_and_a_group_rm_gets_one_group_per_call(tmp_pat
     assert grouped.score(samples) == [20.0, 21.0, 22.0, 23.0]  # two samples a call, back in the samples' order
     from types import SimpleNamespace
 
-    from minirl.tasks.reward_runner import _whole_groups  # reward workers' shares: whole groups, never a part of one
+    from minirl.tasks.reward_runner import _groups  # the runner's calls: one group each
 
-    groups = [SimpleNamespace(group_index=g) for g in (0, 0, 0, 1, 1, 1, 2, 2, 2)]
-    assert [[s.group_index for s in item] for item in _whole_groups(groups, 2)] == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
-    assert [len(item) for item in _whole_groups(groups, 5)] == [6, 3]
+    groups = [SimpleNamespace(group_index=g) for g in (0, 0, 0, 1, 1, 2, 2, 2)]
+    assert [[s.group_index for s in item] for item in _groups(groups)] == [[0, 0, 0], [1, 1], [2, 2, 2]]
+    assert _groups([]) == []
     with pytest.raises(TaskDataError, match=r'^f:2: field "label" is missing'):  # slime's data[label_key]: KeyError
         _row_to_prompt({"prompt": "q"}, "f:2", ColumnMap(answer="label", answer_required=False, answer_named=True))
 

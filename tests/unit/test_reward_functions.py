@@ -385,3 +385,16 @@ def test_keyword_only_functions_and_the_datasets_own_columns_as_trl_passes_them(
     with _runner(functions) as runner:
         rewards, _ = runner.score(rows, [(0, "4"), (1, "7")])
     assert rewards.tolist() == [11.0, 1.0]  # "7" is the answer, but not in the row's own answers column
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process, and in worker processes
+def test_a_slime_group_rm_that_fails_loses_its_group_alone(timeout_s: float | None) -> None:
+    """slime's ``--group-rm``: one call per prompt's group; with the fallback, a group whose call raised falls back and
+    the other groups keep their rewards (one call over a worker's share failed them all before)."""
+    prompts = [Prompt(text=f"q{n}", answer=a, meta={"source": f"f:{n}"}) for n, a in enumerate("abc")]
+    completions = [(p, text) for p in range(3) for text in ("x", "y")]
+    functions = [{"function": f"{MOD}:group_rm_fails_on_b", "convention": "slime", "batched": True}]
+    with _runner(functions, timeout_s, workers=1, on_error="fallback", fallback_reward=-1.0) as runner:
+        rewards, stats = runner.score(prompts, completions)
+    assert rewards.tolist() == [2.0, 2.0, -1.0, -1.0, 2.0, 2.0]
+    assert stats["reward/errors"] == 2.0 and "judge down" in runner.last_problems[0]

@@ -124,3 +124,9 @@ def from_kwargs_only(**kwargs):
 def squad_answers(completions, answers, **kwargs):
     """A dataset's own ``answers`` column (SQuAD's dicts) reaches the function as stored, not minirl's answer list."""
     return [float(completion in entry["text"]) for completion, entry in zip(completions, answers)]
+
+
+def group_rm_fails_on_b(args, samples, **kwargs):  # slime's --group-rm form; raises on the group answering "b"
+    if any(sample.label == "b" for sample in samples):
+        raise ValueError("judge down")
+    return [float(len(samples))] * len(samples)

@@ -283,13 +283,13 @@ class RewardRunner:
             return answers
         if not entry.batched:
             items: list[Any] = list(samples)
+        elif entry.slime:  # slime's --group-rm: one call per prompt's group, as its rollout makes them (a failure is
+            items = _groups(samples)  # that group's alone)
         elif here:  # a reward model (one call, which batches its forwards itself), or environments
             items = [list(samples)] if samples else []
-        else:  # one call per worker, on a contiguous share of the samples (of whole groups for slime's --group-rm)
+        else:  # one call per worker, on a contiguous share of the samples
             share = max(1, math.ceil(len(samples) / self.num_workers))
             items = [samples[i : i + share] for i in range(0, len(samples), share)]
-            if entry.slime:
-                items = _whole_groups(samples, share)
         if self.in_worker and not here:
             answers = self._score_in_workers([(k, item) for item in items], entry.full_name)
         else:
@@ -477,13 +477,12 @@ def _sample(prompts: Sequence[Prompt], item: Any, index: int, trainer_state: Tra
                      truncated=getattr(item, "finish_reason", None) == "length")
 
 
-def _whole_groups(samples: list[Any], share: int) -> list[list[Any]]:
-    """``samples`` in contiguous shares of about ``share``, each ending at a group's end (``group_index`` changes):
-    a slime ``--group-rm`` function sees every sample of each group it is handed."""
-    items: list[list[Any]] = [[]]
+def _groups(samples: list[Any]) -> list[list[Any]]:
+    """``samples`` split where ``group_index`` changes: each prompt's group (its samples are contiguous), the calls a
+    slime ``--group-rm`` function gets."""
+    items: list[list[Any]] = []
     for index, sample in enumerate(samples):
-        items[-1].append(sample)
-        ends = index + 1 == len(samples) or samples[index + 1].group_index != sample.group_index
-        if ends and len(items[-1]) >= share and index + 1 < len(samples):
+        if index == 0 or samples[index - 1].group_index != sample.group_index:
             items.append([])
+        items[-1].append(sample)
     return items
