@@ -398,3 +398,24 @@ def test_a_slime_group_rm_that_fails_loses_its_group_alone(timeout_s: float | No
         rewards, stats = runner.score(prompts, completions)
     assert rewards.tolist() == [2.0, 2.0, -1.0, -1.0, 2.0, 2.0]
     assert stats["reward/errors"] == 2.0 and "judge down" in runner.last_problems[0]
+
+
+def test_an_async_def_in_a_worker_awaits_its_samples_together_each_within_the_timeout() -> None:
+    """An ``async def`` per-sample reward in a worker process (a timeout is set): its samples' calls are awaited
+    together, as in this process, each bounded by the timeout there; a call that never answers is that sample's
+    timeout, the others keep their rewards, and the worker lives on."""
+    import time
+
+    with _runner([{"function": f"{MOD}:waits_for_all"}], 5.0, workers=1) as runner:
+        rewards, _ = runner.score(PROMPTS, COMPLETIONS)  # one at a time, the first call would wait 3 s and raise
+    assert rewards.tolist() == [1.0, 1.0, 1.0, 1.0]
+    with _runner([{"function": f"{MOD}:hangs_on_g"}], 0.5, workers=1, on_error="fallback", fallback_reward=-1.0) as runner:
+        started = time.perf_counter()
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+        assert time.perf_counter() - started < 3.0
+        assert runner.last_problems == [f"reward function {MOD}:hangs_on_g did not return within 0.5 s "
+                                        "(task.reward_timeout_s)"]
+        pid = runner._workers[0].proc.pid
+        assert runner.score(PROMPTS, COMPLETIONS[:1])[0].tolist() == [1.0] and runner._workers[0].proc.pid == pid
+    assert rewards.tolist() == [1.0, 1.0, 1.0, -1.0]
+    assert (stats["reward/timeouts"], stats["reward/errors"]) == (1.0, 0.0)

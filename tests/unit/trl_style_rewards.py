@@ -130,3 +130,20 @@ def group_rm_fails_on_b(args, samples, **kwargs):  # slime's --group-rm form; ra
     if any(sample.label == "b" for sample in samples):
         raise ValueError("judge down")
     return [float(len(samples))] * len(samples)
+
+
+_STARTED: list[str] = []
+
+
+async def waits_for_all(prompt, completion, answer):  # returns only once every one of the 4 calls has started
+    _STARTED.append(text(completion))
+    for _ in range(300):
+        if len(_STARTED) >= 4:
+            return 1.0
+        await asyncio.sleep(0.01)
+    raise RuntimeError("called one at a time")
+
+
+async def hangs_on_g(prompt, completion, answer):  # a judge that never answers for "7 g"
+    await asyncio.sleep(60 if text(completion) == "7 g" else 0)
+    return 1.0

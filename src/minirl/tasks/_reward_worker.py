@@ -11,9 +11,11 @@ reward function started. Messages are ``multiprocessing.connection`` frames on t
                         or None (scored by the trainer), ...]}
     worker -> parent   ("ready", names) | ("failed", one-line message)
     parent -> worker   [(function index, Sample or [Sample, ...]), ...]   a chunk of items; None = exit
-    worker -> parent   ("ok", reward or [rewards]) | ("error", one-line message)   one per item, in order
+    worker -> parent   ("ok", reward or [rewards]) | ("error" or "timeout", one-line message)   one per item, in order
 
-An item is one sample for a per-sample function, a list of samples for a batched one (one call).
+An item is one sample for a per-sample function, a list of samples for a batched one (one call). A chunk of one
+``async def``'s samples is awaited together, each call bounded by the run's timeout here (``("timeout", ...)``), the
+answers sent when all are in.
 Only the standard library and ``minirl.tasks.rewards`` / ``reward_functions`` (which import no
 torch) are imported here.
 """
@@ -28,6 +30,11 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
+
+TIMEOUT_ENV = "MINIRL_REWARD_TIMEOUT_S"
+"""Set in a worker's environment to the runner's ``timeout_s``: a reward function that retries (slime's ``remote_rm``)
+keeps its tries within it and says why it failed before the worker is killed; an ``async def``'s calls are bounded
+by it here."""
 
 BOOT = (
     "import sys; sys.path.insert(0, {src!r}); "
@@ -90,5 +97,11 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
             return
         if chunk is None:
             return
+        awaited = [functions[index] for index, _ in chunk if functions[index].awaited]
+        if len(awaited) == len(chunk) and len({id(entry) for entry in awaited}) == 1:  # one async def's samples:
+            timeout = float(os.environ.get(TIMEOUT_ENV) or 0) or None  # awaited together, each
+            for answer in awaited[0].score_each([payload for _, payload in chunk], timeout):  # bounded here
+                outbox.send(answer)
+            continue
         for index, payload in chunk:
             outbox.send(_score(functions[index], payload))

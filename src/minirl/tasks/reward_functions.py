@@ -277,14 +277,20 @@ class RewardFn:
         call = type(self.fn).__call__ if not inspect.isroutine(self.fn) else None  # an object whose __call__ is async
         return not self.batched and (inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(call))
 
-    def score_each(self, samples: Sequence[Sample]) -> list[tuple[str, Any]]:
+    def score_each(self, samples: Sequence[Sample], timeout_s: float | None = None) -> list[tuple[str, Any]]:
         """``("ok", reward)`` or ``("error", message)`` per sample, every sample's call awaited together (slime's
-        rollout awaits a task per sample; a reward that waits on a server or a judge takes one wait, not n)."""
+        rollout awaits a task per sample; a reward that waits on a server or a judge takes one wait, not n);
+        ``("timeout", message)`` for a call still awaiting after ``timeout_s`` (a reward worker's)."""
 
         async def one(sample: Sample) -> tuple[str, Any]:
             try:
                 value = self._call(sample)
+                if inspect.isawaitable(value) and timeout_s is not None:
+                    value = asyncio.wait_for(value, timeout_s)
                 return "ok", self._checked(await value if inspect.isawaitable(value) else value)
+            except TimeoutError:
+                return "timeout", (f"reward function {self.full_name} did not return within {timeout_s:g} s "
+                                   "(task.reward_timeout_s)")
             except RewardFunctionError as error:
                 return "error", str(error)
             except Exception as error:

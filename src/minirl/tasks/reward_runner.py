@@ -23,7 +23,9 @@ Where a reward is computed:
   ``path/to/file.py:function``). A call that has not returned after ``timeout_s`` seconds (a
   pure-Python infinite loop included) gets its worker's whole process group killed; a fresh
   worker takes over the remaining samples. A worker that dies (segfault, ``os._exit``) is
-  replaced the same way. This works from any thread: nothing relies on signals.
+  replaced the same way. This works from any thread: nothing relies on signals. An ``async def``
+  per-sample function's samples go to a worker in one chunk, awaited together there, each call
+  bounded by ``timeout_s`` on the worker's event loop (the kill follows ``AWAIT_GRACE_S`` later).
 * **A user reward function without a timeout** (``timeout_s=None``) and **the built-in
   verifiers** (synthetic exact match, JSONL exact/math_verify) run in this process, with no
   overhead: they are ours, pure and fast (math_verify has its own timeouts in the main thread).
@@ -52,7 +54,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from minirl.tasks._reward_worker import BOOT
+from minirl.tasks._reward_worker import BOOT, TIMEOUT_ENV
 from minirl.tasks.reward_functions import RewardFn, Sample, Scored, TrainerState, sample_of
 from minirl.tasks.rewards import (
     WORKER_ENV,
@@ -78,9 +80,9 @@ STARTUP_TIMEOUT_S = 120.0
 _SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the ``minirl`` package
 
 
-TIMEOUT_ENV = "MINIRL_REWARD_TIMEOUT_S"
-"""Set in a worker's environment to the runner's ``timeout_s``: a reward function that retries (slime's ``remote_rm``)
-keeps its tries within it and says why it failed before the worker is killed."""
+AWAIT_GRACE_S = 1.0
+"""A chunk of one ``async def``'s samples is awaited together in its worker, which bounds each call by ``timeout_s``
+itself; the worker is killed only this much later (a call stuck outside the event loop)."""
 
 
 class _Worker:
@@ -371,8 +373,9 @@ class RewardRunner:
         results: list[tuple[str, Any] | None] = [None] * len(samples)
         self._missing = len(samples)  # results still None
         pending = deque(range(len(samples)))
-        chunk = max(1, math.ceil(len(samples) / (4 * self.num_workers)))
-        timeout = float(self.timeout_s or 0)
+        awaited = bool(samples) and self.functions[samples[0][0]].awaited  # one async def: its chunk awaited together
+        chunk = max(1, math.ceil(len(samples) / (self.num_workers if awaited else 4 * self.num_workers)))
+        timeout = float(self.timeout_s or 0) + (AWAIT_GRACE_S if awaited else 0.0)
         try:
             while self._missing:
                 self._start_workers()
@@ -407,7 +410,8 @@ class RewardRunner:
                         continue
                     index = worker.in_flight.popleft()
                     worker.item_started_at = time.monotonic()
-                    self._put(results, index, message if message[0] == "ok" else self._problem("error", message[1]))
+                    kind = message[0] if message[0] in ("ok", "timeout") else "error"
+                    self._put(results, index, message if kind == "ok" else self._problem(kind, message[1]))
                 now = time.monotonic()
                 for worker in list(self._workers):
                     if not worker.ready and now > worker.started_at + self.startup_timeout_s:
@@ -421,7 +425,7 @@ class RewardRunner:
                         self._replace(worker)
                         self._put(results, index, self._problem(
                             "timeout",
-                            f"reward function {name} did not return within {timeout:g} s "
+                            f"reward function {name} did not return within {self.timeout_s:g} s "
                             "(task.reward_timeout_s); its worker process was killed",
                         ))
         finally:
