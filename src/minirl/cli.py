@@ -6,7 +6,7 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl config defaults            # every key, its default and what it does
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
     minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`; `from-trl rloo FILE`: `trl rloo`),
-                                                   # verl (from-verl run.sh) or slime run (from-slime run.sh)
+                                                   # verl (from-verl run.sh), slime (from-slime run.sh) or OpenRLHF run (from-openrlhf run.sh)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2; so is a run directory that cannot
@@ -244,7 +244,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     from minirl.config_docs import render
 
     words = [*args.words, *args.overrides]
-    action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl", "from-slime") else "show"
+    action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl", "from-slime",
+                                                         "from-openrlhf") else "show"
     if action.startswith("from-"):
         return _config_from_peer(action, words, args)
     args.config = words.pop(0) if words and "=" not in words[0] else None
@@ -262,6 +263,8 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
 
     if action == "from-slime":  # a launch script and / or slime's own --flag words
         return _write_translation(_from_slime(words, args), args)
+    if action == "from-openrlhf":  # a launch script and / or OpenRLHF's own --flag words
+        return _write_translation(_from_openrlhf(words, args), args)
     files = [word for word in words if "=" not in word]
     settings = [word for word in words if "=" in word]
     if not words:
@@ -282,6 +285,20 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
             peers.add_verl_sft(translation, peers.read_verl([args.sft], []))
     translation.source_name = " ".join(files + settings) or "the command line"
     return _write_translation(translation, args)
+
+
+def _from_openrlhf(words: list[str], args: argparse.Namespace) -> Any:
+    """``config from-openrlhf [run.sh ...] [--flag value ...]``."""
+    from minirl import peers
+
+    flags = next((i for i, word in enumerate(words) if word.startswith("--")), len(words))
+    files, rest = words[:flags], words[flags:]
+    if not words:
+        raise ConfigError("config from-openrlhf: give an OpenRLHF launch script (its `python3 -m "
+                          "openrlhf.cli.train_ppo_ray ...` line) and/or OpenRLHF's --flag value words")
+    translation = peers.from_openrlhf(peers.read_openrlhf(files, rest), args.keep_objective)
+    translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
+    return translation
 
 
 def _from_slime(words: list[str], args: argparse.Namespace) -> Any:
@@ -426,16 +443,20 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL, verl or "
-                         "slime run's settings")
-    p.add_argument("words", nargs="*", metavar="[show|defaults|from-trl|from-verl|from-slime] [CONFIG] [key=value ...]",
+    p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL, verl, "
+                         "slime or OpenRLHF run's settings")
+    p.add_argument("words", nargs="*",
+                   metavar="[show|defaults|from-trl|from-verl|from-slime|from-openrlhf] [CONFIG] [key=value ...]",
                    help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
                         "from-trl [rloo] FILE: a `trl grpo --config` (or `trl rloo --config`) file as a minirl config; "
                         "from-verl [run.sh|config.yaml] "
                         "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config; from-slime "
-                        "[run.sh|config.yaml] [--flag value ...]: a slime launch script's train.py flags")
+                        "[run.sh|config.yaml] [--flag value ...]: a slime launch script's train.py flags; from-openrlhf "
+                        "[run.sh] [--flag value ...]: an OpenRLHF launch script's train_ppo_ray flags (underscore or "
+                        "dotted; its --remote_rm_url reward_func.py runs unchanged)")
     p.add_argument("-o", "--output", default=None,
-                   help="from-trl / from-verl / from-slime: write the minirl config here (default: stdout)")
+                   help="from-trl / from-verl / from-slime / from-openrlhf: write the minirl config here (default: "
+                        "stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
                    help="from-trl: a `trl sft --config` file; from-verl: verl's SFT run (its sft_trainer or "
                         "fsdp_sft_trainer script, or YAML); translated as the cold start (SFT before RL)")
@@ -549,18 +570,18 @@ def _stacks_on_sigusr1() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["config"] and argv[1:2] in (["from-trl"], ["from-verl"], ["from-slime"]) and \
+    if argv[:1] == ["config"] and argv[1:2] in (["from-trl"], ["from-verl"], ["from-slime"], ["from-openrlhf"]) and \
             any(word in ("-h", "--help") for word in argv[2:]):  # before the peer's words take them as settings
         argv = ["config", "--help"]
     if argv[:2] == ["config", "from-trl"]:  # `trl grpo --config FILE --learning_rate 1e-6 ...` as TRL users type it
         argv = argv[:2] + trl_command_line(argv[2:])
     slime = None
-    if argv[:2] == ["config", "from-slime"]:  # slime's own --flag words pass through argparse untouched
+    if argv[:2] in (["config", "from-slime"], ["config", "from-openrlhf"]):  # the peer's --flag words pass untouched
         own, slime = split_own_options(argv[2:])
         argv = argv[:2] + own
     args, extra = parser.parse_known_args(argv)
     if slime is not None:
-        args.words = ["from-slime", *slime]
+        args.words = [argv[1], *slime]
     # key=value overrides may also follow an option (argparse stops a positional list at a flag)
     unknown = [item for item in extra if item.startswith("-") or "=" not in item]
     if unknown:

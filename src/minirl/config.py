@@ -123,9 +123,10 @@ class RewardFunctionConfig(Section):
     key: str | None = Field(None, description="the entry of the function's returned dict that is this reward (verl's "
                             "algorithm.gdpo_reward_keys: one entry per key); its other numbers are logged; null: "
                             "verl's 'score' (slime's: kwargs.reward_key)")
-    convention: Literal["auto", "slime"] = Field("auto", description="how it is called: auto (TRL's or verl's by its "
-                                                 "parameters' names, slime's when they are (args, sample)) | slime "
-                                                 "(fn(args, sample) whatever they are named; from-slime writes it)")
+    convention: Literal["auto", "slime", "openrlhf"] = Field(
+        "auto", description="how it is called: auto (TRL's or verl's by its parameters' names, slime's when they are "
+        "(args, sample), OpenRLHF's when (queries, prompts, labels)) | slime (fn(args, sample) whatever they are named; "
+        "from-slime writes it) | openrlhf (fn(queries, prompts, labels), batched; from-openrlhf writes it)")
 
     @model_validator(mode="after")
     def _function_or_model(self) -> RewardFunctionConfig:

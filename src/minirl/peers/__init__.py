@@ -1,5 +1,5 @@
-"""A TRL, verl or slime run's settings as a minirl config: ``minirl config from-trl`` / ``from-verl`` / ``from-slime``,
-``minirl.train(args=...)``.
+"""A TRL, verl, slime or OpenRLHF run's settings as a minirl config: ``minirl config from-trl`` / ``from-verl`` /
+``from-slime`` / ``from-openrlhf``, ``minirl.train(args=...)``.
 
 * **TRL**: the YAML file of ``trl grpo --config FILE`` (``GRPOConfig`` + ``ModelConfig`` + the
   script's ``model_name_or_path`` / ``dataset_name`` / ``reward_funcs``), read against TRL 1.16's
@@ -25,6 +25,10 @@ the table of ``docs/coming_from_trl_verl.md``.
   variables expanded), a ``--custom-config-path`` YAML or flags given directly, read against slime's defaults
   (``arguments.py``) and Megatron-LM's for its optimizer flags.
 
+* **OpenRLHF**: the ``--flag value`` words of a launch script's ``python3 -m openrlhf.cli.train_ppo_ray`` command
+  (read as slime's are) or flags given directly, underscore (0.8 / 0.9) or dotted (the newest release), read against
+  OpenRLHF's defaults; its ``--remote_rm_url reward_func.py`` runs unchanged (``convention: openrlhf``).
+
 ``minirl.peers.common`` holds the translation and its rendering, ``minirl.peers.shell`` the shell-script readers,
 ``minirl.peers.trl``, ``minirl.peers.verl`` and ``minirl.peers.slime`` each peer's defaults and mapping (and how its
 files are read).
@@ -32,6 +36,7 @@ files are read).
 
 from minirl.peers.common import Translation
 from minirl.peers.launcher import read_accelerate
+from minirl.peers.openrlhf import from_openrlhf, read_openrlhf
 from minirl.peers.slime import from_slime, read_slime
 from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
@@ -41,10 +46,12 @@ __all__ = [
            "Translation",
            "add_trl_sft",
            "add_verl_sft",
+           "from_openrlhf",
            "from_slime",
            "from_trl",
            "from_verl",
            "read_accelerate",
+           "read_openrlhf",
            "read_slime",
            "read_trl",
            "read_verl",

@@ -1042,16 +1042,16 @@ def read_slime(paths: list[str], words: list[str]) -> dict[str, Any]:
     return given
 
 
-def parse_flags(words: list[Any]) -> dict[str, Any]:
+def parse_flags(words: list[Any], text: frozenset[str] = SLIME_TEXT) -> dict[str, Any]:
     """``--flag`` words and their values: none = True (a store_true flag), one, or a list (nargs); ``--flag=value``
-    too. Words before the first flag are left out. The values of slime's text flags (``SLIME_TEXT``) stay as written;
-    the others are read as numbers where they are."""
+    too. Words before the first flag are left out. The values of the peer's text flags (``text``: slime's
+    ``SLIME_TEXT``) stay as written; the others are read as numbers where they are."""
     given: dict[str, Any] = {}
     key: str | None = None
     values: list[Any] = []
 
     def read(word: Any) -> Any:
-        return word if isinstance(word, Unresolved) or key in SLIME_TEXT else parse_value(word)
+        return word if isinstance(word, Unresolved) or key in text else parse_value(word)
 
     def flush() -> None:
         if key is not None:
@@ -1089,13 +1089,16 @@ class _Scope:
                        for value, _ in items] for name, items in self.arrays.items()}
 
 
-def script_flags(path: Path) -> dict[str, Any]:
+def script_flags(path: Path, launch: re.Pattern[str] = TRAIN_SCRIPT, text_flags: frozenset[str] = SLIME_TEXT,
+                 missing: str = "no `python3 train.py --flag value ...` command found (slime's launch line)") -> dict[str, Any]:
     """The flags of a slime launch script's ``train.py`` / ``train_async.py`` command: its ``${ARRAY[@]}`` words
     from the script's bash arrays (``declare -a`` / ``local`` / ``readonly`` ones too), its ``$NAME`` from the script's
     variables (and the environment's), split at blanks where unquoted, and ``$((...))`` evaluated. A word naming a
     variable set nowhere, or a command's output (not run here), is kept ``Unresolved``; an array set nowhere (a sourced
     model file's) is listed under ``$sourced``; a flag taking a variable set inside an ``if`` / ``case`` / loop block,
-    a function or after ``cond &&`` / ``cond ||`` (``shell.statements``), under ``$conditional``."""
+    a function or after ``cond &&`` / ``cond ||`` (``shell.statements``), under ``$conditional``. ``launch``: the
+    command's script or module word (OpenRLHF's ``openrlhf.cli.train_ppo_ray`` too), ``text_flags``: its text flags,
+    ``missing``: the line when the script has none."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -1115,23 +1118,24 @@ def script_flags(path: Path) -> dict[str, Any]:
         elif all(NAME_VALUE.fullmatch(word) for word in words):
             for word in words:
                 _assign(scope, word, (line, how), at)
-        elif any(TRAIN_SCRIPT.search(unquoted(word)) for word in words):
-            flags = _train_flags(words, scope, path, at)
+        elif any(launch.search(unquoted(word)) for word in words):
+            flags = _train_flags(words, scope, path, at, launch, text_flags)
     if flags is None:
-        raise ConfigError(f"{path}: no `python3 train.py --flag value ...` command found (slime's launch line)")
+        raise ConfigError(f"{path}: {missing}")
     return flags
 
 
-def _train_flags(words: list[str], scope: _Scope, path: Path, at: str) -> dict[str, Any]:
+def _train_flags(words: list[str], scope: _Scope, path: Path, at: str, launch: re.Pattern[str] = TRAIN_SCRIPT,
+                 text: frozenset[str] = SLIME_TEXT) -> dict[str, Any]:
     """The flags of the ``train.py`` command ``words`` (``$sourced``, ``$script`` and ``$conditional`` with them)."""
-    start = next(i for i, word in enumerate(words) if TRAIN_SCRIPT.search(unquoted(word)))
+    start = next(i for i, word in enumerate(words) if launch.search(unquoted(word)))
     sourced: list[str] = []
     expanded_words: list[tuple[Any, set[str]]] = []
     for word in words[start + 1:]:
         values, missing = _word(word, scope, at)
         expanded_words += values
         sourced += missing
-    return {**parse_flags([value for value, _ in expanded_words]), **({"$sourced": sourced} if sourced else {}),
+    return {**parse_flags([value for value, _ in expanded_words], text), **({"$sourced": sourced} if sourced else {}),
             "$script": Path(unquoted(words[start])).name, **_conditional(expanded_words, scope.where, path)}
 
 

@@ -42,6 +42,16 @@ def``'s samples awaited together (``RewardFn.score_each``); ``(args, samples)`` 
 over, and its ``--custom-config-path`` keys; None for any other). A dict it returns gives its ``reward_key`` entry
 (``score`` by default).
 
+**OpenRLHF's** ``--remote_rm_url reward_func.py`` works unchanged too: a function whose first parameters are
+``(queries, prompts, labels)`` (or any, with the entry's ``convention: openrlhf``) is called batched, positionally, as
+OpenRLHF calls it: ``fn(queries, prompts, labels)``, ``queries`` each prompt's text followed by its completion (the
+prompt as OpenRLHF hands it to vLLM: the text as written, or with the entry's ``kwargs.tokenizer`` (a model
+directory; ``--apply_chat_template``) a chat rendered by that tokenizer's chat template with the generation prompt),
+``prompts`` those prompt texts, ``labels`` the answers. It may return a tensor or list of rewards or OpenRLHF's dict:
+``rewards`` is the reward, ``scores`` (what OpenRLHF's dynamic filtering reads) is not used, and each ``extra_logs``
+entry, a number or one per sample, is logged as ``reward/<name>/<key>``. The entry's other ``kwargs`` go along as
+keywords.
+
 Both TRL forms also get ``trainer_state`` as TRL passes it (``trainer_state.global_step``: gradient
 updates done, ``trainer_state.max_steps``: all of the run's, TRL's optimizer steps; ``trainer_state.epoch``: passes
 over the training prompts, a float), for rewards
@@ -96,6 +106,8 @@ if TYPE_CHECKING:
 TRL_BATCHED_PARAMETERS = frozenset({"prompts", "completions", "completion_ids", "environments"})
 """A reward function naming one of these (anywhere: TRL calls by keyword) is called batched, TRL's way."""
 VERL_FIRST_PARAMETERS = ("data_source", "data_sources")
+OPENRLHF_PARAMETERS = ["queries", "prompts", "labels"]
+"""OpenRLHF's ``reward_func(queries, prompts, labels)``: TRL never passes ``queries``, so these names are OpenRLHF's."""
 
 
 class Scored(float):
@@ -222,6 +234,8 @@ class RewardFn:
     key: str | None = None
     """The entry of a returned dict that is this reward (verl's GDPO reward keys); ``None``: ``score`` for verl's
     dicts, slime's ``reward_key``."""
+    openrlhf: bool = False
+    """Called as OpenRLHF calls ``--remote_rm_url reward_func.py``: ``fn(queries, prompts, labels)``, batched."""
 
     def __post_init__(self) -> None:
         self.name = self.name or getattr(self.fn, "__name__", None) or type(self.fn).__name__
@@ -230,13 +244,14 @@ class RewardFn:
         self._given_first = _first_three(self.fn)  # a column named like them (an "answer" kept as stored) is not a keyword
         self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
         self.takes_any_keyword = self._accepts is None  # **kwargs: gets environments too, as TRL passes them to all
-        unknown = sorted(set(self.kwargs) - self._accepts) if self._accepts is not None and not self.slime else []
+        given = set(self.kwargs) - ({"tokenizer"} if self.openrlhf else set())  # OpenRLHF's: renders the prompts
+        unknown = sorted(given - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fn": self.fn, "weight": self.weight, "batched": self.batched, "name": self.name, "spec": self.spec,
-                "verl": self.verl, "kwargs": self.kwargs, "slime": self.slime, "key": self.key}
+                "verl": self.verl, "kwargs": self.kwargs, "slime": self.slime, "key": self.key, "openrlhf": self.openrlhf}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -330,6 +345,8 @@ class RewardFn:
         return Scored(reward, extras) if extras else reward
 
     def _score_batch(self, samples: Sequence[Sample]) -> list[float | None]:
+        if self.openrlhf:
+            return self._score_openrlhf(samples)
         available = batch_keywords(samples)
         logs = TrlLogs()
         if self.verl:
@@ -353,6 +370,33 @@ class RewardFn:
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
         return logs.attach([self._checked(value) for value in self._listed(values, samples)])
+
+    def _score_openrlhf(self, samples: Sequence[Sample]) -> list[float | None]:
+        """OpenRLHF's call, ``fn(queries, prompts, labels)``, and its tensor, list or ``{"rewards", "scores",
+        "extra_logs"}`` dict (``extra_logs``: a number, or one per sample, each logged as ``reward/<name>/<key>``)."""
+        kwargs = dict(self.kwargs)
+        prompts = [openrlhf_prompt(sample, kwargs.pop("tokenizer", None)) for sample in samples]
+        queries = [prompt + sample.completion for prompt, sample in zip(prompts, samples)]
+        try:
+            value = resolve(self.fn(queries, prompts, [sample.answer for sample in samples], **kwargs))
+        except Exception as error:
+            raise RewardFunctionError(raised_message(self.full_name, error)) from error
+        logs: dict[str, Any] = {}
+        if isinstance(value, dict):
+            if "rewards" not in value:
+                raise RewardFunctionError(f"reward function {self.full_name} returned a dict without 'rewards' (OpenRLHF's "
+                                          f"convention puts the rewards there; keys: {', '.join(map(str, value))})")
+            logs = dict(value.get("extra_logs") or {})
+            value = value["rewards"]
+        rewards = [check_reward_value(v, self.full_name) for v in self._listed(value, samples)]
+        extras: list[dict[str, float]] = [{} for _ in samples]
+        for name, logged in logs.items():
+            logged = logged.tolist() if hasattr(logged, "tolist") else logged
+            each = logged if isinstance(logged, (list, tuple)) and len(logged) == len(samples) else [logged] * len(samples)
+            for extra, number in zip(extras, each):
+                if isinstance(number, numbers.Real) and math.isfinite(number):
+                    extra[str(name)] = float(number)
+        return [Scored(reward, extra) if extra else reward for reward, extra in zip(rewards, extras)]
 
     def _listed(self, values: Any, samples: Sequence[Any]) -> Sequence[Any]:
         """A batched call's ``values``, checked to be one per sample (an array or tensor, as TRL takes it, as a list)."""
@@ -427,6 +471,30 @@ def slime_sample(sample: Sample, args: dict[str, Any]) -> Any:
                        response_length=len(sample.completion_ids), label=label,
                        status=SlimeSample.Status.TRUNCATED if sample.truncated else SlimeSample.Status.COMPLETED,
                        metadata=dict(metadata) if isinstance(metadata, dict) else {})
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def openrlhf_prompt(sample: Sample, tokenizer: str | None = None) -> str:
+    """The prompt as OpenRLHF hands it to vLLM (and to ``reward_func`` in its ``queries``): the text as written, or
+    with ``tokenizer`` (a model directory: ``--apply_chat_template``) the chat (a text prompt as one user message)
+    rendered by its chat template with the generation prompt. A chat without one: its contents, one per line."""
+    if tokenizer is None:
+        if isinstance(sample.prompt, list):
+            return "\n".join(str(message.get("content", "")) for message in sample.prompt)
+        return str(sample.prompt)
+    if tokenizer not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[tokenizer] = AutoTokenizer.from_pretrained(tokenizer)
+    chat = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": str(sample.prompt)}]
+    return str(_TOKENIZERS[tokenizer].apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+
+def looks_openrlhf(fn: Callable[..., Any]) -> bool:
+    """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)``."""
+    return _positional(_parameters(fn) or [])[:3] == OPENRLHF_PARAMETERS
 
 
 def looks_slime(fn: Callable[..., Any]) -> bool:
@@ -582,11 +650,16 @@ def make_reward_fn(
     kwargs: dict[str, Any] | None = None, key: str | None = None, convention: str = "auto",
 ) -> RewardFn:
     """A ``RewardFn`` from a ``module:function`` spec (or a callable); ``key``: the entry of its returned dict;
-    ``convention`` "slime": called as slime calls it, whatever its parameters are named."""
+    ``convention`` "slime" / "openrlhf": called as slime / OpenRLHF calls it, whatever its parameters are named."""
     fn = load_reward_function(target) if isinstance(target, str) else target
     if not callable(fn):
         raise RewardSpecError(f"reward function {target!r} is not callable")
     spec = target if isinstance(target, str) else reward_spec(fn)
+    if convention == "openrlhf" or (convention == "auto" and looks_openrlhf(fn)):  # always batched, as OpenRLHF calls it
+        if batched is False:
+            raise RewardSpecError(f"reward function {function_name(fn)}: OpenRLHF's reward_func(queries, prompts, labels) "
+                                  "is called with lists; leave 'batched' out")
+        return RewardFn(fn, float(weight), True, name or "", spec, kwargs=dict(kwargs or {}), key=key, openrlhf=True)
     if convention == "slime" or looks_slime(fn):  # batched when the entry says so (--group-rm) or it takes ``samples``
         group = [p.name for p in _parameters(fn) or []][1:2] == ["samples"]
         return RewardFn(fn, float(weight), group if batched is None else bool(batched), name or "", spec,
