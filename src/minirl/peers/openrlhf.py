@@ -168,7 +168,10 @@ class OpenRLHFPeer(Peer):
     def show(self, *keys: str) -> str:
         shown = []
         for key in keys:
-            value = self(key)
+            try:
+                value = self(key)
+            except ConfigError:  # a value the reader refuses: shown as given
+                value = self.given.get(key)
             words = " ".join(map(str, value)) if isinstance(value, list) else value
             shown.append(self.flag(key) if value is True else f"{self.flag(key)} unset" if value in (False, None)
                          else f"{self.flag(key)} {words}")
@@ -178,7 +181,11 @@ class OpenRLHFPeer(Peer):
         return f"{self.flag(key)} ..."
 
     def number(self, key: str, cast: type[int] | type[float]) -> Any:
-        value = self(key)
+        """The value of ``--key`` as ``cast``; anything else is one line naming the flag as the user spelled it."""
+        try:
+            value = self(key)
+        except ConfigError:  # the base reader's own line: said again in OpenRLHF's words
+            value = self.given.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (cast is int and float(value) != int(value)):
             raise ConfigError(f"OpenRLHF setting {self.show(key)}: expected {'an integer' if cast is int else 'a number'}")
         return cast(value)

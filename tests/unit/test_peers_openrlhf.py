@@ -1,0 +1,268 @@
+"""OpenRLHF's launch scripts as minirl configs (``minirl.peers.openrlhf``): the script reader on OpenRLHF's example
+shape, the translated settings, the loss's gradient against OpenRLHF's ``PolicyLoss`` written out, and its
+``reward_func(queries, prompts, labels)`` convention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minirl.cli import main
+from minirl.config import ConfigError
+from minirl.peers import from_openrlhf, read_openrlhf
+from minirl.tasks.reward_functions import Sample, Scored, make_reward_fn
+from minirl.tasks.rewards import RewardFunctionError
+from tests.unit.test_peers import _batch, _losses
+
+# a REINFORCE++-baseline run in the shape of OpenRLHF's examples/scripts/train_reinforce_baseline_hybrid_engine.sh
+SCRIPT = """\
+#!/bin/bash
+set -x
+
+MODEL_PATH="{root}/Qwen3-0.6B"
+DATA="{root}/math.jsonl"
+SAVE_PATH="{root}/exp/qwen3"
+
+CKPT_ARGS=(
+   --pretrain ${{MODEL_PATH}}
+   --save_path ${{SAVE_PATH}}
+   --ckpt_path "${{SAVE_PATH}}/ckpt"
+   --save_hf_ckpt
+   --max_ckpt_num 2
+   --save_steps 10
+)
+
+ROLLOUT_ARGS=(
+   --remote_rm_url {root}/reward_func.py
+   --prompt_data ${{DATA}}
+   --input_key question
+   --label_key answer
+   --prompt_max_len 512
+   --generate_max_len 2048
+   --apply_chat_template
+   --rollout_batch_size 4
+   --n_samples_per_prompt 8
+   --train_batch_size 16
+   --micro_train_batch_size 2
+   --max_epochs 1
+   --num_episodes 3
+   --temperature 0.9
+   --dynamic_filtering
+   --dynamic_filtering_reward_range 0.0 1.0
+)
+
+ENGINE_ARGS=(
+   --actor_num_nodes 1
+   --actor_num_gpus_per_node 4
+   --vllm_num_engines 2
+   --vllm_tensor_parallel_size 2
+   --colocate_all_models
+   --zero_stage 3
+   --gradient_checkpointing
+   --packing_samples
+   --bf16
+)
+
+OPTIMIZER_ARGS=(
+   --advantage_estimator reinforce_baseline
+   --actor_learning_rate 5e-7
+   --lr_warmup_ratio 0.1
+   --init_kl_coef 1e-3
+   --use_kl_loss
+   --kl_estimator k2
+   --eps_clip_low_high 0.2 0.28
+   --enable_vllm_is_correction
+   --vllm_is_correction_type tis
+   --vllm_is_truncated_threshold 0.5 3.0
+   --l2 0.01
+)
+
+ray job submit --address="http://127.0.0.1:8265" \\
+   -- python3 -m openrlhf.cli.train_ppo_ray \\
+   ${{CKPT_ARGS[@]}} \\
+   ${{ROLLOUT_ARGS[@]}} \\
+   ${{ENGINE_ARGS[@]}} \\
+   ${{OPTIMIZER_ARGS[@]}} \\
+   --use_tensorboard ${{SAVE_PATH}}/runs
+"""
+
+REWARD = """\
+import torch
+
+
+def reward_func(queries, prompts, labels, **kwargs):
+    rewards = torch.tensor([1.0 if q.strip().endswith(label) else 0.0 for q, label in zip(queries, labels)])
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {"accuracy": rewards, "batch": rewards.mean()}}
+"""
+
+
+def _files(tmp_path: Path) -> Path:
+    (tmp_path / "reward_func.py").write_text(REWARD)
+    (tmp_path / "math.jsonl").write_text("".join(f'{{"question": "{i}+{i}=", "answer": "{2 * i}"}}\n' for i in range(20)))
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT.format(root=tmp_path))
+    return script
+
+
+def test_the_launch_script_translates_flag_by_flag(tmp_path):
+    out = from_openrlhf(read_openrlhf([str(_files(tmp_path))], []))
+    v = out.values
+    assert v["model.path"] == f"{tmp_path}/Qwen3-0.6B" and v["task.path"] == f"{tmp_path}/math.jsonl"
+    assert (v["task.prompt_column"], v["task.answer_column"], v["task.chat_prompts"]) == ("question", "answer", True)
+    assert v["task.reward_functions"] == [{"function": f"{tmp_path}/reward_func.py:reward_func", "convention": "openrlhf",
+                                          "kwargs": {"tokenizer": f"{tmp_path}/Qwen3-0.6B"}}]
+    assert (v["rollout.prompts_per_step"], v["rollout.samples_per_prompt"], v["optim.minibatches_per_step"]) == (4, 8, 2)
+    assert (v["rollout.max_new_tokens"], v["task.max_prompt_tokens"], v["rollout.temperature"]) == (2048, 512, 0.9)
+    assert v["optim.global_steps"] == 3 * (20 // 4) and v["optim.warmup_updates"] == round(0.1 * 15 * 2)
+    assert (v["optim.lr"], v["optim.weight_decay"], v["optim.adam_beta2"]) == (5e-7, 0.01, 0.95)
+    assert (v["optim.lr_schedule"], v["optim.min_lr_ratio"], v["optim.precision"]) == ("cosine", 0.1, "bf16")
+    assert v["optim.gradient_checkpointing"] and v["optim.padding_free"] and v["optim.micro_batch_sequences"] == 2
+    assert v["rollout.filter_groups"] and v["log.tensorboard"]
+    assert (v["run.output_dir"], v["run.name"], v["checkpoint.every_steps"], v["checkpoint.keep_last"]) == (
+        f"{tmp_path}/exp", "qwen3", 10, 2)
+    assert v["cluster.trainer_ranks"] == 4
+    # the loss: PPO's clip, a token mean, TIS on pi_old/mu_old, the k2 KL loss; REINFORCE++-baseline's advantages
+    assert (v["algo.name"], v["algo.aggregation"], v["algo.eps_low"], v["algo.eps_high"]) == ("minirl", "token_mean", 0.2, 0.28)
+    assert (v["algo.tis_floor"], v["algo.tis_cap"], v["algo.tis_mode"], v["algo.tis_placement"]) == (0.5, 3.0, "truncate",
+                                                                                                      "train_infer")
+    assert (v["algo.kl_coef"], v["algo.kl_loss_type"]) == (1e-3, "k2")
+    assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"]) == ("group_mean", False, True)
+    assert out.objective.startswith("your OpenRLHF loss as minirl's algo.name=minirl")
+    assert any("--zero_stage" in item or "vllm" in item for item in out.ignored) or "zero_stage" not in str(out.not_translated)
+    text = out.render("run.sh")
+    assert text.startswith("# minirl config translated from the OpenRLHF settings of run.sh")
+    assert "# by `minirl config from-openrlhf`." in text and "# Differs from your run:" in text
+    assert "eps_high: 0.28  # --eps_clip_low_high 0.2 0.28" in text
+
+
+def test_dotted_flags_of_the_newest_release_read_as_the_flags_they_renamed():
+    out = from_openrlhf({"actor.model_name_or_path": "/m", "data.prompt_dataset": "/d.jsonl", "data.input_key": "q",
+                         "rollout.batch_size": 2, "rollout.n_samples_per_prompt": 4, "train.batch_size": 8,
+                         "rollout.max_new_tokens": 64, "actor.eps_clip_low_high": [0.1, 0.3], "actor.adam.lr": 2e-6,
+                         "algo.advantage.estimator": "group_norm", "algo.kl.init_coef": 0.0,
+                         "actor.num_gpus_per_node": 1, "vllm.num_engines": 1, "ds.zero_stage": 3})
+    v = out.values
+    assert (v["model.path"], v["task.prompt_column"], v["rollout.max_new_tokens"], v["optim.lr"]) == ("/m", "q", 64, 2e-6)
+    assert (v["algo.eps_low"], v["algo.eps_high"], v["algo.adv_std_normalize"]) == (0.1, 0.3, True)
+    assert "task.max_prompt_tokens" not in v  # the newest release bounds prompt + response (--data.max_len) instead
+    assert "eps_high: 0.3  # --actor.eps_clip_low_high 0.1 0.3" in out.render("x")
+
+
+def test_the_kl_in_the_reward_after_a_group_baseline_trains_with_minirl():
+    out = from_openrlhf({"pretrain": "/m", "advantage_estimator": "group_norm", "n_samples_per_prompt": 4,
+                         "rollout_batch_size": 2, "train_batch_size": 8, "actor_num_gpus_per_node": 1})
+    assert out.objective.startswith("minirl's MiniRL"), out.objective
+    assert not any(key.startswith("algo.") for key in out.values)
+    assert any("--init_kl_coef 0.01" in item for item in out.not_translated)
+
+
+def test_reinforce_carries_the_kl_in_each_tokens_return():
+    out = from_openrlhf({"pretrain": "/m", "advantage_estimator": "reinforce", "rollout_batch_size": 2,
+                         "n_samples_per_prompt": 1, "train_batch_size": 2, "actor_num_gpus_per_node": 1})
+    v = out.values
+    assert (v["algo.adv_baseline"], v["algo.adv_token_returns"], v["algo.kl_in_reward_coef"], v["algo.adv_whiten"]) == (
+        "none", True, 0.01, True)
+
+
+def _openrlhf_gradient(x, eps: tuple[float, float], tis: tuple[str, float, float] | None, dual: float | None = None):
+    """OpenRLHF's ``PolicyLoss.forward`` (ppo) over one micro-batch holding the whole batch, written as OpenRLHF does."""
+    logp = x.logp.detach().clone().requires_grad_(True)
+    mask = x.mask.to(logp.dtype)
+    advantages = x.advantages[:, None].expand_as(logp)
+    ratio = (logp - x.logp_old).exp()
+    surr1, surr2 = ratio * advantages, ratio.clamp(1 - eps[0], 1 + eps[1]) * advantages
+    loss = -torch.min(surr1, surr2)
+    if dual is not None:
+        clip1 = torch.min(surr1, surr2)
+        loss = -torch.where(advantages < 0, torch.max(clip1, dual * advantages), clip1)
+    if tis is not None:
+        kind, low, high = tis
+        weight = (x.logp_old - x.logp_rollout).exp().detach()
+        weight = weight * ((weight >= low) & (weight <= high)) if kind == "icepop" else weight.clamp(min=low, max=high)
+        loss = weight * loss
+    loss = (loss * mask).sum() / mask.sum()
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad
+
+
+BASE = {"pretrain": "/m", "rollout_batch_size": 2, "n_samples_per_prompt": 4, "train_batch_size": 8,
+        "micro_train_batch_size": 8, "actor_num_gpus_per_node": 1, "advantage_estimator": "group_norm",
+        "use_kl_loss": True, "eps_clip_low_high": [0.1, 0.3]}
+CASES = {
+    "ppo": ({}, {"tis": None}),
+    "tis": ({"enable_vllm_is_correction": True, "vllm_is_correction_type": "tis",
+             "vllm_is_truncated_threshold": [0.5, 1.5]}, {"tis": ("tis", 0.5, 1.5)}),
+    "icepop-dual": ({"enable_vllm_is_correction": True, "vllm_is_correction_type": "icepop", "dual_clip": 1.3},
+                    {"tis": ("icepop", 0.5, 5.0), "dual": 1.3}),
+    "tis-0.8-one-threshold": ({"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": 1.5},
+                              {"tis": ("tis", 0.0, 1.5)}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_loss_has_openrlhfs_gradient(case):
+    given, written = CASES[case]
+    out = from_openrlhf(BASE | given)
+    assert out.objective.startswith("your OpenRLHF loss"), out.objective
+    x = _batch()
+    _, ours = _losses(x, out.config(), batch=8)
+    theirs = _openrlhf_gradient(x, (0.1, 0.3), **written)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(theirs, _openrlhf_gradient(x, (0.1, 0.1), **written))  # the upper clip acts
+
+
+def test_a_typo_gets_did_you_mean_and_a_bad_value_one_line():
+    out = from_openrlhf(BASE | {"eps_clp": 0.3})
+    assert any("--eps_clp=0.3" in item and "did you mean --eps_clip?" in item for item in out.not_translated)
+    with pytest.raises(ConfigError, match=r"^OpenRLHF setting --rollout_batch_size many: expected an integer$"):
+        from_openrlhf(BASE | {"rollout_batch_size": "many"})
+    with pytest.raises(ConfigError, match="--pretrain is missing"):
+        from_openrlhf({"rollout_batch_size": 2})
+    with pytest.raises(ConfigError, match="requires n_samples_per_prompt > 1"):
+        from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2})
+
+
+def test_a_script_without_the_launch_line_is_one_line(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("echo hello\n")
+    with pytest.raises(ConfigError, match=r"no `python3 -m openrlhf\.cli\.train_ppo_ray"):
+        read_openrlhf([str(script)], [])
+
+
+def test_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
+    _files(tmp_path)
+    fn = make_reward_fn(f"{tmp_path}/reward_func.py:reward_func")  # found by its parameters' names
+    assert fn.openrlhf and fn.batched
+    samples = [Sample("1+1=", " 2", "2"), Sample("2+2=", " 5", "4")]
+    rewards = fn.score(samples)
+    assert rewards == [1.0, 0.0]
+    assert isinstance(rewards[0], Scored) and rewards[0].extras == {"accuracy": 1.0, "batch": 0.5}
+    seen = {}
+
+    def spy(q, p, lab):  # any names, with the entry's convention
+        seen.update(queries=q, prompts=p, labels=lab)
+        return [0.5] * len(q)
+
+    assert make_reward_fn(spy, convention="openrlhf").score(samples) == [0.5, 0.5]
+    assert seen == {"queries": ["1+1= 2", "2+2= 5"], "prompts": ["1+1=", "2+2="], "labels": ["2", "4"]}
+
+
+def test_a_dict_without_rewards_is_one_line(tmp_path):
+    def bad(queries, prompts, labels):
+        return {"scores": [1.0] * len(queries)}
+
+    with pytest.raises(RewardFunctionError, match="without 'rewards'"):
+        make_reward_fn(bad).score([Sample("p", "c", "a")])
+
+
+def test_the_cli_writes_a_config_minirl_config_show_accepts(tmp_path, capsys):
+    script = _files(tmp_path)
+    out = tmp_path / "minirl.yaml"
+    assert main(["config", "from-openrlhf", str(script), "--actor_num_gpus_per_node", "2", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "trainer_ranks: 2  # --actor_num_nodes 1, --actor_num_gpus_per_node 2" in text
+    capsys.readouterr()
+    assert main(["config", "show", str(out)]) == 0
+    assert "algo.eps_high = 0.28" in capsys.readouterr().out
