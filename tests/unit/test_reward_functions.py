@@ -419,3 +419,13 @@ def test_an_async_def_in_a_worker_awaits_its_samples_together_each_within_the_ti
         assert runner.score(PROMPTS, COMPLETIONS[:1])[0].tolist() == [1.0] and runner._workers[0].proc.pid == pid
     assert rewards.tolist() == [1.0, 1.0, 1.0, -1.0]
     assert (stats["reward/timeouts"], stats["reward/errors"]) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process, and in worker processes
+def test_openrlhfs_reward_func_is_called_its_way_in_a_worker_too(timeout_s: float | None) -> None:
+    """A worker process builds the function's ``RewardFn`` with every field the runner's has (OpenRLHF's convention
+    was lost there: the function was called TRL's way)."""
+    with _runner([{"function": f"{MOD}:reward_func"}], timeout_s, workers=2) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert stats["reward/reward_func/length"] == pytest.approx((5 + 5 + 5 + 4) / 4)  # "2+2?4", "q7 kg"

@@ -147,3 +147,8 @@ async def waits_for_all(prompt, completion, answer):  # returns only once every 
 async def hangs_on_g(prompt, completion, answer):  # a judge that never answers for "7 g"
     await asyncio.sleep(60 if text(completion) == "7 g" else 0)
     return 1.0
+
+
+def reward_func(queries, prompts, labels):  # OpenRLHF's --remote_rm_url form, its dict with extra_logs
+    rewards = [1.0 if query[len(prompt):].strip() == label else 0.0 for query, prompt, label in zip(queries, prompts, labels)]
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {"length": [float(len(q)) for q in queries]}}

@@ -6,8 +6,8 @@ CUDA context, no threads or locks inherited from the trainer, no re-import of th
 reward function started. Messages are ``multiprocessing.connection`` frames on two pipes:
 
     parent -> worker   {"sys_path": [...], "functions": [{"spec": "module:function" | None,
-                        "pickled": bytes | None, "batched": bool, "name": str, "verl": bool, "kwargs": dict,
-                        "slime": bool}
+                        "pickled": bytes | None, and the other fields of its ``RewardFn`` but ``fn`` (its
+                        ``__getstate__``: batched, name, verl, kwargs, slime, key, ...)}
                         or None (scored by the trainer), ...]}
     worker -> parent   ("ready", names) | ("failed", one-line message)
     parent -> worker   [(function index, Sample or [Sample, ...]), ...]   a chunk of items; None = exit
@@ -81,8 +81,7 @@ def main(read_fd: int, write_fd: int, parent_pid: int) -> None:
     try:
         functions = [  # None: a function the trainer scores itself (a reward model)
             RewardFn(load_reward_function(f["spec"]) if f["spec"] else pickle.loads(f["pickled"]),
-                     batched=f["batched"], name=f["name"], spec=f["spec"], verl=f["verl"], kwargs=f["kwargs"],
-                     slime=f.get("slime", False), key=f.get("key"))
+                     **{key: value for key, value in f.items() if key != "pickled"})
             if f is not None else None
             for f in setup["functions"]
         ]

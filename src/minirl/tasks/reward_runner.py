@@ -350,8 +350,8 @@ class RewardRunner:
                         "function in __main__); define it in a module and name it 'module:function', or set "
                         "task.reward_timeout_s=null to run it in the trainer without a timeout"
                     ) from None
-            functions.append({"spec": entry.spec, "pickled": pickled, "batched": entry.batched, "name": entry.name,
-                              "verl": entry.verl, "kwargs": entry.kwargs, "slime": entry.slime, "key": entry.key})
+            fields = {key: value for key, value in entry.__getstate__().items() if key != "fn"}  # how it is called
+            functions.append({**fields, "pickled": pickled})
         return {"sys_path": list(sys.path), "functions": functions}
 
     def _start_workers(self) -> None:
