@@ -130,7 +130,13 @@ def test_the_launch_script_translates_flag_by_flag(tmp_path):
     assert (v["algo.kl_coef"], v["algo.kl_loss_type"]) == (1e-3, "k2")
     assert (v["algo.adv_baseline"], v["algo.adv_std_normalize"], v["algo.adv_whiten"]) == ("group_mean", False, True)
     assert out.objective.startswith("your OpenRLHF loss as minirl's algo.name=minirl")
-    assert any("--zero_stage" in item or "vllm" in item for item in out.ignored) or "zero_stage" not in str(out.not_translated)
+    assert out.ignored == ["--save_hf_ckpt", "--vllm_tensor_parallel_size"]
+    assert f"--ckpt_path {tmp_path}/exp/qwen3/ckpt: minirl keeps its resumable checkpoints in the run directory" in str(out.differs)
+    assert out.values["run.overwrite"] is True  # OpenRLHF trains again over save_path without --load_checkpoint
+    resumed = from_openrlhf(read_openrlhf([str(tmp_path / "run.sh")], ["--load_checkpoint"])).values
+    assert resumed["run.resume"] == "auto" and "run.overwrite" not in resumed
+    one = from_openrlhf(read_openrlhf([str(tmp_path / "run.sh")], ["--actor_num_gpus_per_node", "1"]))
+    assert "cluster.trainer_ranks" not in one.values and "--zero_stage (one GPU: nothing to shard)" in one.ignored
     text = out.render("run.sh")
     assert text.startswith("# minirl config translated from the OpenRLHF settings of run.sh")
     assert "# by `minirl config from-openrlhf`." in text and "# Differs from your run:" in text

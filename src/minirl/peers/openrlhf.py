@@ -127,17 +127,13 @@ OPENRLHF_IGNORED = re.compile(
 """Flags with no effect on what is trained here: vLLM's engines, DeepSpeed's sharding and kernels, the GPUs of the
 reference and reward models, logging cadence, the EMA copy and checkpoint formats."""
 
-OPENRLHF_TEXT = frozenset({
+_TEXT_FLAGS = frozenset({
     "pretrain", "critic_pretrain", "reward_pretrain", "remote_rm_url", "agent_func_path", "prompt_data",
     "prompt_data_probs", "prompt_split", "input_key", "label_key", "input_template", "eval_dataset", "eval_split",
     "advantage_estimator", "policy_loss_type", "kl_estimator", "vllm_is_correction_type", "lr_scheduler", "save_path",
     "ckpt_path", "use_wandb", "wandb_project", "use_tensorboard", "param_dtype", "target_modules", "actor_optim",
-    "pretrain_data", *(dotted for dotted, flag in DOTTED.items() if flag in {
-        "pretrain", "critic_pretrain", "reward_pretrain", "remote_rm_url", "agent_func_path", "prompt_data",
-        "prompt_data_probs", "prompt_split", "input_key", "label_key", "input_template", "eval_dataset", "eval_split",
-        "advantage_estimator", "policy_loss_type", "kl_estimator", "vllm_is_correction_type", "lr_scheduler",
-        "save_path", "ckpt_path", "use_wandb", "wandb_project", "use_tensorboard", "param_dtype", "target_modules",
-        "actor_optim"})})
+    "pretrain_data"})
+OPENRLHF_TEXT = _TEXT_FLAGS | {dotted for dotted, flag in DOTTED.items() if flag in _TEXT_FLAGS}
 """Flags OpenRLHF's argparse takes as text: their values stay as written (``--input_key 1`` is the column "1")."""
 
 LAUNCH = re.compile(r"(^|[/.])train_ppo(_ray)?(\.py)?$")
@@ -457,11 +453,16 @@ def _runs(peer: OpenRLHFPeer, out: Translation) -> None:
     save = peer.number("save_steps", int)
     out.set("checkpoint.every_steps", max(save, 0), peer.show("save_steps") + " (-1: at the end only)")
     out.set("checkpoint.keep_last", peer.number("max_ckpt_num", int), peer.show("max_ckpt_num"))
-    peer("ckpt_path")  # minirl keeps its checkpoints in the run directory
+    if peer.set_by_user("ckpt_path"):
+        out.differs.append(f"{peer.show('ckpt_path')}: minirl keeps its resumable checkpoints in the run directory "
+                           "(RUN_DIR/checkpoints/step_N), the final model in RUN_DIR/checkpoint")
     out.set("run.resume", "auto" if peer("load_checkpoint") else "never", peer.show("load_checkpoint"))
     if peer("load_checkpoint"):
         out.differs.append(f"{peer.flag('load_checkpoint')}: minirl resumes from its own checkpoints in the run "
                            f"directory, not DeepSpeed's under {peer.flag('ckpt_path')}")
+    else:  # OpenRLHF trains again, saving over an earlier run there
+        out.set("run.overwrite", True, peer.show("save_path") + " (OpenRLHF trains again over an earlier run there "
+                f"without {peer.flag('load_checkpoint')}; minirl replaces its checkpoints and metrics)")
     if peer("use_wandb"):
         out.set("log.wandb", True, f"{peer.flag('use_wandb')} given")
         out.set("log.wandb_project", str(peer("wandb_project")), peer.show("wandb_project"))
@@ -478,7 +479,8 @@ def _runs(peer: OpenRLHFPeer, out: Translation) -> None:
 def _cluster(peer: OpenRLHFPeer, out: Translation) -> None:
     """The actor's GPUs as FSDP2 trainer ranks, one per GPU (OpenRLHF's DeepSpeed shards over them)."""
     ranks = peer.number("actor_num_nodes", int) * peer.number("actor_num_gpus_per_node", int)
-    peer("zero_stage")
+    if peer("zero_stage") and peer.set_by_user("zero_stage") and ranks <= 1:
+        out.ignored.append(f"{peer.flag('zero_stage')} (one GPU: nothing to shard)")
     if ranks > 1:
         out.set("cluster.trainer_ranks", ranks, f"{peer.show('actor_num_nodes', 'actor_num_gpus_per_node')}: one FSDP2 "
                 "rank per GPU")
