@@ -112,7 +112,7 @@ def test_the_launch_script_translates_flag_by_flag(tmp_path):
     assert v["model.path"] == f"{tmp_path}/Qwen3-0.6B" and v["task.path"] == f"{tmp_path}/math.jsonl"
     assert (v["task.prompt_column"], v["task.answer_column"], v["task.chat_prompts"]) == ("question", "answer", True)
     assert v["task.reward_functions"] == [{"function": f"{tmp_path}/reward_func.py:reward_func", "convention": "openrlhf",
-                                          "kwargs": {"tokenizer": f"{tmp_path}/Qwen3-0.6B"}}]
+                                          "kwargs": {"tokenizer": f"{tmp_path}/Qwen3-0.6B", "label_key": "answer"}}]
     assert (v["rollout.prompts_per_step"], v["rollout.samples_per_prompt"], v["optim.minibatches_per_step"]) == (4, 8, 2)
     assert (v["rollout.max_new_tokens"], v["task.max_prompt_tokens"], v["rollout.temperature"]) == (2048, 512, 0.9)
     assert v["optim.global_steps"] == 3 * (20 // 4) and v["optim.warmup_updates"] == round(0.1 * 15 * 2)
@@ -166,7 +166,7 @@ def test_the_kl_in_the_reward_after_a_group_baseline_trains_with_minirl():
 
 def test_reinforce_carries_the_kl_in_each_tokens_return():
     out = from_openrlhf({"pretrain": "/m", "advantage_estimator": "reinforce", "rollout_batch_size": 2,
-                         "n_samples_per_prompt": 1, "train_batch_size": 2, "actor_num_gpus_per_node": 1})
+                         "n_samples_per_prompt": 2, "train_batch_size": 4, "actor_num_gpus_per_node": 1})
     v = out.values
     assert (v["algo.adv_baseline"], v["algo.adv_token_returns"], v["algo.kl_in_reward_coef"], v["algo.adv_whiten"]) == (
         "none", True, 0.01, True)
@@ -228,6 +228,32 @@ def test_a_typo_gets_did_you_mean_and_a_bad_value_one_line():
         from_openrlhf({"rollout_batch_size": 2})
     with pytest.raises(ConfigError, match="requires n_samples_per_prompt > 1"):
         from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2})
+    # OpenRLHF's own defaults (reinforce, gae) with one sample a prompt: minirl's groups named
+    with pytest.raises(ConfigError, match=r"^OpenRLHF setting --n_samples_per_prompt 1: minirl samples a group of at "
+                                          r"least 2 .* or more \(--advantage_estimator gae, PPO with a critic, is not"):
+        from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2, "advantage_estimator": "gae"})
+    # a typo of an IS-correction flag is not one of vLLM's engine flags (ignored): "did you mean"
+    out = from_openrlhf(BASE | {"vllm_is_truncated_treshold": [0.5, 5], "vllm_num_engines": 2, "vllm_sync_backend": "x"})
+    assert out.ignored == ["--vllm_sync_backend"]
+    assert any("did you mean --vllm_is_truncated_threshold?" in item for item in out.not_translated)
+    assert "vllm_num_engines" not in str(out.not_translated)  # an engine flag OpenRLHF has
+    for key, value in (("advantage_estimator", "grpo"), ("policy_loss_type", "foo")):  # OpenRLHF's argparse choices
+        with pytest.raises(ConfigError, match=rf"^OpenRLHF setting --{key} {value}: OpenRLHF's choices are "):
+            from_openrlhf(BASE | {key: value})
+
+
+def test_warm_up_rounds_up_and_a_run_of_no_full_batch_is_said(tmp_path):
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"input": "q{i}"}}\n' for i in range(10)))
+    given = BASE | {"prompt_data": str(tmp_path / "d.jsonl"), "remote_rm_url": "r.py", "lr_warmup_ratio": 0.03}
+    v = from_openrlhf(given).values  # 5 steps x N = 1 x 1 epoch: ceil(0.15) = 1, as OpenRLHF's scheduler
+    assert (v["optim.global_steps"], v["optim.warmup_updates"]) == (5, 1)
+    out = from_openrlhf(given | {"rollout_batch_size": 16, "train_batch_size": 64})
+    assert out.values["optim.global_steps"] == 0 and out.values["optim.warmup_updates"] == 0
+    assert any(item.startswith("10 rows make no full batch of --rollout_batch_size 16") for item in out.differs)
+    out = from_openrlhf(BASE | {"enable_vllm_is_correction": True})
+    assert (out.values["algo.tis_floor"], out.values["algo.tis_cap"]) == (0.0, 2.0)
+    assert any("--vllm_is_truncated_threshold unset: OpenRLHF's default depends on its release" in item
+               for item in out.differs)
 
 
 def test_a_script_without_the_launch_line_is_one_line(tmp_path):
@@ -253,6 +279,34 @@ def test_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
 
     assert make_reward_fn(spy, convention="openrlhf").score(samples) == [0.5, 0.5]
     assert seen == {"queries": ["1+1= 2", "2+2= 5"], "prompts": ["1+1=", "2+2="], "labels": ["2", "4"]}
+    # --label_key: labels as stored (OpenRLHF's data[label_key]): a number stays one, an object too
+    samples = [Sample("1+1=", " 2", "2", columns={"answer": 2}), Sample("q", " x", '{"a": 1}', columns={"answer": {"a": 1}}),
+               Sample("2+2=", " 4", "4")]
+    make_reward_fn(spy, convention="openrlhf", kwargs={"label_key": "answer"}).score(samples)
+    assert seen["labels"] == [2, {"a": 1}, "4"]
+
+
+def test_apply_chat_template_renders_every_prompt_of_a_call(monkeypatch):
+    """``kwargs.tokenizer`` (``--apply_chat_template``): each prompt of the call through its chat template, as
+    OpenRLHF hands the engine and ``reward_func`` the rendered text (only the first was, before)."""
+    from minirl.tasks import reward_functions
+
+    class Template:
+        def apply_chat_template(self, chat, tokenize, add_generation_prompt):
+            assert not tokenize and add_generation_prompt
+            return "".join(f"<{m['role']}>{m['content']}" for m in chat) + "<assistant>"
+
+    monkeypatch.setitem(reward_functions._TOKENIZERS, "tok", Template())
+    seen = {}
+
+    def spy(queries, prompts, labels):
+        seen.update(queries=queries, prompts=prompts)
+        return [0.0] * len(queries)
+
+    samples = [Sample("1+1=", "2", "2"), Sample([{"role": "user", "content": "2+2="}], "4", "4")]
+    make_reward_fn(spy, kwargs={"tokenizer": "tok"}).score(samples)
+    assert seen["prompts"] == ["<user>1+1=<assistant>", "<user>2+2=<assistant>"]
+    assert seen["queries"] == ["<user>1+1=<assistant>2", "<user>2+2=<assistant>4"]
 
 
 def test_a_dict_without_rewards_is_one_line(tmp_path):

@@ -429,3 +429,12 @@ def test_openrlhfs_reward_func_is_called_its_way_in_a_worker_too(timeout_s: floa
         rewards, stats = runner.score(PROMPTS, COMPLETIONS)
     assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
     assert stats["reward/reward_func/length"] == pytest.approx((5 + 5 + 5 + 4) / 4)  # "2+2?4", "q7 kg"
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # in this process (no timeout), and in a worker with one
+def test_an_async_defs_own_timeout_error_is_its_error_not_the_runs_timeout(timeout_s: float | None) -> None:
+    with _runner([{"function": f"{MOD}:own_timeout"}], timeout_s, workers=1, on_error="fallback") as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS[:2])
+    assert rewards.tolist() == [0.0, 0.0] and (stats["reward/errors"], stats["reward/timeouts"]) == (2.0, 0.0)
+    assert runner.last_problems[0].startswith(f"reward function {MOD}:own_timeout raised TimeoutError: judge took too "
+                                              "long (at tests/unit/trl_style_rewards.py:")

@@ -152,3 +152,7 @@ async def hangs_on_g(prompt, completion, answer):  # a judge that never answers 
 def reward_func(queries, prompts, labels):  # OpenRLHF's --remote_rm_url form, its dict with extra_logs
     rewards = [1.0 if query[len(prompt):].strip() == label else 0.0 for query, prompt, label in zip(queries, prompts, labels)]
     return {"rewards": rewards, "scores": rewards, "extra_logs": {"length": [float(len(q)) for q in queries]}}
+
+
+async def own_timeout(prompt, completion, answer):  # its own client's timeout, not the run's
+    raise TimeoutError("judge took too long")

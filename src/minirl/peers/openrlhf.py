@@ -17,6 +17,7 @@ over the rollout's tokens for reinforce and reinforce_baseline.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ DOTTED = {
 """The newest release's dotted flags and the underscore flag each renamed (``openrlhf/utils/config.py`` groups them)."""
 
 OPENRLHF_IGNORED = re.compile(
-    r"^(vllm_.*|vllm\..*|enable_prefix_caching|enforce_eager|colocate_.*|train\.colocate_.*|(ref|reward|critic)_num_.*|"
+    r"^(vllm_(?!is_|enable_is)[a-z_]*|vllm\.[a-z_.]*|enable_prefix_caching|enforce_eager|colocate_.*|train\.colocate_.*|(ref|reward|critic)_num_.*|"
     r"(ref|reward|critic)\.num_.*|zpg|flash_attn|attn_implementation|use_liger_kernel|ring_.*|ds_tensor_parallel_size|"
     r"deepspeed_enable_sleep|fsdp2_.*|dist_backend|ds\..*|logging_steps|logger\..*|wandb_(org|group|run_name)|local_rank|"
     r"overlap_comm|grad_accum_dtype|disable_fast_tokenizer|data\.disable_fast_tokenizer|data\.dataloader_num_workers|"
@@ -145,6 +146,9 @@ SCHEDULES = {"cosine_with_min_lr": ("cosine", None), "cosine": ("cosine", 0.0), 
 (None: ``--min_lr_ratio``, OpenRLHF's min_lr = 0.1 x lr)."""
 
 KL_KINDS = ("k1", "k2", "k3")
+CHOICES = {"advantage_estimator": ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"),
+           "policy_loss_type": ("ppo", "gspo"), "vllm_is_correction_type": ("tis", "icepop", "seq-mask-tis")}
+"""OpenRLHF's argparse ``choices`` of these flags: another value stops its run (here, one line)."""
 
 
 class OpenRLHFPeer(Peer):
@@ -218,6 +222,9 @@ def from_openrlhf(given: dict[str, Any], keep_objective: bool = False) -> Transl
         flags[name], spelling[name] = value, key
     defaults = OPENRLHF_DEFAULTS | (NEWEST_DEFAULTS if dotted else {})
     peer, out = OpenRLHFPeer(flags, defaults, spelling), Translation("OpenRLHF")
+    for key, allowed in CHOICES.items():
+        if peer(key) is not None and str(peer(key)) not in allowed:
+            raise ConfigError(f"OpenRLHF setting {peer.show(key)}: OpenRLHF's choices are {', '.join(allowed)}")
     out.differs += conditional
     if sourced:
         out.ignored.append(f"{', '.join(sourced)} (arrays the script expands but does not set)")
@@ -293,14 +300,19 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
         first = str(url).split(",")[0]
         if first.endswith(".py"):
             entry: dict[str, Any] = {"function": f"{first}:reward_func", "convention": "openrlhf"}
-            if peer("apply_chat_template"):
-                entry["kwargs"] = {"tokenizer": str(peer("pretrain"))}
+            kwargs = {"tokenizer": str(peer("pretrain"))} if peer("apply_chat_template") else {}
+            if peer("label_key"):  # labels as stored (a number, a list or an object stays one)
+                kwargs["label_key"] = str(peer("label_key"))
+            if kwargs:
+                entry["kwargs"] = kwargs
             out.set("task.reward_functions", [entry], peer.show("remote_rm_url"))
             out.set("task.reward_timeout_s", None, peer.show("remote_rm_url") + " (OpenRLHF sets no time limit)")
             out.differs.append(f"{peer.show('remote_rm_url')}: reward_func(queries, prompts, labels) gets all of a step's "
                                "samples in one call (OpenRLHF 0.9 calls it per sample, older releases per "
                                "--micro_rollout_batch_size); its 'scores' are not read: minirl's dynamic filtering "
-                               "reads the rewards")
+                               "reads the rewards; each query ends at the response's text (OpenRLHF 0.9 decodes its "
+                               "special tokens too, e.g. the EOS); a call that raises stops the run (OpenRLHF 0.9 logs "
+                               "it and goes on: task.reward_on_error: fallback)")
             if not Path(first).is_file():
                 out.differs.append(f"{peer.flag('remote_rm_url')} {first}: not on this machine; run the translation where "
                                    "the script runs, or fix task.reward_functions' path")
@@ -326,6 +338,14 @@ def _batch(peer: OpenRLHFPeer, out: Translation) -> int:
     batch = peer.number("train_batch_size", int)
     samples = prompts * group
     out.set("rollout.prompts_per_step", prompts, peer.show("rollout_batch_size"))
+    estimator = str(peer("advantage_estimator"))
+    if group < 2 and estimator in ("rloo", "reinforce_baseline", "group_norm"):
+        raise ConfigError(f"OpenRLHF refuses {peer.show('advantage_estimator', 'n_samples_per_prompt')}: "
+                          f"{estimator} requires n_samples_per_prompt > 1")
+    if group < 2:  # REINFORCE and PPO's critic run with one sample a prompt; minirl's baselines are the group's
+        gae = " (--advantage_estimator gae, PPO with a critic, is not carried over)" if estimator == "gae" else ""
+        raise ConfigError(f"OpenRLHF setting {peer.show('n_samples_per_prompt')}: minirl samples a group of at least 2 "
+                          f"responses per prompt (its baselines are the group's); set --n_samples_per_prompt 2 or more{gae}")
     out.set("rollout.samples_per_prompt", group, peer.show("n_samples_per_prompt"))
     if batch <= 0 or samples % batch:
         raise ConfigError(f"OpenRLHF settings {peer.show('rollout_batch_size', 'n_samples_per_prompt', 'train_batch_size')}: "
@@ -392,10 +412,11 @@ def _optimizer(peer: OpenRLHFPeer, out: Translation, n: int) -> None:
         out.not_translated.append(f"{peer.show('lr_scheduler')}: minirl's optim.lr_schedule is constant, linear or cosine")
     ratio = peer.number("lr_warmup_ratio", float)
     if ratio and name != "constant":
-        if steps:
+        if steps is not None:
             updates = steps * n * peer.number("max_epochs", int)
-            out.set("optim.warmup_updates", round(ratio * updates), f"{peer.show('lr_warmup_ratio')} x {updates} updates")
-            if round(ratio * updates):
+            warmup = math.ceil(ratio * updates)  # OpenRLHF's ceil(max_steps * lr_warmup_ratio)
+            out.set("optim.warmup_updates", warmup, f"ceil({peer.show('lr_warmup_ratio')} x {updates} updates)")
+            if warmup:
                 out.differs.append("the warm-up: transformers' starts at 0 (update k at k/W of the rate), minirl's "
                                    "at 1/W")
         else:
@@ -429,6 +450,9 @@ def _global_steps(peer: OpenRLHFPeer, out: Translation) -> int | None:
     steps = peer.number("num_episodes", int) * (rows // peer.number("rollout_batch_size", int))
     out.set("optim.global_steps", steps, f"{peer.show('num_episodes')} x ({rows} rows // "
             f"{peer.show('rollout_batch_size')})")
+    if not steps:
+        out.differs.append(f"{rows} rows make no full batch of {peer.show('rollout_batch_size')}: OpenRLHF (drop_last) "
+                           "and this config train 0 steps; set optim.global_steps or a smaller --rollout_batch_size")
     return steps
 
 
@@ -551,7 +575,6 @@ def _objective(peer: OpenRLHFPeer) -> Objective:
 def _advantages(peer: OpenRLHFPeer, obj: Objective, estimator: str, kl_reward: bool) -> None:
     """``compute_advantages_and_returns``: the group baseline, each token's return with the KL in the reward at each
     token, whitened over the rollout's tokens for reinforce and reinforce_baseline."""
-    group = peer.number("n_samples_per_prompt", int)
     baselines = {"reinforce": "none", "reinforce_baseline": "group_mean", "dr_grpo": "group_mean",
                  "group_norm": "group_mean", "rloo": "leave_one_out"}
     if estimator == "gae":
@@ -560,9 +583,6 @@ def _advantages(peer: OpenRLHFPeer, obj: Objective, estimator: str, kl_reward: b
     if estimator not in baselines:
         obj.blockers.append(f"{peer.show('advantage_estimator')} (an estimator minirl does not know)")
         return
-    if estimator != "reinforce" and group < 2:
-        raise ConfigError(f"OpenRLHF refuses {peer.show('advantage_estimator', 'n_samples_per_prompt')}: "
-                          f"{estimator} requires n_samples_per_prompt > 1")
     origin = peer.show("advantage_estimator")
     obj.set("adv_baseline", baselines[estimator], origin)
     obj.set("adv_std_normalize", estimator == "group_norm", origin)
@@ -609,6 +629,8 @@ def _correction(peer: OpenRLHFPeer, obj: Objective, gspo: bool) -> None:
         return
     if threshold is None:
         low, high = (0.5, 5.0) if kind is not None or "." in peer.spelling.get("enable_vllm_is_correction", "") else (0.0, 2.0)
+        obj.differs.append(f"{peer.flag('vllm_is_truncated_threshold')} unset: OpenRLHF's default depends on its release "
+                           f"(2 before --vllm_is_correction_type existed, 0.5 5.0 since); {low:g} {high:g} is taken here")
     elif isinstance(threshold, list):
         low, high = peer.pair("vllm_is_truncated_threshold")
     else:

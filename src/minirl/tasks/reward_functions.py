@@ -47,7 +47,7 @@ over, and its ``--custom-config-path`` keys; None for any other). A dict it retu
 OpenRLHF calls it: ``fn(queries, prompts, labels)``, ``queries`` each prompt's text followed by its completion (the
 prompt as OpenRLHF hands it to vLLM: the text as written, or with the entry's ``kwargs.tokenizer`` (a model
 directory; ``--apply_chat_template``) a chat rendered by that tokenizer's chat template with the generation prompt),
-``prompts`` those prompt texts, ``labels`` the answers. It may return a tensor or list of rewards or OpenRLHF's dict:
+``prompts`` those prompt texts, ``labels`` the answers (with the entry's ``kwargs.label_key``, that column as stored). It may return a tensor or list of rewards or OpenRLHF's dict:
 ``rewards`` is the reward, ``scores`` (what OpenRLHF's dynamic filtering reads) is not used, and each ``extra_logs``
 entry, a number or one per sample, is logged as ``reward/<name>/<key>``. The entry's other ``kwargs`` go along as
 keywords.
@@ -244,7 +244,7 @@ class RewardFn:
         self._given_first = _first_three(self.fn)  # a column named like them (an "answer" kept as stored) is not a keyword
         self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
         self.takes_any_keyword = self._accepts is None  # **kwargs: gets environments too, as TRL passes them to all
-        given = set(self.kwargs) - ({"tokenizer"} if self.openrlhf else set())  # OpenRLHF's: renders the prompts
+        given = set(self.kwargs) - ({"tokenizer", "label_key"} if self.openrlhf else set())  # OpenRLHF's: its prompts
         unknown = sorted(given - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
@@ -300,12 +300,15 @@ class RewardFn:
         async def one(sample: Sample) -> tuple[str, Any]:
             try:
                 value = self._call(sample)
-                if inspect.isawaitable(value) and timeout_s is not None:
-                    value = asyncio.wait_for(value, timeout_s)
+                if inspect.isawaitable(value) and timeout_s is not None:  # the function's own TimeoutError is an error
+                    task = asyncio.ensure_future(value)
+                    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+                    if not done:
+                        task.cancel()
+                        return "timeout", (f"reward function {self.full_name} did not return within {timeout_s:g} s "
+                                           "(task.reward_timeout_s)")
+                    value = task
                 return "ok", self._checked(await value if inspect.isawaitable(value) else value)
-            except TimeoutError:
-                return "timeout", (f"reward function {self.full_name} did not return within {timeout_s:g} s "
-                                   "(task.reward_timeout_s)")
             except RewardFunctionError as error:
                 return "error", str(error)
             except Exception as error:
@@ -375,10 +378,13 @@ class RewardFn:
         """OpenRLHF's call, ``fn(queries, prompts, labels)``, and its tensor, list or ``{"rewards", "scores",
         "extra_logs"}`` dict (``extra_logs``: a number, or one per sample, each logged as ``reward/<name>/<key>``)."""
         kwargs = dict(self.kwargs)
-        prompts = [openrlhf_prompt(sample, kwargs.pop("tokenizer", None)) for sample in samples]
+        tokenizer = kwargs.pop("tokenizer", None)  # every prompt rendered by it, not only the first
+        label_key = kwargs.pop("label_key", None)
+        prompts = [openrlhf_prompt(sample, tokenizer) for sample in samples]
         queries = [prompt + sample.completion for prompt, sample in zip(prompts, samples)]
+        labels = [openrlhf_label(sample, label_key) for sample in samples]
         try:
-            value = resolve(self.fn(queries, prompts, [sample.answer for sample in samples], **kwargs))
+            value = resolve(self.fn(queries, prompts, labels, **kwargs))
         except Exception as error:
             raise RewardFunctionError(raised_message(self.full_name, error)) from error
         logs: dict[str, Any] = {}
@@ -490,6 +496,12 @@ def openrlhf_prompt(sample: Sample, tokenizer: str | None = None) -> str:
         _TOKENIZERS[tokenizer] = AutoTokenizer.from_pretrained(tokenizer)
     chat = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": str(sample.prompt)}]
     return str(_TOKENIZERS[tokenizer].apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+
+def openrlhf_label(sample: Sample, label_key: str | None) -> Any:
+    """The ``label_key`` column as stored (OpenRLHF's ``data[label_key]``: a number stays one, a list or an object
+    too; the entry's ``kwargs.label_key``, which from-openrlhf writes), else the answer's text."""
+    return sample.columns[label_key] if label_key and label_key in sample.columns else sample.answer
 
 
 def looks_openrlhf(fn: Callable[..., Any]) -> bool:
