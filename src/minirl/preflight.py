@@ -198,7 +198,8 @@ def check_devices(cfg: Config) -> None:
         raise ConfigError(
             f"cluster.cpus_per_engine: {c.rollout_engines} engines and {c.trainer_ranks} trainer ranks reserve "
             f"{need_cpu:g} CPUs and {need_gpu:g} GPUs but the Ray instance started here would have this machine's "
-            f"{have_cpu} CPUs and {have_gpu} GPUs; lower cluster.cpus_per_*/gpus_per_* or join a cluster (cluster.ray_address)"
+            f"{have_cpu} CPUs and {have_gpu} GPUs; lower cluster.cpus_per_*/gpus_per_* or cluster.trainer_ranks, join a "
+            "cluster (cluster.ray_address), or train in one process here (cluster.backend=local cluster.trainer_ranks=1)"
         )
 
 
