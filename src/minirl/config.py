@@ -292,8 +292,9 @@ class TaskConfig(Section):
 class RolloutConfig(Section):
     prompts_per_step: int = Field(8, ge=1)
     """P: prompts sampled per global step."""
-    samples_per_prompt: int = Field(8, ge=2)
-    """Group size G of the group-mean baseline (>= 2, or the baseline is the sample itself)."""
+    samples_per_prompt: int = Field(8, ge=1)
+    """Group size G of the group-mean baseline (>= 2; 1 only with a baseline that needs no group: ``algo.adv_baseline``
+    none, critic or greedy, as verl's and OpenRLHF's PPO and REINFORCE++ sample one response a prompt)."""
     max_new_tokens: int = Field(32, ge=1)
     """Most tokens generated per completion."""
     temperature: float = Field(1.0, gt=0)
@@ -1306,6 +1307,7 @@ class Config(Section):
         self._check_bypass()
         self._check_async()
         self._check_tools()
+        self._check_one_sample()
         per_token = self.algo.adv_token_returns or self.algo.adv_token_kl or self.algo.adv_baseline in (
             "critic", "optimal_token")
         if per_token and self.diagnostics.every_steps:
@@ -1317,6 +1319,22 @@ class Config(Section):
             raise ValueError("algo.adv_baseline=greedy: ReMax's greedy completions are sampled for one draw of prompts; "
                              "with rollout.filter_groups (several rounds) there is none to pair them with: set one off")
         return self
+
+
+    def _check_one_sample(self) -> None:
+        """One response a prompt (``rollout.samples_per_prompt: 1``): only with what needs no group."""
+        if self.rollout.samples_per_prompt != 1:
+            return
+        a = self.algo
+        group_only = next((setting for setting, on in (
+            (f"algo.adv_baseline={a.adv_baseline}", a.adv_baseline not in ("none", "critic", "greedy")),
+            ("algo.adv_std_normalize (the group's std)", a.adv_std_normalize and a.adv_std_scope == "group"),
+            ("algo.multi_objective_aggregation=normalize_then_sum", a.multi_objective_aggregation == "normalize_then_sum"),
+            ("rollout.filter_groups", self.rollout.filter_groups)) if on), None)
+        if group_only is not None:
+            raise ValueError(f"rollout.samples_per_prompt=1: {group_only} compares each response with its group's "
+                             "others; one response a prompt needs algo.adv_baseline none (REINFORCE++ with adv_whiten), "
+                             "critic (PPO's GAE) or greedy (ReMax), or 2 or more samples")
 
 
 # ----------------------------------------------------------------------------- loading

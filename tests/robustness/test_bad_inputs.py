@@ -106,7 +106,7 @@ def test_config_file_missing(capsys: pytest.CaptureFixture, tmp_path: Path) -> N
 OVERRIDES = [
     ("optim.lr=-1", "optim.lr: must be greater than or equal to 0 (got -1)"),
     ("lr=1e-4", "lr: unknown key"),
-    ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt: must be greater than or equal to 2 (got 1)"),
+    ("rollout.samples_per_prompt=0", "rollout.samples_per_prompt: must be greater than or equal to 1 (got 0)"),
     ("rollout.top_p=1.5", "rollout.top_p: must be less than or equal to 1 (got 1.5)"),
     ("rollout.precision=int4", "rollout.precision: must be 'fp32', 'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2' or 'fp4_e2m1' (got 'int4')"),
     ("rollout.fp4_block_size=0", "rollout.fp4_block_size: must be greater than 0 (got 0)"),

@@ -39,7 +39,9 @@ def test_every_shipped_config_parses_and_pins_every_algorithm_knob(path):
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt: must be greater than or equal to 2"),
+        ("rollout.samples_per_prompt=0", "rollout.samples_per_prompt: must be greater than or equal to 1"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt=1: algo.adv_baseline=group_mean compares each "
+                                         "response with its group's others; one response a prompt needs"),
         ("algo.eps_low=-0.1", "algo.eps_low: must be greater than or equal to 0"),
         ("algo.eps_high=-1", "algo.eps_high: must be greater than or equal to 0"),
         ("optim.minibatches_per_step=3", "optim.minibatches_per_step: must divide the global batch"),
@@ -143,6 +145,24 @@ def test_file_errors_name_the_file(tmp_path):
     typo.write_text("optim:\n  learning_rate: 1\n")
     with pytest.raises(ConfigError, match=r"typo.yaml: optim.learning_rate: unknown key"):
         load_config(typo)
+
+
+@pytest.mark.parametrize("overrides, allowed", [
+    (["algo.adv_baseline=critic", "algo.adv_whiten=true"], True),  # verl's and OpenRLHF's PPO (GAE over a critic)
+    (["algo.adv_baseline=none", "algo.adv_whiten=true"], True),  # REINFORCE++
+    (["algo.adv_baseline=none", "algo.adv_std_normalize=true", "algo.adv_std_scope=batch"], True),
+    (["algo.adv_baseline=greedy"], True),  # ReMax: the greedy completion is the baseline
+    (["algo.adv_baseline=leave_one_out"], False),
+    (["algo.adv_baseline=none", "algo.adv_std_normalize=true"], False),  # the group's std
+    (["algo.adv_baseline=none", "rollout.filter_groups=true"], False),
+])
+def test_one_sample_a_prompt_only_with_a_baseline_that_needs_no_group(overrides, allowed):
+    overrides = ["rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", "optim.micro_batch_sequences=8", *overrides]
+    if allowed:
+        assert load_config(None, overrides).rollout.samples_per_prompt == 1
+    else:
+        with pytest.raises(ConfigError, match=r"rollout.samples_per_prompt=1: .* compares each response with its group"):
+            load_config(None, overrides)
 
 
 def test_cli_prints_one_line_and_exits_2(capsys):

@@ -271,6 +271,13 @@ def test_in_the_loop_the_policy_trains_on_the_whitened_gae_of_the_critics_values
                 "critic/values_mean", "critic/returns_mean", "policy/loss"} <= set(row)
 
 
+def test_ppo_with_one_response_a_prompt_trains(tmp_path):
+    """verl's and OpenRLHF's PPO sample one response a prompt (rollout.n / --n_samples_per_prompt 1): the critic's GAE
+    needs no group."""
+    metrics, _ = run_steps(tmp_path, *PPO, "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", steps=2)
+    assert all(math.isfinite(row["policy/loss"]) and math.isfinite(row["critic/vf_loss"]) for row in metrics)
+
+
 def test_the_critic_warms_up_before_the_policy_trains(tmp_path):
     """``critic.warmup_steps: 3`` (verl's ``trainer.critic_warmup``): steps 1 and 2 train the critic only."""
     first, start = run_steps(tmp_path / "a", *PPO, "critic.warmup_steps=3", steps=2)

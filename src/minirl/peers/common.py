@@ -60,7 +60,7 @@ class Translation:
             leaf = where.split(".")[-1]
             source = next((self.origin[k] for k in self.values if k.split(".")[0] == where.split(".")[0]
                            and k.split(".")[-1] == leaf), "")
-            message = first["msg"]
+            message = first["msg"].removeprefix("Value error, ")
             if not where:
                 raise ConfigError(f"the translated {self.source} settings are not a valid minirl config: {message}") from None
             raise ConfigError(f"{self.source} setting {source or where}: minirl's {where} rejects it: {message}") from None
