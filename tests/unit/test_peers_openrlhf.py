@@ -228,10 +228,9 @@ def test_a_typo_gets_did_you_mean_and_a_bad_value_one_line():
         from_openrlhf({"rollout_batch_size": 2})
     with pytest.raises(ConfigError, match="requires n_samples_per_prompt > 1"):
         from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2})
-    # OpenRLHF's own defaults (reinforce, gae) with one sample a prompt: minirl's groups named
-    with pytest.raises(ConfigError, match=r"^OpenRLHF setting --n_samples_per_prompt 1: minirl samples a group of at "
-                                          r"least 2 .* or more \(--advantage_estimator gae, PPO with a critic, is not"):
-        from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2, "advantage_estimator": "gae"})
+    with pytest.raises(ConfigError, match=r"^OpenRLHF setting --advantage_estimator dr_grpo, --n_samples_per_prompt 1: "
+                                          r"minirl's form of dr_grpo is a group baseline, which needs 2 or more"):
+        from_openrlhf(BASE | {"n_samples_per_prompt": 1, "train_batch_size": 2, "advantage_estimator": "dr_grpo"})
     # a typo of an IS-correction flag is not one of vLLM's engine flags (ignored): "did you mean"
     out = from_openrlhf(BASE | {"vllm_is_truncated_treshold": [0.5, 5], "vllm_num_engines": 2, "vllm_sync_backend": "x"})
     assert out.ignored == ["--vllm_sync_backend"]
@@ -326,3 +325,52 @@ def test_the_cli_writes_a_config_minirl_config_show_accepts(tmp_path, capsys):
     capsys.readouterr()
     assert main(["config", "show", str(out)]) == 0
     assert "algo.eps_high = 0.28" in capsys.readouterr().out
+
+
+def _openrlhf_gae(r, values, kl, mask, coef, gamma, lambd, clip=(-10.0, 10.0)):
+    """OpenRLHF's gae advantages written out: ``compute_reward`` (the clamped reward at each response's last token,
+    -coef x KL at every token), ``get_advantages_and_returns``, then the whitening over the rollout's tokens."""
+    rewards = -coef * kl * mask
+    last = mask.sum(-1).long() - 1
+    rewards[torch.arange(len(r)), last] += r.clamp(*clip)
+    values, rewards = values * mask, rewards * mask
+    lastgaelam, reversed_ = 0.0, []
+    for t in reversed(range(mask.shape[1])):
+        nextvalues = values[:, t + 1] if t < mask.shape[1] - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lambd * lastgaelam
+        reversed_.append(lastgaelam)
+    adv = torch.stack(reversed_[::-1], dim=1)
+    n = mask.sum()
+    mean = (adv * mask).sum() / n
+    var = ((adv - mean).pow(2) * mask).sum() / n
+    return (adv - mean) * var.clamp(min=1e-8).rsqrt() * mask
+
+
+def test_ppo_with_a_critic_translates_and_has_openrlhfs_advantages():
+    """``--advantage_estimator gae`` (OpenRLHF's default, one sample a prompt): minirl's critic, GAE over the clamped
+    reward and the KL in the reward at each token, whitened over the tokens: OpenRLHF's advantages, but for the
+    whitening's N - 1 (said in the header)."""
+    from minirl.algo.variants.gae import gae_advantages
+    from minirl.algo.variants.token_returns import masked_whiten
+
+    out = from_openrlhf({"pretrain": "/m", "critic_pretrain": "/c", "rollout_batch_size": 4, "train_batch_size": 4,
+                         "actor_num_gpus_per_node": 1, "gamma": 0.99, "lambd": 0.95, "freezing_actor_steps": 2,
+                         "critic_learning_rate": 5e-6, "value_clip": 0.2})
+    v = out.values
+    assert (v["rollout.samples_per_prompt"], v["algo.adv_baseline"], v["algo.adv_whiten"]) == (1, "critic", True)
+    assert (v["algo.adv_gamma"], v["algo.adv_lambda"], v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_type"]) == (
+        0.99, 0.95, 0.01, "k1")
+    assert v["algo.reward_clip_range"] == [-10.0, 10.0]
+    assert (v["critic.lr"], v["critic.clip_value_range"], v["critic.model_path"], v["critic.warmup_steps"]) == (
+        5e-6, 0.2, "/c", 3)
+    out.config()  # a valid minirl config
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float64)
+    r, values, kl = torch.tensor([12.0, -0.5, 1.0], dtype=torch.float64), torch.randn(3, 5).double(), torch.rand(3, 5).double()
+    theirs = _openrlhf_gae(r, values, kl, mask, 0.01, 0.99, 0.95)
+    advantages, _ = gae_advantages(r.clamp(-10, 10), values, mask.bool(), gamma=0.99, lam=0.95,
+                                   token_rewards_BT=-0.01 * kl)
+    ours = masked_whiten(advantages, mask.bool()) * mask
+    n = mask.sum()
+    torch.testing.assert_close(ours, theirs * torch.sqrt((n - 1) / n), rtol=1e-6, atol=1e-7)

@@ -234,6 +234,8 @@ def from_openrlhf(given: dict[str, Any], keep_objective: bool = False) -> Transl
     _optimizer(peer, out, n)
     _runs(peer, out)
     apply_objective(out, keep_objective, _objective(peer))
+    if out.values.get("algo.adv_baseline") == "critic":
+        _critic(peer, out)
     _cluster(peer, out)
     leftovers(peer, out, OPENRLHF_IGNORED, prefix="--")
     return out
@@ -342,10 +344,9 @@ def _batch(peer: OpenRLHFPeer, out: Translation) -> int:
     if group < 2 and estimator in ("rloo", "reinforce_baseline", "group_norm"):
         raise ConfigError(f"OpenRLHF refuses {peer.show('advantage_estimator', 'n_samples_per_prompt')}: "
                           f"{estimator} requires n_samples_per_prompt > 1")
-    if group < 2:  # REINFORCE and PPO's critic run with one sample a prompt; minirl's baselines are the group's
-        gae = " (--advantage_estimator gae, PPO with a critic, is not carried over)" if estimator == "gae" else ""
-        raise ConfigError(f"OpenRLHF setting {peer.show('n_samples_per_prompt')}: minirl samples a group of at least 2 "
-                          f"responses per prompt (its baselines are the group's); set --n_samples_per_prompt 2 or more{gae}")
+    if group < 2 and estimator not in ("gae", "reinforce"):  # a critic's GAE and REINFORCE need no group
+        raise ConfigError(f"OpenRLHF setting {peer.show('advantage_estimator', 'n_samples_per_prompt')}: minirl's form "
+                          f"of {estimator} is a group baseline, which needs 2 or more samples a prompt")
     out.set("rollout.samples_per_prompt", group, peer.show("n_samples_per_prompt"))
     if batch <= 0 or samples % batch:
         raise ConfigError(f"OpenRLHF settings {peer.show('rollout_batch_size', 'n_samples_per_prompt', 'train_batch_size')}: "
@@ -500,6 +501,26 @@ def _runs(peer: OpenRLHFPeer, out: Translation) -> None:
     peer("overlong_penalty_factor")
 
 
+def _critic(peer: OpenRLHFPeer, out: Translation) -> None:
+    """The critic of ``--advantage_estimator gae`` (its own AdamW with the actor's ``--l2``, ``--max_norm`` and warm-up,
+    ``--value_clip``; ``--freezing_actor_steps``: the actor trains from the step after) as minirl's critic section."""
+    out.set("critic.lr", peer.number("critic_learning_rate", float), peer.show("critic_learning_rate"))
+    out.set("critic.weight_decay", peer.number("l2", float), peer.show("l2") + " (the critic's too)")
+    out.set("critic.grad_clip_norm", peer.number("max_norm", float), peer.show("max_norm") + " (the critic's too)")
+    out.set("critic.clip_value_range", peer.number("value_clip", float), peer.show("value_clip"))
+    out.set("critic.lr_warmup_updates", int(out.values.get("optim.warmup_updates", 0)), peer.show("lr_warmup_ratio") +
+            " (the critic's scheduler warms up as the actor's)")
+    frozen = peer.number("freezing_actor_steps", int)
+    out.set("critic.warmup_steps", frozen + 1 if frozen > 0 else 0, peer.show("freezing_actor_steps") +
+            " (OpenRLHF trains the actor once the step is past it)")
+    if peer("critic_pretrain"):
+        out.set("critic.model_path", str(peer("critic_pretrain")), peer.show("critic_pretrain"))
+        note_local_path(out, peer.flag("critic_pretrain"), str(peer("critic_pretrain")), "critic model", "critic.model_path")
+    if str(peer("lr_scheduler")) != "constant":
+        out.differs.append(f"{peer.show('lr_scheduler')}: OpenRLHF's critic follows it too; minirl's critic keeps "
+                           "critic.lr after its warm-up")
+
+
 def _cluster(peer: OpenRLHFPeer, out: Translation) -> None:
     """The actor's GPUs as FSDP2 trainer ranks, one per GPU (OpenRLHF's DeepSpeed shards over them)."""
     ranks = peer.number("actor_num_nodes", int) * peer.number("actor_num_gpus_per_node", int)
@@ -577,16 +598,18 @@ def _advantages(peer: OpenRLHFPeer, obj: Objective, estimator: str, kl_reward: b
     token, whitened over the rollout's tokens for reinforce and reinforce_baseline."""
     baselines = {"reinforce": "none", "reinforce_baseline": "group_mean", "dr_grpo": "group_mean",
                  "group_norm": "group_mean", "rloo": "leave_one_out"}
-    if estimator == "gae":
-        obj.blockers.append(peer.show("advantage_estimator") + " (GAE over a critic: not carried over by this translation)")
-        return
-    if estimator not in baselines:
+    if estimator not in (*baselines, "gae"):
         obj.blockers.append(f"{peer.show('advantage_estimator')} (an estimator minirl does not know)")
         return
     origin = peer.show("advantage_estimator")
-    obj.set("adv_baseline", baselines[estimator], origin)
+    if estimator == "gae":
+        obj.set("adv_baseline", "critic", origin + ": PPO's generalized advantage estimation over a learned critic's "
+                "values (the critic section)")
+        obj.set("adv_lambda", peer.number("lambd", float), peer.show("lambd"))
+    else:
+        obj.set("adv_baseline", baselines[estimator], origin)
     obj.set("adv_std_normalize", estimator == "group_norm", origin)
-    whiten = estimator in ("reinforce", "reinforce_baseline")
+    whiten = estimator in ("gae", "reinforce", "reinforce_baseline")
     obj.set("adv_whiten", whiten, origin + (" (whitened over the rollout's tokens)" if whiten else ""))
     if estimator == "group_norm":
         obj.differs.append(f"{origin}: OpenRLHF divides by the group's std + 1e-9, minirl by std + 1e-6 (both unbiased)")
@@ -596,17 +619,23 @@ def _advantages(peer: OpenRLHFPeer, obj: Objective, estimator: str, kl_reward: b
         obj.differs.append(f"{origin}: the whitening's variance divides by the tokens N in OpenRLHF, by N - 1 in minirl "
                            "(advantages smaller by sqrt((N - 1) / N))")
     gamma = peer.number("gamma", float)
+    if estimator == "gae":  # each token's reward: the KL in the reward there, the response's reward at its last token
+        obj.set("adv_gamma", gamma, peer.show("gamma"))
     if kl_reward or (estimator == "reinforce" and gamma != 1.0):
-        if estimator != "reinforce":  # the KL in each token's return after a group baseline: no minirl form
+        if estimator not in ("reinforce", "gae"):  # the KL in each token's return after a group baseline: no minirl form
             obj.blockers.append(f"{peer.show('init_kl_coef', 'use_kl_loss')} with {estimator} (the KL in each token's "
                                 "return after the group baseline; give --use_kl_loss or --init_kl_coef 0)")
             return
-        obj.set("adv_token_returns", True, origin + ": each token's return")
-        obj.set("adv_gamma", gamma, peer.show("gamma"))
+        if estimator == "reinforce":
+            obj.set("adv_token_returns", True, origin + ": each token's return")
+            obj.set("adv_gamma", gamma, peer.show("gamma"))
         if kl_reward:
             obj.set("kl_in_reward_coef", peer.number("init_kl_coef", float), peer.show("init_kl_coef", "use_kl_loss"))
             obj.set("kl_in_reward_type", str(peer("kl_estimator")), peer.show("kl_estimator"))
-    if peer.set_by_user("reward_clip_range"):
+    if estimator in ("gae", "reinforce"):  # compute_reward clamps each response's reward before the KL is added
+        low, high = peer.pair("reward_clip_range")
+        obj.set("reward_clip_range", [low, high], peer.show("reward_clip_range") + " (OpenRLHF's compute_reward)")
+    elif peer.set_by_user("reward_clip_range"):
         obj.differs.append(f"{peer.show('reward_clip_range')}: OpenRLHF clamps the reward after its baseline; minirl "
                            "does not clamp (the same while the shaped rewards stay inside it)")
 
