@@ -1966,6 +1966,10 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     assert out.objective.startswith("your verl loss") and not any("critic" in line for line in out.not_translated)
     cfg = out.config()
     assert (cfg.algo.adv_baseline, cfg.critic.warmup_steps) == ("critic", 3)
+    # verl's PPO and REINFORCE++ as its examples run them: one response a prompt (rollout.n's default)
+    for estimator in ("gae", "reinforce_plus_plus"):
+        cfg = from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.model.path": "/m"}).config()
+        assert cfg.rollout.samples_per_prompt == 1
     out = advantage("gae", **{"critic.model.path": "/elsewhere/critic", "critic.ppo_mini_batch_size": 3,
                               "critic.model.lora_rank": 8, "critic.model.lora_alpha": 16})
     assert out.values["critic.model_path"] == "/elsewhere/critic"
