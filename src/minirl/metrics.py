@@ -11,7 +11,8 @@ One JSON object per global step is appended to ``metrics.jsonl`` in the run dire
 ``train/truncated_frac``       fraction of completions stopped by ``max_new_tokens``
 ``train/uniform_reward_groups_frac``  fraction of groups whose rewards all equal (zero
                                advantage: no gradient); split into ``all_correct_groups_frac`` and
-                               ``all_wrong_groups_frac`` (every reward >= / < the accuracy threshold)
+                               ``all_wrong_groups_frac`` (every reward >= / < the accuracy threshold);
+                               none of the three with one sample a prompt
 ``filter/*``                    ``rollout.filter_groups`` (DAPO's dynamic sampling) only: ``rounds`` of
                                generation, ``kept_groups_frac`` (groups with a reward spread / groups
                                generated), ``topped_up_groups`` (zero-spread groups filling a short

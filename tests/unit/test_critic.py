@@ -276,6 +276,7 @@ def test_ppo_with_one_response_a_prompt_trains(tmp_path):
     needs no group."""
     metrics, _ = run_steps(tmp_path, *PPO, "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", steps=2)
     assert all(math.isfinite(row["policy/loss"]) and math.isfinite(row["critic/vf_loss"]) for row in metrics)
+    assert not any(key.endswith("groups_frac") for row in metrics for key in row)  # no groups to count
 
 
 def test_the_critic_warms_up_before_the_policy_trains(tmp_path):

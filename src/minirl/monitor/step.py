@@ -100,20 +100,23 @@ def tool_metrics(completions: list[Completion], prefix: str) -> dict[str, float]
 
 
 def rollout_metrics(completions: list[Completion], rewards_PG: torch.Tensor, threshold: float = 1.0) -> dict[str, float]:
-    """``train/*`` of a step; correct = reward >= ``threshold`` (``eval.accuracy_threshold``)."""
+    """``train/*`` of a step; correct = reward >= ``threshold`` (``eval.accuracy_threshold``). The group fractions
+    only with groups (one sample a prompt: every "group" would be uniform)."""
     lengths = torch.tensor([len(c.completion_ids) for c in completions], dtype=torch.float32)
     truncated = sum(c.finish_reason == "length" for c in completions)
     correct_PG = rewards_PG >= threshold
+    groups = {} if rewards_PG.shape[1] < 2 else {
+        "train/uniform_reward_groups_frac": float((rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()),
+        "train/all_correct_groups_frac": float(correct_PG.all(dim=1).float().mean()),
+        "train/all_wrong_groups_frac": float((~correct_PG).all(dim=1).float().mean()),
+    }
     return tool_metrics(completions, "tools/") | {
         "train/reward_mean": float(rewards_PG.mean()),
         "train/accuracy": float(correct_PG.float().mean()),
         "train/response_length": float(lengths.mean()),
         "train/response_length_max": float(lengths.max()),
         "train/truncated_frac": truncated / len(completions),
-        "train/uniform_reward_groups_frac": float((rewards_PG == rewards_PG[:, :1]).all(dim=1).float().mean()),
-        "train/all_correct_groups_frac": float(correct_PG.all(dim=1).float().mean()),
-        "train/all_wrong_groups_frac": float((~correct_PG).all(dim=1).float().mean()),
-    }
+    } | groups
 
 
 def update_metrics(updates: list[UpdateResult]) -> dict[str, Any]:
