@@ -1322,19 +1322,26 @@ class Config(Section):
 
 
     def _check_one_sample(self) -> None:
-        """One response a prompt (``rollout.samples_per_prompt: 1``): only with what needs no group."""
+        """One response a prompt (``rollout.samples_per_prompt: 1``): only with what needs no group; whitening over the
+        step's tokens needs two responses (one could be one token)."""
+        a = self.algo
+        if a.adv_whiten and self.global_batch_sequences < 2:
+            raise ValueError("algo.adv_whiten: whitening over the step's tokens needs 2 or more responses a step "
+                             "(rollout.prompts_per_step x samples_per_prompt is 1)")
         if self.rollout.samples_per_prompt != 1:
             return
-        a = self.algo
+        if a.adv_baseline not in ("none", "critic", "greedy"):
+            raise ValueError(f"rollout.samples_per_prompt=1: algo.adv_baseline={a.adv_baseline} compares each response "
+                             "with its group's others; one response a prompt needs algo.adv_baseline none (REINFORCE++ "
+                             "with adv_whiten), critic (PPO's GAE) or greedy (ReMax), or 2 or more samples")
         group_only = next((setting for setting, on in (
-            (f"algo.adv_baseline={a.adv_baseline}", a.adv_baseline not in ("none", "critic", "greedy")),
             ("algo.adv_std_normalize (the group's std)", a.adv_std_normalize and a.adv_std_scope == "group"),
-            ("algo.multi_objective_aggregation=normalize_then_sum", a.multi_objective_aggregation == "normalize_then_sum"),
-            ("rollout.filter_groups", self.rollout.filter_groups)) if on), None)
+            ("algo.multi_objective_aggregation=normalize_then_sum (each function normalised in its group)",
+             a.multi_objective_aggregation == "normalize_then_sum"),
+            ("rollout.filter_groups (groups whose rewards differ)", self.rollout.filter_groups)) if on), None)
         if group_only is not None:
-            raise ValueError(f"rollout.samples_per_prompt=1: {group_only} compares each response with its group's "
-                             "others; one response a prompt needs algo.adv_baseline none (REINFORCE++ with adv_whiten), "
-                             "critic (PPO's GAE) or greedy (ReMax), or 2 or more samples")
+            raise ValueError(f"rollout.samples_per_prompt=1: {group_only} needs groups; turn it off, or sample 2 or "
+                             "more responses a prompt")
 
 
 # ----------------------------------------------------------------------------- loading

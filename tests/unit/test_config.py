@@ -161,8 +161,17 @@ def test_one_sample_a_prompt_only_with_a_baseline_that_needs_no_group(overrides,
     if allowed:
         assert load_config(None, overrides).rollout.samples_per_prompt == 1
     else:
-        with pytest.raises(ConfigError, match=r"rollout.samples_per_prompt=1: .* compares each response with its group"):
+        with pytest.raises(ConfigError, match=r"rollout.samples_per_prompt=1: (.* compares each response with its "
+                                              r"group|.* needs groups; turn it off, or sample 2 or more)"):
             load_config(None, overrides)
+
+
+def test_whitening_needs_two_responses_a_step():
+    one = ["rollout.samples_per_prompt=1", "rollout.prompts_per_step=1", "optim.micro_batch_sequences=1",
+           "algo.adv_baseline=critic"]
+    load_config(None, one)  # GAE without whitening: fine
+    with pytest.raises(ConfigError, match=r"algo.adv_whiten: whitening over the step's tokens needs 2 or more responses"):
+        load_config(None, [*one, "algo.adv_whiten=true"])
 
 
 def test_cli_prints_one_line_and_exits_2(capsys):

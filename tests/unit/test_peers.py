@@ -1970,6 +1970,15 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     for estimator in ("gae", "reinforce_plus_plus"):
         cfg = from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.model.path": "/m"}).config()
         assert cfg.rollout.samples_per_prompt == 1
+    # verl's group estimators with one response a prompt: the group's baseline is 0 (core_algos: mean 0, std 1)
+    for estimator, whiten in (("grpo", False), ("rloo", False), ("opo", False), ("reinforce_plus_plus_baseline", True)):
+        cfg = from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.model.path": "/m"}).config()
+        assert (cfg.algo.adv_baseline, cfg.algo.adv_std_normalize, cfg.algo.adv_whiten) == ("none", False, whiten)
+    # the vectorized forms differ there (rloo_vectorized: 0): minirl's MiniRL needs groups, said with verl's key
+    with pytest.raises(ConfigError, match=r"rollout.samples_per_prompt=1: .*\(rollout.samples_per_prompt from "
+                                          r"actor_rollout_ref.rollout.n=1; algo.adv_baseline from "
+                                          r"algorithm.adv_estimator='rloo_vectorized'\)$"):
+        from_verl({"algorithm.adv_estimator": "rloo_vectorized", "actor_rollout_ref.model.path": "/m"}).config()
     out = advantage("gae", **{"critic.model.path": "/elsewhere/critic", "critic.ppo_mini_batch_size": 3,
                               "critic.model.lora_rank": 8, "critic.model.lora_alpha": 16})
     assert out.values["critic.model_path"] == "/elsewhere/critic"

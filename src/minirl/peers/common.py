@@ -61,8 +61,12 @@ class Translation:
             source = next((self.origin[k] for k in self.values if k.split(".")[0] == where.split(".")[0]
                            and k.split(".")[-1] == leaf), "")
             message = first["msg"].removeprefix("Value error, ")
-            if not where:
-                raise ConfigError(f"the translated {self.source} settings are not a valid minirl config: {message}") from None
+            if not where:  # a rule across keys: the peer settings of the keys it names
+                named = [f"{key} from {self.origin[key]}" for key in self.values
+                         if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) and self.origin.get(key)]
+                came = f" ({'; '.join(named)})" if named else ""
+                raise ConfigError(f"the translated {self.source} settings are not a valid minirl config: {message}"
+                                  f"{came}") from None
             raise ConfigError(f"{self.source} setting {source or where}: minirl's {where} rejects it: {message}") from None
 
     def render(self, source_name: str) -> str:

@@ -936,6 +936,9 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
     (``VERL_NO_ADVANTAGE``)."""
     key = "algorithm.adv_estimator"
     estimator = str(peer(key)).removesuffix("_vectorized")
+    if peer(R + "n") == 1 and str(peer(key)) in ("grpo", "rloo", "opo", "reinforce_plus_plus_baseline"):
+        _verl_one_response(peer, obj, str(peer(key)))
+        return
     if estimator == "gdpo" and peer("algorithm.gdpo_reward_keys") and _custom_reward(peer):
         if not peer("algorithm.norm_adv_by_std_in_grpo"):
             obj.blockers.append(peer.show(key, "algorithm.norm_adv_by_std_in_grpo") + " (minirl's GDPO divides each "
@@ -985,6 +988,19 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
         obj.set("adv_whiten", True, peer.show(key) + ": the group mean, then whitened over tokens")
     else:
         _verl_reinforce_plus_plus(peer, obj)
+
+
+def _verl_one_response(peer: Peer, obj: Objective, estimator: str) -> None:
+    """``rollout.n=1`` with a group estimator: verl's baseline of a one-response group is 0 (GRPO: mean 0, std 1), so
+    the advantage is the raw reward (reinforce_plus_plus_baseline: then whitened over the tokens)."""
+    origin = peer.show("algorithm.adv_estimator", R + "n") + ": verl's baseline of a one-response group is 0"
+    obj.set("adv_baseline", "none", origin + " (the raw reward)")
+    obj.set("adv_std_normalize", False, origin + (" (std 1)" if estimator == "grpo" else ""))
+    if estimator == "reinforce_plus_plus_baseline":
+        obj.set("adv_whiten", True, origin + ", then whitened over the tokens (masked_whiten)")
+    if estimator == "grpo" and peer("algorithm.norm_adv_by_std_in_grpo"):
+        obj.differs.append(f"{peer.show('algorithm.adv_estimator', R + 'n')}: verl divides the raw reward by 1 + 1e-6 "
+                           "(its epsilon), minirl not")
 
 
 def _verl_critic(peer: Peer, out: Translation) -> None:
