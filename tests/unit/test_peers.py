@@ -1916,7 +1916,7 @@ def test_more_prompts_a_step_than_rows_is_said_at_the_start() -> None:
                                         "holds some of them twice (verl's and TRL's loaders would make no step)")
 
 
-def test_verls_outcome_estimators_are_minirls_advantages():
+def test_verls_outcome_estimators_are_minirls_advantages(tmp_path):
     """verl's opo, grpo_passk, gpg, reinforce_plus_plus and the vectorized grpo / rloo as algo.adv_* (their values
     against verl's code: tests/unit/test_algo_advantages.py); what minirl has no form of stays a named blocker."""
     def advantage(estimator, **given):
@@ -1990,6 +1990,21 @@ def test_verls_outcome_estimators_are_minirls_advantages():
     v = advantage("gae", **{"critic.optim.lr_warmup_steps_ratio": 0.1, "trainer.total_training_steps": 20,
                             "critic.ppo_epochs": 2}).values
     assert v["critic.lr_warmup_updates"] == round(0.1 * 20 * v["optim.minibatches_per_step"] * 2)
+    # verl's deprecated global micro-batch is not its mini-batch; a KL coefficient without the KL in the reward is inert
+    legacy = advantage("gae", **{"actor_rollout_ref.actor.ppo_micro_batch_size": 2, "algorithm.kl_ctrl.kl_coef": 0.001})
+    assert ("actor_rollout_ref.actor.ppo_micro_batch_size=2: verl's deprecated global micro-batch (over all GPUs); give "
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (minirl's optim.micro_batch_sequences)"
+            ) in legacy.not_translated
+    assert not any("did you mean" in line for line in legacy.not_translated)
+    assert ("algorithm.kl_ctrl.kl_coef (algorithm.use_kl_in_reward is off: verl puts no KL in the reward)"
+            in legacy.ignored)
+    # no total_training_steps: verl gives the critic the actor's total from total_epochs x the data's batches
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"prompt": "q{i}", "answer": "a"}}\n' for i in range(40)))
+    v = advantage("gae", **{"critic.optim.lr_warmup_steps_ratio": 0.5, "trainer.total_epochs": 2,
+                            "data.train_files": str(data), "data.train_batch_size": 8,
+                            "actor_rollout_ref.actor.ppo_mini_batch_size": 8}).values
+    assert v["optim.global_steps"] == 10 and v["critic.lr_warmup_updates"] == round(0.5 * 10 * v["optim.minibatches_per_step"])
     assert any("critic.ppo_mini_batch_size=3" in line for line in out.differs)
     assert out.values["critic.loss_aggregation"] == "token_mean"
     v = advantage("gae", **{"critic.loss_agg_mode": "seq-mean-token-mean"}).values

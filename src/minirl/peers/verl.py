@@ -228,6 +228,16 @@ def from_verl(given: dict[str, Any], keep_objective: bool = False) -> Translatio
     if str(peer("algorithm.adv_estimator")) == "gae" and not keep_objective:
         _verl_critic(peer, out)
     _verl_cluster(peer, out)
+    for old in (f"{role}.{kind}_micro_batch_size" for role, kind in (("actor_rollout_ref.actor", "ppo"),
+                ("actor_rollout_ref.rollout", "log_prob"), ("actor_rollout_ref.ref", "log_prob"), ("critic", "ppo"))):
+        if old in given:  # verl's deprecated global micro-batch (split over the GPUs), not its mini-batch
+            peer.read.add(old)
+            where = " (minirl's optim.micro_batch_sequences)" if old.startswith(A) else ""
+            out.not_translated.append(f"{old}={given[old]!r}: verl's deprecated global micro-batch (over all GPUs); "
+                                      f"give {old}_per_gpu{where}")
+    if not peer("algorithm.use_kl_in_reward"):  # set, but verl applies no KL in the reward without it
+        kl_ctrl = sorted(key for key in given if key.startswith("algorithm.kl_ctrl.") or key == "algorithm.kl_penalty")
+        out.ignored += [f"{key} (algorithm.use_kl_in_reward is off: verl puts no KL in the reward)" for key in kl_ctrl]
     leftovers(peer, out, VERL_IGNORED)
     return out
 
@@ -1042,7 +1052,7 @@ def _verl_critic(peer: Peer, out: Translation) -> None:
         out.differs.append(f"{peer.show(agg_key)} for the critic: verl divides by each micro-batch's padded response "
                            "width, minirl by rollout.max_new_tokens (data.max_response_length)")
     warmup, ratio = peer("critic.optim.lr_warmup_steps") or -1, peer("critic.optim.lr_warmup_steps_ratio")
-    steps = peer("trainer.total_training_steps")
+    steps = out.values.get("optim.global_steps")  # verl gives the critic the actor's total (total_epochs' too)
     if warmup > 0:
         out.set("critic.lr_warmup_updates", int(warmup), peer.show("critic.optim.lr_warmup_steps"))
     elif ratio and steps:
