@@ -189,6 +189,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    run = Path(args.checkpoint)
+    if not (run / "config.json").is_file() and (run / "checkpoint" / "config.json").is_file():  # a run directory
+        args.checkpoint = str(run / "checkpoint")
+        print(f"minirl eval: the run's final model {args.checkpoint}", file=sys.stderr)
     if args.config is None:  # the run's own config beside its model, else the built-in task (said either way)
         args.config = _run_config_of(Path(args.checkpoint))
         if args.config:
@@ -211,7 +215,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         engine = tool_calling(cfg, engine, tokenizer, model, task.eval_prompts())
     with build_rewards(cfg, task) as rewards:
         result = evaluate(engine, rewards, task, cfg, step=0)
-    print(json.dumps({"checkpoint": args.checkpoint, "task": cfg.task.path or cfg.task.kind, **result}))
+    print(json.dumps({"checkpoint": args.checkpoint, "task": cfg.task.eval_path or cfg.task.path or cfg.task.kind, **result}))
     return 0
 
 
@@ -438,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="held-out mean@n accuracy of a checkpoint")
-    p.add_argument("checkpoint", help="HF checkpoint directory (or a model preset name); without --config, the config "
+    p.add_argument("checkpoint", help="HF checkpoint directory, a run directory (its final checkpoint/) or a model "
+                   "preset name; without --config, the config "
                    "of the run that wrote it (RUN/config.yaml beside RUN/checkpoint, or an SFT's), said in one line")
     common(p, config_required=False)
     p.set_defaults(func=cmd_eval)

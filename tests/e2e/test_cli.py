@@ -73,13 +73,14 @@ def test_sft_then_train_from_checkpoint_then_eval(tmp_path):
                     f"model.path={tmp_path / 'ckpt'}", "cold_start.enabled=false", "optim.global_steps=1")
     assert train.returncode == 0, train.stderr[-3000:]
     # greedy evaluation (verl's validation default), twice: no draw, so the same result
-    greedy = [_minirl("eval", str(tmp_path / "t" / "checkpoint"), *TINY, "eval.temperature=0", "eval.samples_per_prompt=1",
-                      f"run.seed={seed}") for seed in (0, 1)]
+    greedy = [_minirl("eval", str(where), *TINY, "eval.temperature=0", "eval.samples_per_prompt=1", f"run.seed={seed}")
+              for seed, where in ((0, tmp_path / "t" / "checkpoint"), (1, tmp_path / "t"))]  # the run directory too
     assert all(ev.returncode == 0 for ev in greedy), greedy[0].stderr[-3000:]
     results = [json.loads(ev.stdout.strip().splitlines()[-1]) for ev in greedy]
     assert 0.0 <= results[0]["eval/accuracy"] <= 1.0 and results[0] == results[1]
     # without --config: the config of the run that wrote the checkpoint, said in one line
     assert f"minirl eval: the run's config {tmp_path / 't' / 'config.yaml'}" in greedy[0].stderr
+    assert f"minirl eval: the run's final model {tmp_path / 't' / 'checkpoint'}" in greedy[1].stderr
     assert results[0]["task"] == "reverse"
     # from another directory: evaluated in the run's own (its config names configs/... relative to it), said
     elsewhere = subprocess.run([sys.executable, "-m", "minirl.cli", "eval", str(tmp_path / "t" / "checkpoint"), *TINY,
