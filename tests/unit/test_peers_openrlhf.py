@@ -374,3 +374,14 @@ def test_ppo_with_a_critic_translates_and_has_openrlhfs_advantages():
     ours = masked_whiten(advantages, mask.bool()) * mask
     n = mask.sum()
     torch.testing.assert_close(ours, theirs * torch.sqrt((n - 1) / n), rtol=1e-6, atol=1e-7)
+
+
+def test_an_adaptive_kl_in_the_reward_is_minirls_controller():
+    """``--kl_target`` with the KL in the reward (gae, reinforce): minirl's adaptive coefficient (the same controller
+    of Ziegler et al.); with ``--use_kl_loss`` (minirl's loss keeps its coefficient) the run trains with MiniRL."""
+    v = from_openrlhf({"pretrain": "/m", "rollout_batch_size": 4, "train_batch_size": 4, "actor_num_gpus_per_node": 1,
+                       "kl_target": 0.05, "kl_horizon": 2000}).values
+    assert (v["algo.kl_in_reward_coef"], v["algo.kl_in_reward_target"], v["algo.kl_in_reward_horizon"]) == (0.01, 0.05, 2000)
+    out = from_openrlhf(BASE | {"kl_target": 0.05})
+    assert out.objective.startswith("minirl's MiniRL") and "algo.kl_in_reward_target" not in out.values
+    assert any("--kl_target 0.05, --use_kl_loss" in line for line in out.not_translated)

@@ -576,8 +576,12 @@ def _objective(peer: OpenRLHFPeer) -> Objective:
         if kind != "k3":
             obj.differs.append(f"{peer.show('kl_estimator')}: OpenRLHF clamps each token's estimate to [-10, 10], "
                                "minirl its k3 only (the same inside it)")
-    if peer("kl_target") is not None and (kl_loss or kl_reward):
-        obj.blockers.append(peer.show("kl_target") + " (OpenRLHF's adaptive KL coefficient)")
+    if peer("kl_target") is not None and kl_loss:  # minirl's KL loss keeps its coefficient
+        obj.blockers.append(peer.show("kl_target", "use_kl_loss") + " (OpenRLHF's adaptive coefficient of the KL loss)")
+    elif peer("kl_target") is not None and kl_reward and "algo.kl_in_reward_coef" in obj.values:
+        obj.set("kl_in_reward_target", peer.number("kl_target", float), peer.show("kl_target") + " (the adaptive "
+                "controller of Ziegler et al., after each rollout)")
+        obj.set("kl_in_reward_horizon", peer.number("kl_horizon", int), peer.show("kl_horizon"))
     entropy = peer("entropy_loss_coef")
     if entropy:
         obj.set("entropy_coef", peer.number("entropy_loss_coef", float), peer.show("entropy_loss_coef"))
