@@ -385,3 +385,65 @@ def test_an_adaptive_kl_in_the_reward_is_minirls_controller():
     out = from_openrlhf(BASE | {"kl_target": 0.05})
     assert out.objective.startswith("minirl's MiniRL") and "algo.kl_in_reward_target" not in out.values
     assert any("--kl_target 0.05, --use_kl_loss" in line for line in out.not_translated)
+
+
+@pytest.fixture
+def reward_server():
+    """A local OpenRLHF-style reward server: 1.0 where the query ends with its label, answered as {"rewards": [...]};
+    the first ``state["fail_first"]`` requests get HTTP 503."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    state = {"posted": [], "fail_first": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # http.server calls it by this name
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state["posted"].append(payload)
+            if len(state["posted"]) <= state["fail_first"]:
+                self.send_response(503)
+                self.end_headers()
+                return
+            rewards = [float(q.endswith(str(lab))) for q, lab in zip(payload["query"], payload["labels"])]
+            body = json.dumps({"rewards": rewards}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    state["url"] = f"http://127.0.0.1:{httpd.server_address[1]}/get_reward"
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_an_http_reward_server_gets_what_openrlhf_posts(reward_server):
+    """``--remote_rm_url http://...``: minirl's ``openrlhf_rewards.remote_rm`` posts {query, prompts, labels} and reads
+    'rewards', retrying a failed request (OpenRLHF's 5 tries, 1 s apart); a server that never answers is one line."""
+    from minirl.tasks import openrlhf_rewards
+
+    out = from_openrlhf(BASE | {"remote_rm_url": reward_server["url"], "label_key": "answer"})
+    entry = out.values["task.reward_functions"][0]
+    assert entry == {"function": "minirl.tasks.openrlhf_rewards:remote_rm", "convention": "openrlhf",
+                     "kwargs": {"url": reward_server["url"], "label_key": "answer"}}
+    assert out.values["task.reward_timeout_s"] is None
+    fn = make_reward_fn(entry["function"], convention="openrlhf", kwargs=entry["kwargs"])
+    reward_server["fail_first"] = 1
+    waits: list[float] = []
+    samples = [Sample("1+1=", " 2", "2", columns={"answer": 2}), Sample("2+2=", " 5", "4", columns={"answer": 4})]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openrlhf_rewards.time, "sleep", waits.append)
+        assert fn.score(samples) == [1.0, 0.0]
+    assert waits == [1.0] and reward_server["posted"][-1] == {"query": ["1+1= 2", "2+2= 5"], "prompts": ["1+1=", "2+2="],
+                                                              "labels": [2, 4]}
+    with pytest.raises(RuntimeError, match=r"^remote_rm: the reward server at http://127.0.0.1:\d+/x \(--remote_rm_url\) "
+                                           r"answers HTTP 503 .*, 2 tries$"):
+        reward_server["fail_first"] = 10**6
+        openrlhf_rewards.remote_rm(["q"], ["p"], ["l"], url=reward_server["url"].replace("get_reward", "x"), tries=2,
+                                   sleep=lambda s: None)

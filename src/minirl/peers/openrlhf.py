@@ -300,11 +300,11 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
         return
     if url:
         first = str(url).split(",")[0]
+        kwargs = {"tokenizer": str(peer("pretrain"))} if peer("apply_chat_template") else {}
+        if peer("label_key"):  # labels as stored (a number, a list or an object stays one)
+            kwargs["label_key"] = str(peer("label_key"))
         if first.endswith(".py"):
             entry: dict[str, Any] = {"function": f"{first}:reward_func", "convention": "openrlhf"}
-            kwargs = {"tokenizer": str(peer("pretrain"))} if peer("apply_chat_template") else {}
-            if peer("label_key"):  # labels as stored (a number, a list or an object stays one)
-                kwargs["label_key"] = str(peer("label_key"))
             if kwargs:
                 entry["kwargs"] = kwargs
             out.set("task.reward_functions", [entry], peer.show("remote_rm_url"))
@@ -318,10 +318,19 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
             if not Path(first).is_file():
                 out.differs.append(f"{peer.flag('remote_rm_url')} {first}: not on this machine; run the translation where "
                                    "the script runs, or fix task.reward_functions' path")
+        elif "," not in str(url):  # a reward server: minirl posts what OpenRLHF posts
+            entry = {"function": "minirl.tasks.openrlhf_rewards:remote_rm", "convention": "openrlhf",
+                     "kwargs": {"url": first, **kwargs}}
+            out.set("task.reward_functions", [entry], peer.show("remote_rm_url") + " (POST {query, prompts, labels}, "
+                    "its 'rewards'; 5 tries of 180 s)")
+            out.set("task.reward_timeout_s", None, peer.show("remote_rm_url") + " (OpenRLHF sets no time limit)")
+            out.differs.append(f"{peer.show('remote_rm_url')}: minirl posts all of a step's samples in one request "
+                               "(OpenRLHF, each micro-batch's or sample's); each query ends at the response's text "
+                               "(OpenRLHF's also holds its special tokens, e.g. the EOS)")
         else:
-            out.not_translated.append(f"{peer.show('remote_rm_url')}: a reward server (OpenRLHF posts "
-                                      "{query, prompts, labels} and reads 'rewards'); call it from a reward function "
-                                      "(task.reward_functions)")
+            out.not_translated.append(f"{peer.show('remote_rm_url')}: several reward servers (OpenRLHF combines their "
+                                      "rewards); give each as a task.reward_functions entry of "
+                                      "minirl.tasks.openrlhf_rewards:remote_rm")
     elif model:
         paths = str(model).split(",")
         out.set("task.reward_functions", [{"model": path} for path in paths], peer.show("reward_pretrain"))
