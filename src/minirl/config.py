@@ -1326,8 +1326,8 @@ class Config(Section):
         step's tokens needs two responses (one could be one token)."""
         a = self.algo
         if a.adv_whiten and self.global_batch_sequences < 2:
-            raise ValueError("algo.adv_whiten: whitening over the step's tokens needs 2 or more responses a step "
-                             "(rollout.prompts_per_step x samples_per_prompt is 1)")
+            raise ValueError(f"algo.adv_whiten: whitening over the step's {a.adv_whiten_over} needs 2 or more "
+                             "responses a step (rollout.prompts_per_step x samples_per_prompt is 1)")
         if self.rollout.samples_per_prompt != 1:
             return
         if a.adv_baseline not in ("none", "critic", "greedy"):

@@ -65,6 +65,16 @@ def test_leave_one_out_baseline_is_the_mean_of_the_other_rewards() -> None:
         group_advantages(torch.tensor([[3.0], [1.0]]), baseline="leave_one_out")
 
 
+def test_one_sample_a_prompt_takes_the_batchs_std_not_a_groups() -> None:
+    # rewards 3, 1 (G = 1), no baseline: each over the batch's std sqrt(2) (+1e-6)
+    r = torch.tensor([[3.0], [1.0]], dtype=torch.float64)
+    expected = torch.tensor([[3.0], [1.0]], dtype=torch.float64) / (math.sqrt(2.0) + 1e-6)
+    torch.testing.assert_close(group_advantages(r, std_normalize=True, std_scope="batch", baseline="none"), expected,
+                               atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="std_normalize=True over each group needs G >= 2"):
+        group_advantages(r, std_normalize=True, baseline="none")
+
+
 def test_batch_scope_divides_by_the_std_of_every_reward_of_the_step() -> None:
     # rewards 1, 0, 0, 1, 3, 1, 2, 2: mean 1.25, unbiased variance (3 x 0.0625 + 2 x 1.5625 + 3.0625 + 2 x 0.5625) / 7 = 7.5/7
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]], dtype=torch.float64)

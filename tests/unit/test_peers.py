@@ -573,6 +573,7 @@ def test_trl_steps_warmup_checkpoints_and_logging_count_global_steps():
     assert (v["run.output_dir"], v["run.name"]) == ("out/runs", "q3")
     assert v["run.overwrite"] is True  # TRL trains again over an earlier run in output_dir; resuming is asked for
     assert "run.overwrite" not in _trl(resume_from_checkpoint=True).values
+    assert "run.overwrite" not in _trl(resume_from_checkpoint="out/runs/q3/checkpoint-500").values  # meant to resume
 
 
 @pytest.mark.parametrize("loss_type, level, name", [("grpo", "token", "grpo"), ("grpo", "sequence", "gspo"),
@@ -1971,7 +1972,8 @@ def test_verls_outcome_estimators_are_minirls_advantages(tmp_path):
         cfg = from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.model.path": "/m"}).config()
         assert cfg.rollout.samples_per_prompt == 1
     # verl's group estimators with one response a prompt: the group's baseline is 0 (core_algos: mean 0, std 1)
-    for estimator, whiten in (("grpo", False), ("rloo", False), ("opo", False), ("reinforce_plus_plus_baseline", True)):
+    for estimator, whiten in (("grpo", False), ("grpo_vectorized", False), ("rloo", False), ("opo", False),
+                              ("reinforce_plus_plus_baseline", True)):
         cfg = from_verl({"algorithm.adv_estimator": estimator, "actor_rollout_ref.model.path": "/m"}).config()
         assert (cfg.algo.adv_baseline, cfg.algo.adv_std_normalize, cfg.algo.adv_whiten) == ("none", False, whiten)
     # the vectorized forms differ there (rloo_vectorized: 0): minirl's MiniRL needs groups, said with verl's key

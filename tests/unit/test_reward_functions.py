@@ -438,3 +438,11 @@ def test_an_async_defs_own_timeout_error_is_its_error_not_the_runs_timeout(timeo
     assert rewards.tolist() == [0.0, 0.0] and (stats["reward/errors"], stats["reward/timeouts"]) == (2.0, 0.0)
     assert runner.last_problems[0].startswith(f"reward function {MOD}:own_timeout raised TimeoutError: judge took too "
                                               "long (at tests/unit/trl_style_rewards.py:")
+
+
+def test_an_async_def_that_blocks_its_event_loop_is_not_timed_out_for_running_one_by_one() -> None:
+    """Its calls cannot overlap (each blocks the worker's loop), so a chunk of 4 takes 4 x 0.45 s: more than the 0.5 s
+    timeout and the grace together, less than the timeout per sample of the chunk, which is what the worker gets."""
+    with _runner([{"function": f"{MOD}:blocks_the_loop"}], 0.5, workers=1, on_error="fallback", fallback_reward=-1.0) as runner:
+        rewards, stats = runner.score(PROMPTS, COMPLETIONS)
+    assert rewards.tolist() == [1.0] * 4 and stats["reward/timeouts"] == 0.0

@@ -156,3 +156,10 @@ def reward_func(queries, prompts, labels):  # OpenRLHF's --remote_rm_url form, i
 
 async def own_timeout(prompt, completion, answer):  # its own client's timeout, not the run's
     raise TimeoutError("judge took too long")
+
+
+async def blocks_the_loop(prompt, completion, answer):  # an async def calling blocking code (requests, time.sleep)
+    import time
+
+    time.sleep(0.45)
+    return 1.0

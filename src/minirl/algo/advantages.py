@@ -37,13 +37,13 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
     Integer/bool rewards are converted to float32; float dtypes are kept.
 
     Raises:
-        ValueError: ``rewards_PG`` not 2-D, G < 2 with ``std_normalize=True``, a leave-one-out or pass_at_k baseline,
+        ValueError: ``rewards_PG`` not 2-D, G < 2 with a group's std, a leave-one-out or pass_at_k baseline,
             or "length_weighted" without lengths of the rewards' shape.
         FloatingPointError: ``rewards_PG`` contains NaN.
     """
     rewards = _checked_rewards(rewards_PG)
-    if rewards.shape[1] < 2 and (std_normalize or baseline in ("leave_one_out", "pass_at_k")):
-        what = "std_normalize=True" if std_normalize else f"a {baseline} baseline"
+    if rewards.shape[1] < 2 and ((std_normalize and std_scope == "group") or baseline in ("leave_one_out", "pass_at_k")):
+        what = "std_normalize=True over each group" if std_normalize else f"a {baseline} baseline"
         raise ValueError(f"{what} needs G >= 2 samples per prompt")
     centred = rewards - rewards.mean(dim=1, keepdim=True) if baseline == "group_mean" else \
         less_baseline(rewards, baseline, lengths_PG, greedy_P)

@@ -475,7 +475,7 @@ def _trl_runs(peer: Peer, out: Translation, n: int) -> None:
     elif peer("resume_from_checkpoint"):
         out.not_translated.append(f"{peer.show('resume_from_checkpoint')}: minirl resumes from the newest checkpoint "
                                   "of its run directory (run.resume: auto)")
-    if "run.resume" not in out.values:  # TRL trains again in an output_dir holding an earlier run, writing over it
+    if not peer("resume_from_checkpoint"):  # TRL trains again in an output_dir holding an earlier run, writing over it
         out.set("run.overwrite", True, f"{peer.show('output_dir')} (TRL trains again over an earlier run there; "
                 "minirl replaces its checkpoint/ and metrics)")
     if peer("save_strategy") == "steps" and peer("save_steps") >= 1:

@@ -946,8 +946,8 @@ def _verl_advantage(peer: Peer, obj: Objective) -> None:
     (``VERL_NO_ADVANTAGE``)."""
     key = "algorithm.adv_estimator"
     estimator = str(peer(key)).removesuffix("_vectorized")
-    if peer(R + "n") == 1 and str(peer(key)) in ("grpo", "rloo", "opo", "reinforce_plus_plus_baseline"):
-        _verl_one_response(peer, obj, str(peer(key)))
+    if peer(R + "n") == 1 and str(peer(key)) in ("grpo", "grpo_vectorized", "rloo", "opo", "reinforce_plus_plus_baseline"):
+        _verl_one_response(peer, obj, estimator)  # (rloo_vectorized gives a singleton 0, not its reward)
         return
     if estimator == "gdpo" and peer("algorithm.gdpo_reward_keys") and _custom_reward(peer):
         if not peer("algorithm.norm_adv_by_std_in_grpo"):

@@ -24,8 +24,9 @@ Where a reward is computed:
   pure-Python infinite loop included) gets its worker's whole process group killed; a fresh
   worker takes over the remaining samples. A worker that dies (segfault, ``os._exit``) is
   replaced the same way. This works from any thread: nothing relies on signals. An ``async def``
-  per-sample function's samples go to a worker in one chunk, awaited together there, each call
-  bounded by ``timeout_s`` on the worker's event loop (the kill follows ``AWAIT_GRACE_S`` later).
+  per-sample function's samples go to a worker in chunks (``AWAIT_CHUNK``), awaited together there,
+  each call bounded by ``timeout_s`` on the worker's event loop; a chunk's worker is killed only
+  after ``timeout_s`` per sample of it (a function that blocks the loop runs them one by one).
 * **A user reward function without a timeout** (``timeout_s=None``) and **the built-in
   verifiers** (synthetic exact match, JSONL exact/math_verify) run in this process, with no
   overhead: they are ours, pure and fast (math_verify has its own timeouts in the main thread).
@@ -80,9 +81,13 @@ STARTUP_TIMEOUT_S = 120.0
 _SRC = str(Path(__file__).resolve().parents[2])  # the directory holding the ``minirl`` package
 
 
+AWAIT_CHUNK = 64
+"""The most samples of one ``async def`` a worker awaits together (one chunk)."""
+
 AWAIT_GRACE_S = 1.0
 """A chunk of one ``async def``'s samples is awaited together in its worker, which bounds each call by ``timeout_s``
-itself; the worker is killed only this much later (a call stuck outside the event loop)."""
+itself; the worker is killed only after ``timeout_s`` per sample of the chunk (a function that blocks the event loop,
+``time.sleep`` or ``requests`` in an ``async def``, runs them one after another) and this much more."""
 
 
 class _Worker:
@@ -375,7 +380,8 @@ class RewardRunner:
         pending = deque(range(len(samples)))
         awaited = bool(samples) and self.functions[samples[0][0]].awaited  # one async def: its chunk awaited together
         chunk = max(1, math.ceil(len(samples) / (self.num_workers if awaited else 4 * self.num_workers)))
-        timeout = float(self.timeout_s or 0) + (AWAIT_GRACE_S if awaited else 0.0)
+        chunk = min(chunk, AWAIT_CHUNK) if awaited else chunk
+        timeout = float(self.timeout_s or 0) * chunk + AWAIT_GRACE_S if awaited else float(self.timeout_s or 0)
         try:
             while self._missing:
                 self._start_workers()
