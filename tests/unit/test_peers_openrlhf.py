@@ -447,3 +447,14 @@ def test_an_http_reward_server_gets_what_openrlhf_posts(reward_server):
         reward_server["fail_first"] = 10**6
         openrlhf_rewards.remote_rm(["q"], ["p"], ["l"], url=reward_server["url"].replace("get_reward", "x"), tries=2,
                                    sleep=lambda s: None)
+
+
+def test_a_label_key_no_row_has_is_one_line(tmp_path):
+    """OpenRLHF's ``data[label_key]``: a KeyError when no row has it; the translation says so with the file's columns."""
+    (tmp_path / "d.jsonl").write_text('{"input": "q", "label": "1"}\n')
+    with pytest.raises(ConfigError, match=r"^--label_key lable: no row of .*d.jsonl has a column 'lable' \(its columns: "
+                                          r"input, label\); OpenRLHF stops there with a KeyError; did you mean "
+                                          r"--label_key label\?$"):
+        from_openrlhf(BASE | {"prompt_data": str(tmp_path / "d.jsonl"), "label_key": "lable"})
+    assert from_openrlhf(BASE | {"prompt_data": str(tmp_path / "d.jsonl"), "label_key": "label"}).values[
+        "task.answer_column"] == "label"

@@ -1192,7 +1192,7 @@ def test_a_label_key_no_row_has_is_one_line(tmp_path: Path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^--label-key answer: no row of d.parquet has a column 'answer' "):
         from_slime(BASE | {"prompt-data": "d.parquet", "label-key": "answer"})
     assert from_slime(BASE | {"prompt-data": "d.parquet", "label-key": "label"}).values["task.answer_column"] == "label"
-    monkeypatch.setattr("minirl.peers.slime.LABEL_ROWS_READ", 1)
+    monkeypatch.setattr("minirl.peers.common.LABEL_ROWS_READ", 1)
     Path("d.jsonl").write_text('{"text": "q1"}\n{"text": "q2", "answer": "2"}\n')
     with pytest.raises(ConfigError, match=r"^--label-key answer: none of the first 1 rows of d.jsonl has"):
         from_slime(BASE | {"prompt-data": "d.jsonl", "label-key": "answer"})

@@ -192,6 +192,41 @@ class Peer:
         return [key for key in self.given if key not in self.read]
 
 
+LABEL_ROWS_READ = 1000
+"""How many rows of a local data file a translation reads to find the label column (slime's ``--label-key``, OpenRLHF's
+``--label_key``)."""
+
+
+def check_label_column(flag: str, key: str, path: str, peer: str) -> None:
+    """slime and OpenRLHF read ``row[label key]`` (a KeyError when the column is nowhere in the file); minirl would pass
+    the reward functions no label, so a column none of the file's first rows has is one line now."""
+    file = Path(os.path.expanduser(path))
+    if not file.is_file() or file.suffix not in (".jsonl", ".parquet"):
+        return
+    columns: set[str] = set()
+    read = "no row of"
+    try:
+        if file.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            columns = set(pq.read_schema(file).names)
+        else:
+            with open(file, encoding="utf-8") as rows:
+                for n, line in enumerate(rows):
+                    if n == LABEL_ROWS_READ:
+                        read = f"none of the first {LABEL_ROWS_READ} rows of"
+                        break
+                    row = json.loads(line) if line.strip() else {}
+                    columns |= set(row) if isinstance(row, dict) else set()
+    except (OSError, ValueError, ImportError):  # an unreadable file is the loader's to report, with its line
+        return
+    if columns and key not in columns:
+        near = difflib.get_close_matches(key, sorted(columns), n=1)
+        hint = f"; did you mean {flag} {near[0]}?" if near else ""
+        raise ConfigError(f"{flag} {key}: {read} {path} has a column {key!r} (its columns: "
+                          f"{', '.join(sorted(columns))}); {peer} stops there with a KeyError{hint}")
+
+
 def note_local_path(out: Translation, key: str, value: str, what: str, target: str | None = None) -> None:
     if Path(os.path.expanduser(value)).exists():
         return

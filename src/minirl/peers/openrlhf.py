@@ -28,6 +28,7 @@ from minirl.peers.common import (
     Peer,
     Translation,
     apply_objective,
+    check_label_column,
     count_rows,
     leftovers,
     note_local_path,
@@ -263,6 +264,8 @@ def _model_and_data(peer: OpenRLHFPeer, out: Translation) -> None:
     out.set("task.prompt_column", str(peer("input_key")), peer.show("input_key"))
     if peer("label_key"):
         out.set("task.answer_column", str(peer("label_key")), peer.show("label_key"))
+        for path in str(data).split(",") if data else []:
+            check_label_column(peer.flag("label_key"), str(peer("label_key")), path, "OpenRLHF")
     if peer("apply_chat_template"):  # a text prompt as one user message, then the tokenizer's template
         out.set("task.chat_prompts", True, peer.show("apply_chat_template"))
         if peer("input_template"):

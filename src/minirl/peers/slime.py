@@ -12,8 +12,6 @@ is the mean over its samples of each sample's token mean, or with ``--calculate-
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import os
 import re
 from pathlib import Path
@@ -28,6 +26,7 @@ from minirl.peers.common import (
     Translation,
     Unresolved,
     apply_objective,
+    check_label_column,
     count_rows,
     leftovers,
     note_local_path,
@@ -301,7 +300,7 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
     if peer("label-key"):
         out.set("task.answer_column", peer("label-key"), peer.show("label-key"))
         if data:
-            _check_label_column(str(peer("label-key")), _row_slice(str(data))[0])
+            check_label_column("--label-key", str(peer("label-key")), _row_slice(str(data))[0], "slime")
     if peer("apply-chat-template"):  # a text prompt as one user message, then the template (slime's data.py)
         out.set("task.chat_prompts", True, peer.show("apply-chat-template"))
     else:
@@ -325,40 +324,6 @@ def _slime_model_and_data(peer: SlimePeer, out: Translation) -> None:
     if data and not peer("rollout-shuffle"):
         out.differs.append("--rollout-shuffle unset: slime takes the prompts in the file's order, minirl in a seeded "
                            "shuffle of them each epoch")
-
-
-LABEL_ROWS_READ = 1000
-"""How many rows of a local --prompt-data file the translation reads to find the --label-key column."""
-
-
-def _check_label_column(key: str, path: str) -> None:
-    """slime reads ``row[--label-key]`` (a KeyError when the column is nowhere in the file); minirl would pass the
-    reward functions no label, so a column none of the file's first rows has is one line now."""
-    file = Path(os.path.expanduser(path))
-    if not file.is_file() or file.suffix not in (".jsonl", ".parquet"):
-        return
-    columns: set[str] = set()
-    read = "no row of"
-    try:
-        if file.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            columns = set(pq.read_schema(file).names)
-        else:
-            with open(file, encoding="utf-8") as rows:
-                for n, line in enumerate(rows):
-                    if n == LABEL_ROWS_READ:
-                        read = f"none of the first {LABEL_ROWS_READ} rows of"
-                        break
-                    row = json.loads(line) if line.strip() else {}
-                    columns |= set(row) if isinstance(row, dict) else set()
-    except (OSError, ValueError, ImportError):  # an unreadable file is the loader's to report, with its line
-        return
-    if columns and key not in columns:
-        near = difflib.get_close_matches(key, sorted(columns), n=1)
-        hint = f"; did you mean --label-key {near[0]}?" if near else ""
-        raise ConfigError(f"--label-key {key}: {read} {path} has a column {key!r} (its columns: "
-                          f"{', '.join(sorted(columns))}); slime stops there with a KeyError{hint}")
 
 
 def _row_slice(data: str) -> tuple[str, slice | None]:
