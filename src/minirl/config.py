@@ -542,6 +542,9 @@ class LossConfig(Section):
 
     adv_std_normalize: bool = False
     """Divide the group-centred reward by the group's std (+1e-6), as GRPO does."""
+    adv_std_eps: float = Field(1e-6, gt=0)
+    """What the std is increased by before dividing (``adv_std_normalize``, GDPO's normalisations): 1e-6 as verl and
+    slime (the paper's GRPO), 1e-4 TRL's, 1e-9 OpenRLHF's ``group_norm``."""
     adv_std_scope: Literal["group", "batch"] = "group"
     """Whose std adv_std_normalize divides by: each group's (GRPO), or all the step's rewards' (TRL's
     ``scale_rewards="batch"``)."""
@@ -740,7 +743,7 @@ class LossConfig(Section):
 
     def loss_knobs(self) -> dict[str, Any]:
         """Keyword arguments of ``POLICY_LOSSES[name]`` (everything but the name, advantage and KL knobs)."""
-        return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_scope", "adv_baseline", "adv_whiten",
+        return self.model_dump(exclude={"name", "adv_std_normalize", "adv_std_eps", "adv_std_scope", "adv_baseline", "adv_whiten",
                                         "adv_nonzero_rescale", "adv_whiten_over", "reward_clip_range",
                                         "adv_token_returns", "adv_gamma", "adv_token_kl", "adv_lambda",
                                         "multi_objective_aggregation",

@@ -477,15 +477,16 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
                               "these rollouts have only their sum (a --rollouts-from dump written before they were kept?)")
         parts = sampled.reward_parts.view(*rewards_PG.shape, -1)
         if not a.adv_whiten:  # TRL's: the weighted sum whitened over the responses
-            return decoupled_advantages(parts, part_weights).reshape(-1)
-        summed = decoupled_sum(parts, part_weights).reshape(-1)  # verl's: over the step's tokens
+            return decoupled_advantages(parts, part_weights, a.adv_std_eps).reshape(-1)
+        summed = decoupled_sum(parts, part_weights, a.adv_std_eps).reshape(-1)  # verl's: over the step's tokens
         scored = ~torch.isnan(summed)  # a response no function applied to: no advantage, not in the statistics
         return token_whiten(summed.nan_to_num(0.0), lengths * scored) * scored
     applied = None if sampled.reward_parts is None else ~torch.isnan(sampled.reward_parts).all(dim=1)
     if applied is not None and not bool(applied.all()) and a.adv_baseline in ("group_mean", "leave_one_out") \
             and not a.adv_nonzero_rescale:  # responses no reward function scored: out of the statistics, advantage 0
         advantages = scored_group_advantages(rewards_PG, applied.view(rewards_PG.shape), a.adv_std_normalize,
-                                             std_scope=a.adv_std_scope, baseline=a.adv_baseline).reshape(-1)
+                                             std_scope=a.adv_std_scope, baseline=a.adv_baseline,
+                                             std_eps=a.adv_std_eps).reshape(-1)
         if a.adv_whiten and whiten:  # over the responses given one (TRL 1.16's RLOO)
             kept = defined_advantages(applied.view(rewards_PG.shape), baseline=a.adv_baseline, std_scope=a.adv_std_scope,
                                       std_normalize=a.adv_std_normalize).reshape(-1)
@@ -498,7 +499,8 @@ def step_advantages(cfg: Config, sampled: Sampled, part_weights: torch.Tensor | 
     greedy = None if sampled.greedy_rewards is None else clipped_rewards(a, sampled.greedy_rewards)  # never KL-shaped
     advantages = group_advantages(rewards_PG, std_normalize=a.adv_std_normalize, baseline=a.adv_baseline,
                                   std_scope=a.adv_std_scope, lengths_PG=lengths.view(rewards_PG.shape),
-                                  nonzero_rescale=a.adv_nonzero_rescale, greedy_P=greedy).reshape(-1)
+                                  nonzero_rescale=a.adv_nonzero_rescale, greedy_P=greedy,
+                                  std_eps=a.adv_std_eps).reshape(-1)
     if a.adv_whiten and whiten:  # REINFORCE++(-baseline): over the step's tokens; TRL's RLOO: over its responses
         advantages = token_whiten(advantages, lengths) if a.adv_whiten_over == "tokens" else response_whiten(advantages)
     return advantages

@@ -40,7 +40,7 @@ def test_trl_defaults_are_trls_not_minirls():
     assert (v["algo.name"], v["algo.aggregation"], v["algo.is_correction"], v["algo.tis_placement"]) == \
         ("minirl", "token_mean", False, "train_infer")
     assert v["algo.adv_std_normalize"] is True and (v["algo.eps_low"], v["algo.eps_high"]) == (0.2, 0.2)
-    assert any("std + 1e-4" in line for line in out.differs)
+    assert v["algo.adv_std_eps"] == 1e-4 and not any("1e-4" in line for line in out.differs)  # TRL's, exactly
     assert any(line.startswith("num_train_epochs=3.0") for line in out.not_translated)
     assert v["optim.lr_schedule"] == "linear"  # transformers' default decay
     assert (v["eval.temperature"], v["eval.top_p"]) == (1.0, 1.0)
@@ -635,6 +635,13 @@ def test_trl_scale_rewards_batch_and_verl_rloo_are_their_advantages():
     verl = scores * n / (n - 1) - scores.mean() * n / (n - 1)
     ours = group_advantages(scores[None], std_normalize=False, baseline="leave_one_out")[0]
     torch.testing.assert_close(ours, verl, rtol=0, atol=1e-7)
+    # TRL's group scaling on a group of nearly equal rewards, where its eps (1e-4) is what the std is not
+    algo = _trl().config().algo
+    rewards = torch.tensor([[1.0, 1.0002, 1.0, 1.0001]], dtype=torch.float64)
+    trl = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    ours = group_advantages(rewards, std_normalize=algo.adv_std_normalize, std_eps=algo.adv_std_eps)
+    torch.testing.assert_close(ours, trl, rtol=1e-12, atol=0)
+    assert not torch.allclose(group_advantages(rewards, std_normalize=True), trl, rtol=1e-2)  # 1e-6: 10 % apart
 
 
 def test_trl_mask_truncated_completions():
@@ -944,21 +951,20 @@ def _trl_gdpo_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, 
 
 
 def test_trl_gdpo_is_minirls_decoupled_advantage():
-    from minirl.algo.advantages import STD_EPS
     from minirl.algo.variants.gdpo import decoupled_advantages
 
     out = _trl(multi_objective_aggregation="normalize_then_sum", scale_rewards="batch")  # scale_rewards: unused there
     assert out.values["algo.multi_objective_aggregation"] == "normalize_then_sum" and "algo.adv_std_scope" not in out.values
     assert out.objective.startswith("your TRL loss") and out.config().algo.multi_objective_aggregation == "normalize_then_sum"
-    assert any("each std + 1e-4" in line for line in out.differs)
+    assert out.values["algo.adv_std_eps"] == 1e-4  # TRL's eps, exactly
     assert "algo.multi_objective_aggregation" not in _trl().values
     g = torch.Generator().manual_seed(0)
     parts = torch.randint(0, 3, (4 * 4, 3), generator=g).to(torch.float64)
     parts[parts[:, 2] == 2, 2] = math.nan  # the third function applies to some samples only
     parts[5] = math.nan  # one sample no function applied to
     weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
-    ours = decoupled_advantages(parts.view(4, 4, 3), weights).reshape(-1)
-    torch.testing.assert_close(ours, _trl_gdpo_advantages(parts, weights, 4, STD_EPS), rtol=1e-12, atol=1e-12)
+    ours = decoupled_advantages(parts.view(4, 4, 3), weights, out.config().algo.adv_std_eps).reshape(-1)
+    torch.testing.assert_close(ours, _trl_gdpo_advantages(parts, weights, 4, 1e-4), rtol=1e-12, atol=1e-12)
     assert ours[5] == 0.0
 
 

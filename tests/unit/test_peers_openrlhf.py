@@ -156,6 +156,12 @@ def test_dotted_flags_of_the_newest_release_read_as_the_flags_they_renamed():
     assert "eps_high: 0.3  # --actor.eps_clip_low_high 0.1 0.3" in out.render("x")
 
 
+def test_group_norm_divides_by_openrlhfs_std_plus_1e_9():
+    out = from_openrlhf(BASE)
+    assert (out.values["algo.adv_std_normalize"], out.values["algo.adv_std_eps"]) == (True, 1e-9)
+    assert not any("1e-9" in line for line in out.differs)
+
+
 def test_the_kl_in_the_reward_after_a_group_baseline_trains_with_minirl():
     out = from_openrlhf({"pretrain": "/m", "advantage_estimator": "group_norm", "n_samples_per_prompt": 4,
                          "rollout_batch_size": 2, "train_batch_size": 8, "actor_num_gpus_per_node": 1})

@@ -23,13 +23,13 @@ STD_EPS: float = 1e-6
 
 
 def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, baseline: str = "group_mean",
-                     std_scope: str = "group", lengths_PG: torch.Tensor | None = None,
-                     nonzero_rescale: bool = False, greedy_P: torch.Tensor | None = None) -> torch.Tensor:
+                     std_scope: str = "group", lengths_PG: torch.Tensor | None = None, nonzero_rescale: bool = False,
+                     greedy_P: torch.Tensor | None = None, std_eps: float = STD_EPS) -> torch.Tensor:
     """Advantages [P, G] from rewards [P, G] (row = one prompt's group of G responses).
 
     std_normalize=False: A = R - mean_G(R)                          ([P] §4.1, with Eq. (7))
-    std_normalize=True:  A = (R - mean_G(R)) / (std_G(R) + 1e-6)    ([P] Appendix A, GRPO/CISPO;
-                         std is unbiased, i.e. divides by G - 1)
+    std_normalize=True:  A = (R - mean_G(R)) / (std_G(R) + eps)     ([P] Appendix A, GRPO/CISPO; eps = ``std_eps``,
+                         1e-6; std is unbiased, i.e. divides by G - 1)
     ``baseline`` other than "group_mean": in place of R - mean_G(R), ``variants.baselines.less_baseline`` (not in [P])
     std_scope="batch": the std of all P x G rewards in place of each group's
     nonzero_rescale: then x P G / (number of non-zero rewards, at least 1)      (GPG's alpha; verl ``gpg``)
@@ -49,7 +49,7 @@ def group_advantages(rewards_PG: torch.Tensor, std_normalize: bool = False, *, b
         less_baseline(rewards, baseline, lengths_PG, greedy_P)
     if std_normalize:
         std = rewards.std(correction=1) if std_scope == "batch" else rewards.std(dim=1, keepdim=True, correction=1)
-        centred = centred / (std + STD_EPS)
+        centred = centred / (std + std_eps)
     if nonzero_rescale:  # GPG: alpha = B / (responses with a non-zero reward)
         centred = centred * (rewards.numel() / max(int(torch.count_nonzero(rewards)), 1))
     return centred

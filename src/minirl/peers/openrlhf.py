@@ -628,7 +628,7 @@ def _advantages(peer: OpenRLHFPeer, obj: Objective, estimator: str, kl_reward: b
     whiten = estimator in ("gae", "reinforce", "reinforce_baseline")
     obj.set("adv_whiten", whiten, origin + (" (whitened over the rollout's tokens)" if whiten else ""))
     if estimator == "group_norm":
-        obj.differs.append(f"{origin}: OpenRLHF divides by the group's std + 1e-9, minirl by std + 1e-6 (both unbiased)")
+        obj.set("adv_std_eps", 1e-9, origin + ": OpenRLHF divides by the group's std + 1e-9 (unbiased)")
     if whiten:
         if peer("no_advantage_std_norm"):
             obj.blockers.append(peer.show("no_advantage_std_norm") + " (centred over the tokens, not scaled)")

@@ -631,8 +631,7 @@ def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
     ``multi_objective_aggregation="normalize_then_sum"`` TRL normalises each reward and ignores it."""
     if peer("multi_objective_aggregation") == "normalize_then_sum":
         obj.set("multi_objective_aggregation", "normalize_then_sum", peer.show("multi_objective_aggregation"))
-        obj.differs.append("multi_objective_aggregation='normalize_then_sum': TRL divides by each std + 1e-4, minirl "
-                           "by std + 1e-6")
+        obj.set("adv_std_eps", 1e-4, peer.show("multi_objective_aggregation") + ": TRL divides by each std + 1e-4")
         return
     scale = {True: "group", False: "none"}.get(peer("scale_rewards"), peer("scale_rewards"))
     if scale not in ("group", "batch", "none"):
@@ -641,7 +640,7 @@ def _trl_scale_rewards(peer: Peer, obj: Objective) -> None:
     if scale == "batch":
         obj.set("adv_std_scope", "batch", peer.show("scale_rewards") + ": the std of the step's rewards")
     if scale in ("group", "batch"):
-        obj.differs.append(f"scale_rewards={scale!r}: TRL divides by the std + 1e-4, minirl by std + 1e-6")
+        obj.set("adv_std_eps", 1e-4, peer.show("scale_rewards") + ": TRL divides by the std + 1e-4")
 
 
 def _trl_schedule(peer: Peer, out: Translation) -> None:

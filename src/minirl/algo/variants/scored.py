@@ -13,12 +13,12 @@ from minirl.algo.variants.baselines import response_whiten
 
 
 def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, std_normalize: bool = False, *,
-                            std_scope: str = "group", baseline: str = "group_mean") -> torch.Tensor:
+                            std_scope: str = "group", baseline: str = "group_mean", std_eps: float = STD_EPS) -> torch.Tensor:
     """``group_advantages`` (its group-mean or leave-one-out baseline) over each group's scored responses only.
 
     A_i = R_i - mean_{j scored}(R_j);  "leave_one_out": A_i = R_i - mean_{j scored, j != i}(R_j)
     = n/(n - 1) (R_i - mean_{j scored}(R_j)), n the group's scored count (TRL's RLOO; 0 when n = 1: no other);
-    std_normalize: / (std_{j scored}(R_j) + 1e-6), unbiased (n - 1), over the group or (std_scope "batch") every
+    std_normalize: / (std_{j scored}(R_j) + std_eps), unbiased (n - 1), over the group or (std_scope "batch") every
     scored reward; A_i = 0 for an unscored i, and for every response of a group whose std is undefined (one scored
     response) or that has none scored.
 
@@ -43,7 +43,7 @@ def scored_group_advantages(rewards_PG: torch.Tensor, scored_PG: torch.Tensor, s
         else:
             std = (deviation.square().sum(dim=1, keepdim=True) / (counts - 1).clamp(min=1)).sqrt()
             std = torch.where(counts > 1, std, torch.full_like(std, float("nan")))
-        centred = torch.nan_to_num(centred / (std + STD_EPS), nan=0.0) * scored_PG
+        centred = torch.nan_to_num(centred / (std + std_eps), nan=0.0) * scored_PG
     return centred
 
 
