@@ -30,9 +30,20 @@ from minirl.tasks.jsonl import TaskDataError
 DATASETS_SUFFIXES = {".json": "json", ".parquet": "parquet"}
 
 
-def iter_rows(path: Path, *, split: str = "train", config: str | None = None) -> Iterator[tuple[str, Any]]:
+def iter_rows(path: Path | str, *, split: str = "train", config: str | None = None) -> Iterator[tuple[str, Any]]:
     """``(where, row dict or TaskDataError)`` for every row of ``path`` (module docstring); ``split`` and ``config``
-    choose among a dataset directory's."""
+    choose among a dataset directory's; ``verifiers:ENV_ID`` names a verifiers environment's rows
+    (``minirl.tasks.verifiers_env``)."""
+    from minirl.tasks import verifiers_env
+
+    if verifiers_env.is_spec(path):
+        if config is not None:
+            raise TaskDataError(f"{path}: a verifiers environment has no dataset configs (got {config!r})")
+        try:
+            yield from verifiers_env.iter_env_rows(str(path), split)
+        except verifiers_env.VerifiersError as error:
+            raise TaskDataError(str(error)) from None
+        return
     path = Path(path)
     if not path.exists():
         hint = (f"; minirl does not download: {download_command(path, 'dataset')}, then point to the directory"

@@ -162,7 +162,9 @@ class JsonlTask:
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         paths = _paths(path)
         self.path = paths[0]
-        self.name = name or self.path.stem
+        self.name = name or Path(self.path).stem
+        if eval_path is None and eval_split is None and _verifiers_eval(paths):
+            eval_split = "eval"  # a verifiers environment's eval_dataset is its held-out set
         self.reward_kind = reward
         self.skipped_reasons: list[str] = []
         """One ``file:line: reason`` message per skipped row (``on_bad_row="skip"``)."""
@@ -214,15 +216,28 @@ def math_verify_reward(prompt: Any, completion: Any, answer: str, **kwargs: Any)
     return 1.0 if math_equivalent(extract_answer(_completion_text(completion)), answer) else 0.0
 
 
-def _paths(given: str | Path | Sequence[str | Path]) -> list[Path]:
-    """One data path or several (``task.path`` as a list: their rows one after another)."""
-    paths = [Path(given)] if isinstance(given, (str, Path)) else [Path(p) for p in given]
+def _paths(given: str | Path | Sequence[str | Path]) -> list[Any]:
+    """One data path or several (``task.path`` as a list: their rows one after another); a ``verifiers:ENV_ID`` stays
+    text (``minirl.tasks.verifiers_env``)."""
+    from minirl.tasks.verifiers_env import is_spec
+
+    paths = [p if is_spec(p) else Path(p) for p in ([given] if isinstance(given, (str, Path)) else given)]
     if not paths:
         raise TaskDataError("task.path: an empty list (give a data file or directory)")
     return paths
 
 
-def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> tuple[list[Prompt], list[Prompt]]:
+def _verifiers_eval(paths: list[Any]) -> bool:
+    """Every path a verifiers environment that has an ``eval_dataset``."""
+    from minirl.tasks import verifiers_env
+
+    try:
+        return all(verifiers_env.is_spec(p) for p in paths) and all(verifiers_env.has_eval(p) for p in paths)
+    except verifiers_env.VerifiersError as error:
+        raise TaskDataError(str(error)) from None
+
+
+def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path | str) -> tuple[list[Prompt], list[Prompt]]:
     num_eval = round(eval_fraction * len(rows))
     if eval_fraction > 0 and num_eval == 0 and len(rows) >= 2:
         num_eval = 1
@@ -239,7 +254,7 @@ def _split(rows: list[Prompt], eval_fraction: float, seed: int, path: Path) -> t
 
 
 def read_jsonl_prompts(
-    path: Path,
+    path: Path | str,
     *,
     on_bad_row: OnBadRow = "error",
     max_prompt_chars: int | None = None,
