@@ -249,7 +249,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     words = [*args.words, *args.overrides]
     action = words.pop(0) if words and words[0] in ("show", "defaults", "from-trl", "from-verl", "from-slime",
-                                                         "from-openrlhf") else "show"
+                                                         "from-openrlhf", "from-prime-rl") else "show"
     if action.startswith("from-"):
         return _config_from_peer(action, words, args)
     args.config = words.pop(0) if words and "=" not in words[0] else None
@@ -269,6 +269,8 @@ def _config_from_peer(action: str, words: list[str], args: argparse.Namespace) -
         return _write_translation(_from_slime(words, args), args)
     if action == "from-openrlhf":  # a launch script and / or OpenRLHF's own --flag words
         return _write_translation(_from_openrlhf(words, args), args)
+    if action == "from-prime-rl":  # prime-rl's rl.toml and / or its key=value (--key value) settings
+        return _write_translation(_from_prime_rl(words, args), args)
     files = [word for word in words if "=" not in word]
     settings = [word for word in words if "=" in word]
     if not words:
@@ -301,6 +303,20 @@ def _from_openrlhf(words: list[str], args: argparse.Namespace) -> Any:
         raise ConfigError("config from-openrlhf: give an OpenRLHF launch script (its `python3 -m "
                           "openrlhf.cli.train_ppo_ray ...` line) and/or OpenRLHF's --flag value words")
     translation = peers.from_openrlhf(peers.read_openrlhf(files, rest), args.keep_objective)
+    translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
+    return translation
+
+
+def _from_prime_rl(words: list[str], args: argparse.Namespace) -> Any:
+    """``config from-prime-rl rl.toml [key=value | --key value ...]``."""
+    from minirl import peers
+
+    if not words:
+        raise ConfigError("config from-prime-rl: give prime-rl's rl TOML file (uv run rl @ rl.toml) and/or its "
+                          "key=value settings")
+    files = [word for word in words if word.endswith(".toml") and not word.startswith("-") and "=" not in word]
+    rest = [word for word in words if word not in files]
+    translation = peers.from_prime_rl(peers.read_prime_rl(files, rest), args.keep_objective)
     translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
     return translation
 
@@ -449,19 +465,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("config", help="print a config with every key's value and one-line doc; translate a TRL, verl, "
-                         "slime or OpenRLHF run's settings")
+                         "slime, OpenRLHF or prime-rl run's settings")
     p.add_argument("words", nargs="*",
-                   metavar="[show|defaults|from-trl|from-verl|from-slime|from-openrlhf] [CONFIG] [key=value ...]",
+                   metavar="[show|defaults|from-trl|from-verl|from-slime|from-openrlhf|from-prime-rl] [CONFIG] [key=value ...]",
                    help="show (the default): the resolved CONFIG plus overrides; defaults: the built-in defaults; "
                         "from-trl [rloo] FILE: a `trl grpo --config` (or `trl rloo --config`) file as a minirl config; "
                         "from-verl [run.sh|config.yaml] "
                         "[key=value ...]: a verl main_ppo run's Hydra settings as a minirl config; from-slime "
                         "[run.sh|config.yaml] [--flag value ...]: a slime launch script's train.py flags; from-openrlhf "
                         "[run.sh] [--flag value ...]: an OpenRLHF launch script's train_ppo_ray flags (underscore or "
-                        "dotted; its --remote_rm_url reward_func.py runs unchanged)")
+                        "dotted; its --remote_rm_url reward_func.py runs unchanged); from-prime-rl rl.toml "
+                        "[key=value ...]: a prime-rl rl run's TOML (its verifiers environment as task.path "
+                        "verifiers:ID and its rubric)")
     p.add_argument("-o", "--output", default=None,
-                   help="from-trl / from-verl / from-slime / from-openrlhf: write the minirl config here (default: "
-                        "stdout)")
+                   help="from-trl / from-verl / from-slime / from-openrlhf / from-prime-rl: write the minirl config "
+                        "here (default: stdout)")
     p.add_argument("--sft", default=None, metavar="FILE",
                    help="from-trl: a `trl sft --config` file; from-verl: verl's SFT run (its sft_trainer or "
                         "fsdp_sft_trainer script, or YAML); translated as the cold start (SFT before RL)")
@@ -575,13 +593,15 @@ def _stacks_on_sigusr1() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["config"] and argv[1:2] in (["from-trl"], ["from-verl"], ["from-slime"], ["from-openrlhf"]) and \
+    if argv[:1] == ["config"] and argv[1:2] in (["from-trl"], ["from-verl"], ["from-slime"], ["from-openrlhf"],
+                                                ["from-prime-rl"]) and \
             any(word in ("-h", "--help") for word in argv[2:]):  # before the peer's words take them as settings
         argv = ["config", "--help"]
     if argv[:2] == ["config", "from-trl"]:  # `trl grpo --config FILE --learning_rate 1e-6 ...` as TRL users type it
         argv = argv[:2] + trl_command_line(argv[2:])
     slime = None
-    if argv[:2] in (["config", "from-slime"], ["config", "from-openrlhf"]):  # the peer's --flag words pass untouched
+    if argv[:2] in (["config", "from-slime"], ["config", "from-openrlhf"],
+                    ["config", "from-prime-rl"]):  # the peer's --flag words pass untouched
         own, slime = split_own_options(argv[2:])
         argv = argv[:2] + own
     args, extra = parser.parse_known_args(argv)

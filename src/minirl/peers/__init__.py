@@ -25,6 +25,10 @@ the table of ``docs/coming_from_trl_verl.md``.
   variables expanded), a ``--custom-config-path`` YAML or flags given directly, read against slime's defaults
   (``arguments.py``) and Megatron-LM's for its optimizer flags.
 
+* **prime-rl**: the TOML file of its ``rl`` entry point (``[model]``, ``[trainer]``, ``[orchestrator]``, ...), read
+  against its defaults; its verifiers environment becomes ``task.path: verifiers:ID`` and the
+  ``minirl.tasks.verifiers_env:rubric`` reward (``minirl.peers.prime_rl``).
+
 * **OpenRLHF**: the ``--flag value`` words of a launch script's ``python3 -m openrlhf.cli.train_ppo_ray`` command
   (read as slime's are) or flags given directly, underscore (0.8 / 0.9) or dotted (the newest release), read against
   OpenRLHF's defaults; its ``--remote_rm_url reward_func.py`` runs unchanged (``convention: openrlhf``).
@@ -37,6 +41,7 @@ files are read).
 from minirl.peers.common import Translation
 from minirl.peers.launcher import read_accelerate
 from minirl.peers.openrlhf import from_openrlhf, read_openrlhf
+from minirl.peers.prime_rl import from_prime_rl, read_prime_rl
 from minirl.peers.slime import from_slime, read_slime
 from minirl.peers.trl import add_trl_sft, from_trl, read_trl
 from minirl.peers.verl import from_verl, read_verl, script_overrides
@@ -47,11 +52,13 @@ __all__ = [
            "add_trl_sft",
            "add_verl_sft",
            "from_openrlhf",
+           "from_prime_rl",
            "from_slime",
            "from_trl",
            "from_verl",
            "read_accelerate",
            "read_openrlhf",
+           "read_prime_rl",
            "read_slime",
            "read_trl",
            "read_verl",
