@@ -297,12 +297,17 @@ def _from_openrlhf(words: list[str], args: argparse.Namespace) -> Any:
     """``config from-openrlhf [run.sh ...] [--flag value ...]``."""
     from minirl import peers
 
+    return _from_launch_script(words, args, peers.read_openrlhf, peers.from_openrlhf, "config from-openrlhf: give an "
+                               "OpenRLHF launch script (its `python3 -m openrlhf.cli.train_ppo_ray ...` line) and/or "
+                               "OpenRLHF's --flag value words")
+
+
+def _from_launch_script(words: list[str], args: argparse.Namespace, read: Any, translate: Any, usage: str) -> Any:
+    """A launch script (and / or config files) then the peer's ``--flag value`` words: its translation."""
     flags = next((i for i, word in enumerate(words) if word.startswith("--")), len(words))
-    files, rest = words[:flags], words[flags:]
     if not words:
-        raise ConfigError("config from-openrlhf: give an OpenRLHF launch script (its `python3 -m "
-                          "openrlhf.cli.train_ppo_ray ...` line) and/or OpenRLHF's --flag value words")
-    translation = peers.from_openrlhf(peers.read_openrlhf(files, rest), args.keep_objective)
+        raise ConfigError(usage)
+    translation = translate(read(words[:flags], words[flags:]), args.keep_objective)
     translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
     return translation
 
@@ -325,14 +330,9 @@ def _from_slime(words: list[str], args: argparse.Namespace) -> Any:
     """``config from-slime [run.sh|config.yaml ...] [--flag value ...]``."""
     from minirl import peers
 
-    flags = next((i for i, word in enumerate(words) if word.startswith("--")), len(words))
-    files, rest = words[:flags], words[flags:]
-    if not words:
-        raise ConfigError("config from-slime: give a slime launch script (its `python3 train.py ...` line), a "
-                          "--custom-config-path YAML and/or slime's --flag value words")
-    translation = peers.from_slime(peers.read_slime(files, rest), args.keep_objective)
-    translation.source_name = " ".join(words[:4]) + (" ..." if len(words) > 4 else "")
-    return translation
+    return _from_launch_script(words, args, peers.read_slime, peers.from_slime, "config from-slime: give a slime launch "
+                               "script (its `python3 train.py ...` line), a --custom-config-path YAML and/or slime's "
+                               "--flag value words")
 
 
 def _write_translation(translation: Any, args: argparse.Namespace) -> int:

@@ -227,6 +227,20 @@ def check_label_column(flag: str, key: str, path: str, peer: str) -> None:
                           f"{', '.join(sorted(columns))}); {peer} stops there with a KeyError{hint}")
 
 
+def gpu_ranks(out: Translation, ranks: int, origin: str, peer_name: str, how: str) -> None:
+    """The peer's actor GPUs as minirl's FSDP2 trainer ranks on Ray, one per GPU (``how``: how the peer shards over
+    them), and ``cluster.device: cuda``: what from-slime and from-openrlhf write."""
+    if ranks > 1:
+        out.set("cluster.trainer_ranks", ranks, f"{origin}: one FSDP2 rank per GPU")
+        out.set("cluster.backend", "ray", f"{peer_name} runs its actors on Ray")
+        out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
+        out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
+        out.differs.append(f"{peer_name} shards the model over its {ranks} GPUs {how}; minirl shards it over FSDP2 ranks "
+                           "and runs its engines as separate Ray actors: size cluster.* for your machine "
+                           "(docs/distributed.md)")
+    out.set("cluster.device", "cuda", f"{peer_name} trains on GPUs")
+
+
 def note_local_path(out: Translation, key: str, value: str, what: str, target: str | None = None) -> None:
     if Path(os.path.expanduser(value)).exists():
         return

@@ -30,6 +30,7 @@ from minirl.peers.common import (
     apply_objective,
     check_label_column,
     count_rows,
+    gpu_ranks,
     leftovers,
     note_local_path,
 )
@@ -538,16 +539,8 @@ def _cluster(peer: OpenRLHFPeer, out: Translation) -> None:
     ranks = peer.number("actor_num_nodes", int) * peer.number("actor_num_gpus_per_node", int)
     if peer("zero_stage") and peer.set_by_user("zero_stage") and ranks <= 1:
         out.ignored.append(f"{peer.flag('zero_stage')} (one GPU: nothing to shard)")
-    if ranks > 1:
-        out.set("cluster.trainer_ranks", ranks, f"{peer.show('actor_num_nodes', 'actor_num_gpus_per_node')}: one FSDP2 "
-                "rank per GPU")
-        out.set("cluster.backend", "ray", "OpenRLHF runs its actors on Ray")
-        out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
-        out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
-        out.differs.append(f"OpenRLHF shards the model over its {ranks} actor GPUs with DeepSpeed next to vLLM; minirl "
-                           "shards it over FSDP2 ranks and runs its engines as separate Ray actors: size cluster.* for "
-                           "your machine (docs/distributed.md)")
-    out.set("cluster.device", "cuda", "OpenRLHF trains on GPUs")
+    gpu_ranks(out, ranks, peer.show("actor_num_nodes", "actor_num_gpus_per_node"), "OpenRLHF",
+              "(its actors', with DeepSpeed) next to vLLM")
 
 
 # ------------------------------------------------------------------ the objective

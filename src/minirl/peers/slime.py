@@ -28,6 +28,7 @@ from minirl.peers.common import (
     apply_objective,
     check_label_column,
     count_rows,
+    gpu_ranks,
     leftovers,
     note_local_path,
     parse_value,
@@ -777,16 +778,8 @@ def _slime_cluster(peer: SlimePeer, out: Translation) -> None:
     """The actor's GPUs as FSDP2 trainer ranks, one per GPU (slime's Megatron splits them by its parallel sizes)."""
     ranks = peer.number("actor-num-nodes", int) * peer.number("actor-num-gpus-per-node", int)
     peer("colocate")
-    if ranks > 1:
-        out.set("cluster.trainer_ranks", ranks, f"{peer.show('actor-num-nodes', 'actor-num-gpus-per-node')}: one FSDP2 "
-                "rank per GPU")
-        out.set("cluster.backend", "ray", "slime runs its actors on Ray")
-        out.set("cluster.gpus_per_trainer_rank", 1.0, "one GPU per trainer rank")
-        out.set("cluster.gpus_per_engine", 1.0, "one GPU per rollout engine")
-        out.differs.append(f"slime shards the model over its {ranks} GPUs (Megatron's parallel sizes, or FSDP) next to SGLang; "
-                           "minirl shards the model over FSDP2 ranks and runs its engines as separate Ray actors: size "
-                           "cluster.* for your machine (docs/distributed.md)")
-    out.set("cluster.device", "cuda", "slime trains on GPUs")
+    gpu_ranks(out, ranks, peer.show("actor-num-nodes", "actor-num-gpus-per-node"), "slime",
+              "(Megatron's parallel sizes, or FSDP) next to SGLang")
 
 
 SLIME_KL_KINDS = {"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"}
