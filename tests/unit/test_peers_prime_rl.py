@@ -130,3 +130,26 @@ def test_the_cli_writes_the_translation(rl_toml: Path, tmp_path: Path, capsys: p
     assert "lr: 2.0e-06  # trainer.optim.lr = 2e-06" in text and "routing_replay: R3" in text
     assert main(["config", "from-prime-rl", str(rl_toml), "orchestrator.seed=abc"]) == 2
     assert "minirl: error: setting orchestrator.seed='abc': expected a number" in capsys.readouterr().err
+
+
+def test_component_keys_eval_envs_lora_checkpoints_and_wandb_as_prime_rl_reads_them(tmp_path: Path) -> None:
+    """The review's prime-rl examples: ``trainer.model.name`` and ``[[orchestrator.eval.env]]`` are prime-rl's (not
+    typos); an eval environment other than the training one is said; a component's own ``seq_len`` wins over the
+    shared one (prime-rl's rl.py); the LoRA comment only on prime-rl's default list; no ``[ckpt]``: no checkpoints."""
+    path = tmp_path / "rl.toml"
+    path.write_text('seq_len = 8192\n[trainer.model]\nname = "/m"\n[trainer.model.lora]\nrank = 8\n'
+                    'target_modules = ["q_proj", "v_proj"]\n[orchestrator]\nseq_len = 4096\nrollouts_per_example = 8\n'
+                    '[orchestrator.sampling]\nmax_tokens = 512\n[[orchestrator.env]]\nid = "math"\n'
+                    '[[orchestrator.eval.env]]\nid = "aime2024"\n[wandb]\nname = "run-7"\n')
+    out = from_prime_rl(read_prime_rl([str(path)], []))
+    v = out.values
+    assert v["model.path"] == "/m" and not any("trainer.model.name" in line for line in out.not_translated)
+    assert ("orchestrator.eval.env id = 'aime2024': minirl evaluates on 'math''s eval_dataset (or task.eval_path: "
+            "verifiers:aime2024, scored by 'math''s rubric)") in out.not_translated
+    assert not any("did you mean" in line for line in out.not_translated)
+    assert any(line.startswith("orchestrator.seq_len = 4096: prime-rl bounds prompt and response") for line in out.differs)
+    assert v["model.lora.target_modules"] == ["q_proj", "v_proj"] and "experts" not in out.origin["model.lora.target_modules"]
+    assert v["checkpoint.every_steps"] == 0 and out.origin["checkpoint.every_steps"].startswith("no [ckpt]")
+    assert v["log.wandb"] is True and "wandb.name = 'run-7': minirl names the wandb run after run.name" in out.differs
+    unset = from_prime_rl(read_prime_rl([str(path)], ["orchestrator.sampling.max_tokens=null"])).values
+    assert unset["rollout.max_new_tokens"] == 4096  # the orchestrator's own seq_len, not the shared 8192

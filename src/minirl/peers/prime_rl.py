@@ -5,7 +5,8 @@
 (orchestrator.py), 0081765 (trainer.py)); ``key=value`` words after the file override it (dotted, as prime-rl's own
 ``--trainer.optim.lr`` flags).
 
-A shared key wins over the component's (prime-rl's ``auto_setup_*`` validators copy it into both). The environment
+A shared key wins over the component's (prime-rl's ``auto_setup_*`` validators copy it into both), but for ``seq_len``,
+where a component's own value wins (its newer ``auto_setup_seq_len``). The environment
 (``[[orchestrator.env]] id`` + ``args``; the older ``[orchestrator.environment]``) is a verifiers environment:
 ``task.path: verifiers:ID`` and the ``minirl.tasks.verifiers_env:rubric`` reward entry (``minirl.tasks.verifiers_env``).
 
@@ -37,7 +38,7 @@ from minirl.peers.common import (
 PRIME_RL_DEFAULTS: dict[str, Any] = {
     "model.name": "Qwen/Qwen3-0.6B", "max_steps": None, "seq_len": None, "max_async_level": None, "output_dir": "outputs",
     "ckpt.interval": None, "ckpt.resume_step": None, "ckpt.keep_last": None, "wandb.project": "prime-rl",
-    "wandb.name": None,
+    "wandb.name": None, "trainer.model.name": None, "orchestrator.model.name": None, "orchestrator.eval.env": None,
     # [orchestrator]
     "orchestrator.batch_size": 128, "orchestrator.token_batch_size": None, "orchestrator.rollouts_per_example": 1,
     "orchestrator.seq_len": 2048, "orchestrator.max_async_level": 1, "orchestrator.strict_async_level": False,
@@ -156,10 +157,13 @@ def _batches(peer: PrimeRLPeer, out: Translation) -> None:
     origin = peer.show("orchestrator.batch_size", "orchestrator.rollouts_per_example")
     out.set("rollout.prompts_per_step", batch // group, origin + " (samples a step / samples a prompt)")
     out.set("rollout.samples_per_prompt", group, peer.show("orchestrator.rollouts_per_example"))
-    seq_len, seq_origin = peer.shared("seq_len", "orchestrator.seq_len")
+    seq_len, seq_origin = peer.shared("orchestrator.seq_len", "seq_len")  # a component's own wins (prime-rl's rl.py)
     tokens = peer("orchestrator.sampling.max_tokens")
     if tokens is not None:
         out.set("rollout.max_new_tokens", tokens, peer.show("orchestrator.sampling.max_tokens"))
+        if peer.set_by_user(seq_origin):
+            out.differs.append(f"{seq_origin} = {seq_len}: prime-rl bounds prompt and response together; minirl "
+                               "bounds the response by rollout.max_new_tokens (task.max_prompt_tokens the prompt)")
     else:
         out.set("rollout.max_new_tokens", seq_len, f"{seq_origin} = {seq_len} (orchestrator.sampling.max_tokens unset)")
         out.differs.append(f"orchestrator.sampling.max_tokens unset: prime-rl generates up to {seq_origin} = {seq_len} "
@@ -203,6 +207,12 @@ def _environment(peer: PrimeRLPeer, out: Translation) -> None:
                                        "kwargs": {"env": env_id, "env_args": args}}], origin + ": its rubric")
     for extra in envs[1:]:
         out.not_translated.append(f"{key} id = {extra.get('id')!r}: minirl trains on one environment (the first)")
+    for extra in peer("orchestrator.eval.env") or []:  # minirl evaluates on the training environment's held-out rows
+        eval_id = extra.get("id") if isinstance(extra, dict) else extra
+        if eval_id != env_id:
+            out.not_translated.append(f"orchestrator.eval.env id = {eval_id!r}: minirl evaluates on {env_id!r}'s "
+                                      f"eval_dataset (or task.eval_path: verifiers:{eval_id}, scored by {env_id!r}'s "
+                                      "rubric)")
     if peer.set_by_user("orchestrator.eval.interval") or peer("orchestrator.eval.rollouts_per_example") != 1:
         out.set("eval.every_steps", peer("orchestrator.eval.interval"), peer.show("orchestrator.eval.interval"))
         out.set("eval.samples_per_prompt", peer("orchestrator.eval.rollouts_per_example"),
@@ -238,7 +248,7 @@ def _optimizer(peer: PrimeRLPeer, out: Translation) -> None:
         modules = peer("trainer.model.lora.target_modules") or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                  "up_proj", "down_proj"]
         out.set("model.lora.target_modules", list(modules), peer.show("trainer.model.lora.target_modules") +
-                " (prime-rl's default list, less its MoE 'experts')")
+                ("" if peer("trainer.model.lora.target_modules") else " (prime-rl's default list, less its MoE 'experts')"))
 
 
 def _runs(peer: PrimeRLPeer, out: Translation) -> None:
@@ -252,7 +262,11 @@ def _runs(peer: PrimeRLPeer, out: Translation) -> None:
     out.set("run.output_dir", str(path.parent), peer.show("output_dir"))
     out.set("run.name", path.name, peer.show("output_dir"))
     interval, origin = peer.shared("ckpt.interval", "trainer.ckpt.interval")
-    out.set("checkpoint.every_steps", interval or 0, f"{origin} = {interval}" + (" (at the end only)" if not interval else ""))
+    if not any(key.startswith(("ckpt.", "trainer.ckpt.")) for key in peer.given):
+        out.set("checkpoint.every_steps", 0, "no [ckpt] (prime-rl keeps no checkpoint; minirl the final model only)")
+    else:
+        out.set("checkpoint.every_steps", interval or 0,
+                f"{origin} = {interval}" + (" (at the end only)" if not interval else ""))
     keep, keep_origin = peer.shared("ckpt.keep_last", "trainer.ckpt.keep_last")
     if keep is not None:
         out.set("checkpoint.keep_last", keep, f"{keep_origin} = {keep}")
@@ -264,3 +278,5 @@ def _runs(peer: PrimeRLPeer, out: Translation) -> None:
     if peer.set_by_user("wandb.project") or peer.set_by_user("wandb.name"):
         out.set("log.wandb", True, "[wandb] given")
         out.set("log.wandb_project", str(peer("wandb.project")), peer.show("wandb.project"))
+        if peer("wandb.name"):
+            out.differs.append(f"{peer.show('wandb.name')}: minirl names the wandb run after run.name")
