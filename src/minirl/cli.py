@@ -6,7 +6,8 @@ Each takes a config file (YAML or TOML) and dotted ``key=value`` overrides, e.g.
     minirl config defaults            # every key, its default and what it does
     minirl config show my.yaml        # the resolved config of a file (plus overrides)
     minirl config from-trl grpo.yaml -o my.yaml    # a TRL (`trl grpo --config`; `from-trl rloo FILE`: `trl rloo`),
-                                                   # verl (from-verl run.sh), slime (from-slime run.sh) or OpenRLHF run (from-openrlhf run.sh)
+                                                   # verl (from-verl run.sh), slime (from-slime run.sh), OpenRLHF
+                                                   # (from-openrlhf run.sh) or prime-rl run (from-prime-rl rl.toml)
 
 A user's mistake (config typo, missing file, malformed data row, bad reward function) is printed
 as one line naming the key, file or function, with exit code 2; so is a run directory that cannot
@@ -487,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="from-trl: the `accelerate launch --config_file` the TRL run was launched with (its processes, "
                         "DeepSpeed or FSDP plugin, CPU offload; a DeepSpeed JSON it names)")
     p.add_argument("--keep-objective", action="store_true",
-                   help="from-trl / from-verl: translate the setup only and train with minirl's MiniRL objective")
+                   help="from-*: translate the setup only and train with minirl's MiniRL objective")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("sweep", help="run every arm config x seed of an experiment directory (resumable)")
