@@ -27,7 +27,26 @@ metric, such as ``num_turns``) that raises is left out of the logs.
 Only single-turn environments (``vf.SingleTurnEnv``) train here: minirl samples one completion per prompt. The
 environment is loaded once per process (cached by id and arguments), in a reward worker too. verifiers' environments
 install SIGINT / SIGTERM handlers when built; minirl's own stay. Checked against verifiers 0.1.14 and 0.3.1 (the
-classic API; 0.3's ``verifiers.legacy``); 0.4.0 keeps only its v1 API, which has no ``load_environment``.
+classic API; 0.3's ``verifiers.legacy``).
+
+verifiers 0.4 (0.4.0 checked; no ``load_environment``, its ``verifiers.v1`` API; used when the classic API is absent):
+``ENV_ID`` is a taskset id (``--env.taskset.id``; ``verifiers/v1/utils/loaders.py``: ``taskset_class``,
+``taskset_config_type``, ``load_taskset``, ``environment_class``, ``default_harness_id``) and the JSON arguments its
+``TasksetConfig`` fields. Its rows are the taskset's tasks (``verifiers/v1/taskset.py``: iterating sets ``idx`` and
+the config's system prompt; ``verifiers/v1/task.py``: ``TaskData.prompt`` / ``system_prompt``): ``prompt`` is the
+system prompt then the prompt (a string as the user's message), ``answer`` a task's ``answer`` field when it has one,
+``example_id`` its ``idx``, ``task_data`` its ``TaskData`` (dumped; the reward rebuilds the task from it, with the
+taskset's ``config.task``). ``rubric`` scores a completion with ``Task.score(trace)`` itself, no runtime, over a
+``Trace`` (``verifiers/v1/trace.py``, ``graph.py``) of the prompt's messages and one sampled assistant message: its
+``@vf.reward`` / ``@vf.metric`` methods and plugged ``config.task.rewards`` (async, called by keyword with ``task``
+and ``trace``; ``verifiers/v1/utils/decorators.py``); the reward is ``trace.reward`` (``sum(score * weight)``), each
+reward's score and each metric logged as ``reward/<entry name>/<name>``; scoring that raises stops the step. v1 has no
+single-turn class: a run's harness decides (verifiers' default for a plain taskset is the ``bash`` agent); minirl
+plays a task as one chat completion, as the ``null`` harness without tools does, and refuses (one line) a taskset
+that exports its own ``Env`` or harness, has toolsets, needs a container or overrides ``setup`` / ``finalize`` /
+``stage_verifier``, is infinite, has a task with no prompt, or a reward / metric that needs the ``runtime``. A taskset
+has one split (``task.eval_path: verifiers:ID {args}`` names held-out tasks). prime-rl's orchestrator (its
+``orchestrator/envs.py``) runs a v1 env in verifiers' env server by task index; minirl reads the taskset itself.
 
 Imports nothing heavy (the reward worker imports it).
 """
@@ -97,29 +116,179 @@ def _load(env_id: str, env_args: dict[str, Any]) -> Any:
         import verifiers
     except ImportError:
         raise VerifiersError(f"verifiers environment {env_id!r}: the verifiers package is not installed "
-                             "(pip install 'verifiers<0.4' and the environment's package)") from None
+                             "(pip install verifiers and the environment's package)") from None
     loader = getattr(verifiers, "load_environment", None)
     if loader is None:
-        version = getattr(verifiers, "__version__", "?")
-        raise VerifiersError(f"verifiers environment {env_id!r}: verifiers {version} has no load_environment (0.4 keeps "
-                             "only its v1 API); minirl reads the classic environments: pip install 'verifiers<0.4'")
+        try:
+            from verifiers.v1.utils import loaders
+        except ImportError:
+            version = getattr(verifiers, "__version__", "?")
+            raise VerifiersError(f"verifiers environment {env_id!r}: verifiers {version} has neither load_environment "
+                                 "(the classic API) nor verifiers.v1 (0.4's)") from None
+        return _guarded(env_id, env_args, lambda: _load_v1(loaders, env_id, env_args))
+    return _guarded(env_id, env_args, lambda: loader(env_id, **env_args))
+
+
+def _guarded(env_id: str, env_args: dict[str, Any], build: Any) -> Any:
     installer = signal.signal
     signal.signal = lambda signum, handler: signal.getsignal(signum)  # type: ignore[assignment]
     try:  # verifiers' Environment sets SIGINT / SIGTERM handlers (and raises off the main thread): minirl's stay
-        return loader(env_id, **env_args)
+        return build()
+    except VerifiersError:
+        raise
     except Exception as error:
-        reason = " ".join(str(error).split())[:300] or type(error).__name__
+        errors = getattr(error, "errors", None)  # pydantic's ValidationError: its first error, by field
+        if callable(errors) and errors():
+            first = errors()[0]
+            reason = f"{'.'.join(str(part) for part in first.get('loc', ()))}: {first.get('msg', '')}"
+        else:
+            reason = " ".join(str(error).split())[:300] or type(error).__name__
         raise VerifiersError(f"verifiers environment {env_id!r} (args {env_args}): {reason}") from None
     finally:
         signal.signal = installer
 
 
 def _checked(env_id: str, env: Any) -> Any:
+    if isinstance(env, V1Taskset):
+        return env
     classes = [cls.__name__ for cls in type(env).__mro__]
     if "SingleTurnEnv" not in classes:
         raise VerifiersError(f"verifiers environment {env_id!r} is a {type(env).__name__}, a multi-turn environment; "
                              "minirl trains single-turn ones (vf.SingleTurnEnv) only")
     return env
+
+
+# ------------------------------------------------------------------ verifiers 0.4: verifiers.v1
+
+
+class V1Taskset:
+    """A verifiers 0.4 taskset (``verifiers.v1``) that minirl plays as one chat completion a task."""
+
+    def __init__(self, env_id: str, taskset: Any, task_type: Any, agent_config: Any) -> None:
+        self.env_id, self.taskset, self.task_type, self.agent_config = env_id, taskset, task_type, agent_config
+
+    def task(self, data: dict[str, Any]) -> Any:
+        """The task of a row's ``task_data`` (its ``TaskData``, dumped), with the taskset's task config."""
+        return self.task_type(self.task_type.data_type().model_validate(data), self.taskset.config.task)
+
+
+def _load_v1(loaders: Any, env_id: str, env_args: dict[str, Any]) -> V1Taskset:
+    """``env_id`` as a v1 taskset id (``--env.taskset.id``), ``env_args`` its ``TasksetConfig`` fields; one a
+    single-turn run can play (module docstring), or ``VerifiersError``."""
+    import verifiers.v1 as vf
+
+    taskset = loaders.load_taskset(loaders.taskset_config_type(env_id).model_validate({**env_args, "id": env_id}))
+    task_type = type(taskset).task_type()
+    env_class = loaders.environment_class(env_id)
+    harness = loaders.default_harness_id(env_id)
+    refusal = ""
+    if env_class is not vf.SingleAgentEnv:
+        refusal = f"exports its own Env ({env_class.__name__}, its agents' run)"
+    elif harness != "bash":
+        refusal = f"ships its own harness ({harness!r})"
+    elif taskset.toolsets(taskset.config) or task_type.toolsets(taskset.config.task):
+        refusal = "gives the model tools (toolsets)"
+    elif task_type.NEEDS_CONTAINER or any(getattr(task_type, hook) is not getattr(vf.Task, hook)
+                                          for hook in ("setup", "finalize", "stage_verifier")):
+        refusal = f"prepares a runtime for each task ({task_type.__name__}.setup / finalize / NEEDS_CONTAINER)"
+    elif taskset.INFINITE:
+        refusal = "is infinite (Taskset.INFINITE)"
+    if refusal:
+        raise VerifiersError(f"verifiers environment {env_id!r} {refusal}, a multi-turn environment; minirl trains "
+                             "single-turn ones only (a plain taskset, played as one chat completion)")
+    return V1Taskset(env_id, taskset, task_type, vf.AgentConfig())
+
+
+def _v1_runtime_hooks(env: V1Taskset, task: Any) -> list[str]:
+    hooks = [*task.hooks("reward"), *task.hooks("metric")]
+    return [fn.__name__ for fn in hooks if (p := inspect.signature(fn).parameters.get("runtime")) is not None
+            and p.default is inspect.Parameter.empty]
+
+
+def _v1_rows(env: V1Taskset) -> Iterator[dict[str, Any]]:
+    tasks = iter(env.taskset)
+    while True:
+        try:
+            task = next(tasks)
+        except StopIteration:
+            return
+        except Exception as error:  # the taskset's load() (a dataset download, ...)
+            reason = " ".join(str(error).split())[:300] or type(error).__name__
+            raise VerifiersError(f"verifiers environment {env.env_id!r}: its taskset's load() raised {reason}") from None
+        data = task.data
+        if data.prompt is None:
+            raise VerifiersError(f"verifiers environment {env.env_id!r}: task {data.idx} has no prompt (the user opens "
+                                 "the conversation), a multi-turn environment; minirl trains single-turn ones only")
+        if needs := _v1_runtime_hooks(env, task):
+            raise VerifiersError(f"verifiers environment {env.env_id!r}: {', '.join(needs)} need the task's runtime "
+                                 "(a sandbox); minirl scores single-turn completions without one")
+        messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+        if isinstance(data.prompt, str):
+            messages.append({"role": "user", "content": data.prompt})
+        else:
+            messages += [message.model_dump(mode="json", exclude_none=True) for message in data.prompt]
+        row: dict[str, Any] = {"prompt": messages, "example_id": data.idx,
+                               "task_data": data.model_dump(mode="json", exclude_none=True)}
+        answer = getattr(data, "answer", None)
+        if isinstance(answer, (str, int, float)) and not isinstance(answer, bool):
+            row["answer"] = answer
+        yield row
+
+
+def _v1_rubric(env: V1Taskset, prompts: list[Any], completions: list[Any], columns: dict[str, Any],
+               log_metric: Any) -> list[float]:
+    """Each completion scored by its task's ``Task.score(trace)`` (verifiers' own scoring, no runtime) over a
+    ``Trace`` of the prompt and the completion; the reward is ``trace.reward``."""
+    from minirl.tasks.reward_functions import resolve
+
+    task_data = columns.get("task_data")
+    if not isinstance(task_data, list) or len(task_data) != len(completions):
+        raise RuntimeError(f"verifiers environment {env.env_id!r}: the rows have no task_data column (read them "
+                           f"with task.path: verifiers:{env.env_id})")
+    traces = [_v1_trace(env, prompt, completion, data) for prompt, completion, data in
+              zip(prompts, completions, task_data)]
+    for error in resolve(_v1_score_all(env, traces, task_data)):
+        if error is not None:
+            raise RuntimeError(f"verifiers environment {env.env_id!r}: {' '.join(error.split())[:300]}")
+    for trace in traces:
+        for name, reward in trace.rewards.items():
+            if reward is not None and log_metric is not None:
+                log_metric(name, reward.score)  # one a sample: the logged mean is over the samples
+        for name, value in trace.metrics.items():
+            if value is not None and log_metric is not None:
+                log_metric(name, value)
+    return [float(trace.reward) for trace in traces]
+
+
+async def _v1_score_all(env: V1Taskset, traces: list[Any], task_data: list[Any]) -> list[str | None]:
+    async def score(trace: Any, data: Any) -> str | None:
+        try:
+            await env.task(data).score(trace)
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    return list(await asyncio.gather(*(score(trace, data) for trace, data in zip(traces, task_data))))
+
+
+def _v1_trace(env: V1Taskset, prompt: Any, completion: Any, data: Any) -> Any:
+    """A ``Trace`` of the prompt's messages and the sampled completion (one assistant turn)."""
+    from pydantic import TypeAdapter
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+    from verifiers.v1.types import AssistantMessage, Message
+
+    task = env.task(data)
+    read = TypeAdapter(Message).validate_python
+    prompt_messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    replies = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+    nodes = [MessageNode(message=read(dict(message)), parent=index - 1 if index else None)
+             for index, message in enumerate(prompt_messages)]
+    for message in replies:
+        nodes.append(MessageNode(message=AssistantMessage(content=str(dict(message).get("content") or "")),
+                                 parent=len(nodes) - 1 if nodes else None, sampled=True))
+    return Trace(task=TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+                 agent=AgentInfo(config=env.agent_config), nodes=nodes, is_completed=True, ok=True)
 
 
 # ------------------------------------------------------------------ data
@@ -137,7 +306,8 @@ def _dataset(env: Any, which: str) -> Any:
 
 def has_eval(spec: str) -> bool:
     env_id, args = parse_spec(spec)
-    return _dataset(load(env_id, args), "eval_dataset") is not None
+    env = load(env_id, args)
+    return not isinstance(env, V1Taskset) and _dataset(env, "eval_dataset") is not None
 
 
 def iter_env_rows(spec: str, split: str = "train") -> Iterator[tuple[str, Any]]:
@@ -147,6 +317,13 @@ def iter_env_rows(spec: str, split: str = "train") -> Iterator[tuple[str, Any]]:
     env = load(env_id, args)
     if split != "train" and split not in EVAL_SPLITS:
         raise VerifiersError(f"{spec}: a verifiers environment has the splits train and eval (got {split!r})")
+    if isinstance(env, V1Taskset):
+        if split != "train":
+            raise VerifiersError(f"{spec}: a verifiers 0.4 taskset has one split; name the held-out tasks as "
+                                 f"task.eval_path: verifiers:{env_id} {{its taskset args}}")
+        for index, row in enumerate(_v1_rows(env), start=1):
+            yield f"{PREFIX}{env_id}:row {index}", row
+        return
     which = "dataset" if split == "train" else "eval_dataset"
     dataset = _dataset(env, which)
     if dataset is None:
@@ -207,6 +384,8 @@ def rubric(prompts: list[Any], completions: list[Any], env: str = "", env_args: 
     from minirl.tasks.reward_functions import resolve
 
     environment = load(env, env_args)
+    if isinstance(environment, V1Taskset):
+        return _v1_rubric(environment, prompts, completions, columns, log_metric)
     count = len(completions)
     answers = columns.get("answer") or [""] * count
     skip = {"answers", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
