@@ -112,7 +112,8 @@ def test_the_launch_script_translates_flag_by_flag(tmp_path):
     assert v["model.path"] == f"{tmp_path}/Qwen3-0.6B" and v["task.path"] == f"{tmp_path}/math.jsonl"
     assert (v["task.prompt_column"], v["task.answer_column"], v["task.chat_prompts"]) == ("question", "answer", True)
     assert v["task.reward_functions"] == [{"function": f"{tmp_path}/reward_func.py:reward_func", "convention": "openrlhf",
-                                          "kwargs": {"tokenizer": f"{tmp_path}/Qwen3-0.6B", "label_key": "answer"}}]
+                                          "kwargs": {"tokenizer": f"{tmp_path}/Qwen3-0.6B", "apply_chat_template": True,
+                                                     "label_key": "answer"}}]
     assert (v["rollout.prompts_per_step"], v["rollout.samples_per_prompt"], v["optim.minibatches_per_step"]) == (4, 8, 2)
     assert (v["rollout.max_new_tokens"], v["task.max_prompt_tokens"], v["rollout.temperature"]) == (2048, 512, 0.9)
     assert v["optim.global_steps"] == 3 * (20 // 4) and v["optim.warmup_updates"] == round(0.1 * 15 * 2)
@@ -291,6 +292,30 @@ def test_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
     assert seen["labels"] == [2, {"a": 1}, "4"]
 
 
+def test_a_query_is_the_prompt_and_response_tokens_decoded_with_their_special_tokens(monkeypatch):
+    """OpenRLHF 0.9 decodes each sample's prompt and response ids with ``skip_special_tokens=False``: the template's
+    markers and the EOS that ended the response are in the query; without ids (or a tokenizer), prompt + response."""
+    from minirl.tasks import reward_functions
+
+    class Vocabulary:
+        words = {1: "<s>", 2: "Q", 3: "A", 4: "</s>"}
+
+        def decode(self, ids, skip_special_tokens):
+            assert skip_special_tokens is False
+            return "".join(self.words[i] for i in ids)
+
+    monkeypatch.setitem(reward_functions._TOKENIZERS, "vocab", Vocabulary())
+    seen = {}
+
+    def spy(queries, prompts, labels):
+        seen.update(queries=queries, prompts=prompts)
+        return [0.0] * len(queries)
+
+    samples = [Sample("Q", "A", "A", completion_ids=[3, 4], prompt_ids=[1, 2]), Sample("Q", "A", "A")]
+    make_reward_fn(spy, kwargs={"tokenizer": "vocab", "apply_chat_template": False}).score(samples)
+    assert seen == {"queries": ["<s>QA</s>", "QA"], "prompts": ["Q", "Q"]}
+
+
 def test_apply_chat_template_renders_every_prompt_of_a_call(monkeypatch):
     """``kwargs.tokenizer`` (``--apply_chat_template``): each prompt of the call through its chat template, as
     OpenRLHF hands the engine and ``reward_func`` the rendered text (only the first was, before)."""
@@ -437,7 +462,8 @@ def test_an_http_reward_server_gets_what_openrlhf_posts(reward_server):
     out = from_openrlhf(BASE | {"remote_rm_url": reward_server["url"], "label_key": "answer"})
     entry = out.values["task.reward_functions"][0]
     assert entry == {"function": "minirl.tasks.openrlhf_rewards:remote_rm", "convention": "openrlhf",
-                     "kwargs": {"url": reward_server["url"], "label_key": "answer"}}
+                     "kwargs": {"url": reward_server["url"], "tokenizer": "/m", "apply_chat_template": False,
+                                "label_key": "answer"}}
     assert out.values["task.reward_timeout_s"] is None
     fn = make_reward_fn(entry["function"], convention="openrlhf", kwargs=entry["kwargs"])
     reward_server["fail_first"] = 1

@@ -304,7 +304,7 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
         return
     if url:
         first = str(url).split(",")[0]
-        kwargs = {"tokenizer": str(peer("pretrain"))} if peer("apply_chat_template") else {}
+        kwargs: dict[str, Any] = {"tokenizer": str(peer("pretrain")), "apply_chat_template": bool(peer("apply_chat_template"))}
         if peer("label_key"):  # labels as stored (a number, a list or an object stays one)
             kwargs["label_key"] = str(peer("label_key"))
         if first.endswith(".py"):
@@ -316,9 +316,8 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
             out.differs.append(f"{peer.show('remote_rm_url')}: reward_func(queries, prompts, labels) gets all of a step's "
                                "samples in one call (OpenRLHF 0.9 calls it per sample, older releases per "
                                "--micro_rollout_batch_size); its 'scores' are not read: minirl's dynamic filtering "
-                               "reads the rewards; each query ends at the response's text (OpenRLHF 0.9 decodes its "
-                               "special tokens too, e.g. the EOS); a call that raises stops the run (OpenRLHF 0.9 logs "
-                               "it and goes on: task.reward_on_error: fallback)")
+                               "reads the rewards; a call that raises stops the run (OpenRLHF 0.9 logs it and goes on: "
+                               "task.reward_on_error: fallback)")
             if not Path(first).is_file():
                 out.differs.append(f"{peer.flag('remote_rm_url')} {first}: not on this machine; run the translation where "
                                    "the script runs, or fix task.reward_functions' path")
@@ -329,8 +328,7 @@ def _rewards(peer: OpenRLHFPeer, out: Translation) -> None:
                     "its 'rewards'; 5 tries of 180 s)")
             out.set("task.reward_timeout_s", None, peer.show("remote_rm_url") + " (OpenRLHF sets no time limit)")
             out.differs.append(f"{peer.show('remote_rm_url')}: minirl posts all of a step's samples in one request "
-                               "(OpenRLHF, each micro-batch's or sample's); each query ends at the response's text "
-                               "(OpenRLHF's also holds its special tokens, e.g. the EOS)")
+                               "(OpenRLHF, each micro-batch's or sample's)")
         else:
             out.not_translated.append(f"{peer.show('remote_rm_url')}: several reward servers (OpenRLHF combines their "
                                       "rewards); give each as a task.reward_functions entry of "

@@ -244,7 +244,7 @@ class RewardFn:
         self._given_first = _first_three(self.fn)  # a column named like them (an "answer" kept as stored) is not a keyword
         self.takes_environments = _names_parameter(self.fn, "environments")  # TRL's: scored where the instances are
         self.takes_any_keyword = self._accepts is None  # **kwargs: gets environments too, as TRL passes them to all
-        given = set(self.kwargs) - ({"tokenizer", "label_key"} if self.openrlhf else set())  # OpenRLHF's: its prompts
+        given = set(self.kwargs) - ({"tokenizer", "apply_chat_template", "label_key"} if self.openrlhf else set())
         unknown = sorted(given - self._accepts) if self._accepts is not None and not self.slime else []
         if unknown:
             raise RewardSpecError(f"reward function {self.full_name} takes no keyword {unknown[0]!r} (its kwargs)")
@@ -378,10 +378,11 @@ class RewardFn:
         """OpenRLHF's call, ``fn(queries, prompts, labels)``, and its tensor, list or ``{"rewards", "scores",
         "extra_logs"}`` dict (``extra_logs``: a number, or one per sample, each logged as ``reward/<name>/<key>``)."""
         kwargs = dict(self.kwargs)
-        tokenizer = kwargs.pop("tokenizer", None)  # every prompt rendered by it, not only the first
+        tokenizer = kwargs.pop("tokenizer", None)  # the model's: decodes the queries (and renders chats)
+        chat = kwargs.pop("apply_chat_template", tokenizer is not None)  # --apply_chat_template
         label_key = kwargs.pop("label_key", None)
-        prompts = [openrlhf_prompt(sample, tokenizer) for sample in samples]
-        queries = [prompt + sample.completion for prompt, sample in zip(prompts, samples)]
+        prompts = [openrlhf_prompt(sample, tokenizer if chat else None) for sample in samples]
+        queries = [openrlhf_query(sample, prompt, tokenizer) for prompt, sample in zip(prompts, samples)]
         labels = [openrlhf_label(sample, label_key) for sample in samples]
         try:
             value = resolve(self.fn(queries, prompts, labels, **kwargs))
@@ -490,12 +491,25 @@ def openrlhf_prompt(sample: Sample, tokenizer: str | None = None) -> str:
         if isinstance(sample.prompt, list):
             return "\n".join(str(message.get("content", "")) for message in sample.prompt)
         return str(sample.prompt)
-    if tokenizer not in _TOKENIZERS:
+    chat = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": str(sample.prompt)}]
+    return str(_tokenizer(tokenizer).apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+
+
+def openrlhf_query(sample: Sample, prompt: str, tokenizer: str | None = None) -> str:
+    """OpenRLHF 0.9's query: the prompt's and the response's token ids decoded with their special tokens
+    (``decode(..., skip_special_tokens=False)``: the template's markers, the EOS that ended it), when the ``tokenizer``
+    and the ids are known; else the prompt's text followed by the response's."""
+    if tokenizer is None or not sample.prompt_ids or not sample.completion_ids:
+        return prompt + sample.completion
+    return str(_tokenizer(tokenizer).decode([*sample.prompt_ids, *sample.completion_ids], skip_special_tokens=False))
+
+
+def _tokenizer(path: str) -> Any:
+    if path not in _TOKENIZERS:
         from transformers import AutoTokenizer
 
-        _TOKENIZERS[tokenizer] = AutoTokenizer.from_pretrained(tokenizer)
-    chat = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": str(sample.prompt)}]
-    return str(_TOKENIZERS[tokenizer].apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+    return _TOKENIZERS[path]
 
 
 def openrlhf_label(sample: Sample, label_key: str | None) -> Any:
