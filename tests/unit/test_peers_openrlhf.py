@@ -297,12 +297,12 @@ def test_a_query_is_the_prompt_and_response_tokens_decoded_with_their_special_to
     markers and the EOS that ended the response are in the query; without ids (or a tokenizer), prompt + response."""
     from minirl.tasks import reward_functions
 
-    class Vocabulary:
-        words = {1: "<s>", 2: "Q", 3: "A", 4: "</s>"}
+    words = {1: "<s>", 2: "Q", 3: "A", 4: "</s>"}
 
+    class Vocabulary:
         def decode(self, ids, skip_special_tokens):
             assert skip_special_tokens is False
-            return "".join(self.words[i] for i in ids)
+            return "".join(words[i] for i in ids)
 
     monkeypatch.setitem(reward_functions._TOKENIZERS, "vocab", Vocabulary())
     seen = {}
