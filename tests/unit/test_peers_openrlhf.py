@@ -14,6 +14,7 @@ from minirl.config import ConfigError
 from minirl.peers import from_openrlhf, read_openrlhf
 from minirl.tasks.reward_functions import Sample, Scored, make_reward_fn
 from minirl.tasks.rewards import RewardFunctionError
+from tests.unit.reward_server import serve
 from tests.unit.test_peers import _batch, _losses
 
 # a REINFORCE++-baseline run in the shape of OpenRLHF's examples/scripts/train_reinforce_baseline_hybrid_engine.sh
@@ -422,32 +423,9 @@ def test_an_adaptive_kl_in_the_reward_is_minirls_controller():
 def reward_server():
     """A local OpenRLHF-style reward server: 1.0 where the query ends with its label, answered as {"rewards": [...]};
     the first ``state["fail_first"]`` requests get HTTP 503."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     state = {"posted": [], "fail_first": 0}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # http.server calls it by this name
-            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state["posted"].append(payload)
-            if len(state["posted"]) <= state["fail_first"]:
-                self.send_response(503)
-                self.end_headers()
-                return
-            rewards = [float(q.endswith(str(lab))) for q, lab in zip(payload["query"], payload["labels"])]
-            body = json.dumps({"rewards": rewards}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = serve(state, lambda payload: {"rewards": [float(q.endswith(str(label)))
+                                                      for q, label in zip(payload["query"], payload["labels"])]})
     state["url"] = f"http://127.0.0.1:{httpd.server_address[1]}/get_reward"
     yield state
     httpd.shutdown()

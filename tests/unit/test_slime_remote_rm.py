@@ -3,11 +3,10 @@ retried as slime retries, its JSON answer the reward (or a dict read at ``--rewa
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -17,34 +16,14 @@ from minirl.tasks import build_task, slime_rewards
 from minirl.tasks.reward_functions import Sample, make_reward_fn
 from minirl.tasks.reward_runner import RewardRunner
 from minirl.tasks.rewards import RewardFunctionError
+from tests.unit.reward_server import serve
 
 
 def _serve(state: dict, port: int = 0) -> ThreadingHTTPServer:
     """A local reward server on ``port`` (0: a free one): 1.0 when the response holds the label, answered as
     {"score": ..., "len": ...}; the first ``state["fail_first"]`` requests get HTTP 503."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # http.server calls it by this name
-            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state["posted"].append(payload)
-            if len(state["posted"]) <= state["fail_first"]:
-                self.send_response(503)
-                self.end_headers()
-                return
-            body = json.dumps({"score": float(str(payload["label"]) in payload["response"]),
-                               "len": len(payload["response"])}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+    return serve(state, lambda payload: {"score": float(str(payload["label"]) in payload["response"]),
+                                         "len": len(payload["response"])}, port)
 
 
 @pytest.fixture

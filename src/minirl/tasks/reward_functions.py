@@ -44,10 +44,11 @@ over, and its ``--custom-config-path`` keys; None for any other). A dict it retu
 
 **OpenRLHF's** ``--remote_rm_url reward_func.py`` works unchanged too: a function whose first parameters are
 ``(queries, prompts, labels)`` (or any, with the entry's ``convention: openrlhf``) is called batched, positionally, as
-OpenRLHF calls it: ``fn(queries, prompts, labels)``, ``queries`` each prompt's text followed by its completion (the
-prompt as OpenRLHF hands it to vLLM: the text as written, or with the entry's ``kwargs.tokenizer`` (a model
-directory; ``--apply_chat_template``) a chat rendered by that tokenizer's chat template with the generation prompt),
-``prompts`` those prompt texts, ``labels`` the answers (with the entry's ``kwargs.label_key``, that column as stored). It may return a tensor or list of rewards or OpenRLHF's dict:
+OpenRLHF calls it: ``fn(queries, prompts, labels)``; ``prompts`` the prompts as OpenRLHF hands them to vLLM (the text
+as written, or with ``kwargs.apply_chat_template`` a chat rendered by the ``kwargs.tokenizer`` model's chat template
+with the generation prompt), ``queries`` each prompt's and response's token ids decoded with their special tokens as
+OpenRLHF 0.9 does (without a tokenizer or ids: the prompt's text followed by the response), ``labels`` the answers
+(with ``kwargs.label_key``, that column as stored). It may return a tensor or list of rewards or OpenRLHF's dict:
 ``rewards`` is the reward, ``scores`` (what OpenRLHF's dynamic filtering reads) is not used, and each ``extra_logs``
 entry, a number or one per sample, is logged as ``reward/<name>/<key>``. The entry's other ``kwargs`` go along as
 keywords.

@@ -40,6 +40,7 @@ function (``module:qualname``) and the problem; with ``on_error="fallback"`` the
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pickle
@@ -490,9 +491,4 @@ def _sample(prompts: Sequence[Prompt], item: Any, index: int, trainer_state: Tra
 def _groups(samples: list[Any]) -> list[list[Any]]:
     """``samples`` split where ``group_index`` changes: each prompt's group (its samples are contiguous), the calls a
     slime ``--group-rm`` function gets."""
-    items: list[list[Any]] = []
-    for index, sample in enumerate(samples):
-        if index == 0 or samples[index - 1].group_index != sample.group_index:
-            items.append([])
-        items[-1].append(sample)
-    return items
+    return [list(group) for _, group in itertools.groupby(samples, key=lambda sample: sample.group_index)]
