@@ -245,9 +245,9 @@ def _v1_rubric(env: V1Taskset, prompts: list[Any], completions: list[Any], colum
     if not isinstance(task_data, list) or len(task_data) != len(completions):
         raise RuntimeError(f"verifiers environment {env.env_id!r}: the rows have no task_data column (read them "
                            f"with task.path: verifiers:{env.env_id})")
-    traces = [_v1_trace(env, prompt, completion, data) for prompt, completion, data in
-              zip(prompts, completions, task_data)]
-    for error in resolve(_v1_score_all(env, traces, task_data)):
+    tasks = [env.task(data) for data in task_data]  # each row's task, built once
+    traces = [_v1_trace(env, prompt, completion, task) for prompt, completion, task in zip(prompts, completions, tasks)]
+    for error in resolve(_v1_score_all(traces, tasks)):
         if error is not None:
             raise RuntimeError(f"verifiers environment {env.env_id!r}: {' '.join(error.split())[:300]}")
     for trace in traces:
@@ -260,25 +260,24 @@ def _v1_rubric(env: V1Taskset, prompts: list[Any], completions: list[Any], colum
     return [float(trace.reward) for trace in traces]
 
 
-async def _v1_score_all(env: V1Taskset, traces: list[Any], task_data: list[Any]) -> list[str | None]:
-    async def score(trace: Any, data: Any) -> str | None:
+async def _v1_score_all(traces: list[Any], tasks: list[Any]) -> list[str | None]:
+    async def score(trace: Any, task: Any) -> str | None:
         try:
-            await env.task(data).score(trace)
+            await task.score(trace)
         except Exception as error:
             return f"{type(error).__name__}: {error}"
         return None
 
-    return list(await asyncio.gather(*(score(trace, data) for trace, data in zip(traces, task_data))))
+    return list(await asyncio.gather(*(score(trace, task) for trace, task in zip(traces, tasks))))
 
 
-def _v1_trace(env: V1Taskset, prompt: Any, completion: Any, data: Any) -> Any:
+def _v1_trace(env: V1Taskset, prompt: Any, completion: Any, task: Any) -> Any:
     """A ``Trace`` of the prompt's messages and the sampled completion (one assistant turn)."""
     from pydantic import TypeAdapter
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
     from verifiers.v1.types import AssistantMessage, Message
 
-    task = env.task(data)
     read = TypeAdapter(Message).validate_python
     prompt_messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
     replies = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
